@@ -1,0 +1,26 @@
+"""What a configuration costs: model specs, hardware, memory (and later time) terms.
+
+Imports ``hardware_profiles``; never imports ``planner``.
+"""
+
+from costmodel.config import Job, ParallelConfig, validate
+from costmodel.errors import Infeasible, SpecError
+from costmodel.estimate import Estimate, MemoryBreakdown, StageMemory, estimate
+from costmodel.hardware import GPU, Cluster, Link
+from costmodel.model import ModelSpec
+
+__all__ = [
+    "GPU",
+    "Cluster",
+    "Estimate",
+    "Infeasible",
+    "Job",
+    "Link",
+    "MemoryBreakdown",
+    "ModelSpec",
+    "ParallelConfig",
+    "SpecError",
+    "StageMemory",
+    "estimate",
+    "validate",
+]

@@ -1,0 +1,270 @@
+"""Job (what is trained) and ParallelConfig (how it is split), with their validation.
+
+``ParallelConfig`` checks what it can alone; ``validate`` checks it against a model, a cluster
+and a job. Both raise ``SpecError`` naming the offending values and a fix, never ``assert``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from costmodel.errors import SpecError
+from costmodel.frameworks import FRAMEWORKS, framework
+from costmodel.hardware import Cluster
+from costmodel.model import ModelSpec
+
+__all__ = ["Job", "ParallelConfig", "validate"]
+
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble")
+RECOMPUTE = ("none", "selective", "full")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+FRAMEWORK_NAMES = tuple(f.name for f in FRAMEWORKS)
+
+
+def _choice(owner: str, key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(f"{owner}.{key}={value!r} is not one of: {', '.join(allowed)}")
+
+
+def _positive_int(owner: str, key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecError(f"{owner}.{key} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """What is trained: batch (sequences per step), sequence length (tokens), number formats.
+
+    ``precision``: ``bf16`` / ``fp16`` (mixed precision with fp32 master state), ``fp8``
+    (fp8 matmuls, bf16 weights and activations, fp32 master state) or ``fp32``.
+    ``framework``: the trainer whose memory conventions the estimate follows.
+    ``flash_attention``: whether attention runs as a fused kernel that saves no
+    sequence-by-sequence score matrix (Dao et al. 2022); off for runs that predate it.
+    """
+
+    global_batch_size: int
+    seq_len: int
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    framework: str = "torchtitan"
+    flash_attention: bool = True
+
+    def __post_init__(self) -> None:
+        _positive_int("Job", "global_batch_size", self.global_batch_size)
+        _positive_int("Job", "seq_len", self.seq_len)
+        _choice("Job", "precision", self.precision, PRECISIONS)
+        _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
+        _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens processed per optimizer step: ``global_batch_size * seq_len``."""
+        return self.global_batch_size * self.seq_len
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """One way to split training. Degrees: ``dp, tp, pp, cp`` multiply to the world size;
+    ``ep`` (expert parallel) is carved out of ``dp * cp`` for the expert layers, as Megatron-LM
+    and torchtitan lay out their meshes.
+
+    ``zero_stage``: 0 (replicated), 1 (optimizer sharded), 2 (+ gradients), 3 (+ parameters;
+    FSDP). ``sharding_group``: the data-parallel ranks one shard spans (HSDP / hybrid sharding);
+    ``None`` means all of ``dp``. ``pipeline_schedule``: ``None`` picks ``1f1b``, or
+    ``interleaved-1f1b`` when ``virtual_pipeline_stages > 1``. ``recompute``: ``none``,
+    ``selective`` (attention core, Korthikanti et al. 2022) or ``full``; with ``full``,
+    ``recompute_num_layers`` limits it to the first N layers of each pipeline chunk.
+    ``offload``: ``none``, ``optimizer``, ``optimizer+params`` (to CPU memory).
+    ``stage_layers``: explicit transformer layers per pipeline stage (sums to the model's).
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero_stage: int = 0
+    sharding_group: int | None = None
+    sequence_parallel: bool = False
+    micro_batch_size: int = 1
+    pipeline_schedule: str | None = None
+    virtual_pipeline_stages: int = 1
+    recompute: str = "none"
+    recompute_num_layers: int | None = None
+    offload: str = "none"
+    stage_layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        owner = "ParallelConfig"
+        for key in ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages"):
+            _positive_int(owner, key, getattr(self, key))
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise SpecError(f"{owner}.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.pipeline_schedule is None:
+            auto = "interleaved-1f1b" if self.virtual_pipeline_stages > 1 else "1f1b"
+            object.__setattr__(self, "pipeline_schedule", auto)
+        _choice(owner, "pipeline_schedule", self.pipeline_schedule, SCHEDULES)
+        interleaved = self.pipeline_schedule == "interleaved-1f1b"
+        if interleaved and self.virtual_pipeline_stages < 2:
+            raise SpecError(
+                f"{owner}: pipeline_schedule='interleaved-1f1b' needs virtual_pipeline_stages "
+                f">= 2, got {self.virtual_pipeline_stages}"
+            )
+        if not interleaved and self.virtual_pipeline_stages > 1:
+            raise SpecError(
+                f"{owner}: virtual_pipeline_stages={self.virtual_pipeline_stages} needs "
+                f"pipeline_schedule='interleaved-1f1b' (got {self.pipeline_schedule!r})"
+            )
+        if interleaved and self.pp < 2:
+            raise SpecError(f"{owner}: an interleaved schedule needs pp >= 2, got pp={self.pp}")
+        _choice(owner, "recompute", self.recompute, RECOMPUTE)
+        if self.recompute_num_layers is not None:
+            _positive_int(owner, "recompute_num_layers", self.recompute_num_layers)
+            if self.recompute != "full":
+                raise SpecError(
+                    f"{owner}: recompute_num_layers={self.recompute_num_layers} needs "
+                    f"recompute='full' (got {self.recompute!r})"
+                )
+        _choice(owner, "offload", self.offload, OFFLOADS)
+        if self.sequence_parallel and self.tp < 2:
+            raise SpecError(f"{owner}: sequence_parallel needs tp >= 2, got tp={self.tp}")
+        if self.sharding_group is not None:
+            _positive_int(owner, "sharding_group", self.sharding_group)
+            if self.zero_stage == 0:
+                raise SpecError(
+                    f"{owner}: sharding_group={self.sharding_group} needs zero_stage >= 1"
+                )
+            if self.dp % self.sharding_group:
+                raise SpecError(
+                    f"{owner}: sharding_group={self.sharding_group} must divide dp={self.dp}"
+                )
+        if self.stage_layers is not None:
+            object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
+            if len(self.stage_layers) != self.pp:
+                raise SpecError(
+                    f"{owner}: stage_layers has {len(self.stage_layers)} entries but pp={self.pp}"
+                )
+            for n in self.stage_layers:
+                _positive_int(owner, "stage_layers[i]", n)
+            if self.virtual_pipeline_stages > 1:
+                raise SpecError(f"{owner}: stage_layers cannot be combined with interleaving")
+
+    @property
+    def world_size(self) -> int:
+        """GPUs this configuration occupies: ``dp * tp * pp * cp``."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks a ZeRO/FSDP shard of the dense parameters spans: sharding group times cp."""
+        if self.zero_stage == 0:
+            return 1
+        return (self.sharding_group or self.dp) * self.cp
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a plain JSON-serializable dict."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["stage_layers"] is not None:
+            out["stage_layers"] = list(out["stage_layers"])
+        return out
+
+
+def validate(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) -> None:
+    """Check ``cfg`` against the model, the cluster and the job; SpecError names what is wrong."""
+    fw = framework(job.framework)
+    if cfg.world_size != cluster.num_gpus:
+        raise SpecError(
+            f"dp*tp*pp*cp = {cfg.dp}*{cfg.tp}*{cfg.pp}*{cfg.cp} = {cfg.world_size} but the "
+            f"cluster has {cluster.num_gpus} GPUs; make the degrees multiply to {cluster.num_gpus}"
+        )
+    if cfg.tp > cluster.gpus_per_node:
+        raise SpecError(
+            f"tp={cfg.tp} exceeds the {cluster.gpus_per_node} GPUs of a node; tensor parallel "
+            "must stay inside a node"
+        )
+    for key, value in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
+                       ("ffn_hidden_size", model.ffn_hidden_size)):
+        if value % cfg.tp:
+            raise SpecError(f"tp={cfg.tp} does not divide {key}={value}; pick tp dividing it")
+    if model.is_moe and int(model.moe_ffn_hidden_size or 0) % cfg.tp:
+        raise SpecError(
+            f"tp={cfg.tp} does not divide moe_ffn_hidden_size={model.moe_ffn_hidden_size}"
+        )
+    chunks = cfg.pp * cfg.virtual_pipeline_stages
+    if model.num_layers < chunks:
+        raise SpecError(
+            f"the model has {model.num_layers} layers, fewer than pp*virtual stages = {chunks}; "
+            "lower pp or virtual_pipeline_stages"
+        )
+    if cfg.virtual_pipeline_stages > 1 and model.num_layers % chunks:
+        raise SpecError(
+            f"interleaving needs num_layers={model.num_layers} divisible by "
+            f"pp*virtual_pipeline_stages={chunks}"
+        )
+    if cfg.stage_layers is not None and sum(cfg.stage_layers) != model.num_layers:
+        raise SpecError(
+            f"stage_layers {list(cfg.stage_layers)} sum to {sum(cfg.stage_layers)}, "
+            f"not the model's {model.num_layers} layers"
+        )
+    if job.global_batch_size % (cfg.dp * cfg.micro_batch_size):
+        raise SpecError(
+            f"global_batch_size={job.global_batch_size} is not divisible by "
+            f"dp*micro_batch_size = {cfg.dp}*{cfg.micro_batch_size}"
+        )
+    if job.seq_len % cfg.cp:
+        raise SpecError(f"seq_len={job.seq_len} is not divisible by cp={cfg.cp}")
+    if cfg.sequence_parallel and (job.seq_len // cfg.cp) % cfg.tp:
+        raise SpecError(
+            f"sequence_parallel splits seq_len/cp = {job.seq_len // cfg.cp} over tp={cfg.tp}; "
+            "it must divide"
+        )
+    if cfg.ep > 1:
+        if not model.is_moe:
+            raise SpecError(f"ep={cfg.ep} needs a mixture-of-experts model; {model.name} is dense")
+        if model.num_experts % cfg.ep:
+            raise SpecError(f"ep={cfg.ep} does not divide num_experts={model.num_experts}")
+        if (cfg.dp * cfg.cp) % cfg.ep:
+            raise SpecError(
+                f"ep={cfg.ep} must divide dp*cp = {cfg.dp * cfg.cp} (expert parallel reuses the "
+                "data- and context-parallel ranks)"
+            )
+        if cfg.zero_stage and cfg.shard_degree % cfg.ep:
+            raise SpecError(
+                f"ep={cfg.ep} must divide the ZeRO shard degree {cfg.shard_degree} "
+                "(sharding_group*cp) so expert states shard evenly"
+            )
+    if cfg.zero_stage not in fw.zero_stages:
+        raise SpecError(
+            f"framework={fw.name!r} cannot run zero_stage={cfg.zero_stage}: {fw.note_zero}"
+        )
+    if cfg.pp > 1 and cfg.zero_stage not in fw.zero_with_pp:
+        raise SpecError(
+            f"framework={fw.name!r} cannot combine pipeline parallel (pp={cfg.pp}) with "
+            f"zero_stage={cfg.zero_stage}; use zero_stage in {list(fw.zero_with_pp)}"
+        )
+    if cfg.pp > 1 and cfg.pipeline_schedule not in fw.schedules:
+        raise SpecError(
+            f"framework={fw.name!r} has no {cfg.pipeline_schedule!r} schedule; it has "
+            f"{', '.join(fw.schedules)}"
+        )
+    least = dict(fw.offloads).get(cfg.offload)
+    if least is None:
+        raise SpecError(
+            f"framework={fw.name!r} cannot offload {cfg.offload!r}; it offloads "
+            f"{', '.join(m for m, _ in fw.offloads if m != 'none') or 'nothing'}"
+        )
+    if cfg.zero_stage < least:
+        raise SpecError(
+            f"offload={cfg.offload!r} with framework={fw.name!r} needs zero_stage >= {least}"
+        )
+    gpu = cluster.gpu
+    dtype = "bf16" if job.precision == "fp8" else job.precision
+    for need in {dtype, job.precision}:
+        if not gpu.supports(need):
+            raise SpecError(
+                f"{gpu.name} has no {need} support in its profile; choose another precision "
+                "(e.g. fp16 on V100)"
+            )

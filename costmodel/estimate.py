@@ -1,0 +1,191 @@
+"""Estimate: what one configuration costs, and ``estimate()``, the scalar path.
+
+``estimate()`` validates its inputs and evaluates the vectorized cost model on a table of one
+row (``costmodel.memory.memory_table``), so its numbers are exactly the search's numbers.
+Step-time fields stay ``None`` until the step-time model exists; they are never invented.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from costmodel.config import Job, ParallelConfig, validate
+from costmodel.errors import SpecError
+from costmodel.hardware import Cluster
+from costmodel.memory import TERMS, ConfigArrays, memory_table
+from costmodel.model import ModelSpec
+
+__all__ = ["Estimate", "MemoryBreakdown", "StageMemory", "estimate"]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    """Bytes per GPU by term. ``buffers`` are transient working sets at the peak (gathered
+    ZeRO-3 parameters, gradient buckets, a recomputed layer, logits, communication buffers);
+    ``overhead`` is the CUDA context, cuBLAS workspace and NCCL buffers."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    overhead_bytes: float
+
+    @property
+    def model_states_bytes(self) -> float:
+        """Weights + gradients + optimizer states (the ZeRO paper's "model states")."""
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of all terms."""
+        return self.model_states_bytes + self.activations_bytes + self.buffers_bytes \
+            + self.overhead_bytes
+
+    def as_dict(self) -> dict[str, float]:
+        """Terms by name (``weights_bytes`` ...) plus ``total_bytes``."""
+        out = {f"{t}_bytes": getattr(self, f"{t}_bytes") for t in TERMS}
+        out["total_bytes"] = self.total_bytes
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageMemory:
+    """One pipeline stage: what a GPU of it holds.
+
+    ``layer_params`` and ``embedding_params`` are the parameters on one GPU of the stage after
+    tensor and expert sharding (before ZeRO); ``in_flight_micro_batches`` is how many
+    micro-batches' activations (of all its layers) it holds at its peak;
+    ``layer_activations_bytes`` is the transformer layers' part of ``memory.activations_bytes``
+    (the rest is the embedding and output layers'); ``cpu_bytes`` what offload keeps in host
+    memory for it.
+    """
+
+    stage: int
+    num_layers: int
+    layer_params: float
+    embedding_params: float
+    in_flight_micro_batches: float
+    layer_activations_bytes: float
+    memory: MemoryBreakdown
+    cpu_bytes: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """What a configuration costs. Memory in bytes per GPU; time fields in seconds.
+
+    ``memory`` is the breakdown of the fullest GPU (stage ``peak_stage``), whose total is
+    ``peak_memory_bytes``; ``fits`` compares it with the GPU's capacity. Time fields
+    (``step_time_s``, ``tokens_per_s``, ``mfu`` ...) are ``None`` until the step-time model
+    computes them.
+    """
+
+    config: ParallelConfig
+    memory: MemoryBreakdown
+    peak_memory_bytes: float
+    peak_stage: int
+    stages: tuple[StageMemory, ...]
+    memory_capacity_bytes: float
+    cpu_memory_bytes: float
+    num_micro_batches: int
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    model_tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    time_breakdown_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the fullest GPU's total fits its memory capacity."""
+        return self.peak_memory_bytes <= self.memory_capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable dict (bytes and seconds, SI units)."""
+        return {
+            "step_time_s": self.step_time_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "fits": self.fits,
+            "memory_capacity_bytes": self.memory_capacity_bytes,
+            "peak_stage": self.peak_stage,
+            "num_micro_batches": self.num_micro_batches,
+            "memory": self.memory.as_dict(),
+            "cpu_memory_bytes": self.cpu_memory_bytes,
+            "stages": [
+                {
+                    "stage": s.stage,
+                    "num_layers": s.num_layers,
+                    "layer_params": s.layer_params,
+                    "embedding_params": s.embedding_params,
+                    "in_flight_micro_batches": s.in_flight_micro_batches,
+                    "layer_activations_bytes": s.layer_activations_bytes,
+                    "memory": s.memory.as_dict(),
+                    "cpu_bytes": s.cpu_bytes,
+                }
+                for s in self.stages
+            ],
+        }
+
+    def summary(self) -> str:
+        """A short human-readable report (GiB)."""
+        m = self.memory
+        lines = [
+            f"peak memory per GPU: {self.peak_memory_bytes / GIB:.2f} GiB of "
+            f"{self.memory_capacity_bytes / GIB:.0f} GiB "
+            f"({'fits' if self.fits else 'does NOT fit'}; stage {self.peak_stage})",
+        ]
+        for t in TERMS:
+            lines.append(f"  {t:<12s} {getattr(m, f'{t}_bytes') / GIB:10.2f} GiB")
+        if self.cpu_memory_bytes:
+            lines.append(f"  offloaded to CPU {self.cpu_memory_bytes / GIB:.2f} GiB per GPU")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfig) -> Estimate:
+    """Memory (and, once modelled, time) of training ``model`` on ``cluster`` with ``config``.
+
+    Raises SpecError naming the problem when the configuration cannot run (degrees that do not
+    multiply to the GPUs, heads not divisible by tp, ...).
+    """
+    for name, value, kind in (("model", model, ModelSpec), ("cluster", cluster, Cluster),
+                              ("job", job, Job), ("config", config, ParallelConfig)):
+        if not isinstance(value, kind):
+            raise SpecError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+    validate(model, cluster, job, config)
+    arrays = ConfigArrays.from_configs(model, [config])
+    table = memory_table(model, cluster, job, arrays)
+    stages = []
+    for i in range(config.pp):
+        mem = MemoryBreakdown(**{f"{t}_bytes": float(table.terms[t][0, i]) for t in TERMS})
+        stages.append(StageMemory(
+            stage=i,
+            num_layers=int(table.num_layers[0, i]),
+            layer_params=float(table.layer_params[0, i]),
+            embedding_params=float(table.embedding_params[0, i]),
+            in_flight_micro_batches=float(table.in_flight[0, i]),
+            layer_activations_bytes=float(table.layer_activations[0, i]),
+            memory=mem,
+            cpu_bytes=float(table.cpu[0, i]),
+        ))
+    peak = int(table.peak_stage[0])
+    return Estimate(
+        config=config,
+        memory=stages[peak].memory,
+        peak_memory_bytes=float(table.peak[0]),
+        peak_stage=peak,
+        stages=tuple(stages),
+        memory_capacity_bytes=cluster.gpu.memory_bytes,
+        cpu_memory_bytes=max(s.cpu_bytes for s in stages),
+        num_micro_batches=int(table.num_micro_batches[0]),
+    )

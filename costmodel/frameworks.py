@@ -1,0 +1,94 @@
+"""What each trainer can run, and the memory conventions it follows, as data.
+
+Facts each entry rests on:
+
+- Megatron-LM keeps bf16 parameters, fp32 main gradients (a contiguous ``main_grad`` buffer;
+  bf16 training accumulates and reduces gradients in fp32) and fp32 master weights with the
+  Adam states: 18 bytes per parameter, or 6 + 12/d with its distributed optimizer, sharded over
+  the data-parallel ranks including context-parallel ones (docs/api-guide/dist_optimizer.md;
+  megatron/core/distributed/distributed_data_parallel.py). fp16: 20 bytes, 4 + 16/d (the fp32
+  copy of the gradients is part of the sharded optimizer state). ZeRO-3 is its FSDP mode.
+  Schedules: 1F1B and interleaved 1F1B. CPU offload of the optimizer needs the distributed
+  optimizer (--optimizer-cpu-offload).
+- DeepSpeed ZeRO keeps fp16/bf16 parameters and gradients (2 + 2 bytes) and K = 12 bytes of
+  fp32 master weights and Adam states (Rajbhandari et al. 2020, Sec. 3.1 and Fig. 1). Its
+  pipeline engine runs a 1F1B schedule and supports ZeRO stage 0 or 1 only. ZeRO-Offload moves
+  optimizer states to the CPU (stage >= 1); parameter offload needs stage 3.
+- torchtitan trains with FSDP2 (``fully_shard``) whose sharded parameters stay fp32 and are
+  all-gathered in bf16 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)), so the
+  sharded state is 4 + 4 + 8 = 16 bytes per parameter with no separate master copy. Without
+  FSDP it uses DDP (``replicate``) with autocast. ZeRO-2 is FSDP with
+  ``reshard_after_forward=False``; there is no ZeRO-1. CPU offload (CPUOffloadPolicy) moves
+  parameters, gradients and optimizer states together and needs FSDP. Schedules come from
+  torch.distributed.pipelining: GPipe, 1F1B, interleaved 1F1B, zero bubble.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FRAMEWORKS", "Framework", "framework"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Framework:
+    """Capabilities of one trainer: which ZeRO stages, schedules and offloads it runs."""
+
+    name: str
+    zero_stages: tuple[int, ...]
+    schedules: tuple[str, ...]
+    offloads: tuple[tuple[str, int], ...]  # (offload mode, least zero stage it needs)
+    zero_with_pp: tuple[int, ...]  # ZeRO stages that combine with pipeline parallel
+    param_shard_stage: int  # least ZeRO stage at which the stored parameters are sharded
+    gated_mlp_saved_widths: int  # ffn-wide tensors saved per gated MLP (fused 3, eager 4)
+    note_zero: str
+
+
+FRAMEWORKS: tuple[Framework, ...] = (
+    Framework(
+        name="megatron",
+        zero_stages=(0, 1, 3),
+        schedules=("1f1b", "interleaved-1f1b"),
+        offloads=(("none", 0), ("optimizer", 1)),
+        zero_with_pp=(0, 1),
+        param_shard_stage=3,
+        # Megatron's fused bias-SwiGLU saves the concatenated gate/up output (2 widths) and
+        # the down-projection input (1 width).
+        gated_mlp_saved_widths=3,
+        note_zero="Megatron-LM runs ZeRO-1 as its distributed optimizer and ZeRO-3 as its "
+        "FSDP mode; it has no ZeRO-2",
+    ),
+    Framework(
+        name="deepspeed",
+        zero_stages=(0, 1, 2, 3),
+        schedules=("1f1b",),
+        offloads=(("none", 0), ("optimizer", 1), ("optimizer+params", 3)),
+        zero_with_pp=(0, 1),
+        param_shard_stage=3,
+        # Eager SwiGLU: silu saves its input, the product saves silu(gate) and up, and the
+        # down projection saves the product: 4 ffn-wide tensors.
+        gated_mlp_saved_widths=4,
+        note_zero="DeepSpeed runs ZeRO stages 0-3",
+    ),
+    Framework(
+        name="torchtitan",
+        zero_stages=(0, 2, 3),
+        schedules=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"),
+        offloads=(("none", 0), ("optimizer+params", 3)),
+        zero_with_pp=(0, 2, 3),
+        # FSDP shards the stored fp32 parameters at "ZeRO-2" too; only the bf16 unsharded
+        # copies are kept between forward and backward.
+        param_shard_stage=2,
+        gated_mlp_saved_widths=4,
+        note_zero="torchtitan runs DDP (0), FSDP without resharding after forward (2) and "
+        "FSDP (3); it has no ZeRO-1",
+    ),
+)
+
+
+def framework(name: str) -> Framework:
+    """The Framework entry for ``name``; KeyError is turned into SpecError by the callers."""
+    for f in FRAMEWORKS:
+        if f.name == name:
+            return f
+    raise KeyError(name)

@@ -1,0 +1,193 @@
+"""GPU, Link and Cluster: hardware profiles turned into SI-unit values.
+
+Profiles hold human units (GB/s, TFLOP/s, GiB) with their sources; these types hold bytes,
+bytes/s, FLOP/s and seconds. GB here is decimal (1e9) for bandwidths, GiB binary for capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import hardware_profiles
+from costmodel.errors import SpecError
+
+__all__ = ["GPU", "Cluster", "Link"]
+
+GIB = 1024**3
+GB = 1e9
+TFLOPS = 1e12
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPU:
+    """One accelerator: memory capacity (bytes), HBM bandwidth (bytes/s), dense peak FLOP/s."""
+
+    name: str
+    description: str = ""
+    memory_bytes: float
+    memory_bandwidth_bytes_per_s: float
+    peak_flops_by_dtype: tuple[tuple[str, float], ...]
+    intra_node_link: str = "pcie5"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0:
+            raise SpecError(f"GPU {self.name!r}: memory_bytes must be > 0, got {self.memory_bytes}")
+        for dtype, flops in self.peak_flops_by_dtype:
+            if dtype not in DTYPES or flops <= 0:
+                raise SpecError(
+                    f"GPU {self.name!r}: bad peak entry {dtype}={flops}; dtypes are "
+                    f"{', '.join(DTYPES)} with positive TFLOP/s"
+                )
+
+    @classmethod
+    def from_profile(cls, data: dict[str, Any]) -> GPU:
+        """Build from a parsed ``hardware_profiles/gpus/*.toml`` table (human units)."""
+        name = str(data.get("name", "?"))
+        try:
+            peaks = data["peak_tflops"]
+            return cls(
+                name=name,
+                description=str(data.get("description", "")),
+                memory_bytes=float(data["memory_gib"]) * GIB,
+                memory_bandwidth_bytes_per_s=float(data["memory_bandwidth_gb_per_s"]) * GB,
+                peak_flops_by_dtype=tuple(
+                    (k, float(v) * TFLOPS) for k, v in peaks.items() if k in DTYPES
+                ),
+                intra_node_link=str(data.get("intra_node_link", "pcie5")),
+                source=str(data.get("source", {}).get("document", "")),
+            )
+        except KeyError as e:
+            raise SpecError(f"GPU profile {name!r} lacks the key {e.args[0]!r}") from None
+
+    @classmethod
+    def preset(cls, name: str) -> GPU:
+        """A shipped GPU profile by name (``h100-sxm``, ``a100-80gb``, ...)."""
+        return cls.from_profile(hardware_profiles.load("gpus", name))
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; SpecError if the chip has no such math units."""
+        for d, f in self.peak_flops_by_dtype:
+            if d == dtype:
+                return f
+        have = ", ".join(d for d, _ in self.peak_flops_by_dtype)
+        raise SpecError(f"GPU {self.name!r} has no {dtype} peak in its profile (it has: {have})")
+
+    def supports(self, dtype: str) -> bool:
+        """Whether the profile lists a peak for ``dtype``."""
+        return any(d == dtype for d, _ in self.peak_flops_by_dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """One interconnect: per-direction bandwidth (bytes/s) and one-way latency (s)."""
+
+    name: str
+    description: str = ""
+    scope: str = "intra-node"
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bytes_per_s <= 0 or self.latency_s < 0:
+            raise SpecError(
+                f"link {self.name!r}: bandwidth must be > 0 and latency >= 0, got "
+                f"{self.bandwidth_bytes_per_s} B/s and {self.latency_s} s"
+            )
+
+    @classmethod
+    def from_profile(cls, data: dict[str, Any]) -> Link:
+        """Build from a parsed ``hardware_profiles/links/*.toml`` table (GB/s, microseconds)."""
+        name = str(data.get("name", "?"))
+        try:
+            return cls(
+                name=name,
+                description=str(data.get("description", "")),
+                scope=str(data.get("scope", "intra-node")),
+                bandwidth_bytes_per_s=float(data["bandwidth_gb_per_s"]) * GB,
+                latency_s=float(data["latency_us"]) * 1e-6,
+                source=str(data.get("source", {}).get("document", "")),
+            )
+        except KeyError as e:
+            raise SpecError(f"link profile {name!r} lacks the key {e.args[0]!r}") from None
+
+    @classmethod
+    def preset(cls, name: str) -> Link:
+        """A shipped link profile by name (``nvlink4``, ``ib-ndr``, ...)."""
+        return cls.from_profile(hardware_profiles.load("links", name))
+
+
+def _as_gpu(value: GPU | str) -> GPU:
+    return value if isinstance(value, GPU) else GPU.preset(value)
+
+
+def _as_link(value: Link | str) -> Link:
+    return value if isinstance(value, Link) else Link.preset(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """``num_nodes`` nodes of ``gpus_per_node`` GPUs; one link inside a node, NICs across nodes.
+
+    ``gpu`` and the links accept a profile name or an object. ``intra_node_link`` defaults to the
+    GPU's own (NVLink generation or PCIe), ``inter_node_link`` to 400 Gb/s NDR InfiniBand, and
+    ``nics_per_node`` to one NIC per GPU.
+    """
+
+    gpu: GPU
+    num_nodes: int = 1
+    gpus_per_node: int = 8
+    intra_node_link: Link | None = None
+    inter_node_link: Link = field(default=None)  # type: ignore[assignment]
+    nics_per_node: int | None = None
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for key in ("num_nodes", "gpus_per_node"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SpecError(f"Cluster.{key} must be a positive integer, got {v!r}")
+        gpu = _as_gpu(self.gpu)
+        object.__setattr__(self, "gpu", gpu)
+        intra = self.intra_node_link if self.intra_node_link is not None else gpu.intra_node_link
+        object.__setattr__(self, "intra_node_link", _as_link(intra))
+        inter = self.inter_node_link if self.inter_node_link is not None else "ib-ndr"
+        object.__setattr__(self, "inter_node_link", _as_link(inter))
+        nics = self.nics_per_node if self.nics_per_node is not None else self.gpus_per_node
+        if not isinstance(nics, int) or nics < 1:
+            raise SpecError(f"Cluster.nics_per_node must be a positive integer, got {nics!r}")
+        object.__setattr__(self, "nics_per_node", nics)
+
+    @property
+    def num_gpus(self) -> int:
+        """Total GPUs: ``num_nodes * gpus_per_node``."""
+        return self.num_nodes * self.gpus_per_node
+
+    @classmethod
+    def preset(
+        cls,
+        name: str,
+        *,
+        num_nodes: int | None = None,
+        gpu: GPU | str | None = None,
+        gpus_per_node: int | None = None,
+    ) -> Cluster:
+        """A shipped cluster (``selene``, ``dgx-a100``, ``dgx-h100``, ``generic-ib``).
+
+        ``num_nodes`` defaults to the preset's own; ``gpu`` and ``gpus_per_node`` override it.
+        """
+        data = hardware_profiles.load("clusters", name)
+        return cls(
+            name=str(data["name"]),
+            gpu=gpu if gpu is not None else data["gpu"],
+            num_nodes=num_nodes if num_nodes is not None else int(data.get("num_nodes", 1)),
+            gpus_per_node=(
+                gpus_per_node if gpus_per_node is not None else int(data["gpus_per_node"])
+            ),
+            intra_node_link=data.get("intra_node_link"),
+            inter_node_link=data.get("inter_node_link"),
+            nics_per_node=int(data["nics_per_node"]) if "nics_per_node" in data else None,
+        )

@@ -1,0 +1,494 @@
+"""Training memory per GPU, by term and by pipeline stage, for a whole table of configurations.
+
+One vectorized numpy pass serves the search (thousands of rows) and ``estimate()`` (a table of
+one row), so the two can never disagree. Per-stage quantities are arrays of shape
+``[rows, P]`` where ``P`` is the largest pipeline degree in the table; stages at or beyond a
+row's ``pp`` are masked out.
+
+Terms (bytes per GPU):
+
+- weights, gradients, optimizer states: bytes per parameter by trainer and precision
+  (``_state_bytes``), sharded by ZeRO stage over ``sharding_group * cp`` ranks (experts over
+  that divided by ``ep``), moved to CPU by offload.
+- activations: bytes saved for backward per layer per micro-batch (``_layer_activations``,
+  Korthikanti et al. 2022, Sec. 4 and Table 2), times the micro-batches a stage holds in
+  flight under its pipeline schedule (``_in_flight``), plus the embedding and output layers on
+  the first and last stage (Korthikanti et al. 2022, Sec. 4.3).
+- buffers: transient working sets: ZeRO-3/FSDP gathered parameters, gradient buckets, the
+  recompute working set of one layer, logits, all-to-all and pipeline send/receive buffers.
+- overhead: CUDA context, cuBLAS workspace and NCCL buffers (``hardware_profiles/software.toml``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import hardware_profiles
+from costmodel.config import Job, ParallelConfig
+from costmodel.frameworks import Framework, framework
+from costmodel.hardware import Cluster
+from costmodel.model import ModelSpec
+
+__all__ = ["TERMS", "ConfigArrays", "MemoryTable", "memory_table"]
+
+MIB = 1024**2
+SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+OFFLOAD_CODES = {"none": 0, "optimizer": 1, "optimizer+params": 2}
+TERMS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhead")
+
+
+@dataclass(frozen=True)
+class ConfigArrays:
+    """A table of parallel configurations as columns (one entry per row).
+
+    ``stage_layers`` has shape ``[rows, P]``: transformer layers held by each pipeline rank
+    (all of its virtual chunks together), zero beyond the row's ``pp``.
+    """
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    zero: np.ndarray
+    shard: np.ndarray
+    sp: np.ndarray
+    mbs: np.ndarray
+    schedule: np.ndarray
+    v: np.ndarray
+    recompute: np.ndarray
+    recompute_layers: np.ndarray  # 0 means every layer of the chunk
+    offload: np.ndarray
+    stage_layers: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        """Number of configurations in the table."""
+        return int(self.dp.shape[0])
+
+    @classmethod
+    def from_configs(cls, model: ModelSpec, configs: Sequence[ParallelConfig]) -> ConfigArrays:
+        """Columns for ``configs``; stage layers are split evenly unless a config fixes them.
+
+        Even split: ``num_layers // pp`` each, the remainder going one layer each to the last
+        stages, because the first stage already holds the embedding and, under 1F1B, the most
+        micro-batches in flight.
+        """
+        n = len(configs)
+        width = max(c.pp for c in configs)
+        layers = np.zeros((n, width), dtype=np.int64)
+        for r, c in enumerate(configs):
+            if c.stage_layers is not None:
+                layers[r, : c.pp] = c.stage_layers
+            else:
+                base, rem = divmod(model.num_layers, c.pp)
+                layers[r, : c.pp] = base
+                if rem:
+                    layers[r, c.pp - rem : c.pp] += 1
+
+        def col(values: list[int | float]) -> np.ndarray:
+            return np.asarray(values, dtype=np.int64)
+
+        return cls(
+            dp=col([c.dp for c in configs]),
+            tp=col([c.tp for c in configs]),
+            pp=col([c.pp for c in configs]),
+            cp=col([c.cp for c in configs]),
+            ep=col([c.ep for c in configs]),
+            zero=col([c.zero_stage for c in configs]),
+            shard=col([c.shard_degree for c in configs]),
+            sp=col([int(c.sequence_parallel) for c in configs]),
+            mbs=col([c.micro_batch_size for c in configs]),
+            schedule=col([SCHEDULE_CODES[str(c.pipeline_schedule)] for c in configs]),
+            v=col([c.virtual_pipeline_stages for c in configs]),
+            recompute=col([RECOMPUTE_CODES[c.recompute] for c in configs]),
+            recompute_layers=col([c.recompute_num_layers or 0 for c in configs]),
+            offload=col([OFFLOAD_CODES[c.offload] for c in configs]),
+            stage_layers=layers,
+        )
+
+
+@dataclass(frozen=True)
+class MemoryTable:
+    """Per-stage memory, arrays ``[rows, P]`` in bytes, and what the peak is made of.
+
+    ``terms`` maps each name of ``TERMS`` to its array; ``cpu`` is what offload keeps in host
+    memory per GPU; ``valid`` masks the stages that exist. ``layer_params`` and
+    ``embedding_params`` count the parameters a GPU of each stage holds (after tensor and
+    expert sharding, before ZeRO), ``in_flight`` the micro-batches its activations cover,
+    ``layer_activations`` the part of the activations that the transformer layers save (the
+    rest belongs to the embedding and output layers).
+    """
+
+    terms: dict[str, np.ndarray]
+    cpu: np.ndarray
+    valid: np.ndarray
+    num_layers: np.ndarray
+    layer_params: np.ndarray
+    embedding_params: np.ndarray
+    in_flight: np.ndarray
+    layer_activations: np.ndarray
+    num_micro_batches: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        """Sum of all terms per stage, ``[rows, P]``; zero where the stage does not exist."""
+        out = sum(self.terms[t] for t in TERMS)
+        return np.where(self.valid, out, 0.0)
+
+    @property
+    def peak_stage(self) -> np.ndarray:
+        """Index of the stage with the largest total, per row."""
+        return np.argmax(np.where(self.valid, self.total, -1.0), axis=1)
+
+    @property
+    def peak(self) -> np.ndarray:
+        """Largest per-GPU total over the stages of each row, bytes."""
+        return self.total.max(axis=1)
+
+
+def _optimizer_state_bytes(job: Job, model: ModelSpec) -> float:
+    """Optimizer state bytes per parameter, without any fp32 master copy.
+
+    Adam/AdamW: fp32 momentum and variance, 8 (Kingma & Ba 2015; ZeRO paper Sec. 3.1).
+    8-bit Adam: two uint8 states plus one fp32 absmax per 256-element block per state
+    (Dettmers et al. 2022; bitsandbytes/optim/optimizer.py). SGD with momentum: 4.
+    Adafactor: no first moment by default and a factored second moment, one row and one column
+    vector per matrix (Shazeer & Stern 2018, Alg. 4), at most ``2 / hidden_size`` fp32 values
+    per parameter for the transformer's matrices (every dimension is >= hidden_size).
+    """
+    if job.optimizer in ("adam", "adamw"):
+        return 8.0
+    if job.optimizer == "adam8bit":
+        bnb = hardware_profiles.load_software()["bitsandbytes"]
+        return float(bnb["state_bytes_per_param"]) + 2 * 4.0 / float(bnb["block_size"])
+    if job.optimizer == "sgd":
+        return 4.0
+    return 4.0 * 2.0 / model.hidden_size
+
+
+def _state_bytes(job: Job, model: ModelSpec) -> tuple[float, float, float]:
+    """Bytes per parameter of (weights, gradients, optimizer incl. master copies), unsharded.
+
+    See ``costmodel.frameworks`` for the facts: Megatron 2 + 4 + (4 + 8) = 18 in bf16 and
+    2 + 2 + (4 + 4 + 8) = 20 in fp16; DeepSpeed 2 + 2 + 12 = 16 (Rajbhandari et al. 2020,
+    Fig. 1); torchtitan/FSDP2 4 + 4 + 8 = 16. fp8 keeps bf16 weights (Micikevicius et al. 2022)
+    so its states equal bf16's; in fp32 there is no master copy.
+    """
+    states = _optimizer_state_bytes(job, model)
+    mixed = job.precision != "fp32"
+    if job.framework == "megatron":
+        weights = 2.0 if mixed else 4.0
+        grads = 2.0 if job.precision == "fp16" else 4.0
+        optim = states + (4.0 if mixed else 0.0) + (4.0 if job.precision == "fp16" else 0.0)
+        return weights, grads, optim
+    if job.framework == "deepspeed":
+        weights = 2.0 if mixed else 4.0
+        return weights, weights, states + (4.0 if mixed else 0.0)
+    return 4.0, 4.0, states
+
+
+def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Micro-batches whose activations a stage holds at its peak, per schedule.
+
+    Returns (layers factor, embedding count, head count), each ``[rows, P]``. The layers factor
+    is in units of "all of this stage's layers for one micro-batch".
+
+    1F1B (Narayanan et al. 2021, Sec. 2.2; DAPPLE): stage i holds min(p - i, m). Zero bubble
+    ZB-H1 keeps the 1F1B peak (Qi et al. 2024, Sec. 3). GPipe holds all m. Interleaved 1F1B
+    (Megatron-LM schedules): stage i runs 2(p - i - 1) + (v - 1)p warm-up forwards of chunks of
+    L/(pv) layers, so it holds min(that + 1, m v) chunk-micro-batches; on the first stage this
+    is L(1 + (p - 1)/(pv)) layers' worth (Korthikanti et al. 2022, Sec. 4.2.3).
+    """
+    p = a.pp[:, None]
+    v = a.v[:, None]
+    mm = m[:, None]
+    sched = a.schedule[:, None]
+    one_f_one_b = np.minimum(p - stage, mm)
+    gpipe = np.broadcast_to(mm, one_f_one_b.shape)
+    warm = np.minimum(2 * (p - stage - 1) + (v - 1) * p + 1, mm * v)
+    interleaved = warm / v
+
+    def chunk_count(w: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+        # Forwards run in blocks of p micro-batches per chunk, chunks 0..v-1 in turn.
+        full, rest = np.divmod(w, v * p)
+        return np.minimum(p * full + np.clip(rest - chunk * p, 0, p), mm)
+
+    layers = np.where(sched == 1, interleaved, np.where(sched == 2, gpipe, one_f_one_b))
+    emb_interleaved = chunk_count(warm, np.zeros_like(warm))
+    head_interleaved = chunk_count(warm, v - 1)
+    emb = np.where(sched == 1, emb_interleaved, layers)
+    head = np.where(sched == 1, head_interleaved, layers)
+    return layers.astype(float), emb.astype(float), head.astype(float)
+
+
+def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays,
+                       moe: bool) -> dict[str, np.ndarray]:
+    """Bytes saved for backward by one layer for one micro-batch, per recompute mode ``[rows]``.
+
+    Korthikanti et al. 2022, Sec. 4.1: attention 11sbh + 5as^2b, MLP 19sbh, norms 4sbh, i.e.
+    sbh(34 + 5as/h); under tensor parallel the norm inputs, the inputs of the first linear of
+    each block and the dropout masks (10sbh) are replicated and the rest is divided by t
+    (Table 2: sbh(10 + 24/t + 5as/(ht))); sequence parallel divides everything by t;
+    selective recompute drops the 5as^2b score terms; full recompute keeps the layer input.
+    Generalized here to GQA (K and V of kv_heads * head_dim), gated MLPs, models without
+    dropout, fused attention (saves Q, K, V, O and a fp32 log-sum-exp per query and head, Dao
+    et al. 2022, instead of the score matrix), fp8 linear inputs (1 byte), context parallel
+    (s/cp tokens per rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022).
+    """
+    e = 4.0 if job.precision == "fp32" else 2.0
+    e_lin = 1.0 if job.precision == "fp8" else e
+    h = float(model.hidden_size)
+    tp = a.tp.astype(float)
+    s_local = job.seq_len / a.cp.astype(float)
+    tokens = s_local * a.mbs
+    rep = np.where(a.sp == 1, 1.0 / tp, 1.0)  # tensors replicated over TP unless SP
+    drop = 1.0 if model.dropout else 0.0
+
+    # Attention block (norm input, QKV input, core, output-projection input, dropout mask).
+    attn_rep = (e + e_lin + drop) * tokens * h * rep
+    if job.flash_attention:
+        core_keep = (e * tokens * (model.q_dim + 2 * model.kv_dim) + e * tokens * model.q_dim
+                     + 4.0 * tokens * model.num_heads) / tp
+        core_scores = np.zeros_like(core_keep)
+    else:
+        core_keep = (e * tokens * (model.q_dim + 2 * model.kv_dim)
+                     + e_lin * tokens * model.q_dim) / tp
+        scores = model.num_heads * a.mbs * s_local * job.seq_len / tp
+        core_scores = scores * (e + drop * (1.0 + e))  # softmax out, mask, dropout out
+    # MLP block: norm input, first-linear input, dropout mask replicated; inner tensors / tp.
+    def mlp_inner(ffn: float, tok: np.ndarray) -> np.ndarray:
+        widths = fw.gated_mlp_saved_widths if model.gated_mlp else 2
+        return ((widths - 1) * e + e_lin) * tok * ffn / tp
+
+    mlp_rep = (e + e_lin + drop) * tokens * h * rep
+    if moe:
+        f_moe = float(model.moe_ffn_hidden_size or 0)
+        routed = tokens * model.top_k
+        mlp = (mlp_rep + 4.0 * tokens * model.num_experts * rep  # fp32 router probabilities
+               + e_lin * routed * h  # permuted expert inputs (tokens gathered over TP)
+               + mlp_inner(f_moe, routed)
+               + mlp_inner(f_moe * model.num_shared_experts, tokens))
+    else:
+        mlp = mlp_rep + mlp_inner(float(model.ffn_hidden_size or 0), tokens)
+
+    none = attn_rep + core_keep + core_scores + mlp
+    return {
+        "none": none,
+        "selective": none - core_scores,
+        "full": e * tokens * h * rep,
+    }
+
+
+def _stage_layout(model: ModelSpec, a: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
+    """Layers and MoE layers per pipeline rank ``[rows, P]``.
+
+    Rank i holds chunks i, i + p, ..., i + (v - 1)p of L/(pv) layers when interleaved, else a
+    contiguous run; the first ``first_dense_layers`` layers of the model are dense.
+    """
+    layers = a.stage_layers
+    if not model.is_moe:
+        return layers, np.zeros_like(layers)
+    kd = model.first_dense_layers
+    width = layers.shape[1]
+    stage = np.arange(width)[None, :]
+    start = np.cumsum(layers, axis=1) - layers
+    dense_contig = np.clip(kd - start, 0, layers)
+    p = a.pp[:, None]
+    v = a.v[:, None]
+    chunk = np.where(v > 1, model.num_layers // (p * v), 0)
+    dense_il = np.zeros_like(layers)
+    for k in range(int(a.v.max())):
+        g = k * p + stage
+        dense_il = dense_il + np.where(k < v, np.clip(kd - g * chunk, 0, chunk), 0)
+    dense = np.where(v > 1, dense_il, dense_contig)
+    return layers, layers - dense
+
+
+def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) -> MemoryTable:
+    """Per-GPU memory by term for every configuration of ``a`` and every pipeline stage.
+
+    The configurations are assumed valid (``costmodel.config.validate``).
+    """
+    fw = framework(job.framework)
+    soft = hardware_profiles.load_software()
+    width = a.stage_layers.shape[1]
+    stage = np.arange(width)[None, :]
+    p = a.pp[:, None]
+    valid = stage < p
+    first = stage == 0
+    last = stage == p - 1
+    tp = a.tp[:, None].astype(float)
+    ep = a.ep[:, None].astype(float)
+    m = job.global_batch_size // (a.dp * a.mbs)
+
+    # ---- parameters per GPU (tensor-parallel shards; norms stay replicated) -------------
+    norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
+    layers, moe_layers = _stage_layout(model, a)
+    dense_layers = layers - moe_layers
+    dense_local = (model.dense_layer_params() - 2 * norm) / tp + 2 * norm
+    moe_local = (model.moe_layer_non_expert_params() - 2 * norm) / tp + 2 * norm
+    expert_local = model.routed_expert_params() / (tp * ep)
+    layer_params = dense_layers * dense_local + moe_layers * moe_local
+    expert_params = moe_layers * expert_local
+    # Vocabulary-parallel embedding and LM head (Megatron-LM, torchtitan): V*h/t each; learned
+    # positions, token types, norms and a ViT's patch projection are replicated. Tied embeddings
+    # keep a copy on the last stage when pp > 1 (Megatron-LM keeps both copies in sync by an
+    # all-reduce).
+    word = 0 if model.patch_size else model.vocab_size * model.hidden_size
+    final_norm = norm if model.final_norm else 0
+    emb_local = word / tp + (model.embedding_params() - word)
+    head_proj = model.head_params() - final_norm
+    head_local = head_proj / tp + final_norm
+    if model.tied_embeddings:
+        head_local = head_local + np.where(p > 1, word / tp, 0.0)
+    emb_params = np.where(first, emb_local, 0.0) + np.where(last, head_local, 0.0)
+    dense_params = layer_params + emb_params  # everything but routed experts
+
+    # ---- model states --------------------------------------------------------------------
+    w_b, g_b, o_b = _state_bytes(job, model)
+    zero = a.zero[:, None]
+    z_dense = a.shard[:, None].astype(float)
+    z_exp = np.maximum(z_dense / ep, 1.0)
+    w_sharded = zero >= fw.param_shard_stage
+    g_sharded = zero >= 2
+    o_sharded = zero >= 1
+
+    def sharded(bytes_per_param: float, on: np.ndarray) -> np.ndarray:
+        return bytes_per_param * (dense_params / np.where(on, z_dense, 1.0)
+                                  + expert_params / np.where(on, z_exp, 1.0))
+
+    all_params = dense_params + expert_params
+    compute_b = 4.0 if job.precision == "fp32" else 2.0
+    weights = sharded(w_b, w_sharded)
+    # torchtitan keeps low-precision copies beside its fp32 parameters: autocast's cast weights
+    # (saved for backward) under DDP, and the unsharded parameters that FSDP with
+    # reshard_after_forward=False (ZeRO-2) holds from forward to backward.
+    if fw.name == "torchtitan":
+        ddp_cast = np.where((zero == 0) & (job.precision != "fp32"), 2.0, 0.0)
+        fsdp_unsharded = np.where(zero == 2, compute_b, 0.0)
+        weights = weights + (ddp_cast + fsdp_unsharded) * all_params
+    # Transformer Engine caches fp8 copies of each weight and its transpose across
+    # micro-batches (Megatron-LM with --fp8-format): 2 bytes per layer parameter.
+    if fw.name == "megatron" and job.precision == "fp8":
+        weights = weights + 2.0 * (layer_params + expert_params)
+    grads = sharded(g_b, g_sharded)
+    optim = sharded(o_b, o_sharded)
+
+    cpu = np.zeros_like(weights)
+    off = a.offload[:, None]
+    cpu = cpu + np.where(off >= 1, optim, 0.0)
+    optim = np.where(off >= 1, 0.0, optim)
+    cpu = cpu + np.where(off == 2, weights + grads, 0.0)
+    weights = np.where(off == 2, 0.0, weights)
+    grads = np.where(off == 2, 0.0, grads)
+
+    # ---- activations ------------------------------------------------------------------
+    dense_act = _layer_activations(model, job, fw, a, moe=False)
+    moe_act = (_layer_activations(model, job, fw, a, moe=True) if model.is_moe
+               else {k: np.zeros_like(x) for k, x in dense_act.items()})
+    mode = a.recompute[:, None]
+
+    def by_mode(acts: dict[str, np.ndarray]) -> np.ndarray:
+        return np.where(mode == 0, acts["none"][:, None],
+                        np.where(mode == 1, acts["selective"][:, None], acts["full"][:, None]))
+
+    # Full recompute of only the first N layers of each chunk (Megatron --recompute-method
+    # block): the others keep everything; dense layers come first in a stage.
+    n_rec = np.where((mode == 2) & (a.recompute_layers[:, None] > 0),
+                     np.minimum(a.recompute_layers[:, None] * a.v[:, None], layers), layers)
+    n_rec = np.where(mode == 2, n_rec, layers)
+    rec_dense = np.minimum(n_rec, dense_layers)
+    rec_moe = n_rec - rec_dense
+    stage_act = (rec_dense * by_mode(dense_act) + rec_moe * by_mode(moe_act)
+                 + (dense_layers - rec_dense) * dense_act["none"][:, None]
+                 + (moe_layers - rec_moe) * moe_act["none"][:, None])
+
+    e = compute_b
+    tokens = (job.seq_len / a.cp * a.mbs)[:, None]
+    rep = np.where(a.sp[:, None] == 1, 1.0 / tp, 1.0)
+    h = float(model.hidden_size)
+    # Korthikanti et al. 2022, Sec. 4.3: embedding dropout mask sbh/t per micro-batch in flight;
+    # on the last stage the final norm input 2sbh/t, the output-layer input 2sbh/t and fp32
+    # logits 4sbv/t kept by the cross entropy, in all 4sbh/t (1 + v/h).
+    emb_act = (1.0 if model.dropout else 0.0) * tokens * h * rep
+    head_act = 2 * e * tokens * h * rep + 4.0 * tokens * model.vocab_size / tp
+    layers_f, emb_f, head_f = _in_flight(a, stage, m)
+    layer_activations = stage_act * layers_f
+    activations = (layer_activations + np.where(first, emb_act * emb_f, 0.0)
+                   + np.where(last, head_act * head_f, 0.0))
+
+    # ---- buffers (transient working sets at the peak) ---------------------------------
+    layer_max = np.maximum(np.where(dense_layers > 0, dense_local, 0.0),
+                           np.where(moe_layers > 0, moe_local + expert_local, 0.0))
+    buffers = np.zeros_like(weights)
+    # Recompute re-materializes one layer's activations for one micro-batch during backward.
+    recomputes = (mode > 0) & (layers > 0)
+    act_layer_max = np.maximum(np.where(dense_layers > 0, dense_act["none"][:, None], 0.0),
+                               np.where(moe_layers > 0, moe_act["none"][:, None], 0.0))
+    buffers = buffers + np.where(recomputes, act_layer_max, 0.0)
+    # The low-precision logits before the fp32 cross entropy (last stage, one micro-batch).
+    buffers = buffers + np.where(last, e * tokens * model.vocab_size / tp, 0.0)
+    # Pipeline send and receive buffers of one activation tensor each.
+    buffers = buffers + np.where(p > 1, 2 * e * tokens * h * rep, 0.0)
+    # Expert-parallel all-to-all send and receive buffers of the routed tokens.
+    if model.is_moe:
+        a2a = 2 * e * tokens * model.top_k * h
+        buffers = buffers + np.where((a.ep[:, None] > 1) & (moe_layers > 0), a2a, 0.0)
+    if fw.name in ("torchtitan", "megatron"):
+        # FSDP (torchtitan and Megatron's FSDP mode): about two blocks' parameters unsharded
+        # (the current and the prefetched one) plus one block's unsharded gradients in the
+        # fp32 reduce dtype before its reduce-scatter (FSDP notes; software.toml).
+        tt = soft["torchtitan"]
+        live = float(tt["unsharded_blocks_live"])
+        gathered = np.where(w_sharded & (zero >= 3), live * compute_b * layer_max, 0.0)
+        grad_full = np.where(w_sharded, float(tt["reduce_dtype_bytes"]) * layer_max, 0.0)
+        buffers = buffers + gathered + grad_full
+    if fw.name == "torchtitan":
+        # DDP buckets hold a second copy of the gradients (gradient_as_bucket_view=False).
+        ddp = soft["torch_ddp"]
+        copy = 0.0 if ddp["gradient_as_bucket_view"] else g_b
+        buffers = buffers + np.where((zero == 0) & (a.dp[:, None] > 1), copy * all_params, 0.0)
+    if fw.name == "deepspeed":
+        ds = soft["deepspeed"]
+        # Stages 0-2: the flat gradient bucket of reduce_bucket_size elements; stage 3 adds the
+        # gathered parameters of the current module plus the prefetch bucket, capped by
+        # stage3_max_live_parameters (deepspeed/runtime/zero/config.py defaults).
+        bucket = np.minimum(float(ds["reduce_bucket_size"]), all_params) * g_b
+        live = np.minimum(layer_max + float(ds["stage3_prefetch_bucket_size"]),
+                          float(ds["stage3_max_live_parameters"]))
+        buffers = buffers + np.where(a.dp[:, None] > 1, bucket, 0.0)
+        buffers = buffers + np.where(zero == 3, w_b * live, 0.0)
+
+    # ---- overhead: CUDA context, cuBLAS workspace, NCCL buffers per communicator --------
+    rt = soft["runtime"]
+    groups = ((a.tp > 1).astype(float) + (a.pp > 1) + (a.dp * a.cp > 1) + (a.cp > 1)
+              + (a.ep > 1))[:, None]
+    nccl = groups * 2 * float(rt["nccl_max_channels"]) * float(rt["nccl_buffsize_mib"]) * MIB
+    overhead = (float(rt["cuda_context_mib"]) + float(rt["cublas_workspace_mib"])) * MIB + nccl
+    overhead = np.broadcast_to(overhead, weights.shape).astype(float)
+
+    terms = {
+        "weights": weights,
+        "gradients": grads,
+        "optimizer": optim,
+        "activations": activations,
+        "buffers": buffers,
+        "overhead": overhead,
+    }
+    terms = {k: np.where(valid, x, 0.0) for k, x in terms.items()}
+    return MemoryTable(
+        terms=terms,
+        cpu=np.where(valid, cpu, 0.0),
+        valid=valid,
+        num_layers=np.where(valid, layers, 0),
+        layer_params=np.where(valid, layer_params + expert_params, 0.0),
+        embedding_params=np.where(valid, emb_params, 0.0),
+        in_flight=np.where(valid, layers_f, 0.0),
+        layer_activations=np.where(valid, layer_activations, 0.0),
+        num_micro_batches=m,
+    )

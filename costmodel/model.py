@@ -1,0 +1,380 @@
+"""ModelSpec: the transformer hyper-parameters the cost model reads, with exact parameter counts.
+
+Covers decoder-only (GPT, Llama 2/3 with GQA and gated MLP), mixture-of-experts (Mixtral,
+DeepSeekMoE with shared experts and leading dense layers) and encoder-only (BERT, ViT)
+transformers. Presets live in ``costmodel/data/models.toml`` with their sources;
+``from_hf_config`` reads a Hugging Face ``config.json`` (a path or a dict; never the hub).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from costmodel.errors import SpecError
+
+__all__ = ["ModelSpec"]
+
+POSITION_EMBEDDINGS = ("rope", "learned", "none")
+NORMS = ("rmsnorm", "layernorm")
+
+
+def _load_presets() -> dict[str, dict[str, Any]]:
+    path = resources.files("costmodel").joinpath("data/models.toml")
+    with path.open("rb") as f:
+        return tomllib.load(f)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Hyper-parameters of one transformer. Sizes are element counts, not bytes.
+
+    ``num_kv_heads`` defaults to ``num_heads`` (MHA), ``ffn_hidden_size`` to ``4 * hidden_size``,
+    ``head_dim`` to ``hidden_size // num_heads``. MoE: ``num_experts`` routed experts of
+    ``moe_ffn_hidden_size`` each, ``top_k`` per token, ``num_shared_experts`` always active, and
+    the first ``first_dense_layers`` layers use a dense MLP of ``ffn_hidden_size``. Vision
+    (ViT): ``patch_size > 0`` replaces the token embedding with a patch projection, and
+    ``vocab_size`` is then the number of classes of the head.
+    """
+
+    name: str = "custom"
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int | None = None
+    ffn_hidden_size: int | None = None
+    vocab_size: int
+    head_dim: int | None = None
+    gated_mlp: bool = False
+    tied_embeddings: bool = False
+    position_embedding: str = "rope"
+    max_position_embeddings: int = 0
+    norm: str = "rmsnorm"
+    bias: bool = False
+    qkv_bias: bool = False
+    dropout: bool = False
+    causal: bool = True
+    num_token_types: int = 0
+    embedding_norm: bool = False
+    final_norm: bool = True
+    patch_size: int = 0
+    image_size: int = 0
+    num_channels: int = 3
+    num_experts: int = 0
+    top_k: int = 0
+    moe_ffn_hidden_size: int | None = None
+    num_shared_experts: int = 0
+    first_dense_layers: int = 0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        def positive(key: str, allow_zero: bool = False) -> None:
+            v = getattr(self, key)
+            is_int = isinstance(v, int) and not isinstance(v, bool)
+            ok = is_int and (v >= 0 if allow_zero else v > 0)
+            if not ok:
+                need = "a non-negative" if allow_zero else "a positive"
+                raise SpecError(f"ModelSpec {self.name!r}: {key} must be {need} integer, got {v!r}")
+
+        for key in ("num_layers", "hidden_size", "num_heads"):
+            positive(key)
+        for key in ("vocab_size", "max_position_embeddings", "num_token_types", "patch_size",
+                    "image_size", "num_experts", "top_k", "num_shared_experts",
+                    "first_dense_layers"):
+            positive(key, allow_zero=True)
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        positive("num_kv_heads")
+        if self.ffn_hidden_size is None:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        positive("ffn_hidden_size")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise SpecError(
+                    f"ModelSpec {self.name!r}: hidden_size {self.hidden_size} is not divisible "
+                    f"by num_heads {self.num_heads}; pass head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        positive("head_dim")
+        if self.num_heads % self.num_kv_heads:
+            raise SpecError(
+                f"ModelSpec {self.name!r}: num_heads {self.num_heads} must be a multiple of "
+                f"num_kv_heads {self.num_kv_heads} (grouped-query attention)"
+            )
+        if self.position_embedding not in POSITION_EMBEDDINGS:
+            raise SpecError(
+                f"ModelSpec {self.name!r}: position_embedding {self.position_embedding!r} is not "
+                f"one of {', '.join(POSITION_EMBEDDINGS)}"
+            )
+        if self.norm not in NORMS:
+            raise SpecError(
+                f"ModelSpec {self.name!r}: norm {self.norm!r} is not one of {', '.join(NORMS)}"
+            )
+        if (self.position_embedding == "learned" and self.patch_size == 0
+                and self.max_position_embeddings == 0):
+            raise SpecError(
+                f"ModelSpec {self.name!r}: learned position embeddings need "
+                "max_position_embeddings > 0"
+            )
+        if self.patch_size and (self.image_size == 0 or self.image_size % self.patch_size):
+            raise SpecError(
+                f"ModelSpec {self.name!r}: image_size {self.image_size} must be a positive "
+                f"multiple of patch_size {self.patch_size}"
+            )
+        if self.num_experts:
+            if not 1 <= self.top_k <= self.num_experts:
+                raise SpecError(
+                    f"ModelSpec {self.name!r}: top_k {self.top_k} must be between 1 and "
+                    f"num_experts {self.num_experts}"
+                )
+            if self.moe_ffn_hidden_size is None:
+                object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+            positive("moe_ffn_hidden_size")
+            if self.first_dense_layers >= self.num_layers:
+                raise SpecError(
+                    f"ModelSpec {self.name!r}: first_dense_layers {self.first_dense_layers} "
+                    f"leaves no MoE layer out of {self.num_layers}"
+                )
+        elif self.top_k or self.num_shared_experts:
+            raise SpecError(
+                f"ModelSpec {self.name!r}: top_k / num_shared_experts need num_experts > 0"
+            )
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model has routed experts."""
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers with a routed-expert MLP (all but the first ``first_dense_layers``)."""
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection: ``num_heads * head_dim``."""
+        return self.num_heads * int(self.head_dim or 0)
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of each of the key and value projections: ``num_kv_heads * head_dim``."""
+        return int(self.num_kv_heads or 0) * int(self.head_dim or 0)
+
+    @property
+    def num_patches(self) -> int:
+        """Image patches per sample for a ViT (0 for token models)."""
+        return (self.image_size // self.patch_size) ** 2 if self.patch_size else 0
+
+    # ------------------------------------------------------------------ parameter counts
+    def _norm_params(self) -> int:
+        # LayerNorm has a weight and a bias; RMSNorm only a weight.
+        return 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
+
+    def attention_params(self) -> int:
+        """Parameters of one attention block: Q, K, V, output projection and their biases."""
+        h = self.hidden_size
+        weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        biases = 0
+        if self.bias or self.qkv_bias:
+            biases += self.q_dim + 2 * self.kv_dim
+        if self.bias:
+            biases += h
+        return weights + biases
+
+    def mlp_params(self, ffn: int) -> int:
+        """Parameters of one (dense or expert) MLP of inner width ``ffn``."""
+        h = self.hidden_size
+        if self.gated_mlp:  # gate, up and down projections (SwiGLU), Shazeer 2020
+            return 3 * h * ffn + (2 * ffn + h if self.bias else 0)
+        return 2 * h * ffn + (ffn + h if self.bias else 0)
+
+    def routed_expert_params(self) -> int:
+        """Parameters of the routed experts of one MoE layer (what expert parallel shards)."""
+        return self.num_experts * self.mlp_params(int(self.moe_ffn_hidden_size or 0))
+
+    def dense_layer_params(self) -> int:
+        """Parameters of one transformer layer with a dense MLP (norms included)."""
+        return self.attention_params() + self.mlp_params(int(self.ffn_hidden_size or 0)) \
+            + 2 * self._norm_params()
+
+    def moe_layer_non_expert_params(self) -> int:
+        """Parameters of one MoE layer outside the routed experts: attention, norms, router,
+        shared experts. These are sharded by tensor parallel like a dense layer."""
+        h = self.hidden_size
+        shared = self.num_shared_experts * self.mlp_params(int(self.moe_ffn_hidden_size or 0))
+        return self.attention_params() + 2 * self._norm_params() + h * self.num_experts + shared
+
+    def layer_params(self, index: int) -> int:
+        """Parameters of layer ``index`` (0-based)."""
+        if not 0 <= index < self.num_layers:
+            raise SpecError(f"layer index {index} out of range 0..{self.num_layers - 1}")
+        if self.is_moe and index >= self.first_dense_layers:
+            return self.moe_layer_non_expert_params() + self.routed_expert_params()
+        return self.dense_layer_params()
+
+    def embedding_params(self) -> int:
+        """Input side: token (or patch) embedding, position and token-type embeddings, norm."""
+        h = self.hidden_size
+        if self.patch_size:
+            # Conv patch projection with bias, a class token, and a learned position per patch
+            # plus the class token (Dosovitskiy et al. 2021, Eq. 1).
+            n = self.num_patches
+            total = self.num_channels * self.patch_size**2 * h + h + h + (n + 1) * h
+        else:
+            total = self.vocab_size * h
+            if self.position_embedding == "learned":
+                total += self.max_position_embeddings * h
+        total += self.num_token_types * h
+        if self.embedding_norm:
+            total += self._norm_params()
+        return total
+
+    def head_params(self) -> int:
+        """Output side: final norm and, when untied, the output projection (LM head)."""
+        total = self._norm_params() if self.final_norm else 0
+        if not self.tied_embeddings and self.vocab_size:
+            total += self.vocab_size * self.hidden_size + (self.vocab_size if self.bias else 0)
+        return total
+
+    def num_params(self) -> int:
+        """Total parameters (tied embeddings counted once)."""
+        dense = self.dense_layer_params()
+        if self.is_moe:
+            moe = self.moe_layer_non_expert_params() + self.routed_expert_params()
+            layers = self.first_dense_layers * dense + self.num_moe_layers * moe
+        else:
+            layers = self.num_layers * dense
+        return self.embedding_params() + layers + self.head_params()
+
+    def num_active_params(self) -> int:
+        """Parameters one token passes through (``top_k`` of the routed experts)."""
+        if not self.is_moe:
+            return self.num_params()
+        inactive = (self.num_experts - self.top_k) * self.mlp_params(
+            int(self.moe_ffn_hidden_size or 0)
+        )
+        return self.num_params() - self.num_moe_layers * inactive
+
+    # ------------------------------------------------------------------ constructors
+    @staticmethod
+    def preset_names() -> list[str]:
+        """Names of the shipped presets."""
+        return sorted(_load_presets())
+
+    @classmethod
+    def preset(cls, name: str) -> ModelSpec:
+        """A shipped preset by name (``llama-3-70b``, ``gpt3-175b``, ``mixtral-8x7b``, ...)."""
+        presets = _load_presets()
+        key = str(name).strip().lower()
+        if key not in presets:
+            import difflib
+
+            close = difflib.get_close_matches(key, list(presets), n=3, cutoff=0.5)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise SpecError(
+                f"unknown model {name!r}.{hint} Known models: {', '.join(sorted(presets))}"
+            )
+        return cls(name=key, **presets[key])
+
+    @classmethod
+    def from_hf_config(cls, config: str | Path | dict[str, Any], *, name: str | None = None
+                       ) -> ModelSpec:
+        """Read a Hugging Face ``config.json`` (a path or the parsed dict); no hub access.
+
+        Supported ``model_type``: llama, mistral, qwen2, mixtral, deepseek (DeepSeekMoE),
+        gpt2, bert, vit.
+        """
+        if isinstance(config, dict):
+            cfg, label = config, name or str(config.get("_name_or_path") or "hf-config")
+        else:
+            p = Path(config)
+            if not p.is_file():
+                raise SpecError(f"HF config {str(p)!r} does not exist")
+            try:
+                cfg = json.loads(p.read_text())
+            except json.JSONDecodeError as e:
+                raise SpecError(f"HF config {str(p)!r} is not valid JSON: {e}") from None
+            label = name or p.stem
+        return cls(name=label, **_hf_fields(cfg, label))
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a plain dict (JSON-serializable)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _hf_fields(cfg: dict[str, Any], label: str) -> dict[str, Any]:
+    """Map a Hugging Face config dict onto ModelSpec fields."""
+    mtype = str(cfg.get("model_type", "")).lower()
+
+    def need(*keys: str) -> Any:
+        for k in keys:
+            if k in cfg and cfg[k] is not None:
+                return cfg[k]
+        raise SpecError(f"HF config {label!r} ({mtype}) lacks {' / '.join(keys)}")
+
+    if mtype in ("llama", "mistral", "qwen2", "mixtral", "deepseek"):
+        out: dict[str, Any] = {
+            "num_layers": need("num_hidden_layers"),
+            "hidden_size": need("hidden_size"),
+            "num_heads": need("num_attention_heads"),
+            "num_kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            "ffn_hidden_size": need("intermediate_size"),
+            "vocab_size": need("vocab_size"),
+            "gated_mlp": True,
+            "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+            "position_embedding": "rope",
+            "norm": "rmsnorm",
+            "qkv_bias": mtype == "qwen2",
+        }
+        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+            raise SpecError(f"HF config {label!r}: attention_bias / mlp_bias are not supported")
+        if cfg.get("head_dim"):
+            out["head_dim"] = cfg["head_dim"]
+        if mtype == "mixtral":
+            out.update(num_experts=need("num_local_experts"), top_k=need("num_experts_per_tok"),
+                       moe_ffn_hidden_size=need("intermediate_size"))
+        if mtype == "deepseek":
+            if int(cfg.get("moe_layer_freq", 1)) != 1:
+                raise SpecError(f"HF config {label!r}: moe_layer_freq != 1 is not supported")
+            out.update(num_experts=need("n_routed_experts"), top_k=need("num_experts_per_tok"),
+                       moe_ffn_hidden_size=need("moe_intermediate_size"),
+                       num_shared_experts=int(cfg.get("n_shared_experts") or 0),
+                       first_dense_layers=int(cfg.get("first_k_dense_replace") or 0))
+        return out
+    if mtype == "gpt2":
+        h = need("n_embd")
+        return {
+            "num_layers": need("n_layer"), "hidden_size": h, "num_heads": need("n_head"),
+            "ffn_hidden_size": cfg.get("n_inner") or 4 * h, "vocab_size": need("vocab_size"),
+            "position_embedding": "learned", "max_position_embeddings": need("n_positions"),
+            "norm": "layernorm", "bias": True, "dropout": True, "tied_embeddings": True,
+        }
+    if mtype == "bert":
+        return {
+            "num_layers": need("num_hidden_layers"), "hidden_size": need("hidden_size"),
+            "num_heads": need("num_attention_heads"), "ffn_hidden_size": need("intermediate_size"),
+            "vocab_size": need("vocab_size"), "position_embedding": "learned",
+            "max_position_embeddings": need("max_position_embeddings"),
+            "num_token_types": int(cfg.get("type_vocab_size", 2)), "embedding_norm": True,
+            "final_norm": False, "norm": "layernorm", "bias": True, "dropout": True,
+            "tied_embeddings": True, "causal": False,
+        }
+    if mtype == "vit":
+        labels = cfg.get("id2label") or {}
+        return {
+            "num_layers": need("num_hidden_layers"), "hidden_size": need("hidden_size"),
+            "num_heads": need("num_attention_heads"), "ffn_hidden_size": need("intermediate_size"),
+            "vocab_size": len(labels), "position_embedding": "learned",
+            "patch_size": need("patch_size"), "image_size": need("image_size"),
+            "num_channels": int(cfg.get("num_channels", 3)), "norm": "layernorm", "bias": True,
+            "causal": False,
+        }
+    raise SpecError(
+        f"HF config {label!r}: model_type {mtype!r} is not supported; supported: llama, mistral, "
+        "qwen2, mixtral, deepseek, gpt2, bert, vit (or build ModelSpec(...) directly)"
+    )
