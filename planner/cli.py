@@ -1,0 +1,289 @@
+"""Command line: ``planner estimate``, ``planner models``, ``planner gpus``, ``planner clusters``.
+
+Bad input prints one line naming what is wrong and exits with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import hardware_profiles
+from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
+from costmodel.config import FRAMEWORK_NAMES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES
+from costmodel.hardware import GPU
+from costmodel.memory import TERMS
+
+GIB = 1024**3
+
+EPILOG_ESTIMATE = """example:
+  planner estimate --model gpt3-175b --cluster selene --num-nodes 8 \\
+      --global-batch-size 64 --seq-len 2048 --framework megatron \\
+      --tp 8 --pp 8 --micro-batch-size 1 --sequence-parallel --recompute selective \\
+      --virtual-stages 3
+  planner estimate --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
+      --global-batch-size 512 --seq-len 8192 --tp 8 --pp 4 --zero 1 --json
+"""
+
+
+def _model(arg: str) -> ModelSpec:
+    """A preset name or the path of a Hugging Face config.json."""
+    if arg.endswith(".json") or Path(arg).is_file():
+        return ModelSpec.from_hf_config(arg)
+    return ModelSpec.preset(arg)
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    """``--cluster`` (preset or TOML file) or the short form ``--gpus --gpu --gpus-per-node``."""
+    if args.cluster and args.gpus:
+        raise SpecError("give either --cluster or --gpus/--gpu, not both")
+    if args.cluster:
+        if args.cluster.endswith(".toml"):
+            data = hardware_profiles.load_file(args.cluster)
+            allowed = {"gpu", "num_nodes", "gpus_per_node", "intra_node_link",
+                       "inter_node_link", "nics_per_node", "name"}
+            unknown = set(data) - allowed - {"description", "source"}
+            if unknown:
+                raise SpecError(
+                    f"cluster file {args.cluster!r} has unknown keys {sorted(unknown)}; "
+                    f"allowed: {sorted(allowed)}"
+                )
+            fields = {k: v for k, v in data.items() if k in allowed}
+            if args.num_nodes:
+                fields["num_nodes"] = args.num_nodes
+            return Cluster(**fields)
+        return Cluster.preset(args.cluster, num_nodes=args.num_nodes, gpu=args.gpu,
+                              gpus_per_node=args.gpus_per_node)
+    if not args.gpus:
+        raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME")
+    per_node = args.gpus_per_node or min(args.gpus, 8)
+    if args.gpus % per_node:
+        raise SpecError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}")
+    return Cluster(gpu=args.gpu or "h100-sxm", num_nodes=args.gpus // per_node,
+                   gpus_per_node=per_node, intra_node_link=args.intra_node,
+                   inter_node_link=args.inter_node)
+
+
+def _config(args: argparse.Namespace, cluster: Cluster) -> ParallelConfig:
+    rest = args.tp * args.pp * args.cp
+    dp = args.dp
+    if dp is None:
+        if cluster.num_gpus % rest:
+            raise SpecError(
+                f"tp*pp*cp = {rest} does not divide the {cluster.num_gpus} GPUs; pass --dp or "
+                "change the degrees"
+            )
+        dp = cluster.num_gpus // rest
+    return ParallelConfig(
+        dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero_stage=args.zero,
+        sharding_group=args.sharding_group, sequence_parallel=args.sequence_parallel,
+        micro_batch_size=args.micro_batch_size, pipeline_schedule=args.schedule,
+        virtual_pipeline_stages=args.virtual_stages, recompute=args.recompute,
+        recompute_num_layers=args.recompute_num_layers, offload=args.offload,
+    )
+
+
+def _fmt_gib(x: float) -> str:
+    return f"{x / GIB:8.2f} GiB"
+
+
+def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> str:
+    cfg = est.config
+    lines = [
+        f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters",
+        f"cluster  {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name} "
+        f"({cluster.gpu.memory_bytes / GIB:.0f} GiB), {cluster.intra_node_link.name} inside "
+        f"nodes, {cluster.nics_per_node} x {cluster.inter_node_link.name} per node",
+        f"job      {job.global_batch_size} x {job.seq_len} tokens, {job.precision}, "
+        f"{job.optimizer}, {job.framework} conventions",
+        f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
+        f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "
+        f"mbs={cfg.micro_batch_size} ({est.num_micro_batches} micro-batches) "
+        f"schedule={cfg.pipeline_schedule}"
+        + (f" v={cfg.virtual_pipeline_stages}" if cfg.virtual_pipeline_stages > 1 else "")
+        + f" recompute={cfg.recompute}"
+        + (f"({cfg.recompute_num_layers} layers)" if cfg.recompute_num_layers else "")
+        + (f" offload={cfg.offload}" if cfg.offload != "none" else ""),
+        "",
+        f"memory per GPU (fullest: stage {est.peak_stage})",
+    ]
+    for t in TERMS:
+        lines.append(f"  {t:<12s}{_fmt_gib(getattr(est.memory, f'{t}_bytes'))}")
+    lines.append(f"  {'total':<12s}{_fmt_gib(est.peak_memory_bytes)}  of "
+                 f"{est.memory_capacity_bytes / GIB:.0f} GiB: "
+                 + ("fits" if est.fits else "DOES NOT FIT"))
+    if est.cpu_memory_bytes:
+        lines.append(f"  offloaded to host memory: {est.cpu_memory_bytes / GIB:.2f} GiB per GPU")
+    if len(est.stages) > 1:
+        lines += ["", "  stage  layers  in-flight  total"]
+        shown = sorted({0, est.peak_stage, len(est.stages) - 1})
+        for i in shown:
+            s = est.stages[i]
+            lines.append(f"  {i:>5d}  {s.num_layers:>6d}  {s.in_flight_micro_batches:>9.2f}  "
+                         f"{s.memory.total_bytes / GIB:8.2f} GiB")
+    lines += ["", "step time: not modelled yet (memory estimator only)"]
+    return "\n".join(lines)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """``planner estimate``: memory of one configuration."""
+    model = _model(args.model)
+    cluster = _cluster(args)
+    job = Job(global_batch_size=args.global_batch_size, seq_len=args.seq_len,
+              precision=args.precision, optimizer=args.optimizer, framework=args.framework,
+              flash_attention=not args.no_flash_attention)
+    cfg = _config(args, cluster)
+    est = estimate(model, cluster, job, cfg)
+    if args.json:
+        out = {
+            "config": cfg.to_dict(),
+            "estimate": est.to_dict(),
+            "model": {"name": model.name, "num_params": model.num_params()},
+            "cluster": {"gpu": cluster.gpu.name, "num_nodes": cluster.num_nodes,
+                        "gpus_per_node": cluster.gpus_per_node},
+            "job": {"global_batch_size": job.global_batch_size, "seq_len": job.seq_len,
+                    "precision": job.precision, "optimizer": job.optimizer,
+                    "framework": job.framework, "flash_attention": job.flash_attention},
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        print(_estimate_report(model, cluster, job, est))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """``planner models``: the model presets with their sizes."""
+    rows = []
+    for name in ModelSpec.preset_names():
+        m = ModelSpec.preset(name)
+        rows.append({"name": name, "num_params": m.num_params(),
+                     "num_active_params": m.num_active_params(), "num_layers": m.num_layers,
+                     "hidden_size": m.hidden_size, "source": m.source})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'model':<18s} {'params':>10s} {'active':>10s} {'layers':>6s} {'hidden':>6s}")
+    for r in rows:
+        total, active = r["num_params"] / 1e9, r["num_active_params"] / 1e9
+        print(f"{r['name']:<18s} {total:>9.2f}B {active:>9.2f}B"
+              f" {r['num_layers']:>6d} {r['hidden_size']:>6d}")
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    """``planner gpus``: the GPU profiles with memory and dense peaks."""
+    rows = []
+    for name in hardware_profiles.names("gpus"):
+        g = GPU.preset(name)
+        rows.append({"name": name, "memory_gib": g.memory_bytes / GIB,
+                     "memory_bandwidth_gb_per_s": g.memory_bandwidth_bytes_per_s / 1e9,
+                     "peak_tflops": {d: f / 1e12 for d, f in g.peak_flops_by_dtype},
+                     "description": g.description})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'gpu':<11s} {'memory':>8s} {'HBM GB/s':>9s} {'bf16':>7s} {'fp16':>7s} {'fp8':>7s}"
+          "  (dense TFLOP/s)")
+    for r in rows:
+        pk = r["peak_tflops"]
+        cells = " ".join(f"{pk[d]:>7.0f}" if d in pk else f"{'-':>7s}" for d in
+                         ("bf16", "fp16", "fp8"))
+        print(f"{r['name']:<11s} {r['memory_gib']:>4.0f} GiB {r['memory_bandwidth_gb_per_s']:>9.0f}"
+              f" {cells}")
+    return 0
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    """``planner clusters``: the cluster presets."""
+    rows = [hardware_profiles.load("clusters", n) for n in hardware_profiles.names("clusters")]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['name']:<11s} {r['gpus_per_node']} x {r['gpu']} per node, "
+              f"{r['intra_node_link']} + {r['nics_per_node']} x {r['inter_node_link']}: "
+              f"{r['description']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``planner`` command."""
+    parser = argparse.ArgumentParser(
+        prog="planner",
+        description="Auto-parallel planner: how to split training of a large model, and "
+        "whether it fits in memory.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    est = sub.add_parser(
+        "estimate", help="memory per GPU of one parallel configuration",
+        description="Estimate per-GPU memory (by term and pipeline stage) of one configuration.",
+        epilog=EPILOG_ESTIMATE, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    est.add_argument("--model", required=True,
+                     help="preset name (see 'planner models') or a Hugging Face config.json path")
+    hw = est.add_argument_group("cluster")
+    hw.add_argument("--cluster", help="cluster preset ('planner clusters') or a TOML file")
+    hw.add_argument("--num-nodes", type=int, help="nodes of the cluster preset to use")
+    hw.add_argument("--gpus", type=int, help="total GPUs (short form, with --gpu)")
+    hw.add_argument("--gpu", help="GPU profile name ('planner gpus'); default h100-sxm")
+    hw.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
+    hw.add_argument("--intra-node", help="link inside a node (default: the GPU's own)")
+    hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)")
+    jb = est.add_argument_group("job")
+    jb.add_argument("--global-batch-size", type=int, required=True, help="sequences per step")
+    jb.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    jb.add_argument("--precision", default="bf16", choices=PRECISIONS)
+    jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    jb.add_argument("--framework", default="torchtitan", choices=FRAMEWORK_NAMES,
+                    help="trainer whose memory conventions to follow (default torchtitan)")
+    jb.add_argument("--no-flash-attention", action="store_true",
+                    help="attention saves its score matrix (no fused kernel)")
+    pc = est.add_argument_group("parallel configuration")
+    pc.add_argument("--dp", type=int, help="data parallel (default: GPUs / (tp*pp*cp))")
+    pc.add_argument("--tp", type=int, default=1, help="tensor parallel")
+    pc.add_argument("--pp", type=int, default=1, help="pipeline parallel")
+    pc.add_argument("--cp", type=int, default=1, help="context parallel")
+    pc.add_argument("--ep", type=int, default=1, help="expert parallel (within dp*cp)")
+    pc.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
+    pc.add_argument("--sharding-group", type=int, help="HSDP: data-parallel ranks per shard")
+    pc.add_argument("--micro-batch-size", type=int, default=1)
+    pc.add_argument("--sequence-parallel", action="store_true")
+    pc.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+    pc.add_argument("--virtual-stages", type=int, default=1,
+                    help="virtual pipeline stages per rank (interleaved 1F1B)")
+    pc.add_argument("--recompute", default="none", choices=RECOMPUTE)
+    pc.add_argument("--recompute-num-layers", type=int,
+                    help="with --recompute full: only the first N layers of each chunk")
+    pc.add_argument("--offload", default="none", choices=OFFLOADS)
+    est.add_argument("--json", action="store_true", help="machine-readable output")
+    est.set_defaults(func=cmd_estimate)
+
+    for name, func, text in (("models", cmd_models, "list model presets"),
+                             ("gpus", cmd_gpus, "list GPU profiles"),
+                             ("clusters", cmd_clusters, "list cluster presets")):
+        p = sub.add_parser(name, help=text, description=text,
+                           epilog=f"example:\n  planner {name} --json",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for bad input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SpecError as e:
+        print(f"planner: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # Output piped into a command that stopped reading (e.g. `| head`): not an error.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0

@@ -1,0 +1,104 @@
+"""The command line: real estimates, JSON schema, and one clear line (exit 2) on bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+
+HF = Path(__file__).parent / "data" / "hf_configs"
+BASE = ["estimate", "--global-batch-size", "64", "--seq-len", "2048"]
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_estimate_json_schema(capsys) -> None:
+    rc = main([*BASE, "--model", "gpt3-175b", "--cluster", "selene", "--num-nodes", "8",
+               "--framework", "megatron", "--tp", "8", "--pp", "8", "--sequence-parallel",
+               "--recompute", "selective", "--virtual-stages", "3", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"config", "estimate"} <= set(out)
+    est = out["estimate"]
+    for key in ("step_time_s", "peak_memory_bytes", "mfu", "tokens_per_s"):
+        assert key in est
+    assert est["step_time_s"] is None
+    assert out["config"]["dp"] == 1 and out["config"]["pipeline_schedule"] == "interleaved-1f1b"
+    assert 40 * 2**30 < est["peak_memory_bytes"] < 80 * 2**30
+    assert len(est["stages"]) == 8
+
+
+def test_estimate_short_cluster_form_and_hf_config(capsys) -> None:
+    rc = main([*BASE, "--model", str(HF / "llama-3-8b.json"), "--gpus", "16", "--gpu",
+               "h100-sxm", "--gpus-per-node", "8", "--zero", "3", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["dp"] == 16 and out["cluster"]["num_nodes"] == 2
+    assert out["model"]["num_params"] == 8_030_261_248
+
+
+def test_human_report() -> None:
+    res = run([*BASE, "--model", "llama-3-70b", "--gpus", "64", "--gpu", "h100-sxm", "--tp",
+               "8", "--pp", "4", "--zero", "1", "--framework", "megatron"])
+    assert res.returncode == 0, res.stderr
+    assert "memory per GPU" in res.stdout and "GiB" in res.stdout and "fits" in res.stdout
+
+
+def test_cluster_toml_file(tmp_path: Path, capsys) -> None:
+    f = tmp_path / "mine.toml"
+    f.write_text('gpu = "a100-40gb"\nnum_nodes = 2\ngpus_per_node = 4\n'
+                 'inter_node_link = "roce-400g"\n')
+    assert main([*BASE, "--model", "gpt3-2.7b", "--cluster", str(f), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cluster"]["gpu"] == "a100-40gb"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--model", "no-such-model", "--gpus", "8"], "unknown model 'no-such-model'"),
+     (["--model", "llama-3-8b", "--gpus", "8", "--gpu", "h100"], "unknown gpu 'h100'"),
+     (["--model", "llama-3-8b", "--gpus", "8", "--tp", "3"], "tp*pp*cp = 3"),
+     (["--model", "llama-3-8b", "--gpus", "8", "--dp", "2"], "dp*tp*pp*cp"),
+     (["--model", "llama-3-8b"], "say which GPUs"),
+     (["--model", "llama-3-8b", "--cluster", "selene", "--gpus", "8"], "not both"),
+     (["--model", "llama-3-8b", "--gpus", "12", "--gpus-per-node", "8"], "not a multiple"),
+     (["--model", "llama-3-8b", "--gpus", "8", "--gpu", "v100-32gb"], "no bf16 support")],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
+    res = run([*BASE, *args])
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    assert message in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_bad_flag_value_exits_2() -> None:
+    res = run([*BASE, "--model", "llama-3-8b", "--gpus", "8", "--recompute", "some"])
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("command", ["models", "gpus", "clusters"])
+def test_listings(command: str, capsys) -> None:
+    assert main([command]) == 0
+    text = capsys.readouterr().out
+    assert main([command, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["name"] in text for r in rows)
+
+
+def test_every_command_help_has_an_example() -> None:
+    for command in ("estimate", "models", "gpus", "clusters"):
+        res = run([command, "--help"])
+        assert res.returncode == 0 and "example:" in res.stdout
+
+
+def test_import_planner_without_torch() -> None:
+    code = ("import sys; sys.modules['torch'] = None; import planner, planner.cli; "
+            "import costmodel, hardware_profiles; print('ok')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
