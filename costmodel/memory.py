@@ -368,10 +368,15 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # torchtitan keeps low-precision copies beside its fp32 parameters: autocast's cast weights
     # (saved for backward) under DDP, and the unsharded parameters that FSDP with
     # reshard_after_forward=False (ZeRO-2) holds from forward to backward.
+    # Only sharded parameters get an unsharded copy; in mixed precision every parameter has a
+    # bf16 copy either way (FSDP's param_dtype cast or autocast's).
     if fw.name == "torchtitan":
-        ddp_cast = np.where((zero == 0) & (job.precision != "fp32"), 2.0, 0.0)
-        fsdp_unsharded = np.where(zero == 2, compute_b, 0.0)
-        weights = weights + (ddp_cast + fsdp_unsharded) * all_params
+        sharded_params = (dense_params * (z_dense > 1) + expert_params * (z_exp > 1))
+        low = 2.0 if job.precision != "fp32" else 0.0
+        extra = np.where(zero == 0, low * all_params, 0.0)
+        extra = np.where(zero == 2, np.maximum(low * all_params, compute_b * sharded_params),
+                         extra)
+        weights = weights + extra
     # Transformer Engine caches fp8 copies of each weight and its transpose across
     # micro-batches (Megatron-LM with --fp8-format): 2 bytes per layer parameter.
     if fw.name == "megatron" and job.precision == "fp8":
@@ -423,14 +428,27 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
                    + np.where(last, head_act * head_f, 0.0))
 
     # ---- buffers (transient working sets at the peak) ---------------------------------
-    layer_max = np.maximum(np.where(dense_layers > 0, dense_local, 0.0),
-                           np.where(moe_layers > 0, moe_local + expert_local, 0.0))
+    # One layer's parameters that ZeRO-3/FSDP gathers: only the parts that are sharded (the
+    # experts are not when their data-parallel degree dp*cp/ep is 1).
+    exp_gathered = np.where(z_exp > 1, expert_local, 0.0)
+    dense_gathered = np.where(z_dense > 1, 1.0, 0.0)
+    layer_max = np.maximum(np.where(dense_layers > 0, dense_local * dense_gathered, 0.0),
+                           np.where(moe_layers > 0, moe_local * dense_gathered + exp_gathered,
+                                    0.0))
     buffers = np.zeros_like(weights)
-    # Recompute re-materializes one layer's activations for one micro-batch during backward.
-    recomputes = (mode > 0) & (layers > 0)
-    act_layer_max = np.maximum(np.where(dense_layers > 0, dense_act["none"][:, None], 0.0),
-                               np.where(moe_layers > 0, moe_act["none"][:, None], 0.0))
-    buffers = buffers + np.where(recomputes, act_layer_max, 0.0)
+    # Recompute re-materializes, for one layer and one micro-batch during backward, what it
+    # did not keep: everything under full recompute, the attention scores under selective
+    # (nothing extra with a fused attention kernel, which never stores them).
+    def one_layer(acts: dict[str, np.ndarray], kept: str) -> np.ndarray:
+        return (acts["none"] - acts[kept])[:, None]
+
+    workspace = np.where(mode == 2, np.maximum(
+        np.where(rec_dense > 0, one_layer(dense_act, "full"), 0.0),
+        np.where(rec_moe > 0, one_layer(moe_act, "full"), 0.0)), 0.0)
+    workspace = np.where(mode == 1, np.maximum(
+        np.where(dense_layers > 0, one_layer(dense_act, "selective"), 0.0),
+        np.where(moe_layers > 0, one_layer(moe_act, "selective"), 0.0)), workspace)
+    buffers = buffers + workspace
     # The low-precision logits before the fp32 cross entropy (last stage, one micro-batch).
     buffers = buffers + np.where(last, e * tokens * model.vocab_size / tp, 0.0)
     # Pipeline send and receive buffers of one activation tensor each.
@@ -461,6 +479,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
         bucket = np.minimum(float(ds["reduce_bucket_size"]), all_params) * g_b
         live = np.minimum(layer_max + float(ds["stage3_prefetch_bucket_size"]),
                           float(ds["stage3_max_live_parameters"]))
+        live = np.minimum(live, dense_params + expert_params)
         buffers = buffers + np.where(a.dp[:, None] > 1, bucket, 0.0)
         buffers = buffers + np.where(zero == 3, w_b * live, 0.0)
 
