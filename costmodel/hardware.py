@@ -6,7 +6,7 @@ bytes/s, FLOP/s and seconds. GB here is decimal (1e9) for bandwidths, GiB binary
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import hardware_profiles
@@ -140,8 +140,8 @@ class Cluster:
     gpu: GPU
     num_nodes: int = 1
     gpus_per_node: int = 8
-    intra_node_link: Link | None = None
-    inter_node_link: Link = field(default=None)  # type: ignore[assignment]
+    intra_node_link: Link | str | None = None
+    inter_node_link: Link | str | None = None
     nics_per_node: int | None = None
     name: str = "custom"
 
@@ -187,7 +187,8 @@ class Cluster:
             gpus_per_node=(
                 gpus_per_node if gpus_per_node is not None else int(data["gpus_per_node"])
             ),
-            intra_node_link=data.get("intra_node_link"),
+            # Another GPU brings its own link (NVLink generation or PCIe) into the preset.
+            intra_node_link=data.get("intra_node_link") if gpu is None else None,
             inter_node_link=data.get("inter_node_link"),
             nics_per_node=int(data["nics_per_node"]) if "nics_per_node" in data else None,
         )

@@ -62,6 +62,7 @@ def test_cluster_presets() -> None:
     assert Cluster.preset("dgx-h100", num_nodes=2).num_gpus == 16
     generic = Cluster.preset("generic-ib", num_nodes=4, gpu="b200")
     assert generic.gpu.name == "b200" and generic.num_gpus == 32
+    assert generic.intra_node_link.name == "nvlink5"  # the overriding GPU's own link
     custom = Cluster(gpu="a100-80gb", num_nodes=2, gpus_per_node=8)
     assert custom.intra_node_link.name == "nvlink3"  # the GPU's own link by default
     assert custom.inter_node_link.name == "ib-ndr"
