@@ -367,9 +367,9 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     weights = sharded(w_b, w_sharded)
     # torchtitan keeps low-precision copies beside its fp32 parameters: autocast's cast weights
     # (saved for backward) under DDP, and the unsharded parameters that FSDP with
-    # reshard_after_forward=False (ZeRO-2) holds from forward to backward.
-    # Only sharded parameters get an unsharded copy; in mixed precision every parameter has a
-    # bf16 copy either way (FSDP's param_dtype cast or autocast's).
+    # reshard_after_forward=False (ZeRO-2) holds from forward to backward. Only sharded
+    # parameters get an unsharded copy; in mixed precision every parameter has a bf16 copy
+    # either way (FSDP's param_dtype cast or autocast's).
     if fw.name == "torchtitan":
         sharded_params = (dense_params * (z_dense > 1) + expert_params * (z_exp > 1))
         low = 2.0 if job.precision != "fp32" else 0.0
@@ -439,16 +439,14 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # Recompute re-materializes, for one layer and one micro-batch during backward, what it
     # did not keep: everything under full recompute, the attention scores under selective
     # (nothing extra with a fused attention kernel, which never stores them).
-    def one_layer(acts: dict[str, np.ndarray], kept: str) -> np.ndarray:
-        return (acts["none"] - acts[kept])[:, None]
+    def rematerialized(kept: str, dense_on: np.ndarray, moe_on: np.ndarray) -> np.ndarray:
+        return np.maximum(
+            np.where(dense_on > 0, (dense_act["none"] - dense_act[kept])[:, None], 0.0),
+            np.where(moe_on > 0, (moe_act["none"] - moe_act[kept])[:, None], 0.0))
 
-    workspace = np.where(mode == 2, np.maximum(
-        np.where(rec_dense > 0, one_layer(dense_act, "full"), 0.0),
-        np.where(rec_moe > 0, one_layer(moe_act, "full"), 0.0)), 0.0)
-    workspace = np.where(mode == 1, np.maximum(
-        np.where(dense_layers > 0, one_layer(dense_act, "selective"), 0.0),
-        np.where(moe_layers > 0, one_layer(moe_act, "selective"), 0.0)), workspace)
-    buffers = buffers + workspace
+    buffers = buffers + np.where(
+        mode == 2, rematerialized("full", rec_dense, rec_moe),
+        np.where(mode == 1, rematerialized("selective", dense_layers, moe_layers), 0.0))
     # The low-precision logits before the fp32 cross entropy (last stage, one micro-batch).
     buffers = buffers + np.where(last, e * tokens * model.vocab_size / tp, 0.0)
     # Pipeline send and receive buffers of one activation tensor each.
@@ -479,7 +477,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
         bucket = np.minimum(float(ds["reduce_bucket_size"]), all_params) * g_b
         live = np.minimum(layer_max + float(ds["stage3_prefetch_bucket_size"]),
                           float(ds["stage3_max_live_parameters"]))
-        live = np.minimum(live, dense_params + expert_params)
+        live = np.minimum(live, all_params)
         buffers = buffers + np.where(a.dp[:, None] > 1, bucket, 0.0)
         buffers = buffers + np.where(zero == 3, w_b * live, 0.0)
 

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import hardware_profiles
 from costmodel.errors import SpecError
 
 __all__ = ["ModelSpec"]
@@ -272,13 +273,7 @@ class ModelSpec:
         presets = _load_presets()
         key = str(name).strip().lower()
         if key not in presets:
-            import difflib
-
-            close = difflib.get_close_matches(key, list(presets), n=3, cutoff=0.5)
-            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise SpecError(
-                f"unknown model {name!r}.{hint} Known models: {', '.join(sorted(presets))}"
-            )
+            raise hardware_profiles.unknown_name("model", name, list(presets))
         return cls(name=key, **presets[key])
 
     @classmethod

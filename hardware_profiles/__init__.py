@@ -15,7 +15,7 @@ from typing import Any
 
 from hardware_profiles.errors import SpecError
 
-__all__ = ["SpecError", "load", "load_file", "load_software", "names"]
+__all__ = ["SpecError", "load", "load_file", "load_software", "names", "unknown_name"]
 
 KINDS = ("gpus", "links", "clusters")
 
@@ -24,6 +24,13 @@ def _folder(kind: str) -> Path:
     if kind not in KINDS:
         raise SpecError(f"unknown profile kind {kind!r}; expected one of {', '.join(KINDS)}")
     return Path(str(resources.files("hardware_profiles").joinpath(kind)))
+
+
+def unknown_name(what: str, name: str, known: list[str]) -> SpecError:
+    """The error for a name that is not among ``known``: close matches first, then them all."""
+    close = difflib.get_close_matches(str(name).strip().lower(), known, n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return SpecError(f"unknown {what} {name!r}.{hint} Known {what}s: {', '.join(sorted(known))}")
 
 
 def names(kind: str) -> list[str]:
@@ -48,13 +55,7 @@ def load(kind: str, name: str) -> dict[str, Any]:
     key = str(name).strip().lower()
     path = _folder(kind) / f"{key}.toml"
     if not path.is_file():
-        known = names(kind)
-        close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        singular = kind[:-1]
-        raise SpecError(
-            f"unknown {singular} {name!r}.{hint} Known {kind}: {', '.join(known)}"
-        )
+        raise unknown_name(kind[:-1], name, names(kind))
     data = load_file(path)
     data.setdefault("name", key)
     return data

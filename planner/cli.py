@@ -6,6 +6,7 @@ Bad input prints one line naming what is wrong and exits with status 2, never a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -45,8 +46,7 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     if args.cluster:
         if args.cluster.endswith(".toml"):
             data = hardware_profiles.load_file(args.cluster)
-            allowed = {"gpu", "num_nodes", "gpus_per_node", "intra_node_link",
-                       "inter_node_link", "nics_per_node", "name"}
+            allowed = {f.name for f in dataclasses.fields(Cluster)}
             unknown = set(data) - allowed - {"description", "source"}
             if unknown:
                 raise SpecError(
@@ -146,9 +146,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "model": {"name": model.name, "num_params": model.num_params()},
             "cluster": {"gpu": cluster.gpu.name, "num_nodes": cluster.num_nodes,
                         "gpus_per_node": cluster.gpus_per_node},
-            "job": {"global_batch_size": job.global_batch_size, "seq_len": job.seq_len,
-                    "precision": job.precision, "optimizer": job.optimizer,
-                    "framework": job.framework, "flash_attention": job.flash_attention},
+            "job": dataclasses.asdict(job),
         }
         print(json.dumps(out, indent=2))
     else:
