@@ -1,4 +1,4 @@
-"""What a configuration costs: model specs, hardware, memory (and later time) terms.
+"""What a configuration costs: model specs, hardware, memory and step-time terms.
 
 Imports ``hardware_profiles``; never imports ``planner``.
 """

@@ -43,6 +43,13 @@ class Job:
     ``framework``: the trainer whose memory conventions the estimate follows.
     ``flash_attention``: whether attention runs as a fused kernel that saves no
     sequence-by-sequence score matrix (Dao et al. 2022); off for runs that predate it.
+    ``overlap_grad_reduce``: whether data-parallel gradient reduction (and the ZeRO parameter
+    all-gather after the step) overlaps with compute as each trainer does it when asked
+    (Megatron-LM ``--overlap-grad-reduce --overlap-param-gather``, DeepSpeed ``overlap_comm``,
+    torch DDP buckets, FSDP); ``False`` models trainers that reduce after the backward pass
+    (Megatron-LM's own DDP before 2023). ZeRO-3/FSDP prefetching always overlaps.
+    ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
+    (Fedus et al. 2022); ``None`` is dropless routing with an even load.
     """
 
     global_batch_size: int
@@ -51,6 +58,8 @@ class Job:
     optimizer: str = "adamw"
     framework: str = "torchtitan"
     flash_attention: bool = True
+    overlap_grad_reduce: bool = True
+    moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         _positive_int("Job", "global_batch_size", self.global_batch_size)
@@ -58,6 +67,14 @@ class Job:
         _choice("Job", "precision", self.precision, PRECISIONS)
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
+        for key in ("flash_attention", "overlap_grad_reduce"):
+            if not isinstance(getattr(self, key), bool):
+                raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
+        cf = self.moe_capacity_factor
+        if cf is not None and (isinstance(cf, bool) or not isinstance(cf, int | float)
+                               or cf <= 0):
+            raise SpecError(f"Job.moe_capacity_factor must be a positive number or None, "
+                            f"got {cf!r}")
 
     @property
     def tokens_per_step(self) -> int:

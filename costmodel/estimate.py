@@ -1,8 +1,8 @@
 """Estimate: what one configuration costs, and ``estimate()``, the scalar path.
 
 ``estimate()`` validates its inputs and evaluates the vectorized cost model on a table of one
-row (``costmodel.memory.memory_table``), so its numbers are exactly the search's numbers.
-Step-time fields stay ``None`` until the step-time model exists; they are never invented.
+row (``costmodel.memory.memory_table`` and ``costmodel.steptime.time_table``), so its numbers
+are exactly the search's numbers.
 """
 
 from __future__ import annotations
@@ -15,10 +15,14 @@ from costmodel.errors import SpecError
 from costmodel.hardware import Cluster
 from costmodel.memory import TERMS, ConfigArrays, memory_table
 from costmodel.model import ModelSpec
+from costmodel.steptime import COMM_KINDS, TIME_TERMS, time_table
 
 __all__ = ["Estimate", "MemoryBreakdown", "StageMemory", "estimate"]
 
 GIB = 1024**3
+# MFU is quoted against the dense bf16 peak for fp8 runs too (torchtitan, Megatron-LM), and
+# against TF32 tensor cores for fp32.
+PEAK_DTYPE = {"fp8": "bf16", "fp32": "tf32"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,9 +83,16 @@ class Estimate:
     """What a configuration costs. Memory in bytes per GPU; time fields in seconds.
 
     ``memory`` is the breakdown of the fullest GPU (stage ``peak_stage``), whose total is
-    ``peak_memory_bytes``; ``fits`` compares it with the GPU's capacity. Time fields
-    (``step_time_s``, ``tokens_per_s``, ``mfu`` ...) are ``None`` until the step-time model
-    computes them.
+    ``peak_memory_bytes``; ``fits`` compares it with the GPU's capacity.
+
+    ``step_time_s``: seconds per optimizer step; ``tokens_per_s``: trained tokens per second
+    for the whole job; ``model_tflops_per_gpu``: model FLOPs (PaLM App. B) per second per GPU,
+    in TFLOP/s; ``mfu`` / ``hfu``: model / hardware (with recompute) FLOPs over the GPUs' dense
+    peak. ``time_breakdown_s``: what each term adds to the step (``compute``, ``recompute``,
+    ``<kind>_comm`` exposed communication for kind in tp, cp, ep, pp, fsdp, dp, ``bubble``,
+    ``optimizer``, ``offload``; they sum to ``step_time_s``) and ``<kind>_comm_total``, the
+    whole time of that communication, hidden or not. ``bottleneck_stage``: the pipeline stage
+    whose time per micro-batch sets the pace.
     """
 
     config: ParallelConfig
@@ -98,6 +109,7 @@ class Estimate:
     mfu: float | None = None
     hfu: float | None = None
     time_breakdown_s: dict[str, float] = field(default_factory=dict)
+    bottleneck_stage: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -117,6 +129,8 @@ class Estimate:
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "peak_stage": self.peak_stage,
             "num_micro_batches": self.num_micro_batches,
+            "bottleneck_stage": self.bottleneck_stage,
+            "time_breakdown_s": dict(self.time_breakdown_s),
             "memory": self.memory.as_dict(),
             "cpu_memory_bytes": self.cpu_memory_bytes,
             "stages": [
@@ -135,9 +149,22 @@ class Estimate:
         }
 
     def summary(self) -> str:
-        """A short human-readable report (GiB)."""
+        """A short human-readable report (seconds, TFLOP/s, GiB)."""
         m = self.memory
-        lines = [
+        lines = []
+        if self.step_time_s is not None:
+            lines.append(
+                f"step time: {self.step_time_s:.3f} s   tokens/s: {self.tokens_per_s:,.0f}   "
+                f"MFU: {100 * (self.mfu or 0):.1f}%   HFU: {100 * (self.hfu or 0):.1f}%   "
+                f"model TFLOP/s per GPU: {self.model_tflops_per_gpu:.1f}")
+            for t in TIME_TERMS:
+                v = self.time_breakdown_s.get(t, 0.0)
+                if v > 0 or t in ("compute", "bubble"):
+                    total = self.time_breakdown_s.get(f"{t}_total")
+                    extra = f"   (total {total:.3f} s, hidden {total - v:.3f} s)" \
+                        if total is not None and total > v else ""
+                    lines.append(f"  {t:<12s} {v:10.3f} s{extra}")
+        lines += [
             f"peak memory per GPU: {self.peak_memory_bytes / GIB:.2f} GiB of "
             f"{self.memory_capacity_bytes / GIB:.0f} GiB "
             f"({'fits' if self.fits else 'does NOT fit'}; stage {self.peak_stage})",
@@ -153,7 +180,7 @@ class Estimate:
 
 
 def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfig) -> Estimate:
-    """Memory (and, once modelled, time) of training ``model`` on ``cluster`` with ``config``.
+    """Memory per GPU and step time of training ``model`` on ``cluster`` with ``config``.
 
     Raises SpecError naming the problem when the configuration cannot run (degrees that do not
     multiply to the GPUs, heads not divisible by tp, ...).
@@ -163,6 +190,11 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
         if not isinstance(value, kind):
             raise SpecError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
     validate(model, cluster, job, config)
+    # The headline numbers come from the search's own path (representative stage columns,
+    # ``costmodel.tables``) on a table of one; the per-stage listing from every stage.
+    rep = ConfigArrays.from_configs(model, [config], all_stages=False)
+    rep_mem = memory_table(model, cluster, job, rep)
+    times = time_table(model, cluster, job, rep, rep_mem)
     arrays = ConfigArrays.from_configs(model, [config])
     table = memory_table(model, cluster, job, arrays)
     stages = []
@@ -178,14 +210,26 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
             memory=mem,
             cpu_bytes=float(table.cpu[0, i]),
         ))
-    peak = int(table.peak_stage[0])
+    peak = int(rep.stage_index[0, rep_mem.peak_stage[0]])
+    step = float(times.step_time[0])
+    breakdown = {t: float(times.terms[t][0]) for t in TIME_TERMS}
+    breakdown.update({f"{k}_comm_total": float(times.comm_total[k][0]) for k in COMM_KINDS})
+    peak_flops = cluster.gpu.peak_flops(PEAK_DTYPE.get(job.precision, job.precision))
+    model_rate = times.model_flops / step / cluster.num_gpus
     return Estimate(
         config=config,
         memory=stages[peak].memory,
-        peak_memory_bytes=float(table.peak[0]),
+        peak_memory_bytes=float(rep_mem.peak[0]),
         peak_stage=peak,
         stages=tuple(stages),
         memory_capacity_bytes=cluster.gpu.memory_bytes,
         cpu_memory_bytes=max(s.cpu_bytes for s in stages),
         num_micro_batches=int(table.num_micro_batches[0]),
+        step_time_s=step,
+        tokens_per_s=job.tokens_per_step / step,
+        model_tflops_per_gpu=model_rate / 1e12,
+        mfu=model_rate / peak_flops,
+        hfu=float(times.hardware_flops[0]) / step / cluster.num_gpus / peak_flops,
+        time_breakdown_s=breakdown,
+        bottleneck_stage=int(rep.stage_index[0, times.bottleneck_stage[0]]),
     )

@@ -12,7 +12,7 @@ from typing import Any
 import hardware_profiles
 from costmodel.errors import SpecError
 
-__all__ = ["GPU", "Cluster", "Link"]
+__all__ = ["GPU", "Cluster", "KernelEfficiency", "Link"]
 
 GIB = 1024**3
 GB = 1e9
@@ -21,20 +21,81 @@ DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 @dataclass(frozen=True, kw_only=True)
+class KernelEfficiency:
+    """How close kernels come to the datasheet, as fractions (the ``[efficiency]`` table).
+
+    ``gemm``: fraction of the dense peak a large matrix multiply sustains. ``memory``: fraction
+    of HBM bandwidth a memory-bound (elementwise, normalization) kernel sustains.
+    ``kernel_overhead_s``: fixed time each kernel adds (launch gap, pipeline fill and drain of
+    the tiles), which is what makes small matmuls slow. ``attention`` / ``attention_backward``:
+    fraction of the dense peak of a fused (flash) attention kernel, forward and backward.
+    ``source``: where the values come from (a paper, a measurement or ``planner calibrate``).
+    """
+
+    gemm: float
+    memory: float
+    kernel_overhead_s: float
+    attention: float
+    attention_backward: float
+    gemm_fp8: float | None = None
+    source: str = ""
+
+    def gemm_for(self, dtype: str) -> float:
+        """The matmul fraction for ``dtype`` (``gemm_fp8`` for fp8 where the profile has it)."""
+        if dtype == "fp8" and self.gemm_fp8 is not None:
+            return self.gemm_fp8
+        return self.gemm
+
+    def __post_init__(self) -> None:
+        for key in ("gemm", "memory", "attention", "attention_backward", "gemm_fp8"):
+            v = getattr(self, key)
+            if v is None and key == "gemm_fp8":
+                continue
+            if not 0.0 < v <= 1.0:
+                raise SpecError(f"efficiency.{key} must be in (0, 1], got {v!r}")
+        if self.kernel_overhead_s < 0:
+            raise SpecError(f"efficiency.kernel_overhead_s must be >= 0, got "
+                            f"{self.kernel_overhead_s!r}")
+
+    @classmethod
+    def from_profile(cls, data: dict[str, Any], where: str) -> KernelEfficiency:
+        """Build from an ``[efficiency]`` table (``kernel_overhead_us`` in microseconds)."""
+        try:
+            return cls(
+                gemm=float(data["gemm"]),
+                memory=float(data["memory"]),
+                kernel_overhead_s=float(data["kernel_overhead_us"]) * 1e-6,
+                attention=float(data["attention"]),
+                attention_backward=float(data["attention_backward"]),
+                gemm_fp8=float(data["gemm_fp8"]) if "gemm_fp8" in data else None,
+                source=str(data.get("source", "")),
+            )
+        except KeyError as e:
+            raise SpecError(f"{where}: the [efficiency] table lacks the key {e.args[0]!r}; "
+                            "see hardware_profiles/gpus/a100-80gb.toml") from None
+
+
+@dataclass(frozen=True, kw_only=True)
 class GPU:
-    """One accelerator: memory capacity (bytes), HBM bandwidth (bytes/s), dense peak FLOP/s."""
+    """One accelerator: memory capacity (bytes), HBM bandwidth (bytes/s), dense peak FLOP/s,
+    the kernel efficiencies the step-time model uses, and its host link (for offload)."""
 
     name: str
     description: str = ""
     memory_bytes: float
     memory_bandwidth_bytes_per_s: float
     peak_flops_by_dtype: tuple[tuple[str, float], ...]
+    efficiency: KernelEfficiency
     intra_node_link: str = "pcie5"
+    host_link: str = "pcie5"
     source: str = ""
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
             raise SpecError(f"GPU {self.name!r}: memory_bytes must be > 0, got {self.memory_bytes}")
+        if self.memory_bandwidth_bytes_per_s <= 0:
+            raise SpecError(f"GPU {self.name!r}: memory bandwidth must be > 0, got "
+                            f"{self.memory_bandwidth_bytes_per_s}")
         for dtype, flops in self.peak_flops_by_dtype:
             if dtype not in DTYPES or flops <= 0:
                 raise SpecError(
@@ -56,16 +117,19 @@ class GPU:
                 peak_flops_by_dtype=tuple(
                     (k, float(v) * TFLOPS) for k, v in peaks.items() if k in DTYPES
                 ),
+                efficiency=KernelEfficiency.from_profile(data["efficiency"], f"GPU {name!r}"),
                 intra_node_link=str(data.get("intra_node_link", "pcie5")),
+                host_link=str(data.get("host_link", "pcie5")),
                 source=str(data.get("source", {}).get("document", "")),
             )
         except KeyError as e:
             raise SpecError(f"GPU profile {name!r} lacks the key {e.args[0]!r}") from None
 
     @classmethod
-    def preset(cls, name: str) -> GPU:
-        """A shipped GPU profile by name (``h100-sxm``, ``a100-80gb``, ...)."""
-        return cls.from_profile(hardware_profiles.load("gpus", name))
+    def preset(cls, name: str, *, calibrated: bool = True) -> GPU:
+        """A shipped GPU profile by name (``h100-sxm``, ``a100-80gb``, ...); ``calibrated``
+        applies what ``planner calibrate`` fitted (see ``hardware_profiles.load``)."""
+        return cls.from_profile(hardware_profiles.load("gpus", name, calibrated=calibrated))
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; SpecError if the chip has no such math units."""
@@ -82,13 +146,16 @@ class GPU:
 
 @dataclass(frozen=True, kw_only=True)
 class Link:
-    """One interconnect: per-direction bandwidth (bytes/s) and one-way latency (s)."""
+    """One interconnect: per-direction bandwidth (bytes/s), one-way latency per hop (s), and
+    ``efficiency``, the fraction of the bandwidth a large NCCL transfer achieves (bus bandwidth
+    measured by nccl-tests over the wire rate)."""
 
     name: str
     description: str = ""
     scope: str = "intra-node"
     bandwidth_bytes_per_s: float
     latency_s: float
+    efficiency: float = 1.0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -97,6 +164,14 @@ class Link:
                 f"link {self.name!r}: bandwidth must be > 0 and latency >= 0, got "
                 f"{self.bandwidth_bytes_per_s} B/s and {self.latency_s} s"
             )
+        if not 0.0 < self.efficiency <= 1.0:
+            raise SpecError(f"link {self.name!r}: efficiency must be in (0, 1], got "
+                            f"{self.efficiency!r}")
+
+    @property
+    def achieved_bytes_per_s(self) -> float:
+        """Bandwidth a large transfer achieves: ``bandwidth * efficiency``."""
+        return self.bandwidth_bytes_per_s * self.efficiency
 
     @classmethod
     def from_profile(cls, data: dict[str, Any]) -> Link:
@@ -109,6 +184,7 @@ class Link:
                 scope=str(data.get("scope", "intra-node")),
                 bandwidth_bytes_per_s=float(data["bandwidth_gb_per_s"]) * GB,
                 latency_s=float(data["latency_us"]) * 1e-6,
+                efficiency=float(data["efficiency"]),
                 source=str(data.get("source", {}).get("document", "")),
             )
         except KeyError as e:

@@ -8,7 +8,7 @@ row's ``pp`` are masked out.
 Terms (bytes per GPU):
 
 - weights, gradients, optimizer states: bytes per parameter by trainer and precision
-  (``_state_bytes``), sharded by ZeRO stage over ``sharding_group * cp`` ranks (experts over
+  (``state_bytes``), sharded by ZeRO stage over ``sharding_group * cp`` ranks (experts over
   that divided by ``ep``), moved to CPU by offload.
 - activations: bytes saved for backward per layer per micro-batch (``_layer_activations``,
   Korthikanti et al. 2022, Sec. 4 and Table 2), times the micro-batches a stage holds in
@@ -45,8 +45,18 @@ TERMS = ("weights", "gradients", "optimizer", "activations", "buffers", "overhea
 class ConfigArrays:
     """A table of parallel configurations as columns (one entry per row).
 
-    ``stage_layers`` has shape ``[rows, P]``: transformer layers held by each pipeline rank
-    (all of its virtual chunks together), zero beyond the row's ``pp``.
+    Stage columns have shape ``[rows, W]``: each column is one pipeline stage (``stage_index``),
+    standing for ``stage_count`` stages exactly like it (0 marks padding beyond a row's
+    stages). ``stage_layers`` counts the transformer layers a rank of that stage holds (all of
+    its virtual chunks together) and ``stage_start`` the layers before it.
+
+    With every stage its own column (``all_stages=True``, what ``estimate()`` reports per
+    stage) ``W`` is the largest ``pp``. A uniform split needs at most four columns: the first
+    stage, the first middle stage with the base number of layers, the first with one more
+    (the remainder goes to the last stages), and the last stage. Middle stages of one class
+    hold the same layers and parameters and take the same time, and the first of them holds
+    the most micro-batches in flight under every schedule, so the peak memory, the slowest
+    stage and the sums over stages come out exactly the same, with ``W <= 4``.
     """
 
     dp: np.ndarray
@@ -64,31 +74,70 @@ class ConfigArrays:
     recompute_layers: np.ndarray  # 0 means every layer of the chunk
     offload: np.ndarray
     stage_layers: np.ndarray
+    stage_index: np.ndarray
+    stage_count: np.ndarray
+    stage_start: np.ndarray
 
     @property
     def rows(self) -> int:
         """Number of configurations in the table."""
         return int(self.dp.shape[0])
 
+    @staticmethod
+    def uniform_stages(num_layers: int, pp: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(stage_index, stage_count, stage_layers, stage_start), ``[rows, 4]``, of the even
+        split of ``num_layers`` over each row's ``pp``: ``num_layers // pp`` each, the
+        remainder one layer each to the last stages (the first stage already holds the
+        embedding and, under 1F1B, the most micro-batches in flight)."""
+        p = np.asarray(pp, dtype=np.int64)[:, None]
+        base, rem = num_layers // p, num_layers % p
+        cut = p - rem  # first stage with base + 1 layers
+        # Candidate classes: first; middle with base layers; middle with base + 1; last.
+        lo = np.concatenate([np.zeros_like(p), np.ones_like(p), np.maximum(cut, 1), p - 1],
+                            axis=1)
+        hi = np.concatenate([np.ones_like(p), np.minimum(cut, p - 1), p - 1, p], axis=1)
+        lo[:, 3] = np.maximum(lo[:, 3], 1)  # the last stage is the first stage when p == 1
+        count = np.maximum(hi - lo, 0)
+        # Existing classes first, padding last, so that a table can be trimmed to its widest row.
+        order = np.argsort(count == 0, axis=1, kind="stable")
+        count = np.take_along_axis(count, order, axis=1)
+        index = np.where(count > 0, np.take_along_axis(lo, order, axis=1), 0)
+        layers = np.where(count > 0, base + (index >= cut), 0)
+        start = index * base + np.maximum(index - cut, 0)
+        return index, count, layers, start
+
+    @staticmethod
+    def classes_exact(model: ModelSpec, pp: np.ndarray, v: np.ndarray) -> bool:
+        """Whether ``uniform_stages`` is exact for these rows: it is unless a MoE model's
+        leading dense layers reach past the first stage's first chunk (then middle stages of
+        one class differ)."""
+        chunk = model.num_layers // (np.asarray(pp) * np.asarray(v))
+        return bool(np.all(model.first_dense_layers <= chunk)) if model.is_moe else True
+
     @classmethod
-    def from_configs(cls, model: ModelSpec, configs: Sequence[ParallelConfig]) -> ConfigArrays:
+    def from_configs(cls, model: ModelSpec, configs: Sequence[ParallelConfig],
+                     all_stages: bool = True) -> ConfigArrays:
         """Columns for ``configs``; stage layers are split evenly unless a config fixes them.
 
-        Even split: ``num_layers // pp`` each, the remainder going one layer each to the last
-        stages, because the first stage already holds the embedding and, under 1F1B, the most
-        micro-batches in flight.
+        ``all_stages``: one column per pipeline stage; otherwise uniform splits use the four
+        representative columns of ``uniform_stages``.
         """
         n = len(configs)
-        width = max(c.pp for c in configs)
-        layers = np.zeros((n, width), dtype=np.int64)
-        for r, c in enumerate(configs):
-            if c.stage_layers is not None:
-                layers[r, : c.pp] = c.stage_layers
-            else:
-                base, rem = divmod(model.num_layers, c.pp)
-                layers[r, : c.pp] = base
-                if rem:
-                    layers[r, c.pp - rem : c.pp] += 1
+        pps = np.array([c.pp for c in configs], dtype=np.int64)
+        vs = np.array([c.virtual_pipeline_stages for c in configs], dtype=np.int64)
+        explicit = any(c.stage_layers is not None for c in configs)
+        if all_stages or explicit or not cls.classes_exact(model, pps, vs):
+            width = int(pps.max())
+            index = np.broadcast_to(np.arange(width), (n, width)).copy()
+            count = (index < pps[:, None]).astype(np.int64)
+            layers = np.zeros((n, width), dtype=np.int64)
+            for r, c in enumerate(configs):
+                split = c.stage_layers or _even(model.num_layers, c.pp)
+                layers[r, : c.pp] = split
+            start = np.cumsum(layers, axis=1) - layers
+        else:
+            index, count, layers, start = cls.uniform_stages(model.num_layers, pps)
 
         def col(values: list[int | float]) -> np.ndarray:
             return np.asarray(values, dtype=np.int64)
@@ -96,7 +145,7 @@ class ConfigArrays:
         return cls(
             dp=col([c.dp for c in configs]),
             tp=col([c.tp for c in configs]),
-            pp=col([c.pp for c in configs]),
+            pp=pps,
             cp=col([c.cp for c in configs]),
             ep=col([c.ep for c in configs]),
             zero=col([c.zero_stage for c in configs]),
@@ -109,7 +158,16 @@ class ConfigArrays:
             recompute_layers=col([c.recompute_num_layers or 0 for c in configs]),
             offload=col([OFFLOAD_CODES[c.offload] for c in configs]),
             stage_layers=layers,
+            stage_index=index,
+            stage_count=count,
+            stage_start=start,
         )
+
+
+def _even(num_layers: int, pp: int) -> list[int]:
+    """The even split of ``num_layers`` over ``pp`` stages, remainder to the last stages."""
+    base, rem = divmod(num_layers, pp)
+    return [base + (i >= pp - rem) for i in range(pp)]
 
 
 @dataclass(frozen=True)
@@ -121,7 +179,9 @@ class MemoryTable:
     ``embedding_params`` count the parameters a GPU of each stage holds (after tensor and
     expert sharding, before ZeRO), ``in_flight`` the micro-batches its activations cover,
     ``layer_activations`` the part of the activations that the transformer layers save (the
-    rest belongs to the embedding and output layers).
+    rest belongs to the embedding and output layers). ``expert_params``: the routed-expert
+    part of ``layer_params``; ``moe_layers``: the MoE layers among ``num_layers``;
+    ``recomputed_dense`` / ``recomputed_moe``: layers that full recompute re-runs.
     """
 
     terms: dict[str, np.ndarray]
@@ -133,6 +193,10 @@ class MemoryTable:
     in_flight: np.ndarray
     layer_activations: np.ndarray
     num_micro_batches: np.ndarray
+    expert_params: np.ndarray
+    moe_layers: np.ndarray
+    recomputed_dense: np.ndarray
+    recomputed_moe: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
@@ -171,7 +235,7 @@ def _optimizer_state_bytes(job: Job, model: ModelSpec) -> float:
     return 4.0 * 2.0 / model.hidden_size
 
 
-def _state_bytes(job: Job, model: ModelSpec) -> tuple[float, float, float]:
+def state_bytes(job: Job, model: ModelSpec) -> tuple[float, float, float]:
     """Bytes per parameter of (weights, gradients, optimizer incl. master copies), unsharded.
 
     See ``costmodel.frameworks`` for the facts: Megatron 2 + 4 + (4 + 8) = 18 in bf16 and
@@ -284,7 +348,7 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
     }
 
 
-def _stage_layout(model: ModelSpec, a: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
+def stage_layout(model: ModelSpec, a: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
     """Layers and MoE layers per pipeline rank ``[rows, P]``.
 
     Rank i holds chunks i, i + p, ..., i + (v - 1)p of L/(pv) layers when interleaved, else a
@@ -294,9 +358,8 @@ def _stage_layout(model: ModelSpec, a: ConfigArrays) -> tuple[np.ndarray, np.nda
     if not model.is_moe:
         return layers, np.zeros_like(layers)
     kd = model.first_dense_layers
-    width = layers.shape[1]
-    stage = np.arange(width)[None, :]
-    start = np.cumsum(layers, axis=1) - layers
+    stage = a.stage_index
+    start = a.stage_start
     dense_contig = np.clip(kd - start, 0, layers)
     p = a.pp[:, None]
     v = a.v[:, None]
@@ -316,10 +379,9 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     """
     fw = framework(job.framework)
     soft = hardware_profiles.load_software()
-    width = a.stage_layers.shape[1]
-    stage = np.arange(width)[None, :]
+    stage = a.stage_index
     p = a.pp[:, None]
-    valid = stage < p
+    valid = a.stage_count > 0
     first = stage == 0
     last = stage == p - 1
     tp = a.tp[:, None].astype(float)
@@ -328,7 +390,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
 
     # ---- parameters per GPU (tensor-parallel shards; norms stay replicated) -------------
     norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
-    layers, moe_layers = _stage_layout(model, a)
+    layers, moe_layers = stage_layout(model, a)
     dense_layers = layers - moe_layers
     dense_local = (model.dense_layer_params() - 2 * norm) / tp + 2 * norm
     moe_local = (model.moe_layer_non_expert_params() - 2 * norm) / tp + 2 * norm
@@ -350,7 +412,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     dense_params = layer_params + emb_params  # everything but routed experts
 
     # ---- model states --------------------------------------------------------------------
-    w_b, g_b, o_b = _state_bytes(job, model)
+    w_b, g_b, o_b = state_bytes(job, model)
     zero = a.zero[:, None]
     z_dense = a.shard[:, None].astype(float)
     z_exp = np.maximum(z_dense / ep, 1.0)
@@ -508,4 +570,8 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
         in_flight=np.where(valid, layers_f, 0.0),
         layer_activations=np.where(valid, layer_activations, 0.0),
         num_micro_batches=m,
+        expert_params=np.where(valid, expert_params, 0.0),
+        moe_layers=np.where(valid, moe_layers, 0),
+        recomputed_dense=np.where(valid & (mode == 2), rec_dense, 0),
+        recomputed_moe=np.where(valid & (mode == 2), rec_moe, 0),
     )

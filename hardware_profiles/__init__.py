@@ -7,7 +7,9 @@ only finds and parses them; converting human units (GB/s, TFLOP/s, GiB) to SI is
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -15,7 +17,15 @@ from typing import Any
 
 from hardware_profiles.errors import SpecError
 
-__all__ = ["SpecError", "load", "load_file", "load_software", "names", "unknown_name"]
+__all__ = [
+    "SpecError",
+    "calibrated_path",
+    "load",
+    "load_file",
+    "load_software",
+    "names",
+    "unknown_name",
+]
 
 KINDS = ("gpus", "links", "clusters")
 
@@ -39,26 +49,75 @@ def names(kind: str) -> list[str]:
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
-    """Parse one profile TOML file (shipped or user-written); a clear error if it is not TOML."""
+    """Parse one profile TOML file (shipped or user-written); a clear error if it is not TOML.
+
+    Returns a fresh copy; parsed files are memoized by path and modification time, because
+    the cost model reads the same few files for every chunk of a search.
+    """
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"profile file {str(p)!r} does not exist")
+    return copy.deepcopy(_parse(str(p.resolve()), p.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(path: str, mtime_ns: int) -> dict[str, Any]:
     try:
-        with p.open("rb") as f:
+        with open(path, "rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
-        raise SpecError(f"profile file {str(p)!r} is not valid TOML: {e}") from None
+        raise SpecError(f"profile file {path!r} is not valid TOML: {e}") from None
 
 
-def load(kind: str, name: str) -> dict[str, Any]:
-    """The parsed profile ``name`` of ``kind``; a typo gets a SpecError listing what exists."""
+def calibrated_path(gpu: str) -> Path:
+    """Where ``planner calibrate`` keeps the fitted efficiencies of GPU profile ``gpu``."""
+    return Path(str(resources.files("hardware_profiles").joinpath("calibrated"))) / f"{gpu}.toml"
+
+
+def load(kind: str, name: str, *, calibrated: bool = True) -> dict[str, Any]:
+    """The parsed profile ``name`` of ``kind``; a typo gets a SpecError listing what exists.
+
+    With ``calibrated`` (the default), a GPU profile's ``[efficiency]`` table is adjusted by
+    what ``planner calibrate`` wrote in ``calibrated/``: a GPU with its own fitted file takes
+    its values; any other GPU has its microbenchmark fractions scaled by the ``[transfer]``
+    ratios of the fitted reference GPU (in-training over microbenchmark efficiency) and takes
+    its fitted per-kernel overhead. The ``source`` says which.
+    """
     key = str(name).strip().lower()
     path = _folder(kind) / f"{key}.toml"
     if not path.is_file():
         raise unknown_name(kind[:-1], name, names(kind))
     data = load_file(path)
     data.setdefault("name", key)
+    if kind == "gpus" and calibrated and "efficiency" in data:
+        data["efficiency"] = _calibrated_efficiency(key, dict(data["efficiency"]))
     return data
+
+
+def _calibrated_efficiency(gpu: str, eff: dict[str, Any]) -> dict[str, Any]:
+    own = calibrated_path(gpu)
+    if own.is_file():
+        cal = load_file(own)
+        eff.update(cal.get("efficiency", {}))
+        eff["source"] = f"{cal.get('provenance', str(own))}; before fitting: {eff.get('source')}"
+        return eff
+    folder = own.parent
+    refs = sorted(folder.glob("*.toml")) if folder.is_dir() else []
+    for ref in refs:
+        cal = load_file(ref)
+        t = cal.get("transfer")
+        if not t:
+            continue
+        for k in ("gemm", "gemm_fp8", "attention", "attention_backward"):
+            if k in eff:
+                eff[k] = min(1.0, float(eff[k]) * float(t["gemm"]))
+        eff["memory"] = min(1.0, float(eff["memory"]) * float(t["memory"]))
+        eff["kernel_overhead_us"] = float(t["kernel_overhead_us"])
+        eff["source"] = (f"microbenchmark fractions scaled by the in-training/microbenchmark "
+                         f"ratios fitted on {ref.stem} ({cal.get('provenance', '')}); "
+                         f"microbenchmarks: {eff.get('source')}")
+        return eff
+    return eff
 
 
 def load_software() -> dict[str, Any]:

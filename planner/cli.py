@@ -1,4 +1,5 @@
-"""Command line: ``planner estimate``, ``planner models``, ``planner gpus``, ``planner clusters``.
+"""Command line: ``planner estimate``, ``validate``, ``calibrate``, ``models``, ``gpus``,
+``clusters``.
 
 Bad input prints one line naming what is wrong and exits with status 2, never a traceback.
 """
@@ -19,6 +20,7 @@ from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estima
 from costmodel.config import FRAMEWORK_NAMES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES
 from costmodel.hardware import GPU
 from costmodel.memory import TERMS
+from costmodel.steptime import TIME_TERMS
 
 GIB = 1024**3
 
@@ -88,6 +90,11 @@ def _config(args: argparse.Namespace, cluster: Cluster) -> ParallelConfig:
     )
 
 
+def _fmt_s(x: float) -> str:
+    """Seconds in the unit people read: ms below one second."""
+    return f"{1e3 * x:10.1f} ms" if x < 1 else f"{x:10.3f} s "
+
+
 def _fmt_gib(x: float) -> str:
     return f"{x / GIB:8.2f} GiB"
 
@@ -126,7 +133,18 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
             s = est.stages[i]
             lines.append(f"  {i:>5d}  {s.num_layers:>6d}  {s.in_flight_micro_batches:>9.2f}  "
                          f"{s.memory.total_bytes / GIB:8.2f} GiB")
-    lines += ["", "step time: not modelled yet (memory estimator only)"]
+    lines += ["", f"step time (bottleneck: stage {est.bottleneck_stage})"]
+    bd = est.time_breakdown_s
+    for t in TIME_TERMS:
+        v = bd[t]
+        total = bd.get(f"{t}_total", v)
+        if v > 0 or total > 0 or t in ("compute", "bubble"):
+            hidden = f"   ({_fmt_s(total - v).strip()} hidden behind compute)" \
+                if total > v else ""
+            lines.append(f"  {t:<12s}{_fmt_s(v)}{hidden}")
+    lines.append(f"  {'step':<12s}{_fmt_s(est.step_time_s)}")
+    lines.append(f"  {est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model "
+                 f"TFLOP/s per GPU, MFU {100 * est.mfu:.1f}%, HFU {100 * est.hfu:.1f}%")
     return "\n".join(lines)
 
 
@@ -136,7 +154,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     job = Job(global_batch_size=args.global_batch_size, seq_len=args.seq_len,
               precision=args.precision, optimizer=args.optimizer, framework=args.framework,
-              flash_attention=not args.no_flash_attention)
+              flash_attention=not args.no_flash_attention,
+              overlap_grad_reduce=not args.no_overlap_grad_reduce,
+              moe_capacity_factor=args.moe_capacity_factor)
     cfg = _config(args, cluster)
     est = estimate(model, cluster, job, cfg)
     if args.json:
@@ -151,6 +171,85 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(_estimate_report(model, cluster, job, est))
+    return 0
+
+
+def _group(run_id: str, group: str | None) -> str:
+    return group or run_id.split("_")[0]
+
+
+def _comparison_rows(comps: list[Any]) -> list[dict[str, Any]]:
+    return [{"id": c.run.id, "group": _group(c.run.id, c.run.group), "measure": c.run.measure,
+             "predicted": c.predicted, "measured": c.measured, "error": c.error,
+             "step_time_s": c.estimate.step_time_s, "fits": c.estimate.fits}
+            for c in comps]
+
+
+def _summaries(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for key in [*dict.fromkeys(r["group"] for r in rows), "all"]:
+        errs = [abs(r["error"]) for r in rows if key in ("all", r["group"])]
+        out[key] = {"runs": len(errs), "mean_abs_error": sum(errs) / len(errs),
+                    "max_abs_error": max(errs)}
+    return out
+
+
+def _print_comparisons(rows: list[dict[str, Any]]) -> None:
+    units = {"iteration_time_s": "s/iter", "tokens_per_s_per_gpu": "tok/s/GPU",
+             "tflops_per_gpu": "TFLOP/s/GPU"}
+    print(f"{'run':<44s} {'measure':<12s} {'predicted':>10s} {'measured':>10s} {'error':>7s}")
+    for r in rows:
+        print(f"{r['id']:<44s} {units[r['measure']]:<12s} {r['predicted']:>10.2f} "
+              f"{r['measured']:>10.2f} {100 * r['error']:>+6.1f}%")
+    print()
+    for key, sm in _summaries(rows).items():
+        print(f"{key:<30s} {sm['runs']:>3.0f} runs   mean |error| "
+              f"{100 * sm['mean_abs_error']:5.2f}%   max {100 * sm['max_abs_error']:5.2f}%")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """``planner validate``: predicted vs measured for a set of published runs."""
+    from costmodel.published import compare, default_runs_path, load_runs
+
+    if args.runs and args.heldout:
+        raise SpecError("give either --runs FILE or --heldout, not both")
+    path = args.runs or default_runs_path("heldout" if args.heldout else "calibration")
+    rows = _comparison_rows(compare(load_runs(path)))
+    if args.json:
+        print(json.dumps({"runs_file": str(path), "runs": rows, "summary": _summaries(rows)},
+                         indent=2))
+    else:
+        _print_comparisons(rows)
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """``planner calibrate``: fit one GPU profile's efficiencies and write them."""
+    import datetime
+
+    from costmodel.published import (
+        calibration_toml,
+        default_runs_path,
+        fit_efficiency,
+        load_runs,
+    )
+
+    gpu = GPU.preset(args.gpu, calibrated=False)
+    path = args.runs or default_runs_path()
+    values, comps = fit_efficiency(load_runs(path), gpu)
+    shown = args.runs or "costmodel/data/calibration.json"
+    text = calibration_toml(gpu, values, comps, shown, datetime.date.today().isoformat())
+    out = Path(args.output) if args.output else hardware_profiles.calibrated_path(gpu.name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    rows = _comparison_rows(comps)
+    if args.json:
+        print(json.dumps({"gpu": gpu.name, "fitted": values, "written": str(out), "runs": rows,
+                          "summary": _summaries(rows)}, indent=2))
+    else:
+        print(f"fitted {gpu.name}: " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items()))
+        print(f"written to {out}\n")
+        _print_comparisons(rows)
     return 0
 
 
@@ -219,8 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     est = sub.add_parser(
-        "estimate", help="memory per GPU of one parallel configuration",
-        description="Estimate per-GPU memory (by term and pipeline stage) of one configuration.",
+        "estimate", help="memory per GPU and step time of one parallel configuration",
+        description="Estimate per-GPU memory (by term and pipeline stage) and step time (by "
+        "term: compute, recompute, exposed communication, bubble, optimizer) of one "
+        "configuration.",
         epilog=EPILOG_ESTIMATE, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     est.add_argument("--model", required=True,
@@ -242,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trainer whose memory conventions to follow (default torchtitan)")
     jb.add_argument("--no-flash-attention", action="store_true",
                     help="attention saves its score matrix (no fused kernel)")
+    jb.add_argument("--no-overlap-grad-reduce", action="store_true",
+                    help="gradients are reduced after the backward pass, not overlapped with it")
+    jb.add_argument("--moe-capacity-factor", type=float,
+                    help="expert capacity factor (default: dropless, even routing)")
     pc = est.add_argument_group("parallel configuration")
     pc.add_argument("--dp", type=int, help="data parallel (default: GPUs / (tp*pp*cp))")
     pc.add_argument("--tp", type=int, default=1, help="tensor parallel")
@@ -261,6 +366,37 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--offload", default="none", choices=OFFLOADS)
     est.add_argument("--json", action="store_true", help="machine-readable output")
     est.set_defaults(func=cmd_estimate)
+
+    val = sub.add_parser(
+        "validate", help="predicted vs measured for published training runs",
+        description="Predict every run of a published-runs file and compare with what was "
+        "measured (iteration time, tokens/s per GPU or TFLOP/s per GPU, as the source "
+        "reports). Default: the calibration set (Narayanan et al. 2021 Table 1, Korthikanti et "
+        "al. 2022 Table 5); --heldout: runs never used for fitting.",
+        epilog="examples:\n  planner validate\n  planner validate --heldout --json\n"
+        "  planner validate --runs ../shared/data/calibration.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    val.add_argument("--runs", help="a runs JSON file (calibration.json schema or the planner's)")
+    val.add_argument("--heldout", action="store_true", help="the shipped held-out runs")
+    val.add_argument("--json", action="store_true", help="machine-readable output")
+    val.set_defaults(func=cmd_validate)
+
+    cal = sub.add_parser(
+        "calibrate", help="fit a GPU profile's efficiencies to published runs",
+        description="Fit the matmul and memory-bandwidth efficiencies and the per-kernel "
+        "overhead of one GPU profile to the published runs measured on it (scipy least "
+        "squares on log error) and write them, with their provenance, to "
+        "hardware_profiles/calibrated/<gpu>.toml (or -o FILE).",
+        epilog="examples:\n  planner calibrate --gpu a100-80gb\n"
+        "  planner calibrate --gpu a100-80gb --runs ../shared/data/calibration.json "
+        "-o /tmp/a100.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    cal.add_argument("--gpu", default="a100-80gb", help="GPU profile to fit (default a100-80gb)")
+    cal.add_argument("--runs", help="runs JSON file (default: the shipped calibration set)")
+    cal.add_argument("-o", "--output", help="where to write the TOML (default: the profile's "
+                     "calibrated file)")
+    cal.add_argument("--json", action="store_true", help="machine-readable output")
+    cal.set_defaults(func=cmd_calibrate)
 
     for name, func, text in (("models", cmd_models, "list model presets"),
                              ("gpus", cmd_gpus, "list GPU profiles"),

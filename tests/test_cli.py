@@ -28,7 +28,11 @@ def test_estimate_json_schema(capsys) -> None:
     est = out["estimate"]
     for key in ("step_time_s", "peak_memory_bytes", "mfu", "tokens_per_s"):
         assert key in est
-    assert est["step_time_s"] is None
+    step = est["step_time_s"]
+    assert step > 0 and 0 < est["mfu"] < 1
+    assert est["tokens_per_s"] == pytest.approx(64 * 2048 / step)
+    parts = {k: v for k, v in est["time_breakdown_s"].items() if not k.endswith("_total")}
+    assert sum(parts.values()) == pytest.approx(step)
     assert out["config"]["dp"] == 1 and out["config"]["pipeline_schedule"] == "interleaved-1f1b"
     assert 40 * 2**30 < est["peak_memory_bytes"] < 80 * 2**30
     assert len(est["stages"]) == 8

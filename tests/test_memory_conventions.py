@@ -128,10 +128,3 @@ def test_fp8_saves_linear_inputs_in_one_byte() -> None:
                                      precision="fp8"), ParallelConfig(dp=8))
     assert f.stages[0].layer_activations_bytes < b.stages[0].layer_activations_bytes
     assert f.memory.optimizer_bytes == b.memory.optimizer_bytes
-
-
-def test_time_fields_are_not_invented() -> None:
-    job = Job(global_batch_size=64, seq_len=1024)
-    est = estimate(MODEL, CLUSTER, job, ParallelConfig(dp=16, zero_stage=3))
-    assert est.step_time_s is None and est.mfu is None and est.tokens_per_s is None
-    assert est.to_dict()["step_time_s"] is None

@@ -1,0 +1,251 @@
+"""Compute time of one layer for one micro-batch on one GPU, for a table of configurations.
+
+Every kernel is timed on a roofline with a fixed cost per kernel (Williams et al. 2009,
+"Roofline"): ``max(flops / (peak * gemm), bytes / (hbm * memory)) + kernel_overhead``, with the
+efficiencies of the GPU profile (``[efficiency]``, fitted by ``planner calibrate``). The curve
+this gives for a matmul's achieved FLOP/s against its shape is the profile's efficiency curve:
+large matmuls approach ``gemm * peak``; narrow ones (small hidden / tp, few tokens per expert,
+small micro-batches) lose to the memory term and the fixed cost.
+
+FLOPs of a matmul ``[M, K] x [K, N]`` are ``2 M N K`` (Narayanan et al. 2021, Sec. 5.1); its
+backward runs two matmuls of the same size, for the input and the weight gradient. Per layer,
+with T tokens of a micro-batch on one rank:
+
+- attention projections ``2 T h (q + 2 kv) + 2 T q h`` (GQA: ``kv = kv_heads * head_dim``),
+- attention core ``4 T s q`` (scores and weighted sum over the s keys; Narayanan et al. 2021,
+  Eq. 3's ``s / 6h`` term). A fused causal kernel skips the masked half (Dao 2023, Sec. 3);
+  its backward does 5 matmuls to the forward's 2 (it recomputes the scores), 2.5x the FLOPs,
+- MLP ``2 T h f`` per projection, 2 projections or 3 when gated (Shazeer 2020),
+- MoE: a router ``2 T h E`` and top_k experts per token, times the capacity factor when tokens
+  are padded to capacity (Fedus et al. 2022, Sec. 2.1), plus shared experts,
+- the LM head ``2 T h V``; the embedding lookup and the cross entropy are memory-bound.
+
+Memory-bound kernels (norms, residual adds, activation functions, softmax, dropout, rotary
+embeddings, token permutation) move the bytes listed in ``_elementwise_bytes``; their backward
+reads the output gradient and the saved input and writes the input gradient: three tensors
+where the forward moves two, so 1.5x the bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.config import Job
+from costmodel.hardware import GPU
+from costmodel.model import ModelSpec
+
+__all__ = ["LayerCompute", "gemm_time", "layer_compute", "lm_head_compute", "memory_time"]
+
+BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
+FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
+
+
+def gemm_time(gpu: GPU, dtype: str, m: np.ndarray, n: np.ndarray, k: np.ndarray,
+              count: float | np.ndarray = 1.0, bytes_per_element: float = 2.0) -> np.ndarray:
+    """Seconds for ``count`` matmuls of shape ``[m, k] x [k, n]`` on ``gpu`` (roofline).
+
+    Compute: ``2 m n k / (peak * gemm)``; memory: reading both operands and writing the
+    result once, ``bytes_per_element * (m k + k n + m n) / (hbm * memory)``; plus the fixed
+    ``kernel_overhead_s``.
+    """
+    eff = gpu.efficiency
+    flops = 2.0 * m * n * k
+    compute = flops / (gpu.peak_flops(dtype) * eff.gemm_for(dtype))
+    traffic = bytes_per_element * (m * k + k * n + m * n)
+    memory = traffic / (gpu.memory_bandwidth_bytes_per_s * eff.memory)
+    return count * (np.maximum(compute, memory) + eff.kernel_overhead_s)
+
+
+def memory_time(gpu: GPU, num_bytes: np.ndarray | float, kernels: float | np.ndarray
+                ) -> np.ndarray:
+    """Seconds for memory-bound kernels moving ``num_bytes`` in all, ``kernels`` launches."""
+    eff = gpu.efficiency
+    return (np.asarray(num_bytes, dtype=float)
+            / (gpu.memory_bandwidth_bytes_per_s * eff.memory) + kernels * eff.kernel_overhead_s)
+
+
+@dataclass(frozen=True)
+class LayerCompute:
+    """Compute of one layer (or the head) for one micro-batch on one GPU, per row, seconds
+    and FLOPs. ``forward`` / ``backward``: time of the pass; ``selective``: what selective
+    recompute re-runs in backward (the attention core when it is not fused); ``flops``: the
+    FLOPs the GPU executes in forward + backward, without any recompute; ``forward_flops``
+    those of the forward pass (what full recompute repeats); ``core_forward`` /
+    ``core_backward``: the attention core's part of the times (what context-parallel ring
+    exchanges overlap with)."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    selective: np.ndarray
+    flops: np.ndarray
+    selective_flops: np.ndarray
+    forward_flops: np.ndarray
+    core_forward: np.ndarray
+    core_backward: np.ndarray
+
+
+def _dtypes(job: Job) -> tuple[str, float, float]:
+    """(matmul dtype, bytes per activation element, bytes per matmul input element)."""
+    if job.precision == "fp32":
+        return "tf32", 4.0, 4.0
+    if job.precision == "fp8":
+        return "fp8", 2.0, 1.0
+    return job.precision, 2.0, 2.0
+
+
+def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
+                  mbs: np.ndarray, sp: np.ndarray, moe: bool,
+                  capacity_factor: float = 1.0, ep: np.ndarray | None = None) -> LayerCompute:
+    """Forward and backward time of one transformer layer for one micro-batch, per row.
+
+    ``tp, cp, mbs, sp`` (and ``ep`` for MoE layers) are arrays over the rows. Matmuls are
+    split over tp (Megatron column/row parallel); context parallel gives each rank s/cp
+    queries attending to all s keys (ring attention, Liu et al. 2023).
+    """
+    dtype, e, e_in = _dtypes(job)
+    h = float(model.hidden_size)
+    q = float(model.q_dim)
+    kv = float(model.kv_dim)
+    t = tp.astype(float)
+    s_kv = float(job.seq_len)
+    tokens = job.seq_len / cp.astype(float) * mbs
+    rep = np.where(sp == 1, 1.0 / t, 1.0)  # norm/dropout regions: split by SP, else replicated
+    drop = 1.0 if model.dropout else 0.0
+
+    fwd = gemm_time(gpu, dtype, tokens, (q + 2 * kv) / t, h, bytes_per_element=e_in)
+    fwd = fwd + gemm_time(gpu, dtype, tokens, h, q / t, bytes_per_element=e_in)
+    f_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t
+    b_flops = 2 * f_flops
+    bwd = 2 * fwd
+
+    # Attention core.
+    heads = model.num_heads / t
+    if job.flash_attention:
+        causal = 0.5 if model.causal else 1.0
+        core_flops = 4 * tokens * s_kv * q / t * causal
+        peak = gpu.peak_flops("bf16" if dtype in ("fp8", "tf32") else dtype)
+        eff = gpu.efficiency
+        core_f = core_flops / (peak * eff.attention) + eff.kernel_overhead_s
+        core_b = (FLASH_BACKWARD_FLOPS * core_flops / (peak * eff.attention_backward)
+                  + eff.kernel_overhead_s)
+        core_bytes = 0.0 * tokens
+        core_kernels = 0.0
+        selective = 0.0 * tokens
+        selective_flops = 0.0 * tokens
+        b_flops = b_flops + FLASH_BACKWARD_FLOPS * core_flops
+    else:
+        # Two batched matmuls over mbs * heads / tp heads: [s, d] x [d, s] and [s, s] x [s, d].
+        hd = float(model.head_dim or model.hidden_size // model.num_heads)
+        batch = mbs * heads
+        s_q = job.seq_len / cp.astype(float)
+        one = gemm_time(gpu, dtype, s_q, s_kv, hd, count=batch, bytes_per_element=e)
+        core_f = 2 * one
+        core_b = 2 * core_f
+        core_flops = 4 * tokens * s_kv * q / t
+        scores = heads * tokens * s_kv
+        # Fused scale-mask-softmax reads and writes the scores; dropout reads them, writes
+        # them and a one-byte mask (Korthikanti et al. 2022, Sec. 4.1 counts the same tensors).
+        core_bytes = 2 * e * scores + drop * (2 * e + 1) * scores
+        core_kernels = 1.0 + drop
+        selective = core_f + memory_time(gpu, core_bytes, core_kernels)
+        selective_flops = core_flops
+        b_flops = b_flops + 2 * core_flops
+    f_flops = f_flops + core_flops
+    fwd = fwd + core_f
+    bwd = bwd + core_b
+
+    # Memory-bound kernels of the attention block: pre-norm, rotary embedding of q and k,
+    # bias-dropout-add of the residual.
+    norm_bytes = 2 * e * tokens * h * rep
+    rope = 2 * e * tokens * (q + kv) / t if model.position_embedding == "rope" else 0.0 * tokens
+    residual = (3 * e + drop) * tokens * h * rep
+    ew_bytes = norm_bytes + rope + residual + core_bytes
+    ew_kernels = 2.0 + (1.0 if model.position_embedding == "rope" else 0.0) + core_kernels
+
+    # MLP block: pre-norm, residual, activation, then the projections.
+    ew_bytes = ew_bytes + norm_bytes + residual
+    ew_kernels += 2.0
+    width = 3 if model.gated_mlp else 2  # ffn-wide tensors the activation reads + writes
+
+    def mlp(ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(forward time, forward FLOPs, activation bytes) of an MLP on ``m_tokens`` tokens.
+
+        ``per_expert``: tokens per local expert (the matmuls' M) for a grouped expert GEMM.
+        """
+        n_up = ffn * (2 if model.gated_mlp else 1) / t
+        m_shape = m_tokens if per_expert is None else per_expert
+        count = 1.0 if per_expert is None else m_tokens / per_expert
+        up = gemm_time(gpu, dtype, m_shape, n_up, h, count=count, bytes_per_element=e_in)
+        down = gemm_time(gpu, dtype, m_shape, h, ffn / t, count=count, bytes_per_element=e_in)
+        fl = 2 * m_tokens * h * n_up + 2 * m_tokens * ffn / t * h
+        return up + down, fl, width * e * m_tokens * ffn / t
+
+    if moe:
+        ffn = float(model.moe_ffn_hidden_size or 0)
+        n_exp = float(model.num_experts)
+        ep_f = (ep if ep is not None else np.ones_like(tp)).astype(float)
+        routed = tokens * model.top_k * capacity_factor
+        per_expert = routed * ep_f / n_exp
+        router = gemm_time(gpu, dtype, tokens * rep, n_exp, h, bytes_per_element=e)
+        mlp_f, mlp_flops, act_bytes = mlp(ffn, routed, per_expert)
+        mlp_f = mlp_f + router
+        mlp_flops = mlp_flops + 2 * tokens * rep * h * n_exp
+        # Token permutation before the experts and un-permutation after: read + write each.
+        act_bytes = act_bytes + 2 * 2 * e * routed * h + 4.0 * tokens * rep * n_exp
+        ew_kernels += 3.0
+        if model.num_shared_experts:
+            sh_f, sh_flops, sh_bytes = mlp(ffn * model.num_shared_experts, tokens)
+            mlp_f, mlp_flops, act_bytes = mlp_f + sh_f, mlp_flops + sh_flops, act_bytes + sh_bytes
+            ew_kernels += 1.0
+    else:
+        mlp_f, mlp_flops, act_bytes = mlp(float(model.ffn_hidden_size or 0), tokens)
+    ew_bytes = ew_bytes + act_bytes
+    ew_kernels += 1.0
+    fwd = fwd + mlp_f
+    bwd = bwd + 2 * mlp_f
+    f_flops = f_flops + mlp_flops
+    b_flops = b_flops + 2 * mlp_flops
+
+    fwd = fwd + memory_time(gpu, ew_bytes, ew_kernels)
+    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * ew_bytes, ew_kernels)
+    return LayerCompute(forward=fwd, backward=bwd, selective=selective, flops=f_flops + b_flops,
+                        selective_flops=selective_flops, forward_flops=f_flops,
+                        core_forward=core_f, core_backward=core_b)
+
+
+def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
+                    mbs: np.ndarray, sp: np.ndarray) -> tuple[LayerCompute, LayerCompute]:
+    """(embedding, head) compute for one micro-batch, per row.
+
+    Embedding: a gather of T rows of h (read + write). Head: final norm, the vocab-parallel
+    ``[T, h] x [h, V/tp]`` matmul, and the cross entropy over fp32 logits, which casts them
+    (read e, write 4 bytes), takes the softmax and loss (read and write 4) and, in backward,
+    writes the logit gradient (read 4, write e). A ViT has a patch projection and a small
+    classifier instead, which this counts as the same matmul shapes with V = classes.
+    """
+    dtype, e, _ = _dtypes(job)
+    h = float(model.hidden_size)
+    t = tp.astype(float)
+    tokens = job.seq_len / cp.astype(float) * mbs
+    rep = np.where(sp == 1, 1.0 / t, 1.0)
+    zero = 0.0 * tokens
+    emb_f = memory_time(gpu, 2 * e * tokens * h * rep, 1.0)
+    emb = LayerCompute(forward=emb_f, backward=memory_time(gpu, 2 * e * tokens * h * rep, 1.0),
+                       selective=zero, flops=zero, selective_flops=zero, forward_flops=zero,
+                       core_forward=zero, core_backward=zero)
+    v = float(model.vocab_size)
+    head_gemm = gemm_time(gpu, dtype, tokens, v / t, h, bytes_per_element=e)
+    logits = tokens * v / t
+    norm = 2 * e * tokens * h * rep
+    ce_fwd = (e + 4.0 + 4.0 + 4.0) * logits
+    ce_bwd = (4.0 + e) * logits
+    head_f = head_gemm + memory_time(gpu, norm + ce_fwd, 3.0)
+    head_b = 2 * head_gemm + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd, 2.0)
+    head_flops = 3 * 2 * tokens * h * v / t
+    head = LayerCompute(forward=head_f, backward=head_b, selective=zero, flops=head_flops,
+                        selective_flops=zero, forward_flops=head_flops / 3,
+                        core_forward=zero, core_backward=zero)
+    return emb, head

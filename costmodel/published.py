@@ -1,0 +1,286 @@
+"""Published training runs: read them, predict them, compare, and fit the GPU efficiencies.
+
+Two files ship in ``costmodel/data``:
+
+- ``calibration.json``: a copy of the project's shared calibration set (Narayanan et al. 2021
+  Table 1, Korthikanti et al. 2022 Table 5; all Megatron-LM on Selene A100s). ``planner
+  calibrate`` fits the A100's efficiencies to these rows; ``planner validate`` prints them.
+- ``heldout_runs.json``: runs the fit never sees (torchtitan and MosaicML FSDP, DeepSpeed
+  BLOOM, Megatron-LM on H100 with CP, EP and fp8), each with its source, to show how the one
+  set of parameters carries over.
+
+A row gives the model shape, the hardware, the trainer and its configuration, and what was
+measured: ``iteration_time_s``, ``tokens_per_s_per_gpu`` or ``tflops_per_gpu`` (then with the
+FLOP count the source used; Narayanan et al. 2021 count Eq. 3, with recompute).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costmodel.config import Job, ParallelConfig
+from costmodel.errors import SpecError
+from costmodel.estimate import Estimate, estimate
+from costmodel.hardware import GPU, Cluster
+from costmodel.model import ModelSpec
+
+__all__ = ["Comparison", "PublishedRun", "calibration_toml", "compare", "default_runs_path",
+           "eq3_flops", "fit_efficiency", "load_runs"]
+
+# Micro-batch size and model chunks per pipeline rank of the Narayanan et al. 2021 Table 1
+# runs, which the paper's table omits: NVIDIA/Megatron-LM@6985e589 examples/sc21/
+# run_table_1.sh (MBS=..., --num-layers-per-virtual-pipeline-stage; chunks = layers / pp /
+# layers per virtual stage). Every run: --fp16, full uniform recompute, torch DDP when PP=1
+# and Megatron's local DDP otherwise (examples/sc21/CONFIG.sh).
+SC21_TABLE1 = {
+    "1.7B": (16, 1), "3.6B": (16, 1), "7.5B": (16, 1), "18.4B": (8, 1), "39.1B": (4, 1),
+    "76.1B": (2, 3), "145.6B": (2, 2), "310.1B": (1, 2), "529.6B": (1, 3), "1008.0B": (1, 1),
+}
+
+MEASURES = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
+
+
+def default_runs_path(which: str = "calibration") -> Path:
+    """The shipped ``calibration.json`` or ``heldout_runs.json``."""
+    name = {"calibration": "calibration.json", "heldout": "heldout_runs.json"}[which]
+    return Path(str(resources.files("costmodel").joinpath("data", name)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedRun:
+    """One published run, as the planner's inputs, and the figure it is compared on."""
+
+    id: str
+    source: str
+    model: ModelSpec
+    cluster: Cluster
+    job: Job
+    config: ParallelConfig
+    measure: str
+    measured: float
+    group: str | None = None
+    note: str = ""
+
+
+def eq3_flops(model: ModelSpec, job: Job) -> float:
+    """FLOPs per iteration with full recompute, Narayanan et al. 2021 Eq. 3:
+    ``96 B s l h^2 (1 + s / 6h + V / 16lh)``."""
+    b, s, l_, h = job.global_batch_size, job.seq_len, model.num_layers, model.hidden_size
+    v = model.vocab_size
+    return 96.0 * b * s * l_ * h * h * (1 + s / (6 * h) + v / (16 * l_ * h))
+
+
+def _gpt(m: dict[str, Any], name: str, dropout: bool) -> ModelSpec:
+    """A Megatron-LM GPT (learned positions, LayerNorm, biases, tied embeddings, GELU MLP)."""
+    return ModelSpec(
+        name=name, num_layers=int(m["layers"]), hidden_size=int(m["hidden"]),
+        num_heads=int(m["heads"]), num_kv_heads=int(m.get("kv_heads") or m["heads"]),
+        ffn_hidden_size=int(m["ffn_hidden"]), vocab_size=int(m["vocab"]),
+        gated_mlp=False, tied_embeddings=True,
+        position_embedding=str(m.get("position_embedding", "learned")),
+        max_position_embeddings=int(m["seq_len"]), norm="layernorm", bias=True,
+        dropout=dropout,
+    )
+
+
+def _llama(m: dict[str, Any], name: str) -> ModelSpec:
+    """A Llama-style model (RoPE, RMSNorm, SwiGLU, no biases, untied), MoE when it has experts."""
+    moe = {}
+    if m.get("num_experts"):
+        moe = dict(num_experts=int(m["num_experts"]), top_k=int(m["top_k"]),
+                   moe_ffn_hidden_size=int(m["moe_ffn_hidden"]))
+    return ModelSpec(
+        name=name, num_layers=int(m["layers"]), hidden_size=int(m["hidden"]),
+        num_heads=int(m["heads"]), num_kv_heads=int(m.get("kv_heads") or m["heads"]),
+        ffn_hidden_size=int(m["ffn_hidden"]), vocab_size=int(m["vocab"]),
+        head_dim=int(m["head_dim"]) if m.get("head_dim") else None, gated_mlp=True, **moe,
+    )
+
+
+def _from_calibration_row(row: dict[str, Any]) -> PublishedRun:
+    """A row of the shared ``calibration.json`` (Megatron-LM GPT runs on Selene)."""
+    m, c, hw = row["model"], row["config"], row["hardware"]
+    model = _gpt(m, row["id"], dropout=True)
+    mbs, v = c.get("micro_batch"), c.get("virtual_pipeline_stages") or 1
+    if mbs is None:
+        if m["params"] not in SC21_TABLE1:
+            raise SpecError(f"run {row['id']!r} gives no micro_batch")
+        mbs, v = SC21_TABLE1[m["params"]]
+    gpus = int(hw["gpus_total"])
+    cluster = Cluster.preset("selene", num_nodes=max(gpus // 8, 1))
+    pp = int(c["pp"])
+    job = Job(global_batch_size=int(c["global_batch"]), seq_len=int(m["seq_len"]),
+              precision="fp16", optimizer="adam", framework="megatron", flash_attention=False,
+              # torch DDP overlaps its buckets with backward; Megatron's local DDP (PP > 1)
+              # reduced after the backward pass in 2021 (examples/sc21/CONFIG.sh).
+              overlap_grad_reduce=pp == 1)
+    config = ParallelConfig(
+        dp=int(c["dp"]), tp=int(c["tp"]), pp=pp, micro_batch_size=int(mbs),
+        virtual_pipeline_stages=int(v), sequence_parallel=bool(c.get("sequence_parallel")),
+        recompute=str(c["recompute"]))
+    measured = row["measured"]
+    measure = "iteration_time_s" if "iteration_time_s" in measured else "tflops_per_gpu"
+    return PublishedRun(id=row["id"], source=row["source"], model=model, cluster=cluster,
+                        job=job, config=config, measure=measure,
+                        measured=float(measured[measure]), note=row.get("note", ""))
+
+
+def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
+    """A row in the planner's own schema (``model`` / ``cluster`` / ``job`` / ``config``)."""
+    m = row["model"]
+    if m.get("style") == "gpt":
+        model = _gpt(m, row["id"], dropout=bool(m.get("dropout", False)))
+    else:
+        model = _llama(m, row["id"])
+    cl = dict(row["cluster"])
+    cluster = Cluster(name=row["id"], **cl)
+    job = Job(**row["job"])
+    config = ParallelConfig(**row["config"])
+    measure = next(k for k in MEASURES if k in row["measured"])
+    return PublishedRun(id=row["id"], source=row["source"], model=model, cluster=cluster,
+                        job=job, config=config, measure=measure,
+                        measured=float(row["measured"][measure]), group=row.get("group"),
+                        note=row.get("note", ""))
+
+
+def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
+    """Runs of a JSON file ``{"runs": [...]}`` in either schema (default: the calibration set)."""
+    p = Path(path) if path is not None else default_runs_path()
+    if not p.is_file():
+        raise SpecError(f"runs file {str(p)!r} does not exist")
+    try:
+        rows = json.loads(p.read_text())["runs"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SpecError(f"runs file {str(p)!r} is not a JSON object with a 'runs' list: {e}"
+                        ) from None
+    out = []
+    for row in rows:
+        try:
+            out.append(_from_normalized_row(row) if "job" in row else _from_calibration_row(row))
+        except (KeyError, TypeError, ValueError) as e:
+            raise SpecError(f"run {row.get('id', '?')!r} in {str(p)!r} is malformed: {e!r}"
+                            ) from None
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """A run predicted: ``predicted`` and ``measured`` in the run's ``measure``, and
+    ``error`` = predicted / measured - 1."""
+
+    run: PublishedRun
+    estimate: Estimate
+    predicted: float
+    measured: float
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the prediction."""
+        return self.predicted / self.measured - 1.0
+
+
+def _predict(run: PublishedRun, est: Estimate) -> float:
+    step = float(est.step_time_s or math.nan)
+    if run.measure == "iteration_time_s":
+        return step
+    if run.measure == "tokens_per_s_per_gpu":
+        return run.job.tokens_per_step / step / run.cluster.num_gpus
+    return eq3_flops(run.model, run.job) / step / run.cluster.num_gpus / 1e12
+
+
+def compare(runs: list[PublishedRun], gpu: GPU | None = None) -> list[Comparison]:
+    """Predict every run (with ``gpu`` substituted for runs on a GPU of the same name)."""
+    out = []
+    for run in runs:
+        cluster = run.cluster
+        if gpu is not None and cluster.gpu.name == gpu.name:
+            cluster = replace(cluster, gpu=gpu, intra_node_link=cluster.intra_node_link,
+                              inter_node_link=cluster.inter_node_link)
+        est = estimate(run.model, cluster, run.job, run.config)
+        out.append(Comparison(run=run, estimate=est, predicted=_predict(run, est),
+                              measured=run.measured))
+    return out
+
+
+FIT_KEYS = ("gemm", "memory", "kernel_overhead_us")
+FIT_BOUNDS = ((0.3, 1.0), (0.3, 1.0), (0.0, 50.0))
+
+
+def _with(gpu: GPU, x: np.ndarray) -> GPU:
+    eff = replace(gpu.efficiency, gemm=float(x[0]), memory=float(x[1]),
+                  kernel_overhead_s=float(x[2]) * 1e-6)
+    return replace(gpu, efficiency=eff)
+
+
+def calibration_toml(gpu: GPU, values: dict[str, float], comparisons: list[Comparison],
+                     runs_file: str, date: str) -> str:
+    """The ``hardware_profiles/calibrated/<gpu>.toml`` text for fitted ``values``.
+
+    ``[efficiency]`` holds the fitted values (attention scaled like the matmuls, as the runs
+    use no fused attention); ``[transfer]`` the ratios of fitted to microbenchmark fractions
+    that other GPUs' profiles are scaled by, and the fitted per-kernel overhead.
+    """
+    base = gpu.efficiency
+    ratio_g = values["gemm"] / base.gemm
+    ratio_m = values["memory"] / base.memory
+    errs = [abs(c.error) for c in comparisons]
+    prov = (f"planner calibrate --gpu {gpu.name} --runs {runs_file} on {date}: least squares "
+            f"over {len(comparisons)} published runs; mean |error| {100 * np.mean(errs):.2f}%, "
+            f"max {100 * max(errs):.2f}%")
+    lines = [
+        "# Written by `planner calibrate`; do not edit by hand, re-run the command.",
+        f'provenance = "{prov}"',
+        "",
+        "[efficiency]",
+        f"gemm = {values['gemm']:.4f}",
+        f"memory = {values['memory']:.4f}",
+        f"kernel_overhead_us = {values['kernel_overhead_us']:.3f}",
+        "# Fused attention is not in the runs: its microbenchmark fractions scaled like gemm.",
+        f"attention = {min(1.0, base.attention * ratio_g):.4f}",
+        f"attention_backward = {min(1.0, base.attention_backward * ratio_g):.4f}",
+        "",
+        "[transfer]",
+        "# In-training over microbenchmark efficiency, applied to GPUs without their own fit.",
+        f"gemm = {ratio_g:.4f}",
+        f"memory = {ratio_m:.4f}",
+        f"kernel_overhead_us = {values['kernel_overhead_us']:.3f}",
+        "",
+        "[runs]",
+    ]
+    for c in comparisons:
+        lines.append(f'"{c.run.id}" = {{ predicted = {c.predicted:.4g}, measured = '
+                     f'{c.measured:.4g}, measure = "{c.run.measure}" }}')
+    return "\n".join(lines) + "\n"
+
+
+def fit_efficiency(runs: list[PublishedRun], gpu: GPU) -> tuple[dict[str, float], list[Comparison]]:
+    """Fit ``gemm``, ``memory`` and ``kernel_overhead_us`` of ``gpu`` to the runs on it.
+
+    Least squares (scipy, trust-region reflective within physical bounds) on the log of
+    predicted over measured, so that iteration times and throughputs weigh alike. Returns the
+    fitted values and the comparisons they give.
+    """
+    from scipy.optimize import least_squares
+
+    mine = [r for r in runs if r.cluster.gpu.name == gpu.name]
+    if not mine:
+        raise SpecError(f"no run in the set was measured on {gpu.name!r}; nothing to fit")
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return np.array([math.log(c.predicted / c.measured) for c in compare(mine, _with(gpu, x))])
+
+    eff = gpu.efficiency
+    x0 = np.array([eff.gemm, eff.memory, eff.kernel_overhead_s * 1e6])
+    lo, hi = zip(*FIT_BOUNDS, strict=True)
+    x0 = np.clip(x0, lo, hi)
+    fit = least_squares(residuals, x0, bounds=(lo, hi), x_scale=[0.1, 0.1, 5.0],
+                        diff_step=1e-3)
+    values = dict(zip(FIT_KEYS, (float(v) for v in fit.x), strict=True))
+    return values, compare(mine, _with(gpu, fit.x))

@@ -1,0 +1,393 @@
+"""Time of one training step for a table of configurations: compute, communication, pipeline,
+optimizer and offload, with what overlaps and what is exposed.
+
+One vectorized numpy pass, like ``costmodel.memory``; ``estimate()`` evaluates a table of one.
+
+Per micro-batch, each pipeline stage spends (per GPU, seconds):
+
+    t_i = forward + backward + recompute + exposed TP, CP, EP, ZeRO-3/FSDP and PP comm
+
+and the step is the pipeline's makespan plus what follows the last backward:
+
+    step = m * max_i t_i + bubble + max_i (exposed gradient reduction + parameter gather
+           + optimizer + offload)
+
+Pipeline bubble (Narayanan et al. 2021, Sec. 2.2; with unequal stages the first micro-batch
+fills and the last one drains through every stage): 1F1B and GPipe ``sum_i t_i - max_i t_i``
+(``(p - 1) t`` for equal stages, fraction ``(p - 1) / m``); interleaved 1F1B divides it by the
+virtual stages ``v`` (ibid., Sec. 2.2.2); zero bubble ZB-H1 leaves the forward part of it,
+``(p - 1) T_F`` when the backward splits evenly into input and weight gradients (Qi et al. 2024,
+Sec. 3.1: ``(p - 1)(T_F + T_B - T_W)``).
+
+Overlap rules (what each trainer hides behind compute; the rest is exposed):
+
+- TP collectives are on the critical path in every trainer (Megatron-LM overlaps them only
+  with Transformer Engine's opt-in ``--tp-comm-overlap``, torchtitan only with opt-in async
+  TP). With sequence parallel, Megatron-LM re-gathers each linear layer's input in backward
+  for its weight gradient and overlaps that all-gather with the input-gradient matmul
+  (Korthikanti et al. 2022, Sec. 4.2.2): exposed only beyond half the backward.
+- CP ring attention overlaps each KV block's transfer with attention on the previous block
+  (Liu et al. 2023): exposed is the transfer time beyond the attention compute per step.
+- EP all-to-all (dispatch and combine) is exposed (Megatron-LM and torchtitan defaults).
+- PP send/receive of activations and gradients is exposed, two per micro-batch per model chunk.
+  Megatron-LM sends 1/tp of the tensor from each TP rank and all-gathers it inside the node
+  (scatter-gather, Narayanan et al. 2021, Sec. 4.1).
+- ZeRO-3 / FSDP: each layer's parameter all-gather is prefetched during the previous layer's
+  compute, and in backward the all-gather and the gradient reduce-scatter share the
+  communication stream with the layer's backward (FSDP: Zhao et al. 2023, Sec. 3.3; DeepSpeed
+  ZeRO-3 prefetch; Megatron FSDP). Exposed per layer: ``max(0, comm - compute)``, plus the
+  first gather and the last reduce-scatter of each micro-batch. torchtitan's ZeRO-2 (FSDP
+  without resharding) gathers once per micro-batch in forward only; DeepSpeed ZeRO-2
+  reduce-scatters every micro-batch.
+- Data-parallel gradient reduction (ZeRO 0 and 1) runs once per step, in buckets launched
+  during the last micro-batch's backward when ``Job.overlap_grad_reduce``: exposed is
+  ``max(comm - that backward, last bucket)``; otherwise all of it. Megatron-LM's pipeline
+  ranks after the first use one bucket. The ZeRO-1/2 parameter all-gather after the optimizer
+  overlaps with the next forward in Megatron-LM (``--overlap-param-gather``) and is exposed in
+  DeepSpeed.
+- Optimizer step: memory-bound over the GPU's shard of the states. With CPU offload: gradients
+  to the host (overlapped like a bucketed reduction), the CPU Adam step (the node's CPU shared
+  by its GPUs), updated parameters back to the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import hardware_profiles
+from costmodel.comm import Topology
+from costmodel.compute import layer_compute, lm_head_compute
+from costmodel.config import Job
+from costmodel.hardware import Cluster, Link
+from costmodel.memory import ConfigArrays, MemoryTable, state_bytes
+from costmodel.model import ModelSpec
+
+__all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "model_flops_per_token", "time_table"]
+
+COMM_KINDS = ("tp", "cp", "ep", "pp", "fsdp", "dp")
+TIME_TERMS = ("compute", "recompute", *(f"{k}_comm" for k in COMM_KINDS), "bubble",
+              "optimizer", "offload")
+
+
+@dataclass(frozen=True)
+class TimeTable:
+    """Step time per row and its terms, seconds.
+
+    ``terms[name]`` for ``name`` in ``TIME_TERMS`` is the time each adds to the step (comm
+    terms: the exposed part), summing to ``step_time``. ``comm_total[kind]`` is all the time
+    that kind of communication takes on the critical GPU, overlapped or not. ``stage_time``
+    ``[rows, P]`` is each stage's time per micro-batch; ``model_flops`` and ``hardware_flops``
+    count the whole step over all GPUs (hardware adds recompute).
+    """
+
+    step_time: np.ndarray
+    terms: dict[str, np.ndarray]
+    comm_total: dict[str, np.ndarray]
+    stage_time: np.ndarray
+    bottleneck_stage: np.ndarray
+    model_flops: float
+    hardware_flops: np.ndarray
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Model FLOPs per trained token, forward and backward: ``6 N + 12 L q s`` (PaLM,
+    Chowdhery et al. 2022, App. B), with N the parameters that take part in a matmul per token
+    (active experts only; not the input embedding table, which is a lookup, unless tied to the
+    output layer) and ``q = heads * head_dim``, counting the full s x s attention.
+    """
+    n = model.num_active_params() - model.embedding_params()
+    if model.tied_embeddings and not model.patch_size:
+        n += model.vocab_size * model.hidden_size
+    return 6.0 * n + 12.0 * model.num_layers * model.q_dim * seq_len
+
+
+def _overlap(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """Exposed part of ``comm`` run beside ``window`` seconds of compute."""
+    return np.maximum(comm - window, 0.0)
+
+
+def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
+               mem: MemoryTable) -> TimeTable:
+    """Step time and its terms for every configuration of ``a`` (assumed valid)."""
+    fw = job.framework
+    gpu = cluster.gpu
+    topo = Topology.of(cluster)
+    soft = hardware_profiles.load_software()
+    e = 4.0 if job.precision == "fp32" else 2.0
+    w_b, g_b, o_b = state_bytes(job, model)
+    if fw == "torchtitan":
+        g_b = float(soft["torchtitan"]["reduce_dtype_bytes"])
+    cf = float(job.moe_capacity_factor or 1.0)
+
+    stage = a.stage_index
+    count = a.stage_count
+    valid = mem.valid
+    first = (stage == 0)
+    last = (stage == a.pp[:, None] - 1)
+    m = mem.num_micro_batches.astype(float)
+    tp, cp, dp, pp, ep = (x.astype(float) for x in (a.tp, a.cp, a.dp, a.pp, a.ep))
+    v = a.v.astype(float)
+    zero = a.zero
+    mode = a.recompute[:, None]
+    tokens = job.seq_len / cp * a.mbs
+    h = float(model.hidden_size)
+    sp = a.sp == 1
+
+    def col(x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=float)[:, None]
+
+    # ---- compute per layer per micro-batch ------------------------------------------------
+    dense = layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=False)
+    moe = (layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=True,
+                         capacity_factor=cf, ep=a.ep) if model.is_moe else dense)
+    emb, head = lm_head_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp)
+
+    # ---- tensor parallel: per layer, forward and backward ---------------------------------
+    act = e * tokens * h  # one activation tensor, all of it
+    ar = topo.all_reduce(act, tp, 1.0)
+    ag = topo.all_gather(act, tp, 1.0)
+    # Without SP: two all-reduces per pass; with SP: two all-gathers and two reduce-scatters
+    # (reduce-scatter costs what all-gather does).
+    tp_pass = np.where(sp, 2 * (ag + ag), 2 * ar)
+
+    def tp_regather(lc_backward: np.ndarray) -> np.ndarray:
+        if fw != "megatron":
+            return np.zeros_like(ag)
+        return np.where(sp, _overlap(2 * ag, 0.5 * lc_backward), 0.0)
+
+    tp_dense_b = tp_pass + tp_regather(dense.backward)
+    tp_moe_b = tp_pass + tp_regather(moe.backward)
+    tp_dense_total = 2 * tp_pass + np.where(sp & (fw == "megatron"), 2 * ag, 0.0)
+    # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
+    # all-gather of its input with SP, all-reduce of the input gradient without; the
+    # vocabulary-parallel cross entropy all-reduces 3 fp32 values per token (max, sum, target).
+    tp_emb = np.where(sp, ag, ar)
+    tp_head = np.where(sp, 2 * ag, ar) + 3 * topo.all_reduce(4.0 * tokens, tp, 1.0)
+
+    # ---- context parallel: ring exchange of K and V -------------------------------------
+    kv_block = 2 * e * tokens * model.kv_dim / tp
+    ring_step = np.where(cp > 1, topo.p2p(kv_block, tp), 0.0)
+    cp_f_dense = (cp - 1) * _overlap(ring_step, dense.core_forward / cp)
+    cp_b_dense = (cp - 1) * _overlap(2 * ring_step, dense.core_backward / cp)
+    cp_f_moe = (cp - 1) * _overlap(ring_step, moe.core_forward / cp)
+    cp_b_moe = (cp - 1) * _overlap(2 * ring_step, moe.core_backward / cp)
+    cp_total_layer = (cp - 1) * 3 * ring_step
+
+    # ---- expert parallel: dispatch and combine all-to-alls per MoE layer pass -------------
+    if model.is_moe:
+        a2a = 2 * topo.all_to_all(e * tokens * model.top_k * cf * h, ep, tp)
+    else:
+        a2a = np.zeros_like(tokens)
+
+    # ---- ZeRO-3 / FSDP per-layer gathers and reduce-scatters -----------------------------
+    comp_b = 4.0 if job.precision == "fp32" else 2.0  # parameters are gathered in this dtype
+    z = a.shard.astype(float)
+    z_exp = np.maximum(z / ep, 1.0)
+    ag_fwd = (zero == 3) | ((zero == 2) & (fw == "torchtitan"))
+    ag_bwd = zero == 3
+    rs_each = (zero == 3) | ((zero == 2) & (fw in ("torchtitan", "deepspeed")))
+    norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
+    dense_local = (model.dense_layer_params() - 2 * norm) / tp + 2 * norm
+    if model.is_moe:
+        moe_local = (model.moe_layer_non_expert_params() - 2 * norm) / tp + 2 * norm
+        exp_local = model.routed_expert_params() / (tp * ep)
+    else:
+        moe_local = dense_local
+        exp_local = 0.0 * tp
+    host = Link.preset(gpu.host_link)
+    host_bw = host.achieved_bytes_per_s
+    params_offloaded = a.offload == 2
+
+    def gather(params: np.ndarray, group: np.ndarray, stride: np.ndarray) -> np.ndarray:
+        t = topo.all_gather(comp_b * params, group, stride)
+        # Offloaded parameters first cross PCIe, the GPU's shard of them.
+        return t + np.where(params_offloaded, w_b * params / group / host_bw, 0.0)
+
+    def scatter(params: np.ndarray, group: np.ndarray, stride: np.ndarray) -> np.ndarray:
+        t = topo.reduce_scatter(g_b * params, group, stride)
+        # HSDP: the shards are then all-reduced across the replicas.
+        replicas = dp * cp / z
+        t = t + topo.all_reduce(g_b * params / group, replicas, tp * z)
+        return t + np.where(params_offloaded, g_b * params / group / host_bw, 0.0)
+
+    ag_dense = np.where(ag_fwd, gather(dense_local, z, tp), 0.0)
+    rs_dense = np.where(rs_each, scatter(dense_local, z, tp), 0.0)
+    if model.is_moe:
+        ag_moe = np.where(ag_fwd, gather(moe_local, z, tp) + gather(exp_local, z_exp, tp * ep),
+                          0.0)
+        rs_moe = np.where(rs_each,
+                          scatter(moe_local, z, tp) + scatter(exp_local, z_exp, tp * ep), 0.0)
+    else:
+        ag_moe, rs_moe = ag_dense, rs_dense
+    # Per-micro-batch reduce-scatters hide behind backward unless overlap is off (DeepSpeed
+    # ZeRO-2 with overlap_comm false); ZeRO-3 prefetching always overlaps.
+    hide = np.where(zero == 3, 1.0, 1.0 if job.overlap_grad_reduce else 0.0)
+    fs_f_dense = _overlap(ag_dense, dense.forward)
+    fs_b_dense = _overlap(np.where(ag_bwd, ag_dense, 0.0) + rs_dense, hide * dense.backward)
+    fs_f_moe = _overlap(ag_moe, moe.forward)
+    fs_b_moe = _overlap(np.where(ag_bwd, ag_moe, 0.0) + rs_moe, hide * moe.backward)
+    fs_edges = ag_dense + rs_dense  # first gather and last reduce-scatter of a micro-batch
+
+    # ---- per stage, per micro-batch -------------------------------------------------------
+    nl = mem.num_layers.astype(float)
+    nm = mem.moe_layers.astype(float)
+    nd = nl - nm
+    rd = mem.recomputed_dense.astype(float)
+    rm = mem.recomputed_moe.astype(float)
+
+    def per_stage(d: np.ndarray, mo: np.ndarray, e_: np.ndarray | float = 0.0,
+                  hd: np.ndarray | float = 0.0) -> np.ndarray:
+        """Sum over a stage's layers of a per-layer quantity (dense, MoE, embedding, head)."""
+        out = nd * col(d) + nm * col(mo) if model.is_moe else nl * col(d)
+        out = out + np.where(first, col(np.broadcast_to(e_, d.shape)), 0.0)
+        return out + np.where(last, col(np.broadcast_to(hd, d.shape)), 0.0)
+
+    fwd = per_stage(dense.forward, moe.forward, emb.forward, head.forward)
+    bwd = per_stage(dense.backward, moe.backward, emb.backward, head.backward)
+    rec_full = rd * col(dense.forward) + rm * col(moe.forward)
+    rec_sel = per_stage(dense.selective, moe.selective)
+    recompute = np.where(mode == 2, rec_full, np.where(mode == 1, rec_sel, 0.0))
+    rec_layers = np.where(mode == 2, rd + rm, 0.0)
+
+    tp_comm = per_stage(tp_pass + tp_dense_b, tp_pass + tp_moe_b, tp_emb, tp_head) \
+        + rec_layers * col(tp_pass)
+    tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
+        + rec_layers * col(tp_pass)
+    cp_comm = per_stage(cp_f_dense + cp_b_dense, cp_f_moe + cp_b_moe)
+    cp_total = per_stage(cp_total_layer, cp_total_layer)
+    ep_comm = nm * col(2 * a2a) + rm * col(a2a) * (mode == 2)
+    fsdp_comm = per_stage(fs_f_dense + fs_b_dense, fs_f_moe + fs_b_moe) + col(fs_edges) * valid
+    fsdp_total = per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe)
+
+    # Pipeline send/receive, twice per micro-batch per model chunk.
+    scatter_gather = fw == "megatron"
+    p2p_bytes = np.where(sp | scatter_gather, act / tp, act)
+    p2p = topo.p2p(p2p_bytes, tp * cp * dp)
+    if scatter_gather:
+        p2p = p2p + np.where(sp, 0.0, topo.all_gather(act, tp, 1.0))
+    pp_comm = col(np.where(pp > 1, 2 * v * p2p, 0.0)) * valid
+
+    stage_time = fwd + bwd + recompute + tp_comm + cp_comm + ep_comm + fsdp_comm + pp_comm
+    stage_time = np.where(valid, stage_time, 0.0)
+
+    # ---- pipeline makespan ----------------------------------------------------------------
+    t_max = stage_time.max(axis=1)
+    b = np.argmax(stage_time, axis=1)
+    rows = np.arange(a.rows)
+    fill = (stage_time * count).sum(axis=1) - t_max
+    fwd_share = fwd[rows, b] / np.maximum(fwd[rows, b] + bwd[rows, b], 1e-30)
+    sched = a.schedule
+    bubble = np.where(sched == 1, fill / v, np.where(sched == 3, fill * fwd_share, fill))
+    pipeline = m * t_max + bubble
+
+    # ---- after the last backward: gradient sync, parameter gather, optimizer, offload -----
+    dense_params = mem.layer_params - mem.expert_params + mem.embedding_params
+    exp_params = mem.expert_params
+    dpcp = col(dp * cp)
+    zc, zec = col(z), col(z_exp)
+    tpc, epc = col(tp), col(ep)
+    zero_c = zero[:, None]
+    all_reduce = topo.all_reduce(g_b * dense_params, dpcp, tpc)
+    rs_then_ar = (topo.reduce_scatter(g_b * dense_params, zc, tpc)
+                  + topo.all_reduce(g_b * dense_params / zc, dpcp / zc, tpc * zc))
+    if model.is_moe:
+        all_reduce = all_reduce + topo.all_reduce(g_b * exp_params, dpcp / epc, tpc * epc)
+        rs_then_ar = (rs_then_ar + topo.reduce_scatter(g_b * exp_params, zec, tpc * epc)
+                      + topo.all_reduce(g_b * exp_params / zec, dpcp / epc / zec,
+                                        tpc * epc * zec))
+    grad_sync = np.where(zero_c == 0, all_reduce,
+                         np.where((zero_c == 1) | ((zero_c == 2) & (fw == "megatron")),
+                                  rs_then_ar, 0.0))
+    if fw == "megatron":
+        mg = soft["megatron"]
+        bucket_params = np.maximum(float(mg["ddp_bucket_min_params"]),
+                                   float(mg["ddp_bucket_params_per_dp_rank"]) * dpcp)
+        bucket = np.where(stage == 0, bucket_params / np.maximum(dense_params + exp_params, 1.0),
+                          1.0)
+    elif fw == "deepspeed":
+        bucket = float(soft["deepspeed"]["reduce_bucket_size"]) \
+            / np.maximum(dense_params + exp_params, 1.0)
+    else:
+        key = "ddp_bucket_cap_mib" if fw == "torchtitan" else "bucket_cap_mib"
+        cap = float(soft[fw if fw == "torchtitan" else "torch_ddp"][key]) * 1024**2
+        bucket = cap / np.maximum(g_b * (dense_params + exp_params), 1.0)
+    bucket = np.minimum(bucket, 1.0)
+    last_backward = bwd + recompute
+    if job.overlap_grad_reduce:
+        grad_exposed = np.maximum(grad_sync - last_backward, grad_sync * bucket)
+    else:
+        grad_exposed = grad_sync
+    gather_after = topo.all_gather(w_b * dense_params, zc, tpc)
+    if model.is_moe:
+        gather_after = gather_after + topo.all_gather(w_b * exp_params, zec, tpc * epc)
+    gather_after = np.where((zero_c == 1) | ((zero_c == 2) & (fw == "deepspeed")),
+                            gather_after, 0.0)
+    if fw == "megatron" and job.overlap_grad_reduce:
+        gather_exposed = _overlap(gather_after, fwd)
+    else:
+        gather_exposed = gather_after
+
+    # Optimizer: reads master weights, gradients and states, writes master weights and states
+    # and the low-precision weights (torchtitan: fp32 parameters are the master copy), and
+    # reads the gradients once more for the global norm; memory-bound.
+    shard_o = np.where(zero_c >= 1, 1.0, 0.0)
+    local = dense_params / np.where(shard_o > 0, zc, 1.0) + exp_params / np.where(
+        shard_o > 0, zec, 1.0)
+    per_param = 2 * o_b + 2 * g_b + (2 * w_b if fw == "torchtitan" else w_b)
+    gpu_opt = local * per_param / (gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory)
+    host_soft = soft["host"]
+    rate = float(host_soft["deepspeed_cpu_adam_params_per_s" if fw == "deepspeed"
+                           else "torch_cpu_adam_params_per_s"]) / cluster.gpus_per_node
+    off = a.offload[:, None]
+    cpu_opt = local / rate
+    d2h = g_b * local / host_bw
+    h2d = w_b * local / host_bw
+    d2h_exposed = _overlap(d2h, last_backward) if job.overlap_grad_reduce else d2h
+    optimizer = np.where(off >= 1, 0.0, gpu_opt)
+    offload = np.where(off >= 1, cpu_opt + h2d + np.where(off == 1, d2h_exposed, 0.0), 0.0)
+    post = np.where(valid, grad_exposed + gather_exposed + optimizer + offload, 0.0)
+    q = np.argmax(post, axis=1)
+    step = pipeline + post[rows, q]
+
+    def at(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(x, stage_time.shape)[rows, idx]
+
+    terms = {
+        "compute": m * at(fwd + bwd, b),
+        "recompute": m * at(recompute, b),
+        "tp_comm": m * at(tp_comm, b),
+        "cp_comm": m * at(cp_comm, b),
+        "ep_comm": m * at(ep_comm, b),
+        "pp_comm": m * at(pp_comm, b),
+        "fsdp_comm": m * at(fsdp_comm, b),
+        "dp_comm": at(grad_exposed + gather_exposed, q),
+        "bubble": bubble,
+        "optimizer": at(optimizer, q),
+        "offload": at(offload, q),
+    }
+    comm_total = {
+        "tp": m * at(tp_total, b),
+        "cp": m * at(cp_total, b),
+        "ep": m * at(nm * col(2 * a2a) + rm * col(a2a) * (mode == 2), b),
+        "pp": m * at(pp_comm, b),
+        "fsdp": m * at(fsdp_total, b),
+        "dp": at(grad_sync + gather_after, q),
+    }
+
+    # FLOPs of the step over all GPUs; recompute adds the forward of what it re-runs.
+    mf = model_flops_per_token(model, job.seq_len) * job.tokens_per_step
+    rec_flops = np.where(mode == 2, rd * col(dense.forward_flops) + rm * col(moe.forward_flops),
+                         np.where(mode == 1, per_stage(dense.selective_flops,
+                                                       moe.selective_flops), 0.0))
+    rec_total = m * (rec_flops * count).sum(axis=1) * tp * dp * cp
+    return TimeTable(
+        step_time=step,
+        terms=terms,
+        comm_total=comm_total,
+        stage_time=stage_time,
+        bottleneck_stage=b,
+        model_flops=float(mf),
+        hardware_flops=mf + rec_total,
+    )

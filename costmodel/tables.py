@@ -1,0 +1,94 @@
+"""The cost model over a whole table of configurations, per row: what the search reads.
+
+``evaluate`` runs ``memory_table`` and ``time_table`` (the same code ``estimate()`` runs on a
+table of one) in chunks of rows that fit in cache; with the representative stage columns of
+``ConfigArrays.uniform_stages`` the per-stage arrays are at most four wide whatever the
+pipeline degree.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from costmodel.config import Job
+from costmodel.hardware import Cluster
+from costmodel.memory import ConfigArrays, memory_table
+from costmodel.model import ModelSpec
+from costmodel.steptime import TIME_TERMS, time_table
+
+__all__ = ["CostTable", "evaluate", "take"]
+
+CHUNK_ROWS = 32768
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Per-row results: peak memory per GPU (bytes) and its stage, step time (s) and its terms
+    (``terms[name]``, seconds, summing to ``step_time``), model FLOPs of a step (all GPUs)."""
+
+    peak_memory: np.ndarray
+    peak_stage: np.ndarray
+    step_time: np.ndarray
+    terms: dict[str, np.ndarray]
+    model_flops: float
+
+
+def take(a: ConfigArrays, rows: np.ndarray, width: int | None = None) -> ConfigArrays:
+    """The sub-table of ``rows``, its stage columns cut to the first ``width`` (which must
+    hold every existing stage column of those rows)."""
+    cols = {f.name: getattr(a, f.name)[rows] for f in fields(a)}
+    if width is not None:
+        for key in ("stage_layers", "stage_index", "stage_count", "stage_start"):
+            cols[key] = cols[key][:, :width]
+    return ConfigArrays(**cols)
+
+
+def _chunks(width: np.ndarray, chunk_rows: int) -> list[tuple[int, np.ndarray]]:
+    """Row chunks of at most ``chunk_rows`` rows sharing a stage-column width."""
+    out = []
+    for w in np.unique(width):
+        idx = np.flatnonzero(width == w)
+        out += [(int(w), idx[i:i + chunk_rows]) for i in range(0, len(idx), chunk_rows)]
+    return out
+
+
+def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
+             chunk_rows: int = CHUNK_ROWS, threads: int | None = None) -> CostTable:
+    """Memory and step time of every row of ``a`` (rows assumed valid).
+
+    ``threads``: worker threads over the chunks (default: one per CPU core).
+    """
+    n = a.rows
+    peak = np.empty(n)
+    peak_stage = np.empty(n, dtype=np.int64)
+    step = np.empty(n)
+    terms = {t: np.empty(n) for t in TIME_TERMS}
+    width = (a.stage_count > 0).sum(axis=1)
+
+    def run(chunk: tuple[int, np.ndarray]) -> float:
+        w, rows = chunk
+        sub = take(a, rows, w)
+        mem = memory_table(model, cluster, job, sub)
+        tt = time_table(model, cluster, job, sub, mem)
+        # Each chunk writes its own rows of the outputs.
+        peak[rows] = mem.peak
+        peak_stage[rows] = np.take_along_axis(sub.stage_index, mem.peak_stage[:, None], 1)[:, 0]
+        step[rows] = tt.step_time
+        for t in TIME_TERMS:
+            terms[t][rows] = tt.terms[t]
+        return tt.model_flops
+
+    chunks = _chunks(width, chunk_rows)
+    workers = min(len(chunks), max(1, threads if threads is not None else os.cpu_count() or 1))
+    if workers > 1:
+        # numpy releases the GIL inside its loops, so chunks run in parallel on threads.
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            flops = list(pool.map(run, chunks))
+    else:
+        flops = [run(c) for c in chunks]
+    return CostTable(peak_memory=peak, peak_stage=peak_stage, step_time=step, terms=terms,
+                     model_flops=flops[0] if flops else 0.0)

@@ -1,0 +1,236 @@
+"""Step-time model: formulas against their sources, properties, and the two paths agreeing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
+from costmodel.comm import Topology
+from costmodel.compute import layer_compute
+from costmodel.hardware import Link
+from costmodel.memory import ConfigArrays, memory_table
+from costmodel.published import eq3_flops
+from costmodel.steptime import TIME_TERMS, model_flops_per_token
+from costmodel.tables import evaluate
+
+GPT3 = ModelSpec.preset("gpt3-175b")
+LLAMA = ModelSpec.preset("llama-3-8b")
+MIXTRAL = ModelSpec.preset("mixtral-8x7b")
+H100 = Cluster.preset("dgx-h100", num_nodes=4)
+
+
+def test_eq3_is_narayanan_2021_equation_3() -> None:
+    # Narayanan et al. 2021, Eq. 3: 96 B s l h^2 (1 + s / 6h + V / 16lh), by hand for the
+    # GPT-3 175B shape with the paper's padded vocabulary V = 51200, B = 1536, s = 2048.
+    model = dataclasses.replace(GPT3, vocab_size=51200)
+    job = Job(global_batch_size=1536, seq_len=2048)
+    by_hand = 96 * 1536 * 2048 * 96 * 12288**2 * (1 + 2048 / 73728 + 51200 / 18874368)
+    assert eq3_flops(model, job) == pytest.approx(by_hand, rel=1e-12)
+    # Its leading term is 6 x (parameters) x (tokens) x 4/3 for the recomputed forward.
+    assert eq3_flops(model, job) == pytest.approx(
+        8 * model.num_params() * 1536 * 2048, rel=0.05)
+
+
+def test_model_flops_follow_palm_appendix_b() -> None:
+    # PaLM (Chowdhery et al. 2022) App. B: 6N + 12 L H Q T per token. GPT-3 175B with tied
+    # embeddings: N counts the word embedding once (it is the output layer's matmul) and not
+    # the learned positions (a lookup).
+    n = GPT3.num_params() - GPT3.max_position_embeddings * GPT3.hidden_size
+    expected = 6 * n + 12 * 96 * 12288 * 2048
+    assert model_flops_per_token(GPT3, 2048) == pytest.approx(expected, rel=1e-12)
+    # Mixtral: only the top-2 of 8 experts count.
+    assert model_flops_per_token(MIXTRAL, 4096) < 6 * MIXTRAL.num_params() / 2
+
+
+@pytest.mark.parametrize("model", [GPT3, LLAMA, MIXTRAL], ids=lambda m: m.name)
+@pytest.mark.parametrize("flash", [True, False])
+def test_flops_summed_over_a_tp_group_equal_the_unsharded_flops(model: ModelSpec,
+                                                                flash: bool) -> None:
+    job = Job(global_batch_size=8, seq_len=2048, flash_attention=flash)
+    tp = np.array([1, 2, 4, 8])
+    one = np.ones_like(tp)
+    # With sequence parallel every rank routes its own tokens; without it a MoE router runs
+    # on all tokens of every TP rank (replicated work, as in Megatron-LM).
+    sp = (tp > 1).astype(np.int64)
+    lc = layer_compute(model, H100.gpu, job, tp, one, 2 * one, sp, moe=model.is_moe, ep=one)
+    total = lc.flops * tp
+    assert total == pytest.approx(np.full(4, total[0]), rel=1e-12)
+    # Backward matmuls cost twice the forward (Narayanan et al. 2021, Sec. 5.1).
+    if not flash:
+        assert lc.flops == pytest.approx(3 * lc.forward_flops, rel=1e-12)
+
+
+def test_ring_collectives_inside_a_node_follow_the_textbook_formula() -> None:
+    topo = Topology.of(H100)
+    link = H100.intra_node_link
+    s = 1e9
+    base = topo.base_lat
+    ring = 2 * 7 / 8 * s / link.achieved_bytes_per_s + 2 * 7 * link.latency_s + base
+    assert float(topo.all_reduce(s, 8, 1)) == pytest.approx(ring, rel=1e-12)
+    ag = 7 / 8 * s / link.achieved_bytes_per_s + 7 * link.latency_s + base
+    assert float(topo.all_gather(s, 8, 1)) == pytest.approx(ag, rel=1e-12)
+    assert float(topo.all_reduce(s, 1, 1)) == 0.0
+
+
+def test_a_group_across_nodes_is_limited_by_the_nics() -> None:
+    topo = Topology.of(H100)
+    # Data parallel across 4 nodes with tp = 8 inside: one rank per node, one NIC each.
+    across = float(topo.all_gather(1e9, 4, 8))
+    nic = H100.inter_node_link.achieved_bytes_per_s
+    assert across == pytest.approx(3 / 4 * 1e9 / nic + 3 * H100.inter_node_link.latency_s
+                                   + topo.base_lat, rel=1e-12)
+    # The same group inside one node is faster.
+    assert float(topo.all_gather(1e9, 4, 1)) < across
+
+
+def _job(gbs: int = 64, fw: str = "megatron", seq: int = 2048) -> Job:
+    return Job(global_batch_size=gbs, seq_len=seq, framework=fw)
+
+
+CONFIGS = [
+    ParallelConfig(dp=4, tp=8, zero_stage=1, sequence_parallel=True, recompute="selective"),
+    ParallelConfig(dp=2, tp=4, pp=4, micro_batch_size=2, recompute="full"),
+    ParallelConfig(dp=1, tp=8, pp=4, virtual_pipeline_stages=2, sequence_parallel=True),
+    ParallelConfig(dp=32, zero_stage=3, recompute="full"),
+    ParallelConfig(dp=8, tp=2, pp=2, cp=1, zero_stage=0),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_breakdown_sums_to_the_step_and_flops_rates_are_consistent(cfg: ParallelConfig) -> None:
+    est = estimate(LLAMA, H100, _job(), cfg)
+    parts = sum(est.time_breakdown_s[t] for t in TIME_TERMS)
+    assert parts == pytest.approx(est.step_time_s, rel=1e-12)
+    assert est.tokens_per_s == pytest.approx(64 * 2048 / est.step_time_s)
+    assert 0 < est.mfu <= est.hfu < 1
+    for kind in ("tp", "cp", "ep", "pp", "fsdp", "dp"):
+        assert est.time_breakdown_s[f"{kind}_comm"] <= est.time_breakdown_s[f"{kind}_comm_total"] \
+            + 1e-12
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_pp_1_has_no_bubble_and_more_micro_batches_shrink_its_fraction(
+        cfg: ParallelConfig) -> None:
+    fractions = []
+    for gbs in (64, 128, 256):
+        est = estimate(LLAMA, H100, _job(gbs), cfg)
+        if cfg.pp == 1:
+            assert est.time_breakdown_s["bubble"] == 0.0
+        fractions.append(est.time_breakdown_s["bubble"] / est.step_time_s)
+    assert fractions == sorted(fractions, reverse=True)
+
+
+def test_interleaving_and_zero_bubble_shrink_the_bubble() -> None:
+    # Narayanan et al. 2021, Sec. 2.2.2: the interleaved bubble is 1/v of 1F1B's; ZB-H1 keeps
+    # only the forward part of it (Qi et al. 2024).
+    job = _job(32, "torchtitan")
+    plain = estimate(LLAMA, H100, job, ParallelConfig(dp=1, tp=8, pp=4))
+    inter = estimate(LLAMA, H100, job, ParallelConfig(dp=1, tp=8, pp=4,
+                                                      virtual_pipeline_stages=2))
+    zb = estimate(LLAMA, H100, job, ParallelConfig(dp=1, tp=8, pp=4,
+                                                   pipeline_schedule="zero-bubble"))
+    b = plain.time_breakdown_s["bubble"]
+    assert inter.time_breakdown_s["bubble"] < 0.6 * b
+    assert zb.time_breakdown_s["bubble"] < 0.5 * b
+
+
+def _faster(cluster: Cluster, factor: float) -> Cluster:
+    def scale(link: Link) -> Link:
+        return dataclasses.replace(link, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s
+                                   * factor)
+    return dataclasses.replace(cluster, intra_node_link=scale(cluster.intra_node_link),
+                               inter_node_link=scale(cluster.inter_node_link))
+
+
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> tuple[ParallelConfig, Job]:
+    fw = draw(st.sampled_from(["megatron", "deepspeed", "torchtitan"]))
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    pp = draw(st.sampled_from([p for p in (1, 2, 4) if tp * p <= 16]))
+    cp = draw(st.sampled_from([c for c in (1, 2) if tp * pp * c <= 32]))
+    dp = 32 // (tp * pp * cp)
+    zeros = {"megatron": (0, 1, 3), "deepspeed": (0, 1, 2, 3), "torchtitan": (0, 2, 3)}[fw]
+    if pp > 1:
+        zeros = tuple(z for z in zeros if z in {"megatron": (0, 1), "deepspeed": (0, 1),
+                                                "torchtitan": (0, 2, 3)}[fw])
+    zero = draw(st.sampled_from(zeros))
+    mbs = draw(st.sampled_from([1, 2]))
+    v = draw(st.sampled_from([1, 2])) if pp > 1 and fw != "deepspeed" else 1
+    cfg = ParallelConfig(
+        dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, micro_batch_size=mbs,
+        sequence_parallel=tp > 1 and draw(st.booleans()), virtual_pipeline_stages=v,
+        recompute=draw(st.sampled_from(["none", "selective", "full"])))
+    job = Job(global_batch_size=dp * mbs * draw(st.sampled_from([1, 4, 8])), seq_len=4096,
+              framework=fw, overlap_grad_reduce=draw(st.booleans()))
+    return cfg, job
+
+
+@SETTINGS
+@given(configs(), st.sampled_from([1.5, 4.0]))
+def test_more_bandwidth_never_raises_step_time(drawn: tuple, factor: float) -> None:
+    cfg, job = drawn
+    slow = estimate(LLAMA, H100, job, cfg)
+    fast = estimate(LLAMA, _faster(H100, factor), job, cfg)
+    assert fast.step_time_s <= slow.step_time_s * (1 + 1e-12)
+
+
+@SETTINGS
+@given(st.lists(configs(), min_size=1, max_size=6))
+def test_scalar_estimate_equals_the_vectorized_table_exactly(drawn: list) -> None:
+    job = dataclasses.replace(drawn[0][1], global_batch_size=256)  # divisible by every dp*mbs
+    cfgs = [c for c, j in drawn if j.framework == job.framework]
+    ests = [estimate(LLAMA, H100, job, c) for c in cfgs]
+    table = evaluate(LLAMA, H100, job, ConfigArrays.from_configs(LLAMA, cfgs, all_stages=False))
+    for i, est in enumerate(ests):
+        assert table.step_time[i] == est.step_time_s
+        assert table.peak_memory[i] == est.peak_memory_bytes
+        assert int(table.peak_stage[i]) == est.peak_stage
+
+
+@SETTINGS
+@given(configs())
+def test_representative_stage_columns_equal_every_stage(drawn: tuple) -> None:
+    cfg, job = drawn
+    rep = ConfigArrays.from_configs(LLAMA, [cfg], all_stages=False)
+    full = ConfigArrays.from_configs(LLAMA, [cfg])
+    assert rep.stage_layers.shape[1] <= 4
+    a, b = evaluate(LLAMA, H100, job, rep), evaluate(LLAMA, H100, job, full)
+    assert a.peak_memory[0] == b.peak_memory[0]
+    assert a.step_time[0] == pytest.approx(b.step_time[0], rel=1e-12)
+    assert memory_table(LLAMA, H100, job, full).num_layers.sum() == LLAMA.num_layers
+
+
+def test_stage_imbalance_from_the_lm_head_sets_the_bottleneck() -> None:
+    # Llama-3-8B's 128k-vocabulary head makes the last stage the slowest of an even split.
+    est = estimate(LLAMA, H100, _job(64, "torchtitan"), ParallelConfig(dp=4, tp=2, pp=4))
+    assert est.bottleneck_stage == 3
+    lighter = estimate(LLAMA, H100, _job(64, "torchtitan"),
+                       ParallelConfig(dp=4, tp=2, pp=4, stage_layers=(9, 8, 8, 7)))
+    assert lighter.step_time_s < est.step_time_s
+
+
+def test_offload_and_fsdp_terms_appear_where_they_should() -> None:
+    job = _job(64, "deepspeed")
+    off = estimate(LLAMA, H100, job, ParallelConfig(dp=32, zero_stage=2, offload="optimizer"))
+    on_gpu = estimate(LLAMA, H100, job, ParallelConfig(dp=32, zero_stage=2))
+    assert off.time_breakdown_s["offload"] > 0 and off.time_breakdown_s["optimizer"] == 0
+    assert on_gpu.time_breakdown_s["optimizer"] > 0 and on_gpu.time_breakdown_s["offload"] == 0
+    z3 = estimate(LLAMA, H100, job, ParallelConfig(dp=32, zero_stage=3))
+    assert z3.time_breakdown_s["fsdp_comm_total"] > 0
+
+
+def test_expert_parallel_all_to_all_is_counted() -> None:
+    job = _job(64, "megatron", 4096)
+    est = estimate(MIXTRAL, H100, job, ParallelConfig(dp=8, tp=4, ep=8, zero_stage=1))
+    assert est.time_breakdown_s["ep_comm"] > 0
+    assert estimate(MIXTRAL, H100, job, ParallelConfig(dp=8, tp=4, zero_stage=1)
+                    ).time_breakdown_s["ep_comm"] == 0
