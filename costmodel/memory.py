@@ -348,6 +348,17 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
     }
 
 
+def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parameters one GPU holds of (a dense layer, a MoE layer's non-expert part, its routed
+    experts): matrices split over tp (Megatron-LM column/row parallel), the two norms
+    replicated, experts further split over ep."""
+    norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
+    dense = (model.dense_layer_params() - 2 * norm) / tp + 2 * norm
+    moe = (model.moe_layer_non_expert_params() - 2 * norm) / tp + 2 * norm
+    return dense, moe, model.routed_expert_params() / (tp * ep)
+
+
 def stage_layout(model: ModelSpec, a: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
     """Layers and MoE layers per pipeline rank ``[rows, P]``.
 
@@ -392,9 +403,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
     layers, moe_layers = stage_layout(model, a)
     dense_layers = layers - moe_layers
-    dense_local = (model.dense_layer_params() - 2 * norm) / tp + 2 * norm
-    moe_local = (model.moe_layer_non_expert_params() - 2 * norm) / tp + 2 * norm
-    expert_local = model.routed_expert_params() / (tp * ep)
+    dense_local, moe_local, expert_local = layer_params_per_gpu(model, tp, ep)
     layer_params = dense_layers * dense_local + moe_layers * moe_local
     expert_params = moe_layers * expert_local
     # Vocabulary-parallel embedding and LM head (Megatron-LM, torchtitan): V*h/t each; learned

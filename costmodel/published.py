@@ -201,8 +201,7 @@ def compare(runs: list[PublishedRun], gpu: GPU | None = None) -> list[Comparison
     for run in runs:
         cluster = run.cluster
         if gpu is not None and cluster.gpu.name == gpu.name:
-            cluster = replace(cluster, gpu=gpu, intra_node_link=cluster.intra_node_link,
-                              inter_node_link=cluster.inter_node_link)
+            cluster = replace(cluster, gpu=gpu)
         est = estimate(run.model, cluster, run.job, run.config)
         out.append(Comparison(run=run, estimate=est, predicted=_predict(run, est),
                               measured=run.measured))

@@ -61,7 +61,7 @@ from costmodel.comm import Topology
 from costmodel.compute import layer_compute, lm_head_compute
 from costmodel.config import Job
 from costmodel.hardware import Cluster, Link
-from costmodel.memory import ConfigArrays, MemoryTable, state_bytes
+from costmodel.memory import ConfigArrays, MemoryTable, layer_params_per_gpu, state_bytes
 from costmodel.model import ModelSpec
 
 __all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "model_flops_per_token", "time_table"]
@@ -188,14 +188,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     ag_fwd = (zero == 3) | ((zero == 2) & (fw == "torchtitan"))
     ag_bwd = zero == 3
     rs_each = (zero == 3) | ((zero == 2) & (fw in ("torchtitan", "deepspeed")))
-    norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
-    dense_local = (model.dense_layer_params() - 2 * norm) / tp + 2 * norm
-    if model.is_moe:
-        moe_local = (model.moe_layer_non_expert_params() - 2 * norm) / tp + 2 * norm
-        exp_local = model.routed_expert_params() / (tp * ep)
-    else:
-        moe_local = dense_local
-        exp_local = 0.0 * tp
+    dense_local, moe_local, exp_local = layer_params_per_gpu(model, tp, ep)
     host = Link.preset(gpu.host_link)
     host_bw = host.achieved_bytes_per_s
     params_offloaded = a.offload == 2
@@ -310,8 +303,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         bucket = float(soft["deepspeed"]["reduce_bucket_size"]) \
             / np.maximum(dense_params + exp_params, 1.0)
     else:
-        key = "ddp_bucket_cap_mib" if fw == "torchtitan" else "bucket_cap_mib"
-        cap = float(soft[fw if fw == "torchtitan" else "torch_ddp"][key]) * 1024**2
+        cap = float(soft["torchtitan"]["ddp_bucket_cap_mib"]) * 1024**2
         bucket = cap / np.maximum(g_b * (dense_params + exp_params), 1.0)
     bucket = np.minimum(bucket, 1.0)
     last_backward = bwd + recompute
@@ -332,9 +324,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     # Optimizer: reads master weights, gradients and states, writes master weights and states
     # and the low-precision weights (torchtitan: fp32 parameters are the master copy), and
     # reads the gradients once more for the global norm; memory-bound.
-    shard_o = np.where(zero_c >= 1, 1.0, 0.0)
-    local = dense_params / np.where(shard_o > 0, zc, 1.0) + exp_params / np.where(
-        shard_o > 0, zec, 1.0)
+    local = dense_params / zc + exp_params / zec  # the shard degree is 1 without ZeRO
     per_param = 2 * o_b + 2 * g_b + (2 * w_b if fw == "torchtitan" else w_b)
     gpu_opt = local * per_param / (gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory)
     host_soft = soft["host"]
@@ -370,7 +360,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     comm_total = {
         "tp": m * at(tp_total, b),
         "cp": m * at(cp_total, b),
-        "ep": m * at(nm * col(2 * a2a) + rm * col(a2a) * (mode == 2), b),
+        "ep": m * at(ep_comm, b),  # all of it is exposed
         "pp": m * at(pp_comm, b),
         "fsdp": m * at(fsdp_total, b),
         "dp": at(grad_sync + gather_after, q),

@@ -18,7 +18,7 @@ from costmodel.config import Job
 from costmodel.hardware import Cluster
 from costmodel.memory import ConfigArrays, memory_table
 from costmodel.model import ModelSpec
-from costmodel.steptime import TIME_TERMS, time_table
+from costmodel.steptime import TIME_TERMS, model_flops_per_token, time_table
 
 __all__ = ["CostTable", "evaluate", "take"]
 
@@ -69,7 +69,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     terms = {t: np.empty(n) for t in TIME_TERMS}
     width = (a.stage_count > 0).sum(axis=1)
 
-    def run(chunk: tuple[int, np.ndarray]) -> float:
+    def run(chunk: tuple[int, np.ndarray]) -> None:
         w, rows = chunk
         sub = take(a, rows, w)
         mem = memory_table(model, cluster, job, sub)
@@ -80,15 +80,15 @@ def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         step[rows] = tt.step_time
         for t in TIME_TERMS:
             terms[t][rows] = tt.terms[t]
-        return tt.model_flops
 
     chunks = _chunks(width, chunk_rows)
     workers = min(len(chunks), max(1, threads if threads is not None else os.cpu_count() or 1))
     if workers > 1:
         # numpy releases the GIL inside its loops, so chunks run in parallel on threads.
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            flops = list(pool.map(run, chunks))
+            list(pool.map(run, chunks))
     else:
-        flops = [run(c) for c in chunks]
+        for c in chunks:
+            run(c)
     return CostTable(peak_memory=peak, peak_stage=peak_stage, step_time=step, terms=terms,
-                     model_flops=flops[0] if flops else 0.0)
+                     model_flops=model_flops_per_token(model, job.seq_len) * job.tokens_per_step)
