@@ -83,7 +83,9 @@ class Estimate:
     """What a configuration costs. Memory in bytes per GPU; time fields in seconds.
 
     ``memory`` is the breakdown of the fullest GPU (stage ``peak_stage``), whose total is
-    ``peak_memory_bytes``; ``fits`` compares it with the GPU's capacity.
+    ``peak_memory_bytes``; ``fits`` compares it with the GPU's capacity, and what offload
+    keeps in host memory per GPU (``cpu_memory_bytes``) with the GPU's share of its node's
+    (``host_memory_capacity_bytes``).
 
     ``step_time_s``: seconds per optimizer step; ``tokens_per_s``: trained tokens per second
     for the whole job; ``model_tflops_per_gpu``: model FLOPs (PaLM App. B) per second per GPU,
@@ -110,11 +112,14 @@ class Estimate:
     hfu: float | None = None
     time_breakdown_s: dict[str, float] = field(default_factory=dict)
     bottleneck_stage: int | None = None
+    host_memory_capacity_bytes: float = float("inf")
 
     @property
     def fits(self) -> bool:
-        """Whether the fullest GPU's total fits its memory capacity."""
-        return self.peak_memory_bytes <= self.memory_capacity_bytes
+        """Whether the fullest GPU's total fits its memory, and offloaded states its share of
+        the node's host memory."""
+        return self.peak_memory_bytes <= self.memory_capacity_bytes and \
+            self.cpu_memory_bytes <= self.host_memory_capacity_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable dict (bytes and seconds, SI units)."""
@@ -127,6 +132,7 @@ class Estimate:
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "fits": self.fits,
             "memory_capacity_bytes": self.memory_capacity_bytes,
+            "host_memory_capacity_bytes": self.host_memory_capacity_bytes,
             "peak_stage": self.peak_stage,
             "num_micro_batches": self.num_micro_batches,
             "bottleneck_stage": self.bottleneck_stage,
@@ -232,4 +238,5 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
         hfu=float(times.hardware_flops[0]) / step / cluster.num_gpus / peak_flops,
         time_breakdown_s=breakdown,
         bottleneck_stage=int(rep.stage_index[0, times.bottleneck_stage[0]]),
+        host_memory_capacity_bytes=cluster.host_memory_bytes_per_gpu,
     )

@@ -40,6 +40,7 @@ class Framework:
     offloads: tuple[tuple[str, int], ...]  # (offload mode, least zero stage it needs)
     zero_with_pp: tuple[int, ...]  # ZeRO stages that combine with pipeline parallel
     param_shard_stage: int  # least ZeRO stage at which the stored parameters are sharded
+    hybrid_shard_stages: tuple[int, ...]  # ZeRO stages that may shard over part of dp (HSDP)
     gated_mlp_saved_widths: int  # ffn-wide tensors saved per gated MLP (fused 3, eager 4)
     note_zero: str
 
@@ -52,6 +53,8 @@ FRAMEWORKS: tuple[Framework, ...] = (
         offloads=(("none", 0), ("optimizer", 1)),
         zero_with_pp=(0, 1),
         param_shard_stage=3,
+        # --num-distributed-optimizer-instances: one distributed optimizer per DP sub-group.
+        hybrid_shard_stages=(1,),
         # Megatron's fused bias-SwiGLU saves the concatenated gate/up output (2 widths) and
         # the down-projection input (1 width).
         gated_mlp_saved_widths=3,
@@ -65,6 +68,9 @@ FRAMEWORKS: tuple[Framework, ...] = (
         offloads=(("none", 0), ("optimizer", 1), ("optimizer+params", 3)),
         zero_with_pp=(0, 1),
         param_shard_stage=3,
+        # MiCS (zero_optimization.mics_shard_size): ZeRO-3 inside a sub-group, replicated
+        # across sub-groups.
+        hybrid_shard_stages=(3,),
         # Eager SwiGLU: silu saves its input, the product saves silu(gate) and up, and the
         # down projection saves the product: 4 ffn-wide tensors.
         gated_mlp_saved_widths=4,
@@ -79,6 +85,8 @@ FRAMEWORKS: tuple[Framework, ...] = (
         # FSDP shards the stored fp32 parameters at "ZeRO-2" too; only the bf16 unsharded
         # copies are kept between forward and backward.
         param_shard_stage=2,
+        # HSDP: data_parallel_shard_degree x data_parallel_replicate_degree.
+        hybrid_shard_stages=(2, 3),
         gated_mlp_saved_widths=4,
         note_zero="torchtitan runs DDP (0), FSDP without resharding after forward (2) and "
         "FSDP (3); it has no ZeRO-1",

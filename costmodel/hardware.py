@@ -6,7 +6,7 @@ bytes/s, FLOP/s and seconds. GB here is decimal (1e9) for bandwidths, GiB binary
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import hardware_profiles
@@ -210,7 +210,8 @@ class Cluster:
 
     ``gpu`` and the links accept a profile name or an object. ``intra_node_link`` defaults to the
     GPU's own (NVLink generation or PCIe), ``inter_node_link`` to 400 Gb/s NDR InfiniBand, and
-    ``nics_per_node`` to one NIC per GPU.
+    ``nics_per_node`` to one NIC per GPU. ``host_memory_gib``: CPU memory per node, what
+    offload may fill (default ``[host] memory_gib_per_node`` of ``software.toml``).
     """
 
     gpu: GPU
@@ -219,6 +220,7 @@ class Cluster:
     intra_node_link: Link | str | None = None
     inter_node_link: Link | str | None = None
     nics_per_node: int | None = None
+    host_memory_gib: float | None = None
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -236,11 +238,42 @@ class Cluster:
         if not isinstance(nics, int) or nics < 1:
             raise SpecError(f"Cluster.nics_per_node must be a positive integer, got {nics!r}")
         object.__setattr__(self, "nics_per_node", nics)
+        host = self.host_memory_gib
+        if host is None:
+            host = float(hardware_profiles.load_software()["host"]["memory_gib_per_node"])
+        if isinstance(host, bool) or not isinstance(host, int | float) or host <= 0:
+            raise SpecError(f"Cluster.host_memory_gib must be a positive number, got {host!r}")
+        object.__setattr__(self, "host_memory_gib", float(host))
+
+    @property
+    def host_memory_bytes_per_gpu(self) -> float:
+        """CPU memory each GPU's share of its node holds, bytes."""
+        return float(self.host_memory_gib) * 1024**3 / self.gpus_per_node  # type: ignore[arg-type]
 
     @property
     def num_gpus(self) -> int:
         """Total GPUs: ``num_nodes * gpus_per_node``."""
         return self.num_nodes * self.gpus_per_node
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, the GPU and link profiles included (JSON-serializable), so a saved plan
+        re-estimates on the same numbers even after the shipped profiles change."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Cluster:
+        """The inverse of ``to_dict``."""
+        try:
+            gpu = dict(data["gpu"])
+            gpu["efficiency"] = KernelEfficiency(**gpu["efficiency"])
+            gpu["peak_flops_by_dtype"] = tuple((str(d), float(f)) for d, f in
+                                               gpu["peak_flops_by_dtype"])
+            return cls(**{**data, "gpu": GPU(**gpu),
+                          "intra_node_link": Link(**data["intra_node_link"]),
+                          "inter_node_link": Link(**data["inter_node_link"])})
+        except (KeyError, TypeError) as e:
+            raise SpecError(f"cluster record is malformed ({e}); save it with "
+                            "Cluster.to_dict()") from e
 
     @classmethod
     def preset(
@@ -267,4 +300,5 @@ class Cluster:
             intra_node_link=data.get("intra_node_link") if gpu is None else None,
             inter_node_link=data.get("inter_node_link"),
             nics_per_node=int(data["nics_per_node"]) if "nics_per_node" in data else None,
+            host_memory_gib=data.get("host_memory_gib"),
         )

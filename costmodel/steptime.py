@@ -79,7 +79,11 @@ class TimeTable:
     terms: the exposed part), summing to ``step_time``. ``comm_total[kind]`` is all the time
     that kind of communication takes on the critical GPU, overlapped or not. ``stage_time``
     ``[rows, P]`` is each stage's time per micro-batch; ``model_flops`` and ``hardware_flops``
-    count the whole step over all GPUs (hardware adds recompute).
+    count the whole step over all GPUs (hardware adds recompute). ``floor``: the pipeline's
+    time without ZeRO-3/FSDP communication and without what follows the last backward; a lower
+    bound on ``step_time`` of every configuration that differs from the row only in ZeRO stage,
+    sharding group and offload, or also in recompute when the row recomputes nothing (stage
+    times only grow with those, and the makespan and bubble grow with the stage times).
     """
 
     step_time: np.ndarray
@@ -89,6 +93,7 @@ class TimeTable:
     bottleneck_stage: np.ndarray
     model_flops: float
     hardware_flops: np.ndarray
+    floor: np.ndarray
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
@@ -272,8 +277,18 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     fill = (stage_time * count).sum(axis=1) - t_max
     fwd_share = fwd[rows, b] / np.maximum(fwd[rows, b] + bwd[rows, b], 1e-30)
     sched = a.schedule
-    bubble = np.where(sched == 1, fill / v, np.where(sched == 3, fill * fwd_share, fill))
+
+    def bubble_of(fill: np.ndarray, share: np.ndarray) -> np.ndarray:
+        return np.where(sched == 1, fill / v, np.where(sched == 3, fill * share, fill))
+
+    bubble = bubble_of(fill, fwd_share)
     pipeline = m * t_max + bubble
+    # The floor: the same without ZeRO-3/FSDP communication (the sum of the p - 1 smallest
+    # stage times grows with each of them; zero bubble takes the smallest forward share).
+    bare = np.where(valid, stage_time - fsdp_comm, 0.0)
+    bare_max = bare.max(axis=1)
+    share_min = np.where(valid, fwd / np.maximum(fwd + bwd, 1e-30), np.inf).min(axis=1)
+    floor = m * bare_max + bubble_of((bare * count).sum(axis=1) - bare_max, share_min)
 
     # ---- after the last backward: gradient sync, parameter gather, optimizer, offload -----
     dense_params = mem.layer_params - mem.expert_params + mem.embedding_params
@@ -380,4 +395,5 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         bottleneck_stage=b,
         model_flops=float(mf),
         hardware_flops=mf + rec_total,
+        floor=floor,
     )

@@ -16,7 +16,7 @@ import numpy as np
 
 from costmodel.config import Job
 from costmodel.hardware import Cluster
-from costmodel.memory import ConfigArrays, memory_table
+from costmodel.memory import ConfigArrays, MemoryTable, memory_table
 from costmodel.model import ModelSpec
 from costmodel.steptime import TIME_TERMS, model_flops_per_token, time_table
 
@@ -28,13 +28,19 @@ CHUNK_ROWS = 32768
 @dataclass(frozen=True)
 class CostTable:
     """Per-row results: peak memory per GPU (bytes) and its stage, step time (s) and its terms
-    (``terms[name]``, seconds, summing to ``step_time``), model FLOPs of a step (all GPUs)."""
+    (``terms[name]``, seconds, summing to ``step_time``), model FLOPs of a step (all GPUs),
+    ``cpu_memory``, what offload keeps in host memory per GPU (bytes), and ``floor``, a lower
+    bound on the step time (``costmodel.steptime.TimeTable.floor``).
+    Rows over the memory capacity given to ``evaluate`` have ``inf`` times and ``nan`` terms.
+    """
 
     peak_memory: np.ndarray
     peak_stage: np.ndarray
     step_time: np.ndarray
     terms: dict[str, np.ndarray]
     model_flops: float
+    floor: np.ndarray
+    cpu_memory: np.ndarray
 
 
 def take(a: ConfigArrays, rows: np.ndarray, width: int | None = None) -> ConfigArrays:
@@ -47,6 +53,15 @@ def take(a: ConfigArrays, rows: np.ndarray, width: int | None = None) -> ConfigA
     return ConfigArrays(**cols)
 
 
+def _take_memory(mem: MemoryTable, rows: np.ndarray) -> MemoryTable:
+    """The rows ``rows`` of a memory table."""
+    cols = {}
+    for f in fields(mem):
+        x = getattr(mem, f.name)
+        cols[f.name] = {k: v[rows] for k, v in x.items()} if isinstance(x, dict) else x[rows]
+    return MemoryTable(**cols)
+
+
 def _chunks(width: np.ndarray, chunk_rows: int) -> list[tuple[int, np.ndarray]]:
     """Row chunks of at most ``chunk_rows`` rows sharing a stage-column width."""
     out = []
@@ -57,27 +72,41 @@ def _chunks(width: np.ndarray, chunk_rows: int) -> list[tuple[int, np.ndarray]]:
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
-             chunk_rows: int = CHUNK_ROWS, threads: int | None = None) -> CostTable:
+             chunk_rows: int = CHUNK_ROWS, threads: int | None = None,
+             capacity: float | None = None, host_capacity: float = np.inf) -> CostTable:
     """Memory and step time of every row of ``a`` (rows assumed valid).
 
-    ``threads``: worker threads over the chunks (default: one per CPU core).
+    ``threads``: worker threads over the chunks (default: one per CPU core). ``capacity``
+    (bytes per GPU): rows whose peak memory exceeds it, or whose offloaded states exceed
+    ``host_capacity`` (host bytes per GPU), are not timed.
     """
     n = a.rows
     peak = np.empty(n)
     peak_stage = np.empty(n, dtype=np.int64)
-    step = np.empty(n)
-    terms = {t: np.empty(n) for t in TIME_TERMS}
+    cpu = np.empty(n)
+    step = np.full(n, np.inf)
+    floor = np.full(n, np.inf)
+    terms = {t: np.full(n, np.nan) for t in TIME_TERMS}
     width = (a.stage_count > 0).sum(axis=1)
 
     def run(chunk: tuple[int, np.ndarray]) -> None:
         w, rows = chunk
         sub = take(a, rows, w)
         mem = memory_table(model, cluster, job, sub)
-        tt = time_table(model, cluster, job, sub, mem)
         # Each chunk writes its own rows of the outputs.
         peak[rows] = mem.peak
+        cpu[rows] = mem.cpu.max(axis=1)
         peak_stage[rows] = np.take_along_axis(sub.stage_index, mem.peak_stage[:, None], 1)[:, 0]
+        if capacity is not None:
+            fit = (mem.peak <= capacity) & (cpu[rows] <= host_capacity)
+            if not fit.any():
+                return
+            if not fit.all():
+                keep = np.flatnonzero(fit)
+                rows, sub, mem = rows[keep], take(sub, keep), _take_memory(mem, keep)
+        tt = time_table(model, cluster, job, sub, mem)
         step[rows] = tt.step_time
+        floor[rows] = tt.floor
         for t in TIME_TERMS:
             terms[t][rows] = tt.terms[t]
 
@@ -91,4 +120,5 @@ def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         for c in chunks:
             run(c)
     return CostTable(peak_memory=peak, peak_stage=peak_stage, step_time=step, terms=terms,
-                     model_flops=model_flops_per_token(model, job.seq_len) * job.tokens_per_step)
+                     model_flops=model_flops_per_token(model, job.seq_len) * job.tokens_per_step,
+                     floor=floor, cpu_memory=cpu)

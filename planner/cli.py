@@ -1,5 +1,5 @@
-"""Command line: ``planner estimate``, ``validate``, ``calibrate``, ``models``, ``gpus``,
-``clusters``.
+"""Command line: ``planner plan``, ``estimate``, ``validate``, ``calibrate``, ``models``,
+``gpus``, ``clusters``.
 
 Bad input prints one line naming what is wrong and exits with status 2, never a traceback.
 """
@@ -13,14 +13,16 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hardware_profiles
-from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
+from costmodel import Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.config import FRAMEWORK_NAMES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES
 from costmodel.hardware import GPU
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
+from planner.plan import plan
+from planner.space import PRESETS, Constraints
 
 GIB = 1024**3
 
@@ -31,6 +33,16 @@ EPILOG_ESTIMATE = """example:
       --virtual-stages 3
   planner estimate --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
       --global-batch-size 512 --seq-len 8192 --tp 8 --pp 4 --zero 1 --json
+"""
+
+
+EPILOG_PLAN = """examples:
+  planner plan --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
+      --global-batch-size 512 --seq-len 8192
+  planner plan --model gpt3-175b --cluster selene --num-nodes 128 \\
+      --global-batch-size 1536 --seq-len 2048 --framework megatron --max pp=16 --json
+  planner plan --model llama-3-8b --gpus 8 --global-batch-size 64 --seq-len 8192 \\
+      --preset fsdp -o plan.json
 """
 
 
@@ -69,6 +81,69 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     return Cluster(gpu=args.gpu or "h100-sxm", num_nodes=args.gpus // per_node,
                    gpus_per_node=per_node, intra_node_link=args.intra_node,
                    inter_node_link=args.inter_node)
+
+
+def _problem(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, Job]:
+    """The model, cluster and job the flags name."""
+    model = _model(args.model)
+    for flag in ("global_batch_size", "seq_len"):
+        if getattr(args, flag) is None:
+            raise SpecError(f"--{flag.replace('_', '-')} is required (e.g. "
+                            "--global-batch-size 512 --seq-len 8192)")
+    job = Job(global_batch_size=args.global_batch_size, seq_len=args.seq_len,
+              precision=args.precision, optimizer=args.optimizer, framework=args.framework,
+              flash_attention=not args.no_flash_attention,
+              overlap_grad_reduce=not args.no_overlap_grad_reduce,
+              moe_capacity_factor=args.moe_capacity_factor)
+    return model, _cluster(args), job
+
+
+def _constraints(args: argparse.Namespace) -> Constraints:
+    """Constraints from ``planner plan``'s flags: fixed fields, caps, preset, trainers."""
+    fixed: dict[str, object] = {}
+    for flag, key in (("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"),
+                      ("zero", "zero_stage"), ("micro_batch_size", "micro_batch_size"),
+                      ("schedule", "pipeline_schedule"),
+                      ("virtual_stages", "virtual_pipeline_stages"),
+                      ("recompute", "recompute"), ("offload", "offload")):
+        if getattr(args, flag) is not None:
+            fixed[key] = getattr(args, flag)
+    if args.sequence_parallel is not None:
+        fixed["sequence_parallel"] = args.sequence_parallel == "on"
+    caps: dict[str, int] = {}
+    for item in args.max:
+        key, _, value = item.partition("=")
+        key = {"zero": "zero_stage", "mbs": "micro_batch_size",
+               "v": "virtual_pipeline_stages"}.get(key.strip(), key.strip())
+        try:
+            caps[key] = int(value)
+        except ValueError:
+            raise SpecError(f"--max {item!r}: write FIELD=N with an integer N, e.g. tp=4") \
+                from None
+    frameworks = tuple(f.strip() for f in args.frameworks.split(",")) if args.frameworks \
+        else None
+    own = Constraints(fixed=fixed, max=caps, frameworks=frameworks)
+    return Constraints.preset(args.preset).merge(own) if args.preset else own
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``planner plan``: the fastest configuration that fits."""
+    model, cluster, job = _problem(args)
+    result = plan(model, cluster, job, constraints=_constraints(args), top_k=args.top_k)
+    if args.output:
+        result.to_json(args.output)
+    if args.json:
+        print(result.to_json())
+        return 0
+    print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters; "
+          f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; "
+          f"{job.global_batch_size} x {job.seq_len} tokens, {job.precision}")
+    print(result.summary(rows=args.why))
+    print()
+    print(_estimate_report(model, cluster, result.job, result.estimate))
+    if args.output:
+        print(f"\nplan written to {args.output}")
+    return 0
 
 
 def _config(args: argparse.Namespace, cluster: Cluster) -> ParallelConfig:
@@ -150,13 +225,7 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     """``planner estimate``: memory of one configuration."""
-    model = _model(args.model)
-    cluster = _cluster(args)
-    job = Job(global_batch_size=args.global_batch_size, seq_len=args.seq_len,
-              precision=args.precision, optimizer=args.optimizer, framework=args.framework,
-              flash_attention=not args.no_flash_attention,
-              overlap_grad_reduce=not args.no_overlap_grad_reduce,
-              moe_capacity_factor=args.moe_capacity_factor)
+    model, cluster, job = _problem(args)
     cfg = _config(args, cluster)
     est = estimate(model, cluster, job, cfg)
     if args.json:
@@ -308,9 +377,43 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     return 0
 
 
+def _common_args(p: argparse.ArgumentParser) -> None:
+    """--model, the cluster and the job: shared by ``estimate`` and ``plan``."""
+    p.add_argument("--model", required=True,
+                   help="preset name (see 'planner models') or a Hugging Face config.json path")
+    hw = p.add_argument_group("cluster")
+    hw.add_argument("--cluster", help="cluster preset ('planner clusters') or a TOML file")
+    hw.add_argument("--num-nodes", type=int, help="nodes of the cluster preset to use")
+    hw.add_argument("--gpus", type=int, help="total GPUs (short form, with --gpu)")
+    hw.add_argument("--gpu", help="GPU profile name ('planner gpus'); default h100-sxm")
+    hw.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
+    hw.add_argument("--intra-node", help="link inside a node (default: the GPU's own)")
+    hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)")
+    jb = p.add_argument_group("job")
+    jb.add_argument("--global-batch-size", type=int, help="sequences per step (required)")
+    jb.add_argument("--seq-len", type=int, help="tokens per sequence (required)")
+    jb.add_argument("--precision", default="bf16", choices=PRECISIONS)
+    jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    jb.add_argument("--framework", default="torchtitan", choices=FRAMEWORK_NAMES,
+                    help="trainer whose conventions to follow (default torchtitan)")
+    jb.add_argument("--no-flash-attention", action="store_true",
+                    help="attention saves its score matrix (no fused kernel)")
+    jb.add_argument("--no-overlap-grad-reduce", action="store_true",
+                    help="gradients are reduced after the backward pass, not overlapped with it")
+    jb.add_argument("--moe-capacity-factor", type=float,
+                    help="expert capacity factor (default: dropless, even routing)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``planner: error: ...`` and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``planner`` command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="planner",
         description="Auto-parallel planner: how to split training of a large model, and "
         "whether it fits in memory.",
@@ -324,29 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
         "configuration.",
         epilog=EPILOG_ESTIMATE, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    est.add_argument("--model", required=True,
-                     help="preset name (see 'planner models') or a Hugging Face config.json path")
-    hw = est.add_argument_group("cluster")
-    hw.add_argument("--cluster", help="cluster preset ('planner clusters') or a TOML file")
-    hw.add_argument("--num-nodes", type=int, help="nodes of the cluster preset to use")
-    hw.add_argument("--gpus", type=int, help="total GPUs (short form, with --gpu)")
-    hw.add_argument("--gpu", help="GPU profile name ('planner gpus'); default h100-sxm")
-    hw.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
-    hw.add_argument("--intra-node", help="link inside a node (default: the GPU's own)")
-    hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)")
-    jb = est.add_argument_group("job")
-    jb.add_argument("--global-batch-size", type=int, required=True, help="sequences per step")
-    jb.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    jb.add_argument("--precision", default="bf16", choices=PRECISIONS)
-    jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
-    jb.add_argument("--framework", default="torchtitan", choices=FRAMEWORK_NAMES,
-                    help="trainer whose memory conventions to follow (default torchtitan)")
-    jb.add_argument("--no-flash-attention", action="store_true",
-                    help="attention saves its score matrix (no fused kernel)")
-    jb.add_argument("--no-overlap-grad-reduce", action="store_true",
-                    help="gradients are reduced after the backward pass, not overlapped with it")
-    jb.add_argument("--moe-capacity-factor", type=float,
-                    help="expert capacity factor (default: dropless, even routing)")
+    _common_args(est)
     pc = est.add_argument_group("parallel configuration")
     pc.add_argument("--dp", type=int, help="data parallel (default: GPUs / (tp*pp*cp))")
     pc.add_argument("--tp", type=int, default=1, help="tensor parallel")
@@ -366,6 +447,39 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--offload", default="none", choices=OFFLOADS)
     est.add_argument("--json", action="store_true", help="machine-readable output")
     est.set_defaults(func=cmd_estimate)
+
+    pl = sub.add_parser(
+        "plan", help="search every parallel configuration; the fastest that fits, and why",
+        description="Search the whole space (dp, tp, pp, cp, ep, ZeRO stage and sharding "
+        "group, sequence parallel, micro-batch, pipeline schedule and virtual stages, "
+        "recompute, offload) for the fastest configuration that fits in memory; print it with "
+        "its estimate, the runners-up and why the others lost. Any degree or option given "
+        "below is fixed; --max caps one; --preset starts from a named set of constraints.",
+        epilog=EPILOG_PLAN, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common_args(pl)
+    fx = pl.add_argument_group("constraints (each flag fixes that field)")
+    for flag, kind, extra in (("--dp", int, {}), ("--tp", int, {}), ("--pp", int, {}),
+                              ("--cp", int, {}), ("--ep", int, {}),
+                              ("--zero", int, {"choices": (0, 1, 2, 3)}),
+                              ("--micro-batch-size", int, {}),
+                              ("--schedule", str, {"choices": SCHEDULES}),
+                              ("--virtual-stages", int, {}),
+                              ("--recompute", str, {"choices": RECOMPUTE}),
+                              ("--offload", str, {"choices": OFFLOADS})):
+        fx.add_argument(flag, type=kind, **extra)
+    fx.add_argument("--sequence-parallel", choices=("on", "off"),
+                    help="fix sequence parallel on or off")
+    fx.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset")
+    fx.add_argument("--max", action="append", default=[], metavar="FIELD=N",
+                    help="cap a degree, e.g. --max tp=4 --max pp=8")
+    fx.add_argument("--frameworks", help="trainers to search, comma-separated "
+                    f"({','.join(FRAMEWORK_NAMES)}); default --framework")
+    pl.add_argument("--top-k", type=int, default=5, help="configurations to rank (default 5)")
+    pl.add_argument("--why", type=int, default=12, help="rows of the why-not table shown")
+    pl.add_argument("-o", "--output", help="also write the plan as JSON to this file")
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.set_defaults(func=cmd_plan)
 
     val = sub.add_parser(
         "validate", help="predicted vs measured for published training runs",
@@ -414,8 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except SpecError as e:
-        print(f"planner: error: {e}", file=sys.stderr)
+    except (SpecError, Infeasible) as e:
+        kind = "error" if isinstance(e, SpecError) else "infeasible"
+        print(f"planner: {kind}: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # Output piped into a command that stopped reading (e.g. `| head`): not an error.

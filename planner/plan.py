@@ -1,0 +1,332 @@
+"""``plan()``: the fastest configuration that fits, the runners-up, and why the rest lost.
+
+A ``Plan`` is data: ``to_json()`` writes the model, the cluster (its profiles included), the
+job, the chosen configuration and what the search found; ``Plan.from_json()`` reads it back
+and re-estimates the configuration without searching, reproducing the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costmodel.config import Job, ParallelConfig
+from costmodel.errors import Infeasible, SpecError
+from costmodel.estimate import Estimate, estimate
+from costmodel.hardware import Cluster
+from costmodel.model import ModelSpec
+from planner.search import Found, SearchResult, least_gpus, search
+from planner.space import RULES, Constraints, row_config
+
+__all__ = ["SCHEMA_VERSION", "Alternative", "Plan", "plan"]
+
+SCHEMA_VERSION = 1
+GIB = 1024**3
+#: How each step-time term reads in a reason.
+TERM_LABELS = {
+    "compute": "compute",
+    "recompute": "recompute",
+    "tp_comm": "exposed tensor-parallel communication",
+    "cp_comm": "exposed context-parallel ring exchange",
+    "ep_comm": "expert-parallel all-to-all",
+    "pp_comm": "pipeline send/receive",
+    "fsdp_comm": "exposed ZeRO-3/FSDP parameter gathers",
+    "dp_comm": "exposed data-parallel gradient reduction",
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer step",
+    "offload": "CPU offload",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Alternative:
+    """A configuration that lost, and why. ``verdict``: ``slower`` (fits, but takes longer),
+    ``does not fit`` (the least memory of its mesh is over the GPU's), ``bounded`` (never
+    timed: a lower bound on its step time was already slower than the plan) or ``invalid``.
+    Times in seconds, memory in bytes per GPU; ``None`` where not evaluated."""
+
+    framework: str
+    config: ParallelConfig | None
+    verdict: str
+    reason: str
+    step_time_s: float | None = None
+    peak_memory_bytes: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        return {"framework": self.framework,
+                "config": self.config.to_dict() if self.config else None,
+                "verdict": self.verdict, "reason": self.reason,
+                "step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Alternative:
+        """The inverse of ``to_dict``."""
+        cfg = d.get("config")
+        return cls(framework=d["framework"], config=ParallelConfig(**cfg) if cfg else None,
+                   verdict=d["verdict"], reason=d["reason"], step_time_s=d.get("step_time_s"),
+                   peak_memory_bytes=d.get("peak_memory_bytes"))
+
+
+def _short(cfg: ParallelConfig) -> str:
+    """A configuration in one line: only what differs from the defaults, degrees first."""
+    parts = [f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"]
+    for key, default in (("cp", 1), ("ep", 1), ("zero_stage", 0), ("sharding_group", None),
+                         ("sequence_parallel", False), ("micro_batch_size", None),
+                         ("virtual_pipeline_stages", 1), ("recompute", "none"),
+                         ("recompute_num_layers", None), ("offload", "none"),
+                         ("stage_layers", None)):
+        v = getattr(cfg, key)
+        if v != default:
+            name = {"zero_stage": "zero", "sequence_parallel": "sp", "micro_batch_size": "mbs",
+                    "virtual_pipeline_stages": "v", "sharding_group": "shard"}.get(key, key)
+            parts.append(name if v is True else f"{name}={list(v) if key == 'stage_layers' else v}")
+    if cfg.pp > 1:
+        parts.append(str(cfg.pipeline_schedule))
+    return " ".join(parts)
+
+
+def _slower(best: Found, other: Found) -> str:
+    """Why ``other`` lost to ``best``: by how much, and the term that grew most."""
+    diff = {t: other.terms[t] - best.terms[t] for t in best.terms}
+    worst = max(diff, key=lambda t: (diff[t], t))
+    pct = 100.0 * (other.step_time / best.step_time - 1.0)
+    if pct < 0.05:
+        return (f"as fast within 0.05% ({other.step_time:.3f} s); ranked after the plan by "
+                + ("peak memory" if other.peak_memory > best.peak_memory else
+                   "the stated tie order"))
+    return (f"slower by {pct:.1f}% ({1e3 * (other.step_time - best.step_time):.0f} ms), "
+            f"mostly from {TERM_LABELS[worst]} (+{1e3 * diff[worst]:.0f} ms)")
+
+
+def _alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
+    """The runners-up, then per mesh the best that lost and why, then the invalid rules."""
+    best = res.top[0]
+    out = [Alternative(framework=f.framework, config=row_config(np.array(f.row)),
+                       verdict="slower", reason=_slower(best, f), step_time_s=f.step_time,
+                       peak_memory_bytes=f.peak_memory) for f in res.top[1:]]
+    shown = {f.row for f in res.top}
+    rows = []
+    for (fw, *_), o in res.meshes.items():
+        if o.best is not None and o.best.row not in shown:
+            rows.append((0, o.best.step_time, Alternative(
+                framework=fw, config=row_config(np.array(o.best.row)), verdict="slower",
+                reason=_slower(best, o.best), step_time_s=o.best.step_time,
+                peak_memory_bytes=o.best.peak_memory)))
+        elif o.best is None and o.nearest is not None:
+            n = o.nearest
+            why = (f"does not fit by {(n.peak_memory - capacity) / GIB:.2f} GiB on stage "
+                   f"{n.peak_stage} (the least memory of this mesh: "
+                   f"{n.peak_memory / GIB:.2f} of {capacity / GIB:.0f} GiB)"
+                   if n.peak_memory > capacity else
+                   "does not fit: what it offloads exceeds the GPU's share of host memory")
+            rows.append((1, n.peak_memory, Alternative(
+                framework=fw, config=row_config(np.array(n.row)), verdict="does not fit",
+                reason=why, peak_memory_bytes=n.peak_memory)))
+        elif o.best is None and np.isfinite(o.floor):
+            mesh = dict(zip(("dp", "tp", "pp", "cp", "ep"), _, strict=True))
+            rows.append((2, o.floor, Alternative(
+                framework=fw, config=None, verdict="bounded",
+                reason=" ".join(f"{k}={v}" for k, v in mesh.items()) + ": slower: at least "
+                f"{o.floor:.3f} s before any ZeRO-3 traffic, gradient reduction or optimizer "
+                f"step ({100 * (o.floor / best.step_time - 1):.1f}% over the plan)")))
+    rows.sort(key=lambda r: (r[0], r[1], r[2].reason))
+    out += [r[2] for r in rows]
+    for fw, rejected in res.rejected.items():
+        for rule, (n, example) in sorted(rejected.items()):
+            out.append(Alternative(framework=fw, config=None, verdict="invalid",
+                                   reason=f"{n} value(s) such as {example}: {RULES[rule]}"))
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The chosen configuration, its estimate, what lost and why.
+
+    ``job`` is the job with the chosen trainer (``job.framework``); ``estimate`` comes from the
+    public ``estimate()`` on ``config``; ``alternatives`` lists the runners-up (``verdict``
+    ``slower``, fastest first), then for each mesh (dp, tp, pp, cp, ep) the best configuration
+    that lost and why, then the validity rules that removed values; ``counts`` the
+    configurations in the space, evaluated, fitting, not fitting, and skipped by the bound;
+    ``search_seconds`` the wall time of the search.
+    """
+
+    model: ModelSpec
+    cluster: Cluster
+    job: Job
+    config: ParallelConfig
+    estimate: Estimate
+    alternatives: tuple[Alternative, ...] = ()
+    counts: dict[str, int] = field(default_factory=dict)
+    constraints: Constraints = field(default_factory=Constraints)
+    search_seconds: float = 0.0
+
+    @property
+    def runners_up(self) -> tuple[Alternative, ...]:
+        """The next fastest configurations that fit."""
+        n = len(self.alternatives)
+        end = next((i for i in range(n) if self.alternatives[i].config is None
+                    or self.alternatives[i].verdict != "slower"), n)
+        return self.alternatives[:end]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form; ``config`` and ``estimate`` are top-level keys."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "config": self.config.to_dict(),
+            "estimate": self.estimate.to_dict(),
+            "framework": self.job.framework,
+            "model": self.model.to_dict(),
+            "cluster": self.cluster.to_dict(),
+            "job": dataclasses.asdict(self.job),
+            "constraints": self.constraints.to_dict(),
+            "counts": dict(self.counts),
+            "search_seconds": self.search_seconds,
+            "alternatives": [a.to_dict() for a in self.alternatives],
+        }
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The plan as JSON text; also written to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> Plan:
+        """A plan from JSON text or a file path; the configuration is re-estimated (no
+        search), so the numbers are this installation's."""
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            try:
+                text = Path(source).read_text()
+            except OSError as e:
+                raise SpecError(f"cannot read plan file {str(source)!r}: {e.strerror}") from e
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"plan is not valid JSON: {e}") from e
+        version = d.get("schema_version") if isinstance(d, dict) else None
+        if version != SCHEMA_VERSION:
+            raise SpecError(f"plan schema_version {version!r} is not {SCHEMA_VERSION}; "
+                            "re-create the plan with this version of the planner")
+        try:
+            model = ModelSpec(**d["model"])
+            cluster = Cluster.from_dict(d["cluster"])
+            job = Job(**d["job"])
+            cfg = ParallelConfig(**d["config"])
+            alts = tuple(Alternative.from_dict(a) for a in d.get("alternatives", []))
+            cons = Constraints.from_dict(d.get("constraints") or {})
+        except (KeyError, TypeError) as e:
+            raise SpecError(f"plan is missing or mangles a field ({e})") from e
+        return cls(model=model, cluster=cluster, job=job, config=cfg,
+                   estimate=estimate(model, cluster, job, cfg), alternatives=alts,
+                   counts=dict(d.get("counts") or {}), constraints=cons,
+                   search_seconds=float(d.get("search_seconds") or 0.0))
+
+    def summary(self, rows: int = 12) -> str:
+        """A human-readable report: the plan, its estimate, the runners-up and why others
+        lost (``rows`` of them)."""
+        e = self.estimate
+        c = self.counts
+        lines = [
+            f"plan     {_short(self.config)}  ({self.job.framework})",
+            f"         step {e.step_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, MFU "
+            f"{100 * (e.mfu or 0):.1f}%, peak memory {e.peak_memory_bytes / GIB:.1f} of "
+            f"{e.memory_capacity_bytes / GIB:.0f} GiB per GPU",
+            f"searched {c.get('space', 0):,} configurations in {self.search_seconds:.2f} s: "
+            f"{c.get('evaluated', 0):,} evaluated ({c.get('fit', 0):,} fit), "
+            f"{c.get('bounded', 0):,} skipped by a lower bound",
+        ]
+        if self.config.stage_layers:
+            lines.append(f"stages   layers per pipeline stage {list(self.config.stage_layers)}")
+        lost = [a for a in self.alternatives if a.verdict != "invalid"][:rows]
+        if lost:
+            lines.append("")
+            lines.append("why not")
+            for a in lost:
+                head = _short(a.config) if a.config else ""
+                lines.append(f"  {head:<52s} {a.reason}" if head else f"  {a.reason}")
+        invalid = [a for a in self.alternatives if a.verdict == "invalid"]
+        if invalid:
+            lines.append("")
+            lines.append("invalid")
+            lines += [f"  {a.reason}" for a in invalid]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _constraints(value: Constraints | str | Mapping[str, Any] | None) -> Constraints:
+    if value is None:
+        return Constraints()
+    if isinstance(value, Constraints):
+        return value
+    if isinstance(value, str):
+        return Constraints.preset(value)
+    if isinstance(value, Mapping):
+        return Constraints.from_dict(value)
+    raise SpecError(f"constraints must be a Constraints, a preset name or a dict, got "
+                    f"{type(value).__name__}")
+
+
+def _infeasible(model: ModelSpec, cluster: Cluster, job: Job, cons: Constraints,
+                res: SearchResult) -> Infeasible:
+    """What is missing when nothing fits (or nothing is valid)."""
+    cap = cluster.gpu.memory_bytes
+    if res.least_memory is None:
+        rules = "; ".join(f"{RULES[r]} (rejected {ex})" for rej in res.rejected.values()
+                          for r, (_, ex) in sorted(rej.items()))
+        return Infeasible(f"no valid configuration of {model.name} on {cluster.num_gpus} GPUs "
+                          f"under these constraints: {rules or 'none'}")
+    low = res.least_memory
+    cfg = row_config(np.array(low.row))
+    msg = (f"nothing fits in {cap / GIB:.0f} GiB per GPU: the least memory any configuration "
+           f"needs is {low.peak_memory / GIB:.1f} GiB per GPU ({_short(cfg)}, "
+           f"{low.framework}); a GPU with at least {low.peak_memory / GIB:.1f} GiB would fit")
+    more = least_gpus(model, cluster, job, cons)
+    if more:
+        msg += f", or {more} GPUs of this kind (the fewest doubling the nodes)"
+    if cfg.micro_batch_size > 1:
+        msg += f", or a micro-batch under {cfg.micro_batch_size}"
+    return Infeasible(msg)
+
+
+def plan(model: ModelSpec, cluster: Cluster, job: Job, *,
+         constraints: Constraints | str | Mapping[str, Any] | None = None,
+         top_k: int = 5) -> Plan:
+    """The fastest configuration of ``job`` on ``cluster`` that fits in memory.
+
+    ``constraints``: a ``Constraints``, a preset name (``planner.space.PRESETS``) or its dict
+    form; ``constraints.frameworks`` searches several trainers. ``top_k``: how many
+    configurations (the plan and its runners-up) to rank. Deterministic: ties are broken by
+    peak memory, then the trainer's order, then the configuration's columns ascending.
+    Raises ``Infeasible`` when nothing fits, naming the memory or GPUs that would.
+    """
+    for name, value, kind in (("model", model, ModelSpec), ("cluster", cluster, Cluster),
+                              ("job", job, Job)):
+        if not isinstance(value, kind):
+            raise SpecError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise SpecError(f"top_k must be a positive integer, got {top_k!r}")
+    cons = _constraints(constraints)
+    t0 = time.perf_counter()
+    res = search(model, cluster, job, cons, top_k=top_k)
+    seconds = time.perf_counter() - t0
+    if not res.top:
+        raise _infeasible(model, cluster, job, cons, res)
+    best = res.top[0]
+    chosen_job = res.jobs[best.framework]
+    cfg = row_config(np.array(best.row))
+    return Plan(model=model, cluster=cluster, job=chosen_job, config=cfg,
+                estimate=estimate(model, cluster, chosen_job, cfg),
+                alternatives=_alternatives(res, cluster.gpu.memory_bytes),
+                counts=dict(res.counts), constraints=cons, search_seconds=seconds)

@@ -1,0 +1,279 @@
+"""Grid search: the fastest configurations that fit, exactly, without timing the whole space.
+
+The cost model (``costmodel.tables.evaluate``) is evaluated on the factored space
+(``planner.space.Space``) by branch and bound; the result is the one a full pass over every
+row would give (``tests/test_search.py`` checks it against brute force over ``estimate()``).
+
+- Level 0: each core (degrees, sequence parallel, micro-batch, schedule) once, with no ZeRO,
+  no offload and no recompute. Its ``floor`` (the pipeline time without ZeRO-3 traffic and
+  without what follows the last backward) bounds every configuration of the core from below:
+  ZeRO, sharding, offload and recompute only add to a stage's time.
+- Level 1: cores in order of that bound; each recompute option of a core, still without
+  ZeRO, bounds the configurations of that (core, recompute) pair.
+- Level 2: pairs whose bound does not exceed the k-th best step time found so far are
+  expanded over their sharding options (ZeRO stage, sharding group, offload) and evaluated:
+  memory first, and only the rows that fit are timed.
+
+The search stops at the first core whose bound exceeds the k-th best time. Order of the
+result (ties included): step time, then peak memory, then the trainer's position in the list
+searched, then the configuration's columns (``planner.space.COLUMNS``) in ascending order,
+so smaller degrees and simpler options win ties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from costmodel.config import Job
+from costmodel.hardware import Cluster
+from costmodel.model import ModelSpec
+from costmodel.steptime import TIME_TERMS
+from costmodel.tables import evaluate
+from planner.space import COLUMNS, CORE, Constraints, Space, arrays, spaces
+
+__all__ = ["Found", "MeshOutcome", "SearchResult", "search"]
+
+MESH = ("dp", "tp", "pp", "cp", "ep")
+# Step-time terms that follow the last backward (the rest is the pipeline's time).
+POST_TERMS = ("dp_comm", "optimizer", "offload")
+_MESH_COLS = [COLUMNS.index(c) for c in MESH]
+FIRST_BATCH = 8
+MAX_BATCH = 8192
+
+
+@dataclass(frozen=True)
+class Found:
+    """One evaluated configuration: its trainer, row of ``COLUMNS``, step time (s), peak
+    memory per GPU (bytes) on stage ``peak_stage``, and step-time terms (s)."""
+
+    framework: str
+    row: tuple[int, ...]
+    step_time: float
+    peak_memory: float
+    peak_stage: int
+    terms: dict[str, float]
+
+
+@dataclass
+class MeshOutcome:
+    """What happened to one mesh (trainer, dp, tp, pp, cp, ep): its fastest configuration
+    that fits, the one that missed the memory by the least, and the least lower bound of the
+    configurations never timed because the bound alone was slower than the plan."""
+
+    best: Found | None = None
+    nearest: Found | None = None
+    floor: float = np.inf
+
+
+@dataclass
+class SearchResult:
+    """The top configurations (fastest first), per-mesh outcomes, counts of configurations
+    (``space``, ``evaluated``, ``fit``, ``did_not_fit``, ``bounded``), the values each validity
+    rule rejected per trainer, and the configuration with the least peak memory evaluated."""
+
+    top: list[Found]
+    meshes: dict[tuple[str, int, int, int, int, int], MeshOutcome]
+    counts: dict[str, int]
+    rejected: dict[str, dict[str, tuple[int, str]]]
+    least_memory: Found | None
+    jobs: dict[str, Job] = field(default_factory=dict)
+
+
+class _State:
+    """The running top-k and per-mesh outcomes while spaces are searched."""
+
+    def __init__(self, top_k: int, capacity: float, host_capacity: float) -> None:
+        self.k = top_k
+        self.capacity = capacity
+        self.host_capacity = host_capacity
+        self.top: list[tuple[tuple[float, ...], Found]] = []
+        self.meshes: dict[tuple[str, int, int, int, int, int], MeshOutcome] = {}
+        self.counts = {"space": 0, "evaluated": 0, "fit": 0, "did_not_fit": 0, "bounded": 0}
+        self.least: tuple[tuple[float, ...], Found] | None = None
+
+    def bound(self) -> float:
+        return self.top[-1][0][0] if len(self.top) >= self.k else np.inf
+
+    def mesh(self, fw: str, row: np.ndarray) -> MeshOutcome:
+        key = (fw, *(int(row[c]) for c in _MESH_COLS))
+        return self.meshes.setdefault(key, MeshOutcome())
+
+    def floors(self, fw: str, rows: np.ndarray, floor: np.ndarray) -> None:
+        """Record configurations skipped by their bound (one row per mesh is enough)."""
+        if not len(rows):
+            return
+        order = np.lexsort((floor, *rows[:, _MESH_COLS].T[::-1]))
+        keys = rows[order][:, _MESH_COLS]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = np.any(keys[1:] != keys[:-1], axis=1)
+        for i in order[first]:
+            out = self.mesh(fw, rows[i])
+            out.floor = min(out.floor, float(floor[i]))
+
+    def add(self, fw: str, fw_rank: int, rows: np.ndarray, res: object) -> None:
+        """Fold evaluated rows (``costmodel.tables.CostTable``) into the state."""
+        step, peak, stage = res.step_time, res.peak_memory, res.peak_stage  # type: ignore[attr-defined]
+        fit = np.isfinite(step)
+        self.counts["evaluated"] += len(rows)
+        self.counts["fit"] += int(fit.sum())
+        self.counts["did_not_fit"] += int((~fit).sum())
+
+        def found(i: int) -> Found:
+            return Found(framework=fw, row=tuple(int(x) for x in rows[i]),
+                         step_time=float(step[i]), peak_memory=float(peak[i]),
+                         peak_stage=int(stage[i]),
+                         terms={t: float(res.terms[t][i]) for t in TIME_TERMS})  # type: ignore[attr-defined]
+
+        def key(i: int) -> tuple[float, ...]:
+            return (float(step[i]), float(peak[i]), fw_rank, *(float(x) for x in rows[i]))
+
+        # Rows in the search's order: step time, peak memory, columns ascending.
+        order = np.lexsort((*rows.T[::-1], peak, step))
+        fits = order[fit[order]]
+        # Candidates with the step time and memory of a better-ordered one are the same plan
+        # for the user (e.g. selective recompute with fused attention recomputes nothing).
+        cand = []
+        seen = set()
+        for i in fits:
+            tag = (float(step[i]), float(peak[i]))
+            if tag not in seen:
+                seen.add(tag)
+                cand.append((key(i), found(i)))
+                if len(cand) == self.k:
+                    break
+        merged = []
+        for item in sorted(self.top + cand, key=lambda x: x[0]):
+            if not merged or item[0][:2] != merged[-1][0][:2]:
+                merged.append(item)
+        self.top = merged[: self.k]
+        # Per mesh: the fastest fitting row, and the nearest miss.
+        for sel, attr in ((fits, "best"), (order[~fit[order]], "nearest")):
+            if not len(sel):
+                continue
+            if attr == "nearest":
+                sel = sel[np.lexsort((*rows[sel].T[::-1], peak[sel]))]
+            _, idx = np.unique(rows[sel][:, _MESH_COLS], axis=0, return_index=True)
+            for i in sel[np.sort(idx)]:
+                out = self.mesh(fw, rows[i])
+                cur = getattr(out, attr)
+                if attr == "best":
+                    better = cur is None or key(i) < (cur.step_time, cur.peak_memory, fw_rank,
+                                                      *cur.row)
+                else:
+                    better = cur is None or (float(peak[i]), *rows[i]) < \
+                        (cur.peak_memory, *cur.row)
+                if better:
+                    setattr(out, attr, found(i))
+        # The least GPU memory among rows whose offloaded part fits the host (else any row).
+        host_ok = res.cpu_memory <= self.host_capacity  # type: ignore[attr-defined]
+        low = int(np.lexsort((*rows.T[::-1], peak, ~host_ok))[0])
+        lkey = (float(not host_ok[low]), float(peak[low]), fw_rank,
+                *(float(x) for x in rows[low]))
+        if self.least is None or lkey < self.least[0]:
+            self.least = (lkey, found(low))
+
+
+def _bare(space: Space, core: np.ndarray, rec: np.ndarray | None) -> np.ndarray:
+    """Rows of ``COLUMNS`` for (core, recompute option) with no ZeRO and no offload (these
+    bound the core's configurations; they need not be in the space)."""
+    out = np.zeros((len(core), len(COLUMNS)), dtype=np.int64)
+    c = space.cores[core]
+    for i, name in enumerate(CORE):
+        out[:, COLUMNS.index(name)] = c[:, i]
+    out[:, COLUMNS.index("group")] = c[:, CORE.index("dp")]
+    if rec is not None:
+        r = space.recompute_rows(core, rec)
+        out[:, COLUMNS.index("recompute")] = r[:, 0]
+        out[:, COLUMNS.index("recompute_layers")] = r[:, 1]
+    return out
+
+
+def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank: int,
+                state: _State) -> None:
+    fw = space.framework
+    n = len(space.cores)
+    nz, nr = space.sizes
+    state.counts["space"] += int((nz * nr).sum())
+    if not n:
+        return
+    base = _bare(space, np.arange(n), None)
+    f0 = evaluate(model, cluster, job, arrays(model, base)).floor
+    order = np.lexsort((np.arange(n), f0))
+    pos, batch = 0, FIRST_BATCH
+    while pos < n and f0[order[pos]] <= state.bound():
+        bound = state.bound()
+        chunk = order[pos:pos + batch]
+        chunk = chunk[f0[chunk] <= bound]
+        pos += batch
+        batch = min(2 * batch, MAX_BATCH)
+        # Level 1: (core, recompute) without ZeRO; and (core, sharding) without recompute,
+        # whose pipeline time (the step without what follows the last backward) bounds every
+        # recompute option of that sharding.
+        core = np.repeat(chunk, nr[chunk])
+        rec = np.arange(len(core)) - np.repeat(np.cumsum(nr[chunk]) - nr[chunk], nr[chunk])
+        bare = _bare(space, core, rec)
+        f1 = evaluate(model, cluster, job, arrays(model, bare)).floor
+        keep = f1 <= bound
+        state.counts["bounded"] += int(nz[core[~keep]].sum())
+        state.floors(fw, bare[~keep], f1[~keep])
+        if not keep.any():
+            continue
+        unrec = space.expand(chunk, np.zeros(len(chunk), dtype=np.int64))
+        unrec[:, COLUMNS.index("recompute")] = 0
+        unrec[:, COLUMNS.index("recompute_layers")] = 0
+        res_z = evaluate(model, cluster, job, arrays(model, unrec))
+        pipe = res_z.step_time - sum(res_z.terms[t] for t in POST_TERMS)
+        # Level 2: the pairs that survive both bounds, evaluated.
+        rows = space.expand(core[keep], rec[keep])
+        loc = np.empty(n, dtype=np.int64)
+        loc[chunk] = np.cumsum(nz[chunk]) - nz[chunk]  # where each core's shardings start
+        kept = core[keep]
+        zpos = np.repeat(loc[kept], nz[kept]) + np.arange(len(rows)) \
+            - np.repeat(np.cumsum(nz[kept]) - nz[kept], nz[kept])
+        ok = pipe[zpos] <= bound
+        state.counts["bounded"] += int((~ok).sum())
+        state.floors(fw, rows[~ok], pipe[zpos][~ok])
+        rows = rows[ok]
+        if not len(rows):
+            continue
+        res = evaluate(model, cluster, job, arrays(model, rows), capacity=state.capacity,
+                       host_capacity=state.host_capacity)
+        state.add(fw, rank, rows, res)
+    rest = order[pos:]
+    rest = rest if pos < n else rest[:0]
+    state.counts["bounded"] += int((nz[rest] * nr[rest]).sum())
+    state.floors(fw, base[rest], f0[rest])
+
+
+def search(model: ModelSpec, cluster: Cluster, job: Job,
+           constraints: Constraints | None = None, top_k: int = 5,
+           capacity: float | None = None) -> SearchResult:
+    """The ``top_k`` fastest configurations that fit ``capacity`` bytes per GPU (default: the
+    GPU's memory) and the node's host memory, over every trainer the constraints name
+    (default: ``job.framework``)."""
+    cap = float(cluster.gpu.memory_bytes if capacity is None else capacity)
+    state = _State(max(1, top_k), cap, cluster.host_memory_bytes_per_gpu)
+    rejected = {}
+    jobs = {}
+    for rank, (j, space) in enumerate(spaces(model, cluster, job, constraints)):
+        _search_one(model, cluster, j, space, rank, state)
+        rejected[space.framework] = space.rejected
+        jobs[space.framework] = j
+    return SearchResult(top=[f for _, f in state.top], meshes=state.meshes,
+                        counts=state.counts, rejected=rejected,
+                        least_memory=state.least[1] if state.least else None, jobs=jobs)
+
+
+def least_gpus(model: ModelSpec, cluster: Cluster, job: Job,
+               constraints: Constraints | None = None, doublings: int = 6) -> int | None:
+    """The fewest GPUs, doubling the nodes up to ``doublings`` times, on which some
+    configuration with micro-batch 1 fits in memory; None if none does."""
+    cons = (constraints or Constraints()).merge(Constraints(fixed={"micro_batch_size": 1}))
+    for d in range(1, doublings + 1):
+        bigger = replace(cluster, num_nodes=cluster.num_nodes * 2**d)
+        res = search(model, bigger, job, cons, top_k=1)
+        if res.top:
+            return bigger.num_gpus
+    return None

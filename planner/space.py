@@ -1,0 +1,501 @@
+"""The search space: every valid way to split one training job, as columns.
+
+A configuration is a ``costmodel.ParallelConfig``: degrees ``dp * tp * pp * cp`` = GPUs
+(``ep`` carved out of ``dp * cp``), ZeRO stage and its sharding group (HSDP / MiCS), sequence
+parallel, micro-batch size, pipeline schedule with its virtual stages, recompute (none,
+selective, full, or full on the first N layers of each chunk) and offload.
+
+Validity is data: ``RULES`` maps each rule's name to the sentence a user reads when it rejects
+a value. Enumeration applies each rule where its fields are known and counts what it rejected,
+so a plan can say why a degree never appeared. Each configuration appears once, in canonical
+form: without pipeline parallel the schedule is ``1f1b`` with one virtual stage; a sharding
+group equal to ``dp`` is ``None``; ``recompute_num_layers`` is ``None`` when it would cover
+every layer of a chunk.
+
+Users narrow the space with ``Constraints``: fix a field, allow a set of values, cap a degree,
+pick the trainers, or start from a preset (``PRESETS``), which is nothing but a Constraints.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from costmodel.config import FRAMEWORK_NAMES, Job, ParallelConfig
+from costmodel.errors import SpecError
+from costmodel.frameworks import Framework, framework
+from costmodel.hardware import Cluster
+from costmodel.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
+from costmodel.model import ModelSpec
+
+__all__ = ["FIELDS", "PRESETS", "RULES", "Constraints", "Space", "build_space"]
+
+#: ParallelConfig fields a constraint may name.
+FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding_group", "sequence_parallel",
+          "micro_batch_size", "pipeline_schedule", "virtual_pipeline_stages", "recompute",
+          "recompute_num_layers", "offload")
+#: Fields a ``max`` constraint may cap.
+CAPPABLE = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages",
+            "sharding_group", "recompute_num_layers")
+
+#: Rule name -> what it requires. Each rejected value is counted under its rule.
+RULES: dict[str, str] = {
+    "tp_node": "tensor parallel stays inside a node: tp divides the GPUs per node",
+    "tp_heads": "tp divides the attention heads and the KV heads",
+    "tp_ffn": "tp divides the MLP (and expert MLP) hidden size",
+    "pp_layers": "a pipeline stage holds at least one layer: pp <= layers",
+    "cp_seq": "context parallel splits the sequence: cp divides seq_len",
+    "mesh_nodes": "the tp x cp block tiles the nodes: it divides, or is a multiple of, the "
+                  "GPUs per node",
+    "dp_batch": "every data-parallel rank gets whole sequences: dp divides the global batch",
+    "ep_dense": "expert parallel needs a mixture-of-experts model",
+    "ep_experts": "ep divides the number of experts",
+    "ep_ranks": "expert parallel reuses data- and context-parallel ranks: ep divides dp * cp",
+    "zero_framework": "the trainer runs this ZeRO stage",
+    "zero_pipeline": "the trainer combines this ZeRO stage with pipeline parallel",
+    "shard_hybrid": "the trainer shards over part of the data-parallel ranks (HSDP / MiCS) at "
+                    "this ZeRO stage",
+    "shard_experts": "expert states shard evenly: ep divides the shard degree",
+    "sp_seq": "sequence parallel splits seq_len / cp over tp",
+    "mbs_batch": "dp * micro_batch_size divides the global batch",
+    "schedule_framework": "the trainer has this pipeline schedule",
+    "virtual_layers": "interleaving splits the layers evenly: pp * virtual stages divides them",
+    "offload_framework": "the trainer offloads this to the CPU at this ZeRO stage",
+    "constraint": "excluded by the constraints given",
+}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What the user fixes: ``fixed`` field -> value, ``allowed`` field -> values, ``max``
+    field -> cap (degrees, micro-batch, virtual stages), ``frameworks`` the trainers to search
+    (default: the job's). Fields are ``ParallelConfig`` names (``FIELDS``).
+    """
+
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    allowed: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    max: Mapping[str, int] = field(default_factory=dict)
+    frameworks: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for kind, keys in (("fixed", self.fixed), ("allowed", self.allowed)):
+            for k in keys:
+                if k not in FIELDS:
+                    raise SpecError(f"constraint {kind}[{k!r}]: unknown field; use one of "
+                                    f"{', '.join(FIELDS)}")
+        for k, v in self.max.items():
+            if k not in CAPPABLE:
+                raise SpecError(f"constraint max[{k!r}]: only {', '.join(CAPPABLE)} can be "
+                                "capped")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(f"constraint max[{k!r}] must be a positive integer, got {v!r}")
+        for k, vals in self.allowed.items():
+            if isinstance(vals, str) or not isinstance(vals, Iterable):
+                raise SpecError(f"constraint allowed[{k!r}] must be a list of values, got "
+                                f"{vals!r}")
+        if self.frameworks is not None:
+            fws = tuple(self.frameworks)
+            object.__setattr__(self, "frameworks", fws)
+            for f in fws:
+                if f not in FRAMEWORK_NAMES:
+                    raise SpecError(f"unknown framework {f!r}; choose from "
+                                    f"{', '.join(FRAMEWORK_NAMES)}")
+            if not fws:
+                raise SpecError("constraints name no framework; give at least one")
+
+    def allows(self, key: str, value: Any) -> bool:
+        """Whether ``value`` of field ``key`` passes the constraints."""
+        if key in self.fixed and self.fixed[key] != value:
+            return False
+        if key in self.allowed and value not in list(self.allowed[key]):
+            return False
+        cap = self.max.get(key)
+        return not (cap is not None and value is not None and value > cap)
+
+    def merge(self, other: Constraints) -> Constraints:
+        """Both sets at once (``other`` wins where both fix a field or name frameworks)."""
+        caps = dict(self.max)
+        for k, v in other.max.items():
+            caps[k] = min(v, caps.get(k, v))
+        return Constraints(fixed={**self.fixed, **other.fixed},
+                           allowed={**self.allowed, **other.allowed}, max=caps,
+                           frameworks=other.frameworks or self.frameworks)
+
+    @classmethod
+    def preset(cls, name: str) -> Constraints:
+        """The constraints of a named preset (``PRESETS``)."""
+        if name not in PRESETS:
+            raise SpecError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+        return PRESETS[name]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Constraints:
+        """From ``{"preset": ..., "fixed": {...}, "allowed": {...}, "max": {...},
+        "frameworks": [...]}`` (every key optional)."""
+        unknown = set(data) - {"preset", "fixed", "allowed", "max", "frameworks"}
+        if unknown:
+            raise SpecError(f"constraints have unknown keys {sorted(unknown)}; allowed: preset, "
+                            "fixed, allowed, max, frameworks")
+        own = cls(fixed=dict(data.get("fixed") or {}),
+                  allowed={k: list(v) for k, v in (data.get("allowed") or {}).items()},
+                  max=dict(data.get("max") or {}),
+                  frameworks=tuple(data["frameworks"]) if data.get("frameworks") else None)
+        return cls.preset(data["preset"]).merge(own) if data.get("preset") else own
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable dict that ``from_dict`` reads back."""
+        return {"fixed": dict(self.fixed), "allowed": {k: list(v) for k, v in
+                                                        self.allowed.items()},
+                "max": dict(self.max),
+                "frameworks": list(self.frameworks) if self.frameworks else None}
+
+
+_ONE = {"tp": 1, "pp": 1, "cp": 1, "ep": 1}
+#: Named starting points: each is only a Constraints on the one search.
+PRESETS: dict[str, Constraints] = {
+    # PyTorch DDP: replicated model, data parallel only.
+    "ddp": Constraints(fixed={**_ONE, "zero_stage": 0, "offload": "none"}),
+    # ZeRO-2 (DeepSpeed stage 2; FSDP SHARD_GRAD_OP): data parallel only.
+    "zero2": Constraints(fixed={**_ONE, "zero_stage": 2}),
+    # FSDP / ZeRO-3, full or hybrid sharding: data parallel only.
+    "fsdp": Constraints(fixed={**_ONE, "zero_stage": 3}),
+    # Megatron-LM 3D parallelism: TP x PP x DP with its distributed optimizer or DDP.
+    "megatron-3d": Constraints(fixed={"cp": 1, "offload": "none"},
+                               allowed={"zero_stage": [0, 1]}, frameworks=("megatron",)),
+    # torchtitan's recipe: FSDP2 (HSDP) composed with TP, PP and CP, no offload.
+    "torchtitan-default": Constraints(fixed={"zero_stage": 3, "offload": "none"},
+                                      frameworks=("torchtitan",)),
+}
+
+# Row layout of ``Space.table`` (int64 columns).
+COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "group", "sp", "mbs", "schedule", "v",
+           "recompute", "recompute_layers", "offload")
+_SCHEDULE_NAMES = {v: k for k, v in SCHEDULE_CODES.items()}
+_RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
+_OFFLOAD_NAMES = {v: k for k, v in OFFLOAD_CODES.items()}
+
+
+@dataclass
+class Rejections:
+    """Values each rule rejected: rule -> (count, first example)."""
+
+    counts: dict[str, list[Any]] = field(default_factory=dict)
+
+    def add(self, rule: str, example: str, n: int = 1) -> None:
+        entry = self.counts.setdefault(rule, [0, example])
+        entry[0] += n
+
+    def merge(self, other: Rejections) -> None:
+        for rule, (n, example) in other.counts.items():
+            self.add(rule, example, n)
+
+
+# Columns of a core (what sets the compute and the pipeline) and of the two option tables.
+CORE = ("dp", "tp", "pp", "cp", "ep", "sp", "mbs", "schedule", "v")
+SHARDING = ("zero", "group", "offload")
+RECOMPUTATION = ("recompute", "recompute_layers")
+
+
+@dataclass(frozen=True)
+class Space:
+    """The valid configurations of one trainer, factored: each row of ``cores`` (``CORE``)
+    combines with every row of its sharding table ``shardings[shard_of[i]]`` (``SHARDING``)
+    and of its recompute table ``recomputes[recompute_of[i]]`` (``RECOMPUTATION``; the first
+    row is ``none`` whenever the constraints allow it). ``table`` lists the product as rows
+    of ``COLUMNS``; the search expands only the parts it needs.
+
+    ``rejected``: rule -> (values rejected, an example), see ``RULES``.
+    """
+
+    framework: str
+    cores: np.ndarray
+    shard_of: np.ndarray
+    recompute_of: np.ndarray
+    shardings: tuple[np.ndarray, ...]
+    recomputes: tuple[np.ndarray, ...]
+    rejected: dict[str, tuple[int, str]]
+
+    @property
+    def sizes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sharding options, recompute options) per core."""
+        nz = np.array([len(t) for t in self.shardings], dtype=np.int64)[self.shard_of]
+        nr = np.array([len(t) for t in self.recomputes], dtype=np.int64)[self.recompute_of]
+        return nz, nr
+
+    @property
+    def rows(self) -> int:
+        """Configurations in the space."""
+        nz, nr = self.sizes
+        return int((nz * nr).sum())
+
+    @property
+    def table(self) -> np.ndarray:
+        """Every configuration as a row of ``COLUMNS``."""
+        nr = self.sizes[1]
+        core = np.repeat(np.arange(len(self.cores)), nr)
+        rec = np.arange(len(core)) - np.repeat(np.cumsum(nr) - nr, nr)
+        return self.expand(core, rec)
+
+    def recompute_rows(self, core: np.ndarray, rec: np.ndarray) -> np.ndarray:
+        """``(recompute, recompute_layers)`` of option ``rec`` of each ``core``."""
+        out = np.zeros((len(core), 2), dtype=np.int64)
+        which = self.recompute_of[core]
+        for k in np.unique(which):
+            sel = which == k
+            out[sel] = self.recomputes[k][rec[sel]]
+        return out
+
+    def expand(self, core: np.ndarray, rec: np.ndarray) -> np.ndarray:
+        """Rows of ``COLUMNS`` for each (core, recompute option) pair times every sharding
+        option of the core, in order: pairs as given, shardings in table order."""
+        core = np.asarray(core, dtype=np.int64)
+        r = self.recompute_rows(core, np.asarray(rec, dtype=np.int64))
+        nz = np.array([len(t) for t in self.shardings], dtype=np.int64)[self.shard_of[core]]
+        pair = np.repeat(np.arange(len(core)), nz)
+        within = np.arange(len(pair)) - np.repeat(np.cumsum(nz) - nz, nz)
+        out = np.empty((len(pair), len(COLUMNS)), dtype=np.int64)
+        c = self.cores[core[pair]]
+        for i, name in enumerate(CORE):
+            out[:, COLUMNS.index(name)] = c[:, i]
+        out[:, COLUMNS.index("recompute")] = r[pair, 0]
+        out[:, COLUMNS.index("recompute_layers")] = r[pair, 1]
+        zs = self.shard_of[core[pair]]
+        for k in np.unique(zs):
+            sel = zs == k
+            z = self.shardings[k][within[sel]]
+            for i, name in enumerate(SHARDING):
+                out[sel, COLUMNS.index(name)] = z[:, i]
+        return out
+
+    def contains(self, cfg: ParallelConfig) -> bool:
+        """Whether ``cfg`` (canonical form, uniform stages) is a configuration of the space."""
+        if cfg.stage_layers is not None:
+            return False
+        row = config_row(cfg)
+        core = np.array([row[COLUMNS.index(c)] for c in CORE])
+        hit = np.flatnonzero(np.all(self.cores == core, axis=1))
+        if not len(hit):
+            return False
+        z = np.array([row[COLUMNS.index(c)] for c in SHARDING])
+        r = np.array([row[COLUMNS.index(c)] for c in RECOMPUTATION])
+        i = int(hit[0])
+        return bool(np.any(np.all(self.shardings[self.shard_of[i]] == z, axis=1))
+                    and np.any(np.all(self.recomputes[self.recompute_of[i]] == r, axis=1)))
+
+    def config(self, row: np.ndarray) -> ParallelConfig:
+        """A row of ``COLUMNS`` as a ParallelConfig."""
+        return row_config(row)
+
+
+def arrays(model: ModelSpec, table: np.ndarray) -> ConfigArrays:
+    """The cost model's columns of rows of ``COLUMNS``, uniform stage split."""
+    c = {name: table[:, i] for i, name in enumerate(COLUMNS)}
+    index, count, layers, start = ConfigArrays.uniform_stages(model.num_layers, c["pp"])
+    shard = np.where(c["zero"] > 0, c["group"] * c["cp"], 1)
+    return ConfigArrays(
+        dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero=c["zero"],
+        shard=shard, sp=c["sp"], mbs=c["mbs"], schedule=c["schedule"], v=c["v"],
+        recompute=c["recompute"], recompute_layers=c["recompute_layers"],
+        offload=c["offload"], stage_layers=layers, stage_index=index, stage_count=count,
+        stage_start=start)
+
+
+def row_config(r: np.ndarray) -> ParallelConfig:
+    """One row of a space table (``COLUMNS``) as a ParallelConfig."""
+    c = dict(zip(COLUMNS, (int(x) for x in r), strict=True))
+    return ParallelConfig(
+        dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero_stage=c["zero"],
+        sharding_group=c["group"] if c["zero"] and c["group"] != c["dp"] else None,
+        sequence_parallel=bool(c["sp"]), micro_batch_size=c["mbs"],
+        pipeline_schedule=_SCHEDULE_NAMES[c["schedule"]], virtual_pipeline_stages=c["v"],
+        recompute=_RECOMPUTE_NAMES[c["recompute"]],
+        recompute_num_layers=c["recompute_layers"] or None,
+        offload=_OFFLOAD_NAMES[c["offload"]])
+
+
+def config_row(cfg: ParallelConfig) -> np.ndarray:
+    """A ParallelConfig as a row of ``COLUMNS`` (the inverse of ``row_config``)."""
+    return np.array([cfg.dp, cfg.tp, cfg.pp, cfg.cp, cfg.ep, cfg.zero_stage,
+                     cfg.sharding_group or cfg.dp, int(cfg.sequence_parallel),
+                     cfg.micro_batch_size, SCHEDULE_CODES[str(cfg.pipeline_schedule)],
+                     cfg.virtual_pipeline_stages, RECOMPUTE_CODES[cfg.recompute],
+                     cfg.recompute_num_layers or 0, OFFLOAD_CODES[cfg.offload]],
+                    dtype=np.int64)
+
+
+class _Filter:
+    """Keeps the values of one field that pass the rules, counting what each rule rejects."""
+
+    def __init__(self, cons: Constraints, rej: Rejections) -> None:
+        self.cons = cons
+        self.rej = rej
+
+    def keep(self, key: str, values: Iterable[Any],
+             rules: Sequence[tuple[str, Any]] = (), show: Any = None,
+             canon: Any = None) -> list[Any]:
+        """The values passing every rule and the constraints; ``show`` labels a rejected
+        value, ``canon`` maps it to the value the constraints name."""
+        out = []
+        for v in values:
+            label = show(v) if show else f"{key}={v}"
+            failed = next((name for name, ok in rules if not ok(v)), None)
+            if failed:
+                self.rej.add(failed, label)
+            elif not self.cons.allows(key, canon(v) if canon else v):
+                self.rej.add("constraint", label)
+            else:
+                out.append(v)
+        return out
+
+
+def _shardings(fw: Framework, f: _Filter, dp: int, pp: int, cp: int, ep: int
+               ) -> np.ndarray:
+    """(zero, group, offload) options of one set of degrees."""
+    zeros = f.keep("zero_stage", range(4), [
+        ("zero_framework", lambda z: z in fw.zero_stages),
+        ("zero_pipeline", lambda z: pp == 1 or z in fw.zero_with_pp)],
+        show=lambda z: f"pp={pp} zero_stage={z}")
+    least = dict(fw.offloads)
+    out = []
+    for z in zeros:
+        groups = [dp] if z == 0 else f.keep(
+            "sharding_group", sorted(_divisors(dp), reverse=True),
+            [("shard_hybrid", lambda g, z=z: g == dp or z in fw.hybrid_shard_stages),
+             ("shard_experts", lambda g: (g * cp) % ep == 0)],
+            show=lambda g, z=z: f"zero_stage={z} sharding_group={g}",
+            canon=lambda g: None if g == dp else g)
+        offs = f.keep("offload", list(OFFLOAD_CODES), [
+            ("offload_framework", lambda o, z=z: o in least and z >= least[o])],
+            show=lambda o, z=z: f"zero_stage={z} offload={o}")
+        out += [(z, g, OFFLOAD_CODES[o]) for g in groups for o in offs]
+    return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+
+def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """(schedule, virtual stages) options of a pipeline degree."""
+    if pp == 1:
+        # Without a pipeline the schedule means nothing; its canonical form is 1F1B, v = 1.
+        if f.cons.allows("pipeline_schedule", "1f1b") and \
+                f.cons.allows("virtual_pipeline_stages", 1):
+            return [(SCHEDULE_CODES["1f1b"], 1)]
+        f.rej.add("constraint", "pp=1 with the pipeline schedule constrained")
+        return []
+    out = []
+    names = f.keep("pipeline_schedule", list(SCHEDULE_CODES), [
+        ("schedule_framework", lambda s: s in fw.schedules)])
+    for s in names:
+        if s != "interleaved-1f1b":
+            if f.cons.allows("virtual_pipeline_stages", 1):
+                out.append((SCHEDULE_CODES[s], 1))
+            continue
+        vs = f.keep("virtual_pipeline_stages", range(2, num_layers // pp + 1), [
+            ("virtual_layers", lambda v: num_layers % (pp * v) == 0)],
+            show=lambda v: f"pp={pp} virtual_pipeline_stages={v}")
+        out += [(SCHEDULE_CODES[s], v) for v in vs]
+    return out
+
+
+def _recomputes(f: _Filter, chunk: int) -> np.ndarray:
+    """(recompute, recompute_layers) options for chunks of ``chunk`` layers: none first."""
+    out = []
+    for r in f.keep("recompute", list(RECOMPUTE_CODES)):
+        code = RECOMPUTE_CODES[r]
+        if r != "full":
+            out.append((code, 0))
+            continue
+        if f.cons.allows("recompute_num_layers", None):
+            out.append((code, 0))
+        out += [(code, n) for n in range(1, chunk)
+                if f.cons.allows("recompute_num_layers", n)]
+    return np.array(out, dtype=np.int64).reshape(-1, 2)
+
+
+def build_space(model: ModelSpec, cluster: Cluster, job: Job,
+                constraints: Constraints | None = None) -> Space:
+    """Every valid configuration of ``job.framework`` on ``cluster`` under ``constraints``."""
+    cons = constraints or Constraints()
+    fw = framework(job.framework)
+    rej = Rejections()
+    f = _Filter(cons, rej)
+    world, gpn, L = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
+    ffn = [model.ffn_hidden_size or 0] + ([model.moe_ffn_hidden_size or 0] if model.is_moe
+                                          else [])
+    tps = f.keep("tp", _divisors(world), [
+        ("tp_node", lambda t: gpn % t == 0),
+        ("tp_heads", lambda t: model.num_heads % t == 0 and model.num_kv_heads % t == 0),
+        ("tp_ffn", lambda t: all(x % t == 0 for x in ffn))])
+    cores: list[tuple[int, ...]] = []
+    shard_of: list[int] = []
+    rec_of: list[int] = []
+    shardings: dict[tuple[int, ...], int] = {}
+    recomputes: dict[int, int] = {}
+    z_tables: list[np.ndarray] = []
+    r_tables: list[np.ndarray] = []
+    for tp in tps:
+        pps = f.keep("pp", _divisors(world // tp), [
+            ("pp_layers", lambda p: p <= L)], show=lambda p, tp=tp: f"tp={tp} pp={p}")
+        for pp in pps:
+            scheds = _schedules(fw, f, L, pp)
+            cps = f.keep("cp", _divisors(world // (tp * pp)), [
+                ("cp_seq", lambda c: job.seq_len % c == 0),
+                ("mesh_nodes", lambda c, tp=tp: gpn % (tp * c) == 0 or (tp * c) % gpn == 0)],
+                show=lambda c, tp=tp, pp=pp: f"tp={tp} pp={pp} cp={c}")
+            for cp in cps:
+                dp = world // (tp * pp * cp)
+                ok = f.keep("dp", [dp], [
+                    ("dp_batch", lambda d: job.global_batch_size % d == 0)],
+                    show=lambda d, tp=tp, pp=pp, cp=cp: f"tp={tp} pp={pp} cp={cp} dp={d}")
+                if not ok:
+                    continue
+                sps = f.keep("sequence_parallel", [False, True] if tp > 1 else [False],
+                             [("sp_seq", lambda s, cp=cp, tp=tp: not s
+                               or (job.seq_len // cp) % tp == 0)])
+                mbss = f.keep("micro_batch_size", _divisors(job.global_batch_size // dp))
+                eps = f.keep("ep", _divisors(dp * cp) if model.is_moe else [1], [
+                    ("ep_experts", lambda e: model.num_experts % e == 0)],
+                    show=lambda e, tp=tp, pp=pp, cp=cp: f"tp={tp} pp={pp} cp={cp} ep={e}")
+                for ep in eps:
+                    key = (dp, pp, cp, ep)
+                    if key not in shardings:
+                        shardings[key] = len(z_tables)
+                        z_tables.append(_shardings(fw, f, dp, pp, cp, ep))
+                    if not len(z_tables[shardings[key]]):
+                        continue
+                    for (s, v), sp, mbs in itertools.product(scheds, sps, mbss):
+                        chunk = L // (pp * v)
+                        if chunk not in recomputes:
+                            recomputes[chunk] = len(r_tables)
+                            r_tables.append(_recomputes(f, chunk))
+                        if not len(r_tables[recomputes[chunk]]):
+                            continue
+                        cores.append((dp, tp, pp, cp, ep, int(sp), mbs, s, v))
+                        shard_of.append(shardings[key])
+                        rec_of.append(recomputes[chunk])
+    if not model.is_moe and cons.fixed.get("ep", 1) != 1:
+        rej.add("ep_dense", f"ep={cons.fixed['ep']} on the dense {model.name}")
+    return Space(framework=fw.name,
+                 cores=np.array(cores, dtype=np.int64).reshape(-1, len(CORE)),
+                 shard_of=np.array(shard_of, dtype=np.int64),
+                 recompute_of=np.array(rec_of, dtype=np.int64),
+                 shardings=tuple(z_tables), recomputes=tuple(r_tables),
+                 rejected={k: (int(n), str(ex)) for k, (n, ex) in rej.counts.items()})
+
+
+def spaces(model: ModelSpec, cluster: Cluster, job: Job,
+           constraints: Constraints | None = None) -> list[tuple[Job, Space]]:
+    """One (job, space) per trainer the constraints name (default: the job's own)."""
+    cons = constraints or Constraints()
+    names = cons.frameworks or (job.framework,)
+    out = []
+    for name in names:
+        j = job if name == job.framework else replace(job, framework=name)
+        out.append((j, build_space(model, cluster, j, cons)))
+    return out

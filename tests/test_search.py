@@ -1,0 +1,246 @@
+"""The search: its space against validate(), its result against brute force, plans as data."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from costmodel import GPU, Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
+from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES, validate
+from costmodel.tables import evaluate
+from planner.plan import Plan, plan
+from planner.search import search
+from planner.space import COLUMNS, PRESETS, Constraints, arrays, build_space, row_config
+
+# A small decoder (8 layers) on 2 nodes of 4 GPUs: spaces of a few thousand rows.
+TINY = ModelSpec(name="tiny", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=4,
+                 ffn_hidden_size=1536, vocab_size=8000, gated_mlp=True)
+CLUSTER = Cluster(gpu="a100-80gb", num_nodes=2, gpus_per_node=4)
+FRAMEWORKS = ("torchtitan", "megatron", "deepspeed")
+
+
+def job(fw: str = "torchtitan", batch: int = 8, seq: int = 1024) -> Job:
+    return Job(global_batch_size=batch, seq_len=seq, framework=fw)
+
+
+def _key(peak: np.ndarray, step: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Brute-force order: step time, peak memory, columns ascending."""
+    return np.lexsort((*table.T[::-1], peak, step))
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_space_is_exactly_the_valid_configurations(fw: str) -> None:
+    """Every configuration that validate() accepts (in canonical form, tp x cp tiling the
+    nodes) is in the space once, and nothing else is."""
+    j = job(fw)
+    space = build_space(TINY, CLUSTER, j)
+    got = {tuple(r) for r in space.table}
+    assert len(got) == space.rows
+    want = set()
+    degrees = [1, 2, 4, 8]
+    for dp, tp, pp, cp in itertools.product(degrees, repeat=4):
+        if dp * tp * pp * cp != CLUSTER.num_gpus or ((tp * cp) % 4 and 4 % (tp * cp)):
+            continue
+        for zero, sp, mbs, sched, rec, off in itertools.product(
+                range(4), (False, True), (1, 2, 4, 8), SCHEDULES, RECOMPUTE, OFFLOADS):
+            for v in (1, 2, 4):
+                for group in [None] + [g for g in (1, 2, 4) if g < dp]:
+                    for n in [None, *range(1, 8)]:
+                        try:
+                            cfg = ParallelConfig(
+                                dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero,
+                                sharding_group=group, sequence_parallel=sp,
+                                micro_batch_size=mbs, pipeline_schedule=sched,
+                                virtual_pipeline_stages=v, recompute=rec,
+                                recompute_num_layers=n, offload=off)
+                            validate(TINY, CLUSTER, j, cfg)
+                        except SpecError:
+                            continue
+                        if pp == 1 and sched != "1f1b":
+                            continue  # canonical: no schedule without a pipeline
+                        if n is not None and n >= TINY.num_layers // (pp * v):
+                            continue  # canonical: N covering the chunk is plain "full"
+                        if group is not None and zero not in _hybrid(fw):
+                            continue
+                        want.add(tuple(int(x) for x in _row(cfg)))
+    assert got == want
+
+
+def _hybrid(fw: str) -> tuple[int, ...]:
+    from costmodel.frameworks import framework
+    return framework(fw).hybrid_shard_stages
+
+
+def _row(cfg: ParallelConfig) -> np.ndarray:
+    from planner.space import config_row
+    return config_row(cfg)
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_search_equals_a_full_pass(fw: str) -> None:
+    """Branch and bound returns exactly the top of the fully evaluated space, under a memory
+    capacity that leaves part of the space out."""
+    j = job(fw)
+    space = build_space(TINY, CLUSTER, j)
+    table = space.table
+    full = evaluate(TINY, CLUSTER, j, arrays(TINY, table))
+    cap = float(np.quantile(full.peak_memory, 0.3))
+    fit = full.peak_memory <= cap
+    order = [i for i in _key(full.peak_memory, full.step_time, table) if fit[i]]
+    want, seen = [], set()
+    for i in order:  # distinct (time, memory), as the search reports them
+        tag = (full.step_time[i], full.peak_memory[i])
+        if tag not in seen:
+            seen.add(tag)
+            want.append(tuple(int(x) for x in table[i]))
+    res = search(TINY, CLUSTER, j, top_k=5, capacity=cap)
+    assert [f.row for f in res.top] == want[:5]
+    assert res.counts["space"] == space.rows
+    assert res.counts["evaluated"] + res.counts["bounded"] == space.rows
+    assert res.counts["bounded"] > 0  # the bound did prune
+
+
+def test_search_equals_brute_force_over_scalar_estimates() -> None:
+    """On a constrained space, the plan is the fastest of estimate() over every row."""
+    cons = Constraints(max={"micro_batch_size": 1}, allowed={"recompute": ["none", "full"]},
+                       fixed={"offload": "none"})
+    j = job("megatron")
+    space = build_space(TINY, CLUSTER, j, cons)
+    assert 50 < space.rows < 1000
+    # A GPU whose memory leaves about half of the space out.
+    peaks = evaluate(TINY, CLUSTER, j, arrays(TINY, space.table)).peak_memory
+    gpu = dataclasses.replace(GPU.preset("a100-80gb"), memory_bytes=float(np.median(peaks)))
+    small = dataclasses.replace(CLUSTER, gpu=gpu)
+    best = None
+    for r in space.table:
+        cfg = row_config(r)
+        e = estimate(TINY, small, j, cfg)
+        if e.fits:
+            k = (e.step_time_s, e.peak_memory_bytes, tuple(int(x) for x in r))
+            best = k if best is None or k < best else best
+    p = plan(TINY, small, j, constraints=cons)
+    assert best is not None
+    assert p.estimate.step_time_s == best[0]
+    assert p.config == row_config(np.array(best[2]))
+
+
+def test_plan_is_deterministic_and_round_trips(tmp_path) -> None:
+    a = plan(TINY, CLUSTER, job())
+    b = plan(TINY, CLUSTER, job())
+    da, db = a.to_dict(), b.to_dict()
+    da.pop("search_seconds")
+    db.pop("search_seconds")
+    assert da == db
+    path = tmp_path / "plan.json"
+    a.to_json(path)
+    back = Plan.from_json(path)
+    assert back.config == a.config
+    assert back.estimate.to_dict() == a.estimate.to_dict()
+    assert back.alternatives == a.alternatives
+    assert json.loads(path.read_text())["schema_version"] == 1
+
+
+def test_plan_json_errors() -> None:
+    with pytest.raises(SpecError, match="schema_version"):
+        Plan.from_json('{"schema_version": 99}')
+    with pytest.raises(SpecError, match="not valid JSON"):
+        Plan.from_json("{nope")
+    with pytest.raises(SpecError, match="cannot read"):
+        Plan.from_json("/no/such/plan.json")
+
+
+@pytest.mark.parametrize(("model", "nodes", "batch", "seq"), [
+    ("llama-3-8b", 1, 64, 8192), ("gpt3-2.7b", 2, 512, 2048), ("mixtral-8x7b", 4, 256, 4096),
+    ("llama-2-70b", 8, 512, 4096)])
+def test_plan_fits_and_uses_every_gpu(model: str, nodes: int, batch: int, seq: int) -> None:
+    m = ModelSpec.preset(model)
+    c = Cluster(gpu="h100-sxm", num_nodes=nodes)
+    p = plan(m, c, Job(global_batch_size=batch, seq_len=seq))
+    cfg = p.config
+    assert cfg.dp * cfg.tp * cfg.pp * cfg.cp == c.num_gpus
+    assert p.estimate.fits
+    runners = p.runners_up
+    assert all(r.step_time_s >= p.estimate.step_time_s for r in runners)
+
+
+def test_presets_and_constraints_narrow_the_search() -> None:
+    j = job(batch=16)
+    fsdp = plan(TINY, CLUSTER, j, constraints="fsdp").config
+    assert (fsdp.tp, fsdp.pp, fsdp.cp, fsdp.zero_stage) == (1, 1, 1, 3)
+    ddp = plan(TINY, CLUSTER, j, constraints="ddp").config
+    assert (ddp.dp, ddp.zero_stage) == (8, 0)
+    mg = plan(TINY, CLUSTER, j, constraints="megatron-3d")
+    assert mg.job.framework == "megatron" and mg.config.zero_stage in (0, 1)
+    capped = plan(TINY, CLUSTER, j, constraints={"max": {"tp": 1}, "fixed": {"pp": 2}})
+    assert capped.config.tp == 1 and capped.config.pp == 2
+    across = plan(TINY, CLUSTER, j, constraints=Constraints(frameworks=FRAMEWORKS))
+    single = [plan(TINY, CLUSTER, job(fw, batch=16)).estimate.step_time_s for fw in FRAMEWORKS]
+    assert across.estimate.step_time_s == min(single)
+    assert set(PRESETS) >= {"ddp", "fsdp", "zero2", "megatron-3d", "torchtitan-default"}
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: Constraints.preset("nope"), lambda: Constraints(fixed={"nope": 1}),
+    lambda: Constraints(max={"tp": 0}), lambda: Constraints(frameworks=("jax",)),
+    lambda: plan(TINY, CLUSTER, job(), top_k=0), lambda: plan(TINY, "x", job()),  # type: ignore
+])
+def test_bad_constraints_raise_spec_error(bad) -> None:
+    with pytest.raises(SpecError):
+        bad()
+
+
+def test_infeasible_says_what_would_fit() -> None:
+    m = ModelSpec.preset("llama-3-70b")
+    c = Cluster(gpu="a100-40gb", num_nodes=1)
+    with pytest.raises(Infeasible, match=r"least memory .* GiB per GPU.*GPUs"):
+        plan(m, c, Job(global_batch_size=16, seq_len=4096))
+
+
+def test_invalid_everything_is_infeasible_with_the_rule() -> None:
+    with pytest.raises(Infeasible, match="tensor parallel stays inside a node"):
+        plan(TINY, CLUSTER, job(), constraints={"fixed": {"tp": 8}})
+
+
+def test_why_not_table_names_reasons() -> None:
+    p = plan(TINY, CLUSTER, job(batch=16))
+    verdicts = {a.verdict for a in p.alternatives}
+    assert "slower" in verdicts and "invalid" in verdicts
+    for a in p.alternatives:
+        if a.verdict == "slower":
+            assert "slower by" in a.reason or "as fast" in a.reason
+    assert "why not" in p.summary()
+
+
+def test_table_columns_cover_parallel_config() -> None:
+    cfg = ParallelConfig(dp=2, tp=2, pp=2, zero_stage=1, sharding_group=1, micro_batch_size=2,
+                         pipeline_schedule="interleaved-1f1b", virtual_pipeline_stages=2,
+                         recompute="full", recompute_num_layers=1, offload="optimizer")
+    assert row_config(_row(cfg)) == cfg
+    assert len(COLUMNS) == 14
+
+
+def test_cli_plan(tmp_path) -> None:
+    out = tmp_path / "p.json"
+    args = [sys.executable, "-m", "planner", "plan", "--model", "llama-3-8b", "--gpus", "8",
+            "--gpu", "h100-sxm", "--global-batch-size", "64", "--seq-len", "4096", "--json",
+            "-o", str(out)]
+    r = subprocess.run(args, capture_output=True, text=True, check=True)
+    d = json.loads(r.stdout)
+    assert {"config", "estimate"} <= set(d)
+    assert d["estimate"]["step_time_s"] > 0
+    assert Plan.from_json(out).config == ParallelConfig(**d["config"])
+    for bad in (["--model", "no-such-model", "--gpus", "8"],
+                ["--model", "llama-3-70b", "--gpus", "8", "--gpu", "a100-40gb",
+                 "--global-batch-size", "16", "--seq-len", "4096"],
+                ["--model", "llama-3-8b", "--gpus", "8", "--global-batch-size", "8",
+                 "--seq-len", "512", "--max", "tp"]):
+        r = subprocess.run([sys.executable, "-m", "planner", "plan", *bad], capture_output=True,
+                           text=True)
+        assert r.returncode == 2
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
