@@ -54,7 +54,7 @@ def tile(a: ConfigArrays, rows: int) -> ConfigArrays:
     """``a`` repeated until it has at least ``rows`` rows."""
     reps = -(-rows // a.rows)
     return ConfigArrays(**{k: np.concatenate([getattr(a, k)] * reps)
-                           for k in a.__dataclass_fields__})
+                           for k in a.__dataclass_fields__ if getattr(a, k) is not None})
 
 
 def main() -> None:

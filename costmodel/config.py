@@ -96,6 +96,8 @@ class ParallelConfig:
     ``recompute_num_layers`` limits it to the first N layers of each pipeline chunk.
     ``offload``: ``none``, ``optimizer``, ``optimizer+params`` (to CPU memory).
     ``stage_layers``: explicit transformer layers per pipeline stage (sums to the model's).
+    ``stage_recompute_layers``: with ``recompute='full'`` and ``stage_layers``, how many of
+    each stage's layers (its first ones) are fully recomputed, so stages may differ.
     """
 
     dp: int = 1
@@ -113,6 +115,7 @@ class ParallelConfig:
     recompute_num_layers: int | None = None
     offload: str = "none"
     stage_layers: tuple[int, ...] | None = None
+    stage_recompute_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         owner = "ParallelConfig"
@@ -168,6 +171,20 @@ class ParallelConfig:
                 _positive_int(owner, "stage_layers[i]", n)
             if self.virtual_pipeline_stages > 1:
                 raise SpecError(f"{owner}: stage_layers cannot be combined with interleaving")
+        if self.stage_recompute_layers is not None:
+            rec = tuple(self.stage_recompute_layers)
+            object.__setattr__(self, "stage_recompute_layers", rec)
+            if self.stage_layers is None or self.recompute != "full" or \
+                    self.recompute_num_layers is not None:
+                raise SpecError(f"{owner}: stage_recompute_layers needs stage_layers and "
+                                "recompute='full' without recompute_num_layers")
+            if len(rec) != self.pp or any(isinstance(r, bool) or not isinstance(r, int)
+                                          or not 0 <= r <= n
+                                          for r, n in zip(rec, self.stage_layers,
+                                                          strict=True)):
+                raise SpecError(f"{owner}: stage_recompute_layers {list(rec)} must give each "
+                                f"of the {self.pp} stages 0..its layers "
+                                f"{list(self.stage_layers)}")
 
     @property
     def world_size(self) -> int:
@@ -184,8 +201,9 @@ class ParallelConfig:
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain JSON-serializable dict."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["stage_layers"] is not None:
-            out["stage_layers"] = list(out["stage_layers"])
+        for key in ("stage_layers", "stage_recompute_layers"):
+            if out[key] is not None:
+                out[key] = list(out[key])
         return out
 
 

@@ -77,6 +77,7 @@ class ConfigArrays:
     stage_index: np.ndarray
     stage_count: np.ndarray
     stage_start: np.ndarray
+    stage_recompute: np.ndarray | None = None  # layers fully recomputed per stage; -1: the row's
 
     @property
     def rows(self) -> int:
@@ -127,6 +128,7 @@ class ConfigArrays:
         pps = np.array([c.pp for c in configs], dtype=np.int64)
         vs = np.array([c.virtual_pipeline_stages for c in configs], dtype=np.int64)
         explicit = any(c.stage_layers is not None for c in configs)
+        per_stage_rec = None
         if all_stages or explicit or not cls.classes_exact(model, pps, vs):
             width = int(pps.max())
             index = np.broadcast_to(np.arange(width), (n, width)).copy()
@@ -136,6 +138,11 @@ class ConfigArrays:
                 split = c.stage_layers or _even(model.num_layers, c.pp)
                 layers[r, : c.pp] = split
             start = np.cumsum(layers, axis=1) - layers
+            if any(c.stage_recompute_layers is not None for c in configs):
+                per_stage_rec = np.full((n, width), -1, dtype=np.int64)
+                for r, c in enumerate(configs):
+                    if c.stage_recompute_layers is not None:
+                        per_stage_rec[r, : c.pp] = c.stage_recompute_layers
         else:
             index, count, layers, start = cls.uniform_stages(model.num_layers, pps)
 
@@ -161,6 +168,7 @@ class ConfigArrays:
             stage_index=index,
             stage_count=count,
             stage_start=start,
+            stage_recompute=per_stage_rec,
         )
 
 
@@ -478,6 +486,9 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     n_rec = np.where((mode == 2) & (a.recompute_layers[:, None] > 0),
                      np.minimum(a.recompute_layers[:, None] * a.v[:, None], layers), layers)
     n_rec = np.where(mode == 2, n_rec, layers)
+    if a.stage_recompute is not None:  # per-stage counts (a non-uniform plan)
+        n_rec = np.where((mode == 2) & (a.stage_recompute >= 0),
+                         np.minimum(a.stage_recompute, layers), n_rec)
     rec_dense = np.minimum(n_rec, dense_layers)
     rec_moe = n_rec - rec_dense
     stage_act = (rec_dense * by_mode(dense_act) + rec_moe * by_mode(moe_act)

@@ -46,10 +46,13 @@ class CostTable:
 def take(a: ConfigArrays, rows: np.ndarray, width: int | None = None) -> ConfigArrays:
     """The sub-table of ``rows``, its stage columns cut to the first ``width`` (which must
     hold every existing stage column of those rows)."""
-    cols = {f.name: getattr(a, f.name)[rows] for f in fields(a)}
+    cols = {f.name: None if getattr(a, f.name) is None else getattr(a, f.name)[rows]
+            for f in fields(a)}
     if width is not None:
-        for key in ("stage_layers", "stage_index", "stage_count", "stage_start"):
-            cols[key] = cols[key][:, :width]
+        for key in ("stage_layers", "stage_index", "stage_count", "stage_start",
+                    "stage_recompute"):
+            if cols[key] is not None:
+                cols[key] = cols[key][:, :width]
     return ConfigArrays(**cols)
 
 

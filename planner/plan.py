@@ -22,6 +22,8 @@ from costmodel.errors import Infeasible, SpecError
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
+from planner.partition import partition as partition_stages
+from planner.partition import stage_costs
 from planner.search import Found, SearchResult, least_gpus, search
 from planner.space import RULES, Constraints, row_config
 
@@ -82,12 +84,12 @@ def _short(cfg: ParallelConfig) -> str:
                          ("sequence_parallel", False), ("micro_batch_size", None),
                          ("virtual_pipeline_stages", 1), ("recompute", "none"),
                          ("recompute_num_layers", None), ("offload", "none"),
-                         ("stage_layers", None)):
+                         ("stage_layers", None), ("stage_recompute_layers", None)):
         v = getattr(cfg, key)
         if v != default:
             name = {"zero_stage": "zero", "sequence_parallel": "sp", "micro_batch_size": "mbs",
                     "virtual_pipeline_stages": "v", "sharding_group": "shard"}.get(key, key)
-            parts.append(name if v is True else f"{name}={list(v) if key == 'stage_layers' else v}")
+            parts.append(name if v is True else f"{name}={list(v) if isinstance(v, tuple) else v}")
     if cfg.pp > 1:
         parts.append(str(cfg.pipeline_schedule))
     return " ".join(parts)
@@ -246,7 +248,9 @@ class Plan:
             f"{c.get('bounded', 0):,} skipped by a lower bound",
         ]
         if self.config.stage_layers:
-            lines.append(f"stages   layers per pipeline stage {list(self.config.stage_layers)}")
+            rec = self.config.stage_recompute_layers
+            lines.append(f"stages   layers per pipeline stage {list(self.config.stage_layers)}"
+                         + (f", fully recomputed {list(rec)}" if rec else ""))
         lost = [a for a in self.alternatives if a.verdict != "invalid"][:rows]
         if lost:
             lines.append("")
@@ -302,12 +306,14 @@ def _infeasible(model: ModelSpec, cluster: Cluster, job: Job, cons: Constraints,
 
 def plan(model: ModelSpec, cluster: Cluster, job: Job, *,
          constraints: Constraints | str | Mapping[str, Any] | None = None,
-         top_k: int = 5) -> Plan:
+         top_k: int = 5, partition: bool = True) -> Plan:
     """The fastest configuration of ``job`` on ``cluster`` that fits in memory.
 
     ``constraints``: a ``Constraints``, a preset name (``planner.space.PRESETS``) or its dict
     form; ``constraints.frameworks`` searches several trainers. ``top_k``: how many
-    configurations (the plan and its runners-up) to rank. Deterministic: ties are broken by
+    configurations (the plan and its runners-up) to rank. ``partition``: let the stage DP
+    (``planner.partition``) rebalance the layers (and recomputed layers) of the pipelined
+    top configurations when that is faster than the uniform split. Deterministic: ties are broken by
     peak memory, then the trainer's order, then the configuration's columns ascending.
     Raises ``Infeasible`` when nothing fits, naming the memory or GPUs that would.
     """
@@ -320,13 +326,47 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *,
     cons = _constraints(constraints)
     t0 = time.perf_counter()
     res = search(model, cluster, job, cons, top_k=top_k)
-    seconds = time.perf_counter() - t0
     if not res.top:
         raise _infeasible(model, cluster, job, cons, res)
     best = res.top[0]
     chosen_job = res.jobs[best.framework]
     cfg = row_config(np.array(best.row))
-    return Plan(model=model, cluster=cluster, job=chosen_job, config=cfg,
-                estimate=estimate(model, cluster, chosen_job, cfg),
-                alternatives=_alternatives(res, cluster.gpu.memory_bytes),
-                counts=dict(res.counts), constraints=cons, search_seconds=seconds)
+    est = estimate(model, cluster, chosen_job, cfg)
+    alternatives = _alternatives(res, cluster.gpu.memory_bytes)
+    if partition:
+        cfg, est, chosen_job, alternatives = _refine(model, cluster, res, cfg, est, chosen_job,
+                                                     alternatives)
+    return Plan(model=model, cluster=cluster, job=chosen_job, config=cfg, estimate=est,
+                alternatives=alternatives, counts=dict(res.counts), constraints=cons,
+                search_seconds=time.perf_counter() - t0)
+
+
+def _refine(model: ModelSpec, cluster: Cluster, res: SearchResult, cfg: ParallelConfig,
+            est: Estimate, job: Job, alternatives: tuple[Alternative, ...]
+            ) -> tuple[ParallelConfig, Estimate, Job, tuple[Alternative, ...]]:
+    """Give the pipelined configurations among the top ones a non-uniform stage partition
+    (``planner.partition``; per-stage recompute counts when they recompute fully) and keep
+    the fastest result; the uniform split it replaced becomes a runner-up."""
+    best = (est.step_time_s, cfg, est, job)
+    for f in res.top:
+        c = row_config(np.array(f.row))
+        if c.pp < 2 or c.virtual_pipeline_stages > 1:
+            continue
+        j = res.jobs[f.framework]
+        costs = stage_costs(model, cluster, j, c)
+        part = partition_stages(costs, model.num_layers, cluster.gpu.memory_bytes,
+                         per_stage=c.recompute == "full")
+        if part is None:
+            continue
+        c2 = part.apply(c)
+        e2 = estimate(model, cluster, j, c2)
+        if e2.fits and e2.step_time_s < best[0]:  # type: ignore[operator]
+            best = (e2.step_time_s, c2, e2, j)
+    if best[1] is cfg:
+        return cfg, est, job, alternatives
+    uniform = Alternative(
+        framework=job.framework, config=cfg, verdict="slower",
+        reason=f"the uniform stage split: slower by "
+        f"{100 * (est.step_time_s / best[0] - 1):.1f}% than the partition the stage DP "
+        f"found", step_time_s=est.step_time_s, peak_memory_bytes=est.peak_memory_bytes)
+    return best[1], best[2], best[3], (uniform, *alternatives)
