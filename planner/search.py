@@ -30,7 +30,7 @@ from costmodel.config import Job
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.steptime import TIME_TERMS
-from costmodel.tables import evaluate
+from costmodel.tables import CostTable, evaluate
 from planner.space import COLUMNS, CORE, Constraints, Space, arrays, spaces
 
 __all__ = ["Found", "MeshOutcome", "SearchResult", "search"]
@@ -112,9 +112,9 @@ class _State:
             out = self.mesh(fw, rows[i])
             out.floor = min(out.floor, float(floor[i]))
 
-    def add(self, fw: str, fw_rank: int, rows: np.ndarray, res: object) -> None:
-        """Fold evaluated rows (``costmodel.tables.CostTable``) into the state."""
-        step, peak, stage = res.step_time, res.peak_memory, res.peak_stage  # type: ignore[attr-defined]
+    def add(self, fw: str, fw_rank: int, rows: np.ndarray, res: CostTable) -> None:
+        """Fold evaluated rows into the state."""
+        step, peak, stage = res.step_time, res.peak_memory, res.peak_stage
         fit = np.isfinite(step)
         self.counts["evaluated"] += len(rows)
         self.counts["fit"] += int(fit.sum())
@@ -124,7 +124,7 @@ class _State:
             return Found(framework=fw, row=tuple(int(x) for x in rows[i]),
                          step_time=float(step[i]), peak_memory=float(peak[i]),
                          peak_stage=int(stage[i]),
-                         terms={t: float(res.terms[t][i]) for t in TIME_TERMS})  # type: ignore[attr-defined]
+                         terms={t: float(res.terms[t][i]) for t in TIME_TERMS})
 
         def key(i: int) -> tuple[float, ...]:
             return (float(step[i]), float(peak[i]), fw_rank, *(float(x) for x in rows[i]))
@@ -167,7 +167,7 @@ class _State:
                 if better:
                     setattr(out, attr, found(i))
         # The least GPU memory among rows whose offloaded part fits the host (else any row).
-        host_ok = res.cpu_memory <= self.host_capacity  # type: ignore[attr-defined]
+        host_ok = res.cpu_memory <= self.host_capacity
         low = int(np.lexsort((*rows.T[::-1], peak, ~host_ok))[0])
         lkey = (float(not host_ok[low]), float(peak[low]), fw_rank,
                 *(float(x) for x in rows[low]))
