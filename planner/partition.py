@@ -48,6 +48,7 @@ from costmodel.hardware import Cluster
 from costmodel.memory import ConfigArrays, memory_table
 from costmodel.model import ModelSpec
 from costmodel.steptime import time_table
+from costmodel.tables import take
 
 __all__ = ["Partition", "StageCosts", "brute_force", "partition", "partition_ilp",
            "stage_costs"]
@@ -105,13 +106,10 @@ def stage_costs(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfi
     c = np.array(cand, dtype=np.int64)
     base = ConfigArrays.from_configs(model, [replace(cfg, stage_layers=None,
                                                      stage_recompute_layers=None)])
-    rows = len(c)
-    cols = {f: np.repeat(getattr(base, f), rows, axis=0) for f in
-            ("dp", "tp", "pp", "cp", "ep", "zero", "shard", "sp", "mbs", "schedule", "v",
-             "recompute", "recompute_layers", "offload")}
-    a = ConfigArrays(**cols, stage_index=c[:, :1], stage_count=np.ones((rows, 1), np.int64),
-                     stage_layers=c[:, 2:3], stage_start=c[:, 1:2],
-                     stage_recompute=c[:, 3:4] if per_stage else None)
+    # The configuration's row repeated, one stage column per candidate.
+    a = replace(take(base, np.zeros(len(c), dtype=np.int64), 1), stage_index=c[:, :1],
+                stage_count=np.ones((len(c), 1), np.int64), stage_layers=c[:, 2:3],
+                stage_start=c[:, 1:2], stage_recompute=c[:, 3:4] if per_stage else None)
     mem = memory_table(model, cluster, job, a)
     tt = time_table(model, cluster, job, a, mem)
     shape = (p, len(starts), L + 1, L + 1)

@@ -116,7 +116,7 @@ def _alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]
                        peak_memory_bytes=f.peak_memory) for f in res.top[1:]]
     shown = {f.row for f in res.top}
     rows = []
-    for (fw, *_), o in res.meshes.items():
+    for (fw, *degrees), o in res.meshes.items():
         if o.best is not None and o.best.row not in shown:
             rows.append((0, o.best.step_time, Alternative(
                 framework=fw, config=row_config(np.array(o.best.row)), verdict="slower",
@@ -133,7 +133,7 @@ def _alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]
                 framework=fw, config=row_config(np.array(n.row)), verdict="does not fit",
                 reason=why, peak_memory_bytes=n.peak_memory)))
         elif o.best is None and np.isfinite(o.floor):
-            mesh = dict(zip(("dp", "tp", "pp", "cp", "ep"), _, strict=True))
+            mesh = dict(zip(("dp", "tp", "pp", "cp", "ep"), degrees, strict=True))
             rows.append((2, o.floor, Alternative(
                 framework=fw, config=None, verdict="bounded",
                 reason=" ".join(f"{k}={v}" for k, v in mesh.items()) + ": slower: at least "

@@ -31,7 +31,7 @@ from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.steptime import TIME_TERMS
 from costmodel.tables import CostTable, evaluate
-from planner.space import COLUMNS, CORE, Constraints, Space, arrays, spaces
+from planner.space import COLUMNS, Constraints, Space, arrays, positions, spaces
 
 __all__ = ["Found", "MeshOutcome", "SearchResult", "search"]
 
@@ -81,6 +81,12 @@ class SearchResult:
     jobs: dict[str, Job] = field(default_factory=dict)
 
 
+def _first_per_mesh(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """The first index of ``order`` for each mesh (``MESH`` columns) among ``rows``."""
+    _, idx = np.unique(rows[order][:, _MESH_COLS], axis=0, return_index=True)
+    return order[np.sort(idx)]
+
+
 class _State:
     """The running top-k and per-mesh outcomes while spaces are searched."""
 
@@ -104,11 +110,7 @@ class _State:
         """Record configurations skipped by their bound (one row per mesh is enough)."""
         if not len(rows):
             return
-        order = np.lexsort((floor, *rows[:, _MESH_COLS].T[::-1]))
-        keys = rows[order][:, _MESH_COLS]
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = np.any(keys[1:] != keys[:-1], axis=1)
-        for i in order[first]:
+        for i in _first_per_mesh(rows, np.argsort(floor, kind="stable")):
             out = self.mesh(fw, rows[i])
             out.floor = min(out.floor, float(floor[i]))
 
@@ -154,8 +156,7 @@ class _State:
                 continue
             if attr == "nearest":
                 sel = sel[np.lexsort((*rows[sel].T[::-1], peak[sel]))]
-            _, idx = np.unique(rows[sel][:, _MESH_COLS], axis=0, return_index=True)
-            for i in sel[np.sort(idx)]:
+            for i in _first_per_mesh(rows, sel):
                 out = self.mesh(fw, rows[i])
                 cur = getattr(out, attr)
                 if attr == "best":
@@ -175,21 +176,6 @@ class _State:
             self.least = (lkey, found(low))
 
 
-def _bare(space: Space, core: np.ndarray, rec: np.ndarray | None) -> np.ndarray:
-    """Rows of ``COLUMNS`` for (core, recompute option) with no ZeRO and no offload (these
-    bound the core's configurations; they need not be in the space)."""
-    out = np.zeros((len(core), len(COLUMNS)), dtype=np.int64)
-    c = space.cores[core]
-    for i, name in enumerate(CORE):
-        out[:, COLUMNS.index(name)] = c[:, i]
-    out[:, COLUMNS.index("group")] = c[:, CORE.index("dp")]
-    if rec is not None:
-        r = space.recompute_rows(core, rec)
-        out[:, COLUMNS.index("recompute")] = r[:, 0]
-        out[:, COLUMNS.index("recompute_layers")] = r[:, 1]
-    return out
-
-
 def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank: int,
                 state: _State) -> None:
     fw = space.framework
@@ -198,7 +184,7 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
     state.counts["space"] += int((nz * nr).sum())
     if not n:
         return
-    base = _bare(space, np.arange(n), None)
+    base = space.core_rows(np.arange(n))
     f0 = evaluate(model, cluster, job, arrays(model, base)).floor
     order = np.lexsort((np.arange(n), f0))
     pos, batch = 0, FIRST_BATCH
@@ -212,17 +198,15 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
         # whose pipeline time (the step without what follows the last backward) bounds every
         # recompute option of that sharding.
         core = np.repeat(chunk, nr[chunk])
-        rec = np.arange(len(core)) - np.repeat(np.cumsum(nr[chunk]) - nr[chunk], nr[chunk])
-        bare = _bare(space, core, rec)
+        rec = positions(nr[chunk])
+        bare = space.core_rows(core, rec)
         f1 = evaluate(model, cluster, job, arrays(model, bare)).floor
         keep = f1 <= bound
         state.counts["bounded"] += int(nz[core[~keep]].sum())
         state.floors(fw, bare[~keep], f1[~keep])
         if not keep.any():
             continue
-        unrec = space.expand(chunk, np.zeros(len(chunk), dtype=np.int64))
-        unrec[:, COLUMNS.index("recompute")] = 0
-        unrec[:, COLUMNS.index("recompute_layers")] = 0
+        unrec = space.expand(chunk, None)
         res_z = evaluate(model, cluster, job, arrays(model, unrec))
         pipe = res_z.step_time - sum(res_z.terms[t] for t in POST_TERMS)
         # Level 2: the pairs that survive both bounds, evaluated.
@@ -230,8 +214,7 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
         loc = np.empty(n, dtype=np.int64)
         loc[chunk] = np.cumsum(nz[chunk]) - nz[chunk]  # where each core's shardings start
         kept = core[keep]
-        zpos = np.repeat(loc[kept], nz[kept]) + np.arange(len(rows)) \
-            - np.repeat(np.cumsum(nz[kept]) - nz[kept], nz[kept])
+        zpos = np.repeat(loc[kept], nz[kept]) + positions(nz[kept])
         ok = pipe[zpos] <= bound
         state.counts["bounded"] += int((~ok).sum())
         state.floors(fw, rows[~ok], pipe[zpos][~ok])

@@ -193,10 +193,6 @@ class Rejections:
         entry = self.counts.setdefault(rule, [0, example])
         entry[0] += n
 
-    def merge(self, other: Rejections) -> None:
-        for rule, (n, example) in other.counts.items():
-            self.add(rule, example, n)
-
 
 # Columns of a core (what sets the compute and the pipeline) and of the two option tables.
 CORE = ("dp", "tp", "pp", "cp", "ep", "sp", "mbs", "schedule", "v")
@@ -240,33 +236,36 @@ class Space:
     def table(self) -> np.ndarray:
         """Every configuration as a row of ``COLUMNS``."""
         nr = self.sizes[1]
-        core = np.repeat(np.arange(len(self.cores)), nr)
-        rec = np.arange(len(core)) - np.repeat(np.cumsum(nr) - nr, nr)
-        return self.expand(core, rec)
+        return self.expand(np.repeat(np.arange(len(self.cores)), nr), positions(nr))
 
-    def recompute_rows(self, core: np.ndarray, rec: np.ndarray) -> np.ndarray:
-        """``(recompute, recompute_layers)`` of option ``rec`` of each ``core``."""
-        out = np.zeros((len(core), 2), dtype=np.int64)
-        which = self.recompute_of[core]
-        for k in np.unique(which):
-            sel = which == k
-            out[sel] = self.recomputes[k][rec[sel]]
-        return out
-
-    def expand(self, core: np.ndarray, rec: np.ndarray) -> np.ndarray:
-        """Rows of ``COLUMNS`` for each (core, recompute option) pair times every sharding
-        option of the core, in order: pairs as given, shardings in table order."""
+    def core_rows(self, core: np.ndarray, rec: np.ndarray | None = None) -> np.ndarray:
+        """Rows of ``COLUMNS`` for each core with recompute option ``rec`` (default: none)
+        and no ZeRO, no offload (these rows need not be in the space)."""
         core = np.asarray(core, dtype=np.int64)
-        r = self.recompute_rows(core, np.asarray(rec, dtype=np.int64))
-        nz = np.array([len(t) for t in self.shardings], dtype=np.int64)[self.shard_of[core]]
-        pair = np.repeat(np.arange(len(core)), nz)
-        within = np.arange(len(pair)) - np.repeat(np.cumsum(nz) - nz, nz)
-        out = np.empty((len(pair), len(COLUMNS)), dtype=np.int64)
-        c = self.cores[core[pair]]
+        out = np.zeros((len(core), len(COLUMNS)), dtype=np.int64)
+        c = self.cores[core]
         for i, name in enumerate(CORE):
             out[:, COLUMNS.index(name)] = c[:, i]
-        out[:, COLUMNS.index("recompute")] = r[pair, 0]
-        out[:, COLUMNS.index("recompute_layers")] = r[pair, 1]
+        out[:, COLUMNS.index("group")] = c[:, CORE.index("dp")]
+        if rec is not None:
+            rec = np.asarray(rec, dtype=np.int64)
+            which = self.recompute_of[core]
+            for k in np.unique(which):
+                sel = which == k
+                r = self.recomputes[k][rec[sel]]
+                for i, name in enumerate(RECOMPUTATION):
+                    out[sel, COLUMNS.index(name)] = r[:, i]
+        return out
+
+    def expand(self, core: np.ndarray, rec: np.ndarray | None) -> np.ndarray:
+        """Rows of ``COLUMNS`` for each (core, recompute option) pair times every sharding
+        option of the core, in order: pairs as given, shardings in table order. ``rec=None``:
+        no recompute (rows that bound the search; they need not be in the space)."""
+        core = np.asarray(core, dtype=np.int64)
+        nz = self.sizes[0][core]
+        pair = np.repeat(np.arange(len(core)), nz)
+        within = positions(nz)
+        out = self.core_rows(core, rec)[pair]
         zs = self.shard_of[core[pair]]
         for k in np.unique(zs):
             sel = zs == k
@@ -290,9 +289,10 @@ class Space:
         return bool(np.any(np.all(self.shardings[self.shard_of[i]] == z, axis=1))
                     and np.any(np.all(self.recomputes[self.recompute_of[i]] == r, axis=1)))
 
-    def config(self, row: np.ndarray) -> ParallelConfig:
-        """A row of ``COLUMNS`` as a ParallelConfig."""
-        return row_config(row)
+
+def positions(sizes: np.ndarray) -> np.ndarray:
+    """For consecutive groups of ``sizes[i]`` items, each item's position in its group."""
+    return np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
 
 def arrays(model: ModelSpec, table: np.ndarray) -> ConfigArrays:

@@ -13,10 +13,19 @@ import pytest
 
 from costmodel import GPU, Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES, validate
+from costmodel.frameworks import framework
 from costmodel.tables import evaluate
 from planner.plan import Plan, plan
 from planner.search import search
-from planner.space import COLUMNS, PRESETS, Constraints, arrays, build_space, row_config
+from planner.space import (
+    COLUMNS,
+    PRESETS,
+    Constraints,
+    arrays,
+    build_space,
+    config_row,
+    row_config,
+)
 
 # A small decoder (8 layers) on 2 nodes of 4 GPUs: spaces of a few thousand rows.
 TINY = ModelSpec(name="tiny", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=4,
@@ -66,20 +75,10 @@ def test_space_is_exactly_the_valid_configurations(fw: str) -> None:
                             continue  # canonical: no schedule without a pipeline
                         if n is not None and n >= TINY.num_layers // (pp * v):
                             continue  # canonical: N covering the chunk is plain "full"
-                        if group is not None and zero not in _hybrid(fw):
+                        if group is not None and zero not in framework(fw).hybrid_shard_stages:
                             continue
-                        want.add(tuple(int(x) for x in _row(cfg)))
+                        want.add(tuple(int(x) for x in config_row(cfg)))
     assert got == want
-
-
-def _hybrid(fw: str) -> tuple[int, ...]:
-    from costmodel.frameworks import framework
-    return framework(fw).hybrid_shard_stages
-
-
-def _row(cfg: ParallelConfig) -> np.ndarray:
-    from planner.space import config_row
-    return config_row(cfg)
 
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
@@ -221,7 +220,7 @@ def test_table_columns_cover_parallel_config() -> None:
     cfg = ParallelConfig(dp=2, tp=2, pp=2, zero_stage=1, sharding_group=1, micro_batch_size=2,
                          pipeline_schedule="interleaved-1f1b", virtual_pipeline_stages=2,
                          recompute="full", recompute_num_layers=1, offload="optimizer")
-    assert row_config(_row(cfg)) == cfg
+    assert row_config(config_row(cfg)) == cfg
     assert len(COLUMNS) == 14
 
 
