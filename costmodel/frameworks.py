@@ -68,9 +68,9 @@ FRAMEWORKS: tuple[Framework, ...] = (
         offloads=(("none", 0), ("optimizer", 1), ("optimizer+params", 3)),
         zero_with_pp=(0, 1),
         param_shard_stage=3,
-        # MiCS (zero_optimization.mics_shard_size): ZeRO-3 inside a sub-group, replicated
-        # across sub-groups.
-        hybrid_shard_stages=(3,),
+        # No hybrid sharding: DeepSpeed 0.19 removed MiCS (zero_optimization.mics_shard_size,
+        # deepspeedai/DeepSpeed issue 8489), its ZeRO-3 over a sub-group of dp.
+        hybrid_shard_stages=(),
         # Eager SwiGLU: silu saves its input, the product saves silu(gate) and up, and the
         # down projection saves the product: 4 ffn-wide tensors.
         gated_mlp_saved_widths=4,

@@ -1,5 +1,5 @@
-"""Command line: ``planner plan``, ``estimate``, ``validate``, ``calibrate``, ``models``,
-``gpus``, ``clusters``.
+"""Command line: ``planner plan``, ``estimate``, ``emit``, ``validate``, ``calibrate``,
+``models``, ``gpus``, ``clusters``.
 
 Bad input prints one line naming what is wrong and exits with status 2, never a traceback.
 """
@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,8 @@ from costmodel.config import FRAMEWORK_NAMES, OFFLOADS, OPTIMIZERS, PRECISIONS, 
 from costmodel.hardware import GPU
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
-from planner.plan import plan
+from planner.emit import TARGETS, emit
+from planner.plan import Plan, plan
 from planner.space import PRESETS, Constraints
 
 GIB = 1024**3
@@ -43,6 +45,15 @@ EPILOG_PLAN = """examples:
       --global-batch-size 1536 --seq-len 2048 --framework megatron --max pp=16 --json
   planner plan --model llama-3-8b --gpus 8 --global-batch-size 64 --seq-len 8192 \\
       --preset fsdp -o plan.json
+"""
+
+EPILOG_EMIT = """examples:
+  planner plan --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
+      --global-batch-size 512 --seq-len 8192 -o plan.json
+  planner emit plan.json --target torchtitan -o torchtitan.toml
+  planner emit plan.json --target deepspeed -o ds_config.json
+  planner emit plan.json --target megatron -o megatron_args.sh
+  planner emit plan.json --target slurm -o train.sbatch && sbatch train.sbatch
 """
 
 
@@ -143,6 +154,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(_estimate_report(model, cluster, result.job, result.estimate))
     if args.output:
         print(f"\nplan written to {args.output}")
+    return 0
+
+
+def cmd_emit(args: argparse.Namespace) -> int:
+    """``planner emit``: a saved plan as a trainer's config file."""
+    out = emit(Plan.from_json(args.plan), args.target, command=args.command_line,
+               strict=args.strict)
+    for w in out.warnings:
+        print(f"planner: warning: {w}", file=sys.stderr)
+    if args.output:
+        try:
+            Path(args.output).write_text(out.text)
+        except OSError as e:
+            raise SpecError(f"cannot write {args.output!r}: {e.strerror}") from e
+        print(f"{args.target} file written to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(out.text)
     return 0
 
 
@@ -481,6 +509,22 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plan)
 
+    em = sub.add_parser(
+        "emit", help="write a saved plan as a torchtitan, DeepSpeed, Megatron-LM or Slurm file",
+        description="Write the plan saved by 'planner plan -o plan.json' in the form a "
+        "trainer takes: a torchtitan job TOML, a DeepSpeed ds_config.json, the Megatron-LM "
+        "pretrain_gpt.py arguments, or a Slurm sbatch script that starts the plan's trainer "
+        "with torchrun. A feature the target cannot express is mapped to its nearest setting "
+        "with a warning (also in the file's header, with the new prediction); --strict "
+        "refuses instead.",
+        epilog=EPILOG_EMIT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    em.add_argument("plan", help="a plan JSON file written by 'planner plan -o'")
+    em.add_argument("--target", required=True, choices=TARGETS, help="what to write")
+    em.add_argument("-o", "--output", help="write to this file (default: standard output)")
+    em.add_argument("--strict", action="store_true",
+                    help="refuse a plan the target cannot run unchanged")
+    em.set_defaults(func=cmd_emit)
+
     val = sub.add_parser(
         "validate", help="predicted vs measured for published training runs",
         description="Predict every run of a published-runs file and compare with what was "
@@ -525,7 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(words)
+    args.command_line = "planner " + shlex.join(words)
     try:
         return int(args.func(args))
     except (SpecError, Infeasible) as e:

@@ -27,7 +27,7 @@ from planner.partition import stage_costs
 from planner.search import Found, SearchResult, least_gpus, search
 from planner.space import RULES, Constraints, row_config
 
-__all__ = ["SCHEMA_VERSION", "Alternative", "Plan", "plan"]
+__all__ = ["SCHEMA_VERSION", "Alternative", "Plan", "describe", "plan"]
 
 SCHEMA_VERSION = 1
 GIB = 1024**3
@@ -77,7 +77,7 @@ class Alternative:
                    peak_memory_bytes=d.get("peak_memory_bytes"))
 
 
-def _short(cfg: ParallelConfig) -> str:
+def describe(cfg: ParallelConfig) -> str:
     """A configuration in one line: only what differs from the defaults, degrees first."""
     parts = [f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"]
     for key, default in (("cp", 1), ("ep", 1), ("zero_stage", 0), ("sharding_group", None),
@@ -233,13 +233,27 @@ class Plan:
                    counts=dict(d.get("counts") or {}), constraints=cons,
                    search_seconds=float(d.get("search_seconds") or 0.0))
 
+    def emit(self, target: str, *, command: str | None = None, strict: bool = False) -> str:
+        """The plan as a file for ``target`` (``planner.emit.TARGETS``: torchtitan, deepspeed,
+        megatron, slurm). A feature the target cannot express is mapped to its nearest
+        setting with a ``UserWarning`` (also written in the file's header), or refused with
+        ``SpecError`` when ``strict``. See ``planner.emit.emit`` for the details."""
+        import warnings
+
+        from planner.emit import emit
+
+        out = emit(self, target, command=command, strict=strict)
+        for w in out.warnings:
+            warnings.warn(f"{target}: {w}", UserWarning, stacklevel=2)
+        return out.text
+
     def summary(self, rows: int = 12) -> str:
         """A human-readable report: the plan, its estimate, the runners-up and why others
         lost (``rows`` of them)."""
         e = self.estimate
         c = self.counts
         lines = [
-            f"plan     {_short(self.config)}  ({self.job.framework})",
+            f"plan     {describe(self.config)}  ({self.job.framework})",
             f"         step {e.step_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, MFU "
             f"{100 * (e.mfu or 0):.1f}%, peak memory {e.peak_memory_bytes / GIB:.1f} of "
             f"{e.memory_capacity_bytes / GIB:.0f} GiB per GPU",
@@ -256,7 +270,7 @@ class Plan:
             lines.append("")
             lines.append("why not")
             for a in lost:
-                head = _short(a.config) if a.config else ""
+                head = describe(a.config) if a.config else ""
                 lines.append(f"  {head:<52s} {a.reason}" if head else f"  {a.reason}")
         invalid = [a for a in self.alternatives if a.verdict == "invalid"]
         if invalid:
@@ -294,7 +308,7 @@ def _infeasible(model: ModelSpec, cluster: Cluster, job: Job, cons: Constraints,
     low = res.least_memory
     cfg = row_config(np.array(low.row))
     msg = (f"nothing fits in {cap / GIB:.0f} GiB per GPU: the least memory any configuration "
-           f"needs is {low.peak_memory / GIB:.1f} GiB per GPU ({_short(cfg)}, "
+           f"needs is {low.peak_memory / GIB:.1f} GiB per GPU ({describe(cfg)}, "
            f"{low.framework}); a GPU with at least {low.peak_memory / GIB:.1f} GiB would fit")
     more = least_gpus(model, cluster, job, cons)
     if more:

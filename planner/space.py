@@ -1,7 +1,7 @@
 """The search space: every valid way to split one training job, as columns.
 
 A configuration is a ``costmodel.ParallelConfig``: degrees ``dp * tp * pp * cp`` = GPUs
-(``ep`` carved out of ``dp * cp``), ZeRO stage and its sharding group (HSDP / MiCS), sequence
+(``ep`` carved out of ``dp * cp``), ZeRO stage and its sharding group (HSDP), sequence
 parallel, micro-batch size, pipeline schedule with its virtual stages, recompute (none,
 selective, full, or full on the first N layers of each chunk) and offload.
 
@@ -57,7 +57,7 @@ RULES: dict[str, str] = {
     "ep_ranks": "expert parallel reuses data- and context-parallel ranks: ep divides dp * cp",
     "zero_framework": "the trainer runs this ZeRO stage",
     "zero_pipeline": "the trainer combines this ZeRO stage with pipeline parallel",
-    "shard_hybrid": "the trainer shards over part of the data-parallel ranks (HSDP / MiCS) at "
+    "shard_hybrid": "the trainer shards over part of the data-parallel ranks (HSDP) at "
                     "this ZeRO stage",
     "shard_experts": "expert states shard evenly: ep divides the shard degree",
     "sp_seq": "sequence parallel splits seq_len / cp over tp",

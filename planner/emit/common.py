@@ -1,0 +1,160 @@
+"""What the emitters share: the lowering to a trainer's capabilities, the header, the types."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from costmodel.config import Job, ParallelConfig
+from costmodel.estimate import Estimate
+from costmodel.frameworks import framework
+from costmodel.model import ModelSpec
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lowered:
+    """A configuration and job as a trainer can run them, and what had to change."""
+
+    config: ParallelConfig
+    job: Job
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadBack:
+    """What an emitted file says: the configuration, the global batch (sequences per step),
+    the sequence length (tokens) and the number of GPUs, where the file states them."""
+
+    config: ParallelConfig
+    global_batch_size: int
+    seq_len: int | None = None
+    num_gpus: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One emit target: the file name its trainer expects, how a configuration is lowered to
+    what the trainer runs, how the file is rendered, and how it is read back."""
+
+    name: str
+    filename: str
+    lower: Callable[[ModelSpec, Job, ParallelConfig], Lowered]
+    render: Callable[..., str]
+    read: Callable[[str, ModelSpec], ReadBack]
+
+
+class Changes:
+    """Accumulates the field changes and the warning for each, while lowering."""
+
+    def __init__(self, cfg: ParallelConfig, job: Job) -> None:
+        self.cfg, self.job = cfg, job
+        self.warnings: list[str] = []
+
+    def set(self, why: str, **fields: Any) -> None:
+        """Replace configuration fields and record why."""
+        self.cfg = dataclasses.replace(self.cfg, **fields)
+        self.warnings.append(why)
+
+    def set_job(self, why: str, **fields: Any) -> None:
+        """Replace job fields and record why."""
+        self.job = dataclasses.replace(self.job, **fields)
+        self.warnings.append(why)
+
+    def result(self) -> Lowered:
+        return Lowered(config=self.cfg, job=self.job, warnings=tuple(self.warnings))
+
+
+def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Changes:
+    """Map ``cfg`` onto what trainer ``name`` runs, by the capabilities the search itself uses
+    (``costmodel.frameworks``): a ZeRO stage it lacks becomes the next stage up that it has
+    (less memory, more communication) or else the next one down, an unsupported pipeline
+    schedule becomes 1F1B, an unsupported offload the nearest it has, and hybrid sharding is
+    dropped where the stage cannot shard over part of dp."""
+    fw = framework(name)
+    ch = Changes(cfg, dataclasses.replace(job, framework=name))
+    stages = fw.zero_with_pp if cfg.pp > 1 else fw.zero_stages
+    if cfg.zero_stage not in stages:
+        up = [z for z in stages if z > cfg.zero_stage]
+        z = min(up) if up else max(z for z in stages if z < cfg.zero_stage)
+        ch.set(f"{trainer} has no ZeRO-{cfg.zero_stage}"
+               f"{' with pipeline parallelism' if cfg.pp > 1 else ''}: emitted ZeRO-{z} "
+               f"({fw.note_zero})", zero_stage=z,
+               sharding_group=ch.cfg.sharding_group if z in fw.hybrid_shard_stages else None)
+    if ch.cfg.pipeline_schedule not in fw.schedules:
+        ch.set(f"{trainer} has no {ch.cfg.pipeline_schedule} pipeline schedule: emitted 1F1B "
+               f"(same bubble as GPipe with fewer micro-batches in flight)",
+               pipeline_schedule="1f1b", virtual_pipeline_stages=1)
+    offloads = dict(fw.offloads)
+    if ch.cfg.offload not in offloads or ch.cfg.zero_stage < offloads[ch.cfg.offload]:
+        options = [o for o, z in fw.offloads if z <= ch.cfg.zero_stage and o != "none"]
+        new = options[-1] if options else "none"
+        ch.set(f"{trainer} cannot offload {ch.cfg.offload!r} at ZeRO-{ch.cfg.zero_stage}: "
+               f"emitted offload {new!r}", offload=new)
+    if ch.cfg.sharding_group not in (None, ch.cfg.dp) and (
+            ch.cfg.zero_stage not in fw.hybrid_shard_stages):
+        ch.set(f"{trainer} cannot shard ZeRO-{ch.cfg.zero_stage} over part of the "
+               f"data-parallel ranks: emitted sharding over all {ch.cfg.dp}",
+               sharding_group=None)
+    return ch
+
+
+def chunk_layers(model: ModelSpec, cfg: ParallelConfig) -> int:
+    """Transformer layers per pipeline chunk (stage, or virtual stage when interleaved);
+    for explicit ``stage_layers``, the largest stage."""
+    if cfg.stage_layers:
+        return max(cfg.stage_layers)
+    return model.num_layers // (cfg.pp * cfg.virtual_pipeline_stages)
+
+
+def uniform_stage_recompute(ch: Changes, trainer: str) -> None:
+    """A trainer with one recompute setting for every stage: per-stage recompute counts
+    become the largest of them (each stage then recomputes at least what the plan asked)."""
+    rec = ch.cfg.stage_recompute_layers
+    if rec is None:
+        return
+    n = max(rec)
+    if len(set(rec)) > 1:
+        ch.warnings.append(f"{trainer} recomputes the same number of layers on every stage: "
+                           f"emitted {n} (the plan recomputes {list(rec)} by stage)")
+    layers = ch.cfg.stage_layers or ()
+    full = bool(layers) and all(n >= s for s in layers)
+    ch.cfg = dataclasses.replace(ch.cfg, stage_recompute_layers=None,
+                                 recompute_num_layers=None if full else n)
+
+
+def header_lines(plan: Plan, config: ParallelConfig, job: Job, est: Estimate, command: str,
+                 warnings: tuple[str, ...]) -> list[str]:
+    """The header every emitted file starts with (without comment markers)."""
+    from planner import __version__
+    from planner.plan import describe
+
+    c = plan.cluster
+    lines = [
+        f"Generated by autoparallel-planner {__version__}: {plan.model.name} on "
+        f"{c.num_gpus} x {c.gpu.name} ({c.num_nodes} node(s) of {c.gpus_per_node} GPUs), "
+        f"global batch {job.global_batch_size} x {job.seq_len} tokens, {job.precision}",
+        f"configuration: {describe(config)} ({job.framework})",
+        f"predicted: step {est.step_time_s or 0:.3f} s, {est.tokens_per_s or 0:,.0f} tokens/s, "
+        f"MFU {100 * (est.mfu or 0):.1f}%, peak memory {est.peak_memory_bytes / GIB:.1f} of "
+        f"{est.memory_capacity_bytes / GIB:.0f} GiB per GPU",
+        f"command: {command}",
+    ]
+    lines += [f"WARNING: {w}" for w in warnings]
+    return lines
+
+
+def commented(lines: list[str], marker: str = "#") -> str:
+    """``lines`` as comment lines."""
+    return "\n".join(f"{marker} {line}" if line else marker for line in lines)
+
+
+def micro_batches(job: Job, cfg: ParallelConfig) -> int:
+    """Micro-batches per step per data-parallel rank: ``B / (dp * mbs)``."""
+    return job.global_batch_size // (cfg.dp * cfg.micro_batch_size)

@@ -1,0 +1,218 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments, as a bash array ``MEGATRON_ARGS``.
+
+Flag names and choices are those of ``megatron/training/arguments.py`` at the Megatron-LM commit
+recorded in ``tests/data/megatron_args.json`` (the 0.16 release line), which a test parses the
+emitted list with. Meanings (Megatron-LM docs and ``arguments.py`` help): ZeRO-1 is
+``--use-distributed-optimizer`` (``--num-distributed-optimizer-instances`` for hybrid
+sharding), ZeRO-3 is Megatron FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy
+optim_grads_params``); ``--recompute-granularity selective`` recomputes the attention core
+(Korthikanti et al. 2022); ``full`` with ``--recompute-method block --recompute-num-layers N``
+recomputes the first N layers of each pipeline chunk and ``uniform ... 1`` every layer; a
+non-uniform stage split is ``--pipeline-model-parallel-layout`` ("E" embedding, "t" a
+transformer layer, "L" the loss, "|" between stages, "t*n" n layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from typing import Any
+
+from costmodel.config import Job, ParallelConfig
+from costmodel.errors import SpecError
+from costmodel.estimate import Estimate
+from costmodel.model import ModelSpec
+from planner.emit.common import (
+    Lowered,
+    ReadBack,
+    Target,
+    commented,
+    header_lines,
+    to_framework,
+    uniform_stage_recompute,
+)
+
+PRECISION_FLAGS = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format",
+                                                                   "hybrid"], "fp32": []}
+
+
+def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
+    """``cfg`` as Megatron-LM runs it (see the module docstring)."""
+    if not model.causal or model.patch_size:
+        raise SpecError(f"the megatron target writes pretrain_gpt.py arguments for decoder-only "
+                        f"models; {model.name} is not one: emit it for deepspeed instead")
+    ch = to_framework(cfg, job, "megatron", "Megatron-LM")
+    uniform_stage_recompute(ch, "Megatron-LM")
+    if job.optimizer not in ("adam", "adamw", "sgd"):
+        ch.set_job(f"Megatron-LM's optimizers are Adam(W) and SGD, not {job.optimizer}: "
+                   f"emitted adam", optimizer="adamw")
+    return ch.result()
+
+
+def layout(model: ModelSpec, stage_layers: tuple[int, ...]) -> str:
+    """A ``--pipeline-model-parallel-layout`` string for explicit layers per stage."""
+    stages = [f"t*{n}" if n else "" for n in stage_layers]
+    stages[0] = "E" + ("," + stages[0] if stages[0] else "")
+    stages[-1] = (stages[-1] + "," if stages[-1] else "") + "L"
+    return "|".join(stages)
+
+
+def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
+    """The argument list (model shape, parallelism, batch, memory and precision flags)."""
+    m = model
+    a = ["--num-layers", m.num_layers, "--hidden-size", m.hidden_size,
+         "--ffn-hidden-size", m.ffn_hidden_size, "--num-attention-heads", m.num_heads]
+    if m.num_kv_heads != m.num_heads:
+        a += ["--group-query-attention", "--num-query-groups", m.num_kv_heads]
+    if m.head_dim * m.num_heads != m.hidden_size:  # type: ignore[operator]
+        a += ["--kv-channels", m.head_dim]
+    a += ["--seq-length", job.seq_len,
+          "--max-position-embeddings", max(job.seq_len, m.max_position_embeddings),
+          "--position-embedding-type", {"rope": "rope", "learned": "learned_absolute",
+                                        "none": "none"}[m.position_embedding],
+          "--normalization", {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[m.norm]]
+    if m.gated_mlp:
+        a.append("--swiglu")
+    if not m.tied_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if not m.bias:
+        a.append("--disable-bias-linear")
+        if m.qkv_bias:
+            a.append("--add-qkv-bias")
+    if not m.dropout:
+        a += ["--attention-dropout", 0.0, "--hidden-dropout", 0.0]
+    a += ["--tokenizer-type", "NullTokenizer", "--vocab-size", m.vocab_size]
+    if m.num_experts:
+        a += ["--num-experts", m.num_experts, "--moe-router-topk", m.top_k,
+              "--moe-ffn-hidden-size", m.moe_ffn_hidden_size, "--moe-grouped-gemm",
+              "--moe-token-dispatcher-type", "alltoall"]
+        if m.num_shared_experts:
+            a += ["--moe-shared-expert-intermediate-size",
+                  m.num_shared_experts * m.moe_ffn_hidden_size]  # type: ignore[operator]
+        if m.first_dense_layers:
+            a += ["--moe-layer-freq",
+                  f"([0]*{m.first_dense_layers}+[1]*{m.num_layers - m.first_dense_layers})"]
+        if job.moe_capacity_factor is not None:
+            a += ["--moe-expert-capacity-factor", job.moe_capacity_factor]
+    a += ["--tensor-model-parallel-size", cfg.tp, "--pipeline-model-parallel-size", cfg.pp]
+    if cfg.virtual_pipeline_stages > 1:
+        a += ["--num-layers-per-virtual-pipeline-stage",
+              m.num_layers // (cfg.pp * cfg.virtual_pipeline_stages)]
+    if cfg.stage_layers:
+        a += ["--pipeline-model-parallel-layout", layout(m, cfg.stage_layers)]
+    if cfg.sequence_parallel:
+        a.append("--sequence-parallel")
+    a += ["--context-parallel-size", cfg.cp, "--expert-model-parallel-size", cfg.ep,
+          "--micro-batch-size", cfg.micro_batch_size,
+          "--global-batch-size", job.global_batch_size]
+    if cfg.zero_stage == 1:
+        a.append("--use-distributed-optimizer")
+        if cfg.sharding_group not in (None, cfg.dp):
+            a += ["--num-distributed-optimizer-instances", cfg.dp // cfg.sharding_group]
+    elif cfg.zero_stage == 3:
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+              "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor"]
+    if job.overlap_grad_reduce and cfg.dp * cfg.cp > 1:
+        a.append("--overlap-grad-reduce")
+        if cfg.zero_stage == 1:
+            a.append("--overlap-param-gather")
+    if cfg.offload == "optimizer":
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", 1.0,
+              "--use-precision-aware-optimizer"]
+    if cfg.recompute == "selective":
+        a += ["--recompute-granularity", "selective"]
+    elif cfg.recompute == "full":
+        n = cfg.recompute_num_layers
+        a += ["--recompute-granularity", "full", "--recompute-method",
+              "uniform" if n is None else "block", "--recompute-num-layers", n or 1]
+    a += PRECISION_FLAGS[job.precision]
+    a += ["--attention-backend", "flash" if job.flash_attention else "unfused",
+          "--optimizer", "sgd" if job.optimizer == "sgd" else "adam"]
+    return [str(x) for x in a]
+
+
+def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, command: str,
+           warnings: tuple[str, ...]) -> str:
+    """The bash text: the header, the ``MEGATRON_ARGS`` array, and how to launch it."""
+    head = header_lines(plan, config, job, estimate, command, warnings)
+    c = plan.cluster
+    head += [f"run: torchrun --nproc-per-node {c.gpus_per_node} --nnodes {c.num_nodes} "
+             '--node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port 29500 '
+             'pretrain_gpt.py "${MEGATRON_ARGS[@]}"',
+             "add your data, tokenizer, learning-rate and iteration flags (replace "
+             "NullTokenizer with your tokenizer; --mock-data for a smoke test)"]
+    args = arguments(plan.model, job, config)
+    lines, i = [], 0
+    while i < len(args):
+        takes_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+        lines.append("    " + " ".join(shlex.quote(x) for x in args[i:i + 1 + takes_value]))
+        i += 1 + takes_value
+    # validate_args: tensor or context parallelism needs one CUDA connection (communication
+    # kernels launch in order), Megatron FSDP needs more than one.
+    conns = 8 if config.zero_stage == 3 else 1
+    env = f"export CUDA_DEVICE_MAX_CONNECTIONS={conns}  # Megatron-LM validate_args\n"
+    return (commented(head) + "\n" + env + "MEGATRON_ARGS=(\n" + "\n".join(lines)
+            + "\n)\n")
+
+
+def parse_array(text: str) -> list[str]:
+    """The words of the ``MEGATRON_ARGS=( ... )`` array in ``text``."""
+    found = re.search(r"^MEGATRON_ARGS=\((.*?)^\)", text, re.S | re.M)
+    if not found:
+        raise SpecError("no MEGATRON_ARGS=( ... ) array in the text")
+    return shlex.split(found.group(1), comments=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--num-layers", "--tensor-model-parallel-size",
+                 "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+                 "--context-parallel-size", "--expert-model-parallel-size",
+                 "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
+                 "--num-distributed-optimizer-instances", "--seq-length"):
+        p.add_argument(flag, type=int)
+    for flag in ("--pipeline-model-parallel-layout", "--data-parallel-sharding-strategy",
+                 "--recompute-granularity", "--recompute-method"):
+        p.add_argument(flag)
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
+                 "--optimizer-cpu-offload"):
+        p.add_argument(flag, action="store_true")
+    return p
+
+
+def read(text: str, model: ModelSpec) -> ReadBack:
+    """The configuration a ``MEGATRON_ARGS`` array written by ``render`` describes. As in
+    Megatron-LM, the data-parallel degree is what the GPUs of the ``torchrun`` line leave
+    after tensor, pipeline and context parallelism."""
+    ns, _ = _parser().parse_known_args(parse_array(text))
+    run = re.search(r"--nproc-per-node (\d+) --nnodes (\d+)", text)
+    if not run:
+        raise SpecError("no torchrun line (--nproc-per-node N --nnodes M) in the text")
+    num_gpus = int(run.group(1)) * int(run.group(2))
+    pp = ns.pipeline_model_parallel_size
+    dp = num_gpus // (ns.tensor_model_parallel_size * pp * ns.context_parallel_size)
+    v = (ns.num_layers // (pp * ns.num_layers_per_virtual_pipeline_stage)
+         if ns.num_layers_per_virtual_pipeline_stage else 1)
+    stage_layers = None
+    if ns.pipeline_model_parallel_layout:
+        expanded = re.sub(r"(.)\*(\d+)", lambda x: x.group(1) * int(x.group(2)),
+                          ns.pipeline_model_parallel_layout)
+        stage_layers = tuple(s.count("t") for s in expanded.split("|"))
+    zero = 3 if ns.use_megatron_fsdp else 1 if ns.use_distributed_optimizer else 0
+    inst = ns.num_distributed_optimizer_instances
+    rec = ns.recompute_granularity or "none"
+    cfg = ParallelConfig(
+        dp=dp, tp=ns.tensor_model_parallel_size, pp=pp, cp=ns.context_parallel_size,
+        ep=ns.expert_model_parallel_size, zero_stage=zero,
+        sharding_group=dp // inst if inst and inst > 1 else None,
+        sequence_parallel=ns.sequence_parallel, micro_batch_size=ns.micro_batch_size,
+        virtual_pipeline_stages=v, stage_layers=stage_layers, recompute=rec,
+        recompute_num_layers=ns.recompute_num_layers if ns.recompute_method == "block" else None,
+        offload="optimizer" if ns.optimizer_cpu_offload else "none")
+    return ReadBack(config=cfg, global_batch_size=ns.global_batch_size, seq_len=ns.seq_length,
+                    num_gpus=num_gpus)
+
+
+TARGET = Target(name="megatron", filename="megatron_args.sh", lower=lower, render=render,
+                read=read)

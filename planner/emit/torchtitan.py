@@ -1,0 +1,221 @@
+"""torchtitan job-config TOML (torchtitan 0.2.x, ``--job.config_file``).
+
+Field names and meanings follow ``torchtitan/config/job_config.py`` of torchtitan 0.2.2 (PyPI):
+``[parallelism]`` data_parallel_replicate_degree x data_parallel_shard_degree is the
+data-parallel degree (HSDP when both exceed 1), ``fsdp_reshard_after_forward`` "always" is
+ZeRO-3 and "never" keeps the gathered parameters until backward (ZeRO-2); the pipeline split is
+written out as ``module_fqns_per_model_part`` (one list of module names per stage, or per
+virtual stage for looped schedules) so that the stages hold exactly the layers the plan
+estimated: torchtitan's default split would count the embedding and the output as one layer
+each. ``[training]`` local_batch_size is the batch per data-parallel rank per gradient
+accumulation step; with pipeline parallelism the pipeline splits it into micro-batches of
+``pipeline_parallel_microbatch_size`` (torchtitan/distributed/pipeline_parallel.py), so the
+plan's micro-batches all run in one step. ``[activation_checkpoint]`` "selective" with option
+"op" is per-op selective recompute; with a digit k it checkpoints every k-th block
+(torchtitan/distributed/activation_checkpoint.py). Schedules are the names of
+``torch.distributed.pipelining.schedules.get_schedule_class``; torch runs zero bubble as the
+V-shaped ``ZBVZeroBubble`` with two stages per rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from typing import Any
+
+from costmodel.config import Job, ParallelConfig
+from costmodel.errors import SpecError
+from costmodel.estimate import Estimate
+from costmodel.model import ModelSpec
+from planner.emit.common import (
+    Lowered,
+    ReadBack,
+    Target,
+    chunk_layers,
+    commented,
+    header_lines,
+    to_framework,
+    uniform_stage_recompute,
+)
+
+#: Our model presets that are torchtitan 0.2.2 built-in flavors, with the shape checked
+#: (num_layers, hidden_size, num_heads, num_kv_heads); torchtitan/models/llama3/__init__.py.
+FLAVORS: dict[str, tuple[str, str, tuple[int, int, int, int]]] = {
+    "llama-3-8b": ("llama3", "8B", (32, 4096, 32, 8)),
+    "llama-3-70b": ("llama3", "70B", (80, 8192, 64, 8)),
+    "llama-3-405b": ("llama3", "405B", (126, 16384, 128, 8)),
+}
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B",
+             "zero-bubble": "ZBVZeroBubble"}
+RESHARD = {0: "default", 2: "never", 3: "always"}
+
+
+def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
+    """``cfg`` as torchtitan 0.2 runs it (see the module docstring)."""
+    if not model.causal or model.patch_size:
+        raise SpecError(f"torchtitan trains decoder-only language models; {model.name} is "
+                        f"not one: emit it for deepspeed instead")
+    ch = to_framework(cfg, job, "torchtitan", "torchtitan")
+    if ch.cfg.tp > 1 and not ch.cfg.sequence_parallel:
+        ch.set("torchtitan 0.2 always shards norms and dropout over the sequence with tensor "
+               "parallelism: emitted sequence parallel", sequence_parallel=True)
+    if ch.cfg.pipeline_schedule == "zero-bubble" and (
+            model.num_layers % (2 * ch.cfg.pp) or ch.cfg.stage_layers):
+        ch.set(f"torch runs zero bubble as the V schedule with 2 stages per rank, which needs "
+               f"uniform stages and layers ({model.num_layers}) divisible by 2 x pp: emitted "
+               f"1F1B", pipeline_schedule="1f1b")
+    uniform_stage_recompute(ch, "torchtitan")
+    n = ch.cfg.recompute_num_layers
+    if n is not None:
+        c = chunk_layers(model, ch.cfg)
+        k = max(1, c // n)
+        if c % n:
+            ch.set(f"torchtitan recomputes every k-th block: {n} of {c} layers per chunk is "
+                   f"not a whole period, emitted every {k}-th ({c // k} layers per chunk)",
+                   recompute_num_layers=None if k == 1 else c // k)
+    if job.precision == "fp16":
+        ch.set_job("torchtitan trains in bf16 or fp32, not fp16: emitted bf16",
+                   precision="bf16")
+    if job.optimizer not in ("adamw", "adam"):
+        ch.set_job(f"torchtitan's optimizers are Adam and AdamW, not {job.optimizer}: "
+                   f"emitted AdamW", optimizer="adamw")
+    return ch.result()
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    return "[" + ", ".join(_value(x) for x in v) + "]"
+
+
+def _parts(model: ModelSpec, cfg: ParallelConfig) -> list[list[str]]:
+    """Module names per pipeline model part, in model order."""
+    if cfg.stage_layers:
+        sizes = list(cfg.stage_layers)
+    else:
+        chunks = cfg.pp * (2 if cfg.pipeline_schedule == "zero-bubble"
+                           else cfg.virtual_pipeline_stages)
+        sizes = [model.num_layers // chunks] * chunks
+    parts, start = [], 0
+    for i, n in enumerate(sizes):
+        part = [f"layers.{j}" for j in range(start, start + n)]
+        start += n
+        if i == 0:
+            part.insert(0, "tok_embeddings")
+        if i == len(sizes) - 1:
+            part += ["norm", "output"]
+        parts.append(part)
+    return parts
+
+
+def sections(model: ModelSpec, job: Job, cfg: ParallelConfig) -> dict[str, dict[str, Any]]:
+    """The job config as TOML tables."""
+    name, flavor, _ = FLAVORS.get(model.name, ("llama3", model.name, ()))
+    shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage else 1
+    mdl: dict[str, Any] = {"name": name, "flavor": flavor}
+    if job.precision == "fp8":
+        mdl["converters"] = ["quantize.linear.float8"]
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": cfg.dp // shard,
+        "data_parallel_shard_degree": shard,
+        "fsdp_reshard_after_forward": RESHARD[cfg.zero_stage],
+        "tensor_parallel_degree": cfg.tp,
+        "pipeline_parallel_degree": cfg.pp,
+        "context_parallel_degree": cfg.cp,
+        "expert_parallel_degree": cfg.ep,
+    }
+    if cfg.pp > 1:
+        par["pipeline_parallel_schedule"] = SCHEDULES[str(cfg.pipeline_schedule)]
+        par["pipeline_parallel_microbatch_size"] = cfg.micro_batch_size
+        par["module_fqns_per_model_part"] = _parts(model, cfg)
+    ac: dict[str, Any] = {"mode": cfg.recompute}
+    if cfg.recompute == "selective":
+        ac["selective_ac_option"] = "op"
+    elif cfg.recompute_num_layers is not None:
+        ac = {"mode": "selective",
+              "selective_ac_option": str(chunk_layers(model, cfg) // cfg.recompute_num_layers)}
+    out = {
+        "job": {"description": f"{model.name}: plan by autoparallel-planner"},
+        "model": mdl,
+        "optimizer": {"name": "AdamW" if job.optimizer == "adamw" else "Adam"},
+        "training": {
+            "local_batch_size": (job.global_batch_size // cfg.dp if cfg.pp > 1
+                                 else cfg.micro_batch_size),
+            "global_batch_size": job.global_batch_size,
+            "seq_len": job.seq_len,
+            "mixed_precision_param": "float32" if job.precision == "fp32" else "bfloat16",
+            "mixed_precision_reduce": "float32",
+            "enable_cpu_offload": cfg.offload == "optimizer+params",
+        },
+        "parallelism": par,
+        "activation_checkpoint": ac,
+    }
+    if job.precision == "fp8":
+        out["quantize.linear.float8"] = {"recipe_name": "rowwise"}
+    return out
+
+
+def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, command: str,
+           warnings: tuple[str, ...]) -> str:
+    """The TOML text."""
+    head = header_lines(plan, config, job, estimate, command, warnings)
+    head.append("run: torchrun --nproc-per-node <gpus per node> -m torchtitan.train "
+                "--job.config_file torchtitan.toml")
+    if plan.model.name not in FLAVORS:
+        m = plan.model
+        head.append(f"{m.name} is not a torchtitan built-in flavor: register flavor "
+                    f"{m.name!r} for model 'llama3' (TransformerModelArgs dim={m.hidden_size}, "
+                    f"n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads="
+                    f"{m.num_kv_heads}, vocab_size={m.vocab_size}, ffn hidden "
+                    f"{m.ffn_hidden_size}) or set [model] to your own train spec")
+    body = []
+    for table, values in sections(plan.model, job, config).items():
+        body.append(f"\n[{table}]")
+        body += [f"{k} = {_value(v)}" for k, v in values.items()]
+    return commented(head) + "\n" + "\n".join(body) + "\n"
+
+
+def read(text: str, model: ModelSpec) -> ReadBack:
+    """The configuration a torchtitan TOML written by ``render`` describes."""
+    d = tomllib.loads(text)
+    par, tr, ac = d["parallelism"], d["training"], d["activation_checkpoint"]
+    rep, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
+    zero = {v: k for k, v in RESHARD.items()}[par["fsdp_reshard_after_forward"]]
+    dp, pp = rep * shard, par["pipeline_parallel_degree"]
+    schedule, v, stage_layers, mbs = None, 1, None, tr["local_batch_size"]
+    if pp > 1:
+        schedule = {t: s for s, t in SCHEDULES.items()}[par["pipeline_parallel_schedule"]]
+        mbs = par["pipeline_parallel_microbatch_size"]
+        sizes = [sum(m.startswith("layers.") for m in part)
+                 for part in par["module_fqns_per_model_part"]]
+        if schedule == "interleaved-1f1b":
+            v = len(sizes) // pp
+        elif len(set(sizes)) > 1:
+            stage_layers = tuple(sizes)
+    cfg = ParallelConfig(
+        dp=dp, tp=par["tensor_parallel_degree"], pp=pp, cp=par["context_parallel_degree"],
+        ep=par["expert_parallel_degree"], zero_stage=zero,
+        sharding_group=shard if zero and rep > 1 else None,
+        sequence_parallel=par["tensor_parallel_degree"] > 1, micro_batch_size=mbs,
+        pipeline_schedule=schedule, virtual_pipeline_stages=v,
+        offload="optimizer+params" if tr["enable_cpu_offload"] else "none",
+        stage_layers=stage_layers, recompute="none")
+    option = ac.get("selective_ac_option", "")
+    if ac["mode"] == "selective" and option.isdigit():
+        k = int(option)
+        c = chunk_layers(model, cfg)
+        cfg = dataclasses.replace(cfg, recompute="full",
+                                  recompute_num_layers=None if k == 1 else c // k)
+    else:
+        cfg = dataclasses.replace(cfg, recompute=ac["mode"])
+    return ReadBack(config=cfg, global_batch_size=tr["global_batch_size"],
+                    seq_len=tr["seq_len"])
+
+
+TARGET = Target(name="torchtitan", filename="torchtitan.toml", lower=lower, render=render,
+                read=read)

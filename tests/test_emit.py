@@ -1,0 +1,394 @@
+"""Emitters: round trips, each trainer's own parser, mapped features, the CLI.
+
+The trainers' parsers: torchtitan 0.2.2's ``ConfigManager`` and DeepSpeed 0.19.8's
+``DeepSpeedConfig`` (the ``[trainers]`` extra; skipped when not installed), and Megatron-LM's
+argument definitions at the commit in ``tests/data/megatron_args.json`` rebuilt as an argparse
+parser (Megatron-LM itself needs CUDA-only packages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+
+from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
+from planner.cli import main
+from planner.emit import TARGETS, emit, read_back
+from planner.emit.megatron import parse_array
+from planner.plan import Plan
+
+DATA = Path(__file__).parent / "data"
+
+
+def make_plan(model: str, nodes: int, cfg: ParallelConfig, framework: str,
+              **job: object) -> Plan:
+    """A plan for ``cfg`` as ``plan()`` would return it (no search)."""
+    m = ModelSpec.preset(model)
+    c = Cluster.preset("dgx-h100", num_nodes=nodes)
+    j = Job(global_batch_size=512, seq_len=4096, framework=framework, **job)  # type: ignore[arg-type]
+    return Plan(model=m, cluster=c, job=j, config=cfg, estimate=estimate(m, c, j, cfg))
+
+
+PC = ParallelConfig
+#: Configurations each trainer runs as they are: (id, model, nodes, framework, config, job).
+NATIVE = [
+    ("tt-fsdp", "llama-3-8b", 2, "torchtitan", PC(dp=16, zero_stage=3), {}),
+    ("tt-hsdp-tp", "llama-3-70b", 8, "torchtitan",
+     PC(dp=8, tp=8, zero_stage=3, sharding_group=4, sequence_parallel=True,
+        recompute="selective"), {}),
+    ("tt-pp-half-recompute", "llama-3-70b", 8, "torchtitan",
+     PC(dp=4, tp=8, pp=2, zero_stage=2, sequence_parallel=True, micro_batch_size=2,
+        recompute="full", recompute_num_layers=20), {}),
+    ("tt-interleaved", "llama-3-70b", 8, "torchtitan",
+     PC(dp=2, tp=8, pp=4, virtual_pipeline_stages=5, zero_stage=2, sequence_parallel=True,
+        recompute="full"), {}),
+    ("tt-zero-bubble", "llama-3-8b", 2, "torchtitan",
+     PC(dp=4, pp=4, pipeline_schedule="zero-bubble", recompute="full"), {}),
+    ("tt-gpipe-stages", "llama-3-8b", 2, "torchtitan",
+     PC(dp=4, pp=4, pipeline_schedule="gpipe", stage_layers=(7, 9, 9, 7), recompute="full"),
+     {}),
+    ("tt-offload", "llama-3-8b", 2, "torchtitan",
+     PC(dp=16, zero_stage=3, offload="optimizer+params"), {}),
+    ("tt-moe-cp-fp8", "mixtral-8x7b", 4, "torchtitan",
+     PC(dp=8, tp=2, cp=2, ep=4, zero_stage=3, sequence_parallel=True, recompute="full"),
+     {"precision": "fp8"}),
+    ("mg-zero1-tp-pp", "llama-3-70b", 8, "megatron",
+     PC(dp=4, tp=8, pp=2, zero_stage=1, sequence_parallel=True, recompute="selective"), {}),
+    ("mg-interleaved-block", "llama-3-70b", 8, "megatron",
+     PC(dp=2, tp=8, pp=4, virtual_pipeline_stages=5, zero_stage=1, sequence_parallel=True,
+        recompute="full", recompute_num_layers=2), {}),
+    ("mg-layout", "llama-3-70b", 8, "megatron",
+     PC(dp=2, tp=8, pp=4, sequence_parallel=True, stage_layers=(19, 21, 21, 19),
+        recompute="full"), {}),
+    ("mg-fsdp", "llama-3-8b", 2, "megatron", PC(dp=16, zero_stage=3), {}),
+    ("mg-moe-offload-fp8", "mixtral-8x7b", 4, "megatron",
+     PC(dp=8, tp=2, pp=2, ep=4, zero_stage=1, sequence_parallel=True, offload="optimizer"),
+     {"precision": "fp8"}),
+    ("mg-hybrid", "llama-3-8b", 4, "megatron",
+     PC(dp=16, tp=2, zero_stage=1, sharding_group=8, sequence_parallel=True,
+        recompute="full"), {}),
+    ("ds-zero2", "llama-3-8b", 2, "deepspeed", PC(dp=16, zero_stage=2, micro_batch_size=2), {}),
+    ("ds-zero3-offload-fp16", "llama-3-8b", 2, "deepspeed",
+     PC(dp=16, zero_stage=3, offload="optimizer+params", recompute="full"),
+     {"precision": "fp16"}),
+    ("ds-pp-tp", "llama-3-70b", 8, "deepspeed",
+     PC(dp=2, tp=8, pp=4, zero_stage=1, recompute="full"), {}),
+]
+TRAINER_OF = {"torchtitan": "torchtitan", "deepspeed": "deepspeed", "megatron": "megatron"}
+
+
+@pytest.fixture(scope="module", params=NATIVE, ids=[c[0] for c in NATIVE])
+def case(request: pytest.FixtureRequest) -> Plan:
+    _, model, nodes, fw, cfg, job = request.param
+    return make_plan(model, nodes, cfg, fw, **job)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_round_trip(case: Plan, target: str) -> None:
+    """Reading an emitted file back gives what was emitted; for the plan's own trainer (and
+    Slurm, which starts it) that is the plan's configuration, with no warning."""
+    out = emit(case, target)
+    back = read_back(target, out.text, case.model)
+    assert back.config == out.config
+    assert back.global_batch_size == case.job.global_batch_size
+    if back.num_gpus is not None:
+        assert back.num_gpus == case.cluster.num_gpus
+    if back.seq_len is not None:
+        assert back.seq_len == case.job.seq_len
+    if TRAINER_OF.get(target, case.job.framework) == case.job.framework:
+        assert out.warnings == ()
+        assert out.config == case.config
+        assert out.estimate == case.estimate
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_header_has_predictions_and_command(case: Plan, target: str) -> None:
+    out = emit(case, target, command=f"planner emit plan.json --target {target}")
+    e = out.estimate
+    head = out.text[:4000]
+    assert f"step {e.step_time_s:.3f} s" in head
+    assert f"peak memory {e.peak_memory_bytes / 1024**3:.1f} of 80 GiB per GPU" in head
+    assert f"command: planner emit plan.json --target {target}" in head
+    for w in out.warnings:
+        assert f"WARNING: {w}" in out.text
+
+
+# ---- mapped and refused features ------------------------------------------------------------
+
+def test_megatron_maps_gpipe_and_stage_recompute_with_warnings() -> None:
+    p = make_plan("llama-3-8b", 2, PC(dp=4, pp=4, pipeline_schedule="gpipe",
+                                      stage_layers=(7, 9, 9, 7), recompute="full",
+                                      stage_recompute_layers=(7, 5, 3, 1)), "torchtitan")
+    out = emit(p, "megatron")
+    assert out.config.pipeline_schedule == "1f1b"
+    assert out.config.stage_layers == (7, 9, 9, 7)
+    assert out.config.recompute_num_layers == 7 and out.config.stage_recompute_layers is None
+    text = " ".join(out.warnings)
+    assert "gpipe" in text and "[7, 5, 3, 1]" in text and "searched for torchtitan" in text
+    # The header's prediction is for what the file runs, not for the plan.
+    assert out.estimate == estimate(p.model, p.cluster, out.job, out.config)
+    with pytest.raises(SpecError, match="--strict"):
+        emit(p, "megatron", strict=True)
+
+
+def test_deepspeed_maps_non_uniform_stages_to_uniform() -> None:
+    p = make_plan("llama-3-70b", 8, PC(dp=2, tp=8, pp=4, zero_stage=1, recompute="full",
+                                       stage_layers=(19, 21, 21, 19)), "deepspeed")
+    out = emit(p, "deepspeed")
+    assert out.config == dataclasses.replace(p.config, stage_layers=None)
+    assert any("uniform split" in w for w in out.warnings)
+    assert any(f"(plan {p.estimate.step_time_s:.3f} s)" in w for w in out.warnings)
+
+
+def test_torchtitan_maps_partial_recompute_to_every_kth_layer() -> None:
+    # 8 layers per stage, 3 recomputed: torchtitan checkpoints every 2nd block, i.e. 4.
+    p = make_plan("llama-3-8b", 2, PC(dp=4, pp=4, recompute="full", recompute_num_layers=3),
+                  "torchtitan")
+    out = emit(p, "torchtitan")
+    assert out.config.recompute_num_layers == 4
+    assert 'selective_ac_option = "2"' in out.text
+    assert any("every 2-th" in w for w in out.warnings)
+
+
+def test_zero_stage_mapping_follows_framework_capabilities() -> None:
+    # torchtitan has no ZeRO-1: the next stage up (2); Megatron has no ZeRO-2 with PP: 1.
+    p = make_plan("llama-3-8b", 2, PC(dp=16, zero_stage=1), "deepspeed")
+    assert emit(p, "torchtitan").config.zero_stage == 2
+    q = make_plan("llama-3-8b", 2, PC(dp=4, pp=4, zero_stage=2), "torchtitan")
+    assert emit(q, "megatron").config.zero_stage == 1
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "megatron"])
+def test_encoder_models_are_refused_by_decoder_trainers(target: str) -> None:
+    p = make_plan("bert-large", 1, PC(dp=8), "deepspeed")
+    with pytest.raises(SpecError, match="decoder-only"):
+        emit(p, target)
+    assert emit(p, "deepspeed").warnings == ()
+
+
+def test_unknown_target() -> None:
+    p = make_plan("llama-3-8b", 1, PC(dp=8), "torchtitan")
+    with pytest.raises(SpecError, match="unknown emit target 'nemo'"):
+        emit(p, "nemo")
+
+
+def test_plan_emit_warns() -> None:
+    p = make_plan("llama-3-8b", 2, PC(dp=4, pp=4, pipeline_schedule="gpipe"), "torchtitan")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        text = p.emit("megatron")
+    assert any(str(w.message).startswith("megatron: Megatron-LM has no gpipe")
+               for w in caught)
+    assert "MEGATRON_ARGS=(" in text
+    assert p.emit("torchtitan").startswith("# Generated by autoparallel-planner")
+
+
+# ---- the trainers' own parsers --------------------------------------------------------------
+
+@functools.cache
+def _load_torchtitan_config_manager() -> type | str:
+    """torchtitan 0.2's ConfigManager, imported without torchtitan/__init__.py (which loads
+    Triton kernels this CPU machine does not have); or why it cannot be."""
+    if importlib.util.find_spec("tyro") is None:
+        return "tyro is not installed"
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None or spec.submodule_search_locations is None:
+        return "torchtitan is not installed (pip install -e '.[trainers]')"
+    from importlib.metadata import version
+
+    if not version("torchtitan").startswith("0.2."):
+        return f"torchtitan {version('torchtitan')} reads no TOML job configs"
+    stub = types.ModuleType("torchtitan")
+    stub.__path__ = list(spec.submodule_search_locations)
+    sys.modules["torchtitan"] = stub
+    try:
+        from torchtitan.config.manager import ConfigManager
+    finally:
+        sys.modules.pop("torchtitan", None)
+    return ConfigManager  # type: ignore[no-any-return]
+
+
+def _torchtitan_config_manager() -> type:
+    found = _load_torchtitan_config_manager()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
+
+
+def test_torchtitan_config_manager_reads_emitted_toml(case: Plan, tmp_path: Path) -> None:
+    manager = _torchtitan_config_manager()
+    if not case.model.causal:
+        pytest.skip("encoder")
+    out = emit(case, "torchtitan")
+    path = tmp_path / "job.toml"
+    path.write_text(out.text)
+    jc = manager().parse_args(["--job.config_file", str(path)])
+    cfg, par = out.config, jc.parallelism
+    assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == cfg.dp
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree,
+            par.context_parallel_degree, par.expert_parallel_degree) == (
+        cfg.tp, cfg.pp, cfg.cp, cfg.ep)
+    assert jc.training.global_batch_size == case.job.global_batch_size
+    assert jc.training.seq_len == case.job.seq_len
+    if cfg.pp > 1:
+        # torchtitan's batch per rank splits into micro-batches of the plan's size.
+        assert jc.training.local_batch_size % par.pipeline_parallel_microbatch_size == 0
+        assert (jc.training.local_batch_size // par.pipeline_parallel_microbatch_size
+                == out.estimate.num_micro_batches)
+        layers = [n for part in par.module_fqns_per_model_part for n in part
+                  if n.startswith("layers.")]
+        assert layers == [f"layers.{i}" for i in range(case.model.num_layers)]
+        from torch.distributed.pipelining.schedules import get_schedule_class
+
+        get_schedule_class(par.pipeline_parallel_schedule)
+    assert jc.activation_checkpoint.mode in ("none", "selective", "full")
+
+
+def _deepspeed_config(text: str, dp: int) -> object:
+    pytest.importorskip("deepspeed", reason="pip install -e '.[trainers]'")
+    import deepspeed.runtime.config as ds_config
+
+    class DataParallel:  # the mpu DeepSpeed asks for the data-parallel size
+        @staticmethod
+        def get_data_parallel_world_size() -> int:
+            return dp
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    try:
+        return ds_config.DeepSpeedConfig(json.loads(text), mpu=DataParallel())
+    finally:
+        mp.undo()
+
+
+def test_deepspeed_config_reads_emitted_json(case: Plan) -> None:
+    out = emit(case, "deepspeed")
+    cfg = out.config
+    ds = _deepspeed_config(out.text, cfg.dp)
+    assert ds.train_batch_size == case.job.global_batch_size  # type: ignore[attr-defined]
+    assert ds.train_micro_batch_size_per_gpu == cfg.micro_batch_size  # type: ignore[attr-defined]
+    assert ds.gradient_accumulation_steps == out.estimate.num_micro_batches  # type: ignore[attr-defined]
+    assert ds.zero_optimization_stage == cfg.zero_stage  # type: ignore[attr-defined]
+    zc = ds.zero_config  # type: ignore[attr-defined]
+    assert (zc.offload_optimizer is not None) == (cfg.offload != "none")
+    assert (zc.offload_param is not None) == (cfg.offload == "optimizer+params")
+
+
+def test_deepspeed_config_rejects_a_wrong_batch() -> None:
+    """The check above can fail: DeepSpeed refuses a batch that does not divide."""
+    p = make_plan("llama-3-8b", 2, PC(dp=16, zero_stage=2), "deepspeed")
+    d = json.loads(emit(p, "deepspeed").text)
+    d["gradient_accumulation_steps"] += 1
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        _deepspeed_config(json.dumps(d), 16)
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's pretrain_gpt.py parser, rebuilt from its dumped argument definitions."""
+    doc = json.loads((DATA / "megatron_args.json").read_text())
+    p = argparse.ArgumentParser(prog="pretrain_gpt.py", allow_abbrev=False,
+                                exit_on_error=False)
+    types_ = {"int": int, "float": float}
+    for a in doc["actions"]:
+        kw: dict[str, object] = {"dest": a["dest"]}
+        if a["kind"] in ("storetrue", "storefalse"):
+            kw["action"] = "store_" + a["kind"][5:]
+        elif a["kind"] == "booleanoptional":
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = types_.get(a["type"], str)
+            if a["nargs"] is not None:
+                kw["nargs"] = a["nargs"]
+            if a["choices"] is not None:
+                kw["choices"] = [str(c) if kw["type"] is str else c for c in a["choices"]]
+        p.add_argument(*a["flags"], **kw)  # type: ignore[arg-type]
+    return p
+
+
+def test_megatron_parser_reads_emitted_arguments(case: Plan) -> None:
+    if not case.model.causal:
+        pytest.skip("encoder")
+    out = emit(case, "megatron")
+    ns = megatron_parser().parse_args(parse_array(out.text))
+    cfg = out.config
+    assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size,
+            ns.context_parallel_size, ns.expert_model_parallel_size) == (
+        cfg.tp, cfg.pp, cfg.cp, cfg.ep)
+    assert ns.micro_batch_size == cfg.micro_batch_size
+    assert ns.global_batch_size == case.job.global_batch_size
+    assert ns.sequence_parallel == cfg.sequence_parallel
+    assert ns.num_layers == case.model.num_layers and ns.seq_length == case.job.seq_len
+    assert ns.use_distributed_optimizer == (cfg.zero_stage in (1, 3))
+    assert ns.recompute_granularity == (None if cfg.recompute == "none" else cfg.recompute)
+
+
+def test_megatron_parser_rejects_a_wrong_choice() -> None:
+    """The check above can fail: a value outside Megatron's choices is refused."""
+    with pytest.raises(argparse.ArgumentError, match="recompute-granularity"):
+        megatron_parser().parse_args(["--recompute-granularity", "partial"])
+
+
+def test_megatron_args_data_names_its_source() -> None:
+    doc = json.loads((DATA / "megatron_args.json").read_text())
+    assert doc["commit"].startswith("4666de7a28") and doc["version"].startswith("0.16")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize("target", ["megatron", "slurm"])
+def test_shell_files_parse_in_bash(case: Plan, target: str, tmp_path: Path) -> None:
+    out = emit(case, target)
+    path = tmp_path / out.filename
+    path.write_text(out.text)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    if target == "megatron":
+        # bash sees the same words as the reader.
+        words = subprocess.run(["bash", "-c", f'source {path}; printf "%s\\n" '
+                                '"${MEGATRON_ARGS[@]}"'], check=True, capture_output=True,
+                               text=True).stdout.splitlines()
+        assert words == parse_array(out.text)
+
+
+# ---- CLI ------------------------------------------------------------------------------------
+
+def test_cli_emit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = make_plan("llama-3-8b", 2, PC(dp=4, pp=4, pipeline_schedule="gpipe"), "torchtitan")
+    plan_path = tmp_path / "plan.json"
+    p.to_json(plan_path)
+    out = tmp_path / "args.sh"
+    assert main(["emit", str(plan_path), "--target", "megatron", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "planner: warning: Megatron-LM has no gpipe" in err
+    assert f"command: planner emit {plan_path} --target megatron -o {out}" in out.read_text()
+    assert main(["emit", str(plan_path), "--target", "torchtitan"]) == 0
+    assert "[parallelism]" in capsys.readouterr().out
+    assert main(["emit", str(plan_path), "--target", "megatron", "--strict"]) == 2
+    assert "--strict" in capsys.readouterr().err
+    assert main(["emit", str(tmp_path / "missing.json"), "--target", "slurm"]) == 2
+    assert "cannot read plan file" in capsys.readouterr().err
+
+
+def test_cli_emit_bad_target_exits_2(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "planner", "emit", "plan.json", "--target",
+                        "nemo"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "invalid choice: 'nemo'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_torchtitan_config_manager_rejects_an_unknown_field(tmp_path: Path) -> None:
+    """The check above can fail: torchtitan refuses a field its JobConfig does not have."""
+    manager = _torchtitan_config_manager()
+    path = tmp_path / "job.toml"
+    path.write_text("[parallelism]\ntensor_parallel_size = 8\n")
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        manager().parse_args(["--job.config_file", str(path)])
