@@ -164,8 +164,10 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
            warnings: tuple[str, ...]) -> str:
     """The TOML text."""
     head = header_lines(plan, config, job, estimate, command, warnings)
-    head.append("run: torchrun --nproc-per-node <gpus per node> -m torchtitan.train "
-                "--job.config_file torchtitan.toml")
+    c = plan.cluster
+    head.append(f"run: torchrun --nproc-per-node {c.gpus_per_node} --nnodes {c.num_nodes} "
+                '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" -m torchtitan.train '
+                "--job.config_file torchtitan.toml (or the slurm target)")
     if plan.model.name not in FLAVORS:
         m = plan.model
         head.append(f"{m.name} is not a torchtitan built-in flavor: register flavor "
