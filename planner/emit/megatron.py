@@ -50,7 +50,7 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
     return ch.result()
 
 
-def layout(model: ModelSpec, stage_layers: tuple[int, ...]) -> str:
+def layout(stage_layers: tuple[int, ...]) -> str:
     """A ``--pipeline-model-parallel-layout`` string for explicit layers per stage."""
     stages = [f"t*{n}" if n else "" for n in stage_layers]
     stages[0] = "E" + ("," + stages[0] if stages[0] else "")
@@ -100,7 +100,7 @@ def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
         a += ["--num-layers-per-virtual-pipeline-stage",
               m.num_layers // (cfg.pp * cfg.virtual_pipeline_stages)]
     if cfg.stage_layers:
-        a += ["--pipeline-model-parallel-layout", layout(m, cfg.stage_layers)]
+        a += ["--pipeline-model-parallel-layout", layout(cfg.stage_layers)]
     if cfg.sequence_parallel:
         a.append("--sequence-parallel")
     a += ["--context-parallel-size", cfg.cp, "--expert-model-parallel-size", cfg.ep,
