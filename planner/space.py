@@ -248,13 +248,8 @@ class Space:
             out[:, COLUMNS.index(name)] = c[:, i]
         out[:, COLUMNS.index("group")] = c[:, CORE.index("dp")]
         if rec is not None:
-            rec = np.asarray(rec, dtype=np.int64)
-            which = self.recompute_of[core]
-            for k in np.unique(which):
-                sel = which == k
-                r = self.recomputes[k][rec[sel]]
-                for i, name in enumerate(RECOMPUTATION):
-                    out[sel, COLUMNS.index(name)] = r[:, i]
+            _fill(out, self.recompute_of[core], self.recomputes,
+                  np.asarray(rec, dtype=np.int64), RECOMPUTATION)
         return out
 
     def expand(self, core: np.ndarray, rec: np.ndarray | None) -> np.ndarray:
@@ -266,12 +261,7 @@ class Space:
         pair = np.repeat(np.arange(len(core)), nz)
         within = positions(nz)
         out = self.core_rows(core, rec)[pair]
-        zs = self.shard_of[core[pair]]
-        for k in np.unique(zs):
-            sel = zs == k
-            z = self.shardings[k][within[sel]]
-            for i, name in enumerate(SHARDING):
-                out[sel, COLUMNS.index(name)] = z[:, i]
+        _fill(out, self.shard_of[core[pair]], self.shardings, within, SHARDING)
         return out
 
     def contains(self, cfg: ParallelConfig) -> bool:
@@ -288,6 +278,16 @@ class Space:
         i = int(hit[0])
         return bool(np.any(np.all(self.shardings[self.shard_of[i]] == z, axis=1))
                     and np.any(np.all(self.recomputes[self.recompute_of[i]] == r, axis=1)))
+
+
+def _fill(out: np.ndarray, which: np.ndarray, tables: tuple[np.ndarray, ...], pick: np.ndarray,
+          names: tuple[str, ...]) -> None:
+    """Write into the ``names`` columns of ``out`` row ``pick[j]`` of table ``which[j]``."""
+    for k in np.unique(which):
+        sel = which == k
+        rows = tables[k][pick[sel]]
+        for i, name in enumerate(names):
+            out[sel, COLUMNS.index(name)] = rows[:, i]
 
 
 def positions(sizes: np.ndarray) -> np.ndarray:
