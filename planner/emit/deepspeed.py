@@ -65,7 +65,7 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
     return ch.result()
 
 
-def config_dict(model: ModelSpec, job: Job, cfg: ParallelConfig) -> dict[str, Any]:
+def config_dict(job: Job, cfg: ParallelConfig) -> dict[str, Any]:
     """The ds_config as a dict (without ``_comment``)."""
     zero: dict[str, Any] = {"stage": cfg.zero_stage, "overlap_comm": job.overlap_grad_reduce,
                             "contiguous_gradients": True, "reduce_bucket_size": REDUCE_BUCKET}
@@ -126,7 +126,7 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
     """The JSON text."""
     head = header_lines(plan, config, job, estimate, command, warnings)
     body = {"_comment": head + launcher(plan, config)}
-    body.update(config_dict(plan.model, job, config))
+    body.update(config_dict(job, config))
     return json.dumps(body, indent=2) + "\n"
 
 

@@ -39,8 +39,9 @@ from planner.emit.common import (
     uniform_stage_recompute,
 )
 
-#: Our model presets that are torchtitan 0.2.2 built-in flavors, with the shape checked
-#: (num_layers, hidden_size, num_heads, num_kv_heads); torchtitan/models/llama3/__init__.py.
+#: Our model presets that are torchtitan 0.2.2 built-in flavors, with the shape a model must
+#: have to use one (num_layers, hidden_size, num_heads, num_kv_heads);
+#: torchtitan/models/llama3/__init__.py.
 FLAVORS: dict[str, tuple[str, str, tuple[int, int, int, int]]] = {
     "llama-3-8b": ("llama3", "8B", (32, 4096, 32, 8)),
     "llama-3-70b": ("llama3", "70B", (80, 8192, 64, 8)),
@@ -49,6 +50,14 @@ FLAVORS: dict[str, tuple[str, str, tuple[int, int, int, int]]] = {
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B",
              "zero-bubble": "ZBVZeroBubble"}
 RESHARD = {0: "default", 2: "never", 3: "always"}
+
+
+def flavor(model: ModelSpec) -> tuple[str, str] | None:
+    """torchtitan's (model name, flavor) for ``model``, when it is a built-in flavor by name
+    and by shape; None otherwise."""
+    name, flv, shape = FLAVORS.get(model.name, ("", "", ()))
+    own = (model.num_layers, model.hidden_size, model.num_heads, model.num_kv_heads)
+    return (name, flv) if shape == own else None
 
 
 def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
@@ -115,9 +124,9 @@ def _parts(model: ModelSpec, cfg: ParallelConfig) -> list[list[str]]:
 
 def sections(model: ModelSpec, job: Job, cfg: ParallelConfig) -> dict[str, dict[str, Any]]:
     """The job config as TOML tables."""
-    name, flavor, _ = FLAVORS.get(model.name, ("llama3", model.name, ()))
+    name, flv = flavor(model) or ("llama3", model.name)
     shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage else 1
-    mdl: dict[str, Any] = {"name": name, "flavor": flavor}
+    mdl: dict[str, Any] = {"name": name, "flavor": flv}
     if job.precision == "fp8":
         mdl["converters"] = ["quantize.linear.float8"]
     par: dict[str, Any] = {
@@ -168,7 +177,7 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
     head.append(f"run: torchrun --nproc-per-node {c.gpus_per_node} --nnodes {c.num_nodes} "
                 '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" -m torchtitan.train '
                 "--job.config_file torchtitan.toml (or the slurm target)")
-    if plan.model.name not in FLAVORS:
+    if flavor(plan.model) is None:
         m = plan.model
         head.append(f"{m.name} is not a torchtitan built-in flavor: register flavor "
                     f"{m.name!r} for model 'llama3' (TransformerModelArgs dim={m.hidden_size}, "
