@@ -184,6 +184,52 @@ class Estimate:
     def __str__(self) -> str:
         return self.summary()
 
+    def _repr_html_(self) -> str:
+        """Tables for Jupyter: the headline numbers, step time by term, memory by term and
+        per pipeline stage."""
+        m = self.memory
+        head = [("peak memory per GPU", f"{self.peak_memory_bytes / GIB:.2f} GiB of "
+                 f"{self.memory_capacity_bytes / GIB:.0f} GiB (stage {self.peak_stage}, "
+                 + ("fits)" if self.fits else "does NOT fit)"))]
+        if self.step_time_s is not None:
+            head = [("step time", f"{self.step_time_s:.3f} s"),
+                    ("tokens/s", f"{self.tokens_per_s:,.0f}"),
+                    ("model TFLOP/s per GPU", f"{self.model_tflops_per_gpu:.1f}"),
+                    ("MFU / HFU", f"{100 * (self.mfu or 0):.1f}% / {100 * (self.hfu or 0):.1f}%"),
+                    *head]
+        time_rows = []
+        for t in TIME_TERMS:
+            v = self.time_breakdown_s.get(t, 0.0)
+            total = self.time_breakdown_s.get(f"{t}_total", v)
+            if v > 0 or total > 0:
+                share = 100 * v / self.step_time_s if self.step_time_s else 0.0
+                time_rows.append((t, f"{1e3 * v:,.1f}", f"{1e3 * total:,.1f}", f"{share:.1f}%"))
+        mem_rows = [(t, f"{getattr(m, f'{t}_bytes') / GIB:.2f}") for t in TERMS]
+        mem_rows.append(("total", f"{self.peak_memory_bytes / GIB:.2f}"))
+        parts = [_html_table(("", ""), head)]
+        if time_rows:
+            parts.append("<h4>Step time</h4>" + _html_table(
+                ("term", "exposed ms", "total ms", "share of step"), time_rows))
+        parts.append(f"<h4>Memory per GPU (stage {self.peak_stage})</h4>"
+                     + _html_table(("term", "GiB"), mem_rows))
+        if len(self.stages) > 1:
+            parts.append("<h4>Pipeline stages</h4>" + _html_table(
+                ("stage", "layers", "micro-batches in flight", "GiB"),
+                [(s.stage, s.num_layers, f"{s.in_flight_micro_batches:.2f}",
+                  f"{s.memory.total_bytes / GIB:.2f}") for s in self.stages]))
+        return "".join(parts)
+
+
+def _html_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    """A plain HTML table, every cell escaped."""
+    import html
+
+    def row(cells: tuple[Any, ...], tag: str) -> str:
+        return "<tr>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in cells) + \
+            "</tr>"
+
+    return "<table>" + row(header, "th") + "".join(row(r, "td") for r in rows) + "</table>"
+
 
 def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfig) -> Estimate:
     """Memory per GPU and step time of training ``model`` on ``cluster`` with ``config``.

@@ -1,7 +1,9 @@
-"""Command line: ``planner plan``, ``estimate``, ``emit``, ``validate``, ``calibrate``,
-``models``, ``gpus``, ``clusters``.
+"""Command line: ``planner plan``, ``estimate``, ``explain``, ``compare``, ``emit``,
+``validate``, ``calibrate``, ``models``, ``gpus``, ``clusters``.
 
-Bad input prints one line naming what is wrong and exits with status 2, never a traceback.
+Bad input prints one line naming what is wrong and exits with status 2, never a traceback; a
+valid question that no configuration answers (nothing fits) exits with status 3 and says what
+would fit.
 """
 
 from __future__ import annotations
@@ -22,11 +24,18 @@ from costmodel.config import FRAMEWORK_NAMES, OFFLOADS, OPTIMIZERS, PRECISIONS, 
 from costmodel.hardware import GPU
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
+from planner.compare import Candidate, Comparison, compare
 from planner.emit import TARGETS, emit
+from planner.explain import explain
+from planner.models import load_model
 from planner.plan import Plan, plan
+from planner.progress import Progress
 from planner.space import PRESETS, Constraints
 
 GIB = 1024**3
+#: Exit statuses: bad input, and a valid question with no configuration that fits.
+EXIT_USAGE = 2
+EXIT_INFEASIBLE = 3
 
 EPILOG_ESTIMATE = """example:
   planner estimate --model gpt3-175b --cluster selene --num-nodes 8 \\
@@ -47,6 +56,20 @@ EPILOG_PLAN = """examples:
       --preset fsdp -o plan.json
 """
 
+EPILOG_EXPLAIN = """examples:
+  planner explain --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
+      --global-batch-size 512 --seq-len 8192
+  planner explain plan.json --json
+"""
+
+EPILOG_COMPARE = """examples:
+  planner compare --model llama-3-70b --gpus 64 --gpu h100-sxm --global-batch-size 512 \\
+      --seq-len 8192 --config "tp=8 pp=4 zero=1 sp" --config "tp=2 cp=4 zero=3 sp"
+  planner compare --model llama-3-70b --gpus 64 --gpus 128 --gpu h100-sxm --gpu h200 \\
+      --global-batch-size 512 --seq-len 8192          # plan each of 4 clusters
+  planner compare --plan a.json --plan b.json
+"""
+
 EPILOG_EMIT = """examples:
   planner plan --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
       --global-batch-size 512 --seq-len 8192 -o plan.json
@@ -57,46 +80,72 @@ EPILOG_EMIT = """examples:
 """
 
 
-def _model(arg: str) -> ModelSpec:
-    """A preset name or the path of a Hugging Face config.json."""
-    if arg.endswith(".json") or Path(arg).is_file():
-        return ModelSpec.from_hf_config(arg)
-    return ModelSpec.preset(arg)
-
-
 def _cluster(args: argparse.Namespace) -> Cluster:
     """``--cluster`` (preset or TOML file) or the short form ``--gpus --gpu --gpus-per-node``."""
-    if args.cluster and args.gpus:
+    return _make_cluster(args.cluster, args.num_nodes, args.gpus, args.gpu, args.gpus_per_node,
+                         args.intra_node, args.inter_node)
+
+
+def _clusters(args: argparse.Namespace) -> list[Cluster]:
+    """``planner compare``: every cluster its repeatable flags name (``--cluster`` each with
+    each ``--num-nodes``; each ``--gpus`` with each ``--gpu`` and ``--inter-node``)."""
+    out = []
+    for c in args.cluster or []:
+        for n in args.num_nodes or [None]:
+            out.append(_make_cluster(c, n, None, (args.gpu or [None])[0], args.gpus_per_node,
+                                     args.intra_node, (args.inter_node or [None])[0]))
+    for g in args.gpus or []:
+        for kind in args.gpu or [None]:
+            for nic in args.inter_node or [None]:
+                out.append(_make_cluster(None, None, g, kind, args.gpus_per_node,
+                                         args.intra_node, nic))
+    if not out:
+        raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME (each may be "
+                        "repeated to compare clusters)")
+    return out
+
+
+def _make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
+                  gpu: str | None, gpus_per_node: int | None, intra: str | None,
+                  inter: str | None) -> Cluster:
+    if cluster and gpus:
         raise SpecError("give either --cluster or --gpus/--gpu, not both")
-    if args.cluster:
-        if args.cluster.endswith(".toml"):
-            data = hardware_profiles.load_file(args.cluster)
+    if cluster:
+        if cluster.endswith(".toml"):
+            data = hardware_profiles.load_file(cluster)
             allowed = {f.name for f in dataclasses.fields(Cluster)}
             unknown = set(data) - allowed - {"description", "source"}
             if unknown:
                 raise SpecError(
-                    f"cluster file {args.cluster!r} has unknown keys {sorted(unknown)}; "
+                    f"cluster file {cluster!r} has unknown keys {sorted(unknown)}; "
                     f"allowed: {sorted(allowed)}"
                 )
             fields = {k: v for k, v in data.items() if k in allowed}
-            if args.num_nodes:
-                fields["num_nodes"] = args.num_nodes
+            if num_nodes:
+                fields["num_nodes"] = num_nodes
             return Cluster(**fields)
-        return Cluster.preset(args.cluster, num_nodes=args.num_nodes, gpu=args.gpu,
-                              gpus_per_node=args.gpus_per_node)
-    if not args.gpus:
+        return Cluster.preset(cluster, num_nodes=num_nodes, gpu=gpu,
+                              gpus_per_node=gpus_per_node)
+    if not gpus:
         raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME")
-    per_node = args.gpus_per_node or min(args.gpus, 8)
-    if args.gpus % per_node:
-        raise SpecError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}")
-    return Cluster(gpu=args.gpu or "h100-sxm", num_nodes=args.gpus // per_node,
-                   gpus_per_node=per_node, intra_node_link=args.intra_node,
-                   inter_node_link=args.inter_node)
+    if gpus < 1:
+        raise SpecError(f"--gpus {gpus}: give a positive number of GPUs")
+    per_node = gpus_per_node or min(gpus, 8)
+    if per_node < 1:
+        raise SpecError(f"--gpus-per-node {per_node}: give a positive number")
+    if gpus % per_node:
+        raise SpecError(f"--gpus {gpus} is not a multiple of --gpus-per-node {per_node}")
+    return Cluster(gpu=gpu or "h100-sxm", num_nodes=gpus // per_node,
+                   gpus_per_node=per_node, intra_node_link=intra, inter_node_link=inter)
 
 
-def _problem(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, Job]:
-    """The model, cluster and job the flags name."""
-    model = _model(args.model)
+def _problem(args: argparse.Namespace, many: bool = False
+             ) -> tuple[ModelSpec, list[Cluster], Job]:
+    """The model, clusters (one unless ``many``) and job the flags name."""
+    if not args.model:
+        raise SpecError("--model is required (a preset such as llama-3-70b, a config.json "
+                        "path, or module:attr)")
+    model = load_model(args.model)
     for flag in ("global_batch_size", "seq_len"):
         if getattr(args, flag) is None:
             raise SpecError(f"--{flag.replace('_', '-')} is required (e.g. "
@@ -106,7 +155,7 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, Job]:
               flash_attention=not args.no_flash_attention,
               overlap_grad_reduce=not args.no_overlap_grad_reduce,
               moe_capacity_factor=args.moe_capacity_factor)
-    return model, _cluster(args), job
+    return model, _clusters(args) if many else [_cluster(args)], job
 
 
 def _constraints(args: argparse.Namespace) -> Constraints:
@@ -117,9 +166,9 @@ def _constraints(args: argparse.Namespace) -> Constraints:
                       ("schedule", "pipeline_schedule"),
                       ("virtual_stages", "virtual_pipeline_stages"),
                       ("recompute", "recompute"), ("offload", "offload")):
-        if getattr(args, flag) is not None:
+        if getattr(args, flag, None) is not None:
             fixed[key] = getattr(args, flag)
-    if args.sequence_parallel is not None:
+    if getattr(args, "sequence_parallel", None) is not None:
         fixed["sequence_parallel"] = args.sequence_parallel == "on"
     caps: dict[str, int] = {}
     for item in args.max:
@@ -137,10 +186,18 @@ def _constraints(args: argparse.Namespace) -> Constraints:
     return Constraints.preset(args.preset).merge(own) if args.preset else own
 
 
+def _search(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, Job, Plan]:
+    """The plan the flags ask for, with a progress bar on a terminal after one second."""
+    model, (cluster,), job = _problem(args)
+    with Progress("searching") as bar:
+        result = plan(model, cluster, job, constraints=_constraints(args), top_k=args.top_k,
+                      progress=bar)
+    return model, cluster, job, result
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """``planner plan``: the fastest configuration that fits."""
-    model, cluster, job = _problem(args)
-    result = plan(model, cluster, job, constraints=_constraints(args), top_k=args.top_k)
+    model, cluster, job, result = _search(args)
     if args.output:
         result.to_json(args.output)
     if args.json:
@@ -154,6 +211,49 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(_estimate_report(model, cluster, result.job, result.estimate))
     if args.output:
         print(f"\nplan written to {args.output}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """``planner explain``: why this plan, and what every other choice would cost."""
+    result = Plan.from_json(args.plan) if args.plan else _search(args)[3]
+    with Progress("explaining") as bar:
+        why = explain(result, progress=bar)
+    if args.json:
+        print(json.dumps(why.to_dict(), indent=2))
+    else:
+        print(why.summary())
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``planner compare``: configurations and clusters side by side."""
+    candidates: list[Candidate] = []
+    model = None
+    if args.model or not args.plan:
+        model, clusters, job = _problem(args, many=True)
+        configs: list[str | None] = list(args.config) or [None]
+        with Progress("comparing") as bar:
+            cmp = compare(model, clusters, job, configs, constraints=_constraints(args),
+                          progress=bar)
+        candidates += cmp.candidates
+    for path in args.plan:
+        p = Plan.from_json(path)
+        model = model or p.model
+        candidates.append(Candidate(label=Path(path).name, cluster=p.cluster, job=p.job,
+                                    config=p.config, estimate=p.estimate, searched=True))
+    assert model is not None
+    result = Comparison(model=model, candidates=tuple(candidates))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters\n")
+        print(result.table())
+    if all(c.estimate is None for c in candidates):
+        infeasible = all((c.error or "").startswith("infeasible") for c in candidates)
+        print(f"planner: {'infeasible' if infeasible else 'error'}: no candidate can run",
+              file=sys.stderr)
+        return EXIT_INFEASIBLE if infeasible else EXIT_USAGE
     return 0
 
 
@@ -253,7 +353,7 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     """``planner estimate``: memory of one configuration."""
-    model, cluster, job = _problem(args)
+    model, (cluster,), job = _problem(args)
     cfg = _config(args, cluster)
     est = estimate(model, cluster, job, cfg)
     if args.json:
@@ -405,18 +505,24 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common_args(p: argparse.ArgumentParser) -> None:
-    """--model, the cluster and the job: shared by ``estimate`` and ``plan``."""
-    p.add_argument("--model", required=True,
-                   help="preset name (see 'planner models') or a Hugging Face config.json path")
-    hw = p.add_argument_group("cluster")
-    hw.add_argument("--cluster", help="cluster preset ('planner clusters') or a TOML file")
-    hw.add_argument("--num-nodes", type=int, help="nodes of the cluster preset to use")
-    hw.add_argument("--gpus", type=int, help="total GPUs (short form, with --gpu)")
-    hw.add_argument("--gpu", help="GPU profile name ('planner gpus'); default h100-sxm")
+def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
+                 many: bool = False) -> None:
+    """--model, the cluster and the job: shared by ``estimate``, ``plan``, ``explain`` and
+    ``compare`` (``many``: the cluster flags repeat, one cluster per value)."""
+    p.add_argument("--model", required=model_required,
+                   help="preset name (see 'planner models'), a Hugging Face config.json path, "
+                   "or module:attr of a ModelSpec, HF config or transformers model")
+    hw = p.add_argument_group("cluster" + (" (repeat a flag to compare clusters)" if many
+                                           else ""))
+    rep: dict[str, Any] = {"action": "append"} if many else {}
+    hw.add_argument("--cluster", help="cluster preset ('planner clusters') or a TOML file",
+                    **rep)
+    hw.add_argument("--num-nodes", type=int, help="nodes of the cluster preset to use", **rep)
+    hw.add_argument("--gpus", type=int, help="total GPUs (short form, with --gpu)", **rep)
+    hw.add_argument("--gpu", help="GPU profile name ('planner gpus'); default h100-sxm", **rep)
     hw.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
     hw.add_argument("--intra-node", help="link inside a node (default: the GPU's own)")
-    hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)")
+    hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)", **rep)
     jb = p.add_argument_group("job")
     jb.add_argument("--global-batch-size", type=int, help="sequences per step (required)")
     jb.add_argument("--seq-len", type=int, help="tokens per sequence (required)")
@@ -430,6 +536,28 @@ def _common_args(p: argparse.ArgumentParser) -> None:
                     help="gradients are reduced after the backward pass, not overlapped with it")
     jb.add_argument("--moe-capacity-factor", type=float,
                     help="expert capacity factor (default: dropless, even routing)")
+
+
+def _search_args(p: argparse.ArgumentParser) -> None:
+    """The constraint flags of ``planner plan`` (each fixes or caps one field)."""
+    fx = p.add_argument_group("constraints (each flag fixes that field)")
+    for flag, kind, extra in (("--dp", int, {}), ("--tp", int, {}), ("--pp", int, {}),
+                              ("--cp", int, {}), ("--ep", int, {}),
+                              ("--zero", int, {"choices": (0, 1, 2, 3)}),
+                              ("--micro-batch-size", int, {}),
+                              ("--schedule", str, {"choices": SCHEDULES}),
+                              ("--virtual-stages", int, {}),
+                              ("--recompute", str, {"choices": RECOMPUTE}),
+                              ("--offload", str, {"choices": OFFLOADS})):
+        fx.add_argument(flag, type=kind, **extra)
+    fx.add_argument("--sequence-parallel", choices=("on", "off"),
+                    help="fix sequence parallel on or off")
+    fx.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset")
+    fx.add_argument("--max", action="append", default=[], metavar="FIELD=N",
+                    help="cap a degree, e.g. --max tp=4 --max pp=8")
+    fx.add_argument("--frameworks", help="trainers to search, comma-separated "
+                    f"({','.join(FRAMEWORK_NAMES)}); default --framework")
+    p.add_argument("--top-k", type=int, default=5, help="configurations to rank (default 5)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -482,32 +610,51 @@ def build_parser() -> argparse.ArgumentParser:
         "group, sequence parallel, micro-batch, pipeline schedule and virtual stages, "
         "recompute, offload) for the fastest configuration that fits in memory; print it with "
         "its estimate, the runners-up and why the others lost. Any degree or option given "
-        "below is fixed; --max caps one; --preset starts from a named set of constraints.",
+        "below is fixed; --max caps one; --preset starts from a named set of constraints. "
+        "Exits with status 3, saying what would fit, when nothing does.",
         epilog=EPILOG_PLAN, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common_args(pl)
-    fx = pl.add_argument_group("constraints (each flag fixes that field)")
-    for flag, kind, extra in (("--dp", int, {}), ("--tp", int, {}), ("--pp", int, {}),
-                              ("--cp", int, {}), ("--ep", int, {}),
-                              ("--zero", int, {"choices": (0, 1, 2, 3)}),
-                              ("--micro-batch-size", int, {}),
-                              ("--schedule", str, {"choices": SCHEDULES}),
-                              ("--virtual-stages", int, {}),
-                              ("--recompute", str, {"choices": RECOMPUTE}),
-                              ("--offload", str, {"choices": OFFLOADS})):
-        fx.add_argument(flag, type=kind, **extra)
-    fx.add_argument("--sequence-parallel", choices=("on", "off"),
-                    help="fix sequence parallel on or off")
-    fx.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset")
-    fx.add_argument("--max", action="append", default=[], metavar="FIELD=N",
-                    help="cap a degree, e.g. --max tp=4 --max pp=8")
-    fx.add_argument("--frameworks", help="trainers to search, comma-separated "
-                    f"({','.join(FRAMEWORK_NAMES)}); default --framework")
-    pl.add_argument("--top-k", type=int, default=5, help="configurations to rank (default 5)")
+    _search_args(pl)
     pl.add_argument("--why", type=int, default=12, help="rows of the why-not table shown")
     pl.add_argument("-o", "--output", help="also write the plan as JSON to this file")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plan)
+
+    ex = sub.add_parser(
+        "explain", help="why this plan: what every other choice would cost",
+        description="For each choice of the plan (tp, pp, cp, ep, ZeRO stage, sequence "
+        "parallel, micro-batch, schedule, virtual stages, recompute, offload, trainer), search "
+        "again with each other value fixed and say what the fastest configuration with it "
+        "costs: slower by how much and which term grew, or how far over the memory it is. "
+        "Give a saved plan, or the flags of 'planner plan' to search first.",
+        epilog=EPILOG_EXPLAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ex.add_argument("plan", nargs="?", help="a plan JSON file written by 'planner plan -o'")
+    _common_args(ex, model_required=False)
+    _search_args(ex)
+    ex.add_argument("--json", action="store_true", help="machine-readable output")
+    ex.set_defaults(func=cmd_explain)
+
+    cp = sub.add_parser(
+        "compare", help="configurations or clusters side by side",
+        description="Estimate each --config on each cluster (or search for the plan when no "
+        "--config is given) and print them side by side: step time, tokens/s, tokens/s per "
+        "GPU, MFU, memory, and the speed-up over the first. Repeat --cluster, --gpus, --gpu, "
+        "--inter-node or --num-nodes to compare clusters; --plan adds saved plans.",
+        epilog=EPILOG_COMPARE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common_args(cp, model_required=False, many=True)
+    cp.add_argument("--config", action="append", default=[], metavar="SPEC",
+                    help="a configuration, e.g. 'tp=8 pp=4 zero=1 sp mbs=1 "
+                    "recompute=selective'; without dp=, dp fills the cluster")
+    cp.add_argument("--plan", action="append", default=[], metavar="FILE",
+                    help="a saved plan (planner plan -o) to add as a candidate")
+    cp.add_argument("--preset", choices=sorted(PRESETS),
+                    help="constraints for the searched candidates")
+    cp.add_argument("--max", action="append", default=[], metavar="FIELD=N",
+                    help="cap a degree of the searched candidates, e.g. --max tp=4")
+    cp.add_argument("--frameworks", help="trainers the searched candidates may use")
+    cp.add_argument("--json", action="store_true", help="machine-readable output")
+    cp.set_defaults(func=cmd_compare)
 
     em = sub.add_parser(
         "emit", help="write a saved plan as a torchtitan, DeepSpeed, Megatron-LM or Slurm file",
@@ -568,16 +715,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for bad input)."""
+    """Entry point; returns the exit status: 0, 2 for bad input, 3 when nothing fits."""
     words = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(words)
     args.command_line = "planner " + shlex.join(words)
     try:
         return int(args.func(args))
-    except (SpecError, Infeasible) as e:
-        kind = "error" if isinstance(e, SpecError) else "infeasible"
-        print(f"planner: {kind}: {e}", file=sys.stderr)
-        return 2
+    except SpecError as e:
+        print(f"planner: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Infeasible as e:
+        print(f"planner: infeasible: {e}", file=sys.stderr)
+        return EXIT_INFEASIBLE
     except BrokenPipeError:
         # Output piped into a command that stopped reading (e.g. `| head`): not an error.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115

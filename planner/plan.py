@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
-from costmodel.estimate import Estimate, estimate
+from costmodel.estimate import Estimate, _html_table, estimate
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from planner.partition import partition as partition_stages
@@ -95,17 +95,23 @@ def describe(cfg: ParallelConfig) -> str:
     return " ".join(parts)
 
 
-def _slower(best: Found, other: Found) -> str:
-    """Why ``other`` lost to ``best``: by how much, and the term that grew most."""
-    diff = {t: other.terms[t] - best.terms[t] for t in best.terms}
+def slower_reason(best_time: float, best_terms: Mapping[str, float], best_peak: float,
+                  other_time: float, other_terms: Mapping[str, float], other_peak: float) -> str:
+    """Why a configuration taking ``other_time`` seconds lost to one taking ``best_time``: by
+    how much, and the step-time term (``TIME_TERMS``) that grew most."""
+    diff = {t: other_terms.get(t, 0.0) - best_terms.get(t, 0.0) for t in TERM_LABELS}
     worst = max(diff, key=lambda t: (diff[t], t))
-    pct = 100.0 * (other.step_time / best.step_time - 1.0)
+    pct = 100.0 * (other_time / best_time - 1.0)
     if pct < 0.05:
-        return (f"as fast within 0.05% ({other.step_time:.3f} s); ranked after the plan by "
-                + ("peak memory" if other.peak_memory > best.peak_memory else
-                   "the stated tie order"))
-    return (f"slower by {pct:.1f}% ({1e3 * (other.step_time - best.step_time):.0f} ms), "
+        return (f"as fast within 0.05% ({other_time:.3f} s); ranked after the plan by "
+                + ("peak memory" if other_peak > best_peak else "the stated tie order"))
+    return (f"slower by {pct:.1f}% ({1e3 * (other_time - best_time):.0f} ms), "
             f"mostly from {TERM_LABELS[worst]} (+{1e3 * diff[worst]:.0f} ms)")
+
+
+def _slower(best: Found, other: Found) -> str:
+    return slower_reason(best.step_time, best.terms, best.peak_memory, other.step_time,
+                         other.terms, other.peak_memory)
 
 
 def _alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
@@ -282,6 +288,24 @@ class Plan:
     def __str__(self) -> str:
         return self.summary()
 
+    def _repr_html_(self) -> str:
+        """Tables for Jupyter: the plan, its estimate, and the runners-up."""
+        c = self.counts
+        head = [("model", f"{self.model.name} ({self.model.num_params() / 1e9:.2f}B)"),
+                ("cluster", f"{self.cluster.num_nodes} x {self.cluster.gpus_per_node} "
+                 f"{self.cluster.gpu.name}"),
+                ("job", f"{self.job.global_batch_size} x {self.job.seq_len} tokens, "
+                 f"{self.job.precision}, {self.job.framework}"),
+                ("plan", describe(self.config)),
+                ("searched", f"{c.get('space', 0):,} configurations in "
+                 f"{self.search_seconds:.2f} s")]
+        rows = [(describe(a.config) if a.config else "", a.verdict, a.reason)
+                for a in self.alternatives if a.verdict != "invalid"][:12]
+        out = "<h4>Plan</h4>" + _html_table(("", ""), head) + self.estimate._repr_html_()
+        if rows:
+            out += "<h4>Why not</h4>" + _html_table(("configuration", "verdict", "why"), rows)
+        return out
+
 
 def _constraints(value: Constraints | str | Mapping[str, Any] | None) -> Constraints:
     if value is None:
@@ -320,15 +344,18 @@ def _infeasible(model: ModelSpec, cluster: Cluster, job: Job, cons: Constraints,
 
 def plan(model: ModelSpec, cluster: Cluster, job: Job, *,
          constraints: Constraints | str | Mapping[str, Any] | None = None,
-         top_k: int = 5, partition: bool = True) -> Plan:
+         top_k: int = 5, partition: bool = True,
+         progress: Callable[[float], None] | None = None) -> Plan:
     """The fastest configuration of ``job`` on ``cluster`` that fits in memory.
 
     ``constraints``: a ``Constraints``, a preset name (``planner.space.PRESETS``) or its dict
     form; ``constraints.frameworks`` searches several trainers. ``top_k``: how many
     configurations (the plan and its runners-up) to rank. ``partition``: let the stage DP
     (``planner.partition``) rebalance the layers (and recomputed layers) of the pipelined
-    top configurations when that is faster than the uniform split. Deterministic: ties are broken by
-    peak memory, then the trainer's order, then the configuration's columns ascending.
+    top configurations when that is faster than the uniform split. ``progress``: called with
+    the fraction of the search done (0 to 1), e.g. a ``planner.progress.Progress`` bar.
+    Deterministic: ties are broken by peak memory, then the trainer's order, then the
+    configuration's columns ascending.
     Raises ``Infeasible`` when nothing fits, naming the memory or GPUs that would.
     """
     for name, value, kind in (("model", model, ModelSpec), ("cluster", cluster, Cluster),
@@ -339,7 +366,7 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *,
         raise SpecError(f"top_k must be a positive integer, got {top_k!r}")
     cons = _constraints(constraints)
     t0 = time.perf_counter()
-    res = search(model, cluster, job, cons, top_k=top_k)
+    res = search(model, cluster, job, cons, top_k=top_k, progress=progress)
     if not res.top:
         raise _infeasible(model, cluster, job, cons, res)
     best = res.top[0]

@@ -22,6 +22,7 @@ so smaller degrees and simpler options win ties.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -177,7 +178,7 @@ class _State:
 
 
 def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank: int,
-                state: _State) -> None:
+                state: _State, tick: Callable[[float], None]) -> None:
     fw = space.framework
     n = len(space.cores)
     nz, nr = space.sizes
@@ -224,6 +225,7 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
         res = evaluate(model, cluster, job, arrays(model, rows), capacity=state.capacity,
                        host_capacity=state.host_capacity)
         state.add(fw, rank, rows, res)
+        tick(min(pos, n) / n)
     rest = order[pos:]
     rest = rest if pos < n else rest[:0]
     state.counts["bounded"] += int((nz[rest] * nr[rest]).sum())
@@ -232,16 +234,24 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
 
 def search(model: ModelSpec, cluster: Cluster, job: Job,
            constraints: Constraints | None = None, top_k: int = 5,
-           capacity: float | None = None) -> SearchResult:
+           capacity: float | None = None,
+           progress: Callable[[float], None] | None = None) -> SearchResult:
     """The ``top_k`` fastest configurations that fit ``capacity`` bytes per GPU (default: the
     GPU's memory) and the node's host memory, over every trainer the constraints name
-    (default: ``job.framework``)."""
+    (default: ``job.framework``). ``progress`` is called with the fraction of the cores
+    (ordered by bound) passed so far, from 0 to 1."""
     cap = float(cluster.gpu.memory_bytes if capacity is None else capacity)
     state = _State(max(1, top_k), cap, cluster.host_memory_bytes_per_gpu)
     rejected = {}
     jobs = {}
-    for rank, (j, space) in enumerate(spaces(model, cluster, job, constraints)):
-        _search_one(model, cluster, j, space, rank, state)
+    todo = spaces(model, cluster, job, constraints)
+    for rank, (j, space) in enumerate(todo):
+        def tick(frac: float, rank: int = rank) -> None:
+            if progress is not None:
+                progress((rank + frac) / len(todo))
+
+        _search_one(model, cluster, j, space, rank, state, tick)
+        tick(1.0)
         rejected[space.framework] = space.rejected
         jobs[space.framework] = j
     return SearchResult(top=[f for _, f in state.top], meshes=state.meshes,

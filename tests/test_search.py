@@ -234,12 +234,14 @@ def test_cli_plan(tmp_path) -> None:
     assert {"config", "estimate"} <= set(d)
     assert d["estimate"]["step_time_s"] > 0
     assert Plan.from_json(out).config == ParallelConfig(**d["config"])
-    for bad in (["--model", "no-such-model", "--gpus", "8"],
-                ["--model", "llama-3-70b", "--gpus", "8", "--gpu", "a100-40gb",
-                 "--global-batch-size", "16", "--seq-len", "4096"],
-                ["--model", "llama-3-8b", "--gpus", "8", "--global-batch-size", "8",
-                 "--seq-len", "512", "--max", "tp"]):
+    for bad, status in ((["--model", "no-such-model", "--gpus", "8"], 2),
+                        (["--model", "llama-3-70b", "--gpus", "8", "--gpu", "a100-40gb",
+                          "--global-batch-size", "16", "--seq-len", "4096"], 3),
+                        (["--model", "llama-3-8b", "--gpus", "8", "--global-batch-size", "8",
+                          "--seq-len", "512", "--max", "tp"], 2)):
         r = subprocess.run([sys.executable, "-m", "planner", "plan", *bad], capture_output=True,
                            text=True)
-        assert r.returncode == 2
+        assert r.returncode == status, r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        if status == 3:  # nothing fits: says what would
+            assert "planner: infeasible:" in r.stderr and "GiB would fit" in r.stderr

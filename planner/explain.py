@@ -1,0 +1,261 @@
+"""``explain(plan)``: why this plan, and why not the others, one choice at a time.
+
+For each choice the search made (tensor, pipeline, context and expert parallel degrees, ZeRO
+stage, sequence parallel, micro-batch, pipeline schedule and virtual stages, recompute,
+offload, and the trainer when several were searched), every other value the space allows is
+searched again with that value fixed and everything else free. The fastest configuration
+with that value either loses on time (by how much, and which step-time term grew most), or
+nothing with that value fits (and the least memory it needs), or the value is never valid.
+The answers are exact under the cost model: each is a full search (``planner.search``).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from costmodel.config import ParallelConfig
+from costmodel.errors import SpecError
+from costmodel.memory import TERMS
+from costmodel.steptime import TIME_TERMS
+from planner.plan import GIB, TERM_LABELS, Plan, describe, slower_reason
+from planner.search import search
+from planner.space import (
+    _OFFLOAD_NAMES,
+    _RECOMPUTE_NAMES,
+    _SCHEDULE_NAMES,
+    CORE,
+    RECOMPUTATION,
+    SHARDING,
+    Constraints,
+    row_config,
+    spaces,
+)
+
+__all__ = ["CHOICES", "Choice", "Explanation", "Option", "explain"]
+
+#: The fields ``explain`` reports, with the column of the search space each reads.
+CHOICES: dict[str, str] = {
+    "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "zero_stage": "zero",
+    "sequence_parallel": "sp", "micro_batch_size": "mbs", "pipeline_schedule": "schedule",
+    "virtual_pipeline_stages": "v", "recompute": "recompute", "offload": "offload",
+}
+_DECODE: dict[str, Callable[[int], Any]] = {
+    "sp": bool, "schedule": _SCHEDULE_NAMES.__getitem__,
+    "recompute": _RECOMPUTE_NAMES.__getitem__, "offload": _OFFLOAD_NAMES.__getitem__,
+}
+_SHORT = {"zero_stage": "zero", "sequence_parallel": "sp", "micro_batch_size": "mbs",
+          "pipeline_schedule": "schedule", "virtual_pipeline_stages": "v"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One value of a choice. ``verdict``: ``chosen``, ``slower`` (the fastest configuration
+    with this value fits but takes longer), ``does not fit`` (no configuration with it fits
+    in memory; ``peak_memory_bytes`` is the least any needs) or ``invalid``. ``config``: that
+    fastest (or least-memory) configuration; times in seconds, memory in bytes per GPU."""
+
+    value: Any
+    verdict: str
+    reason: str
+    framework: str | None = None
+    config: ParallelConfig | None = None
+    step_time_s: float | None = None
+    peak_memory_bytes: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        return {"value": self.value, "verdict": self.verdict, "reason": self.reason,
+                "framework": self.framework,
+                "config": self.config.to_dict() if self.config else None,
+                "step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """One field of the configuration (a ``ParallelConfig`` name, or ``framework``): the
+    value the plan chose, whether the constraints fixed it, and every other value's outcome
+    (fastest first, then those that do not fit, least memory first)."""
+
+    field: str
+    chosen: Any
+    fixed: bool
+    options: tuple[Option, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        return {"field": self.field, "chosen": self.chosen, "fixed": self.fixed,
+                "options": [o.to_dict() for o in self.options]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Explanation:
+    """Why ``plan`` won: what its step is made of, what fills its memory, and per choice
+    (``choices``) what each other value would have cost."""
+
+    plan: Plan
+    choices: tuple[Choice, ...]
+    search_seconds: float = 0.0
+
+    def step_shares(self) -> list[tuple[str, float]]:
+        """(term, seconds) of the step, largest first, zero terms left out."""
+        bd = self.plan.estimate.time_breakdown_s
+        return sorted(((t, bd[t]) for t in TIME_TERMS if bd.get(t, 0.0) > 0),
+                      key=lambda x: -x[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form: the plan's ``config`` and ``estimate``, and ``choices``."""
+        return {"config": self.plan.config.to_dict(),
+                "estimate": self.plan.estimate.to_dict(),
+                "framework": self.plan.job.framework,
+                "choices": [c.to_dict() for c in self.choices],
+                "search_seconds": self.search_seconds}
+
+    def summary(self) -> str:
+        """A human-readable report."""
+        p, e = self.plan, self.plan.estimate
+        step = e.step_time_s or 0.0
+        lines = [
+            f"plan     {describe(p.config)}  ({p.job.framework})",
+            f"         step {step:.3f} s, {e.tokens_per_s:,.0f} tokens/s, MFU "
+            f"{100 * (e.mfu or 0):.1f}%",
+            "step     " + ", ".join(f"{TERM_LABELS[t]} {100 * v / step:.0f}%"
+                                    for t, v in self.step_shares()),
+            f"memory   {e.peak_memory_bytes / GIB:.1f} of {e.memory_capacity_bytes / GIB:.0f} "
+            f"GiB on stage {e.peak_stage}: " + ", ".join(
+                f"{t} {getattr(e.memory, f'{t}_bytes') / GIB:.1f}" for t in TERMS
+                if getattr(e.memory, f"{t}_bytes") > 0),
+            "",
+            "why each choice (for every other value: the fastest configuration with it)",
+        ]
+        for c in self.choices:
+            tag = "fixed by the constraints" if c.fixed else \
+                "the only valid value" if not c.options else "chosen"
+            lines.append(f"  {_label(c.field, c.chosen):<24s} {tag}")
+            for o in c.options:
+                head = f"{_label(c.field, o.value)}"
+                where = f"   [{describe(o.config)}" + \
+                    (f", {o.framework}]" if o.framework != p.job.framework else "]") \
+                    if o.config else ""
+                why = o.reason if o.verdict == "slower" else f"{o.verdict}: {o.reason}"
+                lines.append(f"    {head:<22s} {why}{where}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        rows = []
+        for c in self.choices:
+            tag = "fixed" if c.fixed else "chosen"
+            rows.append(f"<tr><td><b>{html.escape(_label(c.field, c.chosen))}</b></td>"
+                        f"<td>{tag}</td><td></td><td></td></tr>")
+            for o in c.options:
+                rows.append(
+                    f"<tr><td>&nbsp;&nbsp;{html.escape(_label(c.field, o.value))}</td>"
+                    f"<td>{html.escape(o.verdict)}</td><td>{html.escape(o.reason)}</td>"
+                    f"<td>{html.escape(describe(o.config)) if o.config else ''}</td></tr>")
+        return (self.plan._repr_html_()
+                + "<h4>Why each choice</h4><table><tr><th>value</th><th>verdict</th>"
+                "<th>why</th><th>fastest configuration with it</th></tr>"
+                + "".join(rows) + "</table>")
+
+
+def _label(field: str, value: Any) -> str:
+    if field == "sequence_parallel":
+        return f"sp={'on' if value else 'off'}"
+    return f"{_SHORT.get(field, field)}={value}"
+
+
+def _values(plan: Plan) -> dict[str, list[Any]]:
+    """The values each explained field takes anywhere in the plan's searched space."""
+    found: dict[str, set[Any]] = {f: set() for f in CHOICES}
+    for _, space in spaces(plan.model, plan.cluster, plan.job, plan.constraints):
+        for f, col in CHOICES.items():
+            if col in CORE:
+                codes = space.cores[:, CORE.index(col)]
+            elif col in SHARDING:
+                codes = np.concatenate([t[:, SHARDING.index(col)] for t in space.shardings])
+            else:
+                codes = np.concatenate([t[:, RECOMPUTATION.index(col)]
+                                        for t in space.recomputes])
+            decode = _DECODE.get(col, int)
+            found[f] |= {decode(int(x)) for x in np.unique(codes)}
+    return {f: sorted(v, key=str) if f in ("pipeline_schedule", "recompute", "offload")
+            else sorted(v) for f, v in found.items()}
+
+
+def explain(plan: Plan, *, fields: Sequence[str] | None = None,
+            progress: Callable[[float], None] | None = None) -> Explanation:
+    """Why ``plan`` won, choice by choice: for each field in ``fields`` (default: every
+    field of ``CHOICES`` that varies in the searched space, the pipeline schedule and virtual
+    stages only when the plan pipelines, plus ``framework`` when several trainers were
+    searched), the fastest configuration for every other value, searched again under the
+    plan's constraints with that value fixed. ``progress``: called with the fraction done."""
+    t0 = time.perf_counter()
+    cfg, cons = plan.config, plan.constraints
+    values = _values(plan)
+    names = list(fields) if fields is not None else [
+        f for f in CHOICES
+        if (len(values[f]) > 1 or f in cons.fixed)
+        and (plan.config.pp > 1 or f not in ("pipeline_schedule", "virtual_pipeline_stages"))]
+    for f in names:
+        if f not in CHOICES:
+            raise SpecError(f"cannot explain field {f!r}; choose from {', '.join(CHOICES)}")
+    frameworks = cons.frameworks or (plan.job.framework,)
+    work: list[tuple[str, Any, Constraints]] = []
+    for f in names:
+        if f in cons.fixed:
+            continue
+        for v in values[f]:
+            if v != getattr(cfg, f):
+                work.append((f, v, cons.merge(Constraints(fixed={f: v}))))
+    if len(frameworks) > 1:
+        for fw in frameworks:
+            if fw != plan.job.framework:
+                work.append(("framework", fw, replace(cons, frameworks=(fw,))))
+    outcomes: dict[str, list[Option]] = {}
+    for i, (f, v, c) in enumerate(work):
+        outcomes.setdefault(f, []).append(_outcome(plan, v, c))
+        if progress is not None:
+            progress((i + 1) / len(work))
+    choices = []
+    for f in [*names, *(["framework"] if len(frameworks) > 1 else [])]:
+        chosen = plan.job.framework if f == "framework" else getattr(cfg, f)
+        opts = sorted(outcomes.get(f, []), key=lambda o: (
+            {"slower": 0, "does not fit": 1, "invalid": 2}[o.verdict],
+            o.step_time_s if o.step_time_s is not None else (o.peak_memory_bytes or 0.0)))
+        choices.append(Choice(field=f, chosen=chosen, fixed=f in cons.fixed,
+                              options=tuple(opts)))
+    return Explanation(plan=plan, choices=tuple(choices),
+                       search_seconds=time.perf_counter() - t0)
+
+
+def _outcome(plan: Plan, value: Any, cons: Constraints) -> Option:
+    """The fastest configuration under ``cons`` (one value fixed), against the plan."""
+    e = plan.estimate
+    res = search(plan.model, plan.cluster, plan.job, cons, top_k=1)
+    if res.top:
+        f = res.top[0]
+        reason = slower_reason(e.step_time_s or 0.0, e.time_breakdown_s, e.peak_memory_bytes,
+                               f.step_time, f.terms, f.peak_memory)
+        return Option(value=value, verdict="slower", reason=reason, framework=f.framework,
+                      config=row_config(np.array(f.row)), step_time_s=f.step_time,
+                      peak_memory_bytes=f.peak_memory)
+    low = res.least_memory
+    if low is None:
+        return Option(value=value, verdict="invalid",
+                      reason="no valid configuration has it under these constraints")
+    cap = plan.cluster.gpu.memory_bytes
+    if low.peak_memory > cap:
+        why = (f"needs at least {low.peak_memory / GIB:.1f} GiB per GPU, "
+               f"{(low.peak_memory - cap) / GIB:.1f} GiB over the {cap / GIB:.0f} GiB")
+    else:
+        why = "what it offloads exceeds the GPU's share of host memory"
+    return Option(value=value, verdict="does not fit", reason=why, framework=low.framework,
+                  config=row_config(np.array(low.row)), peak_memory_bytes=low.peak_memory)

@@ -1,0 +1,101 @@
+"""``load_model``: a model from what a user types: a preset name, a Hugging Face
+``config.json`` path, or ``package.module:attr`` naming a model in their own code.
+
+``module:attr`` imports the module (the current directory is on the path, as with
+``python -m``) and reads the attribute, which may be a ``ModelSpec``, a Hugging Face config
+dict, a ``transformers`` config or model (its ``.config`` is read), or a function or class
+taking no arguments that returns one of these; a torch module class is built on the meta
+device, so no weights are allocated. Nothing is unpickled and no string is evaluated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from costmodel.errors import SpecError
+from costmodel.model import ModelSpec
+
+__all__ = ["load_model"]
+
+
+def load_model(spec: str | ModelSpec) -> ModelSpec:
+    """The model ``spec`` names: a ``ModelSpec`` (returned as is), a preset (``planner
+    models``), the path of a Hugging Face ``config.json``, or ``module:attr``."""
+    if isinstance(spec, ModelSpec):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError("--model is empty; give a preset name (see 'planner models'), a "
+                        "config.json path or module:attr")
+    spec = spec.strip()
+    if spec.endswith(".json") or Path(spec).is_file():
+        return ModelSpec.from_hf_config(spec)
+    if ":" in spec:
+        return _from_code(spec)
+    return ModelSpec.preset(spec)
+
+
+def _from_code(spec: str) -> ModelSpec:
+    """``module:attr`` (``attr`` may be dotted)."""
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise SpecError(f"model {spec!r}: write module:attr, e.g. mymodels:llama_small")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise SpecError(f"model {spec!r}: cannot import {mod_name!r} ({e}); run from the "
+                        "directory that holds it or add it to PYTHONPATH") from None
+    except Exception as e:  # the user's module failed while importing
+        raise SpecError(f"model {spec!r}: importing {mod_name!r} raised "
+                        f"{type(e).__name__}: {e}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise SpecError(f"model {spec!r}: {mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return _to_spec(obj, spec, depth=0)
+
+
+def _to_spec(obj: Any, spec: str, depth: int) -> ModelSpec:
+    if isinstance(obj, ModelSpec):
+        return obj
+    if isinstance(obj, dict):
+        return ModelSpec.from_hf_config(obj, name=spec.partition(":")[2])
+    config = getattr(obj, "config", None)
+    if config is not None and hasattr(config, "to_dict"):
+        obj = config  # a transformers model: its config says its shape
+    if hasattr(obj, "to_dict") and hasattr(obj, "model_type"):
+        return ModelSpec.from_hf_config(dict(obj.to_dict()), name=spec.partition(":")[2])
+    if callable(obj) and depth == 0:
+        with _meta_device():
+            try:
+                built = obj()
+            except TypeError as e:
+                raise SpecError(f"model {spec!r}: calling it without arguments failed ({e}); "
+                                "point at a function that takes none") from None
+            except Exception as e:
+                raise SpecError(f"model {spec!r}: building it raised {type(e).__name__}: "
+                                f"{e}") from None
+        return _to_spec(built, spec, depth=1)
+    raise SpecError(
+        f"model {spec!r} is a {type(obj).__name__}; the planner reads a model's shape from a "
+        "ModelSpec, a Hugging Face config (dict, transformers config or model) or a function "
+        "returning one; a torch module without a Hugging Face config cannot be read yet")
+
+
+@contextlib.contextmanager
+def _meta_device() -> Any:
+    """Build torch modules on the meta device (no weights allocated) when torch is here."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    with torch.device("meta"):
+        yield
