@@ -84,6 +84,8 @@ class TimeTable:
     bound on ``step_time`` of every configuration that differs from the row only in ZeRO stage,
     sharding group and offload, or also in recompute when the row recomputes nothing (stage
     times only grow with those, and the makespan and bubble grow with the stage times).
+    ``forward_share`` ``[rows, P]``: the forward pass's part of each stage's compute
+    (recompute counts with the backward), to split ``stage_time`` into forward and backward.
     """
 
     step_time: np.ndarray
@@ -94,6 +96,7 @@ class TimeTable:
     model_flops: float
     hardware_flops: np.ndarray
     floor: np.ndarray
+    forward_share: np.ndarray | None = None
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
@@ -396,4 +399,5 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         model_flops=float(mf),
         hardware_flops=mf + rec_total,
         floor=floor,
+        forward_share=fwd / np.maximum(fwd + bwd + recompute, 1e-30),
     )

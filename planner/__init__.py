@@ -4,7 +4,12 @@ The public API. ``estimate(model, cluster, job, config)`` says what one configur
 memory per GPU by term and pipeline stage, and step time by term, tokens/s, MFU and HFU.
 ``plan(model, cluster, job, constraints=..., top_k=5)`` searches every configuration and
 returns the fastest that fits as a ``Plan`` (with the runners-up and why the rest lost).
-torch is not imported here: ``import planner`` and the CLI work without it.
+``explain(plan)`` says what every other value of each choice would cost; ``compare`` puts
+configurations and clusters side by side; ``frontier`` times the whole space (throughput
+against memory); ``sweep`` re-plans over the number of GPUs, the inter-node bandwidth or the
+GPU; ``timeline`` plays out the pipeline schedule; ``load_model`` reads a preset, a Hugging
+Face config.json or ``module:attr``. Plots are in ``planner.plots`` (matplotlib, the ``plots``
+extra). torch is not imported here: ``import planner`` and the CLI work without it.
 """
 
 from costmodel import (
@@ -21,26 +26,51 @@ from costmodel import (
     StageMemory,
     estimate,
 )
-from planner.plan import Alternative, Plan, plan
+from planner.compare import Candidate, Comparison, compare, parse_config
+from planner.explain import Choice, Explanation, Option, explain
+from planner.explore import Frontier, SweepPoint, frontier, sweep
+from planner.models import load_model
+from planner.plan import Alternative, Plan, describe, plan
+from planner.progress import Progress
 from planner.space import PRESETS, Constraints
+from planner.timeline import Op, Timeline, simulate, timeline
 
 __all__ = [
     "GPU",
     "PRESETS",
     "Alternative",
+    "Candidate",
+    "Choice",
     "Cluster",
+    "Comparison",
     "Constraints",
     "Estimate",
+    "Explanation",
+    "Frontier",
     "Infeasible",
     "Job",
     "Link",
     "MemoryBreakdown",
     "ModelSpec",
+    "Op",
+    "Option",
     "ParallelConfig",
     "Plan",
+    "Progress",
     "SpecError",
     "StageMemory",
+    "SweepPoint",
+    "Timeline",
+    "compare",
+    "describe",
     "estimate",
+    "explain",
+    "frontier",
+    "load_model",
+    "parse_config",
     "plan",
+    "simulate",
+    "sweep",
+    "timeline",
 ]
 __version__ = "0.1.0"

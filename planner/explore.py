@@ -1,0 +1,161 @@
+"""Exploring beyond one plan: the whole space's throughput-vs-memory frontier, and what-if
+sweeps over the cluster (number of GPUs, inter-node bandwidth, GPU kind).
+
+``frontier`` times every configuration of the space (not only what the branch and bound
+needs), in chunks, so it costs seconds where ``plan`` costs a fraction of one: use it to
+look, not to choose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from costmodel.config import Job, ParallelConfig
+from costmodel.errors import Infeasible, SpecError
+from costmodel.hardware import GPU, Cluster
+from costmodel.model import ModelSpec
+from costmodel.tables import evaluate
+from planner.plan import Plan, _constraints, plan
+from planner.space import Constraints, arrays, positions, row_config, spaces
+
+__all__ = ["SWEEPS", "Frontier", "SweepPoint", "frontier", "sweep"]
+
+CHUNK_CORES = 2048
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Every configuration of a space, timed. ``step_time_s`` and ``peak_memory_bytes`` (per
+    GPU) hold one entry per configuration kept for drawing (all of them, or an even sample of
+    ``max_points``, always with the frontier); ``fits`` whether each fits. ``pareto`` indexes
+    the configurations no other beats on both step time and memory, in order of memory;
+    ``pareto_configs`` are those configurations. ``tokens_per_step`` turns step times into
+    throughput; ``capacity_bytes`` is the GPU's memory; ``total`` counts every configuration
+    timed."""
+
+    step_time_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    fits: np.ndarray
+    pareto: np.ndarray
+    pareto_configs: tuple[ParallelConfig, ...]
+    tokens_per_step: int
+    capacity_bytes: float
+    total: int
+
+    @property
+    def tokens_per_s(self) -> np.ndarray:
+        """Throughput of each kept configuration, tokens per second."""
+        return self.tokens_per_step / self.step_time_s
+
+
+def frontier(model: ModelSpec, cluster: Cluster, job: Job,
+             constraints: Constraints | str | Mapping[str, Any] | None = None, *,
+             max_points: int = 20_000, seed: int = 0,
+             progress: Callable[[float], None] | None = None) -> Frontier:
+    """Time every configuration of the space (under ``constraints``) and find the
+    throughput-vs-memory Pareto frontier; keep ``max_points`` of the rest (an even random
+    sample with ``seed``) for drawing."""
+    cons = _constraints(constraints)
+    steps, peaks, rows = [], [], []
+    todo = spaces(model, cluster, job, cons)
+    total_cores = sum(len(s.cores) for _, s in todo) or 1
+    done = 0
+    for j, space in todo:
+        nr = space.sizes[1]
+        for lo in range(0, len(space.cores), CHUNK_CORES):
+            cores = np.arange(lo, min(lo + CHUNK_CORES, len(space.cores)))
+            table = space.expand(np.repeat(cores, nr[cores]), positions(nr[cores]))
+            res = evaluate(model, cluster, j, arrays(model, table))
+            steps.append(res.step_time)
+            peaks.append(res.peak_memory)
+            rows.append(table)
+            done += len(cores)
+            if progress is not None:
+                progress(done / total_cores)
+    if not steps:
+        raise Infeasible(f"no valid configuration of {model.name} on {cluster.num_gpus} GPUs "
+                         "under these constraints")
+    step = np.concatenate(steps)
+    peak = np.concatenate(peaks)
+    table = np.concatenate(rows)
+    # Pareto: in order of memory (then time), keep each row faster than all before it.
+    order = np.lexsort((step, peak))
+    best = np.minimum.accumulate(step[order])
+    keep = np.ones(len(order), dtype=bool)
+    keep[1:] = step[order][1:] < best[:-1]
+    front = order[keep]
+    rng = np.random.default_rng(seed)
+    sample = np.arange(len(step)) if len(step) <= max_points else \
+        rng.choice(len(step), size=max_points, replace=False)
+    shown = np.union1d(sample, front)
+    where = np.searchsorted(shown, front)
+    cap = float(cluster.gpu.memory_bytes)
+    return Frontier(step_time_s=step[shown], peak_memory_bytes=peak[shown],
+                    fits=peak[shown] <= cap, pareto=where,
+                    pareto_configs=tuple(row_config(table[i]) for i in front),
+                    tokens_per_step=job.tokens_per_step, capacity_bytes=cap, total=len(step))
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of a sweep: the swept ``value``, the ``cluster`` it made, and the ``plan``
+    found there (``None`` with the reason in ``error`` when nothing fits)."""
+
+    value: Any
+    cluster: Cluster
+    plan: Plan | None
+    error: str | None = None
+
+
+def _with_gpus(cluster: Cluster, value: Any) -> Cluster:
+    n = int(value)
+    if n < 1 or n % cluster.gpus_per_node:
+        raise SpecError(f"sweep over num_gpus: {value!r} is not a positive multiple of the "
+                        f"{cluster.gpus_per_node} GPUs per node")
+    return replace(cluster, num_nodes=n // cluster.gpus_per_node)
+
+
+def _with_bandwidth(cluster: Cluster, value: Any) -> Cluster:
+    gbps = float(value)
+    if not gbps > 0:
+        raise SpecError(f"sweep over inter_node_gbps: {value!r} is not a positive bandwidth")
+    link = replace(cluster.inter_node_link, bandwidth_bytes_per_s=gbps * 1e9,
+                   name=f"{cluster.inter_node_link.name}@{gbps:g}GB/s")
+    return replace(cluster, inter_node_link=link)
+
+
+def _with_gpu(cluster: Cluster, value: Any) -> Cluster:
+    gpu = value if isinstance(value, GPU) else GPU.preset(str(value))
+    return replace(cluster, gpu=gpu, intra_node_link=None)
+
+
+#: What ``sweep`` can vary: ``num_gpus`` (whole nodes), ``inter_node_gbps`` (GB/s per NIC,
+#: one direction; the link's latency and efficiency are kept) and ``gpu`` (a profile name).
+SWEEPS: dict[str, Callable[[Cluster, Any], Cluster]] = {
+    "num_gpus": _with_gpus, "inter_node_gbps": _with_bandwidth, "gpu": _with_gpu,
+}
+
+
+def sweep(model: ModelSpec, cluster: Cluster, job: Job, over: str, values: Sequence[Any], *,
+          constraints: Constraints | str | Mapping[str, Any] | None = None,
+          progress: Callable[[float], None] | None = None) -> list[SweepPoint]:
+    """The plan at each value of one cluster property (``SWEEPS``), everything else kept."""
+    if over not in SWEEPS:
+        raise SpecError(f"cannot sweep {over!r}; choose from {', '.join(SWEEPS)}")
+    if not len(values):
+        raise SpecError("a sweep needs at least one value")
+    out = []
+    for i, v in enumerate(values):
+        c = SWEEPS[over](cluster, v)
+        try:
+            out.append(SweepPoint(value=v, cluster=c,
+                                  plan=plan(model, c, job, constraints=constraints, top_k=1)))
+        except Infeasible as e:
+            out.append(SweepPoint(value=v, cluster=c, plan=None, error=str(e)))
+        if progress is not None:
+            progress((i + 1) / len(values))
+    return out
