@@ -29,9 +29,20 @@ def _choice(owner: str, key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise SpecError(f"{owner}.{key}={value!r} is not one of: {', '.join(allowed)}")
 
 
-def _positive_int(owner: str, key: str, value: Any) -> None:
+def _positive_int(owner: str, key: str, value: Any, most: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise SpecError(f"{owner}.{key} must be a positive integer, got {value!r}")
+    if most is not None and value > most:
+        raise SpecError(f"{owner}.{key} = {value:,} is beyond what any training job uses (at "
+                        f"most {most:,}); check the units")
+
+
+# Sanity bounds, far beyond published training runs (Llama 3 405B: 8,192-token sequences,
+# 16M-token batches, Dubey et al. 2024; million-token contexts exist), so that a typo is an
+# error instead of numbers that overflow.
+MAX_SEQ_LEN = 2**24
+MAX_GLOBAL_BATCH = 2**24
+MAX_TOKENS_PER_STEP = 2**36
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,8 +73,12 @@ class Job:
     moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("Job", "global_batch_size", self.global_batch_size)
-        _positive_int("Job", "seq_len", self.seq_len)
+        _positive_int("Job", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)
+        _positive_int("Job", "seq_len", self.seq_len, MAX_SEQ_LEN)
+        if self.global_batch_size * self.seq_len > MAX_TOKENS_PER_STEP:
+            raise SpecError(f"Job: {self.global_batch_size:,} x {self.seq_len:,} tokens per step "
+                            f"is beyond any training job (at most {MAX_TOKENS_PER_STEP:,}); "
+                            "check the batch and sequence length")
         _choice("Job", "precision", self.precision, PRECISIONS)
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
@@ -72,7 +87,7 @@ class Job:
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         cf = self.moe_capacity_factor
         if cf is not None and (isinstance(cf, bool) or not isinstance(cf, int | float)
-                               or cf <= 0):
+                               or not 0 < cf < float("inf")):
             raise SpecError(f"Job.moe_capacity_factor must be a positive number or None, "
                             f"got {cf!r}")
 

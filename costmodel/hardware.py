@@ -228,6 +228,10 @@ class Cluster:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecError(f"Cluster.{key} must be a positive integer, got {v!r}")
+        # Sanity bound: the largest clusters built hold ~10^5 GPUs; 2^20 catches typos.
+        if self.num_nodes * self.gpus_per_node > 2**20:
+            raise SpecError(f"Cluster: {self.num_nodes * self.gpus_per_node:,} GPUs is beyond "
+                            "any cluster (at most 1,048,576); check --gpus / --num-nodes")
         gpu = _as_gpu(self.gpu)
         object.__setattr__(self, "gpu", gpu)
         intra = self.intra_node_link if self.intra_node_link is not None else gpu.intra_node_link

@@ -83,6 +83,14 @@ class ModelSpec:
 
         for key in ("num_layers", "hidden_size", "num_heads"):
             positive(key)
+        # Sanity bounds, far beyond any published model, so a typo is an error.
+        for key, most in (("num_layers", 2**14), ("hidden_size", 2**20), ("num_heads", 2**14),
+                          ("vocab_size", 2**24), ("num_experts", 2**14),
+                          ("ffn_hidden_size", 2**22)):
+            v = getattr(self, key)
+            if isinstance(v, int) and v > most:
+                raise SpecError(f"ModelSpec {self.name!r}: {key} = {v:,} is beyond any model "
+                                f"(at most {most:,}); check the config")
         for key in ("vocab_size", "max_position_embeddings", "num_token_types", "patch_size",
                     "image_size", "num_experts", "top_k", "num_shared_experts",
                     "first_dense_layers"):

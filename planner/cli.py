@@ -33,6 +33,11 @@ from planner.progress import Progress
 from planner.space import PRESETS, Constraints
 
 GIB = 1024**3
+#: Types of the keys of a cluster TOML file.
+CLUSTER_KEYS: dict[str, type | tuple[type, ...]] = {
+    "gpu": str, "num_nodes": int, "gpus_per_node": int, "intra_node_link": str,
+    "inter_node_link": str, "nics_per_node": int, "host_memory_gib": (int, float), "name": str}
+CLUSTER_KINDS = {str: "a name in quotes", int: "a whole number", (int, float): "a number"}
 #: Exit statuses: bad input, and a valid question with no configuration that fits.
 EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
@@ -123,6 +128,14 @@ def _make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
             fields = {k: v for k, v in data.items() if k in allowed}
             if num_nodes:
                 fields["num_nodes"] = num_nodes
+            if "gpu" not in fields:
+                raise SpecError(f"cluster file {cluster!r} names no gpu; add e.g. "
+                                'gpu = "h100-sxm" (see \'planner gpus\')')
+            for key, kind in CLUSTER_KEYS.items():
+                if key in fields and (not isinstance(fields[key], kind)
+                                      or isinstance(fields[key], bool)):
+                    raise SpecError(f"cluster file {cluster!r}: {key} = {fields[key]!r} should "
+                                    f"be {CLUSTER_KINDS[kind]}")
             return Cluster(**fields)
         return Cluster.preset(cluster, num_nodes=num_nodes, gpu=gpu,
                               gpus_per_node=gpus_per_node)
@@ -130,9 +143,9 @@ def _make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
         raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME")
     if gpus < 1:
         raise SpecError(f"--gpus {gpus}: give a positive number of GPUs")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise SpecError(f"--gpus-per-node {gpus_per_node}: give a positive number")
     per_node = gpus_per_node or min(gpus, 8)
-    if per_node < 1:
-        raise SpecError(f"--gpus-per-node {per_node}: give a positive number")
     if gpus % per_node:
         raise SpecError(f"--gpus {gpus} is not a multiple of --gpus-per-node {per_node}")
     return Cluster(gpu=gpu or "h100-sxm", num_nodes=gpus // per_node,
@@ -206,7 +219,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters; "
           f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; "
           f"{job.global_batch_size} x {job.seq_len} tokens, {job.precision}")
-    print(result.summary(rows=args.why))
+    print(result.summary(rows=max(0, args.why)))
     print()
     print(_estimate_report(model, cluster, result.job, result.estimate))
     if args.output:
@@ -517,15 +530,15 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
     rep: dict[str, Any] = {"action": "append"} if many else {}
     hw.add_argument("--cluster", help="cluster preset ('planner clusters') or a TOML file",
                     **rep)
-    hw.add_argument("--num-nodes", type=int, help="nodes of the cluster preset to use", **rep)
-    hw.add_argument("--gpus", type=int, help="total GPUs (short form, with --gpu)", **rep)
+    hw.add_argument("--num-nodes", type=positive_int, help="nodes of the cluster preset to use", **rep)
+    hw.add_argument("--gpus", type=positive_int, help="total GPUs (short form, with --gpu)", **rep)
     hw.add_argument("--gpu", help="GPU profile name ('planner gpus'); default h100-sxm", **rep)
-    hw.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
+    hw.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default 8)")
     hw.add_argument("--intra-node", help="link inside a node (default: the GPU's own)")
     hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)", **rep)
     jb = p.add_argument_group("job")
-    jb.add_argument("--global-batch-size", type=int, help="sequences per step (required)")
-    jb.add_argument("--seq-len", type=int, help="tokens per sequence (required)")
+    jb.add_argument("--global-batch-size", type=positive_int, help="sequences per step (required)")
+    jb.add_argument("--seq-len", type=positive_int, help="tokens per sequence (required)")
     jb.add_argument("--precision", default="bf16", choices=PRECISIONS)
     jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     jb.add_argument("--framework", default="torchtitan", choices=FRAMEWORK_NAMES,
@@ -538,15 +551,27 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
                     help="expert capacity factor (default: dropless, even routing)")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1 (degrees, sizes, counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
 def _search_args(p: argparse.ArgumentParser) -> None:
     """The constraint flags of ``planner plan`` (each fixes or caps one field)."""
     fx = p.add_argument_group("constraints (each flag fixes that field)")
-    for flag, kind, extra in (("--dp", int, {}), ("--tp", int, {}), ("--pp", int, {}),
-                              ("--cp", int, {}), ("--ep", int, {}),
+    pos = positive_int
+    for flag, kind, extra in (("--dp", pos, {}), ("--tp", pos, {}), ("--pp", pos, {}),
+                              ("--cp", pos, {}), ("--ep", pos, {}),
                               ("--zero", int, {"choices": (0, 1, 2, 3)}),
-                              ("--micro-batch-size", int, {}),
+                              ("--micro-batch-size", pos, {}),
                               ("--schedule", str, {"choices": SCHEDULES}),
-                              ("--virtual-stages", int, {}),
+                              ("--virtual-stages", pos, {}),
                               ("--recompute", str, {"choices": RECOMPUTE}),
                               ("--offload", str, {"choices": OFFLOADS})):
         fx.add_argument(flag, type=kind, **extra)
@@ -557,7 +582,7 @@ def _search_args(p: argparse.ArgumentParser) -> None:
                     help="cap a degree, e.g. --max tp=4 --max pp=8")
     fx.add_argument("--frameworks", help="trainers to search, comma-separated "
                     f"({','.join(FRAMEWORK_NAMES)}); default --framework")
-    p.add_argument("--top-k", type=int, default=5, help="configurations to rank (default 5)")
+    p.add_argument("--top-k", type=positive_int, default=5, help="configurations to rank (default 5)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -585,20 +610,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common_args(est)
     pc = est.add_argument_group("parallel configuration")
-    pc.add_argument("--dp", type=int, help="data parallel (default: GPUs / (tp*pp*cp))")
-    pc.add_argument("--tp", type=int, default=1, help="tensor parallel")
-    pc.add_argument("--pp", type=int, default=1, help="pipeline parallel")
-    pc.add_argument("--cp", type=int, default=1, help="context parallel")
-    pc.add_argument("--ep", type=int, default=1, help="expert parallel (within dp*cp)")
+    pc.add_argument("--dp", type=positive_int, help="data parallel (default: GPUs / (tp*pp*cp))")
+    pc.add_argument("--tp", type=positive_int, default=1, help="tensor parallel")
+    pc.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel")
+    pc.add_argument("--cp", type=positive_int, default=1, help="context parallel")
+    pc.add_argument("--ep", type=positive_int, default=1, help="expert parallel (within dp*cp)")
     pc.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
-    pc.add_argument("--sharding-group", type=int, help="HSDP: data-parallel ranks per shard")
-    pc.add_argument("--micro-batch-size", type=int, default=1)
+    pc.add_argument("--sharding-group", type=positive_int, help="HSDP: data-parallel ranks per shard")
+    pc.add_argument("--micro-batch-size", type=positive_int, default=1)
     pc.add_argument("--sequence-parallel", action="store_true")
     pc.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
-    pc.add_argument("--virtual-stages", type=int, default=1,
+    pc.add_argument("--virtual-stages", type=positive_int, default=1,
                     help="virtual pipeline stages per rank (interleaved 1F1B)")
     pc.add_argument("--recompute", default="none", choices=RECOMPUTE)
-    pc.add_argument("--recompute-num-layers", type=int,
+    pc.add_argument("--recompute-num-layers", type=positive_int,
                     help="with --recompute full: only the first N layers of each chunk")
     pc.add_argument("--offload", default="none", choices=OFFLOADS)
     est.add_argument("--json", action="store_true", help="machine-readable output")

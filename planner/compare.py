@@ -64,8 +64,9 @@ def _fields(text: str) -> dict[str, Any]:
     """The fields a configuration's one-line form sets (syntax only)."""
     if not isinstance(text, str) or not text.strip():
         raise SpecError("a configuration is empty; write it as e.g. 'tp=8 pp=4 zero=1'")
-    # Lists such as stage_layers=[10, 10] hold spaces: join them before splitting.
-    flat = re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(" ", ""), text)
+    # Lists such as stage_layers=[10, 10] hold separators: protect them before splitting.
+    flat = re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(" ", "").replace(",", ";"),
+                  text)
     fields: dict[str, Any] = {}
     for item in re.split(r"[\s,]+", flat.strip()):
         key, eq, value = item.partition("=")
@@ -101,7 +102,7 @@ def _value(name: str, value: str, item: str) -> Any:
         if not (inner.startswith("[") and inner.endswith("]")):
             raise SpecError(f"configuration item {item!r}: write a list as [8,8,8]")
         try:
-            return tuple(int(x) for x in inner[1:-1].split(",") if x)
+            return tuple(int(x) for x in inner[1:-1].split(";") if x)
         except ValueError:
             raise SpecError(f"configuration item {item!r}: the list holds integers") from None
     try:

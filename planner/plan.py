@@ -225,19 +225,26 @@ class Plan:
         if version != SCHEMA_VERSION:
             raise SpecError(f"plan schema_version {version!r} is not {SCHEMA_VERSION}; "
                             "re-create the plan with this version of the planner")
+        for key, kind in (("model", dict), ("cluster", dict), ("job", dict), ("config", dict),
+                          ("alternatives", list), ("constraints", dict), ("counts", dict)):
+            if key in d and d[key] is not None and not isinstance(d[key], kind):
+                raise SpecError(f"plan field {key!r} should be a JSON "
+                                f"{'object' if kind is dict else 'list'}, got {d[key]!r:.40}")
         try:
             model = ModelSpec(**d["model"])
             cluster = Cluster.from_dict(d["cluster"])
             job = Job(**d["job"])
             cfg = ParallelConfig(**d["config"])
-            alts = tuple(Alternative.from_dict(a) for a in d.get("alternatives", []))
+            alts = tuple(Alternative.from_dict(a) for a in d.get("alternatives") or [])
             cons = Constraints.from_dict(d.get("constraints") or {})
-        except (KeyError, TypeError) as e:
-            raise SpecError(f"plan is missing or mangles a field ({e})") from e
+            counts = {str(k): int(v) for k, v in (d.get("counts") or {}).items()}
+            seconds = float(d.get("search_seconds") or 0.0)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise SpecError(f"plan is missing or mangles a field ({type(e).__name__}: {e}); "
+                            "re-create it with 'planner plan -o'") from e
         return cls(model=model, cluster=cluster, job=job, config=cfg,
                    estimate=estimate(model, cluster, job, cfg), alternatives=alts,
-                   counts=dict(d.get("counts") or {}), constraints=cons,
-                   search_seconds=float(d.get("search_seconds") or 0.0))
+                   counts=counts, constraints=cons, search_seconds=seconds)
 
     def emit(self, target: str, *, command: str | None = None, strict: bool = False) -> str:
         """The plan as a file for ``target`` (``planner.emit.TARGETS``: torchtitan, deepspeed,

@@ -1,6 +1,7 @@
 """The command line: real estimates, JSON schema, and one clear line (exit 2) on bad input."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,9 +97,14 @@ def test_listings(command: str, capsys) -> None:
 
 
 def test_every_command_help_has_an_example() -> None:
-    for command in ("estimate", "models", "gpus", "clusters"):
+    from planner.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) >= {"plan", "estimate", "explain", "compare", "emit", "validate",
+                                "calibrate", "models", "gpus", "clusters"}
+    for command in sub.choices:
         res = run([command, "--help"])
-        assert res.returncode == 0 and "example:" in res.stdout
+        assert res.returncode == 0 and re.search(r"examples?:\n  planner ", res.stdout), command
 
 
 def test_import_planner_without_torch() -> None:
