@@ -530,7 +530,8 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
     rep: dict[str, Any] = {"action": "append"} if many else {}
     hw.add_argument("--cluster", help="cluster preset ('planner clusters') or a TOML file",
                     **rep)
-    hw.add_argument("--num-nodes", type=positive_int, help="nodes of the cluster preset to use", **rep)
+    hw.add_argument("--num-nodes", type=positive_int, help="nodes of the cluster preset to use",
+                    **rep)
     hw.add_argument("--gpus", type=positive_int, help="total GPUs (short form, with --gpu)", **rep)
     hw.add_argument("--gpu", help="GPU profile name ('planner gpus'); default h100-sxm", **rep)
     hw.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default 8)")
@@ -582,7 +583,8 @@ def _search_args(p: argparse.ArgumentParser) -> None:
                     help="cap a degree, e.g. --max tp=4 --max pp=8")
     fx.add_argument("--frameworks", help="trainers to search, comma-separated "
                     f"({','.join(FRAMEWORK_NAMES)}); default --framework")
-    p.add_argument("--top-k", type=positive_int, default=5, help="configurations to rank (default 5)")
+    p.add_argument("--top-k", type=positive_int, default=5,
+                   help="configurations to rank (default 5)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -616,7 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--cp", type=positive_int, default=1, help="context parallel")
     pc.add_argument("--ep", type=positive_int, default=1, help="expert parallel (within dp*cp)")
     pc.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
-    pc.add_argument("--sharding-group", type=positive_int, help="HSDP: data-parallel ranks per shard")
+    pc.add_argument("--sharding-group", type=positive_int,
+                    help="HSDP: data-parallel ranks per shard")
     pc.add_argument("--micro-batch-size", type=positive_int, default=1)
     pc.add_argument("--sequence-parallel", action="store_true")
     pc.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")

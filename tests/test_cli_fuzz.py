@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from planner.cli import main
 
+
 def mostly(good: list, bad: list) -> st.SearchStrategy:
     """A good value nine times in ten, else a bad one: most runs get far enough to print."""
     return st.integers(0, 9).flatmap(lambda i: st.sampled_from(bad if i == 0 else good))

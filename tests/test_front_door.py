@@ -2,6 +2,7 @@
 model loading, Jupyter rendering, and the explain/compare commands."""
 
 import io
+import itertools
 import json
 import subprocess
 import sys
@@ -147,7 +148,7 @@ def test_compare_candidates_equal_estimate_and_plan() -> None:
 
 def test_frontier_is_the_whole_space() -> None:
     front = frontier(SMALL, NODE, JOB, max_points=50)
-    table, step = _brute(SMALL, NODE, JOB)
+    table, _step = _brute(SMALL, NODE, JOB)
     assert front.total == len(table)
     assert len(front.step_time_s) <= 50 + len(front.pareto)
     p = plan(SMALL, NODE, JOB, partition=False)
@@ -212,7 +213,7 @@ def _check_dependencies(tl: planner.Timeline, p: int, m: int, v: int) -> None:
             assert o.start >= end[need].end - 1e-12
     for r in range(p):
         ops = sorted((o for o in tl.ops if o.stage == r), key=lambda o: o.start)
-        assert all(a.end <= b.start + 1e-12 for a, b in zip(ops, ops[1:], strict=False))
+        assert all(a.end <= b.start + 1e-12 for a, b in itertools.pairwise(ops))
 
 
 def test_uneven_stages_and_bad_input() -> None:

@@ -1,0 +1,57 @@
+"""The README's commands work as written: every `planner ...` line of its bash blocks (the
+quick start included) runs, in order, in a fresh directory, and exits 0."""
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def readme_commands() -> list[str]:
+    """The planner commands of the README's bash blocks, continuation lines joined and
+    comments removed; placeholders (``...``) and installs skipped."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+        text = block.replace("\\\n", " ")
+        for line in text.splitlines():
+            line = line.split(" #")[0].strip()
+            for part in line.split("&&"):
+                part = part.strip()
+                words = shlex.split(part) if part else []
+                if words[:3] == ["python", "-m", "planner"]:
+                    words = words[2:]
+                if words[:1] == ["planner"] and "..." not in words:
+                    out.append(shlex.join(words[1:]))
+    return out
+
+
+def test_the_readme_has_the_quick_start_and_the_main_commands() -> None:
+    cmds = readme_commands()
+    quick = ("plan --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 "
+             "--global-batch-size 512 --seq-len 8192")
+    assert cmds[0] == quick
+    for name in ("plan", "estimate", "explain", "compare", "emit", "validate", "calibrate",
+                 "models", "gpus", "clusters"):
+        assert any(c.split()[0] == name for c in cmds), name
+
+
+@pytest.mark.slow
+def test_readme_commands_run(tmp_path: Path) -> None:
+    (tmp_path / "path" / "to").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "data" / "hf_configs" / "llama-3-8b.json",
+                tmp_path / "path" / "to" / "config.json")
+    for cmd in readme_commands():
+        words = shlex.split(cmd)
+        if words[0] == "calibrate" and "-o" not in words:
+            words += ["-o", str(tmp_path / "calibrated.toml")]  # leave the profile alone
+        r = subprocess.run([sys.executable, "-m", "planner", *words], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (cmd, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr and (r.stdout + r.stderr).strip(), cmd
