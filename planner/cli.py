@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import shlex
@@ -95,15 +96,15 @@ def _clusters(args: argparse.Namespace) -> list[Cluster]:
     """``planner compare``: every cluster its repeatable flags name (``--cluster`` each with
     each ``--num-nodes``; each ``--gpus`` with each ``--gpu`` and ``--inter-node``)."""
     out = []
-    for c in args.cluster or []:
-        for n in args.num_nodes or [None]:
-            out.append(_make_cluster(c, n, None, (args.gpu or [None])[0], args.gpus_per_node,
-                                     args.intra_node, (args.inter_node or [None])[0]))
-    for g in args.gpus or []:
-        for kind in args.gpu or [None]:
-            for nic in args.inter_node or [None]:
-                out.append(_make_cluster(None, None, g, kind, args.gpus_per_node,
-                                         args.intra_node, nic))
+    kinds, nics = args.gpu or [None], args.inter_node or [None]
+    for c, n, kind, nic in itertools.product(args.cluster or [], args.num_nodes or [None],
+                                             kinds, nics):
+        out.append(_make_cluster(c, n, None, kind, args.gpus_per_node, args.intra_node, nic))
+    if args.gpus and args.num_nodes and not args.cluster:
+        raise SpecError("--num-nodes goes with --cluster; with --gpus give the total GPUs")
+    for g, kind, nic in itertools.product(args.gpus or [], kinds, nics):
+        out.append(_make_cluster(None, None, g, kind, args.gpus_per_node, args.intra_node,
+                                 nic))
     if not out:
         raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME (each may be "
                         "repeated to compare clusters)")
@@ -137,8 +138,12 @@ def _make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
                     raise SpecError(f"cluster file {cluster!r}: {key} = {fields[key]!r} should "
                                     f"be {CLUSTER_KINDS[kind]}")
             return Cluster(**fields)
-        return Cluster.preset(cluster, num_nodes=num_nodes, gpu=gpu,
-                              gpus_per_node=gpus_per_node)
+        out = Cluster.preset(cluster, num_nodes=num_nodes, gpu=gpu,
+                             gpus_per_node=gpus_per_node)
+        links = {k: v for k, v in (("intra_node_link", intra), ("inter_node_link", inter)) if v}
+        return dataclasses.replace(out, **links) if links else out
+    if num_nodes:
+        raise SpecError("--num-nodes goes with --cluster; with --gpus give the total GPUs")
     if not gpus:
         raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME")
     if gpus < 1:

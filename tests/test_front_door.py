@@ -372,3 +372,12 @@ def test_cli_compare(tmp_path: Path) -> None:
     assert r.returncode == 3 and "infeasible" in r.stderr and "Traceback" not in r.stderr
     r = _run("compare", *BASE, "--config", "tp=")
     assert r.returncode == 2 and "integer" in r.stderr
+    r = _run("compare", "--model", "gpt3-2.7b", "--cluster", "selene", "--num-nodes", "1",
+             "--num-nodes", "2", "--inter-node", "roce-400g", "--global-batch-size", "16",
+             "--seq-len", "2048", "--config", "tp=8", "--json")
+    assert r.returncode == 0, r.stderr
+    got = [(c["cluster"]["num_nodes"], c["cluster"]["inter_node_link"])
+           for c in json.loads(r.stdout)["candidates"]]
+    assert got == [(1, "roce-400g"), (2, "roce-400g")]
+    r = _run("compare", *BASE, "--num-nodes", "2")
+    assert r.returncode == 2 and "--num-nodes goes with --cluster" in r.stderr
