@@ -205,7 +205,7 @@ class Comparison:
 
 
 def _cluster_label(c: Cluster) -> str:
-    return f"{c.num_gpus}x{c.gpu.name}" + (f"/{c.nics_per_node}x{c.inter_node_link.name}")
+    return f"{c.num_gpus}x{c.gpu.name}/{c.nics_per_node}x{c.inter_node_link.name}"
 
 
 def compare(model: ModelSpec, clusters: Cluster | Sequence[Cluster], job: Job,
