@@ -65,7 +65,9 @@ class StageMemory:
     micro-batches' activations (of all its layers) it holds at its peak;
     ``layer_activations_bytes`` is the transformer layers' part of ``memory.activations_bytes``
     (the rest is the embedding and output layers'); ``cpu_bytes`` what offload keeps in host
-    memory for it.
+    memory for it. ``resident_weights_bytes``: the stored (sharded) parameters alone, what
+    ``memory.weights_bytes`` holds between steps (it adds the low-precision or unsharded
+    copies that live from forward to backward).
     """
 
     stage: int
@@ -76,6 +78,7 @@ class StageMemory:
     layer_activations_bytes: float
     memory: MemoryBreakdown
     cpu_bytes: float
+    resident_weights_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +152,7 @@ class Estimate:
                     "layer_activations_bytes": s.layer_activations_bytes,
                     "memory": s.memory.as_dict(),
                     "cpu_bytes": s.cpu_bytes,
+                    "resident_weights_bytes": s.resident_weights_bytes,
                 }
                 for s in self.stages
             ],
@@ -261,6 +265,7 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
             layer_activations_bytes=float(table.layer_activations[0, i]),
             memory=mem,
             cpu_bytes=float(table.cpu[0, i]),
+            resident_weights_bytes=float(table.resident_weights[0, i]),
         ))
     peak = int(rep.stage_index[0, rep_mem.peak_stage[0]])
     step = float(times.step_time[0])

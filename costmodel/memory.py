@@ -32,7 +32,7 @@ from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 
-__all__ = ["TERMS", "ConfigArrays", "MemoryTable", "memory_table"]
+__all__ = ["TERMS", "ConfigArrays", "MemoryTable", "even_split", "memory_table"]
 
 MIB = 1024**2
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
@@ -135,7 +135,7 @@ class ConfigArrays:
             count = (index < pps[:, None]).astype(np.int64)
             layers = np.zeros((n, width), dtype=np.int64)
             for r, c in enumerate(configs):
-                split = c.stage_layers or _even(model.num_layers, c.pp)
+                split = c.stage_layers or even_split(model.num_layers, c.pp)
                 layers[r, : c.pp] = split
             start = np.cumsum(layers, axis=1) - layers
             if any(c.stage_recompute_layers is not None for c in configs):
@@ -172,7 +172,7 @@ class ConfigArrays:
         )
 
 
-def _even(num_layers: int, pp: int) -> list[int]:
+def even_split(num_layers: int, pp: int) -> list[int]:
     """The even split of ``num_layers`` over ``pp`` stages, remainder to the last stages."""
     base, rem = divmod(num_layers, pp)
     return [base + (i >= pp - rem) for i in range(pp)]
@@ -190,6 +190,9 @@ class MemoryTable:
     rest belongs to the embedding and output layers). ``expert_params``: the routed-expert
     part of ``layer_params``; ``moe_layers``: the MoE layers among ``num_layers``;
     ``recomputed_dense`` / ``recomputed_moe``: layers that full recompute re-runs.
+    ``resident_weights``: the stored (sharded) parameters alone, the part of the weights term
+    a GPU holds between steps, without the low-precision and unsharded copies of forward and
+    backward.
     """
 
     terms: dict[str, np.ndarray]
@@ -205,6 +208,7 @@ class MemoryTable:
     moe_layers: np.ndarray
     recomputed_dense: np.ndarray
     recomputed_moe: np.ndarray
+    resident_weights: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
@@ -444,6 +448,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     all_params = dense_params + expert_params
     compute_b = 4.0 if job.precision == "fp32" else 2.0
     weights = sharded(w_b, w_sharded)
+    resident = weights  # the stored parameters alone, what a GPU holds between steps
     # torchtitan keeps low-precision copies beside its fp32 parameters: autocast's cast weights
     # (saved for backward) under DDP, and the unsharded parameters that FSDP with
     # reshard_after_forward=False (ZeRO-2) holds from forward to backward. Only sharded
@@ -469,6 +474,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     optim = np.where(off >= 1, 0.0, optim)
     cpu = cpu + np.where(off == 2, weights + grads, 0.0)
     weights = np.where(off == 2, 0.0, weights)
+    resident = np.where(off == 2, 0.0, resident)
     grads = np.where(off == 2, 0.0, grads)
 
     # ---- activations ------------------------------------------------------------------
@@ -594,4 +600,5 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
         moe_layers=np.where(valid, moe_layers, 0),
         recomputed_dense=np.where(valid & (mode == 2), rec_dense, 0),
         recomputed_moe=np.where(valid & (mode == 2), rec_moe, 0),
+        resident_weights=np.where(valid, resident, 0.0),
     )

@@ -8,8 +8,11 @@ returns the fastest that fits as a ``Plan`` (with the runners-up and why the res
 configurations and clusters side by side; ``frontier`` times the whole space (throughput
 against memory); ``sweep`` re-plans over the number of GPUs, the inter-node bandwidth or the
 GPU; ``timeline`` plays out the pipeline schedule; ``load_model`` reads a preset, a Hugging
-Face config.json or ``module:attr``. Plots are in ``planner.plots`` (matplotlib, the ``plots``
-extra). torch is not imported here: ``import planner`` and the CLI work without it.
+Face config.json or ``module:attr``. ``apply(plan, module)`` splits a torch model across the
+processes of a torch.distributed job as the plan says (``planner run`` starts them;
+``check(plan)`` names what the runtime cannot execute). Plots are in ``planner.plots``
+(matplotlib, the ``plots`` extra). torch is not imported here: ``import planner`` and the
+CLI work without it.
 """
 
 from costmodel import (
@@ -32,6 +35,7 @@ from planner.explore import Frontier, SweepPoint, frontier, sweep
 from planner.models import load_model
 from planner.plan import Alternative, Plan, describe, plan
 from planner.progress import Progress
+from planner.runtime import apply, check
 from planner.space import PRESETS, Constraints
 from planner.timeline import Op, Timeline, simulate, timeline
 
@@ -61,6 +65,8 @@ __all__ = [
     "StageMemory",
     "SweepPoint",
     "Timeline",
+    "apply",
+    "check",
     "compare",
     "describe",
     "estimate",

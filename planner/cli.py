@@ -76,6 +76,16 @@ EPILOG_COMPARE = """examples:
   planner compare --plan a.json --plan b.json
 """
 
+EPILOG_RUN = """examples:
+  planner plan --model gpt3-125m --gpus 4 --gpu h100-sxm --global-batch-size 8 \\
+      --seq-len 256 --frameworks torchtitan -o plan.json
+  planner run plan.json                         # the minimal training loop, 4 processes
+  planner run plan.json -- --steps 20
+  planner run plan.json --script train.py -- --lr 3e-4
+  planner run plan.json --dry-run               # print the torchrun command
+  planner run big_plan.json -o train.sbatch     # a multi-node plan: write the sbatch script
+"""
+
 EPILOG_EMIT = """examples:
   planner plan --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
       --global-batch-size 512 --seq-len 8192 -o plan.json
@@ -290,6 +300,18 @@ def cmd_emit(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(out.text)
     return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``planner run``: start a saved plan's processes (or write its multi-node script)."""
+    import importlib.util
+
+    from planner.runtime.launch import launch
+
+    if importlib.util.find_spec("torch") is None:
+        raise SpecError("planner run needs torch: pip install 'autoparallel-planner[torch]'")
+    return launch(args.plan, args.script, args.script_args, dry_run=args.dry_run,
+                  output=args.output, command=args.command_line)
 
 
 def _config(args: argparse.Namespace, cluster: Cluster) -> ParallelConfig:
@@ -705,6 +727,25 @@ def build_parser() -> argparse.ArgumentParser:
                     help="refuse a plan the target cannot run unchanged")
     em.set_defaults(func=cmd_emit)
 
+    run = sub.add_parser(
+        "run", help="train with a saved plan: torchrun on this node, or an sbatch script",
+        description="Start the plan's processes with torchrun on this node (one per rank; "
+        "the script reads the plan from $PLANNER_PLAN and calls planner.apply), or, for a "
+        "plan on several nodes, write an sbatch script that starts them. Features the "
+        "runtime cannot execute are refused before anything starts. Without --script, the "
+        "minimal loop (python -m planner.runtime.train: the reference transformer on "
+        "synthetic tokens, the loss printed by rank 0) trains.",
+        epilog=EPILOG_RUN, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("plan", help="a plan JSON file written by 'planner plan -o'")
+    run.add_argument("--script", help="training script each process runs (default: "
+                     "python -m planner.runtime.train)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the torchrun command instead of running it")
+    run.add_argument("-o", "--output", help="where a multi-node plan's sbatch script goes "
+                     "(default train.sbatch)")
+    run.set_defaults(func=cmd_run)
+    run.usage = "planner run [-h] [--script SCRIPT] [--dry-run] [-o OUTPUT] plan [-- ARGS]"
+
     val = sub.add_parser(
         "validate", help="predicted vs measured for published training runs",
         description="Predict every run of a published-runs file and compare with what was "
@@ -750,7 +791,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status: 0, 2 for bad input, 3 when nothing fits."""
     words = list(sys.argv[1:] if argv is None else argv)
+    # `planner run PLAN ... -- ARGS`: what follows "--" belongs to the training script.
+    script_args: list[str] = []
+    if words[:1] == ["run"] and "--" in words:
+        cut = words.index("--")
+        words, script_args = words[:cut], words[cut + 1:]
     args = build_parser().parse_args(words)
+    args.script_args = script_args
     args.command_line = "planner " + shlex.join(words)
     try:
         return int(args.func(args))

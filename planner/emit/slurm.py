@@ -49,14 +49,11 @@ def _link_family(name: str) -> str | None:
     return next((f for f in NCCL_ENV if name.startswith(f + "-")), None)
 
 
-def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, command: str,
-           warnings: tuple[str, ...]) -> str:
-    """The sbatch script."""
+def sbatch_preamble(plan: Any, head: list[str]) -> list[str]:
+    """The lines every planner sbatch script starts with: the header of predictions as
+    comments, the allocation (nodes, one task per node, the node's GPUs), the NCCL
+    environment of the cluster's inter-node link, and the rendezvous address."""
     c = plan.cluster
-    trainer = TRAINERS[job.framework]
-    inner = trainer.render(plan=plan, config=config, job=job, estimate=estimate,
-                           command=command, warnings=warnings)
-    head = header_lines(plan, config, job, estimate, command, warnings)
     lines = ["#!/bin/bash", commented(head),
              f"#SBATCH --job-name={re.sub(r'[^A-Za-z0-9._-]', '-', plan.model.name)}",
              f"#SBATCH --nodes={c.num_nodes}",
@@ -76,15 +73,31 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
                      "cluster's interfaces if NCCL picks the wrong ones")
     lines.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     lines += ["", 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-              "MASTER_PORT=29500", "",
-              f"cat > {trainer.filename} <<'{EOF_MARK}'", inner.rstrip("\n"), EOF_MARK]
+              "MASTER_PORT=29500"]
+    return lines
+
+
+def srun_torchrun(gpus_per_node: int, entry: str) -> list[str]:
+    """``srun`` starting one ``torchrun`` per node with the c10d rendezvous on the first."""
+    return ["srun --kill-on-bad-exit=1 torchrun \\",
+            f'    --nnodes "$SLURM_NNODES" --nproc-per-node {gpus_per_node} \\',
+            '    --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d '
+            '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \\',
+            f"    {entry}"]
+
+
+def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, command: str,
+           warnings: tuple[str, ...]) -> str:
+    """The sbatch script."""
+    trainer = TRAINERS[job.framework]
+    inner = trainer.render(plan=plan, config=config, job=job, estimate=estimate,
+                           command=command, warnings=warnings)
+    head = header_lines(plan, config, job, estimate, command, warnings)
+    lines = sbatch_preamble(plan, head)
+    lines += ["", f"cat > {trainer.filename} <<'{EOF_MARK}'", inner.rstrip("\n"), EOF_MARK]
     if job.framework == "megatron":
         lines.append(f"source {trainer.filename}")
-    lines += ["", "srun --kill-on-bad-exit=1 torchrun \\",
-              f'    --nnodes "$SLURM_NNODES" --nproc-per-node {c.gpus_per_node} \\',
-              '    --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d '
-              '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \\',
-              f"    {ENTRY[job.framework]}"]
+    lines += ["", *srun_torchrun(plan.cluster.gpus_per_node, ENTRY[job.framework])]
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,95 @@
+"""Run a plan: apply it to a torch model with torch.distributed, launch it, train.
+
+``apply(plan, module)`` (in ``planner.runtime.apply``) builds the device mesh of the plan's
+axes and parallelizes the module in torchtitan's order: pipeline stages
+(``torch.distributed.pipelining``), tensor parallel (DTensor ``parallelize_module`` with a TP
+plan given as data), activation checkpointing, then FSDP2 (``fully_shard``; ZeRO-2 keeps the
+parameters unsharded from forward to backward, ZeRO-3 reshards them, HSDP shards over
+``sharding_group``) or FSDP2's ``replicate`` for plain data parallel. It returns a
+``Parallelized`` whose ``step`` runs one forward and backward over the rank's share of the
+batch with the plan's micro-batches and pipeline schedule.
+
+``check(plan)`` needs no torch and runs before any process starts: it raises ``SpecError``
+naming every feature of the plan the runtime cannot execute (context and expert parallel,
+ZeRO-1, fp16 and fp8, optimizer-only offload, tied embeddings across stages or TP shards,
+...) and what to do instead. ``planner.runtime.launch`` starts the processes (``planner
+run``); ``planner.runtime.train`` is the minimal training loop the tests and examples use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from costmodel.config import Job, ParallelConfig
+from costmodel.errors import SpecError
+from costmodel.model import ModelSpec
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
+    from planner.runtime.apply import Parallelized
+
+__all__ = ["apply", "check", "unsupported"]
+
+
+def unsupported(model: ModelSpec, job: Job, cfg: ParallelConfig,
+                reference: bool = True) -> list[str]:
+    """Each feature of (model, job, config) that ``apply`` cannot run, as a sentence saying
+    what to do instead; empty when it runs. ``reference``: the module is the project's
+    reference transformer (``planner.runtime.model``), whose limits apply too."""
+    out = []
+    if cfg.cp > 1:
+        out.append(f"context parallel (cp={cfg.cp}) is not run by planner.apply (torch's "
+                   "context_parallel needs CUDA attention kernels); plan with --cp 1 or emit "
+                   "torchtitan, which runs it on GPUs")
+    if cfg.ep > 1 or model.is_moe:
+        out.append("mixture-of-experts layers and expert parallel are not run by "
+                   "planner.apply; emit torchtitan or megatron for MoE models")
+    if cfg.zero_stage == 1:
+        out.append("ZeRO-1 (optimizer states sharded, gradients whole) has no torch-native "
+                   "composable form; use zero_stage 2 (FSDP keeping parameters through "
+                   "backward), which also shards the gradients, or emit deepspeed/megatron")
+    if job.precision == "fp16":
+        out.append("fp16 needs loss scaling, which planner.apply does not do; use "
+                   "precision bf16 or fp32")
+    if job.precision == "fp8":
+        out.append("fp8 matmuls need torchao's Float8Linear, which planner.apply does not "
+                   "convert to; use precision bf16 or emit torchtitan with its float8 "
+                   "converter")
+    if cfg.offload == "optimizer":
+        out.append("offloading only the optimizer states (DeepSpeed ZeRO-Offload) has no "
+                   "torch-native form; use offload 'optimizer+params' (FSDP's "
+                   "CPUOffloadPolicy) or emit deepspeed")
+    if cfg.offload == "optimizer+params" and cfg.zero_stage < 2:
+        out.append("offload 'optimizer+params' runs through FSDP's CPUOffloadPolicy and "
+                   "needs zero_stage 2 or 3")
+    if job.optimizer not in ("adam", "adamw", "sgd"):
+        out.append(f"optimizer {job.optimizer!r} is not in torch.optim; planner.apply builds "
+                   "adam, adamw or sgd")
+    if reference:
+        if model.tied_embeddings and (cfg.pp > 1 or cfg.tp > 1):
+            out.append("tied input and output embeddings split over pipeline stages or "
+                       "tensor-parallel ranks are not run by the reference transformer; use "
+                       "pp = tp = 1 or an untied model")
+        if model.position_embedding == "learned" and cfg.sequence_parallel:
+            out.append("learned position embeddings with sequence parallel are not run by "
+                       "the reference transformer; plan without --sequence-parallel")
+        for bad, what in ((model.patch_size > 0, "vision patch embeddings"),
+                          (model.num_token_types > 0, "token-type embeddings"),
+                          (model.embedding_norm, "an embedding norm")):
+            if bad:
+                out.append(f"the reference transformer has no {what}; pass your own module")
+    return out
+
+
+def check(plan: Plan, reference: bool = True) -> None:
+    """Raise ``SpecError`` naming every feature of ``plan`` that ``apply`` cannot run."""
+    problems = unsupported(plan.model, plan.job, plan.config, reference)
+    if problems:
+        raise SpecError("planner.apply cannot run this plan: " + "; ".join(problems))
+
+
+def apply(plan: Plan, module: Any, **kwargs: Any) -> Parallelized:
+    """Parallelize ``module`` as ``plan`` says; see ``planner.runtime.apply.apply``."""
+    from planner.runtime.apply import apply as _apply
+
+    return _apply(plan, module, **kwargs)

@@ -1,0 +1,520 @@
+"""``apply(plan, module)``: split a torch model across processes as a ``Plan`` says.
+
+Built on PyTorch's own distributed stack, in the order torchtitan applies it
+(torchtitan/models/llama3/infra/parallelize.py): the device mesh of the plan's axes
+``(pp, dp_replicate, dp_shard, cp, tp)``, tensor parallel innermost as the cost model places
+it; pipeline stages cut from the module; tensor parallel on each stage (DTensor
+``parallelize_module`` from a TP plan given as data, ``TP_PLAN``); activation checkpointing per
+the plan's recompute; then FSDP2 ``fully_shard`` per block and per stage (ZeRO-3 reshards
+parameters after forward, ZeRO-2 keeps them to backward, HSDP shards over ``sharding_group``
+and replicates across the groups) or FSDP2's ``replicate`` (all-reduced gradients) for ZeRO-0;
+finally the ``torch.distributed.pipelining`` schedule of the plan (GPipe, 1F1B, interleaved
+1F1B with ``virtual_pipeline_stages`` chunks per rank in loop order, zero bubble).
+
+The module is the project's reference transformer (``planner.runtime.model``) or a user
+module following its layout: ``layers`` (a ``ModuleDict`` keyed by layer index or a
+``ModuleList``) of transformer blocks, and optional ``tok_embeddings``, ``pos_embeddings``,
+``norm`` and ``output`` attributes whose ``forward`` skips the ones set to ``None`` (how a
+pipeline stage drops what it does not hold). A module built on the meta device is
+materialised after sharding, each rank allocating only its shards, and initialised by its
+``init_weights()``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from costmodel.errors import SpecError
+from costmodel.memory import even_split
+from planner.plan import Plan
+from planner.runtime import check
+from planner.runtime.model import Transformer
+
+__all__ = ["MESH_DIMS", "TP_PLAN", "Parallelized", "apply", "make_optimizer",
+           "stage_layer_ranges", "tp_style"]
+
+#: Device-mesh axes, outermost first: tensor parallel innermost (inside a node), then context
+#: parallel, the data-parallel shard and replicate axes, and pipeline parallel outermost, as
+#: torchtitan lays out its mesh and ``costmodel.comm`` places the groups.
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+#: The tensor-parallel plan of the reference transformer as data: module path ("*" matches
+#: one path element, e.g. a layer index) -> style name (``tp_style``). Megatron-LM's split
+#: (Shoeybi et al. 2019, Sec. 3): Q/K/V and the MLP's first linears column-wise, the output
+#: projections row-wise, so each block needs one all-reduce forward (or, with sequence
+#: parallel, an all-gather before and a reduce-scatter after, Korthikanti et al. 2022,
+#: Sec. 4.2.2); embedding and LM head split over the vocabulary.
+TP_PLAN: dict[str, str] = {
+    "tok_embeddings": "vocab",
+    "norm": "norm",
+    "output": "head",
+    "layers.*.attention_norm": "norm",
+    "layers.*.attention": "block_input",
+    "layers.*.attention.wq": "colwise",
+    "layers.*.attention.wk": "colwise",
+    "layers.*.attention.wv": "colwise",
+    "layers.*.attention.wo": "rowwise",
+    "layers.*.ffn_norm": "norm",
+    "layers.*.feed_forward": "block_input",
+    "layers.*.feed_forward.w1": "colwise",
+    "layers.*.feed_forward.w3": "colwise",
+    "layers.*.feed_forward.w2": "rowwise",
+}
+
+
+def tp_style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
+    """The DTensor style of a ``TP_PLAN`` entry; ``None`` where it needs none (norms and
+    block inputs without sequence parallel).
+
+    ``colwise``: weight split on the output dim; ``rowwise``: on the input dim, the partial
+    sums all-reduced (or reduce-scattered over the sequence with SP); ``vocab``: embedding
+    table split over the vocabulary; ``head``: LM head split over the vocabulary, logits
+    gathered; ``norm``: sequence-parallel norm; ``block_input``: all-gather the sequence
+    before a block's first linears (SP).
+    """
+    seq = Shard(1)
+    out = seq if sequence_parallel else Replicate()
+    styles: dict[str, Callable[[], ParallelStyle | None]] = {
+        "colwise": ColwiseParallel,
+        "rowwise": lambda: RowwiseParallel(output_layouts=out),
+        "vocab": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=out),
+        "head": lambda: ColwiseParallel(input_layouts=out, output_layouts=Replicate()),
+        "norm": lambda: SequenceParallel() if sequence_parallel else None,
+        "block_input": lambda: (PrepareModuleInput(input_layouts=(seq,),
+                                                   desired_input_layouts=(Replicate(),))
+                                if sequence_parallel else None),
+    }
+    if name not in styles:
+        raise SpecError(f"unknown tensor-parallel style {name!r}; use one of "
+                        f"{', '.join(styles)} or a torch ParallelStyle")
+    return styles[name]()
+
+
+def stage_layer_ranges(num_layers: int, pp: int, v: int,
+                       stage_layers: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """Layer ranges [start, end) of the ``pp * v`` pipeline chunks, chunk order.
+
+    Uniform splits follow the cost model (``costmodel.memory.even_split``: the remainder goes
+    to the last stages); interleaving cuts ``pp * v`` equal chunks, rank r holding chunks
+    r, r + pp, ... (Narayanan et al. 2021, Sec. 2.2, Megatron-LM's layout).
+    """
+    if v > 1:
+        chunk = num_layers // (pp * v)
+        return [(c * chunk, (c + 1) * chunk) for c in range(pp * v)]
+    sizes = list(stage_layers) if stage_layers else even_split(num_layers, pp)
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    return [(s, s + n) for s, n in zip(starts, sizes, strict=True)]
+
+
+def _blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    layers = getattr(module, "layers", None)
+    if isinstance(layers, nn.ModuleDict):
+        return list(layers.items())
+    if isinstance(layers, nn.ModuleList):
+        return [(str(i), b) for i, b in enumerate(layers)]
+    return []
+
+
+def _set_block(module: nn.Module, key: str, block: nn.Module) -> None:
+    layers = module.layers
+    if isinstance(layers, nn.ModuleDict):
+        layers[key] = block
+    else:
+        layers[int(key)] = block
+
+
+def _cut_stage(module: nn.Module, lo: int, hi: int, first: bool, last: bool,
+               copy_needed: bool) -> nn.Module:
+    """The pipeline stage holding layers [lo, hi) of ``module`` (and the embeddings when
+    ``first``, the final norm and head when ``last``)."""
+    part = copy.deepcopy(module) if copy_needed else module
+    layers = part.layers
+    if isinstance(layers, nn.ModuleDict):
+        for key in list(layers.keys()):
+            if not lo <= int(key) < hi:
+                del layers[key]
+    else:
+        part.layers = nn.ModuleList(list(layers)[lo:hi])
+    if not first:
+        for name in ("tok_embeddings", "pos_embeddings"):
+            if hasattr(part, name):
+                setattr(part, name, None)
+    if not last:
+        for name in ("norm", "output"):
+            if hasattr(part, name):
+                setattr(part, name, None)
+        if isinstance(part, Transformer):
+            part.has_head = False
+    return part
+
+
+def _match(pattern: str, name: str) -> bool:
+    p, n = pattern.split("."), name.split(".")
+    return len(p) == len(n) and all(a in ("*", b) for a, b in zip(p, n, strict=True))
+
+
+def _apply_tp(part: nn.Module, mesh: DeviceMesh, plan: Mapping[str, str | ParallelStyle],
+              sequence_parallel: bool) -> int:
+    """Tensor-parallelize the modules of ``part`` that ``plan`` names; returns how many."""
+    exact: dict[str, ParallelStyle] = {}
+    for name, _ in part.named_modules():
+        for pattern, style in plan.items():
+            if name and _match(pattern, name):
+                s = tp_style(style, sequence_parallel) if isinstance(style, str) else style
+                if s is not None:
+                    exact[name] = s
+    if exact:
+        parallelize_module(part, mesh, exact)
+    return len(exact)
+
+
+def _apply_recompute(part: nn.Module, recompute: str, first_n: int | None) -> None:
+    """Activation checkpointing: ``full`` wraps the first ``first_n`` blocks (all when
+    ``None``) in ``checkpoint_wrapper``; ``selective`` recomputes each block's attention core
+    (the reference model's ``Attention.recompute_core``; other modules get their
+    ``attention`` submodule checkpointed)."""
+    blocks = _blocks(part)
+    if recompute == "full":
+        for key, block in blocks[: len(blocks) if first_n is None else first_n]:
+            _set_block(part, key, checkpoint_wrapper(block))
+    elif recompute == "selective":
+        for _, block in blocks:
+            attn = getattr(block, "attention", None)
+            if attn is None:
+                raise SpecError("selective recompute checkpoints each block's 'attention' "
+                                "submodule; this module's blocks have none")
+            if hasattr(attn, "recompute_core"):
+                attn.recompute_core = True
+            else:
+                block.attention = checkpoint_wrapper(attn)
+
+
+@dataclass
+class Parallelized:
+    """A module split as a plan says, on this process.
+
+    ``parts``: the pipeline stages this rank holds (one, or ``virtual_pipeline_stages`` when
+    interleaved; the whole module when ``pp = 1``); ``stage_ids`` their indices; ``mesh`` the
+    device mesh over ``MESH_DIMS``; ``schedule`` the pipeline schedule (``None`` when
+    ``pp = 1``); ``num_micro_batches`` per step and data-parallel rank; ``dp_rank`` /
+    ``dp_size`` which share of the batch this rank trains.
+    """
+
+    plan: Plan
+    parts: list[nn.Module]
+    stage_ids: list[int]
+    mesh: DeviceMesh
+    device: torch.device
+    schedule: Any
+    num_micro_batches: int
+    dp_rank: int
+    dp_size: int
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline chunks in all: ``pp * virtual_pipeline_stages``."""
+        cfg = self.plan.config
+        return cfg.pp * cfg.virtual_pipeline_stages
+
+    @property
+    def local_batch_size(self) -> int:
+        """Sequences per step this rank's data-parallel group trains:
+        ``global_batch_size / dp``."""
+        return self.plan.job.global_batch_size // self.dp_size
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters this rank holds (its shards), each once."""
+        seen: dict[int, nn.Parameter] = {}
+        for part in self.parts:
+            for p in part.parameters():
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def optimizer(self, cls: type[torch.optim.Optimizer] | None = None,
+                  **kwargs: Any) -> torch.optim.Optimizer:
+        """The plan's optimizer (``job.optimizer``, see ``make_optimizer``) over this rank's
+        parameters; ``cls`` overrides the class, ``kwargs`` (e.g. ``lr``) go to it."""
+        if cls is not None:
+            return cls(self.parameters(), **kwargs)
+        return make_optimizer(self.plan.job.optimizer, self.parameters(), **kwargs)
+
+    def local_batch(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global batch [global_batch_size, ...] (its data-parallel
+        share, the same on the ranks of one TP/PP group)."""
+        n = self.plan.job.global_batch_size
+        if batch.shape[0] != n:
+            raise SpecError(f"local_batch takes the global batch of {n} sequences, got "
+                            f"{batch.shape[0]}")
+        b = self.local_batch_size
+        return batch[self.dp_rank * b:(self.dp_rank + 1) * b]
+
+    def step(self, inputs: torch.Tensor | None, labels: torch.Tensor | None) -> float:
+        """One forward and backward over this rank's share of the batch (``local_batch``),
+        in ``num_micro_batches`` micro-batches (accumulated, or through the pipeline
+        schedule); gradients are averaged over the batch. Returns the mean loss over the
+        global batch, on every rank. Stages without the first layer ignore ``inputs``, those
+        without the last ignore ``labels``."""
+        cfg = self.plan.config
+        b = self.local_batch_size
+        for what, t, needed in (("inputs", inputs, 0 in self.stage_ids),
+                                ("labels", labels, self.num_stages - 1 in self.stage_ids)):
+            if needed and (t is None or t.shape[0] != b):
+                got = "None" if t is None else f"{t.shape[0]} sequences"
+                raise SpecError(f"step takes this rank's {b} sequences of {what} "
+                                f"(local_batch of the global batch), got {got}")
+        inputs = inputs.to(self.device) if inputs is not None else None
+        labels = labels.to(self.device) if labels is not None else None
+        m = self.num_micro_batches
+        holds_last = self.num_stages - 1 in self.stage_ids
+        if self.schedule is None:
+            part = self.parts[0]
+            total = torch.zeros((), device=self.device)
+            xs = inputs.split(cfg.micro_batch_size)  # type: ignore[union-attr]
+            ys = labels.split(cfg.micro_batch_size)  # type: ignore[union-attr]
+            for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+                if cfg.zero_stage == 0 and hasattr(part, "set_requires_gradient_sync"):
+                    part.set_requires_gradient_sync(i == m - 1)  # all-reduce once per step
+                loss = self.loss_fn(part(x), y)
+                (loss / m).backward()
+                total += loss.detach()
+            local = total / m
+        else:
+            losses: list[torch.Tensor] = []
+            kwargs: dict[str, Any] = {}
+            if holds_last:
+                kwargs = {"target": labels, "losses": losses}
+            args = (inputs,) if 0 in self.stage_ids else ()
+            self.schedule.step(*args, **kwargs)
+            local = (torch.stack([x.detach().float() for x in losses]).mean() if losses
+                     else torch.zeros((), device=self.device))
+        # The global mean: one rank per data-parallel index contributes (the one holding the
+        # last stage, first TP and CP coordinate), all others add zero.
+        coord = dict(zip(MESH_DIMS, self.mesh.get_coordinate() or [], strict=True))
+        speaks = holds_last and coord.get("tp", 0) == 0 and coord.get("cp", 0) == 0
+        value = (local.float() / self.dp_size) if speaks else torch.zeros((), device=self.device)
+        value = value.reshape(1).clone()
+        dist.all_reduce(value)
+        return float(value.item())
+
+    def state_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+        """Bytes this rank holds of ``weights`` (its parameter shards), ``gradients`` and
+        ``optimizer`` states (tensors of ``optimizer.state`` other than the scalar step
+        count), what the memory estimator's model-state terms predict."""
+
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t.to_local() if isinstance(t, DTensor) else t
+
+        out = {"weights": 0, "gradients": 0, "optimizer": 0}
+        for p in self.parameters():
+            lp = local(p)
+            out["weights"] += lp.numel() * lp.element_size()
+            if p.grad is not None:
+                g = local(p.grad)
+                out["gradients"] += g.numel() * g.element_size()
+            if optimizer is not None:
+                for key, value in optimizer.state.get(p, {}).items():
+                    if key != "step" and torch.is_tensor(value):
+                        v = local(value)
+                        out["optimizer"] += v.numel() * v.element_size()
+        return out
+
+
+def make_optimizer(name: str, params: Any, **kwargs: Any) -> torch.optim.Optimizer:
+    """The torch optimizer of a ``Job.optimizer`` name: ``adamw``, ``adam``, or ``sgd`` with
+    momentum 0.9 (the cost model's SGD keeps one momentum buffer, 4 bytes per parameter)."""
+    if name == "sgd":
+        kwargs.setdefault("momentum", 0.9)
+        return torch.optim.SGD(params, **kwargs)
+    if name in ("adam", "adamw"):
+        return (torch.optim.AdamW if name == "adamw" else torch.optim.Adam)(params, **kwargs)
+    raise SpecError(f"optimizer {name!r} is not built by planner.apply; use adamw, adam or sgd")
+
+
+def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean token cross entropy, computed in fp32."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
+
+
+def _init_distributed(world: int, device: torch.device) -> None:
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend)
+        elif world == 1:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            raise SpecError(f"the plan runs on {world} processes but torch.distributed is not "
+                            "started; launch with 'planner run plan.json --script ...' "
+                            "(torchrun)")
+    if dist.get_world_size() != world:
+        raise SpecError(f"the plan needs {world} processes (dp*tp*pp*cp), but "
+                        f"{dist.get_world_size()} were started; launch with 'planner run'")
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _schedule(name: str, stages: list[PipelineStage], m: int,
+              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
+    """The torch.distributed.pipelining schedule for the plan's ``pipeline_schedule``:
+    GPipe (Huang et al. 2019), 1F1B (Narayanan et al. 2021; DAPPLE's early backward),
+    interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2) and zero bubble (Qi et al. 2024)."""
+    if name == "gpipe":
+        return ScheduleGPipe(stages[0], m, loss_fn=loss_fn)
+    if name == "1f1b":
+        return Schedule1F1B(stages[0], m, loss_fn=loss_fn)
+    if name == "interleaved-1f1b":
+        return ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
+    return ScheduleInterleavedZeroBubble(stages, m, loss_fn=loss_fn)
+
+
+def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = None,
+          tp_plan: Mapping[str, str | ParallelStyle] | None = None,
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+          ) -> Parallelized:
+    """Parallelize ``module`` as ``plan`` says, on this process; returns ``Parallelized``.
+
+    Call it in every process of the job (``planner run`` starts them with torchrun); it
+    starts torch.distributed when needed (NCCL on GPUs, gloo on CPUs; a one-process plan
+    needs no launcher). Before anything starts, ``planner.runtime.check`` refuses plan
+    features the runtime cannot execute, with ``SpecError`` naming each.
+
+    ``module``: the full model, on the meta device (each rank then allocates only its shards
+    and calls ``module.init_weights()``) or materialised (the same weights on every rank,
+    e.g. from one seed; they are cut and sharded). The module is modified in place when
+    ``pp = 1``. ``device``: default the local CUDA device, else CPU. ``tp_plan``: module path
+    pattern -> style name of ``tp_style`` or a torch ``ParallelStyle`` (default ``TP_PLAN``).
+    ``loss_fn(logits, labels)``: default mean token cross entropy.
+    """
+    cfg, job = plan.config, plan.job
+    check(plan, reference=isinstance(module, Transformer))
+    if not isinstance(module, nn.Module):
+        raise SpecError(f"apply takes a torch nn.Module, got {type(module).__name__}")
+    if isinstance(module, Transformer) and module.spec.num_layers != plan.model.num_layers:
+        raise SpecError(f"the module has {module.spec.num_layers} layers but the plan's model "
+                        f"{plan.model.name!r} has {plan.model.num_layers}")
+    blocks = _blocks(module)
+    needs_blocks = cfg.pp > 1 or cfg.recompute != "none"
+    if needs_blocks and len(blocks) != plan.model.num_layers:
+        raise SpecError(f"the plan cuts {plan.model.num_layers} transformer layers into stages "
+                        "or recomputes them, but the module's 'layers' holds "
+                        f"{len(blocks)}; give it a 'layers' ModuleDict/ModuleList of blocks")
+    dev = torch.device(device) if device is not None else _default_device()
+    loss = loss_fn or _cross_entropy
+
+    _init_distributed(cfg.world_size, dev)
+    shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage >= 2 else 1
+    sizes = {"pp": cfg.pp, "dp_replicate": cfg.dp // shard, "dp_shard": shard, "cp": cfg.cp,
+             "tp": cfg.tp}
+    mesh = init_device_mesh(dev.type, tuple(sizes[d] for d in MESH_DIMS),
+                            mesh_dim_names=MESH_DIMS)
+    coord = dict(zip(MESH_DIMS, mesh.get_coordinate() or [], strict=True))
+    dp_rank = coord["dp_replicate"] * shard + coord["dp_shard"]
+
+    v = cfg.virtual_pipeline_stages
+    num_stages = cfg.pp * v
+    ranges = stage_layer_ranges(plan.model.num_layers, cfg.pp, v, cfg.stage_layers)
+    stage_ids = [coord["pp"] + k * cfg.pp for k in range(v)]
+    meta = any(p.is_meta for p in module.parameters())
+    parts = []
+    for sid in stage_ids:
+        lo, hi = ranges[sid]
+        part = (_cut_stage(module, lo, hi, sid == 0, sid == num_stages - 1, len(stage_ids) > 1)
+                if cfg.pp > 1 else module)
+        if not meta:
+            part.to(dev)
+        parts.append(part)
+
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if job.precision == "bf16" else MixedPrecisionPolicy())
+    offload: OffloadPolicy = OffloadPolicy()
+    if cfg.offload == "optimizer+params":
+        if dev.type == "cpu":
+            warnings.warn("offload 'optimizer+params' does nothing on CPU processes: the "
+                          "states are in host memory already", UserWarning, stacklevel=2)
+        else:
+            offload = CPUOffloadPolicy()
+    for sid, part in zip(stage_ids, parts, strict=True):
+        if cfg.tp > 1 and not _apply_tp(part, mesh["tp"], tp_plan or TP_PLAN,
+                                        cfg.sequence_parallel):
+            raise SpecError("the tensor-parallel plan matched no module of the model; pass "
+                            "tp_plan={module path pattern: style} naming its linears")
+        first_n: int | None = None
+        if cfg.recompute == "full":
+            if cfg.stage_recompute_layers is not None:
+                first_n = cfg.stage_recompute_layers[sid]
+            elif cfg.recompute_num_layers is not None:
+                first_n = cfg.recompute_num_layers
+        _apply_recompute(part, cfg.recompute, first_n)
+        if cfg.zero_stage >= 2:
+            dp_mesh = mesh["dp_replicate", "dp_shard"] if cfg.dp > shard else mesh["dp_shard"]
+            reshard = cfg.zero_stage == 3
+            for _, block in _blocks(part):
+                fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+                            offload_policy=offload)
+            fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+                        offload_policy=offload)
+        else:
+            for _, block in _blocks(part):
+                replicate(block, mesh=mesh["dp_replicate"], mp_policy=mp)
+            replicate(part, mesh=mesh["dp_replicate"], mp_policy=mp)
+        if meta:
+            part.to_empty(device=dev)
+            init = getattr(part, "init_weights", None)
+            if init is None:
+                raise SpecError("the module is on the meta device but has no init_weights(); "
+                                "give it one, or pass a materialised module")
+            with torch.no_grad():
+                init()
+
+    m = job.global_batch_size // (cfg.dp * cfg.micro_batch_size)
+    schedule = None
+    if cfg.pp > 1:
+        group = mesh["pp"].get_group()
+        stages = [PipelineStage(part, sid, num_stages, dev, group=group)
+                  for sid, part in zip(stage_ids, parts, strict=True)]
+        schedule = _schedule(str(cfg.pipeline_schedule), stages, m, loss)
+    return Parallelized(plan=plan, parts=parts, stage_ids=stage_ids, mesh=mesh, device=dev,
+                        schedule=schedule, num_micro_batches=m, dp_rank=dp_rank,
+                        dp_size=cfg.dp, loss_fn=loss)

@@ -1,0 +1,110 @@
+"""``planner run``: start the processes of a plan, or write the script that starts them.
+
+On one node the launcher runs ``torchrun --standalone`` (as ``python -m torch.distributed.run``)
+with one process per rank of the plan, each running the training script (default the minimal
+loop ``planner.runtime.train``) with ``PLANNER_PLAN`` set to the plan file; the script calls
+``planner.apply(Plan.from_json(os.environ["PLANNER_PLAN"]), model)``. A plan for several nodes
+cannot be started from here: the launcher writes an ``sbatch`` script that runs ``torchrun`` on
+every node with the c10d rendezvous and the NCCL environment of the cluster's links
+(``planner.emit.slurm``), with the plan embedded, to submit with ``sbatch``.
+
+Everything the runtime cannot execute is refused first (``planner.runtime.check``), before any
+process starts. torch is not imported here.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from costmodel.errors import SpecError
+from planner.emit.common import header_lines
+from planner.emit.slurm import EOF_MARK, sbatch_preamble, srun_torchrun
+from planner.plan import Plan, describe
+from planner.runtime import check
+
+__all__ = ["DEFAULT_ENTRY", "Launch", "launch", "prepare", "sbatch_script"]
+
+#: What each process runs when no script is given: the minimal training loop.
+DEFAULT_ENTRY = ("-m", "planner.runtime.train")
+#: The environment variable naming the plan file for the training script.
+PLAN_ENV = "PLANNER_PLAN"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a plan is started: ``command`` (argv) and ``env`` additions for one node, or the
+    ``sbatch`` script text for several (``command`` empty)."""
+
+    plan: Plan
+    command: tuple[str, ...]
+    env: dict[str, str]
+    sbatch: str | None = None
+
+
+def _entry(script: str | None, script_args: list[str]) -> list[str]:
+    if script is None:
+        return [*DEFAULT_ENTRY, *script_args]
+    if not Path(script).is_file():
+        raise SpecError(f"training script {script!r} does not exist")
+    return [script, *script_args]
+
+
+def sbatch_script(plan: Plan, script: str | None, script_args: list[str], command: str) -> str:
+    """The sbatch script that trains ``plan`` on its nodes: the plan embedded as
+    ``plan.json``, ``PLANNER_PLAN`` pointing at it, torchrun on every node."""
+    head = header_lines(plan, plan.config, plan.job, plan.estimate, command, ())
+    lines = sbatch_preamble(plan, head)
+    lines += ["", f"cat > plan.json <<'{EOF_MARK}'", plan.to_json(), EOF_MARK,
+              f'export {PLAN_ENV}="$PWD/plan.json"  # read by the script: '
+              "planner.apply(Plan.from_json(...), model)", ""]
+    lines += srun_torchrun(plan.cluster.gpus_per_node, shlex.join(_entry(script, script_args)))
+    return "\n".join(lines) + "\n"
+
+
+def prepare(plan_path: str, script: str | None = None, script_args: list[str] | None = None,
+            command: str | None = None) -> Launch:
+    """Read the plan (no search), refuse what the runtime cannot run, and say how to start
+    it: the torchrun command for one node, or the sbatch script for several."""
+    plan = Plan.from_json(plan_path)
+    check(plan, reference=script is None)
+    args = list(script_args or [])
+    path = str(Path(plan_path).resolve())
+    if plan.cluster.num_nodes > 1:
+        text = sbatch_script(plan, script, args,
+                             command or f"planner run {shlex.quote(plan_path)}")
+        return Launch(plan=plan, command=(), env={}, sbatch=text)
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={plan.config.world_size}", *_entry(script, args))
+    return Launch(plan=plan, command=cmd, env={PLAN_ENV: path})
+
+
+def launch(plan_path: str, script: str | None = None, script_args: list[str] | None = None,
+           *, dry_run: bool = False, output: str | None = None,
+           command: str | None = None) -> int:
+    """Start the plan's processes on this node and wait (returns their exit status), or,
+    for a multi-node plan, write the sbatch script to ``output`` (default ``train.sbatch``).
+    ``dry_run``: print the command instead of running it."""
+    how = prepare(plan_path, script, script_args, command)
+    plan = how.plan
+    say = f"{describe(plan.config)} ({plan.config.world_size} processes)"
+    if how.sbatch is not None:
+        out = output or "train.sbatch"
+        try:
+            Path(out).write_text(how.sbatch)
+        except OSError as e:
+            raise SpecError(f"cannot write {out!r}: {e.strerror}") from e
+        print(f"planner: {plan.cluster.num_nodes} nodes: wrote {out} for {say}; submit it "
+              f"with: sbatch {out}", file=sys.stderr)
+        return 0
+    line = " ".join(f"{k}={shlex.quote(v)}" for k, v in how.env.items()) + " " + \
+        shlex.join(how.command)
+    if dry_run:
+        print(line)
+        return 0
+    print(f"planner: starting {say}: {line}", file=sys.stderr, flush=True)
+    return subprocess.call(list(how.command), env={**os.environ, **how.env})

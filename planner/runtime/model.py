@@ -1,0 +1,229 @@
+"""The project's reference transformer: a torch ``nn.Module`` built from a ``ModelSpec``.
+
+It is the model ``planner.apply`` knows how to split, the one the runtime tests train, and a
+template for user modules: the names follow Meta's Llama reference code (and torchtitan),
+``tok_embeddings``, ``layers`` (a ``ModuleDict`` keyed by layer index, so that a pipeline stage
+keeps the original names), ``norm`` and ``output``. A stage of a pipeline is the same class
+with the parts it does not hold set to ``None``: ``forward`` then takes hidden states instead
+of tokens, or returns them instead of logits.
+
+Built on any device, the meta device included (``build_model(spec, device="meta")``
+allocates nothing); ``init_weights`` initialises it after ``to_empty``. The parameter count
+equals ``ModelSpec.num_params()`` for every spec it accepts (tested).
+
+Covers decoder and encoder token models: GPT (LayerNorm, learned positions, biases, GELU MLP),
+Llama (RMSNorm, RoPE, GQA, SwiGLU), tied or untied embeddings. Not vision (patch) models,
+token types, embedding norms or mixture-of-experts layers: ``build_model`` says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from costmodel.errors import SpecError
+from costmodel.model import ModelSpec
+
+__all__ = ["Attention", "Block", "FeedForward", "Transformer", "build_model"]
+
+#: Standard deviation of the normal initialisation of weights (GPT-2, Radford et al. 2019).
+INIT_STD = 0.02
+#: RoPE base frequency (Su et al. 2021, Sec. 3.4.2; Llama 2).
+ROPE_THETA = 10000.0
+#: Normalisation epsilon (Llama 2 uses 1e-5 for RMSNorm; GPT-2 for LayerNorm).
+NORM_EPS = 1e-5
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return nn.RMSNorm(spec.hidden_size, eps=NORM_EPS)
+    return nn.LayerNorm(spec.hidden_size, eps=NORM_EPS)
+
+
+def _rotate(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of ``x`` [batch, seq, heads, head_dim] at positions 0..seq-1,
+    rotating the two halves of each head (Su et al. 2021, Eq. 34, in the half-split layout
+    GPT-NeoX and Hugging Face Llama use)."""
+    s, d = x.shape[1], x.shape[-1]
+    inv = ROPE_THETA ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[None, :, None, :].to(x.dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[None, :, None, :].to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Multi-head (or grouped-query) self-attention with Q, K, V and output projections.
+
+    The number of heads is read from the projections' local width, so the module runs
+    unchanged on a tensor-parallel shard (heads split over the ranks). ``recompute_core``:
+    selective recompute (Korthikanti et al. 2022, Sec. 5): the attention core is recomputed
+    in backward instead of keeping what it saved.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, hd = spec.hidden_size, int(spec.head_dim or 0)
+        qkv_bias = spec.bias or spec.qkv_bias
+        self.head_dim = hd
+        self.rope = spec.position_embedding == "rope"
+        self.causal = spec.causal
+        self.recompute_core = False
+        self.wq = nn.Linear(h, spec.q_dim, bias=qkv_bias)
+        self.wk = nn.Linear(h, spec.kv_dim, bias=qkv_bias)
+        self.wv = nn.Linear(h, spec.kv_dim, bias=qkv_bias)
+        self.wo = nn.Linear(spec.q_dim, h, bias=spec.bias)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.rope:
+            q, k = _rotate(q), _rotate(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:  # grouped-query attention: each K/V head serves `groups` query heads
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return out.transpose(1, 2).flatten(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [batch, seq, hidden] -> [batch, seq, hidden]."""
+        b, s = x.shape[0], x.shape[1]
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        if self.recompute_core and torch.is_grad_enabled():
+            out = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            out = self._core(q, k, v)
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    """The MLP: ``w2(silu(w1 x) * w3 x)`` when gated (SwiGLU, Shazeer 2020), else
+    ``w2(gelu(w1 x))`` (GPT)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f = spec.hidden_size, int(spec.ffn_hidden_size or 0)
+        self.gated = spec.gated_mlp
+        self.w1 = nn.Linear(h, f, bias=spec.bias)
+        self.w3 = nn.Linear(h, f, bias=spec.bias) if spec.gated_mlp else None
+        self.w2 = nn.Linear(f, h, bias=spec.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [batch, seq, hidden] -> [batch, seq, hidden]."""
+        if self.w3 is not None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer layer: ``x + attention(norm(x))``, then ``+ mlp(norm(.))``."""
+
+    def __init__(self, spec: ModelSpec, dropout: float) -> None:
+        super().__init__()
+        self.attention_norm = _norm(spec)
+        self.attention = Attention(spec)
+        self.ffn_norm = _norm(spec)
+        self.feed_forward = FeedForward(spec)
+        self.dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [batch, seq, hidden] -> [batch, seq, hidden]."""
+        a = self.attention(self.attention_norm(x))
+        x = x + (self.dropout(a) if self.dropout is not None else a)
+        f = self.feed_forward(self.ffn_norm(x))
+        return x + (self.dropout(f) if self.dropout is not None else f)
+
+
+class Transformer(nn.Module):
+    """Embeddings, ``num_layers`` blocks, final norm and LM head of ``spec``.
+
+    ``forward(tokens)`` takes token ids [batch, seq] and returns logits [batch, seq, vocab].
+    A pipeline stage without ``tok_embeddings`` takes hidden states [batch, seq, hidden]; one
+    without ``output`` (and untied) returns hidden states.
+    """
+
+    def __init__(self, spec: ModelSpec, *, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.spec = spec
+        h = spec.hidden_size
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, h)
+        self.pos_embeddings: nn.Embedding | None = (
+            nn.Embedding(spec.max_position_embeddings, h)
+            if spec.position_embedding == "learned" else None)
+        self.layers = nn.ModuleDict({str(i): Block(spec, dropout)
+                                     for i in range(spec.num_layers)})
+        self.norm: nn.Module | None = _norm(spec) if spec.final_norm else None
+        self.output: nn.Linear | None = (None if spec.tied_embeddings
+                                         else nn.Linear(h, spec.vocab_size, bias=spec.bias))
+        self.tied = spec.tied_embeddings
+        self.has_head = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (or hidden states on a later pipeline stage) -> logits (or hidden
+        states on an earlier one)."""
+        if self.tok_embeddings is not None:
+            tokens = x
+            x = self.tok_embeddings(tokens)
+            if self.pos_embeddings is not None:
+                pos = torch.arange(tokens.shape[1], device=tokens.device)
+                x = x + self.pos_embeddings(pos)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.output is not None:
+            return self.output(x)
+        if self.tied and self.has_head and self.tok_embeddings is not None:
+            return F.linear(x, self.tok_embeddings.weight)
+        return x
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """Initialise every parameter in place: weights N(0, 0.02), the output projections
+        of each block scaled by 1/sqrt(2 * num_layers) (GPT-2, Radford et al. 2019, Sec.
+        2.3), biases 0, norm weights 1. ``seed`` seeds torch's generator first. Works on
+        tensor-parallel and FSDP shards (each rank draws its own shard)."""
+        if seed is not None:
+            torch.manual_seed(seed)
+        deep = INIT_STD / math.sqrt(2 * self.spec.num_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                std = deep if name.endswith(("attention.wo", "feed_forward.w2")) else INIT_STD
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.RMSNorm | nn.LayerNorm):
+                module.reset_parameters()
+
+
+def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int | None = 0,
+                dropout: float = 0.0) -> Transformer:
+    """The reference transformer of ``spec`` on ``device``, initialised with ``seed``.
+
+    On ``device="meta"`` nothing is allocated and nothing is initialised (``seed`` is
+    ignored): parallelize it with ``planner.apply``, which materialises each rank's shard.
+    ``dropout``: the dropout probability where ``spec.dropout`` has dropout layers (0 keeps
+    runs deterministic). Raises ``SpecError`` for specs it does not build.
+    """
+    unsupported = [(spec.patch_size > 0, "vision patch embeddings (ViT)"),
+                   (spec.num_token_types > 0, "token-type embeddings (BERT)"),
+                   (spec.embedding_norm, "an embedding norm (BERT)"),
+                   (spec.is_moe, "mixture-of-experts layers")]
+    missing = [what for bad, what in unsupported if bad]
+    if missing:
+        raise SpecError(f"the reference transformer does not build {spec.name!r}: it has "
+                        f"{', '.join(missing)}; pass your own torch module instead")
+    if not 0.0 <= dropout < 1.0:
+        raise SpecError(f"dropout must be in [0, 1), got {dropout!r}")
+    with torch.device(device):
+        model = Transformer(spec, dropout=dropout)
+    if str(device) != "meta":
+        model.init_weights(seed)
+    return model

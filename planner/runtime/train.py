@@ -1,0 +1,151 @@
+"""A minimal training loop: synthetic tokens, the reference transformer, the plan's optimizer.
+
+What the runtime tests and the examples run, and the default script of ``planner run``::
+
+    python -m planner.runtime.train --plan plan.json --steps 5     # one process per rank
+
+Every rank draws the same global batch of random tokens per step (seeded), trains its
+``local_batch`` of it, and rank 0 prints the loss. ``reference_losses`` trains the same model
+on the same data in one process without any parallelism, the yardstick for the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from costmodel.config import Job
+from costmodel.errors import SpecError
+from costmodel.model import ModelSpec
+from planner.plan import Plan
+from planner.runtime.apply import apply, make_optimizer
+from planner.runtime.model import build_model
+
+__all__ = ["TrainResult", "main", "reference_losses", "synthetic_batch", "train"]
+
+#: Learning rate of the examples (AdamW, Loshchilov & Hutter 2019, torch defaults otherwise).
+LR = 1e-3
+
+
+def synthetic_batch(job: Job, vocab_size: int, step: int, seed: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of step ``step``: token ids ``[global_batch_size, seq_len]`` and the
+    next-token labels, the same on every rank for one seed.
+
+    Each sequence is a random walk over the vocabulary: a random first token, then steps of
+    +1, +2 or +3 (mod vocabulary), so a model can learn it (the loss falls from ln(vocab)
+    towards ln 3) and a broken parallel run shows in the loss curve.
+    """
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    b, s = job.global_batch_size, job.seq_len + 1
+    start = torch.randint(0, vocab_size, (b, 1), generator=g)
+    steps = torch.randint(1, 4, (b, s - 1), generator=g)
+    tokens = torch.cat([start, start + steps.cumsum(dim=1)], dim=1) % vocab_size
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+@dataclass
+class TrainResult:
+    """What a run measured on this rank: the global mean ``losses`` per step, wall
+    ``step_times_s``, and ``state_bytes`` of weights, gradients and optimizer states after
+    the first step (``Parallelized.state_bytes``), and the ``stage_ids`` it held."""
+
+    losses: list[float] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
+    state_bytes: dict[str, int] = field(default_factory=dict)
+    stage_ids: list[int] = field(default_factory=list)
+
+
+def train(plan: Plan, *, steps: int = 5, lr: float = LR, seed: int = 0, meta: bool = False,
+          log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train the reference transformer of ``plan.model`` for ``steps`` steps as the plan
+    says, in this process (one rank of the job). ``meta``: build the model on the meta device
+    and let each rank materialise its shards (random weights differ from a one-process run);
+    otherwise every rank builds it from ``seed``. ``log``: called with a line per step."""
+    module = build_model(plan.model, device="meta" if meta else "cpu", seed=seed)
+    run = apply(plan, module)
+    opt = run.optimizer(lr=lr)
+    out = TrainResult(stage_ids=list(run.stage_ids))
+    for step in range(steps):
+        x, y = synthetic_batch(plan.job, plan.model.vocab_size, step, seed)
+        t0 = time.perf_counter()
+        loss = run.step(run.local_batch(x), run.local_batch(y))
+        opt.step()
+        if step == 0:
+            out.state_bytes = run.state_bytes(opt)
+        opt.zero_grad(set_to_none=True)
+        out.step_times_s.append(time.perf_counter() - t0)
+        out.losses.append(loss)
+        if log is not None:
+            log(f"step {step + 1:>3}  loss {loss:.6f}  ({out.step_times_s[-1]:.3f} s)")
+    return out
+
+
+def reference_losses(model: ModelSpec, job: Job, *, steps: int = 5, lr: float = LR,
+                     seed: int = 0) -> list[float]:
+    """The same training in one process with no parallelism: the full batch per step, one
+    forward and backward, the job's optimizer. The losses every plan must reproduce."""
+    module = build_model(model, seed=seed)
+    opt = make_optimizer(job.optimizer, module.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        x, y = synthetic_batch(job, model.vocab_size, step, seed)
+        loss = F.cross_entropy(module(x).flatten(0, -2).float(), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m planner.runtime.train --plan plan.json [--steps N] [--json OUT]``."""
+    p = argparse.ArgumentParser(prog="python -m planner.runtime.train",
+                                description="Train the reference transformer as a plan says "
+                                "(one process per rank; start it with 'planner run').")
+    p.add_argument("--plan", default=os.environ.get("PLANNER_PLAN"),
+                   help="plan JSON file (default: $PLANNER_PLAN, set by 'planner run')")
+    p.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    p.add_argument("--lr", type=float, default=LR, help=f"learning rate (default {LR})")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and data")
+    p.add_argument("--meta", action="store_true",
+                   help="build the model on the meta device; each rank allocates its shards")
+    p.add_argument("--json", metavar="OUT", help="write every rank's measurements here "
+                   "(rank 0 writes)")
+    args = p.parse_args(argv)
+    if not args.plan:
+        p.error("give --plan plan.json (or set PLANNER_PLAN)")
+    try:
+        plan = Plan.from_json(args.plan)
+        rank = int(os.environ.get("RANK", "0"))
+        say = print if rank == 0 else None
+        if say:
+            say(f"training {plan.model.name} on {plan.config.world_size} processes, "
+                f"{plan.job.global_batch_size} x {plan.job.seq_len} tokens per step "
+                "(plan loaded, no search)")
+        res = train(plan, steps=args.steps, lr=args.lr, seed=args.seed, meta=args.meta,
+                    log=say)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        rows: list[dict[str, object] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(rows, {"rank": dist.get_rank(), **res.__dict__})
+        if dist.get_rank() == 0:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
