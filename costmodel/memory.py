@@ -363,11 +363,16 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
 def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parameters one GPU holds of (a dense layer, a MoE layer's non-expert part, its routed
-    experts): matrices split over tp (Megatron-LM column/row parallel), the two norms
-    replicated, experts further split over ep."""
+    experts): matrices split over tp (Megatron-LM column/row parallel), experts further split
+    over ep. Replicated over tp: the two norms, and the biases of the row-parallel output
+    projections (attention output, MLP down), added after the all-reduce (Shoeybi et al.
+    2019, Sec. 3; Megatron-LM RowParallelLinear, torch RowwiseParallel)."""
     norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
-    dense = (model.dense_layer_params() - 2 * norm) / tp + 2 * norm
-    moe = (model.moe_layer_non_expert_params() - 2 * norm) / tp + 2 * norm
+    row_bias = model.hidden_size if model.bias else 0
+    rep_dense = 2 * norm + 2 * row_bias
+    rep_moe = 2 * norm + row_bias  # the routed experts' own biases are split with them
+    dense = (model.dense_layer_params() - rep_dense) / tp + rep_dense
+    moe = (model.moe_layer_non_expert_params() - rep_moe) / tp + rep_moe
     return dense, moe, model.routed_expert_params() / (tp * ep)
 
 
@@ -454,10 +459,15 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # reshard_after_forward=False (ZeRO-2) holds from forward to backward. Only sharded
     # parameters get an unsharded copy; in mixed precision every parameter has a bf16 copy
     # either way (FSDP's param_dtype cast or autocast's).
+    # Without ZeRO, torchtitan runs DDP, which only serves 1-D data parallel; with TP, PP or CP
+    # the planner's runtime replicates with FSDP2 instead, whose unsharded parameters are a
+    # separate copy in the compute dtype (planner.runtime.apply; measured by
+    # benchmarks/runtime_memory.py).
     if fw.name == "torchtitan":
         sharded_params = (dense_params * (z_dense > 1) + expert_params * (z_exp > 1))
         low = 2.0 if job.precision != "fp32" else 0.0
-        extra = np.where(zero == 0, low * all_params, 0.0)
+        multi = ((a.tp > 1) | (a.pp > 1) | (a.cp > 1))[:, None]
+        extra = np.where(zero == 0, np.where(multi, compute_b, low) * all_params, 0.0)
         extra = np.where(zero == 2, np.maximum(low * all_params, compute_b * sharded_params),
                          extra)
         weights = weights + extra

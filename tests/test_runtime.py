@@ -39,6 +39,11 @@ HERE = Path(__file__).parent
 #: SwiGLU, RMSNorm, RoPE, untied head; every dimension divisible by the degrees below.
 SPEC = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=64, num_heads=8, num_kv_heads=4,
                  ffn_hidden_size=128, vocab_size=128, gated_mlp=True)
+#: GPT-style: LayerNorm, learned positions, biases (the row-parallel ones stay replicated
+#: under TP), GELU MLP, multi-head attention.
+GPT = ModelSpec(name="tiny-gpt", num_layers=2, hidden_size=64, num_heads=4, vocab_size=128,
+                position_embedding="learned", max_position_embeddings=16, norm="layernorm",
+                bias=True)
 JOB = Job(global_batch_size=8, seq_len=16, precision="fp32", framework="torchtitan")
 SGD = dataclasses.replace(JOB, optimizer="sgd")
 #: Learning rates at which 5 steps move the loss visibly. SGD (momentum 0.9) is the sharper
@@ -64,6 +69,8 @@ CASES_4 = {
     "pp_uneven_dp": ({"pp": 2, "dp": 2, "stage_layers": [1, 3], "recompute": "full",
                       "stage_recompute_layers": [1, 2]}, SGD),
     "tp_sp_pp_adamw": ({"tp": 2, "pp": 2, "sequence_parallel": True}, JOB),
+    "gpt_tp_dp_fsdp": ({"tp": 2, "dp": 2, "zero_stage": 3}, JOB, GPT),
+    "gpt_tp_pp": ({"tp": 2, "pp": 2}, JOB, GPT),
 }
 CASES_8 = {
     "tp_pp_dp_fsdp": ({"dp": 2, "tp": 2, "pp": 2, "zero_stage": 3, "sequence_parallel": True},
@@ -83,11 +90,19 @@ def make_plan(config: dict[str, Any], model: ModelSpec = SPEC, job: Job = JOB,
                 estimate=estimate(model, cluster, job, cfg))
 
 
-def _run_cases(cases: dict[str, tuple[dict[str, Any], Job]], world: int,
-               tmp: Path) -> dict[str, Any]:
+def _case(name: str) -> tuple[dict[str, Any], Job, ModelSpec]:
+    config, job, *model = ALL_CASES[name]
+    return config, job, (model[0] if model else SPEC)
+
+
+def _run_cases(cases: dict[str, tuple[Any, ...]], world: int, tmp: Path) -> dict[str, Any]:
     path = tmp / f"cases{world}.json"
-    path.write_text(json.dumps([{"name": k, "plan": make_plan(c, job=j).to_json(),
-                                 "lr": LR[j.optimizer]} for k, (c, j) in cases.items()]))
+    rows = []
+    for name in cases:
+        config, job, model = _case(name)
+        rows.append({"name": name, "plan": make_plan(config, model, job).to_json(),
+                     "lr": LR[job.optimizer]})
+    path.write_text(json.dumps(rows))
     out = tmp / f"results{world}.json"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -98,9 +113,9 @@ def _run_cases(cases: dict[str, tuple[dict[str, Any], Job]], world: int,
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[str, list[float]]:
-    return {j.optimizer: reference_losses(SPEC, j, steps=5, lr=LR[j.optimizer])
-            for j in (JOB, SGD)}
+def reference() -> dict[tuple[str, str], list[float]]:
+    return {(m.name, j.optimizer): reference_losses(m, j, steps=5, lr=LR[j.optimizer])
+            for j in (JOB, SGD) for m in (SPEC, GPT)}
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +134,11 @@ def _rows(results: dict[str, Any], name: str) -> list[dict[str, Any]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(ALL_CASES))
 def test_loss_matches_one_process(results: dict[str, Any],
-                                  reference: dict[str, list[float]], name: str) -> None:
+                                  reference: dict[tuple[str, str], list[float]],
+                                  name: str) -> None:
     rows = _rows(results, name)
-    ref = reference[ALL_CASES[name][1].optimizer]
+    _, job, model = _case(name)
+    ref = reference[model.name, job.optimizer]
     assert ref[-1] < ref[0] - 0.1  # the reference does learn
     for r in rows:  # every rank reports the same global loss
         assert r["losses"] == pytest.approx(ref, abs=TOL), (r["rank"], r["losses"])
@@ -130,8 +147,8 @@ def test_loss_matches_one_process(results: dict[str, Any],
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(ALL_CASES))
 def test_state_bytes_equal_estimate(results: dict[str, Any], name: str) -> None:
-    config, job = ALL_CASES[name]
-    est = make_plan(config, job=job).estimate
+    config, job, model = _case(name)
+    est = make_plan(config, model, job).estimate
     for r in _rows(results, name):
         stage = est.stages[r["stage_ids"][0]]
         measured = r["state_bytes"]

@@ -7,7 +7,9 @@ it; pipeline stages cut from the module; tensor parallel on each stage (DTensor
 ``parallelize_module`` from a TP plan given as data, ``TP_PLAN``); activation checkpointing per
 the plan's recompute; then FSDP2 ``fully_shard`` per block and per stage (ZeRO-3 reshards
 parameters after forward, ZeRO-2 keeps them to backward, HSDP shards over ``sharding_group``
-and replicates across the groups) or FSDP2's ``replicate`` (all-reduced gradients) for ZeRO-0;
+and replicates across the groups); ZeRO-0 is DDP (plain data parallel, torchtitan's
+composable ``replicate``) or, combined with TP or PP, FSDP2's ``replicate`` (all-reduced
+gradients);
 finally the ``torch.distributed.pipelining`` schedule of the plan (GPipe, 1F1B, interleaved
 1F1B with ``virtual_pipeline_stages`` chunks per rank in loop order, zero bubble).
 
@@ -33,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._composable.replicate import replicate as ddp
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -232,7 +235,8 @@ class Parallelized:
     interleaved; the whole module when ``pp = 1``); ``stage_ids`` their indices; ``mesh`` the
     device mesh over ``MESH_DIMS``; ``schedule`` the pipeline schedule (``None`` when
     ``pp = 1``); ``num_micro_batches`` per step and data-parallel rank; ``dp_rank`` /
-    ``dp_size`` which share of the batch this rank trains.
+    ``dp_size`` which share of the batch this rank trains; ``autocast``: forward under bf16
+    autocast (DDP in mixed precision; FSDP casts through its MixedPrecisionPolicy).
     """
 
     plan: Plan
@@ -245,6 +249,7 @@ class Parallelized:
     dp_rank: int
     dp_size: int
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    autocast: bool = False
 
     @property
     def num_stages(self) -> int:
@@ -310,7 +315,9 @@ class Parallelized:
             for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
                 if cfg.zero_stage == 0 and hasattr(part, "set_requires_gradient_sync"):
                     part.set_requires_gradient_sync(i == m - 1)  # all-reduce once per step
-                loss = self.loss_fn(part(x), y)
+                with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                    enabled=self.autocast):
+                    loss = self.loss_fn(part(x), y)
                 (loss / m).backward()
                 total += loss.detach()
             local = total / m
@@ -364,6 +371,18 @@ def make_optimizer(name: str, params: Any, **kwargs: Any) -> torch.optim.Optimiz
     if name in ("adam", "adamw"):
         return (torch.optim.AdamW if name == "adamw" else torch.optim.Adam)(params, **kwargs)
     raise SpecError(f"optimizer {name!r} is not built by planner.apply; use adamw, adam or sgd")
+
+
+def _materialise(part: nn.Module, device: torch.device) -> None:
+    """Allocate a meta-device module's (local shards of) parameters on ``device`` and
+    initialise them with its ``init_weights()``."""
+    init = getattr(part, "init_weights", None)
+    if init is None:
+        raise SpecError("the module is on the meta device but has no init_weights(); give it "
+                        "one, or pass a materialised module")
+    part.to_empty(device=device)
+    with torch.no_grad():
+        init()
 
 
 def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -475,6 +494,7 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
                           "states are in host memory already", UserWarning, stacklevel=2)
         else:
             offload = CPUOffloadPolicy()
+    pure_dp = cfg.zero_stage == 0 and cfg.tp == cfg.pp == cfg.cp == 1
     for sid, part in zip(stage_ids, parts, strict=True):
         if cfg.tp > 1 and not _apply_tp(part, mesh["tp"], tp_plan or TP_PLAN,
                                         cfg.sequence_parallel):
@@ -495,18 +515,23 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
                             offload_policy=offload)
             fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
                         offload_policy=offload)
+        elif pure_dp:
+            # Plain data parallel runs as DDP, as torchtitan does (its composable
+            # ``replicate``, bucketed all-reduce overlapping backward; parameters broadcast
+            # from rank 0 at wrap time, so they are materialised first), with autocast for
+            # mixed precision.
+            if meta:
+                _materialise(part, dev)
+            ddp(part, device_mesh=mesh["dp_replicate"])
         else:
+            # DDP does not compose with DTensor (TP) or pipeline stages: FSDP2's replicate
+            # does, at the cost of an unsharded copy of the parameters from forward to
+            # backward, which the cost model counts.
             for _, block in _blocks(part):
                 replicate(block, mesh=mesh["dp_replicate"], mp_policy=mp)
             replicate(part, mesh=mesh["dp_replicate"], mp_policy=mp)
-        if meta:
-            part.to_empty(device=dev)
-            init = getattr(part, "init_weights", None)
-            if init is None:
-                raise SpecError("the module is on the meta device but has no init_weights(); "
-                                "give it one, or pass a materialised module")
-            with torch.no_grad():
-                init()
+        if meta and not pure_dp:
+            _materialise(part, dev)
 
     m = job.global_batch_size // (cfg.dp * cfg.micro_batch_size)
     schedule = None
@@ -517,4 +542,5 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
         schedule = _schedule(str(cfg.pipeline_schedule), stages, m, loss)
     return Parallelized(plan=plan, parts=parts, stage_ids=stage_ids, mesh=mesh, device=dev,
                         schedule=schedule, num_micro_batches=m, dp_rank=dp_rank,
-                        dp_size=cfg.dp, loss_fn=loss)
+                        dp_size=cfg.dp, loss_fn=loss,
+                        autocast=pure_dp and job.precision == "bf16")

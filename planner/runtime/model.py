@@ -19,6 +19,7 @@ token types, embedding norms or mixture-of-experts layers: ``build_model`` says 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,17 +45,36 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden_size, eps=NORM_EPS)
 
 
-def _rotate(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of ``x`` [batch, seq, heads, head_dim] at positions 0..seq-1,
-    rotating the two halves of each head (Su et al. 2021, Eq. 34, in the half-split layout
-    GPT-NeoX and Hugging Face Llama use)."""
+def _rotation(x: torch.Tensor, sign: float) -> torch.Tensor:
+    """``x`` [batch, seq, heads, head_dim] rotated by ``sign`` times the rotary angles of
+    positions 0..seq-1, the two halves of each head paired (Su et al. 2021, Eq. 34, in the
+    half-split layout of GPT-NeoX and Hugging Face Llama)."""
     s, d = x.shape[1], x.shape[-1]
     inv = ROPE_THETA ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
     angles = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[None, :, None, :].to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[None, :, None, :].to(x.dtype)
+    cos = angles.cos().repeat(1, 2)[None, :, None, :].to(x.dtype)
+    sin = (sign * angles.sin()).repeat(1, 2)[None, :, None, :].to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class _Rotary(torch.autograd.Function):
+    """RoPE as one autograd node that saves nothing: a rotation is orthogonal, so the input
+    gradient is the output gradient rotated back (what fused RoPE kernels do; the cost
+    model counts no activations for it)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _rotation(x, 1.0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return _rotation(grad, -1.0)
+
+
+def _rotate(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of ``x`` [batch, seq, heads, head_dim]."""
+    return _Rotary.apply(x)
 
 
 class Attention(nn.Module):
@@ -83,11 +103,10 @@ class Attention(nn.Module):
         if self.rope:
             q, k = _rotate(q), _rotate(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:  # grouped-query attention: each K/V head serves `groups` query heads
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        # Grouped-query attention: each K/V head serves num_heads / num_kv_heads query heads,
+        # without materialising repeated K and V.
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                             enable_gqa=q.shape[1] != k.shape[1])
         return out.transpose(1, 2).flatten(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
