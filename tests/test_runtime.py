@@ -46,11 +46,15 @@ GPT = ModelSpec(name="tiny-gpt", num_layers=2, hidden_size=64, num_heads=4, voca
                 bias=True)
 JOB = Job(global_batch_size=8, seq_len=16, precision="fp32", framework="torchtitan")
 SGD = dataclasses.replace(JOB, optimizer="sgd")
+BF16 = dataclasses.replace(JOB, precision="bf16")  # FSDP: bf16 compute, fp32 states
 #: Learning rates at which 5 steps move the loss visibly. SGD (momentum 0.9) is the sharper
 #: oracle: Adam's update is blind to a constant factor on the gradients (a sum where a mean
 #: belongs), SGD's is not; AdamW cases check its sharded states.
 LR = {"adamw": 1e-2, "sgd": 0.3}
 TOL = 1e-5
+#: bf16 against the fp32 run: 8 bits of mantissa in every op of the forward (FSDP's
+#: param_dtype) drift the loss by a few hundredths over 5 AdamW steps at this rate.
+TOL_BF16 = 5e-2
 
 CASES_4 = {
     "ddp": ({"dp": 4}, SGD),
@@ -71,6 +75,7 @@ CASES_4 = {
     "tp_sp_pp_adamw": ({"tp": 2, "pp": 2, "sequence_parallel": True}, JOB),
     "gpt_tp_dp_fsdp": ({"tp": 2, "dp": 2, "zero_stage": 3}, JOB, GPT),
     "gpt_tp_pp": ({"tp": 2, "pp": 2}, JOB, GPT),
+    "fsdp_bf16": ({"dp": 4, "zero_stage": 3}, BF16),
 }
 CASES_8 = {
     "tp_pp_dp_fsdp": ({"dp": 2, "tp": 2, "pp": 2, "zero_stage": 3, "sequence_parallel": True},
@@ -140,8 +145,10 @@ def test_loss_matches_one_process(results: dict[str, Any],
     _, job, model = _case(name)
     ref = reference[model.name, job.optimizer]
     assert ref[-1] < ref[0] - 0.1  # the reference does learn
+    tol = TOL_BF16 if job.precision == "bf16" else TOL
     for r in rows:  # every rank reports the same global loss
-        assert r["losses"] == pytest.approx(ref, abs=TOL), (r["rank"], r["losses"])
+        assert r["losses"] == pytest.approx(ref, abs=tol), (r["rank"], r["losses"])
+        assert r["losses"] == rows[0]["losses"]
 
 
 @pytest.mark.slow
@@ -193,6 +200,14 @@ def test_plan_from_json_runs_without_search(monkeypatch: pytest.MonkeyPatch,
     res = train(Plan.from_json(tmp_path / "plan.json"), steps=3, lr=LR["adamw"])
     ref = reference_losses(SPEC, JOB, steps=3, lr=LR["adamw"])
     assert res.losses == pytest.approx(ref, abs=TOL)
+
+
+def test_bf16_ddp_runs_under_autocast(one_process: None) -> None:
+    job = dataclasses.replace(JOB, precision="bf16")
+    res = train(make_plan({}, job=job), steps=3, lr=LR["adamw"])
+    ref = reference_losses(SPEC, JOB, steps=3, lr=LR["adamw"])
+    assert res.losses == pytest.approx(ref, abs=TOL_BF16)
+    assert res.losses != pytest.approx(ref, abs=1e-6)  # it did compute in bf16
 
 
 def test_meta_device_model_is_materialised(one_process: None) -> None:
