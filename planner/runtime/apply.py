@@ -36,7 +36,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed._composable.replicate import replicate as ddp
-from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
@@ -527,6 +526,12 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
             # DDP does not compose with DTensor (TP) or pipeline stages: FSDP2's replicate
             # does, at the cost of an unsharded copy of the parameters from forward to
             # backward, which the cost model counts.
+            try:
+                from torch.distributed._composable.replicate_with_fsdp import replicate
+            except ImportError as e:
+                raise SpecError("zero_stage 0 with tensor or pipeline parallel needs FSDP2's "
+                                "replicate (torch 2.13 has it); upgrade torch or use "
+                                "zero_stage 2") from e
             for _, block in _blocks(part):
                 replicate(block, mesh=mesh["dp_replicate"], mp_policy=mp)
             replicate(part, mesh=mesh["dp_replicate"], mp_policy=mp)

@@ -65,12 +65,16 @@ class TrainResult:
     stage_ids: list[int] = field(default_factory=list)
 
 
-def train(plan: Plan, *, steps: int = 5, lr: float = LR, seed: int = 0, meta: bool = False,
-          log: Callable[[str], None] | None = None) -> TrainResult:
+def train(plan: Plan, *, steps: int = 5, lr: float = LR, seed: int = 0,
+          meta: bool | None = None, log: Callable[[str], None] | None = None) -> TrainResult:
     """Train the reference transformer of ``plan.model`` for ``steps`` steps as the plan
     says, in this process (one rank of the job). ``meta``: build the model on the meta device
-    and let each rank materialise its shards (random weights differ from a one-process run);
-    otherwise every rank builds it from ``seed``. ``log``: called with a line per step."""
+    and let each rank allocate and initialise only its shards (its random weights differ from
+    a one-process run); ``False``: every rank builds the whole model on the CPU from ``seed``
+    (what the equivalence tests need); ``None``: meta when CUDA is present. ``log``: called
+    with a line per step."""
+    if meta is None:
+        meta = torch.cuda.is_available()
     module = build_model(plan.model, device="meta" if meta else "cpu", seed=seed)
     run = apply(plan, module)
     opt = run.optimizer(lr=lr)
@@ -117,8 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
     p.add_argument("--lr", type=float, default=LR, help=f"learning rate (default {LR})")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data")
-    p.add_argument("--meta", action="store_true",
-                   help="build the model on the meta device; each rank allocates its shards")
+    p.add_argument("--meta", action=argparse.BooleanOptionalAction, default=None,
+                   help="build the model on the meta device, each rank allocating its shards "
+                   "(default: when CUDA is present); --no-meta builds it whole on the CPU")
     p.add_argument("--json", metavar="OUT", help="write every rank's measurements here "
                    "(rank 0 writes)")
     args = p.parse_args(argv)
