@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FRAMEWORKS", "Framework", "framework"]
+__all__ = ["FRAMEWORKS", "Framework", "framework", "pipelining_problem"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +43,21 @@ class Framework:
     hybrid_shard_stages: tuple[int, ...]  # ZeRO stages that may shard over part of dp (HSDP)
     gated_mlp_saved_widths: int  # ffn-wide tensors saved per gated MLP (fused 3, eager 4)
     note_zero: str
+
+
+def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | None:
+    """What torch.distributed.pipelining's schedule needs of the micro-batch count, when
+    ``num_micro_batches`` breaks it (torch/distributed/pipelining/schedules.py: 1F1B refuses
+    fewer micro-batches than stages; interleaved 1F1B and zero bubble run them in rounds of
+    max(1, m // pp) and need m to be a multiple); ``None`` when it runs."""
+    m = num_micro_batches
+    if pp > 1 and schedule == "1f1b" and m < pp:
+        return f"1F1B schedule needs at least pp={pp} micro-batches, got {m}"
+    rounds = max(1, m // pp)
+    if pp > 1 and schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
+        return (f"{schedule} schedule needs the {m} micro-batches to be a multiple of "
+                f"micro-batches // pp = {rounds}")
+    return None
 
 
 FRAMEWORKS: tuple[Framework, ...] = (

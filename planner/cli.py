@@ -77,9 +77,9 @@ EPILOG_COMPARE = """examples:
 """
 
 EPILOG_RUN = """examples:
-  planner plan --model gpt3-125m --gpus 4 --gpu h100-sxm --global-batch-size 8 \\
-      --seq-len 256 --frameworks torchtitan -o plan.json
-  planner run plan.json                         # the minimal training loop, 4 processes
+  planner plan --model gpt3-125m --gpus 2 --gpu h100-sxm --global-batch-size 4 \\
+      --seq-len 128 --preset fsdp -o plan.json
+  planner run plan.json                         # the minimal training loop, 2 processes
   planner run plan.json -- --steps 20
   planner run plan.json --script train.py -- --lr 3e-4
   planner run plan.json --dry-run               # print the torchrun command

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
+from costmodel.frameworks import pipelining_problem
 from costmodel.model import ModelSpec
 
 if TYPE_CHECKING:
@@ -62,16 +63,11 @@ def unsupported(model: ModelSpec, job: Job, cfg: ParallelConfig,
     if cfg.offload == "optimizer+params" and cfg.zero_stage < 2:
         out.append("offload 'optimizer+params' runs through FSDP's CPUOffloadPolicy and "
                    "needs zero_stage 2 or 3")
-    m = job.global_batch_size // (cfg.dp * cfg.micro_batch_size)
-    if cfg.pp > 1:  # torch.distributed.pipelining's own requirements (schedules.py)
-        rounds = max(1, m // cfg.pp)
-        if cfg.pipeline_schedule == "1f1b" and m < cfg.pp:
-            out.append(f"torch's 1F1B schedule needs at least pp={cfg.pp} micro-batches, the "
-                       f"plan has {m}; lower the micro-batch size or use gpipe")
-        if cfg.pipeline_schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
-            out.append(f"torch's {cfg.pipeline_schedule} schedule needs the {m} micro-batches "
-                       f"to be a multiple of micro-batches // pp = {rounds}; pick a "
-                       "micro-batch size that makes them a multiple of pp")
+    problem = pipelining_problem(str(cfg.pipeline_schedule), cfg.pp,
+                                 job.global_batch_size // (cfg.dp * cfg.micro_batch_size))
+    if problem:
+        out.append(f"torch.distributed.pipelining's {problem}; change the micro-batch size "
+                   "or the schedule")
     if job.optimizer not in ("adam", "adamw", "sgd"):
         out.append(f"optimizer {job.optimizer!r} is not in torch.optim; planner.apply builds "
                    "adam, adamw or sgd")
