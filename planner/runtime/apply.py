@@ -67,7 +67,7 @@ from planner.plan import Plan
 from planner.runtime import check
 from planner.runtime.model import Transformer
 
-__all__ = ["MESH_DIMS", "TP_PLAN", "Parallelized", "apply", "make_optimizer",
+__all__ = ["MESH_DIMS", "TP_PLAN", "Parallelized", "apply", "cross_entropy", "make_optimizer",
            "stage_layer_ranges", "tp_style"]
 
 #: Device-mesh axes, outermost first: tensor parallel innermost (inside a node), then context
@@ -384,7 +384,7 @@ def _materialise(part: nn.Module, device: torch.device) -> None:
         init()
 
 
-def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean token cross entropy, computed in fp32."""
     return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
 
@@ -459,7 +459,7 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
                         "or recomputes them, but the module's 'layers' holds "
                         f"{len(blocks)}; give it a 'layers' ModuleDict/ModuleList of blocks")
     dev = torch.device(device) if device is not None else _default_device()
-    loss = loss_fn or _cross_entropy
+    loss = loss_fn or cross_entropy
 
     _init_distributed(cfg.world_size, dev)
     shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage >= 2 else 1

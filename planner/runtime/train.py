@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from costmodel.config import Job
 from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
 from planner.plan import Plan
-from planner.runtime.apply import apply, make_optimizer
+from planner.runtime.apply import apply, cross_entropy, make_optimizer
 from planner.runtime.model import build_model
 
 __all__ = ["TrainResult", "main", "reference_losses", "synthetic_batch", "train"]
@@ -103,7 +102,7 @@ def reference_losses(model: ModelSpec, job: Job, *, steps: int = 5, lr: float = 
     losses = []
     for step in range(steps):
         x, y = synthetic_batch(job, model.vocab_size, step, seed)
-        loss = F.cross_entropy(module(x).flatten(0, -2).float(), y.flatten())
+        loss = cross_entropy(module(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
