@@ -7,6 +7,7 @@ from costmodel.config import Job, ParallelConfig, validate
 from costmodel.errors import Infeasible, SpecError
 from costmodel.estimate import Estimate, MemoryBreakdown, StageMemory, estimate
 from costmodel.hardware import GPU, Cluster, Link
+from costmodel.inference import InferenceConfig, InferenceEstimate, InferenceJob, estimate_inference
 from costmodel.model import ModelSpec
 
 __all__ = [
@@ -14,6 +15,9 @@ __all__ = [
     "Cluster",
     "Estimate",
     "Infeasible",
+    "InferenceConfig",
+    "InferenceEstimate",
+    "InferenceJob",
     "Job",
     "Link",
     "MemoryBreakdown",
@@ -22,5 +26,6 @@ __all__ = [
     "SpecError",
     "StageMemory",
     "estimate",
+    "estimate_inference",
     "validate",
 ]

@@ -43,17 +43,21 @@ FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (D
 
 
 def gemm_time(gpu: GPU, dtype: str, m: np.ndarray, n: np.ndarray, k: np.ndarray,
-              count: float | np.ndarray = 1.0, bytes_per_element: float = 2.0) -> np.ndarray:
+              count: float | np.ndarray = 1.0, bytes_per_element: float = 2.0,
+              weight_bytes_per_element: float | np.ndarray | None = None) -> np.ndarray:
     """Seconds for ``count`` matmuls of shape ``[m, k] x [k, n]`` on ``gpu`` (roofline).
 
     Compute: ``2 m n k / (peak * gemm)``; memory: reading both operands and writing the
-    result once, ``bytes_per_element * (m k + k n + m n) / (hbm * memory)``; plus the fixed
-    ``kernel_overhead_s``.
+    result once, ``bytes_per_element * (m k + m n) + weight_bytes_per_element * k n`` over
+    ``hbm * memory``; plus the fixed ``kernel_overhead_s``. ``weight_bytes_per_element``: the
+    bytes of one element of the ``[k, n]`` operand when it is stored narrower than the
+    activations (a quantized weight, scales included); default ``bytes_per_element``.
     """
     eff = gpu.efficiency
     flops = 2.0 * m * n * k
     compute = flops / (gpu.peak_flops(dtype) * eff.gemm_for(dtype))
-    traffic = bytes_per_element * (m * k + k * n + m * n)
+    w = bytes_per_element if weight_bytes_per_element is None else weight_bytes_per_element
+    traffic = bytes_per_element * (m * k + m * n) + w * k * n
     memory = traffic / (gpu.memory_bandwidth_bytes_per_s * eff.memory)
     return count * (np.maximum(compute, memory) + eff.kernel_overhead_s)
 

@@ -10,9 +10,11 @@ against memory); ``sweep`` re-plans over the number of GPUs, the inter-node band
 GPU; ``timeline`` plays out the pipeline schedule; ``load_model`` reads a preset, a Hugging
 Face config.json or ``module:attr``. ``apply(plan, module)`` splits a torch model across the
 processes of a torch.distributed job as the plan says (``planner run`` starts them;
-``check(plan)`` names what the runtime cannot execute). Plots are in ``planner.plots``
-(matplotlib, the ``plots`` extra). torch is not imported here: ``import planner`` and the
-CLI work without it.
+``check(plan)`` names what the runtime cannot execute). Serving: ``plan(model, cluster,
+InferenceJob(...))`` chooses tp, pp, replicas, weight format and batch;
+``estimate_inference`` costs one ``InferenceConfig`` (latency, throughput, memory). Plots are
+in ``planner.plots`` (matplotlib, the ``plots`` extra). torch is not imported here:
+``import planner`` and the CLI work without it.
 """
 
 from costmodel import (
@@ -28,6 +30,13 @@ from costmodel import (
     SpecError,
     StageMemory,
     estimate,
+)
+from costmodel.inference import (
+    InferenceConfig,
+    InferenceEstimate,
+    InferenceJob,
+    InferenceMemory,
+    estimate_inference,
 )
 from planner.compare import Candidate, Comparison, compare, parse_config
 from planner.explain import Choice, Explanation, Option, explain
@@ -52,6 +61,10 @@ __all__ = [
     "Explanation",
     "Frontier",
     "Infeasible",
+    "InferenceConfig",
+    "InferenceEstimate",
+    "InferenceJob",
+    "InferenceMemory",
     "Job",
     "Link",
     "MemoryBreakdown",
@@ -70,6 +83,7 @@ __all__ = [
     "compare",
     "describe",
     "estimate",
+    "estimate_inference",
     "explain",
     "frontier",
     "load_model",

@@ -23,6 +23,14 @@ import hardware_profiles
 from costmodel import Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.config import FRAMEWORK_NAMES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES
 from costmodel.hardware import GPU
+from costmodel.inference import (
+    KV_PRECISIONS,
+    OBJECTIVES,
+    WEIGHT_PRECISIONS,
+    InferenceConfig,
+    InferenceJob,
+    estimate_inference,
+)
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
 from planner.compare import Candidate, Comparison, compare
@@ -50,6 +58,8 @@ EPILOG_ESTIMATE = """example:
       --virtual-stages 3
   planner estimate --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
       --global-batch-size 512 --seq-len 8192 --tp 8 --pp 4 --zero 1 --json
+  planner estimate --inference --model llama-2-70b --gpus 4 --gpu a100-80gb \\
+      --prompt-len 128 --output-len 2048 --tp 4 --batch-size 16 --dtype fp16
 """
 
 
@@ -60,6 +70,12 @@ EPILOG_PLAN = """examples:
       --global-batch-size 1536 --seq-len 2048 --framework megatron --max pp=16 --json
   planner plan --model llama-3-8b --gpus 8 --global-batch-size 64 --seq-len 8192 \\
       --preset fsdp -o plan.json
+  planner plan --inference --model llama-2-70b --gpus 8 --gpu h100-sxm \\
+      --prompt-len 2048 --output-len 256                # serving: lowest latency
+  planner plan --inference --model llama-3-70b --gpus 16 --gpu a100-80gb \\
+      --prompt-len 1024 --output-len 512 --objective throughput --max-tpot-ms 50 \\
+      --weight-precision bf16,int8,int4 -o serve.json
+  planner emit serve.json --target vllm -o serve.sh
 """
 
 EPILOG_EXPLAIN = """examples:
@@ -93,6 +109,8 @@ EPILOG_EMIT = """examples:
   planner emit plan.json --target deepspeed -o ds_config.json
   planner emit plan.json --target megatron -o megatron_args.sh
   planner emit plan.json --target slurm -o train.sbatch && sbatch train.sbatch
+  planner emit serve.json --target vllm -o serve.sh       # a serving plan (--inference)
+  planner emit serve.json --target tensorrt-llm -o build_and_serve.sh
 """
 
 
@@ -167,13 +185,36 @@ def _make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
                    gpus_per_node=per_node, intra_node_link=intra, inter_node_link=inter)
 
 
+def _inference_job(args: argparse.Namespace) -> InferenceJob:
+    """The serving job of ``--inference`` and its flags."""
+    for flag in ("prompt_len", "output_len"):
+        if getattr(args, flag, None) is None:
+            raise SpecError(f"--inference needs --{flag.replace('_', '-')} (e.g. --prompt-len "
+                            "2048 --output-len 256)")
+    precisions = tuple(p.strip() for p in (args.weight_precision or "bf16").split(","))
+
+    def seconds(ms: float | None, flag: str) -> float | None:
+        if ms is not None and not ms > 0:
+            raise SpecError(f"--{flag} must be a positive number of milliseconds, got {ms}")
+        return None if ms is None else ms / 1e3
+
+    return InferenceJob(prompt_len=args.prompt_len, output_len=args.output_len,
+                        batch_size=args.batch_size, weight_precision=precisions,
+                        kv_cache_precision=args.kv_cache_precision, objective=args.objective,
+                        max_ttft_s=seconds(args.max_ttft_ms, "max-ttft-ms"),
+                        max_tpot_s=seconds(args.max_tpot_ms, "max-tpot-ms"),
+                        prefill_chunk_tokens=args.prefill_chunk, dtype=args.dtype)
+
+
 def _problem(args: argparse.Namespace, many: bool = False
-             ) -> tuple[ModelSpec, list[Cluster], Job]:
+             ) -> tuple[ModelSpec, list[Cluster], Job | InferenceJob]:
     """The model, clusters (one unless ``many``) and job the flags name."""
     if not args.model:
         raise SpecError("--model is required (a preset such as llama-3-70b, a config.json "
                         "path, or module:attr)")
     model = load_model(args.model)
+    if getattr(args, "inference", False):
+        return model, _clusters(args) if many else [_cluster(args)], _inference_job(args)
     for flag in ("global_batch_size", "seq_len"):
         if getattr(args, flag) is None:
             raise SpecError(f"--{flag.replace('_', '-')} is required (e.g. "
@@ -214,9 +255,18 @@ def _constraints(args: argparse.Namespace) -> Constraints:
     return Constraints.preset(args.preset).merge(own) if args.preset else own
 
 
-def _search(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, Job, Plan]:
+def _search(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, Job | InferenceJob, Plan]:
     """The plan the flags ask for, with a progress bar on a terminal after one second."""
     model, (cluster,), job = _problem(args)
+    if isinstance(job, InferenceJob):
+        if args.preset or args.frameworks:
+            raise SpecError("--preset and --frameworks describe trainers; a serving search "
+                            "(--inference) takes --tp, --pp, --replicas and --max")
+        cons = _constraints(args)
+        if args.replicas is not None:
+            cons = cons.merge(Constraints(fixed={"replicas": args.replicas}))
+        return model, cluster, job, plan(model, cluster, job, constraints=cons,
+                                         top_k=args.top_k)
     with Progress("searching") as bar:
         result = plan(model, cluster, job, constraints=_constraints(args), top_k=args.top_k,
                       progress=bar)
@@ -230,6 +280,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         result.to_json(args.output)
     if args.json:
         print(result.to_json())
+        return 0
+    if isinstance(job, InferenceJob):
+        print(result.summary(rows=max(0, args.why)))
+        if args.output:
+            print(f"\nplan written to {args.output}; serve it with 'planner emit "
+                  f"{args.output} --target vllm'")
         return 0
     print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters; "
           f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; "
@@ -267,9 +323,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
         candidates += cmp.candidates
     for path in args.plan:
         p = Plan.from_json(path)
+        if p.is_inference:
+            raise SpecError(f"{path} is a serving plan; planner compare puts training plans "
+                            "side by side (see the serving plan's own summary: "
+                            "'planner explain PLAN')")
         model = model or p.model
-        candidates.append(Candidate(label=Path(path).name, cluster=p.cluster, job=p.job,
-                                    config=p.config, estimate=p.estimate, searched=True))
+        candidates.append(Candidate(label=Path(path).name, cluster=p.cluster,
+                                    job=p.job,  # type: ignore[arg-type]
+                                    config=p.config,  # type: ignore[arg-type]
+                                    estimate=p.estimate,  # type: ignore[arg-type]
+                                    searched=True))
     assert model is not None
     result = Comparison(model=model, candidates=tuple(candidates))
     if args.json:
@@ -394,6 +457,8 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
 def cmd_estimate(args: argparse.Namespace) -> int:
     """``planner estimate``: memory of one configuration."""
     model, (cluster,), job = _problem(args)
+    if isinstance(job, InferenceJob):
+        return _estimate_inference(args, model, cluster, job)
     cfg = _config(args, cluster)
     est = estimate(model, cluster, job, cfg)
     if args.json:
@@ -408,6 +473,32 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(_estimate_report(model, cluster, job, est))
+    return 0
+
+
+def _estimate_inference(args: argparse.Namespace, model: ModelSpec, cluster: Cluster,
+                        job: InferenceJob) -> int:
+    """``planner estimate --inference``: one serving configuration."""
+    if len(job.weight_precisions) > 1:
+        raise SpecError("planner estimate takes one --weight-precision; 'planner plan "
+                        "--inference' chooses among several")
+    width = args.tp * args.pp
+    replicas = args.replicas or max(1, cluster.num_gpus // width)
+    cfg = InferenceConfig(tp=args.tp, pp=args.pp, replicas=replicas,
+                          batch_size=job.batch_size or 1,
+                          weight_precision=job.weight_precisions[0])
+    est = estimate_inference(model, cluster, job, cfg)
+    if args.json:
+        print(json.dumps({"config": cfg.to_dict(), "estimate": est.to_dict(),
+                          "model": {"name": model.name, "num_params": model.num_params()},
+                          "cluster": {"gpu": cluster.gpu.name, "num_nodes": cluster.num_nodes,
+                                      "gpus_per_node": cluster.gpus_per_node},
+                          "job": job.to_dict()}, indent=2))
+    else:
+        print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters; "
+              f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; serving "
+              f"{job.prompt_len:,}-token prompts, {job.output_len:,} output tokens")
+        print(est.summary())
     return 0
 
 
@@ -579,6 +670,35 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
                     help="expert capacity factor (default: dropless, even routing)")
 
 
+def _inference_args(p: argparse.ArgumentParser, *, search: bool) -> None:
+    """The serving flags of ``planner plan`` / ``estimate`` / ``explain`` (``--inference``)."""
+    inf = p.add_argument_group("serving (--inference; replaces the training job flags)")
+    inf.add_argument("--inference", action="store_true",
+                     help="plan or estimate serving the model instead of training it")
+    inf.add_argument("--prompt-len", type=positive_int, help="prompt tokens per request")
+    inf.add_argument("--output-len", type=positive_int, help="generated tokens per request")
+    inf.add_argument("--batch-size", type=positive_int,
+                     help="sequences a replica serves at once (default: searched, or 1)")
+    inf.add_argument("--weight-precision",
+                     help=f"weight format, or several comma-separated for the search to choose "
+                     f"from ({','.join(WEIGHT_PRECISIONS)}; default bf16)")
+    inf.add_argument("--kv-cache-precision", default="bf16", choices=KV_PRECISIONS)
+    inf.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"),
+                     help="activations and 16-bit weights (default bf16)")
+    inf.add_argument("--prefill-chunk", type=positive_int,
+                     help="most prompt tokens per forward pass (chunked prefill)")
+    inf.add_argument("--replicas", type=positive_int,
+                     help="model copies (default: as many as the GPUs hold)")
+    if search:
+        inf.add_argument("--objective", default="latency", choices=OBJECTIVES,
+                         help="lowest request latency, or most output tokens/s (default latency)")
+        inf.add_argument("--max-ttft-ms", type=float, help="bound on the time to first token")
+        inf.add_argument("--max-tpot-ms", type=float,
+                         help="bound on the time per output token")
+    else:
+        p.set_defaults(objective="latency", max_ttft_ms=None, max_tpot_ms=None)
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number of at least 1 (degrees, sizes, counts)."""
     try:
@@ -656,6 +776,7 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--recompute-num-layers", type=positive_int,
                     help="with --recompute full: only the first N layers of each chunk")
     pc.add_argument("--offload", default="none", choices=OFFLOADS)
+    _inference_args(est, search=False)
     est.add_argument("--json", action="store_true", help="machine-readable output")
     est.set_defaults(func=cmd_estimate)
 
@@ -671,6 +792,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common_args(pl)
     _search_args(pl)
+    _inference_args(pl, search=True)
     pl.add_argument("--why", type=int, default=12, help="rows of the why-not table shown")
     pl.add_argument("-o", "--output", help="also write the plan as JSON to this file")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
@@ -687,6 +809,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("plan", nargs="?", help="a plan JSON file written by 'planner plan -o'")
     _common_args(ex, model_required=False)
     _search_args(ex)
+    _inference_args(ex, search=True)
     ex.add_argument("--json", action="store_true", help="machine-readable output")
     ex.set_defaults(func=cmd_explain)
 

@@ -196,7 +196,12 @@ def explain(plan: Plan, *, fields: Sequence[str] | None = None,
     field of ``CHOICES`` that varies in the searched space, the pipeline schedule and virtual
     stages only when the plan pipelines, plus ``framework`` when several trainers were
     searched), the fastest configuration for every other value, searched again under the
-    plan's constraints with that value fixed. ``progress``: called with the fraction done."""
+    plan's constraints with that value fixed. ``progress``: called with the fraction done.
+    A serving plan is explained by ``planner.inference.explain_inference``."""
+    if plan.is_inference:
+        from planner.inference import explain_inference
+
+        return explain_inference(plan, fields=fields)  # type: ignore[return-value]
     t0 = time.perf_counter()
     cfg, cons = plan.config, plan.constraints
     values = _values(plan)

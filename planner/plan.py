@@ -8,6 +8,7 @@ and re-estimates the configuration without searching, reproducing the same numbe
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -21,11 +22,17 @@ from costmodel.config import Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
 from costmodel.estimate import Estimate, _html_table, estimate
 from costmodel.hardware import Cluster
+from costmodel.inference import (
+    InferenceConfig,
+    InferenceEstimate,
+    InferenceJob,
+    estimate_inference,
+)
 from costmodel.model import ModelSpec
 from planner.partition import partition as partition_stages
 from planner.partition import stage_costs
 from planner.search import Found, SearchResult, least_gpus, search
-from planner.space import RULES, Constraints, row_config
+from planner.space import FIELDS, RULES, Constraints, row_config
 
 __all__ = ["SCHEMA_VERSION", "Alternative", "Plan", "describe", "plan"]
 
@@ -55,7 +62,7 @@ class Alternative:
     Times in seconds, memory in bytes per GPU; ``None`` where not evaluated."""
 
     framework: str
-    config: ParallelConfig | None
+    config: ParallelConfig | InferenceConfig | None
     verdict: str
     reason: str
     step_time_s: float | None = None
@@ -72,13 +79,16 @@ class Alternative:
     def from_dict(cls, d: Mapping[str, Any]) -> Alternative:
         """The inverse of ``to_dict``."""
         cfg = d.get("config")
-        return cls(framework=d["framework"], config=ParallelConfig(**cfg) if cfg else None,
+        kind = InferenceConfig if cfg and "replicas" in cfg else ParallelConfig
+        return cls(framework=d["framework"], config=kind(**cfg) if cfg else None,
                    verdict=d["verdict"], reason=d["reason"], step_time_s=d.get("step_time_s"),
                    peak_memory_bytes=d.get("peak_memory_bytes"))
 
 
-def describe(cfg: ParallelConfig) -> str:
+def describe(cfg: ParallelConfig | InferenceConfig) -> str:
     """A configuration in one line: only what differs from the defaults, degrees first."""
+    if isinstance(cfg, InferenceConfig):
+        return cfg.describe()
     parts = [f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"]
     for key, default in (("cp", 1), ("ep", 1), ("zero_stage", 0), ("sharding_group", None),
                          ("sequence_parallel", False), ("micro_batch_size", None),
@@ -168,13 +178,18 @@ class Plan:
 
     model: ModelSpec
     cluster: Cluster
-    job: Job
-    config: ParallelConfig
-    estimate: Estimate
+    job: Job | InferenceJob
+    config: ParallelConfig | InferenceConfig
+    estimate: Estimate | InferenceEstimate
     alternatives: tuple[Alternative, ...] = ()
     counts: dict[str, int] = field(default_factory=dict)
     constraints: Constraints = field(default_factory=Constraints)
     search_seconds: float = 0.0
+
+    @property
+    def is_inference(self) -> bool:
+        """Whether this plan serves the model (an ``InferenceJob``) rather than trains it."""
+        return isinstance(self.job, InferenceJob)
 
     @property
     def runners_up(self) -> tuple[Alternative, ...]:
@@ -190,10 +205,12 @@ class Plan:
             "schema_version": SCHEMA_VERSION,
             "config": self.config.to_dict(),
             "estimate": self.estimate.to_dict(),
-            "framework": self.job.framework,
+            "framework": "inference" if isinstance(self.job, InferenceJob)
+            else self.job.framework,
             "model": self.model.to_dict(),
             "cluster": self.cluster.to_dict(),
-            "job": dataclasses.asdict(self.job),
+            "job": self.job.to_dict() if isinstance(self.job, InferenceJob)
+            else dataclasses.asdict(self.job),
             "constraints": self.constraints.to_dict(),
             "counts": dict(self.counts),
             "search_seconds": self.search_seconds,
@@ -230,11 +247,14 @@ class Plan:
             if key in d and d[key] is not None and not isinstance(d[key], kind):
                 raise SpecError(f"plan field {key!r} should be a JSON "
                                 f"{'object' if kind is dict else 'list'}, got {d[key]!r:.40}")
+        serving = isinstance(d.get("job"), dict) and d["job"].get("kind") == "inference"
         try:
             model = ModelSpec(**d["model"])
             cluster = Cluster.from_dict(d["cluster"])
-            job = Job(**d["job"])
-            cfg = ParallelConfig(**d["config"])
+            job: Job | InferenceJob = (InferenceJob.from_dict(d["job"]) if serving
+                                       else Job(**d["job"]))
+            cfg: ParallelConfig | InferenceConfig = (
+                InferenceConfig(**d["config"]) if serving else ParallelConfig(**d["config"]))
             alts = tuple(Alternative.from_dict(a) for a in d.get("alternatives") or [])
             cons = Constraints.from_dict(d.get("constraints") or {})
             counts = {str(k): int(v) for k, v in (d.get("counts") or {}).items()}
@@ -242,8 +262,10 @@ class Plan:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise SpecError(f"plan is missing or mangles a field ({type(e).__name__}: {e}); "
                             "re-create it with 'planner plan -o'") from e
+        est = (estimate_inference(model, cluster, job, cfg)  # type: ignore[arg-type]
+               if serving else estimate(model, cluster, job, cfg))  # type: ignore[arg-type]
         return cls(model=model, cluster=cluster, job=job, config=cfg,
-                   estimate=estimate(model, cluster, job, cfg), alternatives=alts,
+                   estimate=est, alternatives=alts,
                    counts=counts, constraints=cons, search_seconds=seconds)
 
     def emit(self, target: str, *, command: str | None = None, strict: bool = False) -> str:
@@ -265,19 +287,18 @@ class Plan:
         lost (``rows`` of them)."""
         e = self.estimate
         c = self.counts
-        lines = [
-            f"plan     {describe(self.config)}  ({self.job.framework})",
-            f"         step {e.step_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, MFU "
-            f"{100 * (e.mfu or 0):.1f}%, peak memory {e.peak_memory_bytes / GIB:.1f} of "
-            f"{e.memory_capacity_bytes / GIB:.0f} GiB per GPU",
-            f"searched {c.get('space', 0):,} configurations in {self.search_seconds:.2f} s: "
-            f"{c.get('evaluated', 0):,} evaluated ({c.get('fit', 0):,} fit), "
-            f"{c.get('bounded', 0):,} skipped by a lower bound",
-        ]
-        if self.config.stage_layers:
-            rec = self.config.stage_recompute_layers
-            lines.append(f"stages   layers per pipeline stage {list(self.config.stage_layers)}"
-                         + (f", fully recomputed {list(rec)}" if rec else ""))
+        if isinstance(e, InferenceEstimate) and isinstance(self.job, InferenceJob):
+            job = self.job
+            target = "lowest latency" if job.objective == "latency" else "most output tokens/s"
+            lines = [f"model    {self.model.name} on {self.cluster.num_gpus} x "
+                     f"{self.cluster.gpu.name}, {job.prompt_len:,}-token prompts, "
+                     f"{job.output_len:,} output tokens; objective: {target}",
+                     *str(e).splitlines(),
+                     f"searched {c.get('space', 0):,} configurations in "
+                     f"{self.search_seconds:.2f} s: {c.get('fit', 0):,} fit, "
+                     f"{c.get('feasible', 0):,} meet the bounds"]
+        else:
+            lines = self._training_lines()
         lost = [a for a in self.alternatives if a.verdict != "invalid"][:rows]
         if lost:
             lines.append("")
@@ -292,12 +313,33 @@ class Plan:
             lines += [f"  {a.reason}" for a in invalid]
         return "\n".join(lines)
 
+    def _training_lines(self) -> list[str]:
+        e = self.estimate
+        assert isinstance(e, Estimate)
+        c = self.counts
+        lines = [
+            f"plan     {describe(self.config)}  ({self.job.framework})",
+            f"         step {e.step_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, MFU "
+            f"{100 * (e.mfu or 0):.1f}%, peak memory {e.peak_memory_bytes / GIB:.1f} of "
+            f"{e.memory_capacity_bytes / GIB:.0f} GiB per GPU",
+            f"searched {c.get('space', 0):,} configurations in {self.search_seconds:.2f} s: "
+            f"{c.get('evaluated', 0):,} evaluated ({c.get('fit', 0):,} fit), "
+            f"{c.get('bounded', 0):,} skipped by a lower bound",
+        ]
+        if self.config.stage_layers:
+            rec = self.config.stage_recompute_layers
+            lines.append(f"stages   layers per pipeline stage {list(self.config.stage_layers)}"
+                         + (f", fully recomputed {list(rec)}" if rec else ""))
+        return lines
+
     def __str__(self) -> str:
         return self.summary()
 
     def _repr_html_(self) -> str:
         """Tables for Jupyter: the plan, its estimate, and the runners-up."""
         c = self.counts
+        if isinstance(self.job, InferenceJob):
+            return "<pre>" + html.escape(self.summary()) + "</pre>"
         head = [("model", f"{self.model.name} ({self.model.num_params() / 1e9:.2f}B)"),
                 ("cluster", f"{self.cluster.num_nodes} x {self.cluster.gpus_per_node} "
                  f"{self.cluster.gpu.name}"),
@@ -365,13 +407,24 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *,
     configuration's columns ascending.
     Raises ``Infeasible`` when nothing fits, naming the memory or GPUs that would.
     """
-    for name, value, kind in (("model", model, ModelSpec), ("cluster", cluster, Cluster),
-                              ("job", job, Job)):
+    for name, value, kind, what in (
+            ("model", model, ModelSpec, "ModelSpec"), ("cluster", cluster, Cluster, "Cluster"),
+            ("job", job, (Job, InferenceJob), "Job or an InferenceJob")):
         if not isinstance(value, kind):
-            raise SpecError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+            raise SpecError(f"{name} must be a {what}, got {type(value).__name__}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise SpecError(f"top_k must be a positive integer, got {top_k!r}")
+    if isinstance(job, InferenceJob):
+        from planner.inference import constraints_from, plan_inference
+
+        return plan_inference(model, cluster, job, constraints=constraints_from(constraints),
+                              top_k=top_k)
     cons = _constraints(constraints)
+    serving_only = sorted((set(cons.fixed) | set(cons.allowed) | set(cons.max))
+                          - set(FIELDS))
+    if serving_only:
+        raise SpecError(f"constraint field(s) {', '.join(serving_only)} apply to serving "
+                        f"(an InferenceJob); a training search takes {', '.join(FIELDS)}")
     t0 = time.perf_counter()
     res = search(model, cluster, job, cons, top_k=top_k, progress=progress)
     if not res.top:

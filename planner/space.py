@@ -32,15 +32,17 @@ from costmodel.hardware import Cluster
 from costmodel.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
 from costmodel.model import ModelSpec
 
-__all__ = ["FIELDS", "PRESETS", "RULES", "Constraints", "Space", "build_space"]
+__all__ = ["FIELDS", "INFERENCE_FIELDS", "PRESETS", "RULES", "Constraints", "Space", "build_space"]
 
 #: ParallelConfig fields a constraint may name.
 FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding_group", "sequence_parallel",
           "micro_batch_size", "pipeline_schedule", "virtual_pipeline_stages", "recompute",
           "recompute_num_layers", "offload")
+#: Fields of an inference search (``costmodel.inference.InferenceConfig``).
+INFERENCE_FIELDS = ("tp", "pp", "replicas", "batch_size", "weight_precision")
 #: Fields a ``max`` constraint may cap.
 CAPPABLE = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages",
-            "sharding_group", "recompute_num_layers")
+            "sharding_group", "recompute_num_layers", "replicas", "batch_size")
 
 #: Rule name -> what it requires. Each rejected value is counted under its rule.
 RULES: dict[str, str] = {
@@ -88,9 +90,10 @@ class Constraints:
     def __post_init__(self) -> None:
         for kind, keys in (("fixed", self.fixed), ("allowed", self.allowed)):
             for k in keys:
-                if k not in FIELDS:
+                if k not in FIELDS and k not in INFERENCE_FIELDS:
                     raise SpecError(f"constraint {kind}[{k!r}]: unknown field; use one of "
-                                    f"{', '.join(FIELDS)}")
+                                    f"{', '.join(FIELDS)} (training) or "
+                                    f"{', '.join(INFERENCE_FIELDS)} (inference)")
         for k, v in self.max.items():
             if k not in CAPPABLE:
                 raise SpecError(f"constraint max[{k!r}]: only {', '.join(CAPPABLE)} can be "

@@ -24,7 +24,7 @@ import pytest
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from planner.cli import main
-from planner.emit import TARGETS, emit, read_back
+from planner.emit import TRAINING_TARGETS, emit, read_back
 from planner.emit.megatron import parse_array
 from planner.plan import Plan
 
@@ -93,7 +93,7 @@ def case(request: pytest.FixtureRequest) -> Plan:
     return make_plan(model, nodes, cfg, fw, **job)
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", TRAINING_TARGETS)
 def test_round_trip(case: Plan, target: str) -> None:
     """Reading an emitted file back gives what was emitted; for the plan's own trainer (and
     Slurm, which starts it) that is the plan's configuration, with no warning."""
@@ -111,7 +111,7 @@ def test_round_trip(case: Plan, target: str) -> None:
         assert out.estimate == case.estimate
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", TRAINING_TARGETS)
 def test_header_has_predictions_and_command(case: Plan, target: str) -> None:
     out = emit(case, target, command=f"planner emit plan.json --target {target}")
     e = out.estimate

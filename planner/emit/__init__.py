@@ -12,6 +12,9 @@
   a pinned Megatron-LM commit, ``tests/data/megatron_args.json``).
 - ``slurm``: an ``sbatch`` script: nodes, tasks, NCCL environment and the ``torchrun``
   rendezvous line that starts the plan's trainer.
+- ``vllm`` / ``tensorrt-llm``: for a serving plan (an ``InferenceJob``), the engine's launch
+  script with the plan's tp / pp sizes, quantization, context and batch
+  (``planner.emit.serving``).
 
 Each target first *lowers* the plan's configuration to what that trainer can run. A feature it
 cannot express is mapped to the nearest setting it can, with a warning (kept in the file's
@@ -32,19 +35,24 @@ from typing import TYPE_CHECKING
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate, estimate
+from costmodel.inference import InferenceConfig, InferenceEstimate, InferenceJob
 from costmodel.model import ModelSpec
 from planner.emit import deepspeed, megatron, slurm, torchtitan
 from planner.emit.common import GIB, Lowered, ReadBack, Target
+from planner.emit.serving import SERVING_TARGETS, emit_serving
 
 if TYPE_CHECKING:
     from planner.plan import Plan
 
-__all__ = ["TARGETS", "Emitted", "ReadBack", "emit", "read_back"]
+__all__ = ["SERVING_TARGETS", "TARGETS", "TRAINING_TARGETS", "Emitted", "ReadBack", "emit",
+           "read_back"]
 
 _TARGETS: dict[str, Target] = {m.TARGET.name: m.TARGET
                                for m in (torchtitan, deepspeed, megatron, slurm)}
-#: The targets ``emit`` writes, in the order the CLI lists them.
-TARGETS: tuple[str, ...] = tuple(_TARGETS)
+#: Trainers' targets (a training plan) and serving engines' (an ``InferenceJob`` plan).
+TRAINING_TARGETS: tuple[str, ...] = tuple(_TARGETS)
+#: The targets ``emit`` writes, in the order the CLI lists them (training, then serving).
+TARGETS: tuple[str, ...] = (*TRAINING_TARGETS, *SERVING_TARGETS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,9 +65,9 @@ class Emitted:
     target: str
     text: str
     filename: str
-    config: ParallelConfig
-    job: Job
-    estimate: Estimate
+    config: ParallelConfig | InferenceConfig
+    job: Job | InferenceJob
+    estimate: Estimate | InferenceEstimate
     warnings: tuple[str, ...] = ()
 
 
@@ -92,6 +100,15 @@ def emit(plan: Plan, target: str, *, command: str | None = None,
     the Python call). ``strict``: refuse, with ``SpecError``, any plan feature the target
     cannot express instead of mapping it to the nearest setting with a warning.
     """
+    cmd = command or f"planner.emit.emit(plan, {target!r})"
+    if target in SERVING_TARGETS or isinstance(plan.job, InferenceJob):
+        if target not in SERVING_TARGETS:
+            raise SpecError(f"this is a serving plan; emit it with --target "
+                            f"{' or '.join(SERVING_TARGETS)} ({target} is a trainer)")
+        return Emitted(target=target, text=emit_serving(plan, target, cmd),
+                       filename="serve.sh", config=plan.config, job=plan.job,
+                       estimate=plan.estimate)
+    assert isinstance(plan.config, ParallelConfig) and isinstance(plan.estimate, Estimate)
     tgt = _target(target)
     lowered: Lowered = tgt.lower(plan.model, plan.job, plan.config)
     notes = list(lowered.warnings)
@@ -113,7 +130,6 @@ def emit(plan: Plan, target: str, *, command: str | None = None,
     delta = _delta(plan.estimate, est)
     if delta:
         notes.append(delta)
-    cmd = command or f"planner.emit.emit(plan, {target!r})"
     text = tgt.render(plan=plan, config=cfg, job=job, estimate=est, command=cmd,
                       warnings=tuple(notes))
     return Emitted(target=target, text=text, filename=tgt.filename, config=cfg, job=job,

@@ -89,6 +89,9 @@ def unsupported(model: ModelSpec, job: Job, cfg: ParallelConfig,
 
 def check(plan: Plan, reference: bool = True) -> None:
     """Raise ``SpecError`` naming every feature of ``plan`` that ``apply`` cannot run."""
+    if plan.is_inference:
+        raise SpecError("this is a serving plan (an InferenceJob); planner.apply trains. Serve "
+                        "it with 'planner emit PLAN --target vllm' (or tensorrt-llm)")
     problems = unsupported(plan.model, plan.job, plan.config, reference)
     if problems:
         raise SpecError("planner.apply cannot run this plan: " + "; ".join(problems))
