@@ -668,7 +668,8 @@ class InferenceEstimate:
     ``max_batch_size``: the most sequences a replica holds at the full context;
     ``prefill_terms`` / ``decode_terms``: seconds by term (``compute``, ``tp_comm``,
     ``pp_comm``) of the prefill and of one decode step; ``mbu``: model bandwidth utilization
-    of decode; ``prefill_mfu``: model FLOPs utilization of the prefill.
+    of decode; ``prefill_mfu``: model FLOPs utilization of the prefill, against the 16-bit
+    peak as trainers quote it (fp8 matmuls can take it past 1).
     """
 
     config: InferenceConfig

@@ -309,6 +309,9 @@ def test_serving_emit_round_trips(cfg: InferenceConfig, kv: str, target: str) ->
     if target == "vllm":
         assert back["kv_cache_dtype"] == ("fp8" if kv == "fp8" else None)
         assert "for slot in $(seq 0" in out.text
+    else:
+        assert f"tensor_para_size={cfg.tp} pipeline_para_size={cfg.pp}" in out.text
+        assert back["replica_ranks"] == cfg.tp * cfg.pp
     with pytest.raises(SpecError, match="serving plan"):
         emit(p, "torchtitan")
 

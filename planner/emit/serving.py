@@ -152,6 +152,8 @@ def _trtllm(plan: Plan, command: str) -> str:
                  f"{cfg.replicas} replica(s) in all, each started like this on its own GPUs:")
     lines.append(f"mpirun -n {cfg.tp * cfg.pp} --allow-run-as-root trtllm-serve engine "
                  f'--tokenizer "$HF_MODEL" --max_batch_size {cfg.batch_size}')
+    lines.append(f"# FasterTransformer takes the same split: tensor_para_size={cfg.tp} "
+                 f"pipeline_para_size={cfg.pp}, max_batch_size={cfg.batch_size}")
     return "\n".join(lines) + "\n"
 
 
