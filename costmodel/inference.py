@@ -327,11 +327,11 @@ def weight_bytes(model: ModelSpec, precision: str = "bf16", group_size: int = 12
     ``dtype``. The single-GPU (tp = pp = 1) weights term."""
     wb = weight_bytes_per_element(precision, group_size)
     e = _BYTES[dtype]
-    total = 0.0
-    for i in range(model.num_layers):
-        lin, other = _layer_linear_params(model, model.is_moe and i >= model.first_dense_layers)
-        total += lin * wb + other * e
-    total += (model.embedding_params() + model.head_params()) * e
+    total = (model.embedding_params() + model.head_params()) * e
+    for moe, count in ((False, model.num_layers - model.num_moe_layers),
+                       (True, model.num_moe_layers)):
+        lin, other = _layer_linear_params(model, moe)
+        total += count * (lin * wb + other * e)
     return total
 
 

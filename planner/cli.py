@@ -835,13 +835,15 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(func=cmd_compare)
 
     em = sub.add_parser(
-        "emit", help="write a saved plan as a torchtitan, DeepSpeed, Megatron-LM or Slurm file",
+        "emit", help="write a saved plan for a trainer (torchtitan, DeepSpeed, Megatron-LM, "
+        "Slurm) or, for a serving plan, an engine (vLLM, TensorRT-LLM)",
         description="Write the plan saved by 'planner plan -o plan.json' in the form a "
         "trainer takes: a torchtitan job TOML, a DeepSpeed ds_config.json, the Megatron-LM "
         "pretrain_gpt.py arguments, or a Slurm sbatch script that starts the plan's trainer "
-        "with torchrun. A feature the target cannot express is mapped to its nearest setting "
-        "with a warning (also in the file's header, with the new prediction); --strict "
-        "refuses instead.",
+        "with torchrun; a serving plan ('planner plan --inference') as a vllm serve script or "
+        "the TensorRT-LLM convert, build and serve steps. A feature the target cannot "
+        "express is mapped to its nearest setting with a warning (also in the file's header, "
+        "with the new prediction); --strict refuses instead.",
         epilog=EPILOG_EMIT, formatter_class=argparse.RawDescriptionHelpFormatter)
     em.add_argument("plan", help="a plan JSON file written by 'planner plan -o'")
     em.add_argument("--target", required=True, choices=TARGETS, help="what to write")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from costmodel.inference import (
     weight_bytes_per_element,
 )
 from costmodel.model import ModelSpec
-from planner.space import INFERENCE_FIELDS, Constraints
+from planner.space import INFERENCE_FIELDS, Constraints, Rejections
 
 if TYPE_CHECKING:
     from planner.plan import Alternative, Plan
@@ -91,15 +91,10 @@ def _check_constraints(cons: Constraints) -> None:
                         "(emit for a serving engine with 'planner emit --target vllm')")
 
 
-def _meshes(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Constraints
-            ) -> tuple[list[tuple[int, int, int, str]], dict[str, tuple[int, str]]]:
-    """Valid (tp, pp, replicas, precision) tuples and what each rule rejected."""
-    rejected: dict[str, list[Any]] = {}
-
-    def reject(rule: str, example: str) -> None:
-        entry = rejected.setdefault(rule, [0, example])
-        entry[0] += 1
-
+def _meshes(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Constraints,
+            rej: Rejections) -> list[tuple[int, int, int, str]]:
+    """Valid (tp, pp, replicas, precision) tuples; what each rule rejected goes to ``rej``."""
+    reject = rej.add
     g, n = cluster.gpus_per_node, cluster.num_gpus
     kv = int(model.num_kv_heads or model.num_heads)
     ffns = [int(model.ffn_hidden_size or 0)] + ([int(model.moe_ffn_hidden_size or 0)]
@@ -143,7 +138,7 @@ def _meshes(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Constra
                     reject("constraint", f"replicas={r}")
                 else:
                     out += [(tp, pp, r, p) for p in precisions]
-    return out, {k: (int(v[0]), str(v[1])) for k, v in rejected.items()}
+    return out
 
 
 def _table(model: ModelSpec, cluster: Cluster, job: InferenceJob,
@@ -161,8 +156,8 @@ def search_inference(model: ModelSpec, cluster: Cluster, job: InferenceJob,
     if model.causal is False or model.patch_size or model.num_token_types:
         raise SpecError(f"inference planning covers decoder-only language models; "
                         f"{model.name} is an encoder")
-    meshes, rejected = _meshes(model, cluster, job, cons)
-    rej = {k: list(v) for k, v in rejected.items()}
+    rej = Rejections()
+    meshes = _meshes(model, cluster, job, cons, rej)
     fixed_b = cons.fixed.get("batch_size", job.batch_size)
     rows: list[tuple[int, int, int, int, str]] = []
     if meshes and fixed_b is None and job.objective == "throughput":
@@ -175,18 +170,17 @@ def search_inference(model: ModelSpec, cluster: Cluster, job: InferenceJob,
     else:
         b = fixed_b if fixed_b is not None else 1
         if not cons.allows("batch_size", b):
-            entry = rej.setdefault("constraint", [0, f"batch_size={b}"])
-            entry[0] += 1
+            rej.add("constraint", f"batch_size={b}")
         else:
             rows = [(*m[:3], b, m[3]) for m in meshes]
     configs = [InferenceConfig(tp=r[0], pp=r[1], replicas=r[2], batch_size=r[3],
                                weight_precision=r[4]) for r in rows]
     counts = {"space": len(rows), "evaluated": len(rows)}
+    rejected = {k: (int(v[0]), str(v[1])) for k, v in rej.counts.items()}
     if not rows:
         counts.update(fit=0, feasible=0)
         return InferenceSearch(configs=[], table=None, feasible=np.zeros(0, bool),
-                               order=np.zeros(0, int), counts=counts,
-                               rejected={k: (int(v[0]), str(v[1])) for k, v in rej.items()})
+                               order=np.zeros(0, int), counts=counts, rejected=rejected)
     t = _table(model, cluster, job, rows)
     fits = t.fits
     ok = fits.copy()
@@ -197,16 +191,15 @@ def search_inference(model: ModelSpec, cluster: Cluster, job: InferenceJob,
     idx = np.flatnonzero(ok)
     wp = np.array([WEIGHT_PRECISIONS.index(r[4]) for r in rows])
     a = np.array([r[:4] for r in rows], dtype=float)
-    if job.objective == "latency":
-        keys = (a[idx, 2], a[idx, 3], a[idx, 1], a[idx, 0], wp[idx], t.peak[idx],
-                -t.tokens_per_s[idx], t.latency[idx])
-    else:
-        keys = (a[idx, 2], a[idx, 3], a[idx, 1], a[idx, 0], wp[idx], t.peak[idx],
-                t.latency[idx], -t.tokens_per_s[idx])
+    primary, secondary = ((t.latency, -t.tokens_per_s) if job.objective == "latency"
+                          else (-t.tokens_per_s, t.latency))
+    # np.lexsort sorts by the last key first.
+    keys = (a[idx, 2], a[idx, 3], a[idx, 1], a[idx, 0], wp[idx], t.peak[idx], secondary[idx],
+            primary[idx])
     order = idx[np.lexsort(keys)]
     counts.update(fit=int(fits.sum()), feasible=int(ok.sum()))
     return InferenceSearch(configs=configs, table=t, feasible=ok, order=order, counts=counts,
-                           rejected={k: (int(v[0]), str(v[1])) for k, v in rej.items()})
+                           rejected=rejected)
 
 
 def _metric(job: InferenceJob, t: InferenceTable, i: int) -> float:
@@ -301,8 +294,6 @@ def _alternatives(job: InferenceJob, res: InferenceSearch, best: InferenceEstima
 def _least_gpus(model: ModelSpec, cluster: Cluster, job: InferenceJob,
                 cons: Constraints) -> int | None:
     """The fewest GPUs (whole nodes, doubling) on which one configuration fits."""
-    from dataclasses import replace
-
     nodes = cluster.num_nodes
     for _ in range(12):
         nodes *= 2
@@ -467,7 +458,7 @@ def _option(plan: Plan, f: str, v: Any, cons: Constraints, option: type
     job = plan.job
     fixed = cons.merge(Constraints(fixed={f: v}))
     if f == "weight_precision":
-        job = _with_precisions(job, (v,))
+        job = replace(job, weight_precision=(v,))
     res = search_inference(plan.model, plan.cluster, job, fixed)
     t = res.table
     sign = 1.0 if job.objective == "latency" else -1.0
@@ -494,12 +485,6 @@ def _option(plan: Plan, f: str, v: Any, cons: Constraints, option: type
                   f"{(float(t.peak[i]) - cap) / GIB:.1f} GiB over the {cap / GIB:.0f} GiB",
                   framework="inference", config=res.configs[i],
                   peak_memory_bytes=float(t.peak[i])), float(t.peak[i])
-
-
-def _with_precisions(job: InferenceJob, precisions: tuple[str, ...]) -> InferenceJob:
-    from dataclasses import replace
-
-    return replace(job, weight_precision=precisions)
 
 
 def constraints_from(value: Constraints | str | Mapping[str, Any] | None) -> Constraints:

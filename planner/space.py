@@ -79,7 +79,8 @@ def _divisors(n: int) -> list[int]:
 class Constraints:
     """What the user fixes: ``fixed`` field -> value, ``allowed`` field -> values, ``max``
     field -> cap (degrees, micro-batch, virtual stages), ``frameworks`` the trainers to search
-    (default: the job's). Fields are ``ParallelConfig`` names (``FIELDS``).
+    (default: the job's). Fields are ``ParallelConfig`` names (``FIELDS``), or for a serving
+    search ``InferenceConfig`` names (``INFERENCE_FIELDS``); each search refuses the other's.
     """
 
     fixed: Mapping[str, Any] = field(default_factory=dict)
