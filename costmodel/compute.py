@@ -36,7 +36,8 @@ from costmodel.config import Job
 from costmodel.hardware import GPU
 from costmodel.model import ModelSpec
 
-__all__ = ["LayerCompute", "gemm_time", "layer_compute", "lm_head_compute", "memory_time"]
+__all__ = ["LayerCompute", "flash_attention_time", "gemm_time", "layer_compute",
+           "lm_head_compute", "memory_time"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -60,6 +61,22 @@ def gemm_time(gpu: GPU, dtype: str, m: np.ndarray, n: np.ndarray, k: np.ndarray,
     traffic = bytes_per_element * (m * k + m * n) + w * k * n
     memory = traffic / (gpu.memory_bandwidth_bytes_per_s * eff.memory)
     return count * (np.maximum(compute, memory) + eff.kernel_overhead_s)
+
+
+def flash_attention_time(gpu: GPU, dtype: str, flops: np.ndarray | float
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of a fused (flash) attention kernel doing ``flops`` in its
+    forward pass: ``flops / (peak * attention) + kernel_overhead``; the backward does
+    ``FLASH_BACKWARD_FLOPS`` times the FLOPs at the ``attention_backward`` fraction (Dao 2023,
+    Sec. 3). fp8 and tf32 jobs run attention in bf16 (FlashAttention has no tf32 or fp8
+    training kernel), so the peak is the bf16 one."""
+    peak = gpu.peak_flops("bf16" if dtype in ("fp8", "tf32") else dtype)
+    eff = gpu.efficiency
+    flops = np.asarray(flops, dtype=float)
+    forward = flops / (peak * eff.attention) + eff.kernel_overhead_s
+    backward = FLASH_BACKWARD_FLOPS * flops / (peak * eff.attention_backward) \
+        + eff.kernel_overhead_s
+    return forward, backward
 
 
 def memory_time(gpu: GPU, num_bytes: np.ndarray | float, kernels: float | np.ndarray
@@ -129,11 +146,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     if job.flash_attention:
         causal = 0.5 if model.causal else 1.0
         core_flops = 4 * tokens * s_kv * q / t * causal
-        peak = gpu.peak_flops("bf16" if dtype in ("fp8", "tf32") else dtype)
-        eff = gpu.efficiency
-        core_f = core_flops / (peak * eff.attention) + eff.kernel_overhead_s
-        core_b = (FLASH_BACKWARD_FLOPS * core_flops / (peak * eff.attention_backward)
-                  + eff.kernel_overhead_s)
+        core_f, core_b = flash_attention_time(gpu, dtype, core_flops)
         core_bytes = 0.0 * tokens
         core_kernels = 0.0
         selective = 0.0 * tokens

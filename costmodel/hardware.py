@@ -7,6 +7,7 @@ bytes/s, FLOP/s and seconds. GB here is decimal (1e9) for bandwidths, GiB binary
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import hardware_profiles
@@ -78,7 +79,9 @@ class KernelEfficiency:
 @dataclass(frozen=True, kw_only=True)
 class GPU:
     """One accelerator: memory capacity (bytes), HBM bandwidth (bytes/s), dense peak FLOP/s,
-    the kernel efficiencies the step-time model uses, and its host link (for offload)."""
+    the kernel efficiencies the step-time model uses, its default link to the other GPUs of
+    a node and its host link (for offload): link profile names, or ``Link`` objects where a
+    measured profile carries its own (``planner profile``)."""
 
     name: str
     description: str = ""
@@ -86,8 +89,8 @@ class GPU:
     memory_bandwidth_bytes_per_s: float
     peak_flops_by_dtype: tuple[tuple[str, float], ...]
     efficiency: KernelEfficiency
-    intra_node_link: str = "pcie5"
-    host_link: str = "pcie5"
+    intra_node_link: str | Link = "pcie5"
+    host_link: str | Link = "pcie5"
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -118,12 +121,32 @@ class GPU:
                     (k, float(v) * TFLOPS) for k, v in peaks.items() if k in DTYPES
                 ),
                 efficiency=KernelEfficiency.from_profile(data["efficiency"], f"GPU {name!r}"),
-                intra_node_link=str(data.get("intra_node_link", "pcie5")),
-                host_link=str(data.get("host_link", "pcie5")),
+                intra_node_link=_link_entry(data.get("intra_node_link", "pcie5")),
+                host_link=_link_entry(data.get("host_link", "pcie5")),
                 source=str(data.get("source", {}).get("document", "")),
             )
         except KeyError as e:
             raise SpecError(f"GPU profile {name!r} lacks the key {e.args[0]!r}") from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> GPU:
+        """A GPU profile TOML outside the shipped set: one ``planner profile`` measured (it
+        has a ``[measured]`` table) or one written by hand in the ``hardware_profiles/gpus``
+        format. Its microbenchmark fractions become in-training ones as a shipped profile's
+        do (``hardware_profiles.transfer_efficiency``); a measured profile keeps its own
+        per-kernel overhead."""
+        data = hardware_profiles.load_file(path)
+        data.setdefault("name", Path(path).stem)
+        if not isinstance(data.get("efficiency"), dict):
+            raise SpecError(f"profile file {str(path)!r} has no [efficiency] table; write one "
+                            "with 'planner profile -o FILE' or copy a hardware_profiles/gpus "
+                            "file")
+        data["efficiency"] = hardware_profiles.transfer_efficiency(
+            data["efficiency"], overhead="measured" not in data)
+        try:
+            return cls.from_profile(data)
+        except (SpecError, TypeError, ValueError) as e:
+            raise SpecError(f"profile file {str(path)!r}: {e}") from None
 
     @classmethod
     def preset(cls, name: str, *, calibrated: bool = True) -> GPU:
@@ -142,6 +165,11 @@ class GPU:
     def supports(self, dtype: str) -> bool:
         """Whether the profile lists a peak for ``dtype``."""
         return any(d == dtype for d, _ in self.peak_flops_by_dtype)
+
+    def host(self) -> Link:
+        """The GPU-to-host link offload crosses: a shipped link profile by name, or the
+        link a measured profile carries (``planner profile``)."""
+        return self.host_link if isinstance(self.host_link, Link) else Link.preset(self.host_link)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,8 +224,18 @@ class Link:
         return cls.from_profile(hardware_profiles.load("links", name))
 
 
+def _link_entry(value: Any) -> str | Link:
+    """A GPU profile's ``intra_node_link`` / ``host_link``: a link profile's name, or an
+    inline link table (what ``planner profile`` writes when it measured the link)."""
+    return Link.from_profile(value) if isinstance(value, dict) else str(value)
+
+
 def _as_gpu(value: GPU | str) -> GPU:
-    return value if isinstance(value, GPU) else GPU.preset(value)
+    if isinstance(value, GPU):
+        return value
+    if str(value).endswith(".toml"):
+        return GPU.from_file(value)
+    return GPU.preset(value)
 
 
 def _as_link(value: Link | str) -> Link:
@@ -208,10 +246,12 @@ def _as_link(value: Link | str) -> Link:
 class Cluster:
     """``num_nodes`` nodes of ``gpus_per_node`` GPUs; one link inside a node, NICs across nodes.
 
-    ``gpu`` and the links accept a profile name or an object. ``intra_node_link`` defaults to the
-    GPU's own (NVLink generation or PCIe), ``inter_node_link`` to 400 Gb/s NDR InfiniBand, and
-    ``nics_per_node`` to one NIC per GPU. ``host_memory_gib``: CPU memory per node, what
-    offload may fill (default ``[host] memory_gib_per_node`` of ``software.toml``).
+    ``gpu`` and the links accept a profile name or an object; ``gpu`` also a GPU profile TOML
+    file (``planner profile`` writes one). ``intra_node_link`` defaults to the GPU's own
+    (NVLink generation or PCIe, or the link a measured profile measured),
+    ``inter_node_link`` to 400 Gb/s NDR InfiniBand, and ``nics_per_node`` to one NIC per GPU.
+    ``host_memory_gib``: CPU memory per node, what offload may fill (default ``[host]
+    memory_gib_per_node`` of ``software.toml``).
     """
 
     gpu: GPU
@@ -272,6 +312,9 @@ class Cluster:
             gpu["efficiency"] = KernelEfficiency(**gpu["efficiency"])
             gpu["peak_flops_by_dtype"] = tuple((str(d), float(f)) for d, f in
                                                gpu["peak_flops_by_dtype"])
+            for key in ("intra_node_link", "host_link"):
+                if isinstance(gpu.get(key), dict):
+                    gpu[key] = Link(**gpu[key])
             return cls(**{**data, "gpu": GPU(**gpu),
                           "intra_node_link": Link(**data["intra_node_link"]),
                           "inter_node_link": Link(**data["inter_node_link"])})

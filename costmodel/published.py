@@ -28,7 +28,7 @@ import numpy as np
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate, estimate
-from costmodel.hardware import GPU, Cluster
+from costmodel.hardware import GPU, Cluster, Link
 from costmodel.model import ModelSpec
 
 __all__ = ["Comparison", "PublishedRun", "calibration_toml", "compare", "default_runs_path",
@@ -196,12 +196,15 @@ def _predict(run: PublishedRun, est: Estimate) -> float:
 
 
 def compare(runs: list[PublishedRun], gpu: GPU | None = None) -> list[Comparison]:
-    """Predict every run (with ``gpu`` substituted for runs on a GPU of the same name)."""
+    """Predict every run (with ``gpu`` substituted for runs on a GPU of the same name, and
+    its link inside a node too where it carries a measured one: ``planner profile``)."""
     out = []
     for run in runs:
         cluster = run.cluster
         if gpu is not None and cluster.gpu.name == gpu.name:
-            cluster = replace(cluster, gpu=gpu)
+            link = gpu.intra_node_link if isinstance(gpu.intra_node_link, Link) \
+                else cluster.intra_node_link
+            cluster = replace(cluster, gpu=gpu, intra_node_link=link)
         est = estimate(run.model, cluster, run.job, run.config)
         out.append(Comparison(run=run, estimate=est, predicted=_predict(run, est),
                               measured=run.measured))

@@ -60,7 +60,7 @@ import hardware_profiles
 from costmodel.comm import Topology
 from costmodel.compute import layer_compute, lm_head_compute
 from costmodel.config import Job
-from costmodel.hardware import Cluster, Link
+from costmodel.hardware import Cluster
 from costmodel.memory import ConfigArrays, MemoryTable, layer_params_per_gpu, state_bytes
 from costmodel.model import ModelSpec
 
@@ -197,7 +197,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     ag_bwd = zero == 3
     rs_each = (zero == 3) | ((zero == 2) & (fw in ("torchtitan", "deepspeed")))
     dense_local, moe_local, exp_local = layer_params_per_gpu(model, tp, ep)
-    host = Link.preset(gpu.host_link)
+    host = gpu.host()
     host_bw = host.achieved_bytes_per_s
     params_offloaded = a.offload == 2
 

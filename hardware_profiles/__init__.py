@@ -24,6 +24,7 @@ __all__ = [
     "load_file",
     "load_software",
     "names",
+    "transfer_efficiency",
     "unknown_name",
 ]
 
@@ -101,7 +102,19 @@ def _calibrated_efficiency(gpu: str, eff: dict[str, Any]) -> dict[str, Any]:
         eff.update(cal.get("efficiency", {}))
         eff["source"] = f"{cal.get('provenance', str(own))}; before fitting: {eff.get('source')}"
         return eff
-    folder = own.parent
+    return transfer_efficiency(eff)
+
+
+def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True) -> dict[str, Any]:
+    """An ``[efficiency]`` table of microbenchmark fractions turned into in-training ones.
+
+    The matmul, attention and memory fractions are scaled by the ``[transfer]`` ratios that
+    ``planner calibrate`` fitted on the reference GPU (in-training over microbenchmark
+    efficiency); with ``overhead``, the per-kernel overhead becomes the fitted one (a
+    measured profile keeps its own: ``overhead=False``). Unchanged when nothing is fitted.
+    """
+    eff = dict(eff)
+    folder = calibrated_path("x").parent
     refs = sorted(folder.glob("*.toml")) if folder.is_dir() else []
     for ref in refs:
         cal = load_file(ref)
@@ -112,7 +125,8 @@ def _calibrated_efficiency(gpu: str, eff: dict[str, Any]) -> dict[str, Any]:
             if k in eff:
                 eff[k] = min(1.0, float(eff[k]) * float(t["gemm"]))
         eff["memory"] = min(1.0, float(eff["memory"]) * float(t["memory"]))
-        eff["kernel_overhead_us"] = float(t["kernel_overhead_us"])
+        if overhead:
+            eff["kernel_overhead_us"] = float(t["kernel_overhead_us"])
         eff["source"] = (f"microbenchmark fractions scaled by the in-training/microbenchmark "
                          f"ratios fitted on {ref.stem} ({cal.get('provenance', '')}); "
                          f"microbenchmarks: {eff.get('source')}")

@@ -1,5 +1,5 @@
-"""Command line: ``planner plan``, ``estimate``, ``explain``, ``compare``, ``emit``,
-``validate``, ``calibrate``, ``models``, ``gpus``, ``clusters``.
+"""Command line: ``planner plan``, ``estimate``, ``explain``, ``compare``, ``emit``, ``run``,
+``validate``, ``profile``, ``calibrate``, ``models``, ``gpus``, ``clusters``.
 
 Bad input prints one line naming what is wrong and exits with status 2, never a traceback; a
 valid question that no configuration answers (nothing fits) exits with status 3 and says what
@@ -115,9 +115,16 @@ EPILOG_EMIT = """examples:
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
-    """``--cluster`` (preset or TOML file) or the short form ``--gpus --gpu --gpus-per-node``."""
+    """``--cluster`` (preset or TOML file) or the short form ``--gpus --gpu --gpus-per-node``,
+    with the GPU of ``--profile`` where given."""
     return _make_cluster(args.cluster, args.num_nodes, args.gpus, args.gpu, args.gpus_per_node,
-                         args.intra_node, args.inter_node)
+                         args.intra_node, args.inter_node, _profile(args))
+
+
+def _profile(args: argparse.Namespace) -> GPU | None:
+    """The GPU of ``--profile FILE`` (a measured or hand-written GPU profile), if given."""
+    path = getattr(args, "profile", None)
+    return GPU.from_file(path) if path else None
 
 
 def _clusters(args: argparse.Namespace) -> list[Cluster]:
@@ -125,25 +132,35 @@ def _clusters(args: argparse.Namespace) -> list[Cluster]:
     each ``--num-nodes``; each ``--gpus`` with each ``--gpu`` and ``--inter-node``)."""
     out = []
     kinds, nics = args.gpu or [None], args.inter_node or [None]
+    measured = _profile(args)
     for c, n, kind, nic in itertools.product(args.cluster or [], args.num_nodes or [None],
                                              kinds, nics):
-        out.append(_make_cluster(c, n, None, kind, args.gpus_per_node, args.intra_node, nic))
+        out.append(_make_cluster(c, n, None, kind, args.gpus_per_node, args.intra_node, nic,
+                                 measured))
     if args.gpus and args.num_nodes and not args.cluster:
         raise SpecError("--num-nodes goes with --cluster; with --gpus give the total GPUs")
     for g, kind, nic in itertools.product(args.gpus or [], kinds, nics):
         out.append(_make_cluster(None, None, g, kind, args.gpus_per_node, args.intra_node,
-                                 nic))
+                                 nic, measured))
     if not out:
         raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME (each may be "
                         "repeated to compare clusters)")
     return out
 
 
+def _check_profile(measured: GPU | None, gpu: str | None, where: str) -> None:
+    """A ``--profile`` must describe the GPU the cluster flags name, if they name one."""
+    if measured is not None and gpu is not None and str(gpu).strip().lower() != measured.name:
+        raise SpecError(f"--profile measured {measured.name!r} but {where} names {gpu!r}; "
+                        f"drop --gpu, use --gpus N --profile FILE, or profile that GPU")
+
+
 def _make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
                   gpu: str | None, gpus_per_node: int | None, intra: str | None,
-                  inter: str | None) -> Cluster:
+                  inter: str | None, measured: GPU | None = None) -> Cluster:
     if cluster and gpus:
         raise SpecError("give either --cluster or --gpus/--gpu, not both")
+    _check_profile(measured, gpu, "--gpu")
     if cluster:
         if cluster.endswith(".toml"):
             data = hardware_profiles.load_file(cluster)
@@ -165,8 +182,14 @@ def _make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
                                       or isinstance(fields[key], bool)):
                     raise SpecError(f"cluster file {cluster!r}: {key} = {fields[key]!r} should "
                                     f"be {CLUSTER_KINDS[kind]}")
+            if measured is not None:
+                _check_profile(measured, fields["gpu"], f"cluster file {cluster!r}")
+                fields["gpu"] = measured
             return Cluster(**fields)
-        out = Cluster.preset(cluster, num_nodes=num_nodes, gpu=gpu,
+        if measured is not None:
+            _check_profile(measured, hardware_profiles.load("clusters", cluster)["gpu"],
+                           f"cluster {cluster!r}")
+        out = Cluster.preset(cluster, num_nodes=num_nodes, gpu=measured or gpu,
                              gpus_per_node=gpus_per_node)
         links = {k: v for k, v in (("intra_node_link", intra), ("inter_node_link", inter)) if v}
         return dataclasses.replace(out, **links) if links else out
@@ -181,7 +204,7 @@ def _make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
     per_node = gpus_per_node or min(gpus, 8)
     if gpus % per_node:
         raise SpecError(f"--gpus {gpus} is not a multiple of --gpus-per-node {per_node}")
-    return Cluster(gpu=gpu or "h100-sxm", num_nodes=gpus // per_node,
+    return Cluster(gpu=measured or gpu or "h100-sxm", num_nodes=gpus // per_node,
                    gpus_per_node=per_node, intra_node_link=intra, inter_node_link=inter)
 
 
@@ -542,12 +565,103 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.runs and args.heldout:
         raise SpecError("give either --runs FILE or --heldout, not both")
     path = args.runs or default_runs_path("heldout" if args.heldout else "calibration")
+    if args.profile:
+        return _validate_profile(args, path)
     rows = _comparison_rows(compare(load_runs(path)))
     if args.json:
         print(json.dumps({"runs_file": str(path), "runs": rows, "summary": _summaries(rows)},
                          indent=2))
     else:
         _print_comparisons(rows)
+    return 0
+
+
+def _validate_profile(args: argparse.Namespace, path: str | Path) -> int:
+    """``planner validate --profile FILE``: the runs on the profile's GPU predicted with the
+    shipped profile and with the measured one, side by side."""
+    from costmodel.published import compare, load_runs
+
+    measured = GPU.from_file(args.profile)
+    runs = load_runs(path)
+    mine = [r for r in runs if r.cluster.gpu.name == measured.name]
+    if not mine:
+        have = sorted({r.cluster.gpu.name for r in runs})
+        raise SpecError(f"no run in {str(path)!r} was measured on {measured.name!r}, the GPU "
+                        f"of {args.profile!r} (its runs are on {', '.join(have)}); pass --runs "
+                        "with runs on that GPU (the planner's runs JSON schema)")
+    shipped = _comparison_rows(compare(mine))
+    profiled = _comparison_rows(compare(mine, gpu=measured))
+    summary = {"shipped": _summaries(shipped)["all"], "profile": _summaries(profiled)["all"]}
+    if args.json:
+        runs_out = [{"id": a["id"], "measure": a["measure"], "measured": a["measured"],
+                     "shipped": {k: a[k] for k in ("predicted", "error", "step_time_s")},
+                     "profile": {k: b[k] for k in ("predicted", "error", "step_time_s")}}
+                    for a, b in zip(shipped, profiled, strict=True)]
+        print(json.dumps({"runs_file": str(path), "profile": args.profile,
+                          "gpu": measured.name, "runs": runs_out, "summary": summary},
+                         indent=2))
+        return 0
+    print(f"{len(mine)} of {len(runs)} runs are on {measured.name}; predicted with the shipped "
+          f"profile and with {args.profile}")
+    print(f"{'run':<44s} {'measured':>10s} {'shipped':>10s} {'error':>7s} {'profile':>10s} "
+          f"{'error':>7s}")
+    for a, b in zip(shipped, profiled, strict=True):
+        print(f"{a['id']:<44s} {a['measured']:>10.2f} {a['predicted']:>10.2f} "
+              f"{100 * a['error']:>+6.1f}% {b['predicted']:>10.2f} {100 * b['error']:>+6.1f}%")
+    print()
+    for key, sm in summary.items():
+        print(f"{key:<10s} mean |error| {100 * sm['mean_abs_error']:5.2f}%   max "
+              f"{100 * sm['max_abs_error']:5.2f}%")
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """``planner profile``: measure this machine and write a GPU profile TOML."""
+    import datetime
+    import importlib.util
+
+    from costmodel.measured import fit_profile, profile_toml
+    from planner.profile import profile
+
+    if importlib.util.find_spec("torch") is None:
+        raise SpecError("planner profile measures with torch, which is not installed: "
+                        "pip install 'autoparallel-planner[torch]'")
+    sweep = "quick" if args.quick else "full" if args.full else "standard"
+    with Progress("profiling") as bar:
+        meas = profile(args.device, sweep=sweep, processes=args.procs, gpu=args.gpu,
+                       full=args.full, progress=bar)
+    table = fit_profile(meas)
+    name = str(table["name"])
+    out = Path(args.output or f"{name}-{datetime.date.today().isoformat()}.toml")
+    out.write_text(profile_toml(meas, table))
+    fit = table["measured"]["fit"]
+    if args.json:
+        summary = {k: v for k, v in table.items() if k != "measured"}
+        print(json.dumps({"written": str(out), "duration_s": meas.duration_s, "profile": summary,
+                          "fit": fit}, indent=2))
+        return 0
+    eff = table["efficiency"]
+    best = {}
+    for p_ in meas.gemm:
+        best[p_.dtype] = max(best.get(p_.dtype, 0.0), p_.tflops)
+    print(f"profiled {meas.device_name} in {meas.duration_s:.1f} s ({sweep} sweep"
+          + (f", datasheet {meas.gpu}" if meas.gpu else ", no datasheet profile") + ")")
+    print("  matmul    best " + ", ".join(f"{d} {v:.1f}" for d, v in best.items())
+          + f" TFLOP/s; gemm {eff['gemm']:.3f} of peak, kernel overhead "
+          f"{eff['kernel_overhead_us']:.2f} us (fit error {100 * fit['gemm_error']:.1f}%)")
+    if meas.attention:
+        print(f"  attention forward {eff['attention']:.3f}, backward "
+              f"{eff['attention_backward']:.3f} of peak")
+    if meas.copy:
+        print(f"  memory    best copy {max(p_.gb_per_s for p_ in meas.copy):.0f} GB/s; "
+              f"{eff['memory']:.3f} of {table['memory_bandwidth_gb_per_s']} GB/s")
+    for key, label in (("host_link", "host link"), ("intra_node_link", "link")):
+        if isinstance(table.get(key), dict):
+            link = table[key]
+            achieved = link["bandwidth_gb_per_s"] * link["efficiency"]
+            print(f"  {label:<9s} {achieved:.1f} GB/s per direction, {link['latency_us']:.1f} us "
+                  f"per hop (fit error {100 * fit[key + '_error']:.1f}%)")
+    print(f"written to {out}; plan with it: planner plan ... --profile {out}")
     return 0
 
 
@@ -655,6 +769,8 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
     hw.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default 8)")
     hw.add_argument("--intra-node", help="link inside a node (default: the GPU's own)")
     hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)", **rep)
+    hw.add_argument("--profile", metavar="FILE", help="plan with a measured GPU profile "
+                    "('planner profile -o FILE') instead of the shipped datasheet one")
     jb = p.add_argument_group("job")
     jb.add_argument("--global-batch-size", type=positive_int, help="sequences per step (required)")
     jb.add_argument("--seq-len", type=positive_int, help="tokens per sequence (required)")
@@ -878,12 +994,47 @@ def build_parser() -> argparse.ArgumentParser:
         "reports). Default: the calibration set (Narayanan et al. 2021 Table 1, Korthikanti et "
         "al. 2022 Table 5); --heldout: runs never used for fitting.",
         epilog="examples:\n  planner validate\n  planner validate --heldout --json\n"
-        "  planner validate --runs ../shared/data/calibration.json",
+        "  planner validate --runs ../shared/data/calibration.json\n"
+        "  planner validate --heldout --profile h100-sxm-2026-11-22.toml",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     val.add_argument("--runs", help="a runs JSON file (calibration.json schema or the planner's)")
     val.add_argument("--heldout", action="store_true", help="the shipped held-out runs")
+    val.add_argument("--profile", metavar="FILE", help="also predict the runs on this "
+                     "profile's GPU with it ('planner profile -o FILE') and show both")
     val.add_argument("--json", action="store_true", help="machine-readable output")
     val.set_defaults(func=cmd_validate)
+
+    prof = sub.add_parser(
+        "profile", help="measure this GPU (or CPU) and its links; write a profile to plan with",
+        description="Measure, with torch, matmul throughput over a grid of shapes per dtype, "
+        "fused attention against sequence length and head dimension, memory bandwidth, "
+        "pinned host-device bandwidth and, with more than one process, all-reduce, "
+        "all-gather, reduce-scatter, all-to-all and send/recv against message size (NCCL on "
+        "GPUs, gloo on the CPU). Fit the cost model's parameters to the times and write a GPU "
+        "profile TOML (the hardware_profiles/gpus format, marked as measured, with the date "
+        "and the torch and driver versions) that --profile FILE plans with. A sweep "
+        "predicted to take over two minutes needs --full.",
+        epilog="examples:\n  planner profile -o h100.toml                  # every GPU of "
+        "this node\n  planner profile --device cpu --procs 2 --quick -o cpu.toml\n"
+        "  planner profile --full --gpu h100-sxm -o h100-full.toml\n"
+        "  planner plan --model llama-3-8b --gpus 8 --global-batch-size 256 --seq-len 8192 "
+        "--profile h100.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    prof.add_argument("--device", choices=("cuda", "cpu"),
+                      help="what to measure (default: cuda when torch sees a GPU, else cpu)")
+    prof.add_argument("-o", "--output", help="where to write the TOML (default "
+                      "<gpu>-<date>.toml here)")
+    prof.add_argument("--gpu", help="the shipped datasheet profile of this GPU, whose peaks "
+                      "the efficiencies are fractions of (default: from the device name; "
+                      "'none' for none)")
+    prof.add_argument("--procs", type=positive_int, help="processes for the collectives "
+                      "(default: every GPU; 1 on the CPU, which measures none)")
+    size = prof.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a smoke run of a few small shapes")
+    size.add_argument("--full", action="store_true", help="every shape and size, however "
+                      "long it takes (needed when a sweep would take over two minutes)")
+    prof.add_argument("--json", action="store_true", help="machine-readable output")
+    prof.set_defaults(func=cmd_profile)
 
     cal = sub.add_parser(
         "calibrate", help="fit a GPU profile's efficiencies to published runs",
