@@ -187,6 +187,7 @@ class Measurements:
         try:
             head = {f.name: data[f.name] for f in fields(cls)
                     if f.name in data and f.name not in POINTS}
+            head.setdefault("gpu", None)  # a profile leaves out what is None
             lists = {k: [kind(**{f.name: p[f.name] for f in fields(kind)})
                          for p in data.get(k, [])] for k, kind in POINTS.items()}
             return cls(**head, **lists)

@@ -336,6 +336,7 @@ def test_profile_end_to_end_on_cpu_with_two_gloo_processes(tmp_path: Path) -> No
     assert info["backend"] == "gloo" and info["processes"] == 2 and info["device"] == "cpu"
     assert {c["op"] for c in info["collectives"]} == set(COLLECTIVES)
     assert all(c["seconds"] > 0 and c["ranks"] == 2 for c in info["collectives"])
+    assert Measurements.from_dict(info).gpu is None  # a CPU has no datasheet profile
     gpu = GPU.from_file(out)
     assert gpu.name == "cpu" and isinstance(gpu.intra_node_link, Link)
     est = subprocess.run([sys.executable, "-m", "planner", "estimate", "--model", "gpt3-125m",
