@@ -1,0 +1,72 @@
+"""How fast a torch model becomes a layer graph (``LayerGraph.from_module``), and in how much
+memory: Llama-3-8B, Llama-2-70B (the reference transformer of their presets) and a 1.3B ViT
+(26 pre-norm blocks of width 2048, 16 heads, patch 14 on 224 x 224 images), all on the meta
+device with one sequence (4,096 tokens) or 8 images.
+
+    python benchmarks/graph_speed.py
+
+Targets (issue 6): extraction <= 10 s for the 70B model on the 2-core CI machine, memory
+<= 4 GiB. The ILP solve time joins this table when the graph search lands.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import torch
+from torch import nn
+
+from costmodel import ModelSpec
+from costmodel.graph import LayerGraph
+from planner.runtime.model import build_model
+
+
+class ViT(nn.Module):
+    """A vision transformer (Dosovitskiy et al. 2021): patch embedding, class token,
+    learned positions, pre-norm encoder blocks, classifier."""
+
+    def __init__(self, dim: int, depth: int, heads: int, patch: int, image: int) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, patch, stride=patch)
+        n = (image // patch) ** 2
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.zeros(1, n + 1, dim))
+        self.blocks = nn.ModuleList([
+            nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True,
+                                       norm_first=True) for _ in range(depth)])
+        self.head = nn.Linear(dim, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x[:, 0])
+
+
+def main() -> None:
+    cases = []
+    for name in ("llama-3-8b", "llama-2-70b"):
+        spec = ModelSpec.preset(name)
+        cases.append((name, lambda spec=spec: build_model(spec, device="meta"),
+                      torch.randint(0, spec.vocab_size, (1, 4096))))
+    with torch.device("meta"):
+        vit = ViT(2048, 26, 16, 14, 224)
+    cases.append(("vit-1.3b", lambda: vit, torch.randn(8, 3, 224, 224)))
+    print(f"{'model':<14s} {'params':>8s} {'layers':>7s} {'nodes':>6s} {'extract s':>10s} "
+          f"{'TFLOP/step':>11s}")
+    for name, make, x in cases:
+        module = make()
+        t0 = time.perf_counter()
+        graph = LayerGraph.from_module(module, x)
+        dt = time.perf_counter() - t0
+        print(f"{name:<14s} {graph.num_params() / 1e9:>7.2f}B {len(graph.layers):>7d} "
+              f"{graph.graph.number_of_nodes():>6d} {dt:>10.3f} "
+              f"{graph.model_flops() / 1e12:>11.2f}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    print(f"peak resident memory of this process: {peak:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()

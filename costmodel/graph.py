@@ -1,0 +1,574 @@
+"""A layer graph extracted from a torch model: op-level nodes with their FLOPs, bytes and
+parameters, grouped into layers by module path, identical blocks traced once.
+
+``LayerGraph.from_module(module, example_inputs)`` runs the module's forward and backward on
+the meta device (``torch.nn.utils.stateless.functional_call`` with meta copies of the
+parameters, so nothing the size of the model is allocated and the user's module is left as
+it was) under a ``TorchDispatchMode`` that records every aten op:
+
+- its family (``FAMILIES``: matmul, attention, conv, embedding, norm, softmax, loss,
+  reduction, elementwise, pool, routing, index, view), the module path it ran in
+  (``torch.utils.module_tracker.ModuleTracker``) and whether it ran in the backward pass;
+- FLOPs: ``torch.utils.flop_counter``'s formulas for matmuls, convolutions and fused attention
+  (``model`` FLOPs, 2 per multiply-add), one per output element for elementwise, norm,
+  softmax, reduction and pooling ops (``other`` FLOPs), none for views and data movement;
+- the bytes of its output (none for a view or an in-place op: they alias an input) and the
+  parameters it reads;
+- the bytes it saves for backward (``torch.autograd.graph.saved_tensors_hooks``; each
+  storage counted once, parameters not counted);
+- which dims of its output can be split without communication inside the op
+  (``shardable_dims``; the full splitting rules build on it).
+
+Edges follow the tensors from producer to consumer. An op the families do not know is
+recorded in ``LayerGraph.unsupported`` with its module path, counted as one FLOP per output
+element and marked replicated (``shardable_dims`` empty): conservative, never a silent zero.
+
+Layers: a run of identical children of a ``ModuleList`` / ``ModuleDict`` / ``Sequential``
+(same class, same parameter names, shapes and dtypes) is traced once and kept as one
+``Layer`` with ``repeat`` = the run length, so a 126-layer Llama traces one block. Every other
+op belongs to the top-level child of the module it ran in, or to the child of a container
+there (``layers.3``, not ``layers``); ``(root)`` for the module's own ``forward`` and
+``(loss)`` for turning the output into the loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from costmodel.errors import SpecError
+
+__all__ = ["FAMILIES", "Layer", "LayerGraph", "OpNode"]
+
+#: Op families by aten op name (the overload packet, without ``aten.``).
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "matmul": ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addbmm",
+               "dot", "mv"),
+    "attention": ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                  "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+                  "_efficient_attention_forward", "_scaled_dot_product_flash_attention_backward",
+                  "_scaled_dot_product_efficient_attention_backward",
+                  "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward",
+                  "_efficient_attention_backward", "_scaled_dot_product_attention_math",
+                  "_scaled_dot_product_flash_attention_for_cpu",
+                  "_scaled_dot_product_flash_attention_for_cpu_backward",
+                  "scaled_dot_product_attention"),
+    "conv": ("convolution", "_convolution", "convolution_backward", "cudnn_convolution",
+             "_slow_conv2d_forward", "_slow_conv2d_backward", "convolution_overrideable"),
+    "embedding": ("embedding", "embedding_dense_backward", "embedding_backward"),
+    "norm": ("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
+             "_fused_rms_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+             "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+             "_native_batch_norm_legit_no_training", "native_group_norm",
+             "native_group_norm_backward", "batch_norm_backward", "cudnn_batch_norm",
+             "cudnn_batch_norm_backward", "rms_norm"),
+    "softmax": ("_softmax", "_safe_softmax", "_softmax_backward_data", "_log_softmax",
+                "_log_softmax_backward_data", "softmax", "log_softmax"),
+    "loss": ("nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward",
+             "nll_loss2d_backward", "mse_loss", "mse_loss_backward",
+             "binary_cross_entropy_with_logits", "cross_entropy_loss"),
+    "reduction": ("sum", "mean", "amax", "amin", "max", "min", "var", "std", "var_mean",
+                  "norm", "linalg_vector_norm", "prod", "argmax", "argmin", "cumsum",
+                  "logsumexp", "any", "all"),
+    "pool": ("max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d",
+             "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
+             "adaptive_avg_pool2d", "max_pool1d", "avg_pool1d"),
+    "routing": ("topk", "sort", "argsort", "index_add", "index_add_", "scatter", "scatter_",
+                "scatter_add", "scatter_add_", "histc", "bincount", "one_hot", "nonzero",
+                "masked_scatter", "index_put", "index_put_", "_index_put_impl_", "unique_dim",
+                "_unique2", "searchsorted", "repeat_interleave"),
+    "index": ("index", "index_select", "gather", "cat", "stack", "repeat", "pad",
+              "constant_pad_nd", "roll", "flip", "tril", "triu", "masked_select",
+              "select_backward", "slice_backward", "index_select_backward", "gather_backward",
+              "as_strided_backward", "unfold_backward", "expand_backward", "permute_backward",
+              "index_backward", "diagonal_backward", "unfold", "diagonal"),
+    "view": ("view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand",
+             "unsqueeze", "squeeze", "slice", "select", "split", "split_with_sizes", "chunk",
+             "alias", "detach", "as_strided", "unbind", "narrow", "flatten", "unflatten",
+             "view_as", "expand_as", "movedim", "lift_fresh", "_reshape_alias", "contiguous",
+             "clone", "_to_copy", "copy_", "copy", "lift_fresh_copy", "resolve_conj",
+             "resolve_neg", "_local_scalar_dense", "empty", "empty_like", "empty_strided",
+             "new_empty", "new_empty_strided", "zeros", "zeros_like", "ones", "ones_like",
+             "full", "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor",
+             "arange", "fill_", "zero_", "fill", "_unsafe_index"),
+    "elementwise": (
+        "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "pow", "neg", "exp", "exp2",
+        "log", "log2", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "silu",
+        "gelu", "relu", "relu_", "leaky_relu", "elu", "hardtanh", "hardswish", "softplus",
+        "mish", "threshold_backward", "silu_backward", "gelu_backward", "sigmoid_backward",
+        "tanh_backward", "leaky_relu_backward", "elu_backward", "hardtanh_backward",
+        "hardswish_backward", "softplus_backward", "mish_backward", "where", "clamp",
+        "clamp_min", "clamp_max", "masked_fill", "masked_fill_", "native_dropout",
+        "native_dropout_backward", "bernoulli", "bernoulli_", "rand", "randn", "rand_like",
+        "randn_like", "addcmul", "addcmul_", "addcdiv", "addcdiv_", "lerp", "lerp_", "maximum",
+        "minimum", "eq", "ne", "lt", "gt", "le", "ge", "logical_and", "logical_or",
+        "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "abs", "sign", "erf",
+        "erfinv", "reciprocal", "square", "exp_", "sqrt_", "rsub", "floor", "ceil", "round",
+        "trunc", "frac", "fmod", "remainder", "isnan", "isinf", "nan_to_num", "polar",
+        "view_as_real", "view_as_complex", "_conj", "conj_physical", "sgn", "_foreach_add",
+        "sin_", "cos_", "neg_", "div_", "pow_", "clamp_", "mul_", "add_"),
+}
+_FAMILY_OF = {name: fam for fam, names in FAMILIES.items() for name in names}
+#: The layer of the ops that turn the output into the loss the backward starts from.
+LOSS = "(loss)"
+#: Families whose FLOPs are one per output element.
+_PER_ELEMENT = ("elementwise", "norm", "softmax", "reduction", "pool", "loss")
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """One aten op of the traced forward or backward pass.
+
+    ``op``: the aten op (``aten.mm.default``); ``family``: its family in ``FAMILIES`` (or
+    ``unknown``); ``module``: the module path it ran in (``""`` for the root's own forward);
+    ``layer``: the ``Layer`` it belongs to; ``backward``: whether it ran in the backward pass.
+    ``model_flops``: FLOPs of matmuls, convolutions and attention (2 per multiply-add);
+    ``other_flops``: one per output element of elementwise, norm, softmax, reduction,
+    pooling and loss ops. ``output_bytes``: bytes of the tensors it creates (0 for views and
+    in-place ops); ``saved_bytes``: bytes of new storages it saves for backward (parameters
+    excluded); ``params``: the parameters it reads (module path names); ``shape``: its
+    (first) output's shape; ``shardable_dims``: dims of that output it can produce split
+    across devices without communication inside the op.
+    """
+
+    id: int
+    op: str
+    family: str
+    module: str
+    layer: str
+    backward: bool
+    model_flops: float
+    other_flops: float
+    output_bytes: float
+    saved_bytes: float
+    params: tuple[str, ...]
+    shape: tuple[int, ...]
+    shardable_dims: tuple[int, ...]
+
+
+@dataclass
+class Layer:
+    """A group of op nodes: one top-level component of the model, or one block of a run of
+    identical blocks (``repeat`` of them). The figures are per instance: ``params`` (count)
+    and ``param_bytes``; forward and backward ``model`` and ``other`` FLOPs; ``saved_bytes``
+    (activations saved for backward); ``output_bytes`` (the tensor it hands to the next
+    layer, the pipeline send size); ``nodes`` the ids of its op nodes."""
+
+    name: str
+    module_type: str
+    repeat: int = 1
+    params: int = 0
+    param_bytes: float = 0.0
+    forward_flops: float = 0.0
+    backward_flops: float = 0.0
+    forward_other_flops: float = 0.0
+    backward_other_flops: float = 0.0
+    saved_bytes: float = 0.0
+    output_bytes: float = 0.0
+    nodes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class LayerGraph:
+    """Op-level DiGraph (node id -> ``OpNode`` attributes in ``graph.nodes[i]["node"]``) and
+    its layers in execution order. ``inputs``: the shapes traced; ``unsupported``: (op,
+    module path) of each op whose family is unknown."""
+
+    name: str
+    graph: nx.DiGraph
+    layers: list[Layer]
+    inputs: tuple[tuple[int, ...], ...] = ()
+    unsupported: list[tuple[str, str]] = field(default_factory=list)
+
+    def node(self, i: int) -> OpNode:
+        """The ``OpNode`` of node id ``i``."""
+        return self.graph.nodes[i]["node"]
+
+    def layer(self, name: str) -> Layer:
+        """The layer called ``name``."""
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise SpecError(f"no layer {name!r}; layers: {', '.join(x.name for x in self.layers)}")
+
+    def _total(self, attr: str) -> float:
+        return float(sum(getattr(x, attr) * x.repeat for x in self.layers))
+
+    def num_params(self) -> int:
+        """Parameters of the whole model (repeated blocks counted ``repeat`` times)."""
+        return int(self._total("params"))
+
+    def param_bytes(self) -> float:
+        """Bytes of the parameters of the whole model."""
+        return self._total("param_bytes")
+
+    def model_flops(self) -> float:
+        """Matmul, convolution and attention FLOPs of one forward + backward pass."""
+        return self._total("forward_flops") + self._total("backward_flops")
+
+    def forward_model_flops(self) -> float:
+        """Matmul, convolution and attention FLOPs of the forward pass."""
+        return self._total("forward_flops")
+
+    def saved_bytes(self) -> float:
+        """Bytes saved for backward by one forward pass (parameters excluded)."""
+        return self._total("saved_bytes")
+
+    def summary(self) -> str:
+        """A table of the layers: repeat, parameters, forward GFLOPs, saved MiB."""
+        lines = [f"{'layer':<28s} {'x':>4s} {'params':>12s} {'fwd GFLOP':>10s} "
+                 f"{'bwd GFLOP':>10s} {'saved MiB':>10s}"]
+        for x in self.layers:
+            lines.append(f"{x.name:<28s} {x.repeat:>4d} {x.params:>12,d} "
+                         f"{x.forward_flops / 1e9:>10.3f} {x.backward_flops / 1e9:>10.3f} "
+                         f"{x.saved_bytes / 2**20:>10.2f}")
+        lines.append(f"total: {self.num_params():,} parameters, "
+                     f"{self.model_flops() / 1e12:.4f} TFLOP per step, "
+                     f"{self.saved_bytes() / 2**30:.3f} GiB saved for backward")
+        if self.unsupported:
+            ops = sorted({f"{op} in {mod or '(root)'}" for op, mod in self.unsupported})
+            lines.append("unsupported ops (counted as replicated, one FLOP per element): "
+                         + "; ".join(ops))
+        return "\n".join(lines)
+
+    @classmethod
+    def from_module(cls, module: Any, example_inputs: Any, *,
+                    loss_fn: Callable[[Any], Any] | None = None, backward: bool = True,
+                    repeat_blocks: bool = True, name: str | None = None) -> LayerGraph:
+        """Trace ``module`` on ``example_inputs`` (a tensor, a tuple of positional inputs, or
+        a dict of keyword inputs; any device, they are traced on the meta device).
+
+        ``loss_fn(output) -> scalar`` makes the loss the backward starts from (default: the
+        sum of the floating outputs); ``backward=False`` traces the forward only;
+        ``repeat_blocks=False`` traces every block. Raises ``SpecError`` when torch is not
+        installed or the module cannot run on the meta device.
+        """
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise SpecError("LayerGraph.from_module traces with torch, which is not "
+                            "installed: pip install 'autoparallel-planner[torch]'") from None
+        return _trace(module, example_inputs, loss_fn, backward, repeat_blocks, name)
+
+
+# ---- tracing -------------------------------------------------------------------------------
+
+def _signature(mod: Any) -> tuple[Any, ...]:
+    """What makes two blocks identical: class and every parameter's and buffer's name,
+    shape and dtype."""
+    params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in mod.named_parameters())
+    bufs = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in mod.named_buffers())
+    return (type(mod), params, bufs)
+
+
+def _runs(module: Any) -> dict[str, tuple[str, list[str]]]:
+    """Runs of identical consecutive children in containers: container path -> (name of the
+    block traced, names of the blocks it stands for), for runs of two or more."""
+    from torch import nn
+
+    out: dict[str, tuple[str, list[str]]] = {}
+    for path, mod in module.named_modules():
+        if not isinstance(mod, nn.ModuleList | nn.ModuleDict | nn.Sequential):
+            continue
+        names = list(mod._modules)
+        i = 0
+        while i < len(names):
+            j = i + 1
+            sig = _signature(mod._modules[names[i]])
+            while j < len(names) and _signature(mod._modules[names[j]]) == sig:
+                j += 1
+            if j - i >= 2 and sig[1]:  # parameterless runs (activations) are not blocks
+                out[f"{path}.{names[i]}" if path else names[i]] = (path, names[i:j])
+            i = j
+    return out
+
+
+@contextlib.contextmanager
+def _truncated(module: Any, runs: dict[str, tuple[str, list[str]]]) -> Iterator[None]:
+    """Each run of identical blocks cut to its first block for the duration."""
+    saved = []
+    try:
+        for _first, (path, names) in runs.items():
+            container = module.get_submodule(path) if path else module
+            saved.append((container, dict(container._modules)))
+            drop = set(names[1:])
+            container._modules = type(container._modules)(
+                (k, v) for k, v in container._modules.items() if k not in drop)
+        yield
+    finally:
+        for container, modules in reversed(saved):
+            container._modules = type(container._modules)(modules.items())
+
+
+def _meta(x: Any) -> Any:
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, x)
+
+
+def _shardable(family: str, shape: tuple[int, ...], op: str) -> tuple[int, ...]:
+    """Output dims an op of ``family`` produces split with no communication inside it,
+    given its inputs split the same way (the batch-like and feature dims it does not
+    reduce over)."""
+    n = len(shape)
+    if family in ("elementwise", "view", "index", "embedding", "loss", "routing"):
+        return tuple(range(n)) if family in ("elementwise", "embedding") else tuple(range(n - 1))
+    if family in ("matmul", "attention"):
+        return tuple(range(n))  # rows from the left operand, columns from the right
+    if family in ("norm", "softmax"):
+        return tuple(range(n - 1))  # not the normalized (last) dim
+    if family == "conv":
+        return tuple(d for d in range(n) if d != 2 and d != 3)  # batch, channels; not spatial
+    if family in ("reduction", "pool"):
+        return (0,) if n else ()
+    return ()
+
+
+class _Recorder:
+    """The dispatch mode's state: nodes, edges, saved storages, and the producer of each
+    tensor (kept alive until the trace ends, so ids stay unique)."""
+
+    def __init__(self, tracker: Any, param_names: dict[int, str], param_storages: set[int]
+                 ) -> None:
+        self.tracker = tracker
+        self.param_names = param_names
+        self.param_storages = param_storages
+        self.nodes: list[dict[str, Any]] = []
+        self.edges: list[tuple[int, int]] = []
+        self.producer: dict[int, int] = {}
+        self.alive: list[Any] = []
+        self.saved_storages: set[int] = set()
+        self.unsupported: list[tuple[str, str]] = []
+        self.prefix = ""
+        self.in_loss = False
+
+    def module_path(self) -> str:
+        if self.in_loss:
+            return LOSS
+        parents = [p for p in self.tracker.parents if p != "Global"]
+        if not parents:
+            return ""
+        deepest = max(parents, key=lambda p: (p.count("."), len(p)))
+        return deepest[len(self.prefix):].lstrip(".") if deepest.startswith(self.prefix) \
+            else deepest
+
+    def record(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        import torch
+        from torch.utils._pytree import tree_flatten
+        from torch.utils.flop_counter import flop_registry
+
+        name = func._overloadpacket.__name__
+        family = _FAMILY_OF.get(name, "unknown")
+        path = self.module_path()
+        nid = len(self.nodes)
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        params = []
+        for t in ins:
+            if id(t) in self.param_names:
+                params.append(self.param_names[id(t)])
+            src = self.producer.get(id(t))
+            if src is not None:
+                self.edges.append((src, nid))
+        formula = flop_registry.get(func._overloadpacket)
+        model_flops = other = 0.0
+        if formula is not None:
+            model_flops = float(formula(*args, **kwargs, out_val=out))
+        elif family in _PER_ELEMENT or family == "unknown":
+            other = float(sum(t.numel() for t in outs))
+        if family == "unknown":
+            self.unsupported.append((str(func), path))
+        aliases = any(r.alias_info is not None for r in func._schema.returns)
+        out_bytes = 0.0 if aliases else float(sum(t.numel() * t.element_size() for t in outs))
+        for t in outs:
+            self.producer[id(t)] = nid
+            self.alive.append(t)
+        shape = tuple(outs[0].shape) if outs else ()
+        self.nodes.append(dict(
+            id=nid, op=str(func), family=family, module=path,
+            backward=bool(self.tracker.is_bw), model_flops=model_flops, other_flops=other,
+            output_bytes=out_bytes, saved_bytes=0.0, params=tuple(params), shape=shape,
+            shardable_dims=() if family == "unknown" else _shardable(family, shape, name)))
+
+    def saved(self, t: Any) -> Any:
+        """``saved_tensors_hooks`` pack: count each new non-parameter storage once, on the
+        last node recorded in the module saving it."""
+        try:
+            key = t.untyped_storage()._cdata
+            nbytes = float(t.untyped_storage().nbytes())
+        except (RuntimeError, NotImplementedError):
+            key, nbytes = id(t), float(t.numel() * t.element_size())
+        if key not in self.saved_storages and key not in self.param_storages and self.nodes:
+            self.saved_storages.add(key)
+            self.nodes[-1]["saved_bytes"] += nbytes
+        self.alive.append(t)
+        return t
+
+
+def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | None,
+           backward: bool, repeat_blocks: bool, name: str | None) -> LayerGraph:
+    import torch
+    from torch.func import functional_call
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.module_tracker import ModuleTracker
+
+    if not isinstance(module, torch.nn.Module):
+        raise SpecError(f"LayerGraph.from_module takes a torch nn.Module, got "
+                        f"{type(module).__name__}")
+    runs = _runs(module) if repeat_blocks else {}
+
+    class Mode(TorchDispatchMode):
+        def __init__(self, rec: _Recorder) -> None:
+            super().__init__()
+            self.rec = rec
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            self.rec.record(func, args, kwargs, out)
+            return out
+
+    def attempt(cut: dict[str, tuple[str, list[str]]]) -> tuple[_Recorder, Any]:
+        with _truncated(module, cut):
+            state = {k: torch.empty_like(v, device="meta") for k, v in
+                     {**dict(module.named_parameters(remove_duplicate=False)),
+                      **dict(module.named_buffers(remove_duplicate=False))}.items()}
+            params = dict(module.named_parameters())
+            for k in params:
+                state[k].requires_grad_(params[k].requires_grad)
+            names = {id(state[k]): k for k in params}
+            storages = {state[k].untyped_storage()._cdata for k in params}
+            tracker = ModuleTracker()
+            rec = _Recorder(tracker, names, storages)
+            rec.prefix = type(module).__name__
+            inputs = _meta(example_inputs)
+            hooks = [module.get_submodule(first).register_forward_hook(_same_shape)
+                     for first in cut]
+            with tracker, Mode(rec), torch.autograd.graph.saved_tensors_hooks(
+                    rec.saved, lambda t: t), _removing(hooks):
+                if isinstance(inputs, dict):
+                    out = functional_call(module, state, (), inputs)
+                else:
+                    out = functional_call(module, state, inputs if isinstance(inputs, tuple)
+                                          else (inputs,))
+                if backward:
+                    rec.in_loss = True
+                    loss = loss_fn(out) if loss_fn is not None else sum(
+                        t.float().sum() for t in tree_flatten(out)[0]
+                        if isinstance(t, torch.Tensor) and t.is_floating_point())
+                    rec.in_loss = False
+                    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                        loss.backward()
+            return rec, params
+
+    try:
+        rec, params = attempt(runs)
+    except Exception as first:  # the model may not tolerate a cut: trace it all
+        if not runs:
+            raise SpecError(f"could not trace {type(module).__name__} on the meta device: "
+                            f"{type(first).__name__}: {first}") from None
+        runs = {}
+        try:
+            rec, params = attempt(runs)
+        except Exception as e:  # anything the model raises, as one clear line
+            raise SpecError(f"could not trace {type(module).__name__} on the meta device: "
+                            f"{type(e).__name__}: {e}") from None
+    return _assemble(module, rec, params, runs, example_inputs, name)
+
+
+class _ShapeChange(RuntimeError):
+    """A block traced for a run of identical blocks changed its input's shape, so it cannot
+    stand for the blocks after it."""
+
+
+def _same_shape(mod: Any, args: Any, out: Any) -> None:
+    """Forward hook on the block traced for a run: it must hand on what it was given."""
+    first = args[0] if args else None
+    if hasattr(first, "shape") and hasattr(out, "shape") and first.shape != out.shape:
+        raise _ShapeChange(f"{type(mod).__name__} maps {tuple(first.shape)} to "
+                           f"{tuple(out.shape)}")
+
+
+@contextlib.contextmanager
+def _removing(handles: list[Any]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _layer_of(path: str, runs: dict[str, tuple[str, list[str]]], containers: set[str]) -> str:
+    """The layer of module ``path``: the block a run stands for, else the top-level child,
+    going one level deeper through containers (``layers.3``, not ``layers``)."""
+    for first in runs:
+        if path == first or path.startswith(first + "."):
+            return first
+    if not path:
+        return "(root)"
+    if path == LOSS:
+        return LOSS
+    parts = path.split(".")
+    i = 1
+    while i < len(parts) and ".".join(parts[:i]) in containers:
+        i += 1
+    return ".".join(parts[:i])
+
+
+def _containers(module: Any) -> set[str]:
+    from torch import nn
+
+    return {p for p, m in module.named_modules()
+            if p and isinstance(m, nn.ModuleList | nn.ModuleDict | nn.Sequential)}
+
+
+def _assemble(module: Any, rec: _Recorder, params: dict[str, Any],
+              runs: dict[str, tuple[str, list[str]]], example_inputs: Any,
+              name: str | None) -> LayerGraph:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    graph = nx.DiGraph()
+    layers: dict[str, Layer] = {}
+    containers = _containers(module)
+    for n in rec.nodes:
+        lname = _layer_of(n["module"], runs, containers)
+        n["layer"] = lname
+        node = OpNode(**n)
+        graph.add_node(node.id, node=node)
+        if lname not in layers:
+            sub = module.get_submodule(lname) if lname not in ("(root)", LOSS) else module
+            layers[lname] = Layer(name=lname,
+                                  module_type="loss" if lname == LOSS else type(sub).__name__,
+                                  repeat=len(runs[lname][1]) if lname in runs else 1)
+        layer = layers[lname]
+        layer.nodes.append(node.id)
+        if node.backward:
+            layer.backward_flops += node.model_flops
+            layer.backward_other_flops += node.other_flops
+        else:
+            layer.forward_flops += node.model_flops
+            layer.forward_other_flops += node.other_flops
+            layer.saved_bytes += node.saved_bytes
+            if node.output_bytes:
+                layer.output_bytes = node.output_bytes
+    graph.add_edges_from(rec.edges)
+    # Parameters by the layer of their module path (exact, whether or not an op read them).
+    for pname, p in params.items():
+        lname = _layer_of(pname.rsplit(".", 1)[0] if "." in pname else "", runs, containers)
+        if lname not in layers:
+            layers[lname] = Layer(name=lname, module_type="Parameter")
+        layers[lname].params += p.numel()
+        layers[lname].param_bytes += float(p.numel() * p.element_size())
+    shapes = tuple(tuple(t.shape) for t in tree_flatten(example_inputs)[0]
+                   if isinstance(t, torch.Tensor))
+    return LayerGraph(name=name or type(module).__name__, graph=graph,
+                      layers=list(layers.values()), inputs=shapes,
+                      unsupported=rec.unsupported)

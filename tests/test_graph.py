@@ -1,0 +1,190 @@
+"""``LayerGraph.from_module``: a torch model traced on the meta device into a layer graph.
+
+The reference transformers must match their analytic ``ModelSpec`` (parameters exactly,
+model FLOPs within 1 %); hand-written MLP, CNN and ViT models match FLOPs counted by hand;
+identical blocks are traced once; unknown ops are named, never silently zero.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from costmodel import ModelSpec, SpecError  # noqa: E402
+from costmodel.graph import LayerGraph  # noqa: E402
+from costmodel.steptime import model_flops_per_token  # noqa: E402
+from planner.runtime.model import build_model  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "llama-2-70b", "gpt3-125m", "gpt3-2.7b"])
+def test_reference_transformers_match_their_spec(name: str) -> None:
+    spec = ModelSpec.preset(name)
+    seq = 1024
+    graph = LayerGraph.from_module(build_model(spec, device="meta"),
+                                   torch.randint(0, spec.vocab_size, (2, seq)))
+    assert graph.num_params() == spec.num_params()
+    # PaLM (Chowdhery et al. 2022, App. B) model FLOPs: 6 N + 12 L q s per token.
+    analytic = model_flops_per_token(spec, seq) * 2 * seq
+    assert graph.model_flops() == pytest.approx(analytic, rel=0.01)
+    # One block traced, standing for all of them.
+    block = graph.layer("layers.0")
+    assert block.repeat == spec.num_layers and block.module_type == "Block"
+    assert not any(x.name.startswith("layers.1") for x in graph.layers)
+    assert graph.unsupported == []
+    assert block.saved_bytes > 0 and block.output_bytes == 2 * seq * spec.hidden_size * 4
+
+
+def test_tracing_every_block_gives_the_same_totals() -> None:
+    spec = ModelSpec(name="tiny", num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2,
+                     ffn_hidden_size=128, vocab_size=256)
+    module = build_model(spec, device="meta")
+    x = torch.randint(0, 256, (2, 32))
+    once = LayerGraph.from_module(module, x)
+    every = LayerGraph.from_module(module, x, repeat_blocks=False)
+    assert [x.name for x in every.layers if x.name.startswith("layers")] == \
+        ["layers.0", "layers.1", "layers.2"]
+    assert once.num_params() == every.num_params() == spec.num_params()
+    assert once.model_flops() == pytest.approx(every.model_flops())
+    assert once.saved_bytes() == pytest.approx(every.saved_bytes())
+    assert len(module.layers) == 3  # the module is left whole
+
+
+def test_an_mlp_counts_what_a_hand_count_says() -> None:
+    widths = [32, 64, 64, 16]
+    mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                        nn.Linear(64, 16))
+    batch = 8
+    graph = LayerGraph.from_module(mlp, torch.randn(batch, 32))
+    macs = [a * b for a, b in itertools.pairwise(widths)]
+    assert graph.forward_model_flops() == 2 * batch * sum(macs)
+    # Backward: every weight gradient, and the input gradients of all but the first layer
+    # (the input needs no gradient).
+    assert graph.model_flops() - graph.forward_model_flops() == \
+        2 * batch * (sum(macs) + sum(macs[1:]))
+    assert graph.num_params() == sum(p.numel() for p in mlp.parameters())
+    assert all(p.device.type == "cpu" for p in mlp.parameters())  # untouched
+
+
+class BasicBlock(nn.Module):
+    """A ResNet basic block (He et al. 2016): two 3x3 convolutions with batch norm and a
+    residual."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(y)))
+
+
+def test_a_resnet_style_cnn() -> None:
+    c, hw, batch = 16, 32, 4
+    net = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.ReLU(),
+                        nn.Sequential(*[BasicBlock(c) for _ in range(4)]),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10))
+    graph = LayerGraph.from_module(net, torch.randn(batch, 3, hw, hw))
+    assert graph.num_params() == sum(p.numel() for p in net.parameters())
+    block = graph.layer("2.0")
+    assert block.repeat == 4
+    # Two 3x3 convolutions, c -> c over hw x hw: 2 * 9 c^2 hw^2 FLOPs each per image.
+    assert block.forward_flops == 2 * (2 * 9 * c * c * hw * hw) * batch
+    stem = graph.layer("0")
+    assert stem.forward_flops == 2 * 9 * 3 * c * hw * hw * batch
+    assert graph.unsupported == []
+
+
+class ViT(nn.Module):
+    """A small vision transformer (Dosovitskiy et al. 2021): patch embedding, class token,
+    learned positions, pre-norm encoder blocks, classifier."""
+
+    def __init__(self, dim: int = 64, depth: int = 3, patch: int = 8, image: int = 32) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, patch, stride=patch)
+        n = (image // patch) ** 2
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.zeros(1, n + 1, dim))
+        self.blocks = nn.ModuleList([
+            nn.TransformerEncoderLayer(dim, 4, 4 * dim, dropout=0.0, batch_first=True,
+                                       norm_first=True) for _ in range(depth)])
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x[:, 0])
+
+
+def test_a_vit() -> None:
+    vit = ViT()
+    graph = LayerGraph.from_module(vit, torch.randn(2, 3, 32, 32))
+    assert graph.num_params() == sum(p.numel() for p in vit.parameters())
+    assert graph.layer("blocks.0").repeat == 3
+    tokens, dim = 2 * 17, 64
+    # Per block forward: QKV + output projections 8 d^2, MLP 16 d^2 per token, attention
+    # 4 s d per token (scores and weighted sum).
+    expected = tokens * (2 * 4 * dim * dim + 2 * 8 * dim * dim) + 2 * 4 * 17 * 17 * dim
+    assert graph.layer("blocks.0").forward_flops == pytest.approx(expected, rel=0.01)
+    assert graph.unsupported == []
+
+
+class Odd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.bessel_j0(self.proj(x))
+
+
+def test_an_unknown_op_is_named_and_counted_replicated() -> None:
+    graph = LayerGraph.from_module(nn.Sequential(Odd()), torch.randn(4, 8))
+    assert any("bessel_j0" in op and mod == "0" for op, mod in graph.unsupported)
+    node = next(graph.node(i) for i in graph.graph.nodes if "bessel_j0" in graph.node(i).op
+                and not graph.node(i).backward)
+    assert node.family == "unknown" and node.other_flops == 32 and node.shardable_dims == ()
+    assert "unsupported ops" in graph.summary() and "bessel_j0" in graph.summary()
+
+
+def test_identical_blocks_that_change_shape_are_traced_one_by_one() -> None:
+    net = nn.Sequential(*[nn.Conv2d(4, 4, 3, stride=2, padding=1) for _ in range(3)])
+    graph = LayerGraph.from_module(net, torch.randn(1, 4, 32, 32))
+    convs = [x for x in graph.layers if x.params]
+    assert [x.name for x in convs] == ["0", "1", "2"]
+    assert all(x.repeat == 1 for x in convs)
+    flops = [x.forward_flops for x in convs]
+    assert flops[0] == 4 * flops[1] == 16 * flops[2]  # each halves the image
+
+
+def test_edges_follow_the_tensors() -> None:
+    graph = LayerGraph.from_module(nn.Sequential(nn.Linear(8, 8), nn.ReLU()),
+                                   torch.randn(2, 8), backward=False)
+    import networkx as nx
+
+    assert nx.is_directed_acyclic_graph(graph.graph)
+    relu = next(i for i in graph.graph.nodes if graph.node(i).op.startswith("aten.relu"))
+    mm = next(i for i in graph.graph.nodes if graph.node(i).family == "matmul")
+    assert nx.has_path(graph.graph, mm, relu)
+    assert graph.node(mm).params and graph.node(mm).shardable_dims == (0, 1)
+    assert graph.model_flops() == graph.forward_model_flops() == 2 * 2 * 8 * 8
+
+
+def test_bad_input() -> None:
+    with pytest.raises(SpecError, match=r"takes a torch nn\.Module"):
+        LayerGraph.from_module("not a module", torch.randn(2))
+
+    class Item(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * float(x.sum().item())
+
+    with pytest.raises(SpecError, match="could not trace Item on the meta device"):
+        LayerGraph.from_module(Item(), torch.randn(2))
