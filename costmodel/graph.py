@@ -437,9 +437,10 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
 
     def attempt(cut: dict[str, tuple[str, list[str]]]) -> tuple[_Recorder, Any]:
         with _truncated(module, cut):
+            # One meta tensor per distinct parameter; functional_call ties the other names
+            # of a tied parameter (e.g. an LM head sharing the embedding) to it.
             state = {k: torch.empty_like(v, device="meta") for k, v in
-                     {**dict(module.named_parameters(remove_duplicate=False)),
-                      **dict(module.named_buffers(remove_duplicate=False))}.items()}
+                     {**dict(module.named_parameters()), **dict(module.named_buffers())}.items()}
             params = dict(module.named_parameters())
             for k in params:
                 state[k].requires_grad_(params[k].requires_grad)

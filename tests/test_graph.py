@@ -178,6 +178,28 @@ def test_edges_follow_the_tensors() -> None:
     assert graph.model_flops() == graph.forward_model_flops() == 2 * 2 * 8 * 8
 
 
+class TiedLM(nn.Module):
+    """An embedding and an output layer sharing one weight (as Hugging Face models tie them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 16)
+        self.body = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 100, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(x)))
+
+
+def test_tied_weights_count_once() -> None:
+    model = TiedLM()
+    graph = LayerGraph.from_module(model, torch.randint(0, 100, (2, 8)))
+    assert graph.num_params() == sum(p.numel() for p in model.parameters()) == 100 * 16 + 272
+    # The head still multiplies by the (shared) weight: 2 x 16 tokens x 16 x 100 forward.
+    assert graph.layer("head").forward_flops == 2 * 16 * 16 * 100
+
+
 def test_bad_input() -> None:
     with pytest.raises(SpecError, match=r"takes a torch nn\.Module"):
         LayerGraph.from_module("not a module", torch.randn(2))
