@@ -311,17 +311,15 @@ def _meta(x: Any) -> Any:
     return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, x)
 
 
-def _shardable(family: str, shape: tuple[int, ...], op: str) -> tuple[int, ...]:
+def _shardable(family: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Output dims an op of ``family`` produces split with no communication inside it,
     given its inputs split the same way (the batch-like and feature dims it does not
     reduce over)."""
     n = len(shape)
-    if family in ("elementwise", "view", "index", "embedding", "loss", "routing"):
-        return tuple(range(n)) if family in ("elementwise", "embedding") else tuple(range(n - 1))
-    if family in ("matmul", "attention"):
-        return tuple(range(n))  # rows from the left operand, columns from the right
-    if family in ("norm", "softmax"):
-        return tuple(range(n - 1))  # not the normalized (last) dim
+    if family in ("elementwise", "embedding", "matmul", "attention"):
+        return tuple(range(n))  # matmul: rows from the left operand, columns from the right
+    if family in ("view", "index", "loss", "routing", "norm", "softmax"):
+        return tuple(range(n - 1))  # not the last (reshaped, normalized) dim
     if family == "conv":
         return tuple(d for d in range(n) if d != 2 and d != 3)  # batch, channels; not spatial
     if family in ("reduction", "pool"):
@@ -393,7 +391,7 @@ class _Recorder:
             id=nid, op=str(func), family=family, module=path,
             backward=bool(self.tracker.is_bw), model_flops=model_flops, other_flops=other,
             output_bytes=out_bytes, saved_bytes=0.0, params=tuple(params), shape=shape,
-            shardable_dims=() if family == "unknown" else _shardable(family, shape, name)))
+            shardable_dims=() if family == "unknown" else _shardable(family, shape)))
 
     def saved(self, t: Any) -> Any:
         """``saved_tensors_hooks`` pack: count each new non-parameter storage once, on the

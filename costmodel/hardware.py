@@ -166,6 +166,12 @@ class GPU:
         """Whether the profile lists a peak for ``dtype``."""
         return any(d == dtype for d, _ in self.peak_flops_by_dtype)
 
+    def intra_link(self) -> Link:
+        """The GPU's default link to the other GPUs of its node: a shipped link profile by
+        name, or the link a measured profile carries (``planner profile``)."""
+        link = self.intra_node_link
+        return link if isinstance(link, Link) else Link.preset(link)
+
     def host(self) -> Link:
         """The GPU-to-host link offload crosses: a shipped link profile by name, or the
         link a measured profile carries (``planner profile``)."""

@@ -177,6 +177,13 @@ class Measurements:
     transfer: list[TransferPoint] = field(default_factory=list)
     collectives: list[CollectivePoint] = field(default_factory=list)
 
+    def best_tflops(self) -> dict[str, float]:
+        """The best achieved matmul TFLOP/s of each measured dtype."""
+        best: dict[str, float] = {}
+        for p in self.gemm:
+            best[p.dtype] = max(best.get(p.dtype, 0.0), p.tflops)
+        return best
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable: the header fields and the lists of points."""
         return asdict(self)
@@ -380,9 +387,7 @@ def fit_profile(meas: Measurements) -> dict[str, Any]:
         basis = (f"peaks, HBM bandwidth and link wire rates: the datasheet profile "
                  f"hardware_profiles/gpus/{meas.gpu}.toml")
     else:
-        peaks: dict[str, float] = {}
-        for p in meas.gemm:
-            peaks[p.dtype] = max(peaks.get(p.dtype, 0.0), p.tflops)
+        peaks = meas.best_tflops()
         if "fp32" in peaks:
             peaks.setdefault("tf32", peaks["fp32"])  # no tf32 units: fp32 jobs run fp32 math
         copy_bw = max((p.gb_per_s for p in meas.copy), default=1.0)

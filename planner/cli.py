@@ -641,9 +641,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                           "fit": fit}, indent=2))
         return 0
     eff = table["efficiency"]
-    best = {}
-    for p_ in meas.gemm:
-        best[p_.dtype] = max(best.get(p_.dtype, 0.0), p_.tflops)
+    best = meas.best_tflops()
     print(f"profiled {meas.device_name} in {meas.duration_s:.1f} s ({sweep} sweep"
           + (f", datasheet {meas.gpu}" if meas.gpu else ", no datasheet profile") + ")")
     print("  matmul    best " + ", ".join(f"{d} {v:.1f}" for d, v in best.items())

@@ -196,11 +196,10 @@ def _rates(device: str, gpu: str | None) -> _Rates:
     import torch
 
     if device == "cuda" and gpu:
-        from costmodel.hardware import GPU, Link
+        from costmodel.hardware import GPU
 
         g = GPU.preset(gpu, calibrated=False)
-        link = g.intra_node_link
-        link = link if isinstance(link, Link) else Link.preset(link)
+        link = g.intra_link()
         return _Rates({d: f * 0.5 for d, f in g.peak_flops_by_dtype},
                       g.memory_bandwidth_bytes_per_s * 0.5, g.host().achieved_bytes_per_s * 0.5,
                       link.achieved_bytes_per_s * 0.5, 20e-6, 20.0)
