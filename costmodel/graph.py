@@ -15,7 +15,10 @@ it was) under a ``TorchDispatchMode`` that records every aten op:
 - the bytes of its output (none for a view or an in-place op: they alias an input) and the
   parameters it reads;
 - the bytes it saves for backward (``torch.autograd.graph.saved_tensors_hooks``; each
-  storage counted once, parameters not counted);
+  storage counted once, parameters not counted). Attention, RMS norm and dropout run as the
+  fused kernels a GPU runs (flash attention saves Q, K, V, O and the log-sum-exp, not the
+  s x s scores; RMS norm its input and 1/rms; dropout a 1-byte mask), where the meta
+  device would take the eager decompositions;
 - which dims of its output can be split without communication inside the op
   (``shardable_dims``; the full splitting rules build on it).
 
@@ -327,6 +330,87 @@ def _shardable(family: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return ()
 
 
+#: The fused attention the trace runs ``F.scaled_dot_product_attention`` as (forward, backward).
+_FUSED_ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu",
+                    "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def _fused_attention_flops(name: str, args: Any) -> float:
+    """Model FLOPs of the fused attention kernel: ``QK^T`` and ``PV`` forward, twice that
+    backward (the FLOPs of the computation, PaLM App. B; the kernel also recomputes ``QK^T``,
+    Dao 2023, which is hardware, not model, work)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    q, k, v = (args[0], args[1], args[2]) if name == _FUSED_ATTENTION[0] else \
+        (args[1], args[2], args[3])
+    forward = float(sdpa_flop_count(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+    return forward if name == _FUSED_ATTENTION[0] else 2.0 * forward
+
+
+def _fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None,
+                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                enable_gqa: bool = False) -> Any:
+    """``F.scaled_dot_product_attention`` as one fused kernel (what a GPU runs: FlashAttention
+    saves Q, K, V, the output and the log-sum-exp, not the s x s scores). On the meta device
+    torch would otherwise take the unfused math path. Grouped-query K and V keep their own
+    head count (``enable_gqa``), as the fused kernels read them."""
+    import torch
+
+    out, _lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    return out
+
+
+def _fused_rms_norm() -> Any:
+    """An autograd function for ``F.rms_norm`` as the fused kernel runs it (torch's CUDA
+    ``_fused_rms_norm``, Megatron's and Apex's): it saves its input and the per-row
+    reciprocal RMS, where the eager decomposition also saves the normalized tensor."""
+    import torch
+
+    class FusedRMSNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, weight: Any, dims: tuple[int, ...], eps: float) -> Any:
+            rstd = torch.rsqrt(x.float().pow(2).mean(dims, keepdim=True) + eps)
+            ctx.save_for_backward(x, weight, rstd)
+            ctx.dims = dims
+            out = (x * rstd).to(x.dtype)
+            return out * weight if weight is not None else out
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            # d/dx of x r w with r = (mean x^2 + eps)^-1/2: r (g w - xhat mean(g w xhat)).
+            x, weight, rstd = ctx.saved_tensors
+            xhat = x * rstd
+            gw = grad * weight if weight is not None else grad
+            gx = rstd * (gw - xhat * (gw * xhat).mean(ctx.dims, keepdim=True))
+            gweight = None
+            if weight is not None and ctx.needs_input_grad[1]:
+                lead = tuple(range(grad.dim() - weight.dim()))
+                gweight = (grad * xhat).sum(lead)
+            return gx.to(x.dtype), gweight, None, None
+
+    return FusedRMSNorm
+
+
+def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None
+              ) -> Any:
+    import torch
+
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    return _fused_rms_norm().apply(x, weight, dims, eps)
+
+
+def _dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    """``F.dropout`` as ``native_dropout`` (what CUDA runs: a 1-byte mask is saved; the meta
+    decomposition would save a mask of the input's dtype)."""
+    import torch
+
+    if not training or p == 0.0:
+        return x
+    return torch.ops.aten.native_dropout(x, p, True)[0]
+
+
 class _Recorder:
     """The dispatch mode's state: nodes, edges, saved storages, and the producer of each
     tensor (kept alive until the trace ends, so ids stay unique)."""
@@ -375,7 +459,9 @@ class _Recorder:
                 self.edges.append((src, nid))
         formula = flop_registry.get(func._overloadpacket)
         model_flops = other = 0.0
-        if formula is not None:
+        if name in _FUSED_ATTENTION:
+            model_flops = _fused_attention_flops(name, args)
+        elif formula is not None:
             model_flops = float(formula(*args, **kwargs, out_val=out))
         elif family in _PER_ELEMENT or family == "unknown":
             other = float(sum(t.numel() for t in outs))
@@ -412,6 +498,8 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
            backward: bool, repeat_blocks: bool, name: str | None) -> LayerGraph:
     import torch
     from torch.func import functional_call
+    from torch.nn import functional as F
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
     from torch.utils.module_tracker import ModuleTracker
@@ -420,6 +508,20 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
         raise SpecError(f"LayerGraph.from_module takes a torch nn.Module, got "
                         f"{type(module).__name__}")
     runs = _runs(module) if repeat_blocks else {}
+
+    class Fused(TorchFunctionMode):
+        """Runs attention, RMS norm and dropout as the fused kernels a GPU runs."""
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is F.scaled_dot_product_attention:
+                return _fused_sdpa(*args, **kwargs)
+            if func is F.rms_norm:
+                return _rms_norm(*args, **kwargs)
+            if func is F.dropout:
+                return _dropout(*args, **kwargs)
+            return func(*args, **kwargs)
 
     class Mode(TorchDispatchMode):
         def __init__(self, rec: _Recorder) -> None:
@@ -450,7 +552,7 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
             inputs = _meta(example_inputs)
             hooks = [module.get_submodule(first).register_forward_hook(_same_shape)
                      for first in cut]
-            with tracker, Mode(rec), torch.autograd.graph.saved_tensors_hooks(
+            with tracker, Fused(), Mode(rec), torch.autograd.graph.saved_tensors_hooks(
                     rec.saved, lambda t: t), _removing(hooks):
                 if isinstance(inputs, dict):
                     out = functional_call(module, state, (), inputs)

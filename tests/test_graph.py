@@ -38,6 +38,28 @@ def test_reference_transformers_match_their_spec(name: str) -> None:
     assert block.saved_bytes > 0 and block.output_bytes == 2 * seq * spec.hidden_size * 4
 
 
+@pytest.mark.parametrize("name, dropout", [("llama-3-8b", 0.0), ("llama-2-70b", 0.0),
+                                           ("gpt3-125m", 0.1)])
+def test_saved_activations_match_the_analytic_estimate(name: str, dropout: float) -> None:
+    """Bytes one block saves for backward: Korthikanti et al. 2022, Sec. 4.1 (sbh(34 +
+    5as/h) for GPT), with fused attention saving Q, K, V, O and the log-sum-exp (Dao et al.
+    2022) and an eager gated MLP saving four ffn-wide tensors; the trace runs attention and
+    RMS norm as the fused kernels a GPU runs."""
+    from costmodel import Job, ParallelConfig
+    from costmodel.frameworks import framework
+    from costmodel.memory import ConfigArrays, _layer_activations
+
+    spec = ModelSpec.preset(name)
+    seq = 2048
+    graph = LayerGraph.from_module(build_model(spec, device="meta", dropout=dropout),
+                                   torch.randint(0, spec.vocab_size, (1, seq)))
+    job = Job(global_batch_size=1, seq_len=seq, precision="fp32", framework="torchtitan")
+    arrays = ConfigArrays.from_configs(spec, [ParallelConfig(micro_batch_size=1)])
+    analytic = float(_layer_activations(spec, job, framework("torchtitan"), arrays,
+                                        moe=False)["none"][0])
+    assert graph.layer("layers.0").saved_bytes == pytest.approx(analytic, rel=0.02)
+
+
 def test_tracing_every_block_gives_the_same_totals() -> None:
     spec = ModelSpec(name="tiny", num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2,
                      ffn_hidden_size=128, vocab_size=256)
