@@ -37,6 +37,7 @@ there (``layers.3``, not ``layers``); ``(root)`` for the module's own ``forward`
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,8 +45,9 @@ from typing import Any
 import networkx as nx
 
 from costmodel.errors import SpecError
+from costmodel.sharding import Loop, op_loops, view_map
 
-__all__ = ["FAMILIES", "Layer", "LayerGraph", "OpNode"]
+__all__ = ["FAMILIES", "Layer", "LayerGraph", "OpNode", "TensorRef"]
 
 #: Op families by aten op name (the overload packet, without ``aten.``).
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -123,6 +125,24 @@ _PER_ELEMENT = ("elementwise", "norm", "softmax", "reduction", "pool", "loss")
 
 
 @dataclass(frozen=True)
+class TensorRef:
+    """A tensor input of an op: ``source`` the node that produced it (-1: a model input, a
+    parameter or a constant), ``param`` the parameter's name (``""`` if it is not one),
+    ``shape``, ``nbytes`` and whether it needs a gradient."""
+
+    source: int
+    param: str
+    shape: tuple[int, ...]
+    nbytes: float
+    grad: bool
+
+    @property
+    def numel(self) -> float:
+        """Elements of the tensor."""
+        return float(math.prod(self.shape))
+
+
+@dataclass(frozen=True)
 class OpNode:
     """One aten op of the traced forward or backward pass.
 
@@ -135,7 +155,10 @@ class OpNode:
     in-place ops); ``saved_bytes``: bytes of new storages it saves for backward (parameters
     excluded); ``params``: the parameters it reads (module path names); ``shape``: its
     (first) output's shape; ``shardable_dims``: dims of that output it can produce split
-    across devices without communication inside the op.
+    across devices without communication inside the op. Forward ops also keep their
+    tensor ``inputs`` (``TensorRef``), whether their output needs a gradient (``grad``),
+    their ``loops`` (``costmodel.sharding``: the splitting rules) and, for views,
+    ``view_map`` (the input dim of each output dim).
     """
 
     id: int
@@ -151,6 +174,10 @@ class OpNode:
     params: tuple[str, ...]
     shape: tuple[int, ...]
     shardable_dims: tuple[int, ...]
+    inputs: tuple[TensorRef, ...] = ()
+    grad: bool = False
+    loops: tuple[Loop, ...] = ()
+    view_map: tuple[int | None, ...] | None = None
 
 
 @dataclass
@@ -241,9 +268,12 @@ class LayerGraph:
     @classmethod
     def from_module(cls, module: Any, example_inputs: Any, *,
                     loss_fn: Callable[[Any], Any] | None = None, backward: bool = True,
-                    repeat_blocks: bool = True, name: str | None = None) -> LayerGraph:
+                    repeat_blocks: bool = True, name: str | None = None,
+                    dtype: Any = None) -> LayerGraph:
         """Trace ``module`` on ``example_inputs`` (a tensor, a tuple of positional inputs, or
         a dict of keyword inputs; any device, they are traced on the meta device).
+        ``dtype`` (a floating ``torch.dtype``): trace with floating parameters, buffers and
+        inputs in it (the training precision; default: as they are).
 
         ``loss_fn(output) -> scalar`` makes the loss the backward starts from (default: the
         sum of the floating outputs); ``backward=False`` traces the forward only;
@@ -255,7 +285,7 @@ class LayerGraph:
         except ImportError:
             raise SpecError("LayerGraph.from_module traces with torch, which is not "
                             "installed: pip install 'autoparallel-planner[torch]'") from None
-        return _trace(module, example_inputs, loss_fn, backward, repeat_blocks, name)
+        return _trace(module, example_inputs, loss_fn, backward, repeat_blocks, name, dtype)
 
 
 # ---- tracing -------------------------------------------------------------------------------
@@ -307,11 +337,17 @@ def _truncated(module: Any, runs: dict[str, tuple[str, list[str]]]) -> Iterator[
             container._modules = type(container._modules)(modules.items())
 
 
-def _meta(x: Any) -> Any:
+def _cast(t: Any, dtype: Any) -> Any:
+    """``dtype`` for a floating tensor when one is asked for, else the tensor's own."""
+    return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+
+def _meta(x: Any, dtype: Any = None) -> Any:
     import torch
     from torch.utils._pytree import tree_map
 
-    return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, x)
+    return tree_map(lambda t: t.to("meta", dtype=_cast(t, dtype))
+                    if isinstance(t, torch.Tensor) else t, x)
 
 
 def _shardable(family: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -473,11 +509,25 @@ class _Recorder:
             self.producer[id(t)] = nid
             self.alive.append(t)
         shape = tuple(outs[0].shape) if outs else ()
+        backward = bool(self.tracker.is_bw)
+        extra: dict[str, Any] = {}
+        if not backward:
+            refs = tuple(TensorRef(self.producer.get(id(t), -1), self.param_names.get(id(t), ""),
+                                   tuple(t.shape), float(t.numel() * t.element_size()),
+                                   bool(t.requires_grad)) for t in ins)
+            plain = [a for a in args if not any(isinstance(x, torch.Tensor)
+                                                for x in tree_flatten(a)[0])]
+            shapes = [r.shape for r in refs]
+            extra = dict(inputs=refs, grad=bool(outs and outs[0].requires_grad))
+            if family == "view" and refs:
+                extra["view_map"] = view_map(name, plain, shapes[0], shape)
+            else:
+                extra["loops"] = op_loops(name, family, plain, shapes, shape)
         self.nodes.append(dict(
             id=nid, op=str(func), family=family, module=path,
-            backward=bool(self.tracker.is_bw), model_flops=model_flops, other_flops=other,
+            backward=backward, model_flops=model_flops, other_flops=other,
             output_bytes=out_bytes, saved_bytes=0.0, params=tuple(params), shape=shape,
-            shardable_dims=() if family == "unknown" else _shardable(family, shape)))
+            shardable_dims=() if family == "unknown" else _shardable(family, shape), **extra))
 
     def saved(self, t: Any) -> Any:
         """``saved_tensors_hooks`` pack: count each new non-parameter storage once, on the
@@ -495,7 +545,7 @@ class _Recorder:
 
 
 def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | None,
-           backward: bool, repeat_blocks: bool, name: str | None) -> LayerGraph:
+           backward: bool, repeat_blocks: bool, name: str | None, dtype: Any) -> LayerGraph:
     import torch
     from torch.func import functional_call
     from torch.nn import functional as F
@@ -539,7 +589,7 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
         with _truncated(module, cut):
             # One meta tensor per distinct parameter; functional_call ties the other names
             # of a tied parameter (e.g. an LM head sharing the embedding) to it.
-            state = {k: torch.empty_like(v, device="meta") for k, v in
+            state = {k: torch.empty_like(v, device="meta", dtype=_cast(v, dtype)) for k, v in
                      {**dict(module.named_parameters()), **dict(module.named_buffers())}.items()}
             params = dict(module.named_parameters())
             for k in params:
@@ -549,7 +599,7 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
             tracker = ModuleTracker()
             rec = _Recorder(tracker, names, storages)
             rec.prefix = type(module).__name__
-            inputs = _meta(example_inputs)
+            inputs = _meta(example_inputs, dtype)
             hooks = [module.get_submodule(first).register_forward_hook(_same_shape)
                      for first in cut]
             with tracker, Fused(), Mode(rec), torch.autograd.graph.saved_tensors_hooks(

@@ -391,11 +391,19 @@ def _infeasible(model: ModelSpec, cluster: Cluster, job: Job, cons: Constraints,
     return Infeasible(msg)
 
 
-def plan(model: ModelSpec, cluster: Cluster, job: Job, *,
+def plan(model: Any, cluster: Cluster, job: Job, *,
          constraints: Constraints | str | Mapping[str, Any] | None = None,
          top_k: int = 5, partition: bool = True,
-         progress: Callable[[float], None] | None = None) -> Plan:
+         progress: Callable[[float], None] | None = None,
+         example_inputs: Any = None) -> Any:
     """The fastest configuration of ``job`` on ``cluster`` that fits in memory.
+
+    ``model``: a ``ModelSpec`` (the analytic search below, returning a ``Plan``), a
+    ``LayerGraph`` or a ``torch.nn.Module`` with ``example_inputs`` (one micro-batch): the
+    graph path, ``planner.autoshard.plan_graph``, returning a ``GraphPlan`` (per-op
+    sharding on a 2-D mesh per pipeline stage). A module built by
+    ``planner.runtime.build_model`` carries its ``ModelSpec`` and takes the analytic path,
+    whose answers the graph of such a module matches (``tests/test_graph.py``).
 
     ``constraints``: a ``Constraints``, a preset name (``planner.space.PRESETS``) or its dict
     form; ``constraints.frameworks`` searches several trainers. ``top_k``: how many
@@ -407,6 +415,12 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *,
     configuration's columns ascending.
     Raises ``Infeasible`` when nothing fits, naming the memory or GPUs that would.
     """
+    if not isinstance(model, ModelSpec):
+        spec = getattr(model, "spec", None)
+        if isinstance(spec, ModelSpec) and hasattr(model, "named_parameters"):
+            model = spec
+        else:
+            return _plan_graph(model, cluster, job, example_inputs)
     for name, value, kind, what in (
             ("model", model, ModelSpec, "ModelSpec"), ("cluster", cluster, Cluster, "Cluster"),
             ("job", job, (Job, InferenceJob), "Job or an InferenceJob")):
@@ -440,6 +454,30 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *,
     return Plan(model=model, cluster=cluster, job=chosen_job, config=cfg, estimate=est,
                 alternatives=alternatives, counts=dict(res.counts), constraints=cons,
                 search_seconds=time.perf_counter() - t0)
+
+
+def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
+    """The graph path of ``plan``: trace a module (in the job's precision) and plan it."""
+    from costmodel.graph import LayerGraph
+    from planner.autoshard import plan_graph
+
+    if not isinstance(cluster, Cluster):
+        raise SpecError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+    if not isinstance(job, Job):
+        raise SpecError(f"job must be a training Job for a graph, got {type(job).__name__}")
+    if not isinstance(model, LayerGraph):
+        if not hasattr(model, "named_parameters"):
+            raise SpecError(f"model must be a ModelSpec, a LayerGraph or a torch nn.Module, "
+                            f"got {type(model).__name__}")
+        if example_inputs is None:
+            raise SpecError("planning a torch module needs example_inputs=: one micro-batch "
+                            "of what its forward takes")
+        import torch
+
+        dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(job.precision,
+                                                                   torch.bfloat16)
+        model = LayerGraph.from_module(model, example_inputs, dtype=dtype)
+    return plan_graph(model, cluster, job)
 
 
 def _refine(model: ModelSpec, cluster: Cluster, res: SearchResult, cfg: ParallelConfig,
