@@ -1,12 +1,15 @@
-"""How fast a torch model becomes a layer graph (``LayerGraph.from_module``), and in how much
-memory: Llama-3-8B, Llama-2-70B (the reference transformer of their presets) and a 1.3B ViT
-(26 pre-norm blocks of width 2048, 16 heads, patch 14 on 224 x 224 images), all on the meta
-device with one sequence (4,096 tokens) or 8 images.
+"""How fast a torch model becomes a layer graph (``LayerGraph.from_module``) and a plan
+(``planner.autoshard.plan_graph``: the sharding ILP on every pipeline degree's mesh, then
+the stage DP), and in how much memory: Llama-3-8B, Llama-2-70B (the reference transformer
+of their presets) and a 1.3B ViT (26 pre-norm blocks of width 2048, 16 heads, patch 14 on
+224 x 224 images), traced in bf16 on the meta device with one sequence (4,096 tokens) or 8
+images per micro-batch, planned on 64 H100s (8 nodes of 8, InfiniBand NDR) for a global
+batch of 512.
 
     python benchmarks/graph_speed.py
 
-Targets (issue 6): extraction <= 10 s for the 70B model on the 2-core CI machine, memory
-<= 4 GiB. The ILP solve time joins this table when the graph search lands.
+Targets (issue 6): extraction <= 10 s and the plan in seconds for the 70B model on the
+2-core CI machine, memory <= 4 GiB.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import time
 import torch
 from torch import nn
 
-from costmodel import ModelSpec
+from costmodel import Cluster, Job, ModelSpec
 from costmodel.graph import LayerGraph
+from planner.autoshard import plan_graph
 from planner.runtime.model import build_model
 
 
@@ -54,16 +58,24 @@ def main() -> None:
     with torch.device("meta"):
         vit = ViT(2048, 26, 16, 14, 224)
     cases.append(("vit-1.3b", lambda: vit, torch.randn(8, 3, 224, 224)))
+    cluster = Cluster(gpu="h100-sxm", num_nodes=8, gpus_per_node=8, inter_node_link="ib-ndr")
     print(f"{'model':<14s} {'params':>8s} {'layers':>7s} {'nodes':>6s} {'extract s':>10s} "
-          f"{'TFLOP/step':>11s}")
+          f"{'TFLOP/mb':>9s} {'plan s':>7s}  plan")
     for name, make, x in cases:
         module = make()
         t0 = time.perf_counter()
-        graph = LayerGraph.from_module(module, x)
+        graph = LayerGraph.from_module(module, x, dtype=torch.bfloat16)
         dt = time.perf_counter() - t0
+        seq = x.shape[1] if x.dim() == 2 else 1
+        t1 = time.perf_counter()
+        found = plan_graph(graph, cluster, Job(global_batch_size=512, seq_len=seq))
+        ds = time.perf_counter() - t1
+        exact = "" if found.solution.optimal else " (best in time limit)"
         print(f"{name:<14s} {graph.num_params() / 1e9:>7.2f}B {len(graph.layers):>7d} "
               f"{graph.graph.number_of_nodes():>6d} {dt:>10.3f} "
-              f"{graph.model_flops() / 1e12:>11.2f}")
+              f"{graph.model_flops() / 1e12:>9.2f} {ds:>7.2f}  pp={found.pp} x "
+              f"{found.mesh.shape[0]}x{found.mesh.shape[1]}, "
+              f"{found.step_time_s:.2f} s/step, {found.peak_memory_bytes / 2**30:.1f} GiB{exact}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     print(f"peak resident memory of this process: {peak:.2f} GiB")
 

@@ -38,6 +38,7 @@ from costmodel.inference import (
     InferenceMemory,
     estimate_inference,
 )
+from planner.autoshard import GraphPlan, plan_graph
 from planner.compare import Candidate, Comparison, compare, parse_config
 from planner.explain import Choice, Explanation, Option, explain
 from planner.explore import Frontier, SweepPoint, frontier, sweep
@@ -60,6 +61,7 @@ __all__ = [
     "Estimate",
     "Explanation",
     "Frontier",
+    "GraphPlan",
     "Infeasible",
     "InferenceConfig",
     "InferenceEstimate",
@@ -89,6 +91,7 @@ __all__ = [
     "load_model",
     "parse_config",
     "plan",
+    "plan_graph",
     "simulate",
     "sweep",
     "timeline",
