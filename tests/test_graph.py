@@ -232,3 +232,24 @@ def test_bad_input() -> None:
 
     with pytest.raises(SpecError, match="could not trace Item on the meta device"):
         LayerGraph.from_module(Item(), torch.randn(2))
+
+
+def test_a_hugging_face_llama_built_from_its_config() -> None:
+    """The optional ``transformers`` path: a Llama built from a config on the meta device
+    traces to the parameters of the equivalent ``ModelSpec`` and PaLM's FLOPs."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=688,
+                                      num_hidden_layers=4, num_attention_heads=8,
+                                      num_key_value_heads=2, vocab_size=1000,
+                                      tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    seq = 128
+    graph = LayerGraph.from_module(model, {"input_ids": torch.randint(0, 1000, (1, seq))},
+                                   loss_fn=lambda out: out.logits.float().sum())
+    spec = ModelSpec(name="hf-llama", num_layers=4, hidden_size=256, num_heads=8,
+                     num_kv_heads=2, ffn_hidden_size=688, vocab_size=1000, gated_mlp=True)
+    assert graph.num_params() == spec.num_params()
+    assert graph.layer("model.layers.0").repeat == 4
+    analytic = model_flops_per_token(spec, seq) * seq
+    assert graph.model_flops() == pytest.approx(analytic, rel=0.01)
