@@ -68,7 +68,7 @@ from costmodel.comm import Topology
 from costmodel.compute import BACKWARD_BYTES, flash_attention_time, gemm_time, memory_time
 from costmodel.config import Job
 from costmodel.errors import SpecError
-from costmodel.graph import LayerGraph, OpNode
+from costmodel.graph import LayerGraph, OpNode, TensorRef
 from costmodel.hardware import Cluster
 from costmodel.memory import state_bytes
 from costmodel.sharding import PARTIAL, REPLICATE, Loop, describe, reshard_time
@@ -109,7 +109,8 @@ class Strategy:
     replicated); layouts of the output and of each input (``ins``, in the coordinates of the
     tensor the input comes from) and of each input's gradient (``grads``); seconds of
     compute (forward + backward), of its backward alone and of gradient synchronisation;
-    bytes of memory."""
+    bytes of memory (parameter state and activations in flight) and of the activations
+    one micro-batch saves."""
 
     axes: tuple[int | None, ...]
     label: str
@@ -120,6 +121,7 @@ class Strategy:
     backward_s: float
     sync_s: float
     memory: float
+    activation_bytes: float
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,27 @@ class _Group:
     grad: bool
     consumers: list[tuple[int, int]] = field(default_factory=list)
 
+    def need(self, st: Strategy, slot: int) -> tuple[Layout, Layout | None]:
+        """The class a consumer with strategy ``st`` needs of the tensor at its input
+        ``slot``: (layout, gradient layout, ``None`` when no gradient flows)."""
+        return st.ins[slot], st.grads[slot] if self.grad else None
+
+
+def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef) -> _Input:
+    """Input ``ref`` of an op traced back through the views that produced it to the real
+    node (or parameter, model input or constant: source -1), with the dims mapped."""
+    dims: tuple[int | None, ...] = tuple(range(len(ref.shape)))
+    src, param, nbytes, numel = ref.source, ref.param, ref.nbytes, ref.numel
+    while src >= 0 and src not in constant and node[src].family == "view":
+        vm = node[src].view_map or ()
+        dims = tuple(vm[d] if d is not None and d < len(vm) else None for d in dims)
+        if not node[src].inputs:
+            src = -1
+            break
+        up = node[src].inputs[0]
+        src, param, nbytes, numel = up.source, up.param or param, up.nbytes, up.numel
+    return _Input(-1 if src in constant else src, param, dims, nbytes, numel, ref.grad)
+
 
 def _rify(layout: Layout) -> Layout:
     return tuple(REPLICATE if p == PARTIAL else p for p in layout)
@@ -167,9 +190,9 @@ class ShardingProblem:
         self.dtype = "bf16" if job.precision == "fp8" else job.precision
         self.elem = 4.0 if job.precision == "fp32" else 2.0
         self.nodes, self.inputs, self.saved = self._contract()
-        repeat = {x.name: x.repeat for x in graph.layers}
+        self.repeat = {x.name: x.repeat for x in graph.layers}
         self.layer = {v: graph.node(v).layer for v in self.nodes}
-        self.weight = {v: repeat.get(self.layer[v], 1) for v in self.nodes}
+        self.weight = {v: self.repeat.get(self.layer[v], 1) for v in self.nodes}
         self.param_state = self._param_state()
         seen: set[str] = set()
         self.charged: dict[int, set[str]] = {}
@@ -179,7 +202,7 @@ class ShardingProblem:
             seen |= mine
         self.strategies = {v: self._strategies(v) for v in self.nodes}
         self.follow = self._followers()
-        self.groups = self._groups(repeat)
+        self.groups = self._groups()
         self._classes = [self._group_classes(g) for g in self.groups]
 
     # ---- building ----------------------------------------------------------------------
@@ -195,41 +218,16 @@ class ShardingProblem:
                     and (n.inputs or n.family == "view") and n.family != "unknown":
                 constant.add(i)
         real = [i for i in fw if i not in constant and node[i].family != "view"]
-        inputs: dict[int, list[_Input]] = {}
         saved = {i: node[i].saved_bytes for i in real}
         for i in fw:  # a view's saved bytes belong to the real node it views
             if node[i].family == "view" and i not in constant and node[i].saved_bytes:
-                src = self._resolve(node, constant, i)
+                src = _through_views(node, constant, node[i].inputs[0]).source
                 if src in saved:
                     saved[src] += node[i].saved_bytes
-        for v in real:
-            ins = []
-            for r in node[v].inputs:
-                dims: tuple[int | None, ...] = tuple(range(len(r.shape)))
-                src, param, nbytes, numel = r.source, r.param, r.nbytes, r.numel
-                while src >= 0 and src not in constant and node[src].family == "view":
-                    vm = node[src].view_map or ()
-                    dims = tuple(vm[d] if d is not None and d < len(vm) else None
-                                 for d in dims)
-                    up = node[src].inputs[0] if node[src].inputs else None
-                    if up is None:
-                        src = -1
-                        break
-                    src, param, nbytes, numel = up.source, up.param or param, up.nbytes, \
-                        up.numel
-                if src in constant:
-                    src = -1
-                ins.append(_Input(src, param, dims, nbytes, numel, r.grad))
-            inputs[v] = ins
+        inputs = {v: [_through_views(node, constant, r) for r in node[v].inputs] for v in real}
         if not real:
             raise SpecError(f"{g.name}: the graph has no forward ops to shard")
         return real, inputs, saved
-
-    @staticmethod
-    def _resolve(node: dict[int, OpNode], constant: set[int], i: int) -> int:
-        while i >= 0 and i in node and node[i].family == "view" and node[i].inputs:
-            i = node[i].inputs[0].source
-        return -1 if i in constant else i
 
     def _followers(self) -> dict[int, tuple[int, list[int]]]:
         """Light ops whose tensor inputs all come from one node follow its layout (Alpa's
@@ -318,11 +316,12 @@ class ShardingProblem:
                                        if p >= 0)
                     mem += self.param_state * inp.numel / shards
             out_shards = math.prod(m for m, p in zip(self.mesh.shape, o, strict=True) if p >= 0)
-            mem += self.saved[v] * self.in_flight / out_shards
+            act = self.saved[v] / out_shards
+            mem += act * self.in_flight
             label = "|".join("R" if lp is None else lp.role or
                              ("sum" if lp.out is None else f"d{lp.out}") for lp in loops)
             out.append(Strategy(axes, label, o, tuple(lays), tuple(grads), compute, backward,
-                                sync, mem))
+                                sync, mem, act))
         return out
 
     def _compute(self, n: OpNode, loops: list[Loop | None]) -> tuple[float, float]:
@@ -360,7 +359,7 @@ class ShardingProblem:
         bwd = BACKWARD_BYTES * fwd if n.grad else 0.0
         return fwd + bwd, bwd
 
-    def _groups(self, repeat: dict[str, int]) -> list[_Group]:
+    def _groups(self) -> list[_Group]:
         groups: dict[tuple[int, int], _Group] = {}
         for v in self.nodes:
             for slot, inp in enumerate(self.inputs[v]):
@@ -375,7 +374,7 @@ class ShardingProblem:
                 groups[key].consumers.append((v, slot))
         # The block after a repeated block reads its input from that block's output: one
         # pseudo-edge per entry into the block, charged repeat - 1 times.
-        for lname, r in repeat.items():
+        for lname, r in self.repeat.items():
             if r < 2:
                 continue
             inside = [v for v in self.nodes if self.layer[v] == lname]
@@ -403,17 +402,30 @@ class ShardingProblem:
             t += reshard_time(self.topo, m, s, grad, _rify(out), nbytes)
         return t
 
-    def _group_classes(self, g: _Group) -> tuple[list[tuple[Layout, Layout | None]],
+    def _group_classes(self, g: _Group) -> tuple[dict[tuple[Layout, Layout | None], int],
                                                  np.ndarray]:
-        classes: list[tuple[Layout, Layout | None]] = []
+        """The classes the consumers of ``g`` may need (class -> column) and the cost of
+        converting each producer strategy's output (rows) into each."""
+        classes: dict[tuple[Layout, Layout | None], int] = {}
         for v, slot in g.consumers:
             for st in self.strategies[v]:
-                c = (st.ins[slot], st.grads[slot] if g.grad else None)
-                if c not in classes:
-                    classes.append(c)
+                classes.setdefault(g.need(st, slot), len(classes))
         cost = np.array([[self._convert(st.out, need, grad, g.nbytes) for need, grad in classes]
                          for st in self.strategies[g.producer]])
         return classes, cost
+
+    def conversions(self, choice: dict[int, int]
+                    ) -> Iterator[tuple[_Group, int, int, float]]:
+        """Under ``choice``: every conversion of a producer's output, as (group, the first
+        consumer needing that class and its input slot, seconds per micro-batch, charged
+        ``group.weight`` times); consumers needing the same class share it."""
+        for g, (classes, cost) in zip(self.groups, self._classes, strict=True):
+            seen: set[int] = set()
+            for v, slot in g.consumers:
+                c = classes[g.need(self.strategies[v][choice[v]], slot)]
+                if c not in seen:
+                    seen.add(c)
+                    yield g, v, slot, float(cost[choice[g.producer], c])
 
     # ---- evaluating --------------------------------------------------------------------
 
@@ -428,12 +440,7 @@ class ShardingProblem:
             sync += w * st.sync_s
             backward += w * st.backward_s
             mem += w * st.memory
-        comm = 0.0
-        for g, (classes, cost) in zip(self.groups, self._classes, strict=True):
-            used = {classes.index((self.strategies[v][choice[v]].ins[slot],
-                                   self.strategies[v][choice[v]].grads[slot] if g.grad
-                                   else None)) for v, slot in g.consumers}
-            comm += g.weight * sum(cost[choice[g.producer], c] for c in used)
+        comm = sum(g.weight * t for g, _v, _slot, t in self.conversions(choice))
         return m * (compute + comm) + max(0.0, sync - backward), mem
 
     def size(self) -> int:
@@ -470,20 +477,12 @@ class Solution:
     def collectives(self) -> list[tuple[int, int, str, float]]:
         """(producer, consumer, collectives, seconds per micro-batch) of every conversion
         the layouts insert (propagation: where a consumer needs another layout)."""
-        p = self.problem
         out = []
-        for g in p.groups:
-            src = self.strategy(g.producer).out
-            done: set[tuple[Layout, Layout | None]] = set()
-            for v, slot in g.consumers:
-                st = self.strategy(v)
-                c = (st.ins[slot], st.grads[slot] if g.grad else None)
-                if c in done:
-                    continue
-                done.add(c)
-                t = p._convert(src, c[0], c[1], g.nbytes)
-                if t > 0:
-                    out.append((g.producer, v, _collective_names(src, c[0], c[1]), t))
+        for g, v, slot, t in self.problem.conversions(self.choice):
+            if t > 0:
+                need, grad = g.need(self.strategy(v), slot)
+                out.append((g.producer, v, _collective_names(self.strategy(g.producer).out,
+                                                             need, grad), t))
         return out
 
     def layer_costs(self) -> dict[str, tuple[float, float, float, float, float]]:
@@ -494,24 +493,13 @@ class Solution:
         for v in p.nodes:
             st = self.strategy(v)
             row = out.setdefault(p.layer[v], [0.0] * 5)
-            act = p.saved[v] / math.prod(m for m, q in zip(p.mesh.shape, st.out, strict=True)
-                                         if q >= 0)
             row[0] += st.compute_s
             row[1] += st.backward_s
             row[2] += st.sync_s
-            row[3] += st.memory - act * p.in_flight
-            row[4] += act
-        repeat = {x.name: x.repeat for x in p.graph.layers}
-        for g in p.groups:  # per instance of the consumer's layer
-            src = self.strategy(g.producer).out
-            seen: set[tuple[Layout, Layout | None]] = set()
-            for v, slot in g.consumers:
-                st = self.strategy(v)
-                c = (st.ins[slot], st.grads[slot] if g.grad else None)
-                if c not in seen:
-                    seen.add(c)
-                    out[p.layer[v]][0] += g.weight / repeat.get(p.layer[v], 1) \
-                        * p._convert(src, c[0], c[1], g.nbytes)
+            row[3] += st.memory - st.activation_bytes * p.in_flight
+            row[4] += st.activation_bytes
+        for g, v, _slot, t in p.conversions(self.choice):  # per instance of the consumer's layer
+            out[p.layer[v]][0] += g.weight / p.repeat.get(p.layer[v], 1) * t
         return {k: (v[0], v[1], v[2], v[3], v[4]) for k, v in out.items()}
 
 
@@ -558,13 +546,13 @@ def solve(problem: ShardingProblem, *, time_limit_s: float = 30.0) -> Solution:
     objective = []
     m = p.micro_batches
     for gi, (g, (classes, cost)) in enumerate(zip(p.groups, p._classes, strict=True)):
-        for c in range(len(classes)):
+        for cls, c in classes.items():
             if not cost[:, c].any():
                 continue
             w = solver.NumVar(0.0, 1.0, f"w{gi}_{c}")
             for v, slot in g.consumers:  # (b)
                 members = [x[v][k] for k, st in enumerate(p.strategies[v])
-                           if (st.ins[slot], st.grads[slot] if g.grad else None) == classes[c]]
+                           if g.need(st, slot) == cls]
                 if members:
                     solver.Add(w >= solver.Sum(members))
             # (c) as y[k] = x[u, k] AND w[u, c] (exactly one producer strategy carries the
@@ -751,17 +739,15 @@ def plan_graph(graph: LayerGraph, cluster: Cluster, job: Job, *,
                 tried.append((pp, mesh.shape, math.inf, "no sharding fits"))
                 continue
             costs = sol.layer_costs()
-            times = [costs.get(u, (0.0,) * 5)[0] for u in units]
-            mems = [costs.get(u, (0.0,) * 5)[3] for u in units]
-            acts = [costs.get(u, (0.0,) * 5)[4] for u in units]
+            rows = [costs.get(u, (0.0,) * 5) for u in units]
+            times, mems, acts = ([r[i] for r in rows] for i in (0, 3, 4))
             found = _stage_dp(times, mems, pp, capacity, acts, micro_batches)
             if found is None:
                 least = min(least, (sum(mems) + min(pp, micro_batches) * sum(acts)) / pp)
                 tried.append((pp, mesh.shape, math.inf, "stages do not fit"))
                 continue
             slowest, cuts = found
-            sync = sum(costs.get(u, (0.0,) * 5)[2] - costs.get(u, (0.0,) * 5)[1]
-                       for u in units[cuts[-2]:cuts[-1]])
+            sync = sum(r[2] - r[1] for r in rows[cuts[-2]:cuts[-1]])
             p2p = 0.0
             if pp > 1:
                 out_bytes = max(x.output_bytes for x in graph.layers)
