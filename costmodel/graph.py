@@ -544,6 +544,21 @@ class _Recorder:
         return t
 
 
+@contextlib.contextmanager
+def _swapped(namespace: Any, replacements: dict[Any, Any]) -> Iterator[None]:
+    """Rebind each attribute of ``namespace`` that is a key of ``replacements`` to its
+    value for the duration, and back."""
+    by_id = {id(k): fused for k, fused in replacements.items()}
+    saved = {k: v for k, v in vars(namespace).items() if id(v) in by_id}
+    try:
+        for k, v in saved.items():
+            setattr(namespace, k, by_id[id(v)])
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(namespace, k, v)
+
+
 def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | None,
            backward: bool, repeat_blocks: bool, name: str | None, dtype: Any) -> LayerGraph:
     import torch
@@ -559,19 +574,21 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
                         f"{type(module).__name__}")
     runs = _runs(module) if repeat_blocks else {}
 
+    # The mode sees the calls of the model's own code; torch's composites (e.g.
+    # F.multi_head_attention_forward, which nn.MultiheadAttention and the nn.Transformer
+    # layers run) call these by their name in torch.nn.functional while the mode is off
+    # (inside its handler), so the names there are swapped for the trace too.
+    replacements = {F.scaled_dot_product_attention: _fused_sdpa, F.rms_norm: _rms_norm,
+                    F.dropout: _dropout}
+
     class Fused(TorchFunctionMode):
         """Runs attention, RMS norm and dropout as the fused kernels a GPU runs."""
 
         def __torch_function__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            if func is F.scaled_dot_product_attention:
-                return _fused_sdpa(*args, **kwargs)
-            if func is F.rms_norm:
-                return _rms_norm(*args, **kwargs)
-            if func is F.dropout:
-                return _dropout(*args, **kwargs)
-            return func(*args, **kwargs)
+            fused = replacements.get(func)
+            return (fused or func)(*args, **kwargs)
 
     class Mode(TorchDispatchMode):
         def __init__(self, rec: _Recorder) -> None:
@@ -602,7 +619,8 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
             inputs = _meta(example_inputs, dtype)
             hooks = [module.get_submodule(first).register_forward_hook(_same_shape)
                      for first in cut]
-            with tracker, Fused(), Mode(rec), torch.autograd.graph.saved_tensors_hooks(
+            with tracker, _swapped(F, replacements), Fused(), Mode(rec), \
+                    torch.autograd.graph.saved_tensors_hooks(
                     rec.saved, lambda t: t), _removing(hooks):
                 if isinstance(inputs, dict):
                     out = functional_call(module, state, (), inputs)

@@ -67,7 +67,7 @@ import numpy as np
 from costmodel.comm import Topology
 from costmodel.compute import BACKWARD_BYTES, flash_attention_time, gemm_time, memory_time
 from costmodel.config import Job
-from costmodel.errors import SpecError
+from costmodel.errors import Infeasible, SpecError
 from costmodel.graph import LayerGraph, OpNode, TensorRef
 from costmodel.hardware import Cluster
 from costmodel.memory import state_bytes
@@ -631,22 +631,109 @@ class GraphPlan:
         """The most memory any GPU needs (bytes)."""
         return max(self.stage_memory_bytes)
 
-    def summary(self) -> str:
-        """The plan as text: mesh, stages, step time, memory, each node's sharding."""
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per micro-batch: the traced batch (the first dimension of the first
+        input), split across each stage's mesh by the sharding."""
+        return self.graph.inputs[0][0] if self.graph.inputs and self.graph.inputs[0] else 1
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Training throughput: the job's tokens per step (global batch x sequence length)
+        over the step time."""
+        return self.job.tokens_per_step / self.step_time_s
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: the graph's matmul, convolution and attention FLOPs per
+        step over the GPUs' dense peak in the job's precision (PaLM, App. B)."""
+        from costmodel.estimate import PEAK_DTYPE
+
+        peak = self.cluster.gpu.peak_flops(PEAK_DTYPE.get(self.job.precision,
+                                                          self.job.precision))
+        flops = self.graph.model_flops() * self.micro_batches
+        return flops / self.step_time_s / self.cluster.num_gpus / peak
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form (``"kind": "graph"``). ``config``: the pipeline degree,
+        mesh shape, micro-batches and the layer instances of each stage; ``estimate``:
+        ``step_time_s``, ``peak_memory_bytes``, ``stage_memory_bytes``, ``mfu``,
+        ``tokens_per_s``; ``sharding``: each node's strategy and output layout;
+        ``collectives``: each inserted conversion and its seconds per micro-batch;
+        ``alternatives``: every (pp, mesh) tried, with its step time (``null``: did not
+        fit) and why."""
+        return {
+            "kind": "graph",
+            "model": {"name": self.graph.name, "num_params": self.graph.num_params(),
+                      "layers": len(self.graph.layers),
+                      "model_flops_per_micro_batch": self.graph.model_flops()},
+            "cluster": self.cluster.to_dict(),
+            "job": {"global_batch_size": self.job.global_batch_size,
+                    "seq_len": self.job.seq_len, "precision": self.job.precision,
+                    "optimizer": self.job.optimizer},
+            "config": {"pp": self.pp, "mesh": list(self.mesh.shape),
+                       "micro_batch_size": self.micro_batch_size,
+                       "micro_batches": self.micro_batches,
+                       "stages": [list(names) for names in self.stages]},
+            "estimate": {"step_time_s": self.step_time_s,
+                         "peak_memory_bytes": self.peak_memory_bytes,
+                         "stage_memory_bytes": list(self.stage_memory_bytes),
+                         "mfu": self.mfu, "tokens_per_s": self.tokens_per_s},
+            "optimal": self.solution.optimal,
+            "solve_seconds": self.solve_s,
+            "sharding": [{"node": v, "op": op, "strategy": label, "output": out}
+                         for v, op, label, out in self.solution.layouts()],
+            "collectives": [{"producer": a, "consumer": b, "collectives": what,
+                             "seconds_per_micro_batch": t}
+                            for a, b, what, t in self.solution.collectives()],
+            "alternatives": [{"pp": pp, "mesh": list(shape),
+                              "step_time_s": t if math.isfinite(t) else None, "reason": why}
+                             for pp, shape, t, why in self.alternatives],
+        }
+
+    def to_json(self, path: Any = None) -> str:
+        """The plan as JSON text; also written to ``path`` when given."""
+        import json
+        from pathlib import Path
+
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    def summary(self, rows: int | None = None) -> str:
+        """The plan as text: mesh, stages, step time, memory, then each node's sharding
+        (the first ``rows`` nodes; all when ``None``)."""
         lines = [f"{self.graph.name}: pp={self.pp} x mesh {self.mesh.shape[0]}x"
-                 f"{self.mesh.shape[1]}, {self.micro_batches} micro-batches; step "
-                 f"{self.step_time_s * 1e3:.2f} ms, peak {self.peak_memory_bytes / 2**30:.2f} "
-                 f"GiB/GPU (solved in {self.solve_s:.2f} s"
+                 f"{self.mesh.shape[1]}, {self.micro_batches} micro-batches of "
+                 f"{self.micro_batch_size}; step "
+                 f"{self.step_time_s * 1e3:.2f} ms, MFU {100 * self.mfu:.1f}%, peak "
+                 f"{self.peak_memory_bytes / 2**30:.2f} GiB/GPU (solved in {self.solve_s:.2f} s"
                  f"{'' if self.solution.optimal else ', best found in the time limit'})"]
         for s, names in enumerate(self.stages):
             lines.append(f"  stage {s}: {len(names)} layers ({names[0]} .. {names[-1]}), "
                          f"{self.stage_memory_bytes[s] / 2**30:.2f} GiB")
-        for v, op, label, out in self.solution.layouts():
+        layouts = self.solution.layouts()
+        for v, op, label, out in layouts[:rows]:
             lines.append(f"  {v:>5d} {op:<48s} {label:<8s} out {out}")
+        if rows is not None and len(layouts) > rows:
+            lines.append(f"  ... {len(layouts) - rows} more nodes (--json lists them all)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.summary()
+
+    def _repr_html_(self) -> str:
+        """The headline and the stages as an HTML table (Jupyter)."""
+        import html
+
+        head = html.escape(self.summary(rows=0).splitlines()[0])
+        body = "".join(f"<tr><td>{s}</td><td>{len(n)}</td><td>{html.escape(n[0])} .. "
+                       f"{html.escape(n[-1])}</td><td>{m / 2**30:.2f}</td></tr>"
+                       for s, (n, m) in enumerate(zip(self.stages, self.stage_memory_bytes,
+                                                      strict=True)))
+        return (f"<p><b>{head}</b></p><table><tr><th>stage</th><th>layers</th>"
+                f"<th>from .. to</th><th>GiB/GPU</th></tr>{body}</table>")
 
 
 def _units(graph: LayerGraph) -> list[str]:
@@ -703,12 +790,12 @@ def plan_graph(graph: LayerGraph, cluster: Cluster, job: Job, *,
     2-D mesh shape, the ILP per candidate, the stage DP, the fastest that fits.
 
     ``micro_batches``: per step (default: ``job.global_batch_size`` over the traced batch).
-    Raises ``SpecError`` when nothing fits, saying the least memory a candidate needed.
+    Raises ``Infeasible`` when nothing fits, saying the least memory a candidate needed.
     """
     import time
 
     t0 = time.perf_counter()
-    batch = graph.inputs[0][0] if graph.inputs and graph.inputs[0] else 1
+    batch = graph.inputs[0][0] if graph.inputs and graph.inputs[0] else 1  # as micro_batch_size
     if micro_batches is None:
         if job.global_batch_size % batch:
             raise SpecError(f"global batch {job.global_batch_size} is not a multiple of the "
@@ -763,8 +850,9 @@ def plan_graph(graph: LayerGraph, cluster: Cluster, job: Job, *,
     if best is None:
         need = f"; the best candidate needs {least / 2**30:.1f} GiB per GPU" \
             if least < math.inf else ""
-        raise SpecError(f"{graph.name}: no plan fits {capacity / 2**30:.0f} GiB per GPU on "
-                        f"{n} GPUs{need}; use more GPUs or trace a smaller micro-batch")
+        raise Infeasible(f"{graph.name}: no plan fits {capacity / 2**30:.0f} GiB per GPU on "
+                         f"{n} GPU{'s' if n > 1 else ''}{need}; use more GPUs or trace a smaller "
+                         "micro-batch")
     step, (pp, mesh, stages, stage_mem, sol) = best
     return GraphPlan(graph, cluster, job, pp, mesh, micro_batches, stages, step, stage_mem,
                      sol, tuple(tried), time.perf_counter() - t0)

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import os
 import shlex
 import sys
@@ -36,7 +37,7 @@ from costmodel.steptime import TIME_TERMS
 from planner.compare import Candidate, Comparison, compare
 from planner.emit import TARGETS, emit
 from planner.explain import explain
-from planner.models import load_model
+from planner.models import load_model, load_model_or_module
 from planner.plan import Plan, plan
 from planner.progress import Progress
 from planner.space import PRESETS, Constraints
@@ -76,6 +77,10 @@ EPILOG_PLAN = """examples:
       --prompt-len 1024 --output-len 512 --objective throughput --max-tpot-ms 50 \\
       --weight-precision bf16,int8,int4 -o serve.json
   planner emit serve.json --target vllm -o serve.sh
+  planner plan --model mymodels:Net --gpus 16 --global-batch-size 256 --seq-len 2048
+      # a torch nn.Module (class, factory or instance in mymodels.py): traced on the
+      # meta device and sharded op by op (token ids in when its first layer is an
+      # nn.Embedding; otherwise give --input-shape, e.g. 8x3x224x224)
 """
 
 EPILOG_EXPLAIN = """examples:
@@ -229,15 +234,25 @@ def _inference_job(args: argparse.Namespace) -> InferenceJob:
                         prefill_chunk_tokens=args.prefill_chunk, dtype=args.dtype)
 
 
-def _problem(args: argparse.Namespace, many: bool = False
-             ) -> tuple[ModelSpec, list[Cluster], Job | InferenceJob]:
-    """The model, clusters (one unless ``many``) and job the flags name."""
+def _problem(args: argparse.Namespace, many: bool = False, modules: bool = False
+             ) -> tuple[Any, list[Cluster], Job | InferenceJob]:
+    """The model, clusters (one unless ``many``) and job the flags name; with ``modules``
+    the model may be a torch ``nn.Module`` (planned from its traced graph)."""
     if not args.model:
         raise SpecError("--model is required (a preset such as llama-3-70b, a config.json "
                         "path, or module:attr)")
-    model = load_model(args.model)
+    model = load_model_or_module(args.model) if modules else load_model(args.model)
     if getattr(args, "inference", False):
+        if not isinstance(model, ModelSpec):
+            raise SpecError(f"--inference plans serving of a preset, config.json or "
+                            f"ModelSpec; {args.model!r} is a torch module")
         return model, _clusters(args) if many else [_cluster(args)], _inference_job(args)
+    if not isinstance(model, ModelSpec) and args.seq_len is None:
+        if not args.input_shape:
+            raise SpecError(f"--model {args.model} is a torch module: give --seq-len for one "
+                            "fed token ids, or --input-shape for other inputs, e.g. "
+                            "--input-shape 8x3x224x224 (micro-batch first)")
+        args.seq_len = 1  # a module fed --input-shape: throughput counts samples
     for flag in ("global_batch_size", "seq_len"):
         if getattr(args, flag) is None:
             raise SpecError(f"--{flag.replace('_', '-')} is required (e.g. "
@@ -278,9 +293,14 @@ def _constraints(args: argparse.Namespace) -> Constraints:
     return Constraints.preset(args.preset).merge(own) if args.preset else own
 
 
-def _search(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, Job | InferenceJob, Plan]:
-    """The plan the flags ask for, with a progress bar on a terminal after one second."""
-    model, (cluster,), job = _problem(args)
+def _search(args: argparse.Namespace, modules: bool = False
+            ) -> tuple[Any, Cluster, Job | InferenceJob, Any]:
+    """The plan the flags ask for, with a progress bar on a terminal after one second;
+    with ``modules``, a torch module is traced and planned (a ``GraphPlan``)."""
+    model, (cluster,), job = _problem(args, modules=modules)
+    if not isinstance(model, ModelSpec):
+        assert isinstance(job, Job)
+        return model, cluster, job, _plan_module(args, model, cluster, job)
     if isinstance(job, InferenceJob):
         if args.preset or args.frameworks:
             raise SpecError("--preset and --frameworks describe trainers; a serving search "
@@ -296,13 +316,102 @@ def _search(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, Job | Inferen
     return model, cluster, job, result
 
 
+#: ``planner plan`` flags that fix or cap a field of the analytic search; the graph planner
+#: of a torch module chooses its own sharding, so they do not apply to one.
+SEARCH_ONLY_FLAGS = ("dp", "tp", "pp", "cp", "ep", "zero", "schedule", "virtual_stages",
+                     "recompute", "offload", "sequence_parallel", "preset", "frameworks")
+
+
+def _plan_module(args: argparse.Namespace, module: Any, cluster: Cluster, job: Job) -> Any:
+    """``planner plan`` of a torch module: its inputs from the flags, then ``plan``."""
+    fixed = [f"--{f.replace('_', '-')}" for f in SEARCH_ONLY_FLAGS
+             if getattr(args, f, None) is not None] + (["--max"] if args.max else [])
+    if fixed:
+        raise SpecError(f"{', '.join(fixed)}: only for presets, config.json and ModelSpec "
+                        "models; a torch module is sharded op by op by the graph planner (it "
+                        "takes --micro-batch-size and --input-shape)")
+    inputs = _module_inputs(args, module, job)
+    with Progress("tracing and sharding") as bar:
+        return plan(module, cluster, job, example_inputs=inputs, progress=bar)
+
+
+def _input_shapes(text: str) -> list[tuple[int, ...]]:
+    """``--input-shape``: tensors separated by commas, dimensions by ``x``."""
+    shapes = []
+    for part in text.split(","):
+        try:
+            dims = tuple(int(d) for d in part.strip().lower().split("x"))
+        except ValueError:
+            raise SpecError(f"--input-shape {text!r}: write each input's dimensions joined by "
+                            "x, inputs separated by commas, e.g. 8x3x224x224 or "
+                            "4x2048,4x2048") from None
+        if not dims or any(d < 1 for d in dims) or len(dims) > 8:
+            raise SpecError(f"--input-shape {part.strip()!r}: give 1 to 8 positive "
+                            "dimensions, the micro-batch first")
+        if math.prod(dims) > 2**36:
+            raise SpecError(f"--input-shape {part.strip()!r}: {math.prod(dims):,} elements "
+                            "in one micro-batch is absurd; check the dimensions")
+        shapes.append(dims)
+    return shapes
+
+
+def _module_inputs(args: argparse.Namespace, module: Any, job: Job) -> Any:
+    """One micro-batch for ``module`` (or a function of the micro-batch size returning
+    one): ``--input-shape`` tensors, else token ids when its first layer is an embedding."""
+    try:
+        import torch
+    except ImportError:
+        raise SpecError("planning a torch module needs torch: pip install torch") from None
+    first = next((m for m in module.modules() if not list(m.children())
+                  and any(True for _ in m.parameters(recurse=False))), None)
+    tokens = isinstance(first, torch.nn.Embedding)
+    dtype = {"int64": torch.int64, "float": torch.float32}.get(
+        args.input_dtype, torch.int64 if tokens else torch.float32)
+    mbs = args.micro_batch_size
+    if args.input_shape:
+        shapes = _input_shapes(args.input_shape)
+        if mbs is not None and shapes[0][0] != mbs:
+            raise SpecError(f"--micro-batch-size {mbs} differs from the first dimension of "
+                            f"--input-shape {args.input_shape}; give one of them")
+        return tuple(torch.empty(s, dtype=dtype, device="meta") for s in shapes)
+    if not tokens:
+        raise SpecError(f"--model {args.model}: its first layer is a "
+                        f"{type(first).__name__ if first is not None else 'module without weights'}"
+                        ", not an nn.Embedding, so its input cannot be guessed; give "
+                        "--input-shape, e.g. --input-shape 8x3x224x224 (micro-batch first)")
+
+    def ids(b: int) -> Any:
+        return torch.zeros((b, job.seq_len), dtype=dtype, device="meta")
+
+    return ids(mbs) if mbs is not None else ids
+
+
+def _graph_report(model: Any, cluster: Cluster, job: Job, found: Any, rows: int) -> str:
+    """``planner plan``'s text for a torch module's ``GraphPlan``."""
+    graph = found.graph
+    unit = "tokens" if job.seq_len > 1 else "samples"
+    return "\n".join([
+        f"model    {graph.name}: {graph.num_params() / 1e9:.2f}B parameters, traced into "
+        f"{graph.graph.number_of_nodes()} ops in {len(graph.layers)} layers "
+        f"({type(model).__name__}); {cluster.num_nodes} x {cluster.gpus_per_node} "
+        f"{cluster.gpu.name}; global batch {job.global_batch_size}, {job.precision}",
+        found.summary(rows=rows),
+        f"throughput  {found.tokens_per_s:,.0f} {unit}/s "
+        f"({found.tokens_per_s / cluster.num_gpus:,.0f} per GPU)"])
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """``planner plan``: the fastest configuration that fits."""
-    model, cluster, job, result = _search(args)
+    model, cluster, job, result = _search(args, modules=True)
     if args.output:
         result.to_json(args.output)
     if args.json:
         print(result.to_json())
+        return 0
+    if not isinstance(model, ModelSpec):
+        print(_graph_report(model, cluster, job, result, max(0, args.why)))
+        if args.output:
+            print(f"\nplan written to {args.output}")
         return 0
     if isinstance(job, InferenceJob):
         print(result.summary(rows=max(0, args.why)))
@@ -754,7 +863,8 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
     ``compare`` (``many``: the cluster flags repeat, one cluster per value)."""
     p.add_argument("--model", required=model_required,
                    help="preset name (see 'planner models'), a Hugging Face config.json path, "
-                   "or module:attr of a ModelSpec, HF config or transformers model")
+                   "or module:attr of a ModelSpec, HF config or transformers model (or, for "
+                   "'planner plan', of any torch nn.Module)")
     hw = p.add_argument_group("cluster" + (" (repeat a flag to compare clusters)" if many
                                            else ""))
     rep: dict[str, Any] = {"action": "append"} if many else {}
@@ -907,7 +1017,18 @@ def build_parser() -> argparse.ArgumentParser:
     _common_args(pl)
     _search_args(pl)
     _inference_args(pl, search=True)
-    pl.add_argument("--why", type=int, default=12, help="rows of the why-not table shown")
+    tm = pl.add_argument_group("torch module (--model module:attr naming an nn.Module)")
+    tm.add_argument("--input-shape", metavar="DIMS",
+                    help="one micro-batch's inputs, micro-batch first: dimensions joined by x, "
+                    "inputs by commas, e.g. 8x3x224x224 (default for a module whose first "
+                    "layer is an nn.Embedding: micro-batch x --seq-len token ids, micro-batch "
+                    "sizes of every power of two up to the GPUs tried)")
+    tm.add_argument("--input-dtype", choices=("int64", "float"),
+                    help="element type of --input-shape tensors (default: int64 token ids "
+                    "when the first layer is an nn.Embedding, else float in --precision)")
+    pl.add_argument("--why", type=int, default=12,
+                    help="rows of the why-not table (for a torch module: of the per-op "
+                    "sharding) shown")
     pl.add_argument("-o", "--output", help="also write the plan as JSON to this file")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plan)

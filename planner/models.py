@@ -5,7 +5,10 @@
 ``python -m``) and reads the attribute, which may be a ``ModelSpec``, a Hugging Face config
 dict, a ``transformers`` config or model (its ``.config`` is read), or a function or class
 taking no arguments that returns one of these; a torch module class is built on the meta
-device, so no weights are allocated. Nothing is unpickled and no string is evaluated.
+device, so no weights are allocated. ``load_model_or_module`` also accepts a plain
+``torch.nn.Module`` (an instance, a class or a function building one): ``planner plan``
+traces it into a layer graph and plans that. Nothing is unpickled and no string is
+evaluated.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "load_model_or_module"]
 
 
 def load_model(spec: str | ModelSpec) -> ModelSpec:
@@ -35,11 +38,29 @@ def load_model(spec: str | ModelSpec) -> ModelSpec:
     if spec.endswith(".json") or Path(spec).is_file():
         return ModelSpec.from_hf_config(spec)
     if ":" in spec:
-        return _from_code(spec)
+        found = _from_code(spec, modules=False)
+        assert isinstance(found, ModelSpec)
+        return found
     return ModelSpec.preset(spec)
 
 
-def _from_code(spec: str) -> ModelSpec:
+def load_model_or_module(spec: str | ModelSpec) -> Any:
+    """As ``load_model``, except that ``module:attr`` naming a torch ``nn.Module`` with no
+    ``ModelSpec`` or Hugging Face config (an instance, or a class or function building one on
+    the meta device) returns that module, to be planned from its traced graph."""
+    if isinstance(spec, str) and ":" in spec and not spec.strip().endswith(".json") \
+            and not Path(spec.strip()).is_file():
+        return _from_code(spec.strip(), modules=True)
+    return load_model(spec)
+
+
+def _is_module(obj: Any) -> bool:
+    """A torch ``nn.Module`` instance (not the class)."""
+    return not isinstance(obj, type) and hasattr(obj, "named_parameters") \
+        and hasattr(obj, "forward")
+
+
+def _from_code(spec: str, modules: bool) -> Any:
     """``module:attr`` (``attr`` may be dotted)."""
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
@@ -59,12 +80,15 @@ def _from_code(spec: str) -> ModelSpec:
         if not hasattr(obj, part):
             raise SpecError(f"model {spec!r}: {mod_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    return _to_spec(obj, spec, depth=0)
+    return _to_spec(obj, spec, depth=0, modules=modules)
 
 
-def _to_spec(obj: Any, spec: str, depth: int) -> ModelSpec:
+def _to_spec(obj: Any, spec: str, depth: int, modules: bool) -> Any:
+    """``obj`` as a ``ModelSpec``; a plain torch module as itself when ``modules``."""
     if isinstance(obj, ModelSpec):
         return obj
+    if isinstance(getattr(obj, "spec", None), ModelSpec) and _is_module(obj):
+        return obj.spec  # built by planner.runtime.build_model
     if isinstance(obj, dict):
         return ModelSpec.from_hf_config(obj, name=spec.partition(":")[2])
     config = getattr(obj, "config", None)
@@ -72,6 +96,13 @@ def _to_spec(obj: Any, spec: str, depth: int) -> ModelSpec:
         obj = config  # a transformers model: its config says its shape
     if hasattr(obj, "to_dict") and hasattr(obj, "model_type"):
         return ModelSpec.from_hf_config(dict(obj.to_dict()), name=spec.partition(":")[2])
+    if _is_module(obj):
+        if modules:
+            return obj
+        raise SpecError(
+            f"model {spec!r} is a torch module ({type(obj).__name__}) with no ModelSpec or "
+            "Hugging Face config: 'planner plan' plans it from its traced graph (see "
+            "--input-shape); this command needs a preset, a config.json or a ModelSpec")
     if callable(obj) and depth == 0:
         with _meta_device():
             try:
@@ -82,11 +113,11 @@ def _to_spec(obj: Any, spec: str, depth: int) -> ModelSpec:
             except Exception as e:
                 raise SpecError(f"model {spec!r}: building it raised {type(e).__name__}: "
                                 f"{e}") from None
-        return _to_spec(built, spec, depth=1)
+        return _to_spec(built, spec, depth=1, modules=modules)
     raise SpecError(
-        f"model {spec!r} is a {type(obj).__name__}; the planner reads a model's shape from a "
-        "ModelSpec, a Hugging Face config (dict, transformers config or model) or a function "
-        "returning one; a torch module without a Hugging Face config cannot be read yet")
+        f"model {spec!r} is a {type(obj).__name__}; the planner reads a model from a "
+        "ModelSpec, a Hugging Face config (dict, transformers config or model), a torch "
+        "nn.Module, or a class or function taking no arguments that returns one")
 
 
 @contextlib.contextmanager

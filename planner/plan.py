@@ -238,6 +238,10 @@ class Plan:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise SpecError(f"plan is not valid JSON: {e}") from e
+        if isinstance(d, dict) and d.get("kind") == "graph":
+            raise SpecError("this is the plan of a torch module, sharded op by op ('planner "
+                            "plan --model module:attr'); it is read as JSON, not re-estimated "
+                            "or emitted: plan a preset, config.json or ModelSpec for that")
         version = d.get("schema_version") if isinstance(d, dict) else None
         if version != SCHEMA_VERSION:
             raise SpecError(f"plan schema_version {version!r} is not {SCHEMA_VERSION}; "
@@ -399,9 +403,10 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     """The fastest configuration of ``job`` on ``cluster`` that fits in memory.
 
     ``model``: a ``ModelSpec`` (the analytic search below, returning a ``Plan``), a
-    ``LayerGraph`` or a ``torch.nn.Module`` with ``example_inputs`` (one micro-batch): the
+    ``LayerGraph`` or a ``torch.nn.Module`` with ``example_inputs`` (one micro-batch, or a
+    function of the micro-batch size returning one, to search the micro-batch too): the
     graph path, ``planner.autoshard.plan_graph``, returning a ``GraphPlan`` (per-op
-    sharding on a 2-D mesh per pipeline stage). A module built by
+    sharding on a 2-D mesh per pipeline stage; ``Infeasible`` when nothing fits). A module built by
     ``planner.runtime.build_model`` carries its ``ModelSpec`` and takes the analytic path,
     whose answers the graph of such a module matches (``tests/test_graph.py``).
 
@@ -420,7 +425,7 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
         if isinstance(spec, ModelSpec) and hasattr(model, "named_parameters"):
             model = spec
         else:
-            return _plan_graph(model, cluster, job, example_inputs)
+            return _plan_graph(model, cluster, job, example_inputs, progress)
     for name, value, kind, what in (
             ("model", model, ModelSpec, "ModelSpec"), ("cluster", cluster, Cluster, "Cluster"),
             ("job", job, (Job, InferenceJob), "Job or an InferenceJob")):
@@ -456,8 +461,15 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
                 search_seconds=time.perf_counter() - t0)
 
 
-def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
-    """The graph path of ``plan``: trace a module (in the job's precision) and plan it."""
+def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
+                progress: Callable[[float], None] | None = None) -> Any:
+    """The graph path of ``plan``: trace a module (in the job's precision) and plan it.
+
+    ``example_inputs`` may be a function of the micro-batch size returning one micro-batch:
+    then every power-of-two micro-batch that divides the global batch, up to the number of
+    GPUs (a micro-batch is split across its stage's mesh, so data parallelism over all the
+    GPUs needs that many samples), is traced and planned, and the fastest plan is kept
+    (ties: the smaller micro-batch)."""
     from costmodel.graph import LayerGraph
     from planner.autoshard import plan_graph
 
@@ -465,19 +477,39 @@ def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> 
         raise SpecError(f"cluster must be a Cluster, got {type(cluster).__name__}")
     if not isinstance(job, Job):
         raise SpecError(f"job must be a training Job for a graph, got {type(job).__name__}")
-    if not isinstance(model, LayerGraph):
-        if not hasattr(model, "named_parameters"):
-            raise SpecError(f"model must be a ModelSpec, a LayerGraph or a torch nn.Module, "
-                            f"got {type(model).__name__}")
-        if example_inputs is None:
-            raise SpecError("planning a torch module needs example_inputs=: one micro-batch "
-                            "of what its forward takes")
-        import torch
+    if isinstance(model, LayerGraph):
+        return plan_graph(model, cluster, job)
+    if not hasattr(model, "named_parameters"):
+        raise SpecError(f"model must be a ModelSpec, a LayerGraph or a torch nn.Module, "
+                        f"got {type(model).__name__}")
+    if example_inputs is None:
+        raise SpecError("planning a torch module needs example_inputs=: one micro-batch "
+                        "of what its forward takes, or a function of the micro-batch size "
+                        "returning one")
+    import torch
 
-        dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(job.precision,
-                                                                   torch.bfloat16)
-        model = LayerGraph.from_module(model, example_inputs, dtype=dtype)
-    return plan_graph(model, cluster, job)
+    dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(job.precision, torch.bfloat16)
+    if not callable(example_inputs):
+        return plan_graph(LayerGraph.from_module(model, example_inputs, dtype=dtype),
+                          cluster, job)
+    sizes = [2**i for i in range(cluster.num_gpus.bit_length())
+             if job.global_batch_size % 2**i == 0]
+    best: Any = None
+    errors: list[str] = []
+    for i, b in enumerate(sizes):
+        graph = LayerGraph.from_module(model, example_inputs(b), dtype=dtype)
+        try:
+            found = plan_graph(graph, cluster, job)
+        except Infeasible as e:
+            errors.append(f"micro-batch {b}: {e}")
+        else:
+            if best is None or found.step_time_s < best.step_time_s:
+                best = found
+        if progress is not None:
+            progress((i + 1) / len(sizes))
+    if best is None:
+        raise Infeasible(errors[0] if len(errors) == 1 else "; ".join(errors))
+    return best
 
 
 def _refine(model: ModelSpec, cluster: Cluster, res: SearchResult, cfg: ParallelConfig,

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from costmodel import Cluster, Job, ModelSpec, SpecError  # noqa: E402
+from costmodel import Cluster, Infeasible, Job, ModelSpec, SpecError  # noqa: E402
 from costmodel.comm import Topology  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
 from costmodel.sharding import PARTIAL, REPLICATE, op_loops, reshard_time, view_map  # noqa: E402
@@ -228,7 +228,7 @@ def test_nothing_fits_says_so() -> None:
     job = Job(global_batch_size=64, seq_len=1)
     with pytest.raises(SpecError, match="no sharding fits"):
         solve(ShardingProblem(graph, Mesh((1, 8)), NODE, job, budget=1024.0))
-    with pytest.raises(SpecError, match="no plan fits"):
+    with pytest.raises(Infeasible, match="no plan fits"):
         tiny = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=1)
         plan_graph(_transformer(8192, 64, 4096, layers=64), tiny,
                    Job(global_batch_size=64, seq_len=4096))

@@ -157,6 +157,14 @@ def test_a_vit() -> None:
     expected = tokens * (2 * 4 * dim * dim + 2 * 8 * dim * dim) + 2 * 4 * 17 * 17 * dim
     assert graph.layer("blocks.0").forward_flops == pytest.approx(expected, rel=0.01)
     assert graph.unsupported == []
+    # nn.MultiheadAttention's composite calls scaled_dot_product_attention by its name in
+    # torch.nn.functional: it is traced as the fused kernel, not the s x s math path, and
+    # the name is restored afterwards.
+    ops = {graph.node(v).op for v in graph.graph.nodes}
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops
+    assert not ops & {"aten._safe_softmax.default", "aten.bmm.default"}
+    assert nn.functional.scaled_dot_product_attention is \
+        torch._C._nn.scaled_dot_product_attention
 
 
 class Odd(nn.Module):

@@ -13,7 +13,8 @@ nbclient = pytest.importorskip("nbclient")
 ROOT = Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Notebooks that draw: each must show at least this many images.
-IMAGES = {"quick_start.ipynb": 1, "what_if.ipynb": 3, "memory_explorer.ipynb": 1}
+IMAGES = {"quick_start.ipynb": 1, "what_if.ipynb": 3, "memory_explorer.ipynb": 1,
+          "bring_your_own_model.ipynb": 1}
 
 
 @pytest.mark.slow

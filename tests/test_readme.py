@@ -55,6 +55,9 @@ def test_readme_commands_run(tmp_path: Path) -> None:
     (tmp_path / "path" / "to").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "data" / "hf_configs" / "llama-3-8b.json",
                 tmp_path / "path" / "to" / "config.json")
+    # The files the README asks the reader to save (a python block headed "# NAME.py").
+    for block in re.findall(r"```python\n(# (\w+\.py)\n.*?)```", README, flags=re.S):
+        (tmp_path / block[1]).write_text(block[0])
     for cmd in readme_commands():
         words = shlex.split(cmd)
         if words[0] == "calibrate" and "-o" not in words:

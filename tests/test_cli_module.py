@@ -1,0 +1,191 @@
+"""A torch ``nn.Module`` of the user's own, named ``module:attr``: loaded on the meta device,
+planned from its traced graph by ``planner plan`` and ``planner.plan``, and every misuse
+turned into one line with exit status 2 (3 when nothing fits)."""
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from costmodel import Cluster, Job, SpecError  # noqa: E402
+from planner import plan  # noqa: E402
+from planner.models import load_model, load_model_or_module  # noqa: E402
+
+MODELS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        def __init__(self, d=256, heads=4):
+            super().__init__()
+            self.norm1 = nn.LayerNorm(d)
+            self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+            self.norm2 = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x):
+            h = self.norm1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.mlp(self.norm2(x))
+
+
+    class TinyLM(nn.Module):
+        def __init__(self, vocab=1000, d=256, layers=4):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+            self.head = nn.Linear(d, vocab, bias=False)
+
+        def forward(self, ids):
+            x = self.embed(ids)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(x)
+
+
+    def tiny():
+        return TinyLM(layers=2)
+
+
+    instance = nn.Linear(8, 8)
+
+
+    class ConvNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+                                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+        def forward(self, x):
+            return self.body(x)
+''')
+NODE = ["--gpus", "8", "--gpu", "h100-sxm"]
+
+
+@pytest.fixture
+def models_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "mymodels.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("mymodels", None)
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", "plan", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_load_model_or_module_builds_on_meta(models_dir: Path) -> None:
+    net = load_model_or_module("mymodels:TinyLM")
+    assert isinstance(net, torch.nn.Module)
+    assert all(p.is_meta for p in net.parameters())  # no weights allocated
+    assert len(load_model_or_module("mymodels:tiny").blocks) == 2  # a factory
+    assert isinstance(load_model_or_module("mymodels:instance"), torch.nn.Linear)
+    assert load_model_or_module("llama-3-8b").name == "llama-3-8b"  # a preset stays a spec
+    with pytest.raises(SpecError, match=r"is a torch module .*'planner plan'"):
+        load_model("mymodels:TinyLM")
+
+
+def test_cli_plans_a_module_as_the_api_does(models_dir: Path) -> None:
+    r = cli(models_dir, "--model", "mymodels:TinyLM", *NODE, "--global-batch-size", "64",
+            "--seq-len", "512", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["kind"] == "graph"
+    cfg, est = d["config"], d["estimate"]
+    assert cfg["pp"] * math.prod(cfg["mesh"]) == 8
+    # embed, 4 block instances, head, the loss and the top module's own ops, each once
+    assert sum(len(s) for s in cfg["stages"]) == 8
+    assert 0 < est["mfu"] < 1 and est["peak_memory_bytes"] > 0
+    assert est["tokens_per_s"] == pytest.approx(64 * 512 / est["step_time_s"])
+    assert d["sharding"] and all(a["step_time_s"] is None or a["step_time_s"] > 0
+                                 for a in d["alternatives"])
+    # The API, given a function of the micro-batch size, tries the same sizes.
+    from mymodels import TinyLM
+
+    with torch.device("meta"):
+        net = TinyLM()
+    found = plan(net, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8),
+                 Job(global_batch_size=64, seq_len=512),
+                 example_inputs=lambda b: torch.zeros(b, 512, dtype=torch.long))
+    assert found.step_time_s == pytest.approx(est["step_time_s"], rel=1e-6)
+    assert found.micro_batches == cfg["micro_batches"]
+
+    text = cli(models_dir, "--model", "mymodels:TinyLM", *NODE, "--global-batch-size", "64",
+               "--seq-len", "512", "--micro-batch-size", "4", "--why", "3")
+    assert text.returncode == 0, text.stderr
+    assert "16 micro-batches" in text.stdout and "tokens/s" in text.stdout
+    assert "more nodes (--json lists them all)" in text.stdout
+
+
+def test_micro_batch_search_is_the_best_fixed_size(models_dir: Path) -> None:
+    """Brute force over the micro-batch sizes: the search returns the fastest of them."""
+    from mymodels import TinyLM
+
+    with torch.device("meta"):
+        net = TinyLM()
+    cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
+    job = Job(global_batch_size=32, seq_len=256)
+    fixed = [plan(net, cluster, job, example_inputs=torch.zeros(b, 256, dtype=torch.long))
+             for b in (1, 2, 4, 8)]
+    searched = plan(net, cluster, job,
+                    example_inputs=lambda b: torch.zeros(b, 256, dtype=torch.long))
+    assert searched.step_time_s == pytest.approx(min(f.step_time_s for f in fixed))
+
+
+def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
+    r = cli(models_dir, "--model", "mymodels:ConvNet", *NODE, "--global-batch-size", "256",
+            "--input-shape", "32x3x32x32")
+    assert r.returncode == 0, r.stderr
+    assert "samples/s" in r.stdout and "8 micro-batches" in r.stdout
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--model", "mymodels:ConvNet", "--global-batch-size", "64"], 2, "--input-shape"),
+    (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--seq-len", "8"], 2,
+     "not an nn.Embedding"),
+    (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape", "8x3xa"],
+     2, "joined by x"),
+    (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape", "0x3"],
+     2, "positive"),
+    (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape",
+      "8x3x32x32", "--micro-batch-size", "4"], 2, "differs"),
+    (["--model", "mymodels:ConvNet", "--global-batch-size", "60", "--input-shape",
+      "8x3x32x32"], 2, "not a multiple"),
+    (["--model", "mymodels:TinyLM", "--global-batch-size", "64", "--seq-len", "8",
+      "--tp", "2"], 2, "--tp: only for presets"),
+    (["--model", "mymodels:TinyLM", "--global-batch-size", "64", "--seq-len", "8",
+      "--inference"], 2, "is a torch module"),
+    (["--model", "mymodels:TinyLM", "--gpus", "1", "--gpu", "a100-40gb", "--global-batch-size",
+      "8", "--seq-len", "1000000", "--micro-batch-size", "8"], 3, "no plan fits"),
+])
+def test_cli_module_misuse(models_dir: Path, args: list[str], code: int, message: str) -> None:
+    r = cli(models_dir, *args, *([] if "--gpus" in args else NODE))
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_graph_plan_file_is_not_taken_for_a_runnable_plan(models_dir: Path) -> None:
+    out = models_dir / "g.json"
+    r = cli(models_dir, "--model", "mymodels:tiny", *NODE, "--global-batch-size", "16",
+            "--seq-len", "128", "--micro-batch-size", "2", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["kind"] == "graph"
+    for command in (["explain", str(out)], ["emit", str(out), "--target", "torchtitan"]):
+        e = subprocess.run([sys.executable, "-m", "planner", *command], cwd=models_dir,
+                           capture_output=True, text=True, timeout=60)
+        assert e.returncode == 2 and "plan of a torch module" in e.stderr
+    e = subprocess.run([sys.executable, "-m", "planner", "estimate", "--model",
+                        "mymodels:TinyLM", "--gpus", "8", "--global-batch-size", "16",
+                        "--seq-len", "128"], cwd=models_dir, capture_output=True, text=True,
+                       timeout=60)
+    assert e.returncode == 2 and "'planner plan' plans it" in e.stderr
