@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from costmodel.errors import SpecError
-from costmodel.frameworks import FRAMEWORKS, framework
+from costmodel.frameworks import FRAMEWORKS, framework, pipelining_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 
@@ -300,6 +300,12 @@ def validate(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) 
             f"framework={fw.name!r} has no {cfg.pipeline_schedule!r} schedule; it has "
             f"{', '.join(fw.schedules)}"
         )
+    if cfg.pp > 1 and fw.torch_pipelining:
+        problem = pipelining_problem(str(cfg.pipeline_schedule), cfg.pp, job.global_batch_size
+                                     // (cfg.dp * cfg.micro_batch_size))
+        if problem:
+            raise SpecError(f"framework={fw.name!r} pipelines with torch.distributed."
+                            f"pipelining: {problem}; change micro_batch_size or the schedule")
     least = dict(fw.offloads).get(cfg.offload)
     if least is None:
         raise SpecError(

@@ -97,7 +97,9 @@ class Estimate:
     ``<kind>_comm`` exposed communication for kind in tp, cp, ep, pp, fsdp, dp, ``bubble``,
     ``optimizer``, ``offload``; they sum to ``step_time_s``) and ``<kind>_comm_total``, the
     whole time of that communication, hidden or not. ``bottleneck_stage``: the pipeline stage
-    whose time per micro-batch sets the pace.
+    whose time per micro-batch sets the pace. ``usd_per_million_tokens``: what training a
+    million tokens costs at the GPU profile's rental price (US dollars; ``None`` when the
+    profile has no price).
     """
 
     config: ParallelConfig
@@ -116,6 +118,7 @@ class Estimate:
     time_breakdown_s: dict[str, float] = field(default_factory=dict)
     bottleneck_stage: int | None = None
     host_memory_capacity_bytes: float = float("inf")
+    usd_per_million_tokens: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -133,6 +136,7 @@ class Estimate:
             "hfu": self.hfu,
             "tokens_per_s": self.tokens_per_s,
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "usd_per_million_tokens": self.usd_per_million_tokens,
             "fits": self.fits,
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "host_memory_capacity_bytes": self.host_memory_capacity_bytes,
@@ -166,7 +170,9 @@ class Estimate:
             lines.append(
                 f"step time: {self.step_time_s:.3f} s   tokens/s: {self.tokens_per_s:,.0f}   "
                 f"MFU: {100 * (self.mfu or 0):.1f}%   HFU: {100 * (self.hfu or 0):.1f}%   "
-                f"model TFLOP/s per GPU: {self.model_tflops_per_gpu:.1f}")
+                f"model TFLOP/s per GPU: {self.model_tflops_per_gpu:.1f}"
+                + (f"   ${self.usd_per_million_tokens:.3f} per million tokens"
+                   if self.usd_per_million_tokens is not None else ""))
             for t in TIME_TERMS:
                 v = self.time_breakdown_s.get(t, 0.0)
                 if v > 0 or t in ("compute", "bubble"):
@@ -200,6 +206,8 @@ class Estimate:
                     ("tokens/s", f"{self.tokens_per_s:,.0f}"),
                     ("model TFLOP/s per GPU", f"{self.model_tflops_per_gpu:.1f}"),
                     ("MFU / HFU", f"{100 * (self.mfu or 0):.1f}% / {100 * (self.hfu or 0):.1f}%"),
+                    *([("US$ per million tokens", f"{self.usd_per_million_tokens:.3f}")]
+                      if self.usd_per_million_tokens is not None else []),
                     *head]
         time_rows = []
         for t in TIME_TERMS:
@@ -233,6 +241,16 @@ def _html_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
             "</tr>"
 
     return "<table>" + row(header, "th") + "".join(row(r, "td") for r in rows) + "</table>"
+
+
+def usd_per_million_tokens(cluster: Cluster, step_time_s: float, tokens_per_step: float
+                           ) -> float | None:
+    """US dollars to train a million tokens: GPU-seconds per step at the profile's rental
+    price, per token (``None`` without a price)."""
+    price = cluster.gpu.usd_per_gpu_second
+    if price is None:
+        return None
+    return price * cluster.num_gpus * step_time_s / tokens_per_step * 1e6
 
 
 def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfig) -> Estimate:
@@ -287,6 +305,7 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
         model_tflops_per_gpu=model_rate / 1e12,
         mfu=model_rate / peak_flops,
         hfu=float(times.hardware_flops[0]) / step / cluster.num_gpus / peak_flops,
+        usd_per_million_tokens=usd_per_million_tokens(cluster, step, job.tokens_per_step),
         time_breakdown_s=breakdown,
         bottleneck_stage=int(rep.stage_index[0, times.bottleneck_stage[0]]),
         host_memory_capacity_bytes=cluster.host_memory_bytes_per_gpu,

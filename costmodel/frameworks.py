@@ -43,6 +43,9 @@ class Framework:
     hybrid_shard_stages: tuple[int, ...]  # ZeRO stages that may shard over part of dp (HSDP)
     gated_mlp_saved_widths: int  # ffn-wide tensors saved per gated MLP (fused 3, eager 4)
     note_zero: str
+    # Pipelines with torch.distributed.pipelining, whose schedules constrain the micro-batch
+    # count (``pipelining_problem``).
+    torch_pipelining: bool = False
 
 
 def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | None:
@@ -105,6 +108,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         gated_mlp_saved_widths=4,
         note_zero="torchtitan runs DDP (0), FSDP without resharding after forward (2) and "
         "FSDP (3); it has no ZeRO-1",
+        torch_pipelining=True,
     ),
 )
 

@@ -76,6 +76,17 @@ class KernelEfficiency:
                             "see hardware_profiles/gpus/a100-80gb.toml") from None
 
 
+def _price(table: Any, name: str) -> float | None:
+    """``[price] usd_per_gpu_hour`` of a GPU profile, or ``None`` when it has none."""
+    if table is None:
+        return None
+    value = table.get("usd_per_gpu_hour") if isinstance(table, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"GPU profile {name!r}: [price] needs usd_per_gpu_hour = a number "
+                        "(US dollars per GPU-hour)")
+    return float(value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GPU:
     """One accelerator: memory capacity (bytes), HBM bandwidth (bytes/s), dense peak FLOP/s,
@@ -92,8 +103,14 @@ class GPU:
     intra_node_link: str | Link = "pcie5"
     host_link: str | Link = "pcie5"
     source: str = ""
+    #: On-demand rental price of one GPU (US dollars per hour), when the profile has one:
+    #: what ``Estimate.usd_per_million_tokens`` and ``planner compare --rank-by cost`` use.
+    usd_per_gpu_hour: float | None = None
 
     def __post_init__(self) -> None:
+        if self.usd_per_gpu_hour is not None and not self.usd_per_gpu_hour > 0:
+            raise SpecError(f"GPU {self.name!r}: usd_per_gpu_hour must be > 0, got "
+                            f"{self.usd_per_gpu_hour}")
         if self.memory_bytes <= 0:
             raise SpecError(f"GPU {self.name!r}: memory_bytes must be > 0, got {self.memory_bytes}")
         if self.memory_bandwidth_bytes_per_s <= 0:
@@ -124,9 +141,15 @@ class GPU:
                 intra_node_link=_link_entry(data.get("intra_node_link", "pcie5")),
                 host_link=_link_entry(data.get("host_link", "pcie5")),
                 source=str(data.get("source", {}).get("document", "")),
+                usd_per_gpu_hour=_price(data.get("price"), name),
             )
         except KeyError as e:
             raise SpecError(f"GPU profile {name!r} lacks the key {e.args[0]!r}") from None
+
+    @property
+    def usd_per_gpu_second(self) -> float | None:
+        """The rental price per GPU-second (US dollars), or ``None`` without a price."""
+        return None if self.usd_per_gpu_hour is None else self.usd_per_gpu_hour / 3600.0
 
     @classmethod
     def from_file(cls, path: str | Path) -> GPU:

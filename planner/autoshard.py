@@ -654,14 +654,22 @@ class GraphPlan:
         flops = self.graph.model_flops() * self.micro_batches
         return flops / self.step_time_s / self.cluster.num_gpus / peak
 
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        """US dollars to train a million tokens at the GPU profile's rental price (``None``
+        without a price)."""
+        from costmodel.estimate import usd_per_million_tokens
+
+        return usd_per_million_tokens(self.cluster, self.step_time_s, self.job.tokens_per_step)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form (``"kind": "graph"``). ``config``: the pipeline degree,
         mesh shape, micro-batches and the layer instances of each stage; ``estimate``:
         ``step_time_s``, ``peak_memory_bytes``, ``stage_memory_bytes``, ``mfu``,
-        ``tokens_per_s``; ``sharding``: each node's strategy and output layout;
-        ``collectives``: each inserted conversion and its seconds per micro-batch;
-        ``alternatives``: every (pp, mesh) tried, with its step time (``null``: did not
-        fit) and why."""
+        ``tokens_per_s``, ``usd_per_million_tokens``; ``sharding``: each node's strategy
+        and output layout; ``collectives``: each inserted conversion and its seconds per
+        micro-batch; ``alternatives``: every (pp, mesh) tried, with its step time (``null``:
+        did not fit) and why."""
         return {
             "kind": "graph",
             "model": {"name": self.graph.name, "num_params": self.graph.num_params(),
@@ -678,7 +686,8 @@ class GraphPlan:
             "estimate": {"step_time_s": self.step_time_s,
                          "peak_memory_bytes": self.peak_memory_bytes,
                          "stage_memory_bytes": list(self.stage_memory_bytes),
-                         "mfu": self.mfu, "tokens_per_s": self.tokens_per_s},
+                         "mfu": self.mfu, "tokens_per_s": self.tokens_per_s,
+                         "usd_per_million_tokens": self.usd_per_million_tokens},
             "optimal": self.solution.optimal,
             "solve_seconds": self.solve_s,
             "sharding": [{"node": v, "op": op, "strategy": label, "output": out}

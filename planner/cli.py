@@ -34,7 +34,7 @@ from costmodel.inference import (
 )
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
-from planner.compare import Candidate, Comparison, compare
+from planner.compare import RANKINGS, Candidate, Comparison, compare
 from planner.emit import TARGETS, emit
 from planner.explain import explain
 from planner.models import load_model, load_model_or_module
@@ -95,6 +95,8 @@ EPILOG_COMPARE = """examples:
   planner compare --model llama-3-70b --gpus 64 --gpus 128 --gpu h100-sxm --gpu h200 \\
       --global-batch-size 512 --seq-len 8192          # plan each of 4 clusters
   planner compare --plan a.json --plan b.json
+  planner compare --model llama-3-8b --gpus 64 --gpu h100-sxm --gpu h200 --gpu a100-80gb \
+      --global-batch-size 512 --seq-len 8192 --rank-by cost   # cheapest per token first
 """
 
 EPILOG_RUN = """examples:
@@ -397,7 +399,9 @@ def _graph_report(model: Any, cluster: Cluster, job: Job, found: Any, rows: int)
         f"{cluster.gpu.name}; global batch {job.global_batch_size}, {job.precision}",
         found.summary(rows=rows),
         f"throughput  {found.tokens_per_s:,.0f} {unit}/s "
-        f"({found.tokens_per_s / cluster.num_gpus:,.0f} per GPU)"])
+        f"({found.tokens_per_s / cluster.num_gpus:,.0f} per GPU)"
+        + (f", ${found.usd_per_million_tokens:.3f} per million {unit}"
+           if found.usd_per_million_tokens is not None else "")])
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -467,6 +471,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                     searched=True))
     assert model is not None
     result = Comparison(model=model, candidates=tuple(candidates))
+    if args.rank_by:
+        result = result.ranked(args.rank_by)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -583,6 +589,11 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
     lines.append(f"  {'step':<12s}{_fmt_s(est.step_time_s)}")
     lines.append(f"  {est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model "
                  f"TFLOP/s per GPU, MFU {100 * est.mfu:.1f}%, HFU {100 * est.hfu:.1f}%")
+    if est.usd_per_million_tokens is not None:
+        lines.append(f"  ${est.usd_per_million_tokens:.3f} per million tokens at "
+                     f"${cluster.gpu.usd_per_gpu_hour:.2f} per GPU-hour "
+                     f"(${cluster.gpu.usd_per_gpu_hour * cluster.num_gpus:,.0f}/h for the "
+                     "cluster; the profile's on-demand price)")
     return "\n".join(lines)
 
 
@@ -1066,6 +1077,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--max", action="append", default=[], metavar="FIELD=N",
                     help="cap a degree of the searched candidates, e.g. --max tp=4")
     cp.add_argument("--frameworks", help="trainers the searched candidates may use")
+    cp.add_argument("--rank-by", choices=RANKINGS,
+                    help="list the candidates best first: by tokens/s, or by cost (US$ per "
+                    "million tokens at the GPU profiles' on-demand prices); default: as given")
     cp.add_argument("--json", action="store_true", help="machine-readable output")
     cp.set_defaults(func=cmd_compare)
 

@@ -21,7 +21,10 @@ from costmodel.model import ModelSpec
 from planner.plan import GIB, describe, plan
 from planner.space import Constraints
 
-__all__ = ["Candidate", "Comparison", "compare", "parse_config"]
+__all__ = ["RANKINGS", "Candidate", "Comparison", "compare", "parse_config"]
+
+#: How ``Comparison.ranked`` orders candidates: tokens/s, or dollars per million tokens.
+RANKINGS = ("throughput", "cost")
 
 # Keys ``parse_config`` reads: the short names ``describe`` writes, and the field names.
 _KEYS = {
@@ -147,9 +150,31 @@ class Comparison:
     model: ModelSpec
     candidates: tuple[Candidate, ...]
 
+    def ranked(self, by: str = "throughput") -> Comparison:
+        """The candidates best first: by ``"throughput"`` (tokens/s, for the whole cluster)
+        or ``"cost"`` (US dollars per million tokens at the GPU profiles' rental prices;
+        unpriced candidates after the priced ones). Candidates that cannot run go last; ties
+        keep the given order."""
+        if by not in RANKINGS:
+            raise SpecError(f"rank by {by!r}: choose {' or '.join(RANKINGS)}")
+
+        def key(c: Candidate) -> tuple[int, float]:
+            e = c.estimate
+            if e is None or not e.fits or not e.tokens_per_s:
+                return (2, 0.0)
+            if by == "cost":
+                cost = e.usd_per_million_tokens
+                return (0, cost) if cost is not None else (1, -e.tokens_per_s)
+            return (0, -e.tokens_per_s)
+
+        return Comparison(model=self.model, candidates=tuple(sorted(self.candidates, key=key)))
+
     def rows(self) -> list[dict[str, str]]:
-        """One dict of formatted cells per candidate (what the text and HTML tables show)."""
+        """One dict of formatted cells per candidate (what the text and HTML tables show);
+        the ``$/Mtok`` column (US dollars per million tokens) appears when a GPU profile of
+        the comparison has a price."""
         ref = next((c.estimate for c in self.candidates if c.estimate is not None), None)
+        priced = any(c.cluster.gpu.usd_per_gpu_hour is not None for c in self.candidates)
         out = []
         for c in self.candidates:
             e, cl = c.estimate, c.cluster
@@ -173,6 +198,10 @@ class Comparison:
                     "vs first": f"{ref.step_time_s / e.step_time_s:.2f}x",
                     "config": ("plan: " if c.searched else "") + describe(e.config)
                               + f" ({c.job.framework})"})
+            if priced:
+                cost = e.usd_per_million_tokens if e is not None else None
+                row["$/Mtok"] = "-" if cost is None else f"{cost:.3f}"
+                row["config"] = row.pop("config")  # keeps the config last
             out.append(row)
         return out
 

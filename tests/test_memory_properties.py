@@ -196,8 +196,12 @@ def test_higher_zero_stage_never_uses_more_memory(case: dict) -> None:
 
 
 # ------------------------------------------------------------------ 2. larger TP or PP degree
-def _tp_pp_job(data: st.DataObject, fw: str, dp: int, mbs: int) -> Job:
-    return Job(global_batch_size=dp * mbs * data.draw(st.sampled_from((1, 2, 8)), label="k"),
+def _tp_pp_job(data: st.DataObject, fw: str, dp: int, mbs: int, pp: int) -> Job:
+    """A job of k micro-batches per step; k >= pp where torch.distributed.pipelining's 1F1B
+    needs it (torchtitan)."""
+    least = pp if framework(fw).torch_pipelining else 1
+    ks = [k for k in (1, 2, 8, 16) if k >= least]
+    return Job(global_batch_size=dp * mbs * data.draw(st.sampled_from(ks), label="k"),
                seq_len=data.draw(st.sampled_from((2048, 4096)), label="seq"),
                precision=data.draw(st.sampled_from(PRECISIONS), label="precision"),
                optimizer=data.draw(st.sampled_from(OPTIMIZERS), label="optimizer"),
@@ -215,7 +219,7 @@ def test_doubling_tp_never_raises_model_states_or_activations(data: st.DataObjec
     f = framework(fw)
     zero = data.draw(st.sampled_from(f.zero_with_pp if pp > 1 else f.zero_stages), label="zero")
     mbs = data.draw(st.sampled_from((1, 2)), label="mbs")
-    job = _tp_pp_job(data, fw, dp, mbs)
+    job = _tp_pp_job(data, fw, dp, mbs, pp)
     recompute = data.draw(st.sampled_from(RECOMPUTES), label="recompute")
 
     def run(tp: int) -> Estimate:
@@ -244,7 +248,7 @@ def test_doubling_pp_never_raises_model_states(data: st.DataObject) -> None:
     dp = data.draw(pow2(1, 4), label="dp")
     zero = data.draw(st.sampled_from(framework(fw).zero_with_pp), label="zero")
     mbs = data.draw(st.sampled_from((1, 2)), label="mbs")
-    job = _tp_pp_job(data, fw, dp, mbs)
+    job = _tp_pp_job(data, fw, dp, mbs, 2 * q)
     recompute = data.draw(st.sampled_from(RECOMPUTES), label="recompute")
 
     def run(pp: int) -> Estimate:
@@ -383,6 +387,8 @@ def _pipeline_case(data: st.DataObject, fw: str, schedule: str) -> tuple[Estimat
     dp = data.draw(pow2(1, 4), label="dp")
     mbs = data.draw(st.sampled_from((1, 2)), label="mbs")
     k = data.draw(st.integers(1, 40), label="micro-batches")
+    if schedule == "1f1b" and framework(fw).torch_pipelining:
+        k = max(k, pp)  # torch.distributed.pipelining's 1F1B needs k >= pp
     job = Job(global_batch_size=dp * mbs * k, seq_len=2048, framework=fw)
     cfg = ParallelConfig(dp=dp, pp=pp, micro_batch_size=mbs, pipeline_schedule=schedule,
                          recompute=data.draw(st.sampled_from(RECOMPUTES), label="recompute"))
@@ -411,6 +417,27 @@ def test_1f1b_stage_holds_min_of_remaining_stages_and_micro_batches(
         min(pp - i, k) for i in range(pp)]
 
 
+@settings(max_examples=40, deadline=None)
+@given(pp=pow2(2, 16), k=st.integers(1, 40),
+       schedule=st.sampled_from(("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")))
+def test_torchtitan_micro_batches_follow_torch_pipelining(pp: int, k: int, schedule: str
+                                                          ) -> None:
+    """validate() refuses exactly what torch.distributed.pipelining's schedules refuse
+    (torch/distributed/pipelining/schedules.py): 1F1B with fewer micro-batches than stages,
+    interleaved 1F1B and zero bubble with k not a multiple of max(1, k // pp) rounds."""
+    m = model("llama-3-8b")
+    job = Job(global_batch_size=k, seq_len=2048, framework="torchtitan")
+    cfg = ParallelConfig(dp=1, pp=pp, pipeline_schedule=schedule,
+                         virtual_pipeline_stages=2 if schedule == "interleaved-1f1b" else 1)
+    rounds = max(1, k // pp)
+    refused = (schedule == "1f1b" and k < pp) or \
+        (schedule in ("interleaved-1f1b", "zero-bubble") and k % rounds != 0)
+    assert valid(m, cluster(pp), job, cfg) == (not refused)
+    megatron = Job(global_batch_size=k, seq_len=2048, framework="megatron")
+    if schedule in ("1f1b", "interleaved-1f1b"):  # Megatron's own schedules run any k
+        assert valid(m, cluster(pp), megatron, cfg)
+
+
 # ---------------------------------------------------------------------------- 7. conservation
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
@@ -431,7 +458,7 @@ def test_stage_parameters_sum_to_the_model(data: st.DataObject) -> None:
                                         max_size=pp - 1), label="cuts"))
         bounds = [0, *cuts, m.num_layers]
         stage_layers = tuple(b - a for a, b in pairwise(bounds))
-    job = Job(global_batch_size=dp * 8, seq_len=2048, framework="torchtitan")
+    job = Job(global_batch_size=dp * 16, seq_len=2048, framework="torchtitan")  # k >= pp
     cfg = ParallelConfig(dp=dp, pp=pp, virtual_pipeline_stages=v, stage_layers=stage_layers,
                          zero_stage=data.draw(st.sampled_from((0, 2, 3)), label="zero"))
     est = estimate(m, cluster(dp * pp), job, cfg)

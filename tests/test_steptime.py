@@ -169,7 +169,9 @@ def configs(draw: st.DrawFn) -> tuple[ParallelConfig, Job]:
         dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, micro_batch_size=mbs,
         sequence_parallel=tp > 1 and draw(st.booleans()), virtual_pipeline_stages=v,
         recompute=draw(st.sampled_from(["none", "selective", "full"])))
-    job = Job(global_batch_size=dp * mbs * draw(st.sampled_from([1, 4, 8])), seq_len=4096,
+    # torch.distributed.pipelining's 1F1B (torchtitan) needs at least pp micro-batches.
+    ks = [1, 4, 8] if fw != "torchtitan" else [k for k in (1, 4, 8) if k >= pp]
+    job = Job(global_batch_size=dp * mbs * draw(st.sampled_from(ks)), seq_len=4096,
               framework=fw, overlap_grad_reduce=draw(st.booleans()))
     return cfg, job
 
