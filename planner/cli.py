@@ -95,7 +95,7 @@ EPILOG_COMPARE = """examples:
   planner compare --model llama-3-70b --gpus 64 --gpus 128 --gpu h100-sxm --gpu h200 \\
       --global-batch-size 512 --seq-len 8192          # plan each of 4 clusters
   planner compare --plan a.json --plan b.json
-  planner compare --model llama-3-8b --gpus 64 --gpu h100-sxm --gpu h200 --gpu a100-80gb \
+  planner compare --model llama-3-8b --gpus 64 --gpu h100-sxm --gpu h200 --gpu a100-80gb \\
       --global-batch-size 512 --seq-len 8192 --rank-by cost   # cheapest per token first
 """
 
@@ -1032,8 +1032,8 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--input-shape", metavar="DIMS",
                     help="one micro-batch's inputs, micro-batch first: dimensions joined by x, "
                     "inputs by commas, e.g. 8x3x224x224 (default for a module whose first "
-                    "layer is an nn.Embedding: micro-batch x --seq-len token ids, micro-batch "
-                    "sizes of every power of two up to the GPUs tried)")
+                    "layer is an nn.Embedding: micro-batch x --seq-len token ids, trying every "
+                    "power-of-two micro-batch up to the GPU count)")
     tm.add_argument("--input-dtype", choices=("int64", "float"),
                     help="element type of --input-shape tensors (default: int64 token ids "
                     "when the first layer is an nn.Embedding, else float in --precision)")
