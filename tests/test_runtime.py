@@ -249,10 +249,6 @@ def test_stage_ranges_follow_the_cost_model() -> None:
      "loss scaling"),
     ({"dp": 2, "zero_stage": 2, "offload": "optimizer"},
      Job(global_batch_size=8, seq_len=16, framework="deepspeed"), "ZeRO-Offload"),
-    # The cost model estimates these; torch's schedules refuse them.
-    ({"pp": 4, "micro_batch_size": 4}, JOB, "at least pp=4 micro-batches"),
-    ({"pp": 2, "virtual_pipeline_stages": 2}, dataclasses.replace(JOB, global_batch_size=5),
-     "multiple of micro-batches // pp = 2"),
 ])
 def test_unrunnable_features_are_refused(config: dict[str, Any], job: Job,
                                          needle: str) -> None:
@@ -260,6 +256,19 @@ def test_unrunnable_features_are_refused(config: dict[str, Any], job: Job,
     with pytest.raises(SpecError, match=needle):
         check(p)
     assert unsupported(SPEC, JOB, ParallelConfig(dp=2, zero_stage=3)) == []
+
+
+@pytest.mark.parametrize(("config", "job", "needle"), [
+    ({"pp": 4, "micro_batch_size": 4}, JOB, "at least pp=4 micro-batches"),
+    ({"pp": 2, "virtual_pipeline_stages": 2}, dataclasses.replace(JOB, global_batch_size=5),
+     "multiple of micro-batches // pp = 2"),
+])
+def test_torch_pipelining_limits_are_refused_when_planning(config: dict[str, Any], job: Job,
+                                                           needle: str) -> None:
+    """What torch's schedules refuse, a torchtitan plan never holds: the cost model's
+    validate() refuses it before any runtime check."""
+    with pytest.raises(SpecError, match=needle):
+        make_plan(config, job=job)
 
 
 def test_apply_refuses_before_starting_processes(one_process: None) -> None:
