@@ -249,6 +249,9 @@ def test_stage_ranges_follow_the_cost_model() -> None:
      "loss scaling"),
     ({"dp": 2, "zero_stage": 2, "offload": "optimizer"},
      Job(global_batch_size=8, seq_len=16, framework="deepspeed"), "ZeRO-Offload"),
+    # Megatron's own schedule runs 2 micro-batches on 4 stages; torch's 1F1B does not.
+    ({"pp": 4, "micro_batch_size": 4}, dataclasses.replace(JOB, framework="megatron"),
+     "at least pp=4 micro-batches"),
 ])
 def test_unrunnable_features_are_refused(config: dict[str, Any], job: Job,
                                          needle: str) -> None:
