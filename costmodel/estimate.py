@@ -243,6 +243,12 @@ def _html_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
     return "<table>" + row(header, "th") + "".join(row(r, "td") for r in rows) + "</table>"
 
 
+def mfu_peak_flops(cluster: Cluster, precision: str) -> float:
+    """The dense peak FLOP/s of one GPU that MFU is measured against for a job in
+    ``precision`` (fp8 against bf16, fp32 against tf32: ``PEAK_DTYPE``)."""
+    return cluster.gpu.peak_flops(PEAK_DTYPE.get(precision, precision))
+
+
 def usd_per_million_tokens(cluster: Cluster, step_time_s: float, tokens_per_step: float
                            ) -> float | None:
     """US dollars to train a million tokens: GPU-seconds per step at the profile's rental
@@ -289,7 +295,7 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
     step = float(times.step_time[0])
     breakdown = {t: float(times.terms[t][0]) for t in TIME_TERMS}
     breakdown.update({f"{k}_comm_total": float(times.comm_total[k][0]) for k in COMM_KINDS})
-    peak_flops = cluster.gpu.peak_flops(PEAK_DTYPE.get(job.precision, job.precision))
+    peak_flops = mfu_peak_flops(cluster, job.precision)
     model_rate = times.model_flops / step / cluster.num_gpus
     return Estimate(
         config=config,

@@ -56,10 +56,13 @@ and the step takes ``(M + p - 1) T(p-1, L)`` plus the exposed gradient synchroni
 
 from __future__ import annotations
 
+import html
 import itertools
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,6 +71,7 @@ from costmodel.comm import Topology
 from costmodel.compute import BACKWARD_BYTES, flash_attention_time, gemm_time, memory_time
 from costmodel.config import Job
 from costmodel.errors import Infeasible, SpecError
+from costmodel.estimate import _html_table, mfu_peak_flops, usd_per_million_tokens
 from costmodel.graph import LayerGraph, OpNode, TensorRef
 from costmodel.hardware import Cluster
 from costmodel.memory import state_bytes
@@ -635,7 +639,7 @@ class GraphPlan:
     def micro_batch_size(self) -> int:
         """Samples per micro-batch: the traced batch (the first dimension of the first
         input), split across each stage's mesh by the sharding."""
-        return self.graph.inputs[0][0] if self.graph.inputs and self.graph.inputs[0] else 1
+        return traced_batch(self.graph)
 
     @property
     def tokens_per_s(self) -> float:
@@ -647,19 +651,14 @@ class GraphPlan:
     def mfu(self) -> float:
         """Model FLOPs utilisation: the graph's matmul, convolution and attention FLOPs per
         step over the GPUs' dense peak in the job's precision (PaLM, App. B)."""
-        from costmodel.estimate import PEAK_DTYPE
-
-        peak = self.cluster.gpu.peak_flops(PEAK_DTYPE.get(self.job.precision,
-                                                          self.job.precision))
         flops = self.graph.model_flops() * self.micro_batches
-        return flops / self.step_time_s / self.cluster.num_gpus / peak
+        return flops / self.step_time_s / self.cluster.num_gpus / mfu_peak_flops(
+            self.cluster, self.job.precision)
 
     @property
     def usd_per_million_tokens(self) -> float | None:
         """US dollars to train a million tokens at the GPU profile's rental price (``None``
         without a price)."""
-        from costmodel.estimate import usd_per_million_tokens
-
         return usd_per_million_tokens(self.cluster, self.step_time_s, self.job.tokens_per_step)
 
     def to_dict(self) -> dict[str, Any]:
@@ -702,9 +701,6 @@ class GraphPlan:
 
     def to_json(self, path: Any = None) -> str:
         """The plan as JSON text; also written to ``path`` when given."""
-        import json
-        from pathlib import Path
-
         text = json.dumps(self.to_dict(), indent=2)
         if path is not None:
             Path(path).write_text(text + "\n")
@@ -713,12 +709,7 @@ class GraphPlan:
     def summary(self, rows: int | None = None) -> str:
         """The plan as text: mesh, stages, step time, memory, then each node's sharding
         (the first ``rows`` nodes; all when ``None``)."""
-        lines = [f"{self.graph.name}: pp={self.pp} x mesh {self.mesh.shape[0]}x"
-                 f"{self.mesh.shape[1]}, {self.micro_batches} micro-batches of "
-                 f"{self.micro_batch_size}; step "
-                 f"{self.step_time_s * 1e3:.2f} ms, MFU {100 * self.mfu:.1f}%, peak "
-                 f"{self.peak_memory_bytes / 2**30:.2f} GiB/GPU (solved in {self.solve_s:.2f} s"
-                 f"{'' if self.solution.optimal else ', best found in the time limit'})"]
+        lines = [self._headline()]
         for s, names in enumerate(self.stages):
             lines.append(f"  stage {s}: {len(names)} layers ({names[0]} .. {names[-1]}), "
                          f"{self.stage_memory_bytes[s] / 2**30:.2f} GiB")
@@ -729,20 +720,31 @@ class GraphPlan:
             lines.append(f"  ... {len(layouts) - rows} more nodes (--json lists them all)")
         return "\n".join(lines)
 
+    def _headline(self) -> str:
+        """One line: mesh, micro-batches, step time, MFU, peak memory, solve time."""
+        return (f"{self.graph.name}: pp={self.pp} x mesh {self.mesh.shape[0]}x"
+                f"{self.mesh.shape[1]}, {self.micro_batches} micro-batches of "
+                f"{self.micro_batch_size}; step "
+                f"{self.step_time_s * 1e3:.2f} ms, MFU {100 * self.mfu:.1f}%, peak "
+                f"{self.peak_memory_bytes / 2**30:.2f} GiB/GPU (solved in {self.solve_s:.2f} s"
+                f"{'' if self.solution.optimal else ', best found in the time limit'})")
+
     def __str__(self) -> str:
         return self.summary()
 
     def _repr_html_(self) -> str:
         """The headline and the stages as an HTML table (Jupyter)."""
-        import html
+        rows = [(s, len(n), f"{n[0]} .. {n[-1]}", f"{m / 2**30:.2f}")
+                for s, (n, m) in enumerate(zip(self.stages, self.stage_memory_bytes,
+                                               strict=True))]
+        return (f"<p><b>{html.escape(self._headline())}</b></p>"
+                + _html_table(("stage", "layers", "from .. to", "GiB/GPU"), rows))
 
-        head = html.escape(self.summary(rows=0).splitlines()[0])
-        body = "".join(f"<tr><td>{s}</td><td>{len(n)}</td><td>{html.escape(n[0])} .. "
-                       f"{html.escape(n[-1])}</td><td>{m / 2**30:.2f}</td></tr>"
-                       for s, (n, m) in enumerate(zip(self.stages, self.stage_memory_bytes,
-                                                      strict=True)))
-        return (f"<p><b>{head}</b></p><table><tr><th>stage</th><th>layers</th>"
-                f"<th>from .. to</th><th>GiB/GPU</th></tr>{body}</table>")
+
+def traced_batch(graph: LayerGraph) -> int:
+    """The batch ``graph`` was traced with: the first dimension of its first input (1 when
+    it has none): one micro-batch."""
+    return graph.inputs[0][0] if graph.inputs and graph.inputs[0] else 1
 
 
 def _units(graph: LayerGraph) -> list[str]:
@@ -804,7 +806,7 @@ def plan_graph(graph: LayerGraph, cluster: Cluster, job: Job, *,
     import time
 
     t0 = time.perf_counter()
-    batch = graph.inputs[0][0] if graph.inputs and graph.inputs[0] else 1  # as micro_batch_size
+    batch = traced_batch(graph)
     if micro_batches is None:
         if job.global_batch_size % batch:
             raise SpecError(f"global batch {job.global_batch_size} is not a multiple of the "

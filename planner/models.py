@@ -29,6 +29,20 @@ __all__ = ["load_model", "load_model_or_module"]
 def load_model(spec: str | ModelSpec) -> ModelSpec:
     """The model ``spec`` names: a ``ModelSpec`` (returned as is), a preset (``planner
     models``), the path of a Hugging Face ``config.json``, or ``module:attr``."""
+    found = _load(spec, modules=False)
+    assert isinstance(found, ModelSpec)
+    return found
+
+
+def load_model_or_module(spec: str | ModelSpec) -> Any:
+    """As ``load_model``, except that ``module:attr`` naming a torch ``nn.Module`` with no
+    ``ModelSpec`` or Hugging Face config (an instance, or a class or function building one on
+    the meta device) returns that module, to be planned from its traced graph."""
+    return _load(spec, modules=True)
+
+
+def _load(spec: str | ModelSpec, modules: bool) -> Any:
+    """``load_model``; a plain torch module named by ``module:attr`` too when ``modules``."""
     if isinstance(spec, ModelSpec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
@@ -38,20 +52,8 @@ def load_model(spec: str | ModelSpec) -> ModelSpec:
     if spec.endswith(".json") or Path(spec).is_file():
         return ModelSpec.from_hf_config(spec)
     if ":" in spec:
-        found = _from_code(spec, modules=False)
-        assert isinstance(found, ModelSpec)
-        return found
+        return _from_code(spec, modules)
     return ModelSpec.preset(spec)
-
-
-def load_model_or_module(spec: str | ModelSpec) -> Any:
-    """As ``load_model``, except that ``module:attr`` naming a torch ``nn.Module`` with no
-    ``ModelSpec`` or Hugging Face config (an instance, or a class or function building one on
-    the meta device) returns that module, to be planned from its traced graph."""
-    if isinstance(spec, str) and ":" in spec and not spec.strip().endswith(".json") \
-            and not Path(spec.strip()).is_file():
-        return _from_code(spec.strip(), modules=True)
-    return load_model(spec)
 
 
 def _is_module(obj: Any) -> bool:

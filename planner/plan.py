@@ -508,7 +508,7 @@ def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
         if progress is not None:
             progress((i + 1) / len(sizes))
     if best is None:
-        raise Infeasible(errors[0] if len(errors) == 1 else "; ".join(errors))
+        raise Infeasible("; ".join(errors))
     return best
 
 
