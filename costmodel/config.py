@@ -59,6 +59,11 @@ class Job:
     (Megatron-LM ``--overlap-grad-reduce --overlap-param-gather``, DeepSpeed ``overlap_comm``,
     torch DDP buckets, FSDP); ``False`` models trainers that reduce after the backward pass
     (Megatron-LM's own DDP before 2023). ZeRO-3/FSDP prefetching always overlaps.
+    ``overlap_tp_grad_comm``: whether Megatron-LM runs each column-parallel linear's
+    input-gradient all-reduce beside its weight-gradient matmul without sequence parallel
+    (``--async-tensor-model-parallel-allreduce``, added in August 2021 and on by default
+    since; with sequence parallel Megatron-LM always overlaps); ``False`` models the releases
+    before it. Other trainers keep TP collectives on the critical path either way.
     ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
     (Fedus et al. 2022); ``None`` is dropless routing with an even load.
     """
@@ -70,6 +75,7 @@ class Job:
     framework: str = "torchtitan"
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
+    overlap_tp_grad_comm: bool = True
     moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
@@ -82,7 +88,7 @@ class Job:
         _choice("Job", "precision", self.precision, PRECISIONS)
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
-        for key in ("flash_attention", "overlap_grad_reduce"):
+        for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         cf = self.moe_capacity_factor

@@ -227,7 +227,7 @@ class MemoryTable:
         return self.total.max(axis=1)
 
 
-def _optimizer_state_bytes(job: Job, model: ModelSpec) -> float:
+def optimizer_state_bytes(job: Job, model: ModelSpec) -> float:
     """Optimizer state bytes per parameter, without any fp32 master copy.
 
     Adam/AdamW: fp32 momentum and variance, 8 (Kingma & Ba 2015; ZeRO paper Sec. 3.1).
@@ -255,7 +255,7 @@ def state_bytes(job: Job, model: ModelSpec) -> tuple[float, float, float]:
     Fig. 1); torchtitan/FSDP2 4 + 4 + 8 = 16. fp8 keeps bf16 weights (Micikevicius et al. 2022)
     so its states equal bf16's; in fp32 there is no master copy.
     """
-    states = _optimizer_state_bytes(job, model)
+    states = optimizer_state_bytes(job, model)
     mixed = job.precision != "fp32"
     if job.framework == "megatron":
         weights = 2.0 if mixed else 4.0

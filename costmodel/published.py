@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -104,6 +105,12 @@ def _llama(m: dict[str, Any], name: str) -> ModelSpec:
     )
 
 
+def _published_year(source: str) -> int:
+    """The year of the paper a run cites (``"... et al. 2022, ..."``); 0 when it names none."""
+    found = re.search(r"et al\.,? (\d{4})", source)
+    return int(found.group(1)) if found else 0
+
+
 def _from_calibration_row(row: dict[str, Any]) -> PublishedRun:
     """A row of the shared ``calibration.json`` (Megatron-LM GPT runs on Selene)."""
     m, c, hw = row["model"], row["config"], row["hardware"]
@@ -120,7 +127,11 @@ def _from_calibration_row(row: dict[str, Any]) -> PublishedRun:
               precision="fp16", optimizer="adam", framework="megatron", flash_attention=False,
               # torch DDP overlaps its buckets with backward; Megatron's local DDP (PP > 1)
               # reduced after the backward pass in 2021 (examples/sc21/CONFIG.sh).
-              overlap_grad_reduce=pp == 1)
+              overlap_grad_reduce=pp == 1,
+              # The asynchronous TP gradient all-reduce came to Megatron-LM in August 2021
+              # (commit cf7efd4f, after the SC21 code of examples/sc21): runs published from
+              # 2022 on have it.
+              overlap_tp_grad_comm=_published_year(row["source"]) >= 2022)
     config = ParallelConfig(
         dp=int(c["dp"]), tp=int(c["tp"]), pp=pp, micro_batch_size=int(mbs),
         virtual_pipeline_stages=int(v), sequence_parallel=bool(c.get("sequence_parallel")),
@@ -211,13 +222,12 @@ def compare(runs: list[PublishedRun], gpu: GPU | None = None) -> list[Comparison
     return out
 
 
-FIT_KEYS = ("gemm", "memory", "kernel_overhead_us")
-FIT_BOUNDS = ((0.3, 1.0), (0.3, 1.0), (0.0, 50.0))
+FIT_KEYS = ("gemm", "kernel_overhead_us")
+FIT_BOUNDS = ((0.3, 1.0), (0.0, 50.0))
 
 
 def _with(gpu: GPU, x: np.ndarray) -> GPU:
-    eff = replace(gpu.efficiency, gemm=float(x[0]), memory=float(x[1]),
-                  kernel_overhead_s=float(x[2]) * 1e-6)
+    eff = replace(gpu.efficiency, gemm=float(x[0]), kernel_overhead_s=float(x[1]) * 1e-6)
     return replace(gpu, efficiency=eff)
 
 
@@ -226,12 +236,12 @@ def calibration_toml(gpu: GPU, values: dict[str, float], comparisons: list[Compa
     """The ``hardware_profiles/calibrated/<gpu>.toml`` text for fitted ``values``.
 
     ``[efficiency]`` holds the fitted values (attention scaled like the matmuls, as the runs
-    use no fused attention); ``[transfer]`` the ratios of fitted to microbenchmark fractions
-    that other GPUs' profiles are scaled by, and the fitted per-kernel overhead.
+    use no fused attention; ``memory`` stays the profile's measured copy fraction);
+    ``[transfer]`` the ratios of fitted to microbenchmark fractions that other GPUs' profiles
+    are scaled by, and the fitted per-kernel overhead.
     """
     base = gpu.efficiency
     ratio_g = values["gemm"] / base.gemm
-    ratio_m = values["memory"] / base.memory
     errs = [abs(c.error) for c in comparisons]
     prov = (f"planner calibrate --gpu {gpu.name} --runs {runs_file} on {date}: least squares "
             f"over {len(comparisons)} published runs; mean |error| {100 * np.mean(errs):.2f}%, "
@@ -242,7 +252,8 @@ def calibration_toml(gpu: GPU, values: dict[str, float], comparisons: list[Compa
         "",
         "[efficiency]",
         f"gemm = {values['gemm']:.4f}",
-        f"memory = {values['memory']:.4f}",
+        "# Not fitted: the profile's measured copy fraction.",
+        f"memory = {base.memory:.4f}",
         f"kernel_overhead_us = {values['kernel_overhead_us']:.3f}",
         "# Fused attention is not in the runs: its microbenchmark fractions scaled like gemm.",
         f"attention = {min(1.0, base.attention * ratio_g):.4f}",
@@ -251,7 +262,7 @@ def calibration_toml(gpu: GPU, values: dict[str, float], comparisons: list[Compa
         "[transfer]",
         "# In-training over microbenchmark efficiency, applied to GPUs without their own fit.",
         f"gemm = {ratio_g:.4f}",
-        f"memory = {ratio_m:.4f}",
+        "memory = 1.0000",
         f"kernel_overhead_us = {values['kernel_overhead_us']:.3f}",
         "",
         "[runs]",
@@ -263,11 +274,13 @@ def calibration_toml(gpu: GPU, values: dict[str, float], comparisons: list[Compa
 
 
 def fit_efficiency(runs: list[PublishedRun], gpu: GPU) -> tuple[dict[str, float], list[Comparison]]:
-    """Fit ``gemm``, ``memory`` and ``kernel_overhead_us`` of ``gpu`` to the runs on it.
+    """Fit ``gemm`` and ``kernel_overhead_us`` of ``gpu`` to the runs on it.
 
-    Least squares (scipy, trust-region reflective within physical bounds) on the log of
-    predicted over measured, so that iteration times and throughputs weigh alike. Returns the
-    fitted values and the comparisons they give.
+    The memory fraction is not fitted: it is measured directly (a copy benchmark, in the
+    profile), while in these runs its share of the step trades against the matmul fraction,
+    so a joint fit leaves it poorly determined. Least squares (scipy, trust-region reflective
+    within physical bounds) on the log of predicted over measured, so that iteration times and
+    throughputs weigh alike. Returns the fitted values and the comparisons they give.
     """
     from scipy.optimize import least_squares
 
@@ -279,10 +292,10 @@ def fit_efficiency(runs: list[PublishedRun], gpu: GPU) -> tuple[dict[str, float]
         return np.array([math.log(c.predicted / c.measured) for c in compare(mine, _with(gpu, x))])
 
     eff = gpu.efficiency
-    x0 = np.array([eff.gemm, eff.memory, eff.kernel_overhead_s * 1e6])
+    x0 = np.array([eff.gemm, eff.kernel_overhead_s * 1e6])
     lo, hi = zip(*FIT_BOUNDS, strict=True)
     x0 = np.clip(x0, lo, hi)
-    fit = least_squares(residuals, x0, bounds=(lo, hi), x_scale=[0.1, 0.1, 5.0],
+    fit = least_squares(residuals, x0, bounds=(lo, hi), x_scale=[0.1, 5.0],
                         diff_step=1e-3)
     values = dict(zip(FIT_KEYS, (float(v) for v in fit.x), strict=True))
     return values, compare(mine, _with(gpu, fit.x))

@@ -21,11 +21,14 @@ Sec. 3.1: ``(p - 1)(T_F + T_B - T_W)``).
 
 Overlap rules (what each trainer hides behind compute; the rest is exposed):
 
-- TP collectives are on the critical path in every trainer (Megatron-LM overlaps them only
-  with Transformer Engine's opt-in ``--tp-comm-overlap``, torchtitan only with opt-in async
-  TP). With sequence parallel, Megatron-LM re-gathers each linear layer's input in backward
-  for its weight gradient and overlaps that all-gather with the input-gradient matmul
-  (Korthikanti et al. 2022, Sec. 4.2.2): exposed only beyond half the backward.
+- TP collectives of the forward pass are on the critical path in every trainer (Megatron-LM
+  overlaps them only with Transformer Engine's opt-in ``--tp-comm-overlap``, torchtitan only
+  with opt-in async TP), and so are torchtitan's and DeepSpeed's in backward. In backward,
+  Megatron-LM's column-parallel linears (QKV, MLP input) run their input-gradient all-reduce
+  (SP: reduce-scatter) beside their weight-gradient matmul, and with SP re-gather their input
+  beside the input-gradient matmul; each is exposed only beyond that matmul (Korthikanti
+  et al. 2022, Sec. 4.2.2 and Sec. 6.2, Table 4). The SP gradient gathers of the row-parallel
+  outputs are exposed. Without SP this needs ``Job.overlap_tp_grad_comm``.
 - CP ring attention overlaps each KV block's transfer with attention on the previous block
   (Liu et al. 2023): exposed is the transfer time beyond the attention compute per step.
 - EP all-to-all (dispatch and combine) is exposed (Megatron-LM and torchtitan defaults).
@@ -58,13 +61,20 @@ import numpy as np
 
 import hardware_profiles
 from costmodel.comm import Topology
-from costmodel.compute import layer_compute, lm_head_compute
+from costmodel.compute import LayerCompute, layer_compute, lm_head_compute
 from costmodel.config import Job
 from costmodel.hardware import Cluster
-from costmodel.memory import ConfigArrays, MemoryTable, layer_params_per_gpu, state_bytes
+from costmodel.memory import (
+    ConfigArrays,
+    MemoryTable,
+    layer_params_per_gpu,
+    optimizer_state_bytes,
+    state_bytes,
+)
 from costmodel.model import ModelSpec
 
-__all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "model_flops_per_token", "time_table"]
+__all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "model_flops_per_token", "optimizer_bytes",
+           "time_table"]
 
 COMM_KINDS = ("tp", "cp", "ep", "pp", "fsdp", "dp")
 TIME_TERMS = ("compute", "recompute", *(f"{k}_comm" for k in COMM_KINDS), "bubble",
@@ -111,6 +121,43 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     return 6.0 * n + 12.0 * model.num_layers * model.q_dim * seq_len
 
 
+def optimizer_bytes(job: Job, model: ModelSpec) -> tuple[float, float]:
+    """HBM bytes the optimizer step moves per parameter: (per parameter of the GPU's optimizer
+    shard, per parameter of its whole gradient buffer).
+
+    With P the fp32 parameter (master) bytes, G the gradient bytes the optimizer reads, S its
+    state bytes and W the low-precision weight bytes:
+
+    - the update (fused Adam, SGD, Adafactor) reads P, G and S and writes P and S:
+      ``2 P + 2 S + G``; the global gradient norm for clipping reads G once more;
+    - Megatron-LM (``megatron/core/optimizer/optimizer.py``, ``MixedPrecisionOptimizer.step``):
+      fp16 unscales the gradients and checks them for inf/nan (read + write G), mixed precision
+      copies the master weights to the model's (read P, write W), and the contiguous gradient
+      buffer is zeroed before the next step (write G over the whole buffer);
+    - DeepSpeed (ZeRO 1/2 mixed-precision optimizer): fp16 unscales the gradients in one pass
+      with the clipping (read + write G) and copies the master weights to fp16 (P + W);
+    - torchtitan: ``torch.nn.utils.clip_grad_norm_`` always multiplies the gradients by the
+      clamped coefficient (read + write G); FSDP casts parameters to bf16 in its all-gather.
+    """
+    fw = job.framework
+    mixed = job.precision != "fp32"
+    s = optimizer_state_bytes(job, model)
+    w = 2.0 if mixed and fw != "torchtitan" else 4.0
+    p = g = 4.0  # every trainer keeps fp32 parameters (or masters) and fp32 optimizer gradients
+    per = 2 * p + 2 * s + g + g
+    zeroed = 0.0
+    if fw == "torchtitan":
+        per += 2 * g
+    else:
+        if mixed:
+            per += p + w
+        if job.precision == "fp16":
+            per += 2 * g
+        if fw == "megatron":
+            zeroed = g
+    return per, zeroed
+
+
 def _overlap(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
     """Exposed part of ``comm`` run beside ``window`` seconds of compute."""
     return np.maximum(comm - window, 0.0)
@@ -124,7 +171,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     topo = Topology.of(cluster)
     soft = hardware_profiles.load_software()
     e = 4.0 if job.precision == "fp32" else 2.0
-    w_b, g_b, o_b = state_bytes(job, model)
+    w_b, g_b, _ = state_bytes(job, model)
     if fw == "torchtitan":
         g_b = float(soft["torchtitan"]["reduce_dtype_bytes"])
     cf = float(job.moe_capacity_factor or 1.0)
@@ -160,13 +207,27 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     # (reduce-scatter costs what all-gather does).
     tp_pass = np.where(sp, 2 * (ag + ag), 2 * ar)
 
-    def tp_regather(lc_backward: np.ndarray) -> np.ndarray:
-        if fw != "megatron":
-            return np.zeros_like(ag)
-        return np.where(sp, _overlap(2 * ag, 0.5 * lc_backward), 0.0)
+    def tp_backward(lc: LayerCompute) -> np.ndarray:
+        """Exposed TP communication of one layer's backward pass.
 
-    tp_dense_b = tp_pass + tp_regather(dense.backward)
-    tp_moe_b = tp_pass + tp_regather(moe.backward)
+        Megatron-LM's column-parallel linears (QKV, MLP input) launch their input-gradient
+        collective asynchronously and compute the weight gradient meanwhile; with SP they also
+        re-gather their input during the input-gradient matmul
+        (``LinearWithGradAccumulationAndAsyncCommunication``; Korthikanti et al. 2022,
+        Sec. 4.2.2 and 6.2). The gradient gathers of the row-parallel outputs (SP) stay exposed.
+        Without SP the overlap needs ``Job.overlap_tp_grad_comm`` (Megatron-LM's
+        ``--async-tensor-model-parallel-allreduce``, from August 2021).
+        """
+        if fw != "megatron":
+            return tp_pass
+        windows = (lc.qkv_gemm, lc.up_gemm)
+        exposed_sp = 2 * ag + sum(2 * _overlap(ag, w) for w in windows)
+        exposed_ar = sum(_overlap(ar, w) for w in windows) if job.overlap_tp_grad_comm \
+            else 2 * ar
+        return np.where(sp, exposed_sp, exposed_ar)
+
+    tp_dense_b = tp_backward(dense)
+    tp_moe_b = tp_backward(moe)
     tp_dense_total = 2 * tp_pass + np.where(sp & (fw == "megatron"), 2 * ag, 0.0)
     # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
     # all-gather of its input with SP, all-reduce of the input gradient without; the
@@ -339,12 +400,12 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     else:
         gather_exposed = gather_after
 
-    # Optimizer: reads master weights, gradients and states, writes master weights and states
-    # and the low-precision weights (torchtitan: fp32 parameters are the master copy), and
-    # reads the gradients once more for the global norm; memory-bound.
+    # Optimizer: memory-bound passes over the GPU's shard of the states (optimizer_bytes);
+    # Megatron-LM also zeroes its whole gradient buffer once per step.
     local = dense_params / zc + exp_params / zec  # the shard degree is 1 without ZeRO
-    per_param = 2 * o_b + 2 * g_b + (2 * w_b if fw == "torchtitan" else w_b)
-    gpu_opt = local * per_param / (gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory)
+    per_param, zeroed = optimizer_bytes(job, model)
+    opt_bytes = local * per_param + zeroed * (dense_params + exp_params)
+    gpu_opt = opt_bytes / (gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory)
     host_soft = soft["host"]
     rate = float(host_soft["deepspeed_cpu_adam_params_per_s" if fw == "deepspeed"
                            else "torch_cpu_adam_params_per_s"]) / cluster.gpus_per_node

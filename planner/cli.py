@@ -1171,9 +1171,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cal = sub.add_parser(
         "calibrate", help="fit a GPU profile's efficiencies to published runs",
-        description="Fit the matmul and memory-bandwidth efficiencies and the per-kernel "
-        "overhead of one GPU profile to the published runs measured on it (scipy least "
-        "squares on log error) and write them, with their provenance, to "
+        description="Fit the matmul efficiency and the per-kernel overhead of one GPU "
+        "profile to the published runs measured on it (scipy least squares on log error; the "
+        "memory-bandwidth fraction stays the profile's measured copy fraction) and write "
+        "them, with their provenance, to "
         "hardware_profiles/calibrated/<gpu>.toml (or -o FILE).",
         epilog="examples:\n  planner calibrate --gpu a100-80gb\n"
         "  planner calibrate --gpu a100-80gb --runs ../shared/data/calibration.json "

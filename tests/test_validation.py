@@ -150,6 +150,11 @@ def test_job_lists_allowed_values(key: str, value: str, allowed: str) -> None:
         Job(global_batch_size=8, seq_len=1024, **{key: value})
 
 
+def test_job_overlap_flags_must_be_booleans() -> None:
+    with pytest.raises(SpecError, match=r"Job\.overlap_tp_grad_comm must be true or false"):
+        Job(global_batch_size=8, seq_len=1024, overlap_tp_grad_comm="yes")  # type: ignore[arg-type]
+
+
 # ----------------------------------------------------------------------------- preset names
 def test_unknown_model_preset_suggests_the_close_one() -> None:
     with pytest.raises(SpecError, match=r"unknown model 'llama-3-80b'\. Did you mean .*"
