@@ -140,16 +140,15 @@ def optimizer_bytes(job: Job, model: ModelSpec) -> tuple[float, float]:
       clamped coefficient (read + write G); FSDP casts parameters to bf16 in its all-gather.
     """
     fw = job.framework
-    mixed = job.precision != "fp32"
     s = optimizer_state_bytes(job, model)
-    w = 2.0 if mixed and fw != "torchtitan" else 4.0
     p = g = 4.0  # every trainer keeps fp32 parameters (or masters) and fp32 optimizer gradients
+    w = 2.0  # the 16-bit model weights a mixed-precision master copy writes
     per = 2 * p + 2 * s + g + g
     zeroed = 0.0
     if fw == "torchtitan":
         per += 2 * g
     else:
-        if mixed:
+        if job.precision != "fp32":
             per += p + w
         if job.precision == "fp16":
             per += 2 * g
