@@ -33,11 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.config import Job
+from costmodel.frameworks import framework, padded_vocab
 from costmodel.hardware import GPU
 from costmodel.model import ModelSpec
 
-__all__ = ["LayerCompute", "flash_attention_time", "gemm_time", "layer_compute",
-           "lm_head_compute", "memory_time"]
+__all__ = ["LayerCompute", "autocast_rows", "flash_attention_time", "gemm_time",
+           "layer_compute", "lm_head_compute", "memory_time"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -56,7 +57,13 @@ def gemm_time(gpu: GPU, dtype: str, m: np.ndarray, n: np.ndarray, k: np.ndarray,
     """
     eff = gpu.efficiency
     flops = 2.0 * m * n * k
-    compute = flops / (gpu.peak_flops(dtype) * eff.gemm_for(dtype))
+    # cuBLAS needs the leading dimensions (k and n of [m, k] x [k, n]; m never is one in
+    # these layouts) to be multiples of 16 bytes for its fast kernels (NVIDIA, "Matrix
+    # Multiplication Background User's Guide", Tensor Core requirements).
+    aligned = (np.mod(np.asarray(n) * bytes_per_element, 16) == 0) \
+        & (np.mod(np.asarray(k) * bytes_per_element, 16) == 0)
+    frac = np.where(aligned, eff.gemm_for(dtype), eff.gemm_unaligned_for(dtype))
+    compute = flops / (gpu.peak_flops(dtype) * frac)
     w = bytes_per_element if weight_bytes_per_element is None else weight_bytes_per_element
     traffic = bytes_per_element * (m * k + m * n) + w * k * n
     memory = traffic / (gpu.memory_bandwidth_bytes_per_s * eff.memory)
@@ -121,16 +128,37 @@ def _dtypes(job: Job) -> tuple[str, float, float]:
     return job.precision, 2.0, 2.0
 
 
+def autocast_rows(job: Job, zero: np.ndarray, tp: np.ndarray, pp: np.ndarray,
+                  cp: np.ndarray) -> np.ndarray:
+    """Rows whose mixed precision is ``torch.autocast`` (bool per row): a trainer with
+    ``autocast_ddp`` (torchtitan's ``maybe_enable_amp``) in bf16/fp16 without FSDP (ZeRO 0)
+    and without tensor, pipeline or context parallel."""
+    fw = framework(job.framework)
+    on = fw.autocast_ddp and job.precision in ("bf16", "fp16")
+    return on & (np.asarray(zero) == 0) & (np.asarray(tp) == 1) & (np.asarray(pp) == 1) \
+        & (np.asarray(cp) == 1)
+
+
+#: Bytes per element of torch.autocast's casts: an fp32 tensor read, its bf16 copy written.
+CAST_BYTES = 6.0
+
+
 def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
                   mbs: np.ndarray, sp: np.ndarray, moe: bool,
-                  capacity_factor: float = 1.0, ep: np.ndarray | None = None) -> LayerCompute:
+                  capacity_factor: float = 1.0, ep: np.ndarray | None = None,
+                  autocast: np.ndarray | None = None) -> LayerCompute:
     """Forward and backward time of one transformer layer for one micro-batch, per row.
 
     ``tp, cp, mbs, sp`` (and ``ep`` for MoE layers) are arrays over the rows. Matmuls are
     split over tp (Megatron column/row parallel); context parallel gives each rank s/cp
-    queries attending to all s keys (ring attention, Liu et al. 2023).
+    queries attending to all s keys (ring attention, Liu et al. 2023). ``autocast``: rows
+    trained under ``torch.autocast`` (``autocast_rows``), whose norms and residual stream are
+    fp32, whose linears each cast their input, and whose weights are cast to the compute
+    dtype on every forward pass (measured kernel by kernel on an H100 with
+    ``torch.profiler``, benchmarks/single_gpu_accuracy.py).
     """
     dtype, e, e_in = _dtypes(job)
+    ac = np.zeros(np.shape(tp), dtype=bool) if autocast is None else np.asarray(autocast)
     h = float(model.hidden_size)
     q = float(model.q_dim)
     kv = float(model.kv_dim)
@@ -179,16 +207,25 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     bwd = bwd + core_b
 
     # Memory-bound kernels of the attention block: pre-norm, rotary embedding of q and k,
-    # bias-dropout-add of the residual.
-    norm_bytes = 2 * e * tokens * h * rep
+    # bias-dropout-add of the residual. Under autocast the norm reads and writes fp32 and the
+    # residual adds a low-precision branch to the fp32 stream (read 4 + e, write 4).
+    norm_bytes = np.where(ac, 8.0, 2 * e) * tokens * h * rep
     rope = 2 * e * tokens * (q + kv) / t if model.position_embedding == "rope" else 0.0 * tokens
-    residual = (3 * e + drop) * tokens * h * rep
+    residual = (np.where(ac, 8.0 + e, 3 * e) + drop) * tokens * h * rep
     ew_bytes = norm_bytes + rope + residual + core_bytes
     ew_kernels = 2.0 + (1.0 if model.position_embedding == "rope" else 0.0) + core_kernels
 
     # MLP block: pre-norm, residual, activation, then the projections.
     ew_bytes = ew_bytes + norm_bytes + residual
     ew_kernels += 2.0
+    # Autocast: each linear fed by a norm casts the fp32 norm output itself (q, k and v
+    # separately, the MLP's up and gate projections separately), and backward casts each
+    # input gradient back and sums the branches in fp32 (read 4 + 4, write 4).
+    n_casts = 3.0 + (2.0 if model.gated_mlp else 1.0)
+    casts = np.where(ac, CAST_BYTES * n_casts, 0.0) * tokens * h * rep
+    ew_bytes = ew_bytes + casts
+    ew_kernels = ew_kernels + np.where(ac, n_casts, 0.0)
+    branch_sums = np.where(ac, 12.0 * (n_casts - 2.0), 0.0) * tokens * h * rep
     width = 3 if model.gated_mlp else 2  # ffn-wide tensors the activation reads + writes
 
     def mlp(ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | None = None
@@ -233,8 +270,19 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     f_flops = f_flops + mlp_flops
     b_flops = b_flops + 2 * mlp_flops
 
-    fwd = fwd + memory_time(gpu, ew_bytes, ew_kernels)
-    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * ew_bytes, ew_kernels)
+    # Autocast casts the layer's fp32 weights to the compute dtype on every forward pass and
+    # the weight gradients back to fp32 in backward: CAST_BYTES per weight each way, one
+    # kernel per matrix.
+    weights = h * (q + 2 * kv) / t + q * h / t
+    if not moe:
+        weights = weights + h * float(model.ffn_hidden_size or 0) / t \
+            * (3 if model.gated_mlp else 2)
+    n_mats = 4.0 + (3.0 if model.gated_mlp else 2.0)
+    w_cast = np.where(ac, CAST_BYTES * weights, 0.0)
+    w_kernels = np.where(ac, n_mats, 0.0)
+    fwd = fwd + memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
+    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * ew_bytes + branch_sums + w_cast,
+                            ew_kernels + w_kernels)
     return LayerCompute(forward=fwd, backward=bwd, selective=selective, flops=f_flops + b_flops,
                         selective_flops=selective_flops, forward_flops=f_flops,
                         core_forward=core_f, core_backward=core_b, qkv_gemm=qkv_gemm,
@@ -242,34 +290,52 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
 
 
 def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
-                    mbs: np.ndarray, sp: np.ndarray) -> tuple[LayerCompute, LayerCompute]:
+                    mbs: np.ndarray, sp: np.ndarray, autocast: np.ndarray | None = None
+                    ) -> tuple[LayerCompute, LayerCompute]:
     """(embedding, head) compute for one micro-batch, per row.
 
     Embedding: a gather of T rows of h (read + write). Head: final norm, the vocab-parallel
-    ``[T, h] x [h, V/tp]`` matmul, and the cross entropy over fp32 logits, which casts them
-    (read e, write 4 bytes), takes the softmax and loss (read and write 4) and, in backward,
-    writes the logit gradient (read 4, write e). A ViT has a patch projection and a small
-    classifier instead, which this counts as the same matmul shapes with V = classes.
+    ``[T, h] x [h, V/tp]`` matmul (V padded as the trainer pads it, ``padded_vocab``), and the
+    cross entropy over fp32 logits. Megatron-LM's fused vocabulary-parallel cross entropy
+    casts the logits (read e, write 4), takes the softmax and loss in place (read and write
+    4) and, in backward, writes the logit gradient (read 4, write e). torch's
+    ``F.cross_entropy`` on an fp32 copy (torchtitan, Hugging Face models) casts (read e,
+    write 4), writes the log-softmax after a max and a sum pass (read 4 three times, write
+    4); its backward writes a dense fp32 NLL gradient (4), the log-softmax gradient (read
+    4 + 4, write 4) and casts it back (read 4, write e). ``autocast``: as in
+    ``layer_compute`` (fp32 embedding output and final norm, the head's weight and input
+    cast). A ViT has a patch projection and a small classifier instead, which this counts as
+    the same matmul shapes with V = classes.
     """
     dtype, e, _ = _dtypes(job)
+    fw = framework(job.framework)
+    ac = np.zeros(np.shape(tp), dtype=bool) if autocast is None else np.asarray(autocast)
     h = float(model.hidden_size)
     t = tp.astype(float)
     tokens = job.seq_len / cp.astype(float) * mbs
     rep = np.where(sp == 1, 1.0 / t, 1.0)
     zero = 0.0 * tokens
-    emb_f = memory_time(gpu, 2 * e * tokens * h * rep, 1.0)
-    emb = LayerCompute(forward=emb_f, backward=memory_time(gpu, 2 * e * tokens * h * rep, 1.0),
+    e_act = np.where(ac, 4.0, e)  # the residual stream's bytes per element
+    emb_f = memory_time(gpu, 2 * e_act * tokens * h * rep, 1.0)
+    emb = LayerCompute(forward=emb_f, backward=memory_time(gpu, 2 * e_act * tokens * h * rep,
+                                                           1.0),
                        selective=zero, flops=zero, selective_flops=zero, forward_flops=zero,
                        core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero)
-    v = float(model.vocab_size)
-    head_gemm = gemm_time(gpu, dtype, tokens, v / t, h, bytes_per_element=e)
-    logits = tokens * v / t
-    norm = 2 * e * tokens * h * rep
-    ce_fwd = (e + 4.0 + 4.0 + 4.0) * logits
-    ce_bwd = (4.0 + e) * logits
-    head_f = head_gemm + memory_time(gpu, norm + ce_fwd, 3.0)
-    head_b = 2 * head_gemm + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd, 2.0)
-    head_flops = 3 * 2 * tokens * h * v / t
+    v = padded_vocab(fw, model.vocab_size, t) / t if not model.patch_size \
+        else float(model.vocab_size) / t
+    head_gemm = gemm_time(gpu, dtype, tokens, v, h, bytes_per_element=e)
+    logits = tokens * v
+    norm = 2 * e_act * tokens * h * rep
+    cast = np.where(ac, CAST_BYTES * (tokens * h + v * h), 0.0)  # input and weight casts
+    if fw.fused_cross_entropy:
+        ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 4.0 + 4.0) * logits, (4.0 + e) * logits, 2.0
+    else:
+        ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 16.0) * logits, (4.0 + 12.0 + 4.0 + e) \
+            * logits, 4.0
+    head_f = head_gemm + memory_time(gpu, norm + ce_fwd + cast, 1.0 + ce_kernels)
+    head_b = 2 * head_gemm + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd + cast,
+                                         1.0 + ce_kernels)
+    head_flops = 3 * 2 * tokens * h * v
     head = LayerCompute(forward=head_f, backward=head_b, selective=zero, flops=head_flops,
                         selective_flops=zero, forward_flops=head_flops / 3,
                         core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero)

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FRAMEWORKS", "Framework", "framework", "pipelining_problem"]
+import numpy as np
+
+__all__ = ["FRAMEWORKS", "Framework", "framework", "padded_vocab", "pipelining_problem"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +48,19 @@ class Framework:
     # Pipelines with torch.distributed.pipelining, whose schedules constrain the micro-batch
     # count (``pipelining_problem``).
     torch_pipelining: bool = False
+    # Megatron-LM's vocabulary-parallel cross entropy works in place on one fp32 copy of the
+    # logits (megatron/core/tensor_parallel/cross_entropy.py); the others call torch's
+    # F.cross_entropy on an fp32 copy (torchtitan's cross_entropy_loss, Hugging Face models
+    # under DeepSpeed), whose backward holds the saved log-softmax output, a dense fp32 NLL
+    # gradient and the fp32 log-softmax gradient at once.
+    fused_cross_entropy: bool = False
+    # The vocabulary padded to a multiple of this times tp (Megatron-LM
+    # --make-vocab-size-divisible-by, default 128); 1: not padded.
+    vocab_multiple: int = 1
+    # Mixed precision by torch.autocast when neither FSDP nor TP/PP/CP is on (torchtitan's
+    # maybe_enable_amp: DDP or a single device): fp32 parameters cast to bf16 on each forward,
+    # fp32 norms and residual stream, each linear casting its input.
+    autocast_ddp: bool = False
 
 
 def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | None:
@@ -63,6 +78,14 @@ def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | 
     return None
 
 
+def padded_vocab(fw: Framework, vocab_size: int, tp: np.ndarray) -> np.ndarray:
+    """The vocabulary the embedding and LM head hold, per row of ``tp``: ``vocab_size``
+    rounded up to a multiple of ``vocab_multiple * tp`` (Megatron-LM's
+    ``_vocab_size_with_padding``), unchanged for trainers that do not pad."""
+    mult = fw.vocab_multiple * np.asarray(tp, dtype=float)
+    return np.ceil(vocab_size / mult) * mult
+
+
 FRAMEWORKS: tuple[Framework, ...] = (
     Framework(
         name="megatron",
@@ -78,6 +101,8 @@ FRAMEWORKS: tuple[Framework, ...] = (
         gated_mlp_saved_widths=3,
         note_zero="Megatron-LM runs ZeRO-1 as its distributed optimizer and ZeRO-3 as its "
         "FSDP mode; it has no ZeRO-2",
+        fused_cross_entropy=True,
+        vocab_multiple=128,
     ),
     Framework(
         name="deepspeed",
@@ -109,6 +134,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         note_zero="torchtitan runs DDP (0), FSDP without resharding after forward (2) and "
         "FSDP (3); it has no ZeRO-1",
         torch_pipelining=True,
+        autocast_ddp=True,
     ),
 )
 

@@ -30,7 +30,11 @@ class KernelEfficiency:
     ``kernel_overhead_s``: fixed time each kernel adds (launch gap, pipeline fill and drain of
     the tiles), which is what makes small matmuls slow. ``attention`` / ``attention_backward``:
     fraction of the dense peak of a fused (flash) attention kernel, forward and backward.
-    ``source``: where the values come from (a paper, a measurement or ``planner calibrate``).
+    ``gemm_unaligned``: fraction of the dense peak of a matmul whose inner or output dimension
+    is not a multiple of 16 bytes (an odd vocabulary such as GPT-2's 50257): cuBLAS then runs
+    it with unaligned (align1/align2) kernels without the tensor-memory accelerator, several
+    times slower (``gemm_unaligned_for``). ``source``: where the values come from (a paper,
+    a measurement or ``planner calibrate``).
     """
 
     gemm: float
@@ -39,7 +43,17 @@ class KernelEfficiency:
     attention: float
     attention_backward: float
     gemm_fp8: float | None = None
+    gemm_unaligned: float | None = None
     source: str = ""
+
+    def gemm_unaligned_for(self, dtype: str) -> float:
+        """The matmul fraction for unaligned shapes: the profile's ``gemm_unaligned``, else
+        ``gemm_for(dtype)`` times the ratio measured on an H100 (``[cublas]
+        unaligned_gemm_ratio`` in hardware_profiles/software.toml)."""
+        if self.gemm_unaligned is not None:
+            return self.gemm_unaligned
+        ratio = float(hardware_profiles.load_software()["cublas"]["unaligned_gemm_ratio"])
+        return self.gemm_for(dtype) * ratio
 
     def gemm_for(self, dtype: str) -> float:
         """The matmul fraction for ``dtype`` (``gemm_fp8`` for fp8 where the profile has it)."""
@@ -48,9 +62,10 @@ class KernelEfficiency:
         return self.gemm
 
     def __post_init__(self) -> None:
-        for key in ("gemm", "memory", "attention", "attention_backward", "gemm_fp8"):
+        for key in ("gemm", "memory", "attention", "attention_backward", "gemm_fp8",
+                    "gemm_unaligned"):
             v = getattr(self, key)
-            if v is None and key == "gemm_fp8":
+            if v is None and key in ("gemm_fp8", "gemm_unaligned"):
                 continue
             if not 0.0 < v <= 1.0:
                 raise SpecError(f"efficiency.{key} must be in (0, 1], got {v!r}")
@@ -69,6 +84,8 @@ class KernelEfficiency:
                 attention=float(data["attention"]),
                 attention_backward=float(data["attention_backward"]),
                 gemm_fp8=float(data["gemm_fp8"]) if "gemm_fp8" in data else None,
+                gemm_unaligned=(float(data["gemm_unaligned"]) if "gemm_unaligned" in data
+                                else None),
                 source=str(data.get("source", "")),
             )
         except KeyError as e:

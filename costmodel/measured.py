@@ -221,6 +221,12 @@ def _gemm_arrays(points: list[GemmPoint]) -> tuple[np.ndarray, ...]:
                  for k in ("m", "n", "k", "seconds"))
 
 
+def _aligned(p: GemmPoint) -> bool:
+    """Whether a matmul's n and k sit on the 16-byte grid cuBLAS's fast kernels need."""
+    b = ELEMENT_BYTES[p.dtype]
+    return (p.n * b) % 16 == 0 and (p.k * b) % 16 == 0
+
+
 def _predict_gemms(gpu: GPU, points: list[GemmPoint]) -> np.ndarray:
     out = np.empty(len(points))
     for dtype in sorted({p.dtype for p in points}):
@@ -245,7 +251,8 @@ def _fit_compute(gpu: GPU, meas: Measurements, main: str) -> tuple[GPU, dict[str
     """Fit gemm (on the ``main`` dtype's matmuls), memory and the per-kernel overhead jointly,
     then the other dtypes' matmul fractions and fp8, then fused attention."""
     report: dict[str, Any] = {}
-    gemms = [p for p in meas.gemm if p.dtype == main]
+    gemms = [p for p in meas.gemm if p.dtype == main and _aligned(p)]
+    unaligned = [p for p in meas.gemm if p.dtype == main and not _aligned(p)]
     copies = meas.copy
     g_sec = np.array([p.seconds for p in gemms])
     c_sec = np.array([p.seconds for p in copies])
@@ -267,6 +274,14 @@ def _fit_compute(gpu: GPU, meas: Measurements, main: str) -> tuple[GPU, dict[str
                                       / c_sec), [eff.memory], [1e-3], [1.0])
         gpu = _with_eff(gpu, memory=float(x[0]))
     report["gemm_error"] = _log_error(_predict_gemms(gpu, gemms), g_sec)
+    if unaligned:
+        # Matmuls with a dimension off the 16-byte grid run on cuBLAS's unaligned kernels:
+        # their own fraction, the overhead and memory held (compute.gemm_time).
+        u_sec = np.array([p.seconds for p in unaligned])
+        x = _log_fit(lambda x: np.log(_predict_gemms(_with_eff(gpu, gemm_unaligned=x[0]),
+                                                     unaligned) / u_sec), [0.2], [1e-3], [1.0])
+        gpu = _with_eff(gpu, gemm_unaligned=float(x[0]))
+        report["gemm_unaligned_error"] = _log_error(_predict_gemms(gpu, unaligned), u_sec)
     report["copy_error"] = _log_error(_predict_copies(gpu, copies), c_sec) if copies else 0.0
 
     # Every dtype's own matmul fraction (overhead and memory held): the record of how each
@@ -414,6 +429,8 @@ def fit_profile(meas: Measurements) -> dict[str, Any]:
         "attention": round(e.attention, 4), "attention_backward": round(e.attention_backward, 4),
         "kernel_overhead_us": round(e.kernel_overhead_s * 1e6, 4),
         **({"gemm_fp8": round(e.gemm_fp8, 4)} if e.gemm_fp8 is not None else {}),
+        **({"gemm_unaligned": round(e.gemm_unaligned, 4)} if e.gemm_unaligned is not None
+           else {}),
         "source": (f"planner profile on {meas.date} ({meas.device_name}, torch "
                    f"{meas.torch_version}, driver {meas.driver}): least squares on log time "
                    f"of {len(meas.gemm)} matmuls ({main} for gemm), {len(meas.copy)} copies "

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import hardware_profiles
+from costmodel.compute import autocast_rows
 from costmodel.config import Job, ParallelConfig
 from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
@@ -324,9 +325,17 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
     tokens = s_local * a.mbs
     rep = np.where(a.sp == 1, 1.0 / tp, 1.0)  # tensors replicated over TP unless SP
     drop = 1.0 if model.dropout else 0.0
+    # Under torch.autocast (compute.autocast_rows) the norm inputs (the residual stream) are
+    # fp32, and each linear fed by a norm saves its own cast of the norm output: q, k and v
+    # three copies, the gated MLP's up and gate two (measured with torch.cuda.memory
+    # snapshots on an H100, benchmarks/single_gpu_accuracy.py).
+    ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
+    e_res = np.where(ac, 4.0, e)
+    n_qkv = np.where(ac, 3.0, 1.0)
+    n_up = np.where(ac, 2.0 if model.gated_mlp else 1.0, 1.0)
 
     # Attention block (norm input, QKV input, core, output-projection input, dropout mask).
-    attn_rep = (e + e_lin + drop) * tokens * h * rep
+    attn_rep = (e_res + n_qkv * e_lin + drop) * tokens * h * rep
     if job.flash_attention:
         core_keep = (e * tokens * (model.q_dim + 2 * model.kv_dim) + e * tokens * model.q_dim
                      + 4.0 * tokens * model.num_heads) / tp
@@ -341,7 +350,7 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
         widths = fw.gated_mlp_saved_widths if model.gated_mlp else 2
         return ((widths - 1) * e + e_lin) * tok * ffn / tp
 
-    mlp_rep = (e + e_lin + drop) * tokens * h * rep
+    mlp_rep = (e_res + n_up * e_lin + drop) * tokens * h * rep
     if moe:
         f_moe = float(model.moe_ffn_hidden_size or 0)
         routed = tokens * model.top_k
@@ -356,7 +365,7 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
     return {
         "none": none,
         "selective": none - core_scores,
-        "full": e * tokens * h * rep,
+        "full": e_res * tokens * h * rep,
     }
 
 
@@ -519,7 +528,10 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # on the last stage the final norm input 2sbh/t, the output-layer input 2sbh/t and fp32
     # logits 4sbv/t kept by the cross entropy, in all 4sbh/t (1 + v/h).
     emb_act = (1.0 if model.dropout else 0.0) * tokens * h * rep
-    head_act = 2 * e * tokens * h * rep + 4.0 * tokens * model.vocab_size / tp
+    # Under autocast the final norm's input is fp32 (4 + e instead of 2e).
+    ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)[:, None]
+    head_act = (np.where(ac, 4.0 + e, 2 * e) * tokens * h * rep
+                + 4.0 * tokens * model.vocab_size / tp)
     layers_f, emb_f, head_f = _in_flight(a, stage, m)
     layer_activations = stage_act * layers_f
     activations = (layer_activations + np.where(first, emb_act * emb_f, 0.0)
@@ -545,8 +557,13 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     buffers = buffers + np.where(
         mode == 2, rematerialized("full", rec_dense, rec_moe),
         np.where(mode == 1, rematerialized("selective", dense_layers, moe_layers), 0.0))
-    # The low-precision logits before the fp32 cross entropy (last stage, one micro-batch).
-    buffers = buffers + np.where(last, e * tokens * model.vocab_size / tp, 0.0)
+    # The cross entropy's working set beside the fp32 logits it keeps (last stage, one
+    # micro-batch): Megatron-LM's fused one, the low-precision logits it cast from; torch's
+    # F.cross_entropy, at the start of backward, a dense fp32 NLL gradient and the fp32
+    # log-softmax gradient (measured with torch.cuda.memory snapshots on an H100: the peak
+    # of a step is there, 12 bytes per logit with the kept 4).
+    ce = e if fw.fused_cross_entropy else 8.0
+    buffers = buffers + np.where(last, ce * tokens * model.vocab_size / tp, 0.0)
     # Pipeline send and receive buffers of one activation tensor each.
     buffers = buffers + np.where(p > 1, 2 * e * tokens * h * rep, 0.0)
     # Expert-parallel all-to-all send and receive buffers of the routed tokens.

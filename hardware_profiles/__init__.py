@@ -121,7 +121,7 @@ def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True) -> dict[s
         t = cal.get("transfer")
         if not t:
             continue
-        for k in ("gemm", "gemm_fp8", "attention", "attention_backward"):
+        for k in ("gemm", "gemm_fp8", "gemm_unaligned", "attention", "attention_backward"):
             if k in eff:
                 eff[k] = min(1.0, float(eff[k]) * float(t["gemm"]))
         eff["memory"] = min(1.0, float(eff["memory"]) * float(t["memory"]))

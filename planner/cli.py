@@ -767,6 +767,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print("  matmul    best " + ", ".join(f"{d} {v:.1f}" for d, v in best.items())
           + f" TFLOP/s; gemm {eff['gemm']:.3f} of peak, kernel overhead "
           f"{eff['kernel_overhead_us']:.2f} us (fit error {100 * fit['gemm_error']:.1f}%)")
+    if "gemm_unaligned" in eff:
+        print(f"  unaligned matmuls (a dimension off the 16-byte grid) {eff['gemm_unaligned']:.3f}"
+              f" of peak (fit error {100 * fit.get('gemm_unaligned_error', 0.0):.1f}%)")
     if meas.attention:
         print(f"  attention forward {eff['attention']:.3f}, backward "
               f"{eff['attention_backward']:.3f} of peak")

@@ -268,6 +268,14 @@ def _plan(device: str, sweep: Sweep, rates: _Rates, dtypes: tuple[str, ...],
                     t = 2.0 * m * n * k / rates.flops[dtype] + 2.0 * (m * k + k * n + m * n) \
                         / rates.copy + 1e-5
                     items.append(("gemm", (dtype, m, n, k), _point_time(t, sweep)))
+    # A few matmuls one element off the 16-byte grid (an odd vocabulary), in the main dtype:
+    # the unaligned kernels' fraction (efficiency.gemm_unaligned).
+    big = sweep.dims[-2:]
+    for m in big:
+        for n in big:
+            for k in big:
+                t = 2.0 * m * n * k / (0.2 * rates.flops[dtypes[0]]) + 1e-5
+                items.append(("gemm", (dtypes[0], m, n - 1, k), _point_time(t, sweep)))
     for s in sweep.seq_lens:
         for d in sweep.head_dims:
             b = max(1, sweep.tokens // s)

@@ -40,7 +40,7 @@ from planner.cli import main
 
 #: The parameters the synthetic measurements are made with (and the fits must return).
 TRUE = dict(gemm=0.71, memory=0.83, kernel_overhead_s=4e-6, attention=0.41,
-            attention_backward=0.33, gemm_fp8=0.6)
+            attention_backward=0.33, gemm_fp8=0.6, gemm_unaligned=0.14)
 HOST_BW, HOST_LAT = 50e9, 5e-6
 LINK_BW, LINK_LAT = 360e9, 2e-6
 
@@ -57,6 +57,11 @@ def synthetic(gpu: str | None = "h100-sxm", *, links: bool = True) -> Measuremen
                     t = gemm_time(true, dtype, np.array(m), np.array(n), np.array(k),
                                   bytes_per_element=width)
                     gemm.append(GemmPoint(dtype, m, n, k, float(t)))
+    for m in (4096, 8192):  # one element off the 16-byte grid, as planner profile adds
+        for n in (4095, 8191):
+            for k in (2048, 8192):
+                t = gemm_time(true, "bf16", np.array(m), np.array(n), np.array(k))
+                gemm.append(GemmPoint("bf16", m, n, k, float(t)))
     copy = [CopyPoint(s, float(memory_time(true, 2.0 * s, 1.0))) for s in _sizes(20, 30, 2)]
     att = []
     for s in (512, 1024, 2048, 4096, 8192):
@@ -94,6 +99,7 @@ def test_fit_recovers_the_parameters_the_measurements_were_made_with() -> None:
     assert eff["attention"] == pytest.approx(TRUE["attention"], abs=1e-4)
     assert eff["attention_backward"] == pytest.approx(TRUE["attention_backward"], abs=1e-4)
     assert eff["gemm_fp8"] == pytest.approx(TRUE["gemm_fp8"], abs=1e-4)
+    assert eff["gemm_unaligned"] == pytest.approx(TRUE["gemm_unaligned"], abs=1e-4)
     host = table["host_link"]
     assert host["name"] == "pcie5"  # the datasheet's host link, derated by what was measured
     assert host["bandwidth_gb_per_s"] * host["efficiency"] * 1e9 == pytest.approx(HOST_BW,

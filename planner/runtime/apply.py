@@ -363,11 +363,20 @@ class Parallelized:
 
 def make_optimizer(name: str, params: Any, **kwargs: Any) -> torch.optim.Optimizer:
     """The torch optimizer of a ``Job.optimizer`` name: ``adamw``, ``adam``, or ``sgd`` with
-    momentum 0.9 (the cost model's SGD keeps one momentum buffer, 4 bytes per parameter)."""
+    momentum 0.9 (the cost model's SGD keeps one momentum buffer, 4 bytes per parameter).
+
+    On GPUs Adam runs as torch's fused kernel (``fused=True``), as torchtitan builds it (its
+    ``optimizer.implementation`` defaults to ``fused``) and as the cost model's optimizer step
+    assumes (one pass over parameters, gradients and both states, ``optimizer_bytes``); the
+    default ``foreach`` implementation makes about ten passes, measured 2.2x slower on an H100
+    (benchmarks/single_gpu_accuracy.py, 2026-11-22). ``kwargs`` may override it."""
     if name == "sgd":
         kwargs.setdefault("momentum", 0.9)
         return torch.optim.SGD(params, **kwargs)
     if name in ("adam", "adamw"):
+        params = list(params)
+        if params and all(p.device.type == "cuda" for p in params):
+            kwargs.setdefault("fused", True)
         return (torch.optim.AdamW if name == "adamw" else torch.optim.Adam)(params, **kwargs)
     raise SpecError(f"optimizer {name!r} is not built by planner.apply; use adamw, adam or sgd")
 
@@ -474,16 +483,6 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     num_stages = cfg.pp * v
     ranges = stage_layer_ranges(plan.model.num_layers, cfg.pp, v, cfg.stage_layers)
     stage_ids = [coord["pp"] + k * cfg.pp for k in range(v)]
-    meta = any(p.is_meta for p in module.parameters())
-    parts = []
-    for sid in stage_ids:
-        lo, hi = ranges[sid]
-        part = (_cut_stage(module, lo, hi, sid == 0, sid == num_stages - 1, len(stage_ids) > 1)
-                if cfg.pp > 1 else module)
-        if not meta:
-            part.to(dev)
-        parts.append(part)
-
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if job.precision == "bf16" else MixedPrecisionPolicy())
     offload: OffloadPolicy = OffloadPolicy()
@@ -493,6 +492,20 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
                           "states are in host memory already", UserWarning, stacklevel=2)
         else:
             offload = CPUOffloadPolicy()
+    # FSDP2's CPU offload keeps the sharded parameters (and so the optimizer) in host memory
+    # and copies them in for each all-gather: they are materialised on the CPU, not on dev
+    # (FSDPParamGroup._validate_cpu_offload_params).
+    home = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else dev
+
+    meta = any(p.is_meta for p in module.parameters())
+    parts = []
+    for sid in stage_ids:
+        lo, hi = ranges[sid]
+        part = (_cut_stage(module, lo, hi, sid == 0, sid == num_stages - 1, len(stage_ids) > 1)
+                if cfg.pp > 1 else module)
+        if not meta:
+            part.to(home)
+        parts.append(part)
     pure_dp = cfg.zero_stage == 0 and cfg.tp == cfg.pp == cfg.cp == 1
     for sid, part in zip(stage_ids, parts, strict=True):
         if cfg.tp > 1 and not _apply_tp(part, mesh["tp"], tp_plan or TP_PLAN,
@@ -536,7 +549,7 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
                 replicate(block, mesh=mesh["dp_replicate"], mp_policy=mp)
             replicate(part, mesh=mesh["dp_replicate"], mp_policy=mp)
         if meta and not pure_dp:
-            _materialise(part, dev)
+            _materialise(part, home)
 
     m = job.global_batch_size // (cfg.dp * cfg.micro_batch_size)
     schedule = None
