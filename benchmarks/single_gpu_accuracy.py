@@ -36,10 +36,12 @@ import argparse
 import datetime
 import gc
 import json
+import multiprocessing
 import platform
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import torch
@@ -171,6 +173,24 @@ def measure(case: Case, gpu: GPU, device: str, steps: int, warmup: int) -> dict[
     return out
 
 
+def _measure_or_none(case: Case, gpu: GPU, device: str, steps: int, warmup: int
+                     ) -> dict[str, float] | None:
+    try:
+        return measure(case, gpu, device, steps, warmup)
+    except torch.OutOfMemoryError:
+        return None
+
+
+def _isolated(case: Case, gpu: GPU, device: str, steps: int, warmup: int
+              ) -> dict[str, float] | None:
+    """``measure`` in a fresh process (``None`` when it runs out of memory): a previous case's
+    model can outlive it in torch.distributed's and the allocator's state and be freed in the
+    middle of the next one, which then reads a peak too low (seen on the H100: 4.5 GiB)."""
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(_measure_or_none, case, gpu, device, steps, warmup).result()
+
+
 def _print_row(case: Case, row: dict) -> None:
     err = row["estimate_s"] / row["step_s"] - 1
     row["step_error"] = err
@@ -210,6 +230,19 @@ def reestimate(path: str, gpu: GPU) -> list[dict]:
             del row["estimate_bytes"]
         rows.append(row)
     return rows
+
+
+def _save(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Write ``rows`` with the device, torch version and date to ``args.save``."""
+    device = (torch.cuda.get_device_name(0) if args.device == "cuda"
+              else platform.processor() or platform.machine())
+    with open(args.save, "w") as f:
+        json.dump({"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
+                   "date": datetime.date.today().isoformat(), "steps": args.steps,
+                   "warmup": args.warmup,
+                   "note": "step_s: median of the timed steps; peak_bytes: "
+                           "torch.cuda.max_memory_allocated, each case in a fresh process",
+                   "rows": rows}, f, indent=1)
 
 
 def _ints(text: str) -> list[int]:
@@ -254,29 +287,21 @@ def main() -> int:
         grid = cases(args.device, args.quick, args.models, args.micro_batches, args.recompute,
                      args.seq_len, args.zero_stage, args.offload)
         for case in grid:
-            try:
-                r = measure(case, gpu, args.device, args.steps, args.warmup)
-            except torch.OutOfMemoryError:
+            r = _isolated(case, gpu, args.device, args.steps, args.warmup)
+            if r is None:
                 print(f"{case.model} mbs={case.micro_batch} {case.recompute}: out of memory",
                       file=sys.stderr)
-                torch.cuda.empty_cache()
                 continue
             row = {**asdict(case), **r}
             _print_row(case, row)
             rows.append(row)
+            if args.save:  # as it goes, so that a run cut short keeps what it measured
+                _save(args, rows)
     if not rows:
         return 1
     _summary(rows)
     if args.save:
-        device = (torch.cuda.get_device_name(0) if args.device == "cuda"
-                  else platform.processor() or platform.machine())
-        with open(args.save, "w") as f:
-            json.dump({"device": device, "torch": torch.__version__,
-                       "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
-                       "steps": args.steps, "warmup": args.warmup,
-                       "note": "step_s: median of the timed steps; peak_bytes: "
-                               "torch.cuda.max_memory_allocated",
-                       "rows": rows}, f, indent=1)
+        _save(args, rows)
     if args.json:
         print(json.dumps(rows, indent=2))
     return 0

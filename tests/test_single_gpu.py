@@ -47,25 +47,31 @@ def rows() -> list[dict]:
 
 def test_gpu_bound_steps_follow_the_h100(rows: list[dict]) -> None:
     """Steps whose GPU work outweighs eager PyTorch's launch cost (8192 tokens or more per
-    micro-batch, 350M parameters and up): within 13 % each, 8 % on average (measured 7.3 / 12.4
-    on 2026-11-22). Smaller steps are bound by the host's kernel launches, which the estimate
-    does not model (about 2.9 ms per layer and step there, 4.3 with full recompute)."""
+    micro-batch, 350M parameters and up, DDP): without recompute within 11 % each (measured
+    6.2 to 10.0 % too fast), and 9 % on average with full recompute too (measured 7.9 %; full
+    recompute at 350M reaches -20 %, its extra launches half hidden). Smaller steps are bound
+    by the host's kernel launches, which the estimate does not model (about 2.9 ms per layer
+    and step there)."""
     bound = [r for r in rows if r["zero_stage"] == 0 and r["model"] != "gpt3-125m"
              and r["micro_batch"] * r["seq_len"] >= 8192]
-    assert len(bound) == 15
-    err = [abs(r["step_error"]) for r in bound]
-    assert max(err) < 0.13
-    assert statistics.mean(err) < 0.08
+    assert len(bound) == 14
+    none = [abs(r["step_error"]) for r in bound if r["recompute"] == "none"]
+    assert len(none) == 7 and max(none) < 0.11
+    assert statistics.mean(abs(r["step_error"]) for r in bound) < 0.09
 
 
-def test_peak_memory_follows_the_h100_without_recompute(rows: list[dict]) -> None:
-    """Peak memory of the DDP steps without recompute, 125M to 1.3B and Llama 3 8B cut to four
-    layers: within 13 % each and 6 % on average (measured 4.7 / 12.0)."""
-    ddp = [r for r in rows if r["zero_stage"] == 0 and r["recompute"] == "none"]
-    assert len(ddp) == 17
-    err = [abs(r["memory_error"]) for r in ddp]
-    assert max(err) < 0.13
-    assert statistics.mean(err) < 0.06
+def test_peak_memory_follows_the_h100(rows: list[dict]) -> None:
+    """Peak memory of the 34 DDP steps (GPT-3 125M to 1.3B, micro-batches 1 to 8, recompute
+    none or full, and Llama 3 8B cut to four layers): within 5 % each without recompute
+    (measured 1.6 % on average, 4.3 % at most) and within 10 % with it (9.5 %), and of the
+    FSDP steps with CPU offload within 2 %."""
+    ddp = [r for r in rows if r["zero_stage"] == 0]
+    assert len(ddp) == 34
+    none = [abs(r["memory_error"]) for r in ddp if r["recompute"] == "none"]
+    assert max(none) < 0.05
+    assert max(abs(r["memory_error"]) for r in ddp) < 0.10
+    offload = [abs(r["memory_error"]) for r in rows if r.get("offload", "none") != "none"]
+    assert len(offload) == 2 and max(offload) < 0.02
 
 
 def test_an_unaligned_vocabulary_runs_on_slow_kernels() -> None:
