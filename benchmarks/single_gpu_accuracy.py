@@ -280,7 +280,11 @@ def main() -> int:
           f"{'peak GiB':>9s} {'est GiB':>8s} {'error':>7s}", file=sys.stderr)
     rows = []
     if args.rows:
-        for row in reestimate(args.rows, gpu):
+        try:
+            saved = reestimate(args.rows, gpu)
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--rows {args.rows}: not rows saved by --save ({e})")
+        for row in saved:
             _print_row(Case(**{k: row[k] for k in Case.__dataclass_fields__}), row)
             rows.append(row)
     else:

@@ -21,7 +21,10 @@ import numpy as np
 
 from costmodel.config import ParallelConfig
 from costmodel.errors import SpecError
+from costmodel.estimate import estimate
+from costmodel.frameworks import framework, padded_vocab
 from costmodel.memory import TERMS
+from costmodel.model import ModelSpec
 from costmodel.steptime import TIME_TERMS
 from planner.plan import GIB, TERM_LABELS, Plan, describe, slower_reason
 from planner.search import search
@@ -101,6 +104,7 @@ class Explanation:
     plan: Plan
     choices: tuple[Choice, ...]
     search_seconds: float = 0.0
+    notes: tuple[str, ...] = ()
 
     def step_shares(self) -> list[tuple[str, float]]:
         """(term, seconds) of the step, largest first, zero terms left out."""
@@ -114,6 +118,7 @@ class Explanation:
                 "estimate": self.plan.estimate.to_dict(),
                 "framework": self.plan.job.framework,
                 "choices": [c.to_dict() for c in self.choices],
+                "notes": list(self.notes),
                 "search_seconds": self.search_seconds}
 
     def summary(self) -> str:
@@ -130,6 +135,7 @@ class Explanation:
             f"GiB on stage {e.peak_stage}: " + ", ".join(
                 f"{t} {getattr(e.memory, f'{t}_bytes') / GIB:.1f}" for t in TERMS
                 if getattr(e.memory, f"{t}_bytes") > 0),
+            *(f"note     {n}" for n in self.notes),
             "",
             "why each choice (for every other value: the fastest configuration with it)",
         ]
@@ -160,7 +166,8 @@ class Explanation:
                     f"<tr><td>&nbsp;&nbsp;{html.escape(_label(c.field, o.value))}</td>"
                     f"<td>{html.escape(o.verdict)}</td><td>{html.escape(o.reason)}</td>"
                     f"<td>{html.escape(describe(o.config)) if o.config else ''}</td></tr>")
-        return (self.plan._repr_html_()
+        notes = "".join(f"<p>{html.escape(n)}</p>" for n in self.notes)
+        return (self.plan._repr_html_() + notes
                 + "<h4>Why each choice</h4><table><tr><th>value</th><th>verdict</th>"
                 "<th>why</th><th>fastest configuration with it</th></tr>"
                 + "".join(rows) + "</table>")
@@ -238,7 +245,32 @@ def explain(plan: Plan, *, fields: Sequence[str] | None = None,
         choices.append(Choice(field=f, chosen=chosen, fixed=f in cons.fixed,
                               options=tuple(opts)))
     return Explanation(plan=plan, choices=tuple(choices),
-                       search_seconds=time.perf_counter() - t0)
+                       search_seconds=time.perf_counter() - t0, notes=notes(plan))
+
+
+#: The alignment, in bytes, that cuBLAS's fast matmul kernels need of a leading dimension.
+_GRID_BYTES = 16
+
+
+def notes(plan: Plan) -> tuple[str, ...]:
+    """What the model itself costs the plan and the user can change, each with the estimate
+    of the change: a vocabulary whose LM-head shard is off cuBLAS's 16-byte grid runs its
+    matmuls on unaligned kernels (``costmodel.compute.gemm_time``); padded to a multiple of
+    64 per tensor-parallel rank it would not."""
+    m, job, cfg = plan.model, plan.job, plan.config
+    if m.patch_size or plan.estimate.step_time_s is None:
+        return ()
+    e = 4 if job.precision == "fp32" else 2
+    local = float(padded_vocab(framework(job.framework), m.vocab_size, np.array(cfg.tp))
+                  / cfg.tp)
+    if (local * e) % _GRID_BYTES == 0:
+        return ()
+    mult = 64 * cfg.tp
+    padded = -(-m.vocab_size // mult) * mult
+    fast = estimate(ModelSpec(**{**m.to_dict(), "vocab_size": padded}), plan.cluster, job, cfg)
+    return (f"vocabulary {m.vocab_size} puts the LM head's matmuls off cuBLAS's 16-byte grid "
+            f"(unaligned kernels); padded to {padded} the step would take "
+            f"{fast.step_time_s:.3f} s instead of {plan.estimate.step_time_s:.3f} s",)
 
 
 def _outcome(plan: Plan, value: Any, cons: Constraints) -> Option:

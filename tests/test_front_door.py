@@ -101,6 +101,25 @@ def test_explain_fixed_fields_and_frameworks() -> None:
         explain(p, fields=["colour"])
 
 
+def test_explain_notes_an_unaligned_vocabulary() -> None:
+    """GPT-2's vocabulary (50257) puts the LM head off cuBLAS's 16-byte grid: explain says so
+    with the step the padded vocabulary (50304) would take, which is faster; Megatron-LM
+    pads by itself and an aligned vocabulary gets no note."""
+    node = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
+    job = Job(global_batch_size=64, seq_len=2048, framework="torchtitan")
+    p = plan(ModelSpec.preset("gpt3-125m"), node, job)
+    why = explain(p, fields=["tp"])
+    (note,) = why.notes
+    assert "50257" in note and "50304" in note
+    padded = ModelSpec(**{**p.model.to_dict(), "vocab_size": 50304})
+    assert estimate(padded, node, job, p.config).step_time_s < p.estimate.step_time_s
+    assert note in why.summary() and why.to_dict()["notes"] == [note]
+    mega = plan(ModelSpec.preset("gpt3-125m"), node, replace(job, framework="megatron"))
+    assert explain(mega, fields=["tp"]).notes == ()
+    aligned = plan(padded, node, job)
+    assert explain(aligned, fields=["tp"]).notes == ()
+
+
 # ---------------------------------------------------------------- compare
 
 def test_parse_config_round_trips_describe() -> None:
