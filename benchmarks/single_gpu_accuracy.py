@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import multiprocessing
 import platform
@@ -137,9 +136,6 @@ def measure(case: Case, gpu: GPU, device: str, steps: int, warmup: int) -> dict[
     plan = _plan(case, gpu)
     model, job = plan.model, plan.job
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    # The previous case's model and optimizer can sit in reference cycles: collect them, so
-    # that neither their memory nor a collection pause lands in this case.
-    gc.collect()
     base = 0
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -168,8 +164,6 @@ def measure(case: Case, gpu: GPU, device: str, steps: int, warmup: int) -> dict[
         out["peak_bytes"] = float(torch.cuda.max_memory_allocated() - base)
     else:
         del out["estimate_bytes"]
-    del run, opt, params
-    gc.collect()
     return out
 
 

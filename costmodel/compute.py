@@ -37,11 +37,25 @@ from costmodel.frameworks import framework, padded_vocab
 from costmodel.hardware import GPU
 from costmodel.model import ModelSpec
 
-__all__ = ["LayerCompute", "autocast_rows", "flash_attention_time", "gemm_time",
-           "layer_compute", "lm_head_compute", "memory_time"]
+__all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "flash_attention_time",
+           "gemm_time", "layer_compute", "lm_head_compute", "memory_time"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
+
+
+#: Bytes a matmul's leading dimensions must be a multiple of for cuBLAS's fast kernels
+#: (NVIDIA, "Matrix Multiplication Background User's Guide", Tensor Core requirements).
+ALIGN_BYTES = 16
+
+
+def aligned(n: np.ndarray | float, k: np.ndarray | float, bytes_per_element: float
+            ) -> np.ndarray:
+    """Whether ``[m, k] x [k, n]`` runs on cuBLAS's fast kernels (bool, per element): its
+    leading dimensions k and n are multiples of ``ALIGN_BYTES`` (m never is one in these
+    layouts; measured on an H100, hardware_profiles/software.toml [cublas])."""
+    return (np.mod(np.asarray(n) * bytes_per_element, ALIGN_BYTES) == 0) \
+        & (np.mod(np.asarray(k) * bytes_per_element, ALIGN_BYTES) == 0)
 
 
 def gemm_time(gpu: GPU, dtype: str, m: np.ndarray, n: np.ndarray, k: np.ndarray,
@@ -57,12 +71,8 @@ def gemm_time(gpu: GPU, dtype: str, m: np.ndarray, n: np.ndarray, k: np.ndarray,
     """
     eff = gpu.efficiency
     flops = 2.0 * m * n * k
-    # cuBLAS needs the leading dimensions (k and n of [m, k] x [k, n]; m never is one in
-    # these layouts) to be multiples of 16 bytes for its fast kernels (NVIDIA, "Matrix
-    # Multiplication Background User's Guide", Tensor Core requirements).
-    aligned = (np.mod(np.asarray(n) * bytes_per_element, 16) == 0) \
-        & (np.mod(np.asarray(k) * bytes_per_element, 16) == 0)
-    frac = np.where(aligned, eff.gemm_for(dtype), eff.gemm_unaligned_for(dtype))
+    frac = np.where(aligned(n, k, bytes_per_element), eff.gemm_for(dtype),
+                    eff.gemm_unaligned_for(dtype))
     compute = flops / (gpu.peak_flops(dtype) * frac)
     w = bytes_per_element if weight_bytes_per_element is None else weight_bytes_per_element
     traffic = bytes_per_element * (m * k + m * n) + w * k * n

@@ -38,7 +38,7 @@ from scipy.optimize import least_squares, nnls
 
 import hardware_profiles
 from costmodel.comm import Topology
-from costmodel.compute import flash_attention_time, gemm_time, memory_time
+from costmodel.compute import aligned, flash_attention_time, gemm_time, memory_time
 from costmodel.errors import SpecError
 from costmodel.hardware import DTYPES, GB, GIB, GPU, TFLOPS
 
@@ -221,12 +221,6 @@ def _gemm_arrays(points: list[GemmPoint]) -> tuple[np.ndarray, ...]:
                  for k in ("m", "n", "k", "seconds"))
 
 
-def _aligned(p: GemmPoint) -> bool:
-    """Whether a matmul's n and k sit on the 16-byte grid cuBLAS's fast kernels need."""
-    b = ELEMENT_BYTES[p.dtype]
-    return (p.n * b) % 16 == 0 and (p.k * b) % 16 == 0
-
-
 def _predict_gemms(gpu: GPU, points: list[GemmPoint]) -> np.ndarray:
     out = np.empty(len(points))
     for dtype in sorted({p.dtype for p in points}):
@@ -251,8 +245,10 @@ def _fit_compute(gpu: GPU, meas: Measurements, main: str) -> tuple[GPU, dict[str
     """Fit gemm (on the ``main`` dtype's matmuls), memory and the per-kernel overhead jointly,
     then the other dtypes' matmul fractions and fp8, then fused attention."""
     report: dict[str, Any] = {}
-    gemms = [p for p in meas.gemm if p.dtype == main and _aligned(p)]
-    unaligned = [p for p in meas.gemm if p.dtype == main and not _aligned(p)]
+    main_gemms = [p for p in meas.gemm if p.dtype == main]
+    fast = [bool(aligned(p.n, p.k, ELEMENT_BYTES[main])) for p in main_gemms]
+    gemms = [p for p, f in zip(main_gemms, fast, strict=True) if f]
+    unaligned = [p for p, f in zip(main_gemms, fast, strict=True) if not f]
     copies = meas.copy
     g_sec = np.array([p.seconds for p in gemms])
     c_sec = np.array([p.seconds for p in copies])

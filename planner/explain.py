@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.compute import aligned
 from costmodel.config import ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import estimate
@@ -248,10 +249,6 @@ def explain(plan: Plan, *, fields: Sequence[str] | None = None,
                        search_seconds=time.perf_counter() - t0, notes=notes(plan))
 
 
-#: The alignment, in bytes, that cuBLAS's fast matmul kernels need of a leading dimension.
-_GRID_BYTES = 16
-
-
 def notes(plan: Plan) -> tuple[str, ...]:
     """What the model itself costs the plan and the user can change, each with the estimate
     of the change: a vocabulary whose LM-head shard is off cuBLAS's 16-byte grid runs its
@@ -261,9 +258,8 @@ def notes(plan: Plan) -> tuple[str, ...]:
     if m.patch_size or plan.estimate.step_time_s is None:
         return ()
     e = 4 if job.precision == "fp32" else 2
-    local = float(padded_vocab(framework(job.framework), m.vocab_size, np.array(cfg.tp))
-                  / cfg.tp)
-    if (local * e) % _GRID_BYTES == 0:
+    local = padded_vocab(framework(job.framework), m.vocab_size, np.array(cfg.tp)) / cfg.tp
+    if aligned(local, 0, e):  # the vocabulary's dimension alone (0 is on the grid)
         return ()
     mult = 64 * cfg.tp
     padded = -(-m.vocab_size // mult) * mult
