@@ -58,7 +58,7 @@ def measure(cfg: ParallelConfig) -> tuple[dict[str, float], dict[str, float]]:
     measured = {**states, "activations": float(acts)}
     stage = plan.estimate.stages[0]
     predicted = {"weights": stage.resident_weights_bytes,
-                 "gradients": stage.memory.gradients_bytes,
+                 "gradients": stage.resident_gradients_bytes,
                  "optimizer": stage.memory.optimizer_bytes,
                  "activations": stage.memory.activations_bytes}
     return measured, predicted

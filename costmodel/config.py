@@ -64,6 +64,11 @@ class Job:
     (``--async-tensor-model-parallel-allreduce``, added in August 2021 and on by default
     since; with sequence parallel Megatron-LM always overlaps); ``False`` models the releases
     before it. Other trainers keep TP collectives on the critical path either way.
+    ``fuse_grad_accumulation``: whether Megatron-LM's weight-gradient matmuls add into the
+    gradient buffer themselves (``--gradient-accumulation-fusion``, on by default since
+    February 2022, first with fp32 main gradients and from September 2022 with fp16 ones too);
+    ``False`` models the releases before it, which add each micro-batch's gradients into the
+    buffer with a separate kernel, as every other trainer does through PyTorch's autograd.
     ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
     (Fedus et al. 2022); ``None`` is dropless routing with an even load.
     """
@@ -76,6 +81,7 @@ class Job:
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
     overlap_tp_grad_comm: bool = True
+    fuse_grad_accumulation: bool = True
     moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
@@ -88,7 +94,8 @@ class Job:
         _choice("Job", "precision", self.precision, PRECISIONS)
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
-        for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm"):
+        for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
+                    "fuse_grad_accumulation"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         cf = self.moe_capacity_factor

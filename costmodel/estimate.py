@@ -67,7 +67,10 @@ class StageMemory:
     (the rest is the embedding and output layers'); ``cpu_bytes`` what offload keeps in host
     memory for it. ``resident_weights_bytes``: the stored (sharded) parameters alone, what
     ``memory.weights_bytes`` holds between steps (it adds the low-precision or unsharded
-    copies that live from forward to backward).
+    copies that live from forward to backward). ``resident_gradients_bytes``: all the
+    gradients after the backward pass, what the optimizer step reads; ``memory.gradients_bytes``
+    counts only what the peak holds of them (less where they never coexist with the
+    activations: torchtitan under FSDP with one micro-batch per step).
     """
 
     stage: int
@@ -79,6 +82,7 @@ class StageMemory:
     memory: MemoryBreakdown
     cpu_bytes: float
     resident_weights_bytes: float = 0.0
+    resident_gradients_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,6 +161,7 @@ class Estimate:
                     "memory": s.memory.as_dict(),
                     "cpu_bytes": s.cpu_bytes,
                     "resident_weights_bytes": s.resident_weights_bytes,
+                    "resident_gradients_bytes": s.resident_gradients_bytes,
                 }
                 for s in self.stages
             ],
@@ -290,6 +295,7 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
             memory=mem,
             cpu_bytes=float(table.cpu[0, i]),
             resident_weights_bytes=float(table.resident_weights[0, i]),
+            resident_gradients_bytes=float(table.resident_gradients[0, i]),
         ))
     peak = int(rep.stage_index[0, rep_mem.peak_stage[0]])
     step = float(times.step_time[0])

@@ -131,7 +131,12 @@ def _from_calibration_row(row: dict[str, Any]) -> PublishedRun:
               # The asynchronous TP gradient all-reduce came to Megatron-LM in August 2021
               # (commit cf7efd4f, after the SC21 code of examples/sc21): runs published from
               # 2022 on have it.
-              overlap_tp_grad_comm=_published_year(row["source"]) >= 2022)
+              overlap_tp_grad_comm=_published_year(row["source"]) >= 2022,
+              # Gradient accumulation fusion came in February 2022 (commit 83b1e42f) for fp32
+              # main gradients, which the 2022 runs have: Korthikanti et al. 2022, Fig. 1
+              # counts 18 bytes per parameter (2 weight + 4 gradient + 12 optimizer). The SC21
+              # runs accumulated fp16 gradients by autograd's in-place add.
+              fuse_grad_accumulation=_published_year(row["source"]) >= 2022)
     config = ParallelConfig(
         dp=int(c["dp"]), tp=int(c["tp"]), pp=pp, micro_batch_size=int(mbs),
         virtual_pipeline_stages=int(v), sequence_parallel=bool(c.get("sequence_parallel")),

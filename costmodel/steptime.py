@@ -5,7 +5,8 @@ One vectorized numpy pass, like ``costmodel.memory``; ``estimate()`` evaluates a
 
 Per micro-batch, each pipeline stage spends (per GPU, seconds):
 
-    t_i = forward + backward + recompute + exposed TP, CP, EP, ZeRO-3/FSDP and PP comm
+    t_i = forward + backward (with the gradient accumulation of micro-batches after the
+          first) + recompute + exposed TP, CP, EP, ZeRO-3/FSDP and PP comm
 
 and the step is the pipeline's makespan plus what follows the last backward:
 
@@ -61,7 +62,13 @@ import numpy as np
 
 import hardware_profiles
 from costmodel.comm import Topology
-from costmodel.compute import LayerCompute, autocast_rows, layer_compute, lm_head_compute
+from costmodel.compute import (
+    LayerCompute,
+    autocast_rows,
+    layer_compute,
+    lm_head_compute,
+    memory_time,
+)
 from costmodel.config import Job
 from costmodel.hardware import Cluster
 from costmodel.memory import (
@@ -292,6 +299,24 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     fs_b_moe = _overlap(np.where(ag_bwd, ag_moe, 0.0) + rs_moe, hide * moe.backward)
     fs_edges = ag_dense + rs_dense  # first gather and last reduce-scatter of a micro-batch
 
+    # ---- gradient accumulation, per micro-batch after the first --------------------------
+    # Each later micro-batch adds its weight gradients into the accumulated ones: read both,
+    # write the sum, 3 gradient-sized passes per parameter (PyTorch's AccumulateGrad adds in
+    # place; Megatron-LM's DDP hook adds param.grad into main_grad). Gradients reduce-scattered
+    # every micro-batch (ZeRO-2/3, FSDP) accumulate in the GPU's shard. Megatron-LM's
+    # --gradient-accumulation-fusion has the weight-gradient matmul add into main_grad itself
+    # (fused_weight_gradient_mlp_cuda, commit 83b1e42f of February 2022; Transformer Engine),
+    # leaving the norm and bias gradients, a negligible share, out here too.
+    dense_params = mem.layer_params - mem.expert_params + mem.embedding_params
+    exp_params = mem.expert_params
+    if fw == "megatron" and job.fuse_grad_accumulation:
+        accumulate = np.zeros_like(dense_params)
+    else:
+        acc_params = np.where(col(rs_each), dense_params / col(z) + exp_params / col(z_exp),
+                              dense_params + exp_params)
+        later = (col(m) - 1) / col(m)  # the share of micro-batches that add into others
+        accumulate = memory_time(gpu, 3 * g_b * acc_params, 0.0) * later
+
     # ---- per stage, per micro-batch -------------------------------------------------------
     nl = mem.num_layers.astype(float)
     nm = mem.moe_layers.astype(float)
@@ -307,7 +332,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         return out + np.where(last, col(np.broadcast_to(hd, d.shape)), 0.0)
 
     fwd = per_stage(dense.forward, moe.forward, emb.forward, head.forward)
-    bwd = per_stage(dense.backward, moe.backward, emb.backward, head.backward)
+    bwd = per_stage(dense.backward, moe.backward, emb.backward, head.backward) + accumulate
     rec_full = rd * col(dense.forward) + rm * col(moe.forward)
     rec_sel = per_stage(dense.selective, moe.selective)
     recompute = np.where(mode == 2, rec_full, np.where(mode == 1, rec_sel, 0.0))
@@ -351,7 +376,8 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     # stage times grows with each of them; zero bubble takes the smallest forward share).
     # Autocast (ZeRO 0 only) adds casts that FSDP's mixed precision does without, so the floor
     # of a core leaves them out too: it then bounds the core's sharded configurations.
-    bare = stage_time - fsdp_comm
+    # Gradient accumulation shrinks with the shard degree, so the floor leaves it out too.
+    bare = stage_time - fsdp_comm - accumulate
     if ac.any():
         d0 = layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=False)
         m0 = (layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=True,
@@ -370,8 +396,6 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     floor = m * bare_max + bubble_of((bare * count).sum(axis=1) - bare_max, share_min)
 
     # ---- after the last backward: gradient sync, parameter gather, optimizer, offload -----
-    dense_params = mem.layer_params - mem.expert_params + mem.embedding_params
-    exp_params = mem.expert_params
     dpcp = col(dp * cp)
     zc, zec = col(z), col(z_exp)
     tpc, epc = col(tp), col(ep)

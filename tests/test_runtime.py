@@ -160,7 +160,7 @@ def test_state_bytes_equal_estimate(results: dict[str, Any], name: str) -> None:
         stage = est.stages[r["stage_ids"][0]]
         measured = r["state_bytes"]
         assert measured == {"weights": stage.resident_weights_bytes,
-                            "gradients": stage.memory.gradients_bytes,
+                            "gradients": stage.resident_gradients_bytes,
                             "optimizer": stage.memory.optimizer_bytes}, (r["rank"], stage)
 
 

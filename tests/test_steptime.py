@@ -306,3 +306,34 @@ def test_optimizer_step_moves_the_bytes_of_each_trainers_passes() -> None:
     assert optimizer_bytes(job("deepspeed", "fp16"), LLAMA) == (46.0, 0.0)
     assert optimizer_bytes(job("torchtitan", "bf16"), LLAMA) == (40.0, 0.0)
     assert optimizer_bytes(job("torchtitan", "fp32"), LLAMA) == (40.0, 0.0)
+
+
+def test_unfused_gradient_accumulation_adds_three_gradient_passes_per_later_micro_batch() -> None:
+    # One GPU, Megatron-LM bf16 (fp32 main gradients, 4 bytes): without gradient accumulation
+    # fusion each micro-batch after the first reads the new gradient and the accumulated one
+    # and writes the sum, 3 x 4 bytes per parameter at the profile's copy rate.
+    one = Cluster.preset("dgx-h100", num_nodes=1, gpus_per_node=1)
+    small = ModelSpec.preset("llama-3.2-1b")
+    cfg = ParallelConfig(micro_batch_size=1, recompute="full")
+    gpu = one.gpu
+    rate = gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory
+    for m in (1, 4):
+        job = Job(global_batch_size=m, seq_len=2048, framework="megatron")
+        fused = estimate(small, one, job, cfg)
+        unfused = estimate(small, one, dataclasses.replace(job, fuse_grad_accumulation=False),
+                           cfg)
+        params = fused.stages[0].layer_params + fused.stages[0].embedding_params
+        expected = (m - 1) * 3 * 4.0 * params / rate
+        assert unfused.step_time_s - fused.step_time_s == pytest.approx(expected, rel=1e-9)
+    # torchtitan always accumulates through autograd, and with FSDP into the GPU's shard.
+    eight = Cluster.preset("dgx-h100", num_nodes=1)
+    for zero, shard in ((0, 1), (3, 8)):
+        cfg = ParallelConfig(dp=8, zero_stage=zero, micro_batch_size=1, recompute="full")
+        t1 = estimate(small, eight, Job(global_batch_size=8, seq_len=2048), cfg)
+        t4 = estimate(small, eight, Job(global_batch_size=32, seq_len=2048), cfg)
+        params = t1.stages[0].layer_params + t1.stages[0].embedding_params
+        extra = 3 * 3 * 4.0 * params / shard / rate  # three later micro-batches, fp32 grads
+        assert t4.step_time_s - 4 * (t1.step_time_s - t1.time_breakdown_s["optimizer"]
+                                     - t1.time_breakdown_s["dp_comm"]) \
+            - t4.time_breakdown_s["optimizer"] - t4.time_breakdown_s["dp_comm"] \
+            == pytest.approx(extra, rel=1e-6)
