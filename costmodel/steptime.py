@@ -309,10 +309,11 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     # leaving the norm and bias gradients, a negligible share, out here too.
     dense_params = mem.layer_params - mem.expert_params + mem.embedding_params
     exp_params = mem.expert_params
+    zc, zec = col(z), col(z_exp)
     if fw == "megatron" and job.fuse_grad_accumulation:
         accumulate = np.zeros_like(dense_params)
     else:
-        acc_params = np.where(col(rs_each), dense_params / col(z) + exp_params / col(z_exp),
+        acc_params = np.where(col(rs_each), dense_params / zc + exp_params / zec,
                               dense_params + exp_params)
         later = (col(m) - 1) / col(m)  # the share of micro-batches that add into others
         accumulate = memory_time(gpu, 3 * g_b * acc_params, 0.0) * later
@@ -397,7 +398,6 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
 
     # ---- after the last backward: gradient sync, parameter gather, optimizer, offload -----
     dpcp = col(dp * cp)
-    zc, zec = col(z), col(z_exp)
     tpc, epc = col(tp), col(ep)
     zero_c = zero[:, None]
     all_reduce = topo.all_reduce(g_b * dense_params, dpcp, tpc)
