@@ -284,24 +284,25 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
     table = memory_table(model, cluster, job, arrays)
     stages = []
     for i in range(config.pp):
-        mem = MemoryBreakdown(**{f"{t}_bytes": float(table.terms[t][0, i]) for t in TERMS})
+        mem = MemoryBreakdown(**{f"{t}_bytes": float(table.terms[t][i, 0]) for t in TERMS})
         stages.append(StageMemory(
             stage=i,
-            num_layers=int(table.num_layers[0, i]),
-            layer_params=float(table.layer_params[0, i]),
-            embedding_params=float(table.embedding_params[0, i]),
-            in_flight_micro_batches=float(table.in_flight[0, i]),
-            layer_activations_bytes=float(table.layer_activations[0, i]),
+            num_layers=int(table.num_layers[i, 0]),
+            layer_params=float(table.layer_params[i, 0]),
+            embedding_params=float(table.embedding_params[i, 0]),
+            in_flight_micro_batches=float(table.in_flight[i, 0]),
+            layer_activations_bytes=float(table.layer_activations[i, 0]),
             memory=mem,
-            cpu_bytes=float(table.cpu[0, i]),
-            resident_weights_bytes=float(table.resident_weights[0, i]),
-            resident_gradients_bytes=float(table.resident_gradients[0, i]),
+            cpu_bytes=float(table.cpu[i, 0]),
+            resident_weights_bytes=float(table.resident_weights[i, 0]),
+            resident_gradients_bytes=float(table.resident_gradients[i, 0]),
         ))
     peak = int(rep.stage_index[0, rep_mem.peak_stage[0]])
     step = float(times.step_time[0])
     breakdown = {t: float(times.terms[t][0]) for t in TIME_TERMS}
     breakdown.update({f"{k}_comm_total": float(times.comm_total[k][0]) for k in COMM_KINDS})
     peak_flops = mfu_peak_flops(cluster, job.precision)
+    assert times.hardware_flops is not None  # a detailed table
     model_rate = times.model_flops / step / cluster.num_gpus
     return Estimate(
         config=config,

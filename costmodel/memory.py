@@ -1,9 +1,11 @@
 """Training memory per GPU, by term and by pipeline stage, for a whole table of configurations.
 
 One vectorized numpy pass serves the search (thousands of rows) and ``estimate()`` (a table of
-one row), so the two can never disagree. Per-stage quantities are arrays of shape
-``[rows, P]`` where ``P`` is the largest pipeline degree in the table; stages at or beyond a
-row's ``pp`` are masked out.
+one row), so the two can never disagree. Per-stage results are arrays of shape ``[P, rows]``
+(stage-major) where ``P`` is the number of stage columns of the table; columns beyond a row's
+stages are masked out. Stage-major, a per-row quantity broadcasts against them along numpy's
+contiguous axis: with a handful of stages and rows-major arrays every such operation would
+loop over the rows in Python-sized steps of P elements, several times slower.
 
 Terms (bytes per GPU):
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -84,6 +87,14 @@ class ConfigArrays:
     def rows(self) -> int:
         """Number of configurations in the table."""
         return int(self.dp.shape[0])
+
+    def stage_major(self) -> Stages:
+        """The stage columns transposed to ``[W, rows]`` (contiguous)."""
+        def t(x: np.ndarray | None) -> np.ndarray | None:
+            return None if x is None else np.ascontiguousarray(x.T)
+        return Stages(index=t(self.stage_index), count=t(self.stage_count),
+                      layers=t(self.stage_layers), start=t(self.stage_start),
+                      recompute=t(self.stage_recompute))
 
     @staticmethod
     def uniform_stages(num_layers: int, pp: np.ndarray
@@ -180,8 +191,32 @@ def even_split(num_layers: int, pp: int) -> list[int]:
 
 
 @dataclass(frozen=True)
+class Stages:
+    """``ConfigArrays``' stage columns stage-major, ``[W, rows]`` (``ConfigArrays.stage_major``)."""
+
+    index: np.ndarray
+    count: np.ndarray
+    layers: np.ndarray
+    start: np.ndarray
+    recompute: np.ndarray | None
+
+
+def first_argmax(x: np.ndarray) -> np.ndarray:
+    """``np.argmax(x, axis=0)`` of a stage-major array ``[P, rows]`` of finite values (the
+    first of equal maxima), stage by stage: numpy's own reduces a short axis slowly."""
+    best = x[0]
+    idx = np.zeros(x.shape[1:], dtype=np.int64)
+    for j in range(1, x.shape[0]):
+        better = x[j] > best
+        idx[better] = j
+        best = np.maximum(best, x[j])
+    return idx
+
+
+@dataclass(frozen=True)
 class MemoryTable:
-    """Per-stage memory, arrays ``[rows, P]`` in bytes, and what the peak is made of.
+    """Per-stage memory, arrays ``[P, rows]`` (stage-major) in bytes, and what the peak is made
+    of.
 
     ``terms`` maps each name of ``TERMS`` to its array; ``cpu`` is what offload keeps in host
     memory per GPU; ``valid`` masks the stages that exist. ``layer_params`` and
@@ -214,21 +249,24 @@ class MemoryTable:
     resident_weights: np.ndarray
     resident_gradients: np.ndarray
 
-    @property
+    @cached_property
     def total(self) -> np.ndarray:
-        """Sum of all terms per stage, ``[rows, P]``; zero where the stage does not exist."""
-        out = sum(self.terms[t] for t in TERMS)
-        return np.where(self.valid, out, 0.0)
+        """Sum of all terms per stage, ``[P, rows]``; zero where the stage does not exist (as
+        every term is there)."""
+        out = self.terms[TERMS[0]]
+        for t in TERMS[1:]:
+            out = out + self.terms[t]
+        return out
 
     @property
     def peak_stage(self) -> np.ndarray:
         """Index of the stage with the largest total, per row."""
-        return np.argmax(np.where(self.valid, self.total, -1.0), axis=1)
+        return first_argmax(np.where(self.valid, self.total, -1.0))
 
     @property
     def peak(self) -> np.ndarray:
         """Largest per-GPU total over the stages of each row, bytes."""
-        return self.total.max(axis=1)
+        return self.total.max(axis=0)
 
 
 def optimizer_state_bytes(job: Job, model: ModelSpec) -> float:
@@ -275,8 +313,9 @@ def state_bytes(job: Job, model: ModelSpec) -> tuple[float, float, float]:
 def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, ...]:
     """Micro-batches whose activations a stage holds at its peak, per schedule.
 
-    Returns (layers factor, embedding count, head count), each ``[rows, P]``. The layers factor
-    is in units of "all of this stage's layers for one micro-batch".
+    Returns (layers factor ``[P, rows]``, embedding count, head count), the two counts
+    ``[rows]``, those of the first and the last stage. The layers factor is in units of "all of
+    this stage's layers for one micro-batch".
 
     1F1B (Narayanan et al. 2021, Sec. 2.2; DAPPLE): stage i holds min(p - i, m). Zero bubble
     ZB-H1 keeps the 1F1B peak (Qi et al. 2024, Sec. 3). GPipe holds all m. Interleaved 1F1B
@@ -284,25 +323,25 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
     L/(pv) layers, so it holds min(that + 1, m v) chunk-micro-batches; on the first stage this
     is L(1 + (p - 1)/(pv)) layers' worth (Korthikanti et al. 2022, Sec. 4.2.3).
     """
-    p = a.pp[:, None]
-    v = a.v[:, None]
-    mm = m[:, None]
-    sched = a.schedule[:, None]
-    one_f_one_b = np.minimum(p - stage, mm)
-    gpipe = np.broadcast_to(mm, one_f_one_b.shape)
-    warm = np.minimum(2 * (p - stage - 1) + (v - 1) * p + 1, mm * v)
-    interleaved = warm / v
+    p, v, sched = a.pp, a.v, a.schedule
 
-    def chunk_count(w: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    def warm(i: np.ndarray | int) -> np.ndarray:
+        """Chunk-micro-batches stage ``i`` holds under interleaving."""
+        return np.minimum(2 * (p - i - 1) + (v - 1) * p + 1, m * v)
+
+    def chunk_count(w: np.ndarray, chunk: np.ndarray | int) -> np.ndarray:
         # Forwards run in blocks of p micro-batches per chunk, chunks 0..v-1 in turn.
         full, rest = np.divmod(w, v * p)
-        return np.minimum(p * full + np.clip(rest - chunk * p, 0, p), mm)
+        return np.minimum(p * full + np.clip(rest - chunk * p, 0, p), m)
 
-    layers = np.where(sched == 1, interleaved, np.where(sched == 2, gpipe, one_f_one_b))
-    emb_interleaved = chunk_count(warm, np.zeros_like(warm))
-    head_interleaved = chunk_count(warm, v - 1)
-    emb = np.where(sched == 1, emb_interleaved, layers)
-    head = np.where(sched == 1, head_interleaved, layers)
+    # 2(p - i - 1) + (v - 1)p + 1 = (v + 1)p - 1 - 2i
+    interleaved = np.minimum((v + 1) * p - 1 - 2 * stage, m * v) / v
+    layers = np.where(sched == 1, interleaved,
+                      np.where(sched == 2, m, np.minimum(p - stage, m)))
+    # The embedding sits on the first stage in chunk 0, the head on the last in chunk v - 1;
+    # without interleaving they are held like the layers of their stage.
+    emb = np.where(sched == 1, chunk_count(warm(0), 0), np.where(sched == 2, m, np.minimum(p, m)))
+    head = np.where(sched == 1, chunk_count(warm(p - 1), v - 1), np.where(sched == 2, m, 1))
     return layers.astype(float), emb.astype(float), head.astype(float)
 
 
@@ -388,21 +427,21 @@ def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
     return dense, moe, model.routed_expert_params() / (tp * ep)
 
 
-def stage_layout(model: ModelSpec, a: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
-    """Layers and MoE layers per pipeline rank ``[rows, P]``.
+def stage_layout(model: ModelSpec, a: ConfigArrays, st: Stages) -> tuple[np.ndarray, np.ndarray]:
+    """Layers and MoE layers per pipeline rank ``[P, rows]``.
 
     Rank i holds chunks i, i + p, ..., i + (v - 1)p of L/(pv) layers when interleaved, else a
     contiguous run; the first ``first_dense_layers`` layers of the model are dense.
     """
-    layers = a.stage_layers
+    layers = st.layers
     if not model.is_moe:
         return layers, np.zeros_like(layers)
     kd = model.first_dense_layers
-    stage = a.stage_index
-    start = a.stage_start
+    stage = st.index
+    start = st.start
     dense_contig = np.clip(kd - start, 0, layers)
-    p = a.pp[:, None]
-    v = a.v[:, None]
+    p = a.pp
+    v = a.v
     chunk = np.where(v > 1, model.num_layers // (p * v), 0)
     dense_il = np.zeros_like(layers)
     for k in range(int(a.v.max())):
@@ -419,18 +458,19 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     """
     fw = framework(job.framework)
     soft = hardware_profiles.load_software()
-    stage = a.stage_index
-    p = a.pp[:, None]
-    valid = a.stage_count > 0
+    st = a.stage_major()
+    stage = st.index
+    p = a.pp
+    valid = st.count > 0
     first = stage == 0
     last = stage == p - 1
-    tp = a.tp[:, None].astype(float)
-    ep = a.ep[:, None].astype(float)
+    tp = a.tp.astype(float)
+    ep = a.ep.astype(float)
     m = job.global_batch_size // (a.dp * a.mbs)
 
     # ---- parameters per GPU (tensor-parallel shards; norms stay replicated) -------------
     norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
-    layers, moe_layers = stage_layout(model, a)
+    layers, moe_layers = stage_layout(model, a, st)
     dense_layers = layers - moe_layers
     dense_local, moe_local, expert_local = layer_params_per_gpu(model, tp, ep)
     layer_params = dense_layers * dense_local + moe_layers * moe_local
@@ -451,8 +491,8 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
 
     # ---- model states --------------------------------------------------------------------
     w_b, g_b, o_b = state_bytes(job, model)
-    zero = a.zero[:, None]
-    z_dense = a.shard[:, None].astype(float)
+    zero = a.zero
+    z_dense = a.shard.astype(float)
     z_exp = np.maximum(z_dense / ep, 1.0)
     w_sharded = zero >= fw.param_shard_stage
     g_sharded = zero >= 2
@@ -478,7 +518,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     if fw.name == "torchtitan":
         sharded_params = (dense_params * (z_dense > 1) + expert_params * (z_exp > 1))
         low = 2.0 if job.precision != "fp32" else 0.0
-        multi = ((a.tp > 1) | (a.pp > 1) | (a.cp > 1))[:, None]
+        multi = (a.tp > 1) | (a.pp > 1) | (a.cp > 1)
         extra = np.where(zero == 0, np.where(multi, compute_b, low) * all_params, 0.0)
         extra = np.where(zero == 2, np.maximum(low * all_params, compute_b * sharded_params),
                          extra)
@@ -491,7 +531,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     optim = sharded(o_b, o_sharded)
 
     cpu = np.zeros_like(weights)
-    off = a.offload[:, None]
+    off = a.offload
     cpu = cpu + np.where(off >= 1, optim, 0.0)
     optim = np.where(off >= 1, 0.0, optim)
     cpu = cpu + np.where(off == 2, weights + grads, 0.0)
@@ -503,36 +543,36 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     dense_act = _layer_activations(model, job, fw, a, moe=False)
     moe_act = (_layer_activations(model, job, fw, a, moe=True) if model.is_moe
                else {k: np.zeros_like(x) for k, x in dense_act.items()})
-    mode = a.recompute[:, None]
+    mode = a.recompute
 
     def by_mode(acts: dict[str, np.ndarray]) -> np.ndarray:
-        return np.where(mode == 0, acts["none"][:, None],
-                        np.where(mode == 1, acts["selective"][:, None], acts["full"][:, None]))
+        return np.where(mode == 0, acts["none"],
+                        np.where(mode == 1, acts["selective"], acts["full"]))
 
     # Full recompute of only the first N layers of each chunk (Megatron --recompute-method
     # block): the others keep everything; dense layers come first in a stage.
-    n_rec = np.where((mode == 2) & (a.recompute_layers[:, None] > 0),
-                     np.minimum(a.recompute_layers[:, None] * a.v[:, None], layers), layers)
+    n_rec = np.where((mode == 2) & (a.recompute_layers > 0),
+                     np.minimum(a.recompute_layers * a.v, layers), layers)
     n_rec = np.where(mode == 2, n_rec, layers)
-    if a.stage_recompute is not None:  # per-stage counts (a non-uniform plan)
-        n_rec = np.where((mode == 2) & (a.stage_recompute >= 0),
-                         np.minimum(a.stage_recompute, layers), n_rec)
+    if st.recompute is not None:  # per-stage counts (a non-uniform plan)
+        n_rec = np.where((mode == 2) & (st.recompute >= 0),
+                         np.minimum(st.recompute, layers), n_rec)
     rec_dense = np.minimum(n_rec, dense_layers)
     rec_moe = n_rec - rec_dense
     stage_act = (rec_dense * by_mode(dense_act) + rec_moe * by_mode(moe_act)
-                 + (dense_layers - rec_dense) * dense_act["none"][:, None]
-                 + (moe_layers - rec_moe) * moe_act["none"][:, None])
+                 + (dense_layers - rec_dense) * dense_act["none"]
+                 + (moe_layers - rec_moe) * moe_act["none"])
 
     e = compute_b
-    tokens = (job.seq_len / a.cp * a.mbs)[:, None]
-    rep = np.where(a.sp[:, None] == 1, 1.0 / tp, 1.0)
+    tokens = job.seq_len / a.cp * a.mbs
+    rep = np.where(a.sp == 1, 1.0 / tp, 1.0)
     h = float(model.hidden_size)
     # Korthikanti et al. 2022, Sec. 4.3: embedding dropout mask sbh/t per micro-batch in flight;
     # on the last stage the final norm input 2sbh/t, the output-layer input 2sbh/t and fp32
     # logits 4sbv/t kept by the cross entropy, in all 4sbh/t (1 + v/h).
     emb_act = (1.0 if model.dropout else 0.0) * tokens * h * rep
     # Under autocast the final norm's input is fp32 (4 + e instead of 2e).
-    ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)[:, None]
+    ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
     head_act = (np.where(ac, 4.0 + e, 2 * e) * tokens * h * rep
                 + 4.0 * tokens * model.vocab_size / tp)
     layers_f, emb_f, head_f = _in_flight(a, stage, m)
@@ -554,8 +594,8 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # (nothing extra with a fused attention kernel, which never stores them).
     def rematerialized(kept: str, dense_on: np.ndarray, moe_on: np.ndarray) -> np.ndarray:
         return np.maximum(
-            np.where(dense_on > 0, (dense_act["none"] - dense_act[kept])[:, None], 0.0),
-            np.where(moe_on > 0, (moe_act["none"] - moe_act[kept])[:, None], 0.0))
+            np.where(dense_on > 0, dense_act["none"] - dense_act[kept], 0.0),
+            np.where(moe_on > 0, moe_act["none"] - moe_act[kept], 0.0))
 
     buffers = buffers + np.where(
         mode == 2, rematerialized("full", rec_dense, rec_moe),
@@ -572,7 +612,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # Expert-parallel all-to-all send and receive buffers of the routed tokens.
     if model.is_moe:
         a2a = 2 * e * tokens * model.top_k * h
-        buffers = buffers + np.where((a.ep[:, None] > 1) & (moe_layers > 0), a2a, 0.0)
+        buffers = buffers + np.where((a.ep > 1) & (moe_layers > 0), a2a, 0.0)
     if fw.name in ("torchtitan", "megatron"):
         # FSDP (torchtitan and Megatron's FSDP mode): about two blocks' parameters unsharded
         # (the current and the prefetched one) plus one block's unsharded gradients in the
@@ -586,7 +626,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
         # DDP buckets hold a second copy of the gradients (gradient_as_bucket_view=False).
         ddp = soft["torch_ddp"]
         copy = 0.0 if ddp["gradient_as_bucket_view"] else g_b
-        buffers = buffers + np.where((zero == 0) & (a.dp[:, None] > 1), copy * all_params, 0.0)
+        buffers = buffers + np.where((zero == 0) & (a.dp > 1), copy * all_params, 0.0)
     if fw.name == "deepspeed":
         ds = soft["deepspeed"]
         # Stages 0-2: the flat gradient bucket of reduce_bucket_size elements; stage 3 adds the
@@ -596,7 +636,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
         live = np.minimum(layer_max + float(ds["stage3_prefetch_bucket_size"]),
                           float(ds["stage3_max_live_parameters"]))
         live = np.minimum(live, all_params)
-        buffers = buffers + np.where(a.dp[:, None] > 1, bucket, 0.0)
+        buffers = buffers + np.where(a.dp > 1, bucket, 0.0)
         buffers = buffers + np.where(zero == 3, w_b * live, 0.0)
 
     # ---- gradients that never meet the activations --------------------------------------
@@ -609,13 +649,13 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # DDP's buckets, Megatron-LM's and DeepSpeed's gradient buffers stay allocated.
     resident_grads = grads
     if fw.name == "torchtitan":
-        apart = (zero >= 2) & (m == 1)[:, None]
+        apart = (zero >= 2) & (m == 1)
         grads = np.where(apart, np.maximum(grads - activations, 0.0), grads)
 
     # ---- overhead: CUDA context, cuBLAS workspace, NCCL buffers per communicator --------
     rt = soft["runtime"]
     groups = ((a.tp > 1).astype(float) + (a.pp > 1) + (a.dp * a.cp > 1) + (a.cp > 1)
-              + (a.ep > 1))[:, None]
+              + (a.ep > 1))
     nccl = groups * 2 * float(rt["nccl_max_channels"]) * float(rt["nccl_buffsize_mib"]) * MIB
     overhead = (float(rt["cuda_context_mib"]) + float(rt["cublas_workspace_mib"])) * MIB + nccl
     overhead = np.broadcast_to(overhead, weights.shape).astype(float)
@@ -628,21 +668,28 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
         "buffers": buffers,
         "overhead": overhead,
     }
-    terms = {k: np.where(valid, x, 0.0) for k, x in terms.items()}
+    # Zero where a stage column does not exist; in a table cut to its rows' stage count (what
+    # costmodel.tables.evaluate passes) every column exists, and the arrays are kept as they are.
+    every = bool(valid.all())
+
+    def on_stages(x: np.ndarray, fill: float = 0.0) -> np.ndarray:
+        return x if every and np.shape(x) == valid.shape else np.where(valid, x, fill)
+
+    full_rec = mode == 2
     return MemoryTable(
-        terms=terms,
-        cpu=np.where(valid, cpu, 0.0),
+        terms={k: on_stages(x) for k, x in terms.items()},
+        cpu=on_stages(cpu),
         valid=valid,
-        num_layers=np.where(valid, layers, 0),
-        layer_params=np.where(valid, layer_params + expert_params, 0.0),
-        embedding_params=np.where(valid, emb_params, 0.0),
-        in_flight=np.where(valid, layers_f, 0.0),
-        layer_activations=np.where(valid, layer_activations, 0.0),
+        num_layers=on_stages(layers, 0),
+        layer_params=on_stages(layer_params + expert_params),
+        embedding_params=on_stages(emb_params),
+        in_flight=on_stages(layers_f),
+        layer_activations=on_stages(layer_activations),
         num_micro_batches=m,
-        expert_params=np.where(valid, expert_params, 0.0),
-        moe_layers=np.where(valid, moe_layers, 0),
-        recomputed_dense=np.where(valid & (mode == 2), rec_dense, 0),
-        recomputed_moe=np.where(valid & (mode == 2), rec_moe, 0),
-        resident_weights=np.where(valid, resident, 0.0),
-        resident_gradients=np.where(valid, resident_grads, 0.0),
+        expert_params=on_stages(expert_params),
+        moe_layers=on_stages(moe_layers, 0),
+        recomputed_dense=on_stages(np.where(full_rec, rec_dense, 0), 0),
+        recomputed_moe=on_stages(np.where(full_rec, rec_moe, 0), 0),
+        resident_weights=on_stages(resident),
+        resident_gradients=on_stages(resident_grads),
     )

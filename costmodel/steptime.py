@@ -74,6 +74,7 @@ from costmodel.hardware import Cluster
 from costmodel.memory import (
     ConfigArrays,
     MemoryTable,
+    first_argmax,
     layer_params_per_gpu,
     optimizer_state_bytes,
     state_bytes,
@@ -95,14 +96,17 @@ class TimeTable:
     ``terms[name]`` for ``name`` in ``TIME_TERMS`` is the time each adds to the step (comm
     terms: the exposed part), summing to ``step_time``. ``comm_total[kind]`` is all the time
     that kind of communication takes on the critical GPU, overlapped or not. ``stage_time``
-    ``[rows, P]`` is each stage's time per micro-batch; ``model_flops`` and ``hardware_flops``
-    count the whole step over all GPUs (hardware adds recompute). ``floor``: the pipeline's
-    time without ZeRO-3/FSDP communication and without what follows the last backward; a lower
-    bound on ``step_time`` of every configuration that differs from the row only in ZeRO stage,
-    sharding group and offload, or also in recompute when the row recomputes nothing (stage
-    times only grow with those, and the makespan and bubble grow with the stage times).
-    ``forward_share`` ``[rows, P]``: the forward pass's part of each stage's compute
+    ``[P, rows]`` (stage-major, like ``MemoryTable``) is each stage's time per micro-batch;
+    ``model_flops`` and ``hardware_flops`` count the whole step over all GPUs (hardware adds
+    recompute). ``floor``: the pipeline's time without ZeRO-3/FSDP communication and without
+    what follows the last backward; a lower bound on ``step_time`` of every configuration that
+    differs from the row only in ZeRO stage, sharding group and offload, or also in recompute
+    when the row recomputes nothing (stage times only grow with those, and the makespan and
+    bubble grow with the stage times).
+    ``forward_share`` ``[P, rows]``: the forward pass's part of each stage's compute
     (recompute counts with the backward), to split ``stage_time`` into forward and backward.
+    A table made with ``detail=False`` has no ``comm_total`` (empty), ``hardware_flops`` or
+    ``forward_share`` (None).
     """
 
     step_time: np.ndarray
@@ -111,7 +115,7 @@ class TimeTable:
     stage_time: np.ndarray
     bottleneck_stage: np.ndarray
     model_flops: float
-    hardware_flops: np.ndarray
+    hardware_flops: np.ndarray | None
     floor: np.ndarray
     forward_share: np.ndarray | None = None
 
@@ -170,8 +174,12 @@ def _overlap(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
 
 
 def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
-               mem: MemoryTable) -> TimeTable:
-    """Step time and its terms for every configuration of ``a`` (assumed valid)."""
+               mem: MemoryTable, detail: bool = True) -> TimeTable:
+    """Step time and its terms for every configuration of ``a`` (assumed valid).
+
+    ``detail``: also the total communication by kind, the hardware FLOPs and the forward
+    shares (what ``estimate`` reports; a search reads only the step time, terms and floor).
+    """
     fw = job.framework
     gpu = cluster.gpu
     topo = Topology.of(cluster)
@@ -182,22 +190,24 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         g_b = float(soft["torchtitan"]["reduce_dtype_bytes"])
     cf = float(job.moe_capacity_factor or 1.0)
 
-    stage = a.stage_index
-    count = a.stage_count
+    st = a.stage_major()  # [P, rows], like mem's arrays
+    stage = st.index
+    count = st.count
     valid = mem.valid
     first = (stage == 0)
-    last = (stage == a.pp[:, None] - 1)
+    last = (stage == a.pp - 1)
     m = mem.num_micro_batches.astype(float)
     tp, cp, dp, pp, ep = (x.astype(float) for x in (a.tp, a.cp, a.dp, a.pp, a.ep))
     v = a.v.astype(float)
     zero = a.zero
-    mode = a.recompute[:, None]
+    mode = a.recompute
     tokens = job.seq_len / cp * a.mbs
     h = float(model.hidden_size)
     sp = a.sp == 1
 
-    def col(x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, dtype=float)[:, None]
+    def rowwise(x: np.ndarray) -> np.ndarray:
+        """A per-row quantity as floats; it broadcasts against the ``[P, rows]`` arrays."""
+        return np.asarray(x, dtype=float)
 
     # ---- compute per layer per micro-batch ------------------------------------------------
     ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
@@ -309,13 +319,12 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     # leaving the norm and bias gradients, a negligible share, out here too.
     dense_params = mem.layer_params - mem.expert_params + mem.embedding_params
     exp_params = mem.expert_params
-    zc, zec = col(z), col(z_exp)
     if fw == "megatron" and job.fuse_grad_accumulation:
         accumulate = np.zeros_like(dense_params)
     else:
-        acc_params = np.where(col(rs_each), dense_params / zc + exp_params / zec,
+        acc_params = np.where(rowwise(rs_each), dense_params / z + exp_params / z_exp,
                               dense_params + exp_params)
-        later = (col(m) - 1) / col(m)  # the share of micro-batches that add into others
+        later = (rowwise(m) - 1) / rowwise(m)  # the share of micro-batches that add into others
         accumulate = memory_time(gpu, 3 * g_b * acc_params, 0.0) * later
 
     # ---- per stage, per micro-batch -------------------------------------------------------
@@ -328,26 +337,26 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     def per_stage(d: np.ndarray, mo: np.ndarray, e_: np.ndarray | float = 0.0,
                   hd: np.ndarray | float = 0.0) -> np.ndarray:
         """Sum over a stage's layers of a per-layer quantity (dense, MoE, embedding, head)."""
-        out = nd * col(d) + nm * col(mo) if model.is_moe else nl * col(d)
-        out = out + np.where(first, col(np.broadcast_to(e_, d.shape)), 0.0)
-        return out + np.where(last, col(np.broadcast_to(hd, d.shape)), 0.0)
+        out = nd * rowwise(d) + nm * rowwise(mo) if model.is_moe else nl * rowwise(d)
+        if not np.isscalar(e_) or e_ != 0.0:
+            out = out + np.where(first, rowwise(np.broadcast_to(e_, d.shape)), 0.0)
+        if not np.isscalar(hd) or hd != 0.0:
+            out = out + np.where(last, rowwise(np.broadcast_to(hd, d.shape)), 0.0)
+        return out
 
     fwd = per_stage(dense.forward, moe.forward, emb.forward, head.forward)
     bwd = per_stage(dense.backward, moe.backward, emb.backward, head.backward) + accumulate
-    rec_full = rd * col(dense.forward) + rm * col(moe.forward)
+    rec_full = rd * rowwise(dense.forward) + rm * rowwise(moe.forward)
     rec_sel = per_stage(dense.selective, moe.selective)
     recompute = np.where(mode == 2, rec_full, np.where(mode == 1, rec_sel, 0.0))
     rec_layers = np.where(mode == 2, rd + rm, 0.0)
 
     tp_comm = per_stage(tp_pass + tp_dense_b, tp_pass + tp_moe_b, tp_emb, tp_head) \
-        + rec_layers * col(tp_pass)
-    tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
-        + rec_layers * col(tp_pass)
+        + rec_layers * rowwise(tp_pass)
     cp_comm = per_stage(cp_f_dense + cp_b_dense, cp_f_moe + cp_b_moe)
-    cp_total = per_stage(cp_total_layer, cp_total_layer)
-    ep_comm = nm * col(2 * a2a) + rm * col(a2a) * (mode == 2)
-    fsdp_comm = per_stage(fs_f_dense + fs_b_dense, fs_f_moe + fs_b_moe) + col(fs_edges) * valid
-    fsdp_total = per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe)
+    ep_comm = (nm * rowwise(2 * a2a) + rm * rowwise(a2a) * (mode == 2) if model.is_moe
+               else np.zeros_like(cp_comm))
+    fsdp_comm = per_stage(fs_f_dense + fs_b_dense, fs_f_moe + fs_b_moe) + rowwise(fs_edges) * valid
 
     # Pipeline send/receive, twice per micro-batch per model chunk.
     scatter_gather = fw == "megatron"
@@ -355,17 +364,17 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     p2p = topo.p2p(p2p_bytes, tp * cp * dp)
     if scatter_gather:
         p2p = p2p + np.where(sp, 0.0, topo.all_gather(act, tp, 1.0))
-    pp_comm = col(np.where(pp > 1, 2 * v * p2p, 0.0)) * valid
+    pp_comm = rowwise(np.where(pp > 1, 2 * v * p2p, 0.0)) * valid
 
     stage_time = fwd + bwd + recompute + tp_comm + cp_comm + ep_comm + fsdp_comm + pp_comm
     stage_time = np.where(valid, stage_time, 0.0)
 
     # ---- pipeline makespan ----------------------------------------------------------------
-    t_max = stage_time.max(axis=1)
-    b = np.argmax(stage_time, axis=1)
+    t_max = stage_time.max(axis=0)
+    b = first_argmax(stage_time)
     rows = np.arange(a.rows)
-    fill = (stage_time * count).sum(axis=1) - t_max
-    fwd_share = fwd[rows, b] / np.maximum(fwd[rows, b] + bwd[rows, b], 1e-30)
+    fill = (stage_time * count).sum(axis=0) - t_max
+    fwd_share = fwd[b, rows] / np.maximum(fwd[b, rows] + bwd[b, rows], 1e-30)
     sched = a.schedule
 
     def bubble_of(fill: np.ndarray, share: np.ndarray) -> np.ndarray:
@@ -388,28 +397,26 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
                           moe.forward + moe.backward - m0.forward - m0.backward,
                           emb.forward + emb.backward - e0.forward - e0.backward,
                           head.forward + head.backward - h0.forward - h0.backward) \
-            + (rd * col(dense.forward - d0.forward) + rm * col(moe.forward - m0.forward)) \
+            + (rd * rowwise(dense.forward - d0.forward) + rm * rowwise(moe.forward - m0.forward)) \
             * (mode == 2)
         bare = bare - extra
     bare = np.where(valid, bare, 0.0)
-    bare_max = bare.max(axis=1)
-    share_min = np.where(valid, fwd / np.maximum(fwd + bwd, 1e-30), np.inf).min(axis=1)
-    floor = m * bare_max + bubble_of((bare * count).sum(axis=1) - bare_max, share_min)
+    bare_max = bare.max(axis=0)
+    share_min = np.where(valid, fwd / np.maximum(fwd + bwd, 1e-30), np.inf).min(axis=0)
+    floor = m * bare_max + bubble_of((bare * count).sum(axis=0) - bare_max, share_min)
 
     # ---- after the last backward: gradient sync, parameter gather, optimizer, offload -----
-    dpcp = col(dp * cp)
-    tpc, epc = col(tp), col(ep)
-    zero_c = zero[:, None]
-    all_reduce = topo.all_reduce(g_b * dense_params, dpcp, tpc)
-    rs_then_ar = (topo.reduce_scatter(g_b * dense_params, zc, tpc)
-                  + topo.all_reduce(g_b * dense_params / zc, dpcp / zc, tpc * zc))
+    dpcp = dp * cp
+    all_reduce = topo.all_reduce(g_b * dense_params, dpcp, tp)
+    rs_then_ar = (topo.reduce_scatter(g_b * dense_params, z, tp)
+                  + topo.all_reduce(g_b * dense_params / z, dpcp / z, tp * z))
     if model.is_moe:
-        all_reduce = all_reduce + topo.all_reduce(g_b * exp_params, dpcp / epc, tpc * epc)
-        rs_then_ar = (rs_then_ar + topo.reduce_scatter(g_b * exp_params, zec, tpc * epc)
-                      + topo.all_reduce(g_b * exp_params / zec, dpcp / epc / zec,
-                                        tpc * epc * zec))
-    grad_sync = np.where(zero_c == 0, all_reduce,
-                         np.where((zero_c == 1) | ((zero_c == 2) & (fw == "megatron")),
+        all_reduce = all_reduce + topo.all_reduce(g_b * exp_params, dpcp / ep, tp * ep)
+        rs_then_ar = (rs_then_ar + topo.reduce_scatter(g_b * exp_params, z_exp, tp * ep)
+                      + topo.all_reduce(g_b * exp_params / z_exp, dpcp / ep / z_exp,
+                                        tp * ep * z_exp))
+    grad_sync = np.where(zero == 0, all_reduce,
+                         np.where((zero == 1) | ((zero == 2) & (fw == "megatron")),
                                   rs_then_ar, 0.0))
     if fw == "megatron":
         mg = soft["megatron"]
@@ -429,10 +436,10 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         grad_exposed = np.maximum(grad_sync - last_backward, grad_sync * bucket)
     else:
         grad_exposed = grad_sync
-    gather_after = topo.all_gather(w_b * dense_params, zc, tpc)
+    gather_after = topo.all_gather(w_b * dense_params, z, tp)
     if model.is_moe:
-        gather_after = gather_after + topo.all_gather(w_b * exp_params, zec, tpc * epc)
-    gather_after = np.where((zero_c == 1) | ((zero_c == 2) & (fw == "deepspeed")),
+        gather_after = gather_after + topo.all_gather(w_b * exp_params, z_exp, tp * ep)
+    gather_after = np.where((zero == 1) | ((zero == 2) & (fw == "deepspeed")),
                             gather_after, 0.0)
     if fw == "megatron" and job.overlap_grad_reduce:
         gather_exposed = _overlap(gather_after, fwd)
@@ -441,14 +448,14 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
 
     # Optimizer: memory-bound passes over the GPU's shard of the states (optimizer_bytes);
     # Megatron-LM also zeroes its whole gradient buffer once per step.
-    local = dense_params / zc + exp_params / zec  # the shard degree is 1 without ZeRO
+    local = dense_params / z + exp_params / z_exp  # the shard degree is 1 without ZeRO
     per_param, zeroed = optimizer_bytes(job, model)
     opt_bytes = local * per_param + zeroed * (dense_params + exp_params)
     if fw == "torchtitan":
         # DDP (torchtitan without FSDP, TP, PP or CP) copies each fp32 gradient into its
         # bucket (gradient_as_bucket_view=False; software.toml [torch_ddp]): read + write 4
         # bytes per parameter (measured on an H100: 389 device copies, 3.8 ms for 1.3B).
-        pure_ddp = ((zero == 0) & (a.tp == 1) & (a.pp == 1) & (a.cp == 1))[:, None]
+        pure_ddp = (zero == 0) & (a.tp == 1) & (a.pp == 1) & (a.cp == 1)
         ddp = soft["torch_ddp"]
         copy = 0.0 if ddp["gradient_as_bucket_view"] else 2 * g_b
         opt_bytes = opt_bytes + np.where(pure_ddp, copy * local, 0.0)
@@ -456,7 +463,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     host_soft = soft["host"]
     rate = float(host_soft["deepspeed_cpu_adam_params_per_s" if fw == "deepspeed"
                            else "torch_cpu_adam_params_per_s"]) / cluster.gpus_per_node
-    off = a.offload[:, None]
+    off = a.offload
     cpu_opt = local / rate
     d2h = g_b * local / host_bw
     h2d = w_b * local / host_bw
@@ -464,25 +471,35 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     optimizer = np.where(off >= 1, 0.0, gpu_opt)
     offload = np.where(off >= 1, cpu_opt + h2d + np.where(off == 1, d2h_exposed, 0.0), 0.0)
     post = np.where(valid, grad_exposed + gather_exposed + optimizer + offload, 0.0)
-    q = np.argmax(post, axis=1)
-    step = pipeline + post[rows, q]
+    q = first_argmax(post)
+    step = pipeline + post[q, rows]
 
     def at(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(x, stage_time.shape)[rows, idx]
+        """``x`` at each row's stage ``idx``."""
+        return np.broadcast_to(x, stage_time.shape)[idx, rows]
 
     terms = {
-        "compute": m * at(fwd + bwd, b),
+        "compute": m * (at(fwd, b) + at(bwd, b)),
         "recompute": m * at(recompute, b),
         "tp_comm": m * at(tp_comm, b),
         "cp_comm": m * at(cp_comm, b),
         "ep_comm": m * at(ep_comm, b),
         "pp_comm": m * at(pp_comm, b),
         "fsdp_comm": m * at(fsdp_comm, b),
-        "dp_comm": at(grad_exposed + gather_exposed, q),
+        "dp_comm": at(grad_exposed, q) + at(gather_exposed, q),
         "bubble": bubble,
         "optimizer": at(optimizer, q),
         "offload": at(offload, q),
     }
+    mf = model_flops_per_token(model, job.seq_len) * job.tokens_per_step
+    if not detail:
+        return TimeTable(step_time=step, terms=terms, comm_total={}, stage_time=stage_time,
+                         bottleneck_stage=b, model_flops=float(mf), hardware_flops=None,
+                         floor=floor)
+    tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
+        + rec_layers * rowwise(tp_pass)
+    cp_total = per_stage(cp_total_layer, cp_total_layer)
+    fsdp_total = per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe)
     comm_total = {
         "tp": m * at(tp_total, b),
         "cp": m * at(cp_total, b),
@@ -493,11 +510,11 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     }
 
     # FLOPs of the step over all GPUs; recompute adds the forward of what it re-runs.
-    mf = model_flops_per_token(model, job.seq_len) * job.tokens_per_step
-    rec_flops = np.where(mode == 2, rd * col(dense.forward_flops) + rm * col(moe.forward_flops),
+    rec_flops = np.where(mode == 2,
+                         rd * rowwise(dense.forward_flops) + rm * rowwise(moe.forward_flops),
                          np.where(mode == 1, per_stage(dense.selective_flops,
                                                        moe.selective_flops), 0.0))
-    rec_total = m * (rec_flops * count).sum(axis=1) * tp * dp * cp
+    rec_total = m * (rec_flops * count).sum(axis=0) * tp * dp * cp
     return TimeTable(
         step_time=step,
         terms=terms,

@@ -57,11 +57,12 @@ def take(a: ConfigArrays, rows: np.ndarray, width: int | None = None) -> ConfigA
 
 
 def _take_memory(mem: MemoryTable, rows: np.ndarray) -> MemoryTable:
-    """The rows ``rows`` of a memory table."""
+    """The rows ``rows`` of a memory table (the last axis of its stage-major arrays)."""
     cols = {}
     for f in fields(mem):
         x = getattr(mem, f.name)
-        cols[f.name] = {k: v[rows] for k, v in x.items()} if isinstance(x, dict) else x[rows]
+        cols[f.name] = ({k: v[..., rows] for k, v in x.items()} if isinstance(x, dict)
+                        else x[..., rows])
     return MemoryTable(**cols)
 
 
@@ -98,7 +99,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         mem = memory_table(model, cluster, job, sub)
         # Each chunk writes its own rows of the outputs.
         peak[rows] = mem.peak
-        cpu[rows] = mem.cpu.max(axis=1)
+        cpu[rows] = mem.cpu.max(axis=0)
         peak_stage[rows] = np.take_along_axis(sub.stage_index, mem.peak_stage[:, None], 1)[:, 0]
         if capacity is not None:
             fit = (mem.peak <= capacity) & (cpu[rows] <= host_capacity)
@@ -107,7 +108,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
             if not fit.all():
                 keep = np.flatnonzero(fit)
                 rows, sub, mem = rows[keep], take(sub, keep), _take_memory(mem, keep)
-        tt = time_table(model, cluster, job, sub, mem)
+        tt = time_table(model, cluster, job, sub, mem, detail=False)
         step[rows] = tt.step_time
         floor[rows] = tt.floor
         for t in TIME_TERMS:

@@ -11,8 +11,10 @@ import copy
 import difflib
 import functools
 import tomllib
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from hardware_profiles.errors import SpecError
@@ -134,6 +136,33 @@ def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True) -> dict[s
     return eff
 
 
-def load_software() -> dict[str, Any]:
-    """Framework and runtime constants (bucket sizes, CUDA context, ...) with their sources."""
-    return load_file(Path(str(resources.files("hardware_profiles").joinpath("software.toml"))))
+def load_software() -> Mapping[str, Any]:
+    """Framework and runtime constants (bucket sizes, CUDA context, ...) with their sources.
+
+    Read-only (nested mappings and tuples): the cost model reads it for every chunk of a
+    search, so it is shared rather than copied; ``dict(...)`` a table to change it.
+    """
+    p = _software_path()
+    try:
+        mtime = p.stat().st_mtime_ns
+    except FileNotFoundError:
+        raise SpecError(f"profile file {str(p)!r} does not exist") from None
+    return _frozen(str(p), mtime)
+
+
+@functools.cache
+def _software_path() -> Path:
+    return Path(str(resources.files("hardware_profiles").joinpath("software.toml"))).resolve()
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in x.items()})
+    if isinstance(x, list):
+        return tuple(_freeze(v) for v in x)
+    return x
+
+
+@functools.lru_cache(maxsize=4)
+def _frozen(path: str, mtime_ns: int) -> Mapping[str, Any]:
+    return _freeze(_parse(path, mtime_ns))

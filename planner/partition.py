@@ -115,8 +115,8 @@ def stage_costs(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfi
     shape = (p, len(starts), L + 1, L + 1)
     time = np.full(shape, np.inf)
     memory = np.full(shape, np.inf)
-    time[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = tt.stage_time[:, 0]
-    memory[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = mem.total[:, 0]
+    time[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = tt.stage_time[0]
+    memory[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = mem.total[0]
     return StageCosts(time=time, memory=memory, starts_matter=bool(kd))
 
 

@@ -198,7 +198,7 @@ def timeline(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
     mem = memory_table(model, cluster, job, a)
     t = time_table(model, cluster, job, a, mem)
     assert t.forward_share is not None
-    stage, share = t.stage_time[0], t.forward_share[0]
+    stage, share = t.stage_time[:, 0], t.forward_share[:, 0]
     fwd = [float(stage[r] * share[r]) for r in range(config.pp)]
     bwd = [float(stage[r] * (1 - share[r])) for r in range(config.pp)]
     return simulate(fwd, bwd, int(mem.num_micro_batches[0]), str(config.pipeline_schedule),

@@ -359,9 +359,9 @@ def test_scalar_estimate_equals_its_table_row(data: st.DataObject) -> None:
         est = estimate(m, c, job, cfg)
         assert table.peak[row] == pytest.approx(est.peak_memory_bytes, rel=REL), (row, cfg)
         assert int(table.peak_stage[row]) == est.peak_stage
-        assert float(table.cpu[row].max()) == pytest.approx(est.cpu_memory_bytes, rel=REL)
+        assert float(table.cpu[:, row].max()) == pytest.approx(est.cpu_memory_bytes, rel=REL)
         for s in est.stages:
-            total = float(table.total[row, s.stage])
+            total = float(table.total[s.stage, row])
             assert total == pytest.approx(s.memory.total_bytes, rel=REL)
 
 

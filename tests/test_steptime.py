@@ -13,7 +13,7 @@ from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
 from costmodel.comm import Topology
 from costmodel.compute import layer_compute
 from costmodel.hardware import Link
-from costmodel.memory import ConfigArrays, memory_table
+from costmodel.memory import ConfigArrays, first_argmax, memory_table
 from costmodel.published import eq3_flops
 from costmodel.steptime import TIME_TERMS, model_flops_per_token
 from costmodel.tables import evaluate
@@ -196,6 +196,25 @@ def test_scalar_estimate_equals_the_vectorized_table_exactly(drawn: list) -> Non
         assert table.step_time[i] == est.step_time_s
         assert table.peak_memory[i] == est.peak_memory_bytes
         assert int(table.peak_stage[i]) == est.peak_stage
+
+
+@given(st.integers(1, 5), st.integers(1, 40), st.integers(0, 2**32 - 1))
+def test_first_argmax_is_numpys_argmax_over_stages(stages: int, rows: int, seed: int) -> None:
+    # Few distinct values, so that equal maxima (ties) are common: the first one wins.
+    x = np.random.default_rng(seed).integers(0, 3, size=(stages, rows)).astype(float)
+    assert np.array_equal(first_argmax(x), np.argmax(x, axis=0))
+
+
+@SETTINGS
+@given(st.lists(configs(), min_size=1, max_size=6))
+def test_the_searchs_terms_are_the_estimates_breakdown(drawn: list) -> None:
+    job = dataclasses.replace(drawn[0][1], global_batch_size=256)
+    cfgs = [c for c, j in drawn if j.framework == job.framework]
+    table = evaluate(LLAMA, H100, job, ConfigArrays.from_configs(LLAMA, cfgs, all_stages=False))
+    for i, cfg in enumerate(cfgs):
+        breakdown = estimate(LLAMA, H100, job, cfg).time_breakdown_s
+        assert {t: float(table.terms[t][i]) for t in TIME_TERMS} == \
+            {t: breakdown[t] for t in TIME_TERMS}
 
 
 @SETTINGS
