@@ -18,35 +18,12 @@ import resource
 import time
 
 import torch
-from torch import nn
 
 from costmodel import Cluster, Job, ModelSpec
 from costmodel.graph import LayerGraph
 from planner.autoshard import plan_graph
+from planner.examples import ViT
 from planner.runtime.model import build_model
-
-
-class ViT(nn.Module):
-    """A vision transformer (Dosovitskiy et al. 2021): patch embedding, class token,
-    learned positions, pre-norm encoder blocks, classifier."""
-
-    def __init__(self, dim: int, depth: int, heads: int, patch: int, image: int) -> None:
-        super().__init__()
-        self.patch = nn.Conv2d(3, dim, patch, stride=patch)
-        n = (image // patch) ** 2
-        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos = nn.Parameter(torch.zeros(1, n + 1, dim))
-        self.blocks = nn.ModuleList([
-            nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True,
-                                       norm_first=True) for _ in range(depth)])
-        self.head = nn.Linear(dim, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch(x).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x[:, 0])
 
 
 def main() -> None:
@@ -56,7 +33,7 @@ def main() -> None:
         cases.append((name, lambda spec=spec: build_model(spec, device="meta"),
                       torch.randint(0, spec.vocab_size, (1, 4096))))
     with torch.device("meta"):
-        vit = ViT(2048, 26, 16, 14, 224)
+        vit = ViT(dim=2048, depth=26, heads=16, patch=14, image=224, classes=1000)
     cases.append(("vit-1.3b", lambda: vit, torch.randn(8, 3, 224, 224)))
     cluster = Cluster(gpu="h100-sxm", num_nodes=8, gpus_per_node=8, inter_node_link="ib-ndr")
     print(f"{'model':<14s} {'params':>8s} {'layers':>7s} {'nodes':>6s} {'extract s':>10s} "

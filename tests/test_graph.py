@@ -17,6 +17,7 @@ from torch import nn  # noqa: E402
 from costmodel import ModelSpec, SpecError  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
 from costmodel.steptime import model_flops_per_token  # noqa: E402
+from planner.examples import ViT  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 
 
@@ -121,29 +122,6 @@ def test_a_resnet_style_cnn() -> None:
     stem = graph.layer("0")
     assert stem.forward_flops == 2 * 9 * 3 * c * hw * hw * batch
     assert graph.unsupported == []
-
-
-class ViT(nn.Module):
-    """A small vision transformer (Dosovitskiy et al. 2021): patch embedding, class token,
-    learned positions, pre-norm encoder blocks, classifier."""
-
-    def __init__(self, dim: int = 64, depth: int = 3, patch: int = 8, image: int = 32) -> None:
-        super().__init__()
-        self.patch = nn.Conv2d(3, dim, patch, stride=patch)
-        n = (image // patch) ** 2
-        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos = nn.Parameter(torch.zeros(1, n + 1, dim))
-        self.blocks = nn.ModuleList([
-            nn.TransformerEncoderLayer(dim, 4, 4 * dim, dropout=0.0, batch_first=True,
-                                       norm_first=True) for _ in range(depth)])
-        self.head = nn.Linear(dim, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch(x).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x[:, 0])
 
 
 def test_a_vit() -> None:
