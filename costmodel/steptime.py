@@ -357,6 +357,22 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     ep_comm = (nm * rowwise(2 * a2a) + rm * rowwise(a2a) * (mode == 2) if model.is_moe
                else np.zeros_like(cp_comm))
     fsdp_comm = per_stage(fs_f_dense + fs_b_dense, fs_f_moe + fs_b_moe) + rowwise(fs_edges) * valid
+    # FSDP2's own copies on the compute stream (torchtitan; torch/distributed/fsdp/_fully_shard/
+    # _fsdp_collectives.py): each all-gather's copy-out splits the gathered flat buffer into the
+    # unsharded parameters (split_with_sizes_copy: read and write comp_b bytes per parameter),
+    # and each reduce-scatter's copy-in casts the unsharded gradients into the flat buffer of
+    # the reduce dtype (foreach_reduce_scatter_copy_in: read comp_b, write g_b), one kernel each
+    # per FSDP unit (each layer, the embedding, the head). The all-gather's copy-in, the cast of
+    # the shard, runs on a stream of its own beside the compute. They happen on one GPU too.
+    if fw == "torchtitan":
+        units = (nl + first + last) * valid
+        copy_bytes = np.where(ag_fwd, 2 * comp_b * (1 + ag_bwd) + comp_b + g_b, 0.0)
+        copy_kernels = np.where(ag_fwd, 2.0 + ag_bwd, 0.0)
+        fsdp_copy = memory_time(gpu, copy_bytes * (dense_params + exp_params),
+                                copy_kernels * units)
+        fsdp_comm = fsdp_comm + fsdp_copy
+    else:
+        fsdp_copy = 0.0
 
     # Pipeline send/receive, twice per micro-batch per model chunk.
     scatter_gather = fw == "megatron"
@@ -499,7 +515,8 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
         + rec_layers * rowwise(tp_pass)
     cp_total = per_stage(cp_total_layer, cp_total_layer)
-    fsdp_total = per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe)
+    fsdp_total = per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe) \
+        + fsdp_copy
     comm_total = {
         "tp": m * at(tp_total, b),
         "cp": m * at(cp_total, b),

@@ -327,6 +327,31 @@ def test_optimizer_step_moves_the_bytes_of_each_trainers_passes() -> None:
     assert optimizer_bytes(job("torchtitan", "fp32"), LLAMA) == (40.0, 0.0)
 
 
+def test_fsdp2_copies_its_buffers_on_the_compute_stream_even_on_one_gpu() -> None:
+    # torchtitan FSDP on one GPU: no communication, but each all-gather's copy-out (read and
+    # write 2 bytes per bf16 parameter) and each reduce-scatter's copy-in (read the bf16
+    # gradient, write it as fp32: 2 + 4) stay; ZeRO-3 gathers twice (forward and backward),
+    # ZeRO-2 (reshard_after_forward=False) once. One kernel each per FSDP unit: every layer,
+    # the embedding and the head (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
+    one = Cluster.preset("dgx-h100", num_nodes=1, gpus_per_node=1)
+    small = ModelSpec.preset("llama-3.2-1b")
+    gpu = one.gpu
+    rate = gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory
+    job = Job(global_batch_size=1, seq_len=2048, framework="torchtitan")
+    for zero, gathers in ((3, 2), (2, 1)):
+        est = estimate(small, one, job, ParallelConfig(zero_stage=zero, micro_batch_size=1))
+        params = est.stages[0].layer_params + est.stages[0].embedding_params
+        kernels = (gathers + 1) * (small.num_layers + 2)
+        expected = (gathers * 2 * 2.0 + 2.0 + 4.0) * params / rate \
+            + kernels * gpu.efficiency.kernel_overhead_s
+        assert est.time_breakdown_s["fsdp_comm"] == pytest.approx(expected, rel=1e-9)
+        assert est.time_breakdown_s["fsdp_comm_total"] == pytest.approx(expected, rel=1e-9)
+    # Megatron-LM's ZeRO-3 (its FSDP mode) is not FSDP2 and has none of these copies.
+    mg = estimate(small, one, dataclasses.replace(job, framework="megatron"),
+                  ParallelConfig(zero_stage=3, micro_batch_size=1))
+    assert mg.time_breakdown_s["fsdp_comm"] == 0.0
+
+
 def test_unfused_gradient_accumulation_adds_three_gradient_passes_per_later_micro_batch() -> None:
     # One GPU, Megatron-LM bf16 (fp32 main gradients, 4 bytes): without gradient accumulation
     # fusion each micro-batch after the first reads the new gradient and the accumulated one
