@@ -187,7 +187,7 @@ class Estimate:
                     lines.append(f"  {t:<12s} {v:10.3f} s{extra}")
         lines += [
             f"peak memory per GPU: {self.peak_memory_bytes / GIB:.2f} GiB of "
-            f"{self.memory_capacity_bytes / GIB:.0f} GiB "
+            f"{self.memory_capacity_bytes / GIB:.1f} GiB "
             f"({'fits' if self.fits else 'does NOT fit'}; stage {self.peak_stage})",
         ]
         for t in TERMS:
@@ -204,7 +204,7 @@ class Estimate:
         per pipeline stage."""
         m = self.memory
         head = [("peak memory per GPU", f"{self.peak_memory_bytes / GIB:.2f} GiB of "
-                 f"{self.memory_capacity_bytes / GIB:.0f} GiB (stage {self.peak_stage}, "
+                 f"{self.memory_capacity_bytes / GIB:.1f} GiB (stage {self.peak_stage}, "
                  + ("fits)" if self.fits else "does NOT fit)"))]
         if self.step_time_s is not None:
             head = [("step time", f"{self.step_time_s:.3f} s"),

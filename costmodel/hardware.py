@@ -104,12 +104,31 @@ def _price(table: Any, name: str) -> float | None:
     return float(value)
 
 
+def _usable_memory(data: dict[str, Any], name: str) -> float:
+    """GiB a process can allocate: ``usable_memory_gib`` where the profile has it (CUDA's
+    total, below the datasheet's ``memory_gib``), else ``memory_gib``."""
+    nominal = float(data["memory_gib"])
+    if "usable_memory_gib" not in data:
+        return nominal
+    usable = data["usable_memory_gib"]
+    if isinstance(usable, bool) or not isinstance(usable, int | float) \
+            or not 0 < usable <= nominal:
+        raise SpecError(f"GPU profile {name!r}: usable_memory_gib must be a number in (0, "
+                        f"memory_gib = {nominal:g}], got {usable!r}")
+    return float(usable)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GPU:
     """One accelerator: memory capacity (bytes), HBM bandwidth (bytes/s), dense peak FLOP/s,
     the kernel efficiencies the step-time model uses, its default link to the other GPUs of
     a node and its host link (for offload): link profile names, or ``Link`` objects where a
-    measured profile carries its own (``planner profile``)."""
+    measured profile carries its own (``planner profile``).
+
+    ``memory_bytes`` is what a process can allocate: the device memory CUDA reports
+    (``torch.cuda.get_device_properties().total_memory``), less than the datasheet's, whose
+    rest the driver keeps. A profile gives it as ``usable_memory_gib`` (else its datasheet
+    ``memory_gib`` is used); a measured profile's ``memory_gib`` is that figure already."""
 
     name: str
     description: str = ""
@@ -149,7 +168,7 @@ class GPU:
             return cls(
                 name=name,
                 description=str(data.get("description", "")),
-                memory_bytes=float(data["memory_gib"]) * GIB,
+                memory_bytes=_usable_memory(data, name) * GIB,
                 memory_bandwidth_bytes_per_s=float(data["memory_bandwidth_gb_per_s"]) * GB,
                 peak_flops_by_dtype=tuple(
                     (k, float(v) * TFLOPS) for k, v in peaks.items() if k in DTYPES

@@ -732,7 +732,7 @@ class InferenceEstimate:
             f"output   {self.tokens_per_s:,.0f} tokens/s over {c.replicas} replica(s); decode "
             f"MBU {100 * self.mbu:.0f}%, prefill MFU {100 * self.prefill_mfu:.0f}%",
             f"memory   {self.peak_memory_bytes / GIB:.2f} of "
-            f"{self.memory_capacity_bytes / GIB:.0f} GiB per GPU (stage {self.peak_stage}): "
+            f"{self.memory_capacity_bytes / GIB:.1f} GiB per GPU (stage {self.peak_stage}): "
             f"weights {m.weights_bytes / GIB:.2f}, KV cache {m.kv_cache_bytes / GIB:.2f}, "
             f"activations {m.activations_bytes / GIB:.2f}, overhead "
             f"{m.overhead_bytes / GIB:.2f}" + ("" if self.fits else "  DOES NOT FIT"),

@@ -411,7 +411,9 @@ def fit_profile(meas: Measurements) -> dict[str, Any]:
                  "rates and the HBM bandwidth the best measured copy")
     table["description"] = f"{meas.device_name}, measured by planner profile on {meas.date}"
     if meas.memory_bytes > 0:
+        # What CUDA reported: the capacity itself, not the datasheet's figure.
         table["memory_gib"] = round(meas.memory_bytes / GIB, 3)
+        table.pop("usable_memory_gib", None)
     table.setdefault("memory_gib", 1.0)
     eff = dict(table["efficiency"])
     eff["kernel_overhead_us"] = eff.get("kernel_overhead_us", 5.0)

@@ -861,7 +861,7 @@ def plan_graph(graph: LayerGraph, cluster: Cluster, job: Job, *,
     if best is None:
         need = f"; the best candidate needs {least / 2**30:.1f} GiB per GPU" \
             if least < math.inf else ""
-        raise Infeasible(f"{graph.name}: no plan fits {capacity / 2**30:.0f} GiB per GPU on "
+        raise Infeasible(f"{graph.name}: no plan fits {capacity / 2**30:.1f} GiB per GPU on "
                          f"{n} GPU{'s' if n > 1 else ''}{need}; use more GPUs or trace a smaller "
                          "micro-batch")
     step, (pp, mesh, stages, stage_mem, sol) = best

@@ -548,7 +548,7 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
     lines = [
         f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters",
         f"cluster  {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name} "
-        f"({cluster.gpu.memory_bytes / GIB:.0f} GiB), {cluster.intra_node_link.name} inside "
+        f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {cluster.intra_node_link.name} inside "
         f"nodes, {cluster.nics_per_node} x {cluster.inter_node_link.name} per node",
         f"job      {job.global_batch_size} x {job.seq_len} tokens, {job.precision}, "
         f"{job.optimizer}, {job.framework} conventions",
@@ -566,7 +566,7 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
     for t in TERMS:
         lines.append(f"  {t:<12s}{_fmt_gib(getattr(est.memory, f'{t}_bytes'))}")
     lines.append(f"  {'total':<12s}{_fmt_gib(est.peak_memory_bytes)}  of "
-                 f"{est.memory_capacity_bytes / GIB:.0f} GiB: "
+                 f"{est.memory_capacity_bytes / GIB:.1f} GiB: "
                  + ("fits" if est.fits else "DOES NOT FIT"))
     if est.cpu_memory_bytes:
         lines.append(f"  offloaded to host memory: {est.cpu_memory_bytes / GIB:.2f} GiB per GPU")

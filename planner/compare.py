@@ -193,7 +193,7 @@ class Comparison:
                     "tok/s/GPU": f"{(e.tokens_per_s or 0) / cl.num_gpus:,.0f}",
                     "MFU": f"{100 * (e.mfu or 0):.1f}%",
                     "memory": f"{e.peak_memory_bytes / GIB:.1f}/"
-                              f"{e.memory_capacity_bytes / GIB:.0f} GiB"
+                              f"{e.memory_capacity_bytes / GIB:.1f} GiB"
                               + ("" if e.fits else " NO FIT"),
                     "vs first": f"{ref.step_time_s / e.step_time_s:.2f}x",
                     "config": ("plan: " if c.searched else "") + describe(e.config)

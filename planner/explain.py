@@ -132,7 +132,7 @@ class Explanation:
             f"{100 * (e.mfu or 0):.1f}%",
             "step     " + ", ".join(f"{TERM_LABELS[t]} {100 * v / step:.0f}%"
                                     for t, v in self.step_shares()),
-            f"memory   {e.peak_memory_bytes / GIB:.1f} of {e.memory_capacity_bytes / GIB:.0f} "
+            f"memory   {e.peak_memory_bytes / GIB:.1f} of {e.memory_capacity_bytes / GIB:.1f} "
             f"GiB on stage {e.peak_stage}: " + ", ".join(
                 f"{t} {getattr(e.memory, f'{t}_bytes') / GIB:.1f}" for t in TERMS
                 if getattr(e.memory, f"{t}_bytes") > 0),
@@ -287,7 +287,7 @@ def _outcome(plan: Plan, value: Any, cons: Constraints) -> Option:
     cap = plan.cluster.gpu.memory_bytes
     if low.peak_memory > cap:
         why = (f"needs at least {low.peak_memory / GIB:.1f} GiB per GPU, "
-               f"{(low.peak_memory - cap) / GIB:.1f} GiB over the {cap / GIB:.0f} GiB")
+               f"{(low.peak_memory - cap) / GIB:.1f} GiB over the {cap / GIB:.1f} GiB")
     else:
         why = "what it offloads exceeds the GPU's share of host memory"
     return Option(value=value, verdict="does not fit", reason=why, framework=low.framework,

@@ -282,7 +282,7 @@ def _alternatives(job: InferenceJob, res: InferenceSearch, best: InferenceEstima
             rows.append((2, float(t.peak[i]), alt(
                 i, "does not fit", f"needs {float(t.peak[i]) / GIB:.1f} GiB per GPU on stage "
                 f"{int(t.peak_stage[i])}, {(float(t.peak[i]) - cap) / GIB:.1f} GiB over the "
-                f"{cap / GIB:.0f} GiB")))
+                f"{cap / GIB:.1f} GiB")))
     rows.sort(key=lambda r: (r[0], r[1]))
     out += [r[2] for r in rows]
     for rule, (n, example) in sorted(res.rejected.items()):
@@ -318,7 +318,7 @@ def _infeasible(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Con
     if not t.fits.any():
         i = int(np.argmin(t.peak))
         c = res.configs[i]
-        msg = (f"nothing fits in {cap / GIB:.0f} GiB per GPU: the least memory any "
+        msg = (f"nothing fits in {cap / GIB:.1f} GiB per GPU: the least memory any "
                f"configuration needs is {float(t.peak[i]) / GIB:.1f} GiB per GPU "
                f"({c.describe()}); a GPU with at least "
                f"{float(t.peak[i]) / GIB:.1f} GiB would fit")
@@ -482,7 +482,7 @@ def _option(plan: Plan, f: str, v: Any, cons: Constraints, option: type
     cap = t.capacity
     return option(value=v, verdict="does not fit",
                   reason=f"needs at least {float(t.peak[i]) / GIB:.1f} GiB per GPU, "
-                  f"{(float(t.peak[i]) - cap) / GIB:.1f} GiB over the {cap / GIB:.0f} GiB",
+                  f"{(float(t.peak[i]) - cap) / GIB:.1f} GiB over the {cap / GIB:.1f} GiB",
                   framework="inference", config=res.configs[i],
                   peak_memory_bytes=float(t.peak[i])), float(t.peak[i])
 

@@ -142,7 +142,7 @@ def _alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]
             n = o.nearest
             why = (f"does not fit by {(n.peak_memory - capacity) / GIB:.2f} GiB on stage "
                    f"{n.peak_stage} (the least memory of this mesh: "
-                   f"{n.peak_memory / GIB:.2f} of {capacity / GIB:.0f} GiB)"
+                   f"{n.peak_memory / GIB:.2f} of {capacity / GIB:.1f} GiB)"
                    if n.peak_memory > capacity else
                    "does not fit: what it offloads exceeds the GPU's share of host memory")
             rows.append((1, n.peak_memory, Alternative(
@@ -325,7 +325,7 @@ class Plan:
             f"plan     {describe(self.config)}  ({self.job.framework})",
             f"         step {e.step_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, MFU "
             f"{100 * (e.mfu or 0):.1f}%, peak memory {e.peak_memory_bytes / GIB:.1f} of "
-            f"{e.memory_capacity_bytes / GIB:.0f} GiB per GPU",
+            f"{e.memory_capacity_bytes / GIB:.1f} GiB per GPU",
             f"searched {c.get('space', 0):,} configurations in {self.search_seconds:.2f} s: "
             f"{c.get('evaluated', 0):,} evaluated ({c.get('fit', 0):,} fit), "
             f"{c.get('bounded', 0):,} skipped by a lower bound",
@@ -384,7 +384,7 @@ def _infeasible(model: ModelSpec, cluster: Cluster, job: Job, cons: Constraints,
                           f"under these constraints: {rules or 'none'}")
     low = res.least_memory
     cfg = row_config(np.array(low.row))
-    msg = (f"nothing fits in {cap / GIB:.0f} GiB per GPU: the least memory any configuration "
+    msg = (f"nothing fits in {cap / GIB:.1f} GiB per GPU: the least memory any configuration "
            f"needs is {low.peak_memory / GIB:.1f} GiB per GPU ({describe(cfg)}, "
            f"{low.framework}); a GPU with at least {low.peak_memory / GIB:.1f} GiB would fit")
     more = least_gpus(model, cluster, job, cons)

@@ -53,7 +53,7 @@ def plot_memory(est: Estimate | Plan, ax: Any = None) -> Any:
         ax.bar(x, vals, bottom=bottom, color=_MEMORY_COLORS[t], label=t, width=0.7)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.axhline(e.memory_capacity_bytes / GIB, color="black", linestyle="--", linewidth=1,
-               label=f"capacity {e.memory_capacity_bytes / GIB:.0f} GiB")
+               label=f"capacity {e.memory_capacity_bytes / GIB:.1f} GiB")
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("memory per GPU (GiB)")
     ax.set_xticks(x)
@@ -105,7 +105,7 @@ def plot_frontier(front: Frontier, plan: Plan | None = None, ax: Any = None) -> 
     ax.step(mem[front.pareto], tps[front.pareto], where="post", color="black", linewidth=1.2,
             label="frontier")
     ax.axvline(front.capacity_bytes / GIB, color="tab:red", linestyle="--", linewidth=1,
-               label=f"capacity {front.capacity_bytes / GIB:.0f} GiB")
+               label=f"capacity {front.capacity_bytes / GIB:.1f} GiB")
     if plan is not None:
         e = plan.estimate
         ax.scatter([e.peak_memory_bytes / GIB], [e.tokens_per_s], marker="*", s=220,

@@ -117,7 +117,8 @@ def test_header_has_predictions_and_command(case: Plan, target: str) -> None:
     e = out.estimate
     head = out.text[:4000]
     assert f"step {e.step_time_s:.3f} s" in head
-    assert f"peak memory {e.peak_memory_bytes / 1024**3:.1f} of 80 GiB per GPU" in head
+    assert f"peak memory {e.peak_memory_bytes / 1024**3:.1f} of " \
+        f"{e.memory_capacity_bytes / 1024**3:.1f} GiB per GPU" in head
     assert f"command: planner emit plan.json --target {target}" in head
     for w in out.warnings:
         assert f"WARNING: {w}" in out.text

@@ -30,6 +30,21 @@ def test_required_links_load_with_source(name: str) -> None:
     assert link.bandwidth_bytes_per_s > 1e9 and link.latency_s > 0
 
 
+def test_capacity_is_what_cuda_gives_a_process() -> None:
+    # torch.cuda.get_device_properties().total_memory of an H100 80GB HBM3, measured by
+    # planner profile on 2026-11-22 (hardware_profiles/measured/h100-sxm-2026-11-22.toml):
+    # 85,017,493,504 bytes, 79.18 GiB of the datasheet's 80; the driver keeps the rest.
+    h100 = GPU.preset("h100-sxm")
+    assert h100.memory_bytes == pytest.approx(85_017_493_504, rel=1e-5)
+    assert hardware_profiles.load("gpus", "h100-sxm")["memory_gib"] == 80.0
+    data = hardware_profiles.load("gpus", "h100-sxm")
+    for bad in (81.0, 0, "79", True):
+        with pytest.raises(SpecError, match="usable_memory_gib"):
+            GPU.from_profile({**data, "usable_memory_gib": bad})
+    assert GPU.from_profile({k: v for k, v in data.items() if k != "usable_memory_gib"}
+                            ).memory_bytes == 80 * 1024**3
+
+
 def test_published_figures_of_key_gpus() -> None:
     # NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOP/s with sparsity (989.4
     # dense, H100 whitepaper). NVIDIA A100 datasheet: 80 GB, 2,039 GB/s, BF16 312 TFLOP/s.

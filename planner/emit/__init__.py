@@ -87,7 +87,7 @@ def _delta(plan_est: Estimate, est: Estimate) -> str | None:
             f"{est.peak_memory_bytes / GIB:.1f} GiB per GPU (plan "
             f"{plan_est.peak_memory_bytes / GIB:.1f} GiB)")
     if not est.fits:
-        text += (f"; it DOES NOT FIT in {est.memory_capacity_bytes / GIB:.0f} GiB per GPU: "
+        text += (f"; it DOES NOT FIT in {est.memory_capacity_bytes / GIB:.1f} GiB per GPU: "
                  f"re-plan for this trainer instead")
     return text
 

@@ -143,7 +143,7 @@ def header_lines(plan: Plan, config: ParallelConfig, job: Job, est: Estimate, co
         f"configuration: {describe(config)} ({job.framework})",
         f"predicted: step {est.step_time_s or 0:.3f} s, {est.tokens_per_s or 0:,.0f} tokens/s, "
         f"MFU {100 * (est.mfu or 0):.1f}%, peak memory {est.peak_memory_bytes / GIB:.1f} of "
-        f"{est.memory_capacity_bytes / GIB:.0f} GiB per GPU",
+        f"{est.memory_capacity_bytes / GIB:.1f} GiB per GPU",
         f"command: {command}",
     ]
     lines += [f"WARNING: {w}" for w in warnings]

@@ -58,7 +58,7 @@ def _header(plan: Plan, command: str, marker: str = "#") -> list[str]:
         f"{job.kv_cache_precision}",
         f"predicted: first token {1e3 * est.ttft_s:.1f} ms, {1e3 * est.tpot_s:.2f} ms per "
         f"output token, {est.tokens_per_s:,.0f} output tokens/s over all replicas, peak "
-        f"memory {est.peak_memory_bytes / GIB:.1f} of {est.memory_capacity_bytes / GIB:.0f} "
+        f"memory {est.peak_memory_bytes / GIB:.1f} of {est.memory_capacity_bytes / GIB:.1f} "
         f"GiB per GPU",
         f"command: {command}",
     ]
