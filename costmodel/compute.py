@@ -115,7 +115,9 @@ class LayerCompute:
     exchanges overlap with); ``qkv_gemm`` / ``up_gemm``: one matmul of the column-parallel
     QKV and MLP input projections (their input- and weight-gradient matmuls each take as long;
     what Megatron-LM overlaps the backward tensor-parallel collectives with; ``up_gemm`` is
-    zero for MoE layers, whose tensor-parallel exchange belongs to the token dispatcher)."""
+    zero for MoE layers, whose tensor-parallel exchange belongs to the token dispatcher);
+    ``proj_gemm`` / ``down_gemm``: the same of the row-parallel attention output and MLP output
+    projections (``down_gemm`` zero for MoE layers)."""
 
     forward: np.ndarray
     backward: np.ndarray
@@ -127,6 +129,8 @@ class LayerCompute:
     core_backward: np.ndarray
     qkv_gemm: np.ndarray
     up_gemm: np.ndarray
+    proj_gemm: np.ndarray
+    down_gemm: np.ndarray
 
 
 def _dtypes(job: Job) -> tuple[str, float, float]:
@@ -179,7 +183,8 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     drop = 1.0 if model.dropout else 0.0
 
     qkv_gemm = gemm_time(gpu, dtype, tokens, (q + 2 * kv) / t, h, bytes_per_element=e_in)
-    fwd = qkv_gemm + gemm_time(gpu, dtype, tokens, h, q / t, bytes_per_element=e_in)
+    proj_gemm = gemm_time(gpu, dtype, tokens, h, q / t, bytes_per_element=e_in)
+    fwd = qkv_gemm + proj_gemm
     f_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t
     b_flops = 2 * f_flops
     bwd = 2 * fwd
@@ -239,9 +244,9 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     width = 3 if model.gated_mlp else 2  # ffn-wide tensors the activation reads + writes
 
     def mlp(ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | None = None
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(forward time, forward FLOPs, activation bytes, input projection time) of an MLP
-        on ``m_tokens`` tokens.
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(forward time, forward FLOPs, activation bytes, input projection time, output
+        projection time) of an MLP on ``m_tokens`` tokens.
 
         ``per_expert``: tokens per local expert (the matmuls' M) for a grouped expert GEMM.
         """
@@ -251,7 +256,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         up = gemm_time(gpu, dtype, m_shape, n_up, h, count=count, bytes_per_element=e_in)
         down = gemm_time(gpu, dtype, m_shape, h, ffn / t, count=count, bytes_per_element=e_in)
         fl = 2 * m_tokens * h * n_up + 2 * m_tokens * ffn / t * h
-        return up + down, fl, width * e * m_tokens * ffn / t, up
+        return up + down, fl, width * e * m_tokens * ffn / t, up, down
 
     if moe:
         ffn = float(model.moe_ffn_hidden_size or 0)
@@ -260,19 +265,20 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         routed = tokens * model.top_k * capacity_factor
         per_expert = routed * ep_f / n_exp
         router = gemm_time(gpu, dtype, tokens * rep, n_exp, h, bytes_per_element=e)
-        mlp_f, mlp_flops, act_bytes, _ = mlp(ffn, routed, per_expert)
-        up_gemm = 0.0 * tokens
+        mlp_f, mlp_flops, act_bytes, _, _ = mlp(ffn, routed, per_expert)
+        up_gemm = down_gemm = 0.0 * tokens
         mlp_f = mlp_f + router
         mlp_flops = mlp_flops + 2 * tokens * rep * h * n_exp
         # Token permutation before the experts and un-permutation after: read + write each.
         act_bytes = act_bytes + 2 * 2 * e * routed * h + 4.0 * tokens * rep * n_exp
         ew_kernels += 3.0
         if model.num_shared_experts:
-            sh_f, sh_flops, sh_bytes, _ = mlp(ffn * model.num_shared_experts, tokens)
+            sh_f, sh_flops, sh_bytes, _, _ = mlp(ffn * model.num_shared_experts, tokens)
             mlp_f, mlp_flops, act_bytes = mlp_f + sh_f, mlp_flops + sh_flops, act_bytes + sh_bytes
             ew_kernels += 1.0
     else:
-        mlp_f, mlp_flops, act_bytes, up_gemm = mlp(float(model.ffn_hidden_size or 0), tokens)
+        mlp_f, mlp_flops, act_bytes, up_gemm, down_gemm = mlp(float(model.ffn_hidden_size or 0),
+                                                              tokens)
     ew_bytes = ew_bytes + act_bytes
     ew_kernels += 1.0
     fwd = fwd + mlp_f
@@ -296,7 +302,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     return LayerCompute(forward=fwd, backward=bwd, selective=selective, flops=f_flops + b_flops,
                         selective_flops=selective_flops, forward_flops=f_flops,
                         core_forward=core_f, core_backward=core_b, qkv_gemm=qkv_gemm,
-                        up_gemm=up_gemm)
+                        up_gemm=up_gemm, proj_gemm=proj_gemm, down_gemm=down_gemm)
 
 
 def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
@@ -330,7 +336,8 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     emb = LayerCompute(forward=emb_f, backward=memory_time(gpu, 2 * e_act * tokens * h * rep,
                                                            1.0),
                        selective=zero, flops=zero, selective_flops=zero, forward_flops=zero,
-                       core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero)
+                       core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero,
+                       proj_gemm=zero, down_gemm=zero)
     v = padded_vocab(fw, model.vocab_size, t) / t if not model.patch_size \
         else float(model.vocab_size) / t
     head_gemm = gemm_time(gpu, dtype, tokens, v, h, bytes_per_element=e)
@@ -348,5 +355,6 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     head_flops = 3 * 2 * tokens * h * v
     head = LayerCompute(forward=head_f, backward=head_b, selective=zero, flops=head_flops,
                         selective_flops=zero, forward_flops=head_flops / 3,
-                        core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero)
+                        core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero,
+                        proj_gemm=zero, down_gemm=zero)
     return emb, head

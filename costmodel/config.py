@@ -69,6 +69,11 @@ class Job:
     February 2022, first with fp32 main gradients and from September 2022 with fp16 ones too);
     ``False`` models the releases before it, which add each micro-batch's gradients into the
     buffer with a separate kernel, as every other trainer does through PyTorch's autograd.
+    ``tp_comm_overlap``: whether Megatron-LM pipelines each tensor-parallel all-gather and
+    reduce-scatter with its linear layer's matmul, in forward and backward (Transformer
+    Engine's userbuffers, ``--tp-comm-overlap``; it needs sequence parallel, and NVIDIA's
+    performance recipes turn it on); ``False``: the collectives of the forward pass and the
+    output-gradient gathers of backward stay on the critical path. Other trainers ignore it.
     ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
     (Fedus et al. 2022); ``None`` is dropless routing with an even load.
     """
@@ -82,6 +87,7 @@ class Job:
     overlap_grad_reduce: bool = True
     overlap_tp_grad_comm: bool = True
     fuse_grad_accumulation: bool = True
+    tp_comm_overlap: bool = False
     moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
@@ -95,7 +101,7 @@ class Job:
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
-                    "fuse_grad_accumulation"):
+                    "fuse_grad_accumulation", "tp_comm_overlap"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         cf = self.moe_capacity_factor

@@ -224,6 +224,16 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     # (reduce-scatter costs what all-gather does).
     tp_pass = np.where(sp, 2 * (ag + ag), 2 * ar)
 
+    # Megatron-LM with Transformer Engine's userbuffers (Job.tp_comm_overlap, SP rows only)
+    # pipelines each linear's matmul with its all-gather or reduce-scatter, split into tp
+    # chunks, so that all but one chunk of the matmul hides a chunk of the collective: in
+    # forward all four, in backward also the row-parallel output-gradient gathers beside their
+    # input-gradient matmuls; the column-parallel ones stay bulk-overlapped as without it
+    # (megatron/core/model_parallel_config.py: tp_comm_overlap, tp_comm_overlap_ag/_rs,
+    # tp_comm_bulk_wgrad/_dgrad).
+    pipelined = fw == "megatron" and job.tp_comm_overlap
+    chunked = (tp - 1) / tp
+
     def tp_backward(lc: LayerCompute) -> np.ndarray:
         """Exposed TP communication of one layer's backward pass.
 
@@ -233,16 +243,28 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         (``LinearWithGradAccumulationAndAsyncCommunication``; Korthikanti et al. 2022,
         Sec. 4.2.2 and 6.2). The gradient gathers of the row-parallel outputs (SP) stay exposed.
         Without SP the overlap needs ``Job.overlap_tp_grad_comm`` (Megatron-LM's
-        ``--async-tensor-model-parallel-allreduce``, from August 2021).
+        ``--async-tensor-model-parallel-allreduce``, from August 2021). With userbuffers the
+        output-gradient gathers are pipelined with their input-gradient matmuls too.
         """
         if fw != "megatron":
             return tp_pass
         windows = (lc.qkv_gemm, lc.up_gemm)
-        exposed_sp = 2 * ag + sum(2 * _overlap(ag, w) for w in windows)
+        gathers = sum(_overlap(ag, chunked * w) for w in (lc.proj_gemm, lc.down_gemm)) \
+            if pipelined else 2 * ag
+        exposed_sp = gathers + sum(2 * _overlap(ag, w) for w in windows)
         exposed_ar = sum(_overlap(ar, w) for w in windows) if job.overlap_tp_grad_comm \
             else 2 * ar
         return np.where(sp, exposed_sp, exposed_ar)
 
+    def tp_forward(lc: LayerCompute) -> np.ndarray:
+        """Exposed TP communication of one layer's forward pass."""
+        if not pipelined:
+            return tp_pass
+        gemms = (lc.qkv_gemm, lc.proj_gemm, lc.up_gemm, lc.down_gemm)
+        return np.where(sp, sum(_overlap(ag, chunked * w) for w in gemms), tp_pass)
+
+    tp_dense_f = tp_forward(dense)
+    tp_moe_f = tp_forward(moe)
     tp_dense_b = tp_backward(dense)
     tp_moe_b = tp_backward(moe)
     tp_dense_total = 2 * tp_pass + np.where(sp & (fw == "megatron"), 2 * ag, 0.0)
@@ -351,8 +373,10 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     recompute = np.where(mode == 2, rec_full, np.where(mode == 1, rec_sel, 0.0))
     rec_layers = np.where(mode == 2, rd + rm, 0.0)
 
-    tp_comm = per_stage(tp_pass + tp_dense_b, tp_pass + tp_moe_b, tp_emb, tp_head) \
-        + rec_layers * rowwise(tp_pass)
+    # Full recompute runs each recomputed layer's forward collectives again.
+    rec_tp = (rd * rowwise(tp_dense_f) + rm * rowwise(tp_moe_f) if pipelined
+              else rec_layers * rowwise(tp_pass))
+    tp_comm = per_stage(tp_dense_f + tp_dense_b, tp_moe_f + tp_moe_b, tp_emb, tp_head) + rec_tp
     cp_comm = per_stage(cp_f_dense + cp_b_dense, cp_f_moe + cp_b_moe)
     ep_comm = (nm * rowwise(2 * a2a) + rm * rowwise(a2a) * (mode == 2) if model.is_moe
                else np.zeros_like(cp_comm))

@@ -263,6 +263,7 @@ def _problem(args: argparse.Namespace, many: bool = False, modules: bool = False
               precision=args.precision, optimizer=args.optimizer, framework=args.framework,
               flash_attention=not args.no_flash_attention,
               overlap_grad_reduce=not args.no_overlap_grad_reduce,
+              tp_comm_overlap=args.tp_comm_overlap,
               moe_capacity_factor=args.moe_capacity_factor)
     return model, _clusters(args) if many else [_cluster(args)], job
 
@@ -551,7 +552,9 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
         f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {cluster.intra_node_link.name} inside "
         f"nodes, {cluster.nics_per_node} x {cluster.inter_node_link.name} per node",
         f"job      {job.global_batch_size} x {job.seq_len} tokens, {job.precision}, "
-        f"{job.optimizer}, {job.framework} conventions",
+        f"{job.optimizer}, {job.framework} conventions"
+        + (", TP collectives pipelined with matmuls (--tp-comm-overlap)"
+           if job.tp_comm_overlap and job.framework == "megatron" else ""),
         f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
         f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "
         f"mbs={cfg.micro_batch_size} ({est.num_micro_batches} micro-batches) "
@@ -904,6 +907,9 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
                     help="attention saves its score matrix (no fused kernel)")
     jb.add_argument("--no-overlap-grad-reduce", action="store_true",
                     help="gradients are reduced after the backward pass, not overlapped with it")
+    jb.add_argument("--tp-comm-overlap", action="store_true",
+                    help="Megatron-LM: pipeline tensor-parallel collectives with the linear "
+                    "layers' matmuls (Transformer Engine userbuffers; sequence parallel rows)")
     jb.add_argument("--moe-capacity-factor", type=float,
                     help="expert capacity factor (default: dropless, even routing)")
 

@@ -172,8 +172,18 @@ def configs(draw: st.DrawFn) -> tuple[ParallelConfig, Job]:
     # torch.distributed.pipelining's 1F1B (torchtitan) needs at least pp micro-batches.
     ks = [1, 4, 8] if fw != "torchtitan" else [k for k in (1, 4, 8) if k >= pp]
     job = Job(global_batch_size=dp * mbs * draw(st.sampled_from(ks)), seq_len=4096,
-              framework=fw, overlap_grad_reduce=draw(st.booleans()))
+              framework=fw, overlap_grad_reduce=draw(st.booleans()),
+              tp_comm_overlap=draw(st.booleans()))
     return cfg, job
+
+
+@SETTINGS
+@given(configs())
+def test_pipelining_tp_collectives_never_slows_a_step(drawn: tuple) -> None:
+    cfg, job = drawn
+    on = estimate(LLAMA, H100, dataclasses.replace(job, tp_comm_overlap=True), cfg)
+    off = estimate(LLAMA, H100, dataclasses.replace(job, tp_comm_overlap=False), cfg)
+    assert on.step_time_s <= off.step_time_s * (1 + 1e-12)
 
 
 @SETTINGS
@@ -350,6 +360,35 @@ def test_fsdp2_copies_its_buffers_on_the_compute_stream_even_on_one_gpu() -> Non
     mg = estimate(small, one, dataclasses.replace(job, framework="megatron"),
                   ParallelConfig(zero_stage=3, micro_batch_size=1))
     assert mg.time_breakdown_s["fsdp_comm"] == 0.0
+
+
+def test_userbuffers_pipeline_each_tp_collective_with_its_matmul() -> None:
+    # Megatron-LM --tp-comm-overlap (megatron/core/model_parallel_config.py): the forward's two
+    # all-gathers and two reduce-scatters, and backward's two output-gradient gathers, each hide
+    # behind (tp - 1)/tp of their linear's matmul; the rest of backward is as without it.
+    one_node = Cluster.preset("dgx-h100", num_nodes=1)
+    job = Job(global_batch_size=8, seq_len=4096, framework="megatron")
+    cfg = ParallelConfig(tp=8, dp=1, sequence_parallel=True, micro_batch_size=1)
+    off = estimate(LLAMA, one_node, job, cfg)
+    on = estimate(LLAMA, one_node, dataclasses.replace(job, tp_comm_overlap=True), cfg)
+    tokens = job.seq_len
+    ag = float(Topology.of(one_node).all_gather(2.0 * tokens * LLAMA.hidden_size, 8, 1.0))
+    lc = layer_compute(LLAMA, one_node.gpu, job, np.array([8]), np.array([1]), np.array([1]),
+                       np.array([1]), moe=False)
+    hidden = [min(ag, 7 / 8 * float(getattr(lc, g)[0]))
+              for g in ("qkv_gemm", "proj_gemm", "up_gemm", "down_gemm")]
+    saved_per_layer = sum(hidden) + hidden[1] + hidden[3]  # forward four, backward two
+    m = off.num_micro_batches
+    assert off.step_time_s - on.step_time_s == pytest.approx(
+        m * LLAMA.num_layers * saved_per_layer, rel=1e-9)
+    assert on.time_breakdown_s["tp_comm_total"] == off.time_breakdown_s["tp_comm_total"]
+    # Sequence parallel is what it pipelines with; without it, and for other trainers, no change.
+    plain = dataclasses.replace(cfg, sequence_parallel=False)
+    assert estimate(LLAMA, one_node, dataclasses.replace(job, tp_comm_overlap=True),
+                    plain).step_time_s == estimate(LLAMA, one_node, job, plain).step_time_s
+    tt = dataclasses.replace(job, framework="torchtitan")
+    assert estimate(LLAMA, one_node, dataclasses.replace(tt, tp_comm_overlap=True),
+                    cfg).step_time_s == estimate(LLAMA, one_node, tt, cfg).step_time_s
 
 
 def test_unfused_gradient_accumulation_adds_three_gradient_passes_per_later_micro_batch() -> None:

@@ -103,6 +103,8 @@ def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
         a += ["--pipeline-model-parallel-layout", layout(cfg.stage_layers)]
     if cfg.sequence_parallel:
         a.append("--sequence-parallel")
+        if job.tp_comm_overlap:
+            a.append("--tp-comm-overlap")  # Megatron-LM asserts sequence parallel for it
     a += ["--context-parallel-size", cfg.cp, "--expert-model-parallel-size", cfg.ep,
           "--micro-batch-size", cfg.micro_batch_size,
           "--global-batch-size", job.global_batch_size]
