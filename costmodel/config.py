@@ -74,6 +74,11 @@ class Job:
     Engine's userbuffers, ``--tp-comm-overlap``; it needs sequence parallel, and NVIDIA's
     performance recipes turn it on); ``False``: the collectives of the forward pass and the
     output-gradient gathers of backward stay on the critical path. Other trainers ignore it.
+    ``overlap_p2p_comm``: whether Megatron-LM's interleaved 1F1B schedule overlaps its
+    pipeline sends and receives with the next model chunk's compute
+    (``--overlap-p2p-communication``, added in May 2023 and on by default since October 2023;
+    Megatron-LM turns it off without interleaving); ``False`` models the releases before it.
+    Other trainers ignore it.
     ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
     (Fedus et al. 2022); ``None`` is dropless routing with an even load.
     """
@@ -88,6 +93,7 @@ class Job:
     overlap_tp_grad_comm: bool = True
     fuse_grad_accumulation: bool = True
     tp_comm_overlap: bool = False
+    overlap_p2p_comm: bool = True
     moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
@@ -101,7 +107,7 @@ class Job:
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
-                    "fuse_grad_accumulation", "tp_comm_overlap"):
+                    "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         cf = self.moe_capacity_factor

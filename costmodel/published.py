@@ -136,7 +136,10 @@ def _from_calibration_row(row: dict[str, Any]) -> PublishedRun:
               # main gradients, which the 2022 runs have: Korthikanti et al. 2022, Fig. 1
               # counts 18 bytes per parameter (2 weight + 4 gradient + 12 optimizer). The SC21
               # runs accumulated fp16 gradients by autograd's in-place add.
-              fuse_grad_accumulation=_published_year(row["source"]) >= 2022)
+              fuse_grad_accumulation=_published_year(row["source"]) >= 2022,
+              # Overlapped pipeline send/receive came in 2023 (commit f9283c5a): the 2021 and
+              # 2022 interleaved runs waited for each transfer.
+              overlap_p2p_comm=_published_year(row["source"]) >= 2024)
     config = ParallelConfig(
         dp=int(c["dp"]), tp=int(c["tp"]), pp=pp, micro_batch_size=int(mbs),
         virtual_pipeline_stages=int(v), sequence_parallel=bool(c.get("sequence_parallel")),

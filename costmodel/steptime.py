@@ -404,7 +404,15 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     p2p = topo.p2p(p2p_bytes, tp * cp * dp)
     if scatter_gather:
         p2p = p2p + np.where(sp, 0.0, topo.all_gather(act, tp, 1.0))
-    pp_comm = rowwise(np.where(pp > 1, 2 * v * p2p, 0.0)) * valid
+    pp_total = rowwise(np.where(pp > 1, 2 * v * p2p, 0.0)) * valid
+    pp_comm = pp_total
+    if fw == "megatron" and job.overlap_p2p_comm:
+        # Megatron-LM's interleaved 1F1B posts each chunk's send and the next chunk's receive
+        # asynchronously and waits for them one chunk later (--overlap-p2p-communication,
+        # May 2023, the default since October 2023, commit 4eeff55d; off without
+        # interleaving): each transfer hides behind one chunk's forward pass.
+        exposed = _overlap(rowwise(p2p), fwd / rowwise(v))
+        pp_comm = np.where(a.schedule == 1, 2 * rowwise(v) * exposed * valid, pp_total)
 
     stage_time = fwd + bwd + recompute + tp_comm + cp_comm + ep_comm + fsdp_comm + pp_comm
     stage_time = np.where(valid, stage_time, 0.0)
@@ -545,7 +553,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         "tp": m * at(tp_total, b),
         "cp": m * at(cp_total, b),
         "ep": m * at(ep_comm, b),  # all of it is exposed
-        "pp": m * at(pp_comm, b),
+        "pp": m * at(pp_total, b),
         "fsdp": m * at(fsdp_total, b),
         "dp": at(grad_sync + gather_after, q),
     }

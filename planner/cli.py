@@ -264,6 +264,7 @@ def _problem(args: argparse.Namespace, many: bool = False, modules: bool = False
               flash_attention=not args.no_flash_attention,
               overlap_grad_reduce=not args.no_overlap_grad_reduce,
               tp_comm_overlap=args.tp_comm_overlap,
+              overlap_p2p_comm=not args.no_overlap_p2p_communication,
               moe_capacity_factor=args.moe_capacity_factor)
     return model, _clusters(args) if many else [_cluster(args)], job
 
@@ -907,6 +908,9 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
                     help="attention saves its score matrix (no fused kernel)")
     jb.add_argument("--no-overlap-grad-reduce", action="store_true",
                     help="gradients are reduced after the backward pass, not overlapped with it")
+    jb.add_argument("--no-overlap-p2p-communication", action="store_true",
+                    help="Megatron-LM: interleaved pipelines wait for each send and receive "
+                    "(releases before October 2023)")
     jb.add_argument("--tp-comm-overlap", action="store_true",
                     help="Megatron-LM: pipeline tensor-parallel collectives with the linear "
                     "layers' matmuls (Transformer Engine userbuffers; sequence parallel rows)")

@@ -192,6 +192,11 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
     while pos < n and f0[order[pos]] <= state.bound():
         bound = state.bound()
         chunk = order[pos:pos + batch]
+        # The cores of this batch whose floor already exceeds the bound (f0 is sorted, so the
+        # batch's tail) are bounded too.
+        over = chunk[f0[chunk] > bound]
+        state.counts["bounded"] += int((nz[over] * nr[over]).sum())
+        state.floors(fw, base[over], f0[over])
         chunk = chunk[f0[chunk] <= bound]
         pos += batch
         batch = min(2 * batch, MAX_BATCH)

@@ -67,6 +67,9 @@ NATIVE = [
      PC(dp=4, tp=8, pp=2, zero_stage=1, sequence_parallel=True, recompute="selective"), {}),
     ("mg-tp-overlap", "llama-3-70b", 8, "megatron",
      PC(dp=8, tp=4, pp=2, zero_stage=1, sequence_parallel=True), {"tp_comm_overlap": True}),
+    ("mg-interleaved-blocking-p2p", "llama-3-70b", 8, "megatron",
+     PC(dp=2, tp=8, pp=4, virtual_pipeline_stages=5, zero_stage=1, sequence_parallel=True,
+        recompute="full"), {"overlap_p2p_comm": False}),
     ("mg-interleaved-block", "llama-3-70b", 8, "megatron",
      PC(dp=2, tp=8, pp=4, virtual_pipeline_stages=5, zero_stage=1, sequence_parallel=True,
         recompute="full", recompute_num_layers=2), {}),
@@ -339,6 +342,7 @@ def test_megatron_parser_reads_emitted_arguments(case: Plan) -> None:
     assert ns.global_batch_size == case.job.global_batch_size
     assert ns.sequence_parallel == cfg.sequence_parallel
     assert ns.tp_comm_overlap == (case.job.tp_comm_overlap and cfg.sequence_parallel)
+    assert ns.overlap_p2p_comm == (case.job.overlap_p2p_comm or cfg.virtual_pipeline_stages == 1)
     assert ns.num_layers == case.model.num_layers and ns.seq_length == case.job.seq_len
     assert ns.use_distributed_optimizer == (cfg.zero_stage in (1, 3))
     assert ns.recompute_granularity == (None if cfg.recompute == "none" else cfg.recompute)

@@ -99,6 +99,8 @@ def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
     if cfg.virtual_pipeline_stages > 1:
         a += ["--num-layers-per-virtual-pipeline-stage",
               m.num_layers // (cfg.pp * cfg.virtual_pipeline_stages)]
+        if not job.overlap_p2p_comm:
+            a.append("--no-overlap-p2p-communication")
     if cfg.stage_layers:
         a += ["--pipeline-model-parallel-layout", layout(cfg.stage_layers)]
     if cfg.sequence_parallel:
