@@ -105,8 +105,8 @@ class TimeTable:
     bubble grow with the stage times).
     ``forward_share`` ``[P, rows]``: the forward pass's part of each stage's compute
     (recompute counts with the backward), to split ``stage_time`` into forward and backward.
-    A table made with ``detail=False`` has no ``comm_total`` (empty), ``hardware_flops`` or
-    ``forward_share`` (None).
+    A table made with ``detail=False`` has no ``comm_total`` empty, ``hardware_flops`` or
+    ``forward_share`` None.
     """
 
     step_time: np.ndarray
@@ -136,7 +136,7 @@ def optimizer_bytes(job: Job, model: ModelSpec) -> tuple[float, float]:
     """HBM bytes the optimizer step moves per parameter: (per parameter of the GPU's optimizer
     shard, per parameter of its whole gradient buffer).
 
-    With P the fp32 parameter (master) bytes, G the gradient bytes the optimizer reads, S its
+    With P the fp32 parameter master bytes, G the gradient bytes the optimizer reads, S its
     state bytes and W the low-precision weight bytes:
 
     - the update (fused Adam, SGD, Adafactor) reads P, G and S and writes P and S:
@@ -205,10 +205,6 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     h = float(model.hidden_size)
     sp = a.sp == 1
 
-    def rowwise(x: np.ndarray) -> np.ndarray:
-        """A per-row quantity as floats; it broadcasts against the ``[P, rows]`` arrays."""
-        return np.asarray(x, dtype=float)
-
     # ---- compute per layer per micro-batch ------------------------------------------------
     ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
     dense = layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=False, autocast=ac)
@@ -241,7 +237,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         collective asynchronously and compute the weight gradient meanwhile; with SP they also
         re-gather their input during the input-gradient matmul
         (``LinearWithGradAccumulationAndAsyncCommunication``; Korthikanti et al. 2022,
-        Sec. 4.2.2 and 6.2). The gradient gathers of the row-parallel outputs (SP) stay exposed.
+        Sec. 4.2.2 and 6.2). The gradient gathers of the row-parallel outputs SP stay exposed.
         Without SP the overlap needs ``Job.overlap_tp_grad_comm`` (Megatron-LM's
         ``--async-tensor-model-parallel-allreduce``, from August 2021). With userbuffers the
         output-gradient gathers are pipelined with their input-gradient matmuls too.
@@ -344,9 +340,9 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     if fw == "megatron" and job.fuse_grad_accumulation:
         accumulate = np.zeros_like(dense_params)
     else:
-        acc_params = np.where(rowwise(rs_each), dense_params / z + exp_params / z_exp,
+        acc_params = np.where(rs_each, dense_params / z + exp_params / z_exp,
                               dense_params + exp_params)
-        later = (rowwise(m) - 1) / rowwise(m)  # the share of micro-batches that add into others
+        later = (m - 1) / m  # the share of micro-batches that add into others
         accumulate = memory_time(gpu, 3 * g_b * acc_params, 0.0) * later
 
     # ---- per stage, per micro-batch -------------------------------------------------------
@@ -359,28 +355,27 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     def per_stage(d: np.ndarray, mo: np.ndarray, e_: np.ndarray | float = 0.0,
                   hd: np.ndarray | float = 0.0) -> np.ndarray:
         """Sum over a stage's layers of a per-layer quantity (dense, MoE, embedding, head)."""
-        out = nd * rowwise(d) + nm * rowwise(mo) if model.is_moe else nl * rowwise(d)
+        out = nd * d + nm * mo if model.is_moe else nl * d
         if not np.isscalar(e_) or e_ != 0.0:
-            out = out + np.where(first, rowwise(np.broadcast_to(e_, d.shape)), 0.0)
+            out = out + np.where(first, np.broadcast_to(e_, d.shape), 0.0)
         if not np.isscalar(hd) or hd != 0.0:
-            out = out + np.where(last, rowwise(np.broadcast_to(hd, d.shape)), 0.0)
+            out = out + np.where(last, np.broadcast_to(hd, d.shape), 0.0)
         return out
 
     fwd = per_stage(dense.forward, moe.forward, emb.forward, head.forward)
     bwd = per_stage(dense.backward, moe.backward, emb.backward, head.backward) + accumulate
-    rec_full = rd * rowwise(dense.forward) + rm * rowwise(moe.forward)
+    rec_full = rd * dense.forward + rm * moe.forward
     rec_sel = per_stage(dense.selective, moe.selective)
     recompute = np.where(mode == 2, rec_full, np.where(mode == 1, rec_sel, 0.0))
     rec_layers = np.where(mode == 2, rd + rm, 0.0)
 
     # Full recompute runs each recomputed layer's forward collectives again.
-    rec_tp = (rd * rowwise(tp_dense_f) + rm * rowwise(tp_moe_f) if pipelined
-              else rec_layers * rowwise(tp_pass))
+    rec_tp = rd * tp_dense_f + rm * tp_moe_f if pipelined else rec_layers * tp_pass
     tp_comm = per_stage(tp_dense_f + tp_dense_b, tp_moe_f + tp_moe_b, tp_emb, tp_head) + rec_tp
     cp_comm = per_stage(cp_f_dense + cp_b_dense, cp_f_moe + cp_b_moe)
-    ep_comm = (nm * rowwise(2 * a2a) + rm * rowwise(a2a) * (mode == 2) if model.is_moe
+    ep_comm = (nm * (2 * a2a) + rm * a2a * (mode == 2) if model.is_moe
                else np.zeros_like(cp_comm))
-    fsdp_comm = per_stage(fs_f_dense + fs_b_dense, fs_f_moe + fs_b_moe) + rowwise(fs_edges) * valid
+    fsdp_comm = per_stage(fs_f_dense + fs_b_dense, fs_f_moe + fs_b_moe) + fs_edges * valid
     # FSDP2's own copies on the compute stream (torchtitan; torch/distributed/fsdp/_fully_shard/
     # _fsdp_collectives.py): each all-gather's copy-out splits the gathered flat buffer into the
     # unsharded parameters (split_with_sizes_copy: read and write comp_b bytes per parameter),
@@ -404,15 +399,15 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     p2p = topo.p2p(p2p_bytes, tp * cp * dp)
     if scatter_gather:
         p2p = p2p + np.where(sp, 0.0, topo.all_gather(act, tp, 1.0))
-    pp_total = rowwise(np.where(pp > 1, 2 * v * p2p, 0.0)) * valid
+    pp_total = np.where(pp > 1, 2 * v * p2p, 0.0) * valid
     pp_comm = pp_total
     if fw == "megatron" and job.overlap_p2p_comm:
         # Megatron-LM's interleaved 1F1B posts each chunk's send and the next chunk's receive
         # asynchronously and waits for them one chunk later (--overlap-p2p-communication,
         # May 2023, the default since October 2023, commit 4eeff55d; off without
         # interleaving): each transfer hides behind one chunk's forward pass.
-        exposed = _overlap(rowwise(p2p), fwd / rowwise(v))
-        pp_comm = np.where(a.schedule == 1, 2 * rowwise(v) * exposed * valid, pp_total)
+        exposed = _overlap(p2p, fwd / v)
+        pp_comm = np.where(a.schedule == 1, 2 * v * exposed * valid, pp_total)
 
     stage_time = fwd + bwd + recompute + tp_comm + cp_comm + ep_comm + fsdp_comm + pp_comm
     stage_time = np.where(valid, stage_time, 0.0)
@@ -445,7 +440,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
                           moe.forward + moe.backward - m0.forward - m0.backward,
                           emb.forward + emb.backward - e0.forward - e0.backward,
                           head.forward + head.backward - h0.forward - h0.backward) \
-            + (rd * rowwise(dense.forward - d0.forward) + rm * rowwise(moe.forward - m0.forward)) \
+            + (rd * (dense.forward - d0.forward) + rm * (moe.forward - m0.forward)) \
             * (mode == 2)
         bare = bare - extra
     bare = np.where(valid, bare, 0.0)
@@ -494,7 +489,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     else:
         gather_exposed = gather_after
 
-    # Optimizer: memory-bound passes over the GPU's shard of the states (optimizer_bytes);
+    # Optimizer: memory-bound passes over the GPU's shard of the states optimizer_bytes;
     # Megatron-LM also zeroes its whole gradient buffer once per step.
     local = dense_params / z + exp_params / z_exp  # the shard degree is 1 without ZeRO
     per_param, zeroed = optimizer_bytes(job, model)
@@ -545,7 +540,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
                          bottleneck_stage=b, model_flops=float(mf), hardware_flops=None,
                          floor=floor)
     tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
-        + rec_layers * rowwise(tp_pass)
+        + rec_layers * tp_pass
     cp_total = per_stage(cp_total_layer, cp_total_layer)
     fsdp_total = per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe) \
         + fsdp_copy
@@ -560,7 +555,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
 
     # FLOPs of the step over all GPUs; recompute adds the forward of what it re-runs.
     rec_flops = np.where(mode == 2,
-                         rd * rowwise(dense.forward_flops) + rm * rowwise(moe.forward_flops),
+                         rd * dense.forward_flops + rm * moe.forward_flops,
                          np.where(mode == 1, per_stage(dense.selective_flops,
                                                        moe.selective_flops), 0.0))
     rec_total = m * (rec_flops * count).sum(axis=0) * tp * dp * cp
