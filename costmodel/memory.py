@@ -88,8 +88,10 @@ class ConfigArrays:
         """Number of configurations in the table."""
         return int(self.dp.shape[0])
 
+    @cached_property
     def stage_major(self) -> Stages:
-        """The stage columns transposed to ``[W, rows]`` (contiguous)."""
+        """The stage columns transposed to ``[W, rows]`` (contiguous), made once per table
+        (``memory_table`` and ``time_table`` both read them)."""
         def t(x: np.ndarray | None) -> np.ndarray | None:
             return None if x is None else np.ascontiguousarray(x.T)
         return Stages(index=t(self.stage_index), count=t(self.stage_count),
@@ -326,17 +328,16 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
     p, v, sched = a.pp, a.v, a.schedule
 
     def warm(i: np.ndarray | int) -> np.ndarray:
-        """Chunk-micro-batches stage ``i`` holds under interleaving."""
-        return np.minimum(2 * (p - i - 1) + (v - 1) * p + 1, m * v)
+        """Chunk-micro-batches stage ``i`` holds under interleaving:
+        min(2(p - i - 1) + (v - 1)p + 1, m v), written (v + 1)p - 1 - 2i."""
+        return np.minimum((v + 1) * p - 1 - 2 * i, m * v)
 
     def chunk_count(w: np.ndarray, chunk: np.ndarray | int) -> np.ndarray:
         # Forwards run in blocks of p micro-batches per chunk, chunks 0..v-1 in turn.
         full, rest = np.divmod(w, v * p)
         return np.minimum(p * full + np.clip(rest - chunk * p, 0, p), m)
 
-    # 2(p - i - 1) + (v - 1)p + 1 = (v + 1)p - 1 - 2i
-    interleaved = np.minimum((v + 1) * p - 1 - 2 * stage, m * v) / v
-    layers = np.where(sched == 1, interleaved,
+    layers = np.where(sched == 1, warm(stage) / v,
                       np.where(sched == 2, m, np.minimum(p - stage, m)))
     # The embedding sits on the first stage in chunk 0, the head on the last in chunk v - 1;
     # without interleaving they are held like the layers of their stage.
@@ -346,7 +347,7 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
 
 
 def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays,
-                       moe: bool) -> dict[str, np.ndarray]:
+                       moe: bool, ac: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Bytes saved for backward by one layer for one micro-batch, per recompute mode ``[rows]``.
 
     Korthikanti et al. 2022, Sec. 4.1: attention 11sbh + 5as^2b, MLP 19sbh, norms 4sbh, i.e.
@@ -370,8 +371,10 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
     # Under torch.autocast (compute.autocast_rows) the norm inputs (the residual stream) are
     # fp32, and each linear fed by a norm saves its own cast of the norm output: q, k and v
     # three copies, the gated MLP's up and gate two (measured with torch.cuda.memory
-    # snapshots on an H100, benchmarks/single_gpu_accuracy.py).
-    ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
+    # snapshots on an H100, benchmarks/single_gpu_accuracy.py). ``ac``: those rows, when the
+    # caller has them already.
+    if ac is None:
+        ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
     e_res = np.where(ac, 4.0, e)
     n_qkv = np.where(ac, 3.0, 1.0)
     n_up = np.where(ac, 2.0 if model.gated_mlp else 1.0, 1.0)
@@ -458,7 +461,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     """
     fw = framework(job.framework)
     soft = hardware_profiles.load_software()
-    st = a.stage_major()
+    st = a.stage_major
     stage = st.index
     p = a.pp
     valid = st.count > 0
@@ -540,8 +543,9 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     grads = np.where(off == 2, 0.0, grads)
 
     # ---- activations ------------------------------------------------------------------
-    dense_act = _layer_activations(model, job, fw, a, moe=False)
-    moe_act = (_layer_activations(model, job, fw, a, moe=True) if model.is_moe
+    ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
+    dense_act = _layer_activations(model, job, fw, a, moe=False, ac=ac)
+    moe_act = (_layer_activations(model, job, fw, a, moe=True, ac=ac) if model.is_moe
                else {k: np.zeros_like(x) for k, x in dense_act.items()})
     mode = a.recompute
 
@@ -572,7 +576,6 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # logits 4sbv/t kept by the cross entropy, in all 4sbh/t (1 + v/h).
     emb_act = (1.0 if model.dropout else 0.0) * tokens * h * rep
     # Under autocast the final norm's input is fp32 (4 + e instead of 2e).
-    ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
     head_act = (np.where(ac, 4.0 + e, 2 * e) * tokens * h * rep
                 + 4.0 * tokens * model.vocab_size / tp)
     layers_f, emb_f, head_f = _in_flight(a, stage, m)

@@ -105,8 +105,8 @@ class TimeTable:
     bubble grow with the stage times).
     ``forward_share`` ``[P, rows]``: the forward pass's part of each stage's compute
     (recompute counts with the backward), to split ``stage_time`` into forward and backward.
-    A table made with ``detail=False`` has no ``comm_total`` empty, ``hardware_flops`` or
-    ``forward_share`` None.
+    A table made with ``detail=False`` has no ``comm_total`` (empty), ``hardware_flops`` or
+    ``forward_share`` (None).
     """
 
     step_time: np.ndarray
@@ -136,7 +136,7 @@ def optimizer_bytes(job: Job, model: ModelSpec) -> tuple[float, float]:
     """HBM bytes the optimizer step moves per parameter: (per parameter of the GPU's optimizer
     shard, per parameter of its whole gradient buffer).
 
-    With P the fp32 parameter master bytes, G the gradient bytes the optimizer reads, S its
+    With P the fp32 parameter (master) bytes, G the gradient bytes the optimizer reads, S its
     state bytes and W the low-precision weight bytes:
 
     - the update (fused Adam, SGD, Adafactor) reads P, G and S and writes P and S:
@@ -190,7 +190,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         g_b = float(soft["torchtitan"]["reduce_dtype_bytes"])
     cf = float(job.moe_capacity_factor or 1.0)
 
-    st = a.stage_major()  # [P, rows], like mem's arrays
+    st = a.stage_major  # [P, rows], like mem's arrays
     stage = st.index
     count = st.count
     valid = mem.valid
@@ -237,7 +237,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         collective asynchronously and compute the weight gradient meanwhile; with SP they also
         re-gather their input during the input-gradient matmul
         (``LinearWithGradAccumulationAndAsyncCommunication``; Korthikanti et al. 2022,
-        Sec. 4.2.2 and 6.2). The gradient gathers of the row-parallel outputs SP stay exposed.
+        Sec. 4.2.2 and 6.2). The gradient gathers of the row-parallel outputs (SP) stay exposed.
         Without SP the overlap needs ``Job.overlap_tp_grad_comm`` (Megatron-LM's
         ``--async-tensor-model-parallel-allreduce``, from August 2021). With userbuffers the
         output-gradient gathers are pipelined with their input-gradient matmuls too.
@@ -489,7 +489,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     else:
         gather_exposed = gather_after
 
-    # Optimizer: memory-bound passes over the GPU's shard of the states optimizer_bytes;
+    # Optimizer: memory-bound passes over the GPU's shard of the states (optimizer_bytes);
     # Megatron-LM also zeroes its whole gradient buffer once per step.
     local = dense_params / z + exp_params / z_exp  # the shard degree is 1 without ZeRO
     per_param, zeroed = optimizer_bytes(job, model)
