@@ -133,6 +133,16 @@ class Topology:
         lat = (n - 1) * np.where(nodes > 1, self.inter_lat, self.intra_lat)
         return np.where(n > 1, np.maximum(intra, inter) + lat + self.base_lat, 0.0)
 
+    def ring_step(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
+                  ) -> np.ndarray:
+        """Seconds of one step of a ring of ``size`` ranks ``stride`` apart in which every
+        rank sends ``nbytes`` to the next at once (context-parallel ring attention's KV
+        exchange): as slow as its slowest hop, which leaves the node through the sender's NIC
+        when the ring spans more than one node."""
+        _, nodes = self.place(size, stride)
+        return self.base_lat + np.where(nodes > 1, nbytes / self.nic_bw_per_gpu + self.inter_lat,
+                                        nbytes / self.intra_bw + self.intra_lat)
+
     def p2p(self, nbytes: np.ndarray, stride: np.ndarray) -> np.ndarray:
         """Seconds to send ``nbytes`` to the rank ``stride`` away (same node if stride < g)."""
         same = np.asarray(stride, dtype=float) < self.gpus_per_node

@@ -25,7 +25,10 @@ DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 class KernelEfficiency:
     """How close kernels come to the datasheet, as fractions (the ``[efficiency]`` table).
 
-    ``gemm``: fraction of the dense peak a large matrix multiply sustains. ``memory``: fraction
+    ``gemm``: fraction of the dense peak a large matrix multiply sustains (in a shipped
+    profile, the best-shape ``torch.matmul`` of ml-engineering's "Maximum Achievable Matmul
+    FLOPS" table for every GPU, so that ``planner calibrate``'s in-training ratio carries
+    over like for like; a measured profile fits it on its own sweep). ``memory``: fraction
     of HBM bandwidth a memory-bound (elementwise, normalization) kernel sustains.
     ``kernel_overhead_s``: fixed time each kernel adds (launch gap, pipeline fill and drain of
     the tiles), which is what makes small matmuls slow. ``attention`` / ``attention_backward``:

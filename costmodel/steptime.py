@@ -31,7 +31,8 @@ Overlap rules (what each trainer hides behind compute; the rest is exposed):
   et al. 2022, Sec. 4.2.2 and Sec. 6.2, Table 4). The SP gradient gathers of the row-parallel
   outputs are exposed. Without SP this needs ``Job.overlap_tp_grad_comm``.
 - CP ring attention overlaps each KV block's transfer with attention on the previous block
-  (Liu et al. 2023): exposed is the transfer time beyond the attention compute per step.
+  (Liu et al. 2023): exposed is the transfer time beyond the attention compute per step. A
+  step waits for the ring's slowest hop, which crosses nodes once tp x cp exceeds a node.
 - EP all-to-all (dispatch and combine) is exposed (Megatron-LM and torchtitan defaults).
 - PP send/receive of activations and gradients is exposed, two per micro-batch per model chunk.
   Megatron-LM sends 1/tp of the tensor from each TP rank and all-gathers it inside the node
@@ -272,7 +273,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
 
     # ---- context parallel: ring exchange of K and V -------------------------------------
     kv_block = 2 * e * tokens * model.kv_dim / tp
-    ring_step = np.where(cp > 1, topo.p2p(kv_block, tp), 0.0)
+    ring_step = np.where(cp > 1, topo.ring_step(kv_block, cp, tp), 0.0)
     cp_f_dense = (cp - 1) * _overlap(ring_step, dense.core_forward / cp)
     cp_b_dense = (cp - 1) * _overlap(2 * ring_step, dense.core_backward / cp)
     cp_f_moe = (cp - 1) * _overlap(ring_step, moe.core_forward / cp)

@@ -47,17 +47,17 @@ def rows() -> list[dict]:
 
 def test_gpu_bound_steps_follow_the_h100(rows: list[dict]) -> None:
     """Steps whose GPU work outweighs eager PyTorch's launch cost (8192 tokens or more per
-    micro-batch, 350M parameters and up, DDP): without recompute within 12 % each (measured
-    7.6 to 11.1 % too fast), and 10 % on average with full recompute too (measured 9.2 %; full
-    recompute at 350M reaches -20 %, its extra launches half hidden). Smaller steps are bound
+    micro-batch, 350M parameters and up, DDP): without recompute within 9 % each (measured
+    3.0 to 7.6 % too fast), and 7 % on average with full recompute too (measured 5.7 %; full
+    recompute at 350M reaches -18 %, its extra launches half hidden). Smaller steps are bound
     by the host's kernel launches, which the estimate does not model (about 2.9 ms per layer
     and step there)."""
     bound = [r for r in rows if r["zero_stage"] == 0 and r["model"] != "gpt3-125m"
              and r["micro_batch"] * r["seq_len"] >= 8192]
     assert len(bound) == 14
     none = [abs(r["step_error"]) for r in bound if r["recompute"] == "none"]
-    assert len(none) == 7 and max(none) < 0.12
-    assert statistics.mean(abs(r["step_error"]) for r in bound) < 0.10
+    assert len(none) == 7 and max(none) < 0.09
+    assert statistics.mean(abs(r["step_error"]) for r in bound) < 0.07
 
 
 def test_peak_memory_follows_the_h100(rows: list[dict]) -> None:
@@ -102,17 +102,20 @@ def test_an_unaligned_vocabulary_runs_on_slow_kernels() -> None:
     """GPT-2's vocabulary of 50257 puts the LM head's matmul off cuBLAS's 16-byte grid: the
     H100 ran [8192, 2048] x [2048, 50257] and its two backward matmuls at 110 / 145 / 149
     TFLOP/s against 742 / 735 / 801 for 50304 (hardware_profiles/software.toml [cublas]).
-    The measured profile predicts the unaligned rate within 10 % of their harmonic mean, and
-    padding the vocabulary restores the aligned one; the token count is not a leading
-    dimension and does not matter."""
+    The measured profile predicts the unaligned over the aligned rate within 10 % of the
+    ratio of their harmonic means (both rates are scaled alike by the in-training ratio the
+    A100 calibration fits), and padding the vocabulary restores the aligned one; the token
+    count is not a leading dimension and does not matter."""
     gpu = GPU.from_file(PROFILE)
     t, h = np.array(8192.0), np.array(2048.0)
 
     def tflops(m: np.ndarray, v: float) -> float:
         return float(2 * m * v * h / gemm_time(gpu, "bf16", m, np.array(v), h)) / 1e12
 
-    measured = 3 / (1 / 110.3 + 1 / 144.5 + 1 / 148.6)
-    assert tflops(t, 50257.0) == pytest.approx(measured, rel=0.10)
+    unaligned = 3 / (1 / 110.3 + 1 / 144.5 + 1 / 148.6)
+    aligned = 3 / (1 / 742.0 + 1 / 735.0 + 1 / 801.0)
+    assert tflops(t, 50257.0) / tflops(t, 50304.0) == pytest.approx(unaligned / aligned,
+                                                                    rel=0.10)
     assert tflops(t, 50304.0) > 5 * tflops(t, 50257.0)
     assert tflops(np.array(8191.0), 50304.0) == pytest.approx(tflops(t, 50304.0), rel=1e-3)
 
