@@ -140,11 +140,14 @@ class Topology:
         exchange): as slow as its slowest hop, which leaves the node through the sender's NIC
         when the ring spans more than one node."""
         _, nodes = self.place(size, stride)
-        return self.base_lat + np.where(nodes > 1, nbytes / self.nic_bw_per_gpu + self.inter_lat,
-                                        nbytes / self.intra_bw + self.intra_lat)
+        return self._send(nbytes, nodes > 1)
 
     def p2p(self, nbytes: np.ndarray, stride: np.ndarray) -> np.ndarray:
         """Seconds to send ``nbytes`` to the rank ``stride`` away (same node if stride < g)."""
-        same = np.asarray(stride, dtype=float) < self.gpus_per_node
-        return self.base_lat + np.where(same, nbytes / self.intra_bw + self.intra_lat,
-                                        nbytes / self.nic_bw_per_gpu + self.inter_lat)
+        return self._send(nbytes, np.asarray(stride, dtype=float) >= self.gpus_per_node)
+
+    def _send(self, nbytes: np.ndarray, across: np.ndarray) -> np.ndarray:
+        """Seconds of one send of ``nbytes``: inside the node, or through the sender's NIC
+        where ``across`` (bool per element)."""
+        return self.base_lat + np.where(across, nbytes / self.nic_bw_per_gpu + self.inter_lat,
+                                        nbytes / self.intra_bw + self.intra_lat)
