@@ -88,11 +88,10 @@ def test_a_group_across_nodes_is_limited_by_the_nics() -> None:
     assert float(topo.all_gather(1e9, 4, 1)) < across
 
 
-
 def test_a_context_parallel_ring_waits_for_its_hop_between_nodes() -> None:
     topo = Topology.of(H100)
     kv = 8e6  # bytes of one K and V block
-    nic = H100.inter_node_link.achieved_bytes_per_s * H100.nics_per_node / 8
+    nic = H100.inter_node_link.achieved_bytes_per_s * H100.nics_per_node / H100.gpus_per_node
     link = H100.intra_node_link
     # tp = 2, cp = 4: the ring's 4 ranks sit in one node.
     inside = float(topo.ring_step(kv, 4, 2))
@@ -108,6 +107,7 @@ def test_a_context_parallel_ring_waits_for_its_hop_between_nodes() -> None:
     one = estimate(LLAMA, H100, job, ParallelConfig(dp=4, tp=2, cp=4, zero_stage=3))
     four = estimate(LLAMA, H100, job, ParallelConfig(dp=1, tp=2, cp=16, zero_stage=3))
     assert four.time_breakdown_s["cp_comm_total"] > 3 * one.time_breakdown_s["cp_comm_total"]
+
 
 def _job(gbs: int = 64, fw: str = "megatron", seq: int = 2048) -> Job:
     return Job(global_batch_size=gbs, seq_len=seq, framework=fw)
