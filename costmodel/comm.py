@@ -19,10 +19,19 @@ Patarasuk & Yuan 2009 for the ring; NCCL's double binary tree, Sanders et al. 20
   fastest; so does this model.
 - all-gather and reduce-scatter ``(n-1)/n S / B + (n-1) alpha`` (S is the full buffer).
 - all-to-all: each rank keeps 1/n of its S bytes and sends the rest, (k-1)/n over the
-  intra-node link and (n-k)/n through its share of the NICs, with n-1 messages.
+  intra-node link and (n-k)/n through its share of the NICs, all messages at once (one
+  hop's latency).
 - point-to-point ``S / B + alpha``.
 
-Every call also pays NCCL's fixed base latency (``software.toml`` ``[nccl]``).
+Every call also pays NCCL's fixed base latency (``software.toml`` ``[nccl]``), and runs the
+faster of NCCL's two protocols (NCCL src/graph/tuning.cc, which models each the same way): LL,
+whose per-hop latency is the link's ``latency_us`` but which carries data at half the bandwidth
+(a 4-byte flag beside every 4 bytes of data: ``ncclLLFifoLine``, src/include/device.h; the
+tuner's ring LL bandwidth is 0.5 of Simple's), and Simple, at the full bandwidth but with the
+larger per-hop latency ``simple_latency_us`` and base latency. Large messages (tensor-parallel
+activations, gradient buckets) therefore pay the Simple protocol's latency: nccl-tests on
+8 A100s reach 64 MiB all-reduces at 0.72-0.74 of their 8 GiB bus bandwidth, not 0.97 as with
+the LL latencies (``hardware_profiles/links/nvlink3.toml``).
 
 ``B`` for a group inside one node is the intra-node bandwidth; a ring that crosses nodes is
 limited by the slower of the intra-node link and the NIC bandwidth its k ranks of a node
@@ -55,6 +64,12 @@ class Topology:
     intra_lat: float
     nic_bw_per_gpu: float
     inter_lat: float
+    #: NCCL's Simple protocol: base and per-hop latencies (s; ``None``: as LL's), and the
+    #: share of the bandwidth the LL protocol carries (1.0: LL alone, as fast as Simple).
+    base_lat_simple: float | None = None
+    intra_lat_simple: float | None = None
+    inter_lat_simple: float | None = None
+    ll_share: float = 1.0
 
     @classmethod
     def of(cls, cluster: Cluster) -> Topology:
@@ -70,7 +85,29 @@ class Topology:
             intra_lat=intra.latency_s,
             nic_bw_per_gpu=inter.achieved_bytes_per_s * cluster.nics_per_node / g,
             inter_lat=inter.latency_s,
+            base_lat_simple=float(nccl["base_latency_simple_us"]) * 1e-6,
+            intra_lat_simple=intra.simple_latency_s,
+            inter_lat_simple=inter.simple_latency_s,
+            ll_share=float(nccl["ll_bandwidth_share"]),
         )
+
+    def _hops(self, intra: np.ndarray | float, inter: np.ndarray | float, simple: bool
+              ) -> np.ndarray:
+        """Latency of ``intra`` intra-node and ``inter`` inter-node hops in one protocol."""
+        a = self.intra_lat_simple if simple and self.intra_lat_simple is not None \
+            else self.intra_lat
+        b = self.inter_lat_simple if simple and self.inter_lat_simple is not None \
+            else self.inter_lat
+        return np.asarray(intra) * a + np.asarray(inter) * b
+
+    def _fastest(self, intra: np.ndarray | float, inter: np.ndarray | float,
+                 wire: np.ndarray) -> np.ndarray:
+        """Seconds of a transfer of ``wire`` seconds at the full achieved bandwidth over
+        ``intra`` + ``inter`` sequential hops, in the faster of NCCL's LL and Simple protocols
+        (base latency included)."""
+        ll = self.base_lat + self._hops(intra, inter, False) + wire / self.ll_share
+        base = self.base_lat if self.base_lat_simple is None else self.base_lat_simple
+        return np.minimum(ll, base + self._hops(intra, inter, True) + wire)
 
     def place(self, size: np.ndarray, stride: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ranks per node, nodes) of a group of ``size`` ranks ``stride`` apart."""
@@ -84,13 +121,17 @@ class Topology:
         return np.where(nodes > 1, np.minimum(self.intra_bw, k * self.nic_bw_per_gpu),
                         self.intra_bw)
 
-    def _ring_lat(self, n: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        # n - 1 steps, each as slow as the slowest hop of the ring.
-        return (n - 1) * np.where(nodes > 1, self.inter_lat, self.intra_lat)
+    def _ring_hops(self, n: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(intra-node, inter-node) hops of the n - 1 steps of a ring, each as slow as the
+        ring's slowest hop."""
+        steps = n - 1
+        multi = nodes > 1
+        return np.where(multi, 0.0, steps), np.where(multi, steps, 0.0)
 
     def all_reduce(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
                    ) -> np.ndarray:
-        """Seconds to all-reduce ``nbytes`` over the group (fastest of ring, tree, 2-level).
+        """Seconds to all-reduce ``nbytes`` over the group (fastest of ring, tree, 2-level,
+        each in the faster protocol).
 
         Each algorithm costs ``alpha + beta * nbytes``; the coefficients are computed on the
         group's (usually per-row) shape and applied to the (usually per-stage) bytes.
@@ -98,40 +139,45 @@ class Topology:
         n = np.asarray(size, dtype=float)
         k, nodes = self.place(n, stride)
         bw = self._ring_bw(k, nodes)
-        a_ring = 2 * self._ring_lat(n, nodes)
-        b_ring = 2 * (n - 1) / n / bw
+        ri, rx = self._ring_hops(n, nodes)
+        ring = self._fastest(2 * ri, 2 * rx, 2 * (n - 1) / n / bw * nbytes)
         # Tree depth ceil(log2(nodes)), exactly: the binary exponent of nodes - 1.
         depth = np.frexp(np.maximum(nodes - 1.0, 0.0))[1].astype(float)
-        a_tree = 2 * (depth * self.inter_lat + (k - 1) * self.intra_lat)
-        b_tree = 2 / bw
+        tree = self._fastest(2 * (k - 1), 2 * depth, 2 / bw * nbytes)
         multi = nodes > 1
-        a_two = np.where(multi, 2 * (nodes - 1) * self.inter_lat + 2 * (k - 1) * self.intra_lat,
-                         np.inf)
         b_two = 2 * (nodes - 1) / nodes / (k * self.nic_bw_per_gpu) \
             + 2 * (k - 1) / k / self.intra_bw
-        best = np.minimum(np.minimum(a_ring + b_ring * nbytes, a_tree + b_tree * nbytes),
-                          a_two + b_two * nbytes)
-        return np.where(n > 1, best + self.base_lat, 0.0)
+        two = np.where(multi, self._fastest(2 * (k - 1), 2 * (nodes - 1), b_two * nbytes),
+                       np.inf)
+        best = np.minimum(np.minimum(ring, tree), two)
+        return np.where(n > 1, best, 0.0)
 
     def all_gather(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
                    ) -> np.ndarray:
         """Seconds to all-gather a buffer of ``nbytes`` in all (ring); reduce-scatter alike."""
         n = np.asarray(size, dtype=float)
         k, nodes = self.place(n, stride)
-        t = (n - 1) / n * nbytes / self._ring_bw(k, nodes) + self._ring_lat(n, nodes)
-        return np.where(n > 1, t + self.base_lat, 0.0)
+        t = self._fastest(*self._ring_hops(n, nodes),
+                          (n - 1) / n * nbytes / self._ring_bw(k, nodes))
+        return np.where(n > 1, t, 0.0)
 
     reduce_scatter = all_gather
 
     def all_to_all(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
                    ) -> np.ndarray:
-        """Seconds for an all-to-all in which each rank holds ``nbytes`` before and after."""
+        """Seconds for an all-to-all in which each rank holds ``nbytes`` before and after.
+
+        NCCL runs it as one group of sends and receives to every peer (ncclGroupStart/End of
+        ncclSend/ncclRecv), which progress at once: one hop's latency, the slowest, and the
+        busier of the rank's NVLink and NIC shares."""
         n = np.asarray(size, dtype=float)
         k, nodes = self.place(n, stride)
         intra = (k - 1) / n * nbytes / self.intra_bw
         inter = (n - k) / n * nbytes / self.nic_bw_per_gpu
-        lat = (n - 1) * np.where(nodes > 1, self.inter_lat, self.intra_lat)
-        return np.where(n > 1, np.maximum(intra, inter) + lat + self.base_lat, 0.0)
+        multi = nodes > 1
+        t = self._fastest(np.where(multi, 0.0, 1.0), np.where(multi, 1.0, 0.0),
+                          np.maximum(intra, inter))
+        return np.where(n > 1, t, 0.0)
 
     def ring_step(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
                   ) -> np.ndarray:
@@ -149,5 +195,6 @@ class Topology:
     def _send(self, nbytes: np.ndarray, across: np.ndarray) -> np.ndarray:
         """Seconds of one send of ``nbytes``: inside the node, or through the sender's NIC
         where ``across`` (bool per element)."""
-        return self.base_lat + np.where(across, nbytes / self.nic_bw_per_gpu + self.inter_lat,
-                                        nbytes / self.intra_bw + self.intra_lat)
+        across = np.asarray(across)
+        wire = np.where(across, nbytes / self.nic_bw_per_gpu, nbytes / self.intra_bw)
+        return self._fastest(np.where(across, 0.0, 1.0), np.where(across, 1.0, 0.0), wire)

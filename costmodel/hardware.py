@@ -242,9 +242,10 @@ class GPU:
 
 @dataclass(frozen=True, kw_only=True)
 class Link:
-    """One interconnect: per-direction bandwidth (bytes/s), one-way latency per hop (s), and
-    ``efficiency``, the fraction of the bandwidth a large NCCL transfer achieves (bus bandwidth
-    measured by nccl-tests over the wire rate)."""
+    """One interconnect: per-direction bandwidth (bytes/s), one-way latency per hop (s) of
+    NCCL's LL protocol and of its Simple protocol (``simple_latency_s``; ``None``: the same),
+    and ``efficiency``, the fraction of the bandwidth a large NCCL transfer achieves (bus
+    bandwidth measured by nccl-tests over the wire rate)."""
 
     name: str
     description: str = ""
@@ -253,8 +254,12 @@ class Link:
     latency_s: float
     efficiency: float = 1.0
     source: str = ""
+    simple_latency_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.simple_latency_s is not None and self.simple_latency_s < 0:
+            raise SpecError(f"link {self.name!r}: simple_latency_us must be >= 0, got "
+                            f"{self.simple_latency_s * 1e6}")
         if self.bandwidth_bytes_per_s <= 0 or self.latency_s < 0:
             raise SpecError(
                 f"link {self.name!r}: bandwidth must be > 0 and latency >= 0, got "
@@ -282,6 +287,8 @@ class Link:
                 latency_s=float(data["latency_us"]) * 1e-6,
                 efficiency=float(data["efficiency"]),
                 source=str(data.get("source", {}).get("document", "")),
+                simple_latency_s=(float(data["simple_latency_us"]) * 1e-6
+                                  if "simple_latency_us" in data else None),
             )
         except KeyError as e:
             raise SpecError(f"link profile {name!r} lacks the key {e.args[0]!r}") from None

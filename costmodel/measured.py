@@ -43,7 +43,8 @@ from costmodel.errors import SpecError
 from costmodel.hardware import DTYPES, GB, GIB, GPU, TFLOPS
 
 __all__ = ["AttentionPoint", "CollectivePoint", "CopyPoint", "GemmPoint", "Measurements",
-           "TransferPoint", "bus_bandwidth", "fit_profile", "profile_toml", "to_toml"]
+           "TransferPoint", "bus_bandwidth", "fit_link", "fit_profile", "profile_toml",
+           "to_toml"]
 
 #: Bytes of one matmul operand element per measured dtype.
 ELEMENT_BYTES = {"fp64": 8.0, "fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
@@ -342,31 +343,50 @@ def _predict_collectives(topo: Topology, points: list[CollectivePoint]) -> np.nd
     return np.array(out, dtype=float)
 
 
-def _fit_link(points: list[CollectivePoint]) -> tuple[float, float, float]:
-    """(bytes/s, per-hop latency s, mean relative error) of the link between the processes:
-    ``Topology``'s formulas for a group inside one node, NCCL's base latency included."""
+def fit_link(points: list[CollectivePoint], bandwidth: float | None = None,
+             ll_latency: float | None = None) -> tuple[float, float, float, float]:
+    """(bytes/s, LL per-hop latency s, Simple per-hop latency s, mean relative error) of the
+    link between the processes: ``Topology``'s formulas for a group inside one node, with
+    NCCL's base latencies and LL bandwidth share (``software.toml`` ``[nccl]``). Least squares
+    on log time. ``bandwidth`` (bytes/s) and ``ll_latency`` (s) hold those instead of fitting
+    them: published sweeps time small messages with the host's launch cost in them."""
     n = max(p.ranks for p in points)
     t = np.array([p.seconds for p in points])
-    base = float(hardware_profiles.load_software()["nccl"]["base_latency_us"]) * 1e-6
+    nccl = hardware_profiles.load_software()["nccl"]
+
+    def unpack(x: np.ndarray) -> tuple[float, float, float]:
+        bw = bandwidth if bandwidth is not None else math.exp(x[0])
+        ll = ll_latency if ll_latency is not None else x[1] * 1e-6
+        return bw, ll, x[2] * 1e-6
 
     def topo(x: np.ndarray) -> Topology:
-        bw, lat = math.exp(x[0]), x[1] * 1e-6
-        return Topology(gpus_per_node=n, base_lat=base, intra_bw=bw, intra_lat=lat,
-                        nic_bw_per_gpu=bw, inter_lat=lat)
+        bw, ll, simple = unpack(x)
+        return Topology(gpus_per_node=n, base_lat=float(nccl["base_latency_us"]) * 1e-6,
+                        intra_bw=bw, intra_lat=ll, nic_bw_per_gpu=bw, inter_lat=ll,
+                        base_lat_simple=float(nccl["base_latency_simple_us"]) * 1e-6,
+                        intra_lat_simple=simple, inter_lat_simple=simple,
+                        ll_share=float(nccl["ll_bandwidth_share"]))
 
     # The link is at least as fast as the best bus bandwidth seen, and (latency aside) not
     # much faster: the cap keeps a sweep of only small, latency-bound messages from
     # inventing an unbounded bandwidth.
     best = max(bus_bandwidth(p.op, p.nbytes, p.ranks, p.seconds) for p in points)
-    x = _log_fit(lambda x: np.log(_predict_collectives(topo(x), points) / t),
-                 [math.log(2 * best), 10.0], [math.log(best), 0.0],
-                 [math.log(10 * best), 1e6])
-    return math.exp(x[0]), float(x[1]) * 1e-6, _log_error(_predict_collectives(topo(x),
-                                                                                points), t)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return np.log(_predict_collectives(topo(x), points) / t)
+
+    # The time is the smaller of two protocols' lines, so the fit starts from a few points
+    # and keeps the best.
+    starts = [[math.log(f * best), 1.0, lat] for f in (1.05, 2.0) for lat in (3.0, 30.0)]
+    fits = [_log_fit(residuals, x0, [math.log(best), 0.0, 0.0], [math.log(10 * best), 1e6, 1e6])
+            for x0 in starts]
+    x = min(fits, key=lambda x: float(np.sum(residuals(x) ** 2)))
+    bw, ll, simple = unpack(x)
+    return bw, ll, simple, _log_error(_predict_collectives(topo(x), points), t)
 
 
 def _link_table(base: dict[str, Any] | None, name: str, scope: str, bw: float, lat: float,
-                what: str, err: float) -> dict[str, Any]:
+                what: str, err: float, simple_lat: float | None = None) -> dict[str, Any]:
     """A link profile (``hardware_profiles/links`` format) of a fitted bandwidth: the wire rate
     of the datasheet link with ``efficiency`` = achieved / wire, or the achieved rate itself."""
     wire = float(base["bandwidth_gb_per_s"]) * GB if base else bw
@@ -374,7 +394,10 @@ def _link_table(base: dict[str, Any] | None, name: str, scope: str, bw: float, l
     return {"name": base.get("name", name) if base else name,
             "description": f"measured: {what}",
             "scope": scope, "bandwidth_gb_per_s": round(wire / GB, 4),
-            "latency_us": round(lat * 1e6, 4), "efficiency": round(float(min(1.0, bw / wire)), 4),
+            "latency_us": round(lat * 1e6, 4),
+            **({"simple_latency_us": round(simple_lat * 1e6, 4)} if simple_lat is not None
+               else {}),
+            "efficiency": round(float(min(1.0, bw / wire)), 4),
             "source": {"document": f"planner profile: {what}; fitted with mean |error| "
                        f"{100 * err:.1f}%" + ("; wire rate from hardware_profiles/links/"
                                               f"{base['name']}.toml" if base else "")}}
@@ -443,13 +466,13 @@ def fit_profile(meas: Measurements) -> dict[str, Any]:
                                          "pinned host-device copies", err)
         report["host_link_error"] = err
     if meas.collectives:
-        bw, lat, err = _fit_link(meas.collectives)
+        bw, lat, simple, err = fit_link(meas.collectives)
         link = (hardware_profiles.load("links", str(base["intra_node_link"]))
                 if base else None)
         table.pop("intra_node_link", None)
         table["intra_node_link"] = _link_table(
             link, meas.backend or "measured", "intra-node", bw, lat,
-            f"{meas.backend} collectives among {meas.processes} processes", err)
+            f"{meas.backend} collectives among {meas.processes} processes", err, simple)
         report["intra_node_link_error"] = err
     table["source"] = {"document": f"measured with planner profile ({meas.sweep} sweep) on "
                        f"{meas.date}", "notes": basis}

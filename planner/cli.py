@@ -784,8 +784,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if isinstance(table.get(key), dict):
             link = table[key]
             achieved = link["bandwidth_gb_per_s"] * link["efficiency"]
+            simple = (f" ({link['simple_latency_us']:.1f} us in NCCL's Simple protocol)"
+                      if "simple_latency_us" in link else "")
             print(f"  {label:<9s} {achieved:.1f} GB/s per direction, {link['latency_us']:.1f} us "
-                  f"per hop (fit error {100 * fit[key + '_error']:.1f}%)")
+                  f"per hop{simple} (fit error {100 * fit[key + '_error']:.1f}%)")
     print(f"written to {out}; plan with it: planner plan ... --profile {out}")
     return 0
 

@@ -42,7 +42,7 @@ from planner.cli import main
 TRUE = dict(gemm=0.71, memory=0.83, kernel_overhead_s=4e-6, attention=0.41,
             attention_backward=0.33, gemm_fp8=0.6, gemm_unaligned=0.14)
 HOST_BW, HOST_LAT = 50e9, 5e-6
-LINK_BW, LINK_LAT = 360e9, 2e-6
+LINK_BW, LINK_LAT, LINK_SIMPLE_LAT = 360e9, 2e-6, 9e-6
 
 
 def synthetic(gpu: str | None = "h100-sxm", *, links: bool = True) -> Measurements:
@@ -76,9 +76,12 @@ def synthetic(gpu: str | None = "h100-sxm", *, links: bool = True) -> Measuremen
     if links:
         meas.transfer = [TransferPoint(d, s, s / HOST_BW + HOST_LAT) for d in ("h2d", "d2h")
                          for s in _sizes(16, 28, 4)]
-        base_lat = float(hardware_profiles.load_software()["nccl"]["base_latency_us"]) * 1e-6
-        topo = Topology(gpus_per_node=8, base_lat=base_lat, intra_bw=LINK_BW,
-                        intra_lat=LINK_LAT, nic_bw_per_gpu=1.0, inter_lat=1.0)
+        nccl = hardware_profiles.load_software()["nccl"]
+        topo = Topology(gpus_per_node=8, base_lat=nccl["base_latency_us"] * 1e-6,
+                        intra_bw=LINK_BW, intra_lat=LINK_LAT, nic_bw_per_gpu=1.0, inter_lat=1.0,
+                        base_lat_simple=nccl["base_latency_simple_us"] * 1e-6,
+                        intra_lat_simple=LINK_SIMPLE_LAT, inter_lat_simple=1.0,
+                        ll_share=nccl["ll_bandwidth_share"])
         pts = [CollectivePoint(op, 8, s, 0.0) for op in COLLECTIVES for s in _sizes(10, 28, 3)]
         meas.collectives = [dataclasses.replace(p, seconds=float(t))
                             for p, t in zip(pts, _predict_collectives(topo, pts), strict=True)]
@@ -109,6 +112,7 @@ def test_fit_recovers_the_parameters_the_measurements_were_made_with() -> None:
     assert link["name"] == "nvlink4" and link["bandwidth_gb_per_s"] == 450.0  # wire rate kept
     assert link["efficiency"] * 450e9 == pytest.approx(LINK_BW, rel=1e-3)
     assert link["latency_us"] == pytest.approx(LINK_LAT * 1e6, rel=1e-2)
+    assert link["simple_latency_us"] == pytest.approx(LINK_SIMPLE_LAT * 1e6, rel=1e-2)
     fit = table["measured"]["fit"]
     assert max(v for k, v in fit.items() if k.endswith("_error")) < 1e-6
     # The datasheet's peaks stay: the fractions are of them.
