@@ -72,3 +72,13 @@ def test_readme_commands_run(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, (cmd, r.stderr[-2000:])
         assert "Traceback" not in r.stderr and (r.stdout + r.stderr).strip(), cmd
+
+
+def test_the_readme_shows_what_planner_validate_prints(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    # The step-time validation table in the README is the command's current output.
+    from planner.cli import main
+
+    assert main(["validate"]) == 0
+    table = capsys.readouterr().out.rstrip("\n")
+    assert f"```\n{table}\n```" in README
