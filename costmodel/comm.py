@@ -174,9 +174,7 @@ class Topology:
         k, nodes = self.place(n, stride)
         intra = (k - 1) / n * nbytes / self.intra_bw
         inter = (n - k) / n * nbytes / self.nic_bw_per_gpu
-        multi = nodes > 1
-        t = self._fastest(np.where(multi, 0.0, 1.0), np.where(multi, 1.0, 0.0),
-                          np.maximum(intra, inter))
+        t = self._one_hop(nodes > 1, np.maximum(intra, inter))
         return np.where(n > 1, t, 0.0)
 
     def ring_step(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
@@ -195,6 +193,10 @@ class Topology:
     def _send(self, nbytes: np.ndarray, across: np.ndarray) -> np.ndarray:
         """Seconds of one send of ``nbytes``: inside the node, or through the sender's NIC
         where ``across`` (bool per element)."""
-        across = np.asarray(across)
         wire = np.where(across, nbytes / self.nic_bw_per_gpu, nbytes / self.intra_bw)
+        return self._one_hop(across, wire)
+
+    def _one_hop(self, across: np.ndarray, wire: np.ndarray) -> np.ndarray:
+        """``_fastest`` of a transfer over one hop, between nodes where ``across``."""
+        across = np.asarray(across)
         return self._fastest(np.where(across, 0.0, 1.0), np.where(across, 1.0, 0.0), wire)
