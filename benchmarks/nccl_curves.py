@@ -28,7 +28,12 @@ sys.path.insert(0, str(ROOT))
 
 from costmodel.comm import Topology  # noqa: E402
 from costmodel.hardware import Cluster, Link  # noqa: E402
-from costmodel.measured import CollectivePoint, bus_bandwidth, fit_link  # noqa: E402
+from costmodel.measured import (  # noqa: E402
+    CollectivePoint,
+    _predict_collectives,
+    bus_bandwidth,
+    fit_link,
+)
 
 
 def points(data: dict) -> list[tuple[str, CollectivePoint]]:
@@ -50,10 +55,7 @@ def predict(link: Link, pts: list[CollectivePoint]) -> np.ndarray:
     """Seconds the cost model gives each point, on a node of ``ranks`` GPUs joined by ``link``."""
     ranks = max(p.ranks for p in pts)
     cluster = Cluster(gpu="a100-80gb", num_nodes=1, gpus_per_node=ranks, intra_node_link=link)
-    topo = Topology.of(cluster)
-    return np.array([float(getattr(topo, p.op)(np.array(float(p.nbytes)),
-                                                np.array(float(p.ranks)), np.array(1.0)))
-                     for p in pts])
+    return _predict_collectives(Topology.of(cluster), pts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -376,8 +376,9 @@ def fit_link(points: list[CollectivePoint], bandwidth: float | None = None,
         return np.log(_predict_collectives(topo(x), points) / t)
 
     # The time is the smaller of two protocols' lines, so the fit starts from a few points
-    # and keeps the best.
-    starts = [[math.log(f * best), 1.0, lat] for f in (1.05, 2.0) for lat in (3.0, 30.0)]
+    # and keeps the best (one bandwidth start when the bandwidth is held).
+    factors = (1.05, 2.0) if bandwidth is None else (1.05,)
+    starts = [[math.log(f * best), 1.0, lat] for f in factors for lat in (3.0, 30.0)]
     fits = [_log_fit(residuals, x0, [math.log(best), 0.0, 0.0], [math.log(10 * best), 1e6, 1e6])
             for x0 in starts]
     x = min(fits, key=lambda x: float(np.sum(residuals(x) ** 2)))
