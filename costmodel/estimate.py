@@ -17,12 +17,23 @@ from costmodel.memory import TERMS, ConfigArrays, memory_table
 from costmodel.model import ModelSpec
 from costmodel.steptime import COMM_KINDS, TIME_TERMS, time_table
 
-__all__ = ["Estimate", "MemoryBreakdown", "StageMemory", "estimate"]
+__all__ = ["NEAR_CAPACITY", "Estimate", "MemoryBreakdown", "StageMemory", "estimate",
+           "plan_capacity"]
 
 GIB = 1024**3
+# A peak above this share of the GPU's memory is flagged: the estimate counts what the model,
+# its states, activations and buffers hold, and the CUDA context and NCCL's buffers, but not
+# the caching allocator's fragmentation (``Job.memory_reserve``).
+NEAR_CAPACITY = 0.95
 # MFU is quoted against the dense bf16 peak for fp8 runs too (torchtitan, Megatron-LM), and
 # against TF32 tensor cores for fp32.
 PEAK_DTYPE = {"fp8": "bf16", "fp32": "tf32"}
+
+
+def plan_capacity(cluster: Cluster, job: Job) -> float:
+    """Bytes per GPU a plan's estimated peak may reach: the GPU's memory less the job's
+    ``memory_reserve`` share."""
+    return cluster.gpu.memory_bytes * (1 - float(job.memory_reserve))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +134,30 @@ class Estimate:
     bottleneck_stage: int | None = None
     host_memory_capacity_bytes: float = float("inf")
     usd_per_million_tokens: float | None = None
+    memory_reserve: float = 0.0
+
+    @property
+    def headroom_bytes(self) -> float:
+        """GPU memory left free at the peak (bytes; 0 when it does not fit)."""
+        return max(self.memory_capacity_bytes - self.peak_memory_bytes, 0.0)
+
+    @property
+    def over_capacity_bytes(self) -> float:
+        """How far the peak exceeds the GPU's memory (bytes; 0 when it fits)."""
+        return max(self.peak_memory_bytes - self.memory_capacity_bytes, 0.0)
+
+    @property
+    def within_reserve(self) -> bool:
+        """Whether the peak leaves the job's ``memory_reserve`` share of the GPU free (what a
+        search asks of the plans it picks)."""
+        return self.peak_memory_bytes <= self.memory_capacity_bytes * (1 - self.memory_reserve)
+
+    @property
+    def near_capacity(self) -> bool:
+        """Whether the peak is above ``NEAR_CAPACITY`` of the GPU's memory: a run this full
+        may fail on what the estimate does not count (allocator fragmentation, a framework's
+        buffers)."""
+        return self.peak_memory_bytes > NEAR_CAPACITY * self.memory_capacity_bytes
 
     @property
     def fits(self) -> bool:
@@ -143,6 +178,11 @@ class Estimate:
             "usd_per_million_tokens": self.usd_per_million_tokens,
             "fits": self.fits,
             "memory_capacity_bytes": self.memory_capacity_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "over_capacity_bytes": self.over_capacity_bytes,
+            "memory_reserve": self.memory_reserve,
+            "within_reserve": self.within_reserve,
+            "near_capacity": self.near_capacity,
             "host_memory_capacity_bytes": self.host_memory_capacity_bytes,
             "peak_stage": self.peak_stage,
             "num_micro_batches": self.num_micro_batches,
@@ -188,8 +228,14 @@ class Estimate:
         lines += [
             f"peak memory per GPU: {self.peak_memory_bytes / GIB:.2f} GiB of "
             f"{self.memory_capacity_bytes / GIB:.1f} GiB "
-            f"({'fits' if self.fits else 'does NOT fit'}; stage {self.peak_stage})",
+            f"({'fits' if self.fits else 'does NOT fit'}; stage {self.peak_stage}; "
+            + (f"over by {self.over_capacity_bytes / GIB:.2f} GiB)" if self.over_capacity_bytes
+               else f"headroom {self.headroom_bytes / GIB:.2f} GiB)"),
         ]
+        if self.fits and self.near_capacity:
+            lines.append(f"  warning: above {100 * NEAR_CAPACITY:.0f}% of the GPU's memory; "
+                         "allocator fragmentation and buffers the estimate does not count may "
+                         "run it out of memory")
         for t in TERMS:
             lines.append(f"  {t:<12s} {getattr(m, f'{t}_bytes') / GIB:10.2f} GiB")
         if self.cpu_memory_bytes:
@@ -322,4 +368,5 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
         time_breakdown_s=breakdown,
         bottleneck_stage=int(rep.stage_index[0, times.bottleneck_stage[0]]),
         host_memory_capacity_bytes=cluster.host_memory_bytes_per_gpu,
+        memory_reserve=float(job.memory_reserve),
     )

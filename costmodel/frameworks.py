@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FRAMEWORKS", "Framework", "framework", "padded_vocab", "pipelining_problem"]
+__all__ = ["FRAMEWORKS", "Framework", "framework", "padded_vocab", "pipelining_problem",
+           "schedule_problem"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +58,10 @@ class Framework:
     # The vocabulary padded to a multiple of this times tp (Megatron-LM
     # --make-vocab-size-divisible-by, default 128); 1: not padded.
     vocab_multiple: int = 1
+    # Megatron-LM's interleaved schedule refuses a micro-batch count that is not a multiple of
+    # pp (megatron/core/pipeline_parallel/schedules.py,
+    # forward_backward_pipelining_with_interleaving; Narayanan et al. 2021, Sec. 2.2.2).
+    interleaved_needs_multiple: bool = False
     # Mixed precision by torch.autocast when neither FSDP nor TP/PP/CP is on (torchtitan's
     # maybe_enable_amp: DDP or a single device): fp32 parameters cast to bf16 on each forward,
     # fp32 norms and residual stream, each linear casting its input.
@@ -75,6 +80,21 @@ def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | 
     if pp > 1 and schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
         return (f"{schedule} schedule needs the {m} micro-batches to be a multiple of "
                 f"micro-batches // pp = {rounds}")
+    return None
+
+
+def schedule_problem(fw: Framework, schedule: str, pp: int, num_micro_batches: int
+                     ) -> str | None:
+    """What ``fw``'s pipeline schedule needs of the micro-batch count, when
+    ``num_micro_batches`` breaks it; ``None`` when it runs (or without a pipeline)."""
+    if pp < 2:
+        return None
+    if fw.torch_pipelining:
+        return pipelining_problem(schedule, pp, num_micro_batches)
+    if fw.interleaved_needs_multiple and schedule == "interleaved-1f1b" \
+            and num_micro_batches % pp:
+        return (f"Megatron-LM's interleaved schedule needs the {num_micro_batches} "
+                f"micro-batches to be a multiple of pp={pp}")
     return None
 
 
@@ -103,6 +123,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         "FSDP mode; it has no ZeRO-2",
         fused_cross_entropy=True,
         vocab_multiple=128,
+        interleaved_needs_multiple=True,
     ),
     Framework(
         name="deepspeed",

@@ -321,21 +321,24 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
 
     1F1B (Narayanan et al. 2021, Sec. 2.2; DAPPLE): stage i holds min(p - i, m). Zero bubble
     ZB-H1 keeps the 1F1B peak (Qi et al. 2024, Sec. 3). GPipe holds all m. Interleaved 1F1B
-    (Megatron-LM schedules): stage i runs 2(p - i - 1) + (v - 1)p warm-up forwards of chunks of
-    L/(pv) layers, so it holds min(that + 1, m v) chunk-micro-batches; on the first stage this
-    is L(1 + (p - 1)/(pv)) layers' worth (Korthikanti et al. 2022, Sec. 4.2.3).
+    (``costmodel.pipeline.rank_orders``: micro-batches in rounds of k = m // max(1, m // p)
+    per chunk, k = p in Megatron-LM): stage i runs (v - 1)k + 2(p - i - 1) warm-up forwards of
+    chunks of L/(pv) layers, so it holds min(that + 1, m v) chunk-micro-batches; with k = p on
+    the first stage this is L(1 + (p - 1)/(pv)) layers' worth (Korthikanti et al. 2022,
+    Sec. 4.2.3).
     """
     p, v, sched = a.pp, a.v, a.schedule
+    k = m // np.maximum(1, m // p)  # micro-batches per round of interleaving
 
     def warm(i: np.ndarray | int) -> np.ndarray:
         """Chunk-micro-batches stage ``i`` holds under interleaving:
-        min(2(p - i - 1) + (v - 1)p + 1, m v), written (v + 1)p - 1 - 2i."""
-        return np.minimum((v + 1) * p - 1 - 2 * i, m * v)
+        min((v - 1)k + 2(p - i - 1) + 1, m v)."""
+        return np.minimum((v - 1) * k + 2 * (p - i - 1) + 1, m * v)
 
     def chunk_count(w: np.ndarray, chunk: np.ndarray | int) -> np.ndarray:
-        # Forwards run in blocks of p micro-batches per chunk, chunks 0..v-1 in turn.
-        full, rest = np.divmod(w, v * p)
-        return np.minimum(p * full + np.clip(rest - chunk * p, 0, p), m)
+        # Forwards run in rounds of k micro-batches per chunk, chunks 0..v-1 in turn.
+        full, rest = np.divmod(w, v * k)
+        return np.minimum(k * full + np.clip(rest - chunk * k, 0, k), m)
 
     layers = np.where(sched == 1, warm(stage) / v,
                       np.where(sched == 2, m, np.minimum(p - stage, m)))

@@ -8,7 +8,6 @@ transformers. Presets live in ``costmodel/data/models.toml`` with their sources;
 
 from __future__ import annotations
 
-import json
 import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -17,6 +16,7 @@ from typing import Any
 
 import hardware_profiles
 from costmodel.errors import SpecError
+from hardware_profiles.files import read_json_object
 
 __all__ = ["ModelSpec"]
 
@@ -296,12 +296,7 @@ class ModelSpec:
             cfg, label = config, name or str(config.get("_name_or_path") or "hf-config")
         else:
             p = Path(config)
-            if not p.is_file():
-                raise SpecError(f"HF config {str(p)!r} does not exist")
-            try:
-                cfg = json.loads(p.read_text())
-            except json.JSONDecodeError as e:
-                raise SpecError(f"HF config {str(p)!r} is not valid JSON: {e}") from None
+            cfg = read_json_object(p, "HF config")
             label = name or p.stem
         return cls(name=label, **_hf_fields(cfg, label))
 

@@ -16,7 +16,6 @@ FLOP count the source used; Narayanan et al. 2021 count Eq. 3, with recompute).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from costmodel.errors import SpecError
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import GPU, Cluster, Link
 from costmodel.model import ModelSpec
+from hardware_profiles.files import read_json_object
 
 __all__ = ["Comparison", "PublishedRun", "calibration_toml", "compare", "default_runs_path",
            "eq3_flops", "fit_efficiency", "load_runs"]
@@ -172,13 +172,9 @@ def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
 def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
     """Runs of a JSON file ``{"runs": [...]}`` in either schema (default: the calibration set)."""
     p = Path(path) if path is not None else default_runs_path()
-    if not p.is_file():
-        raise SpecError(f"runs file {str(p)!r} does not exist")
-    try:
-        rows = json.loads(p.read_text())["runs"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise SpecError(f"runs file {str(p)!r} is not a JSON object with a 'runs' list: {e}"
-                        ) from None
+    rows = read_json_object(p, "runs file").get("runs")
+    if not isinstance(rows, list):
+        raise SpecError(f"runs file {str(p)[:200]!r} is not a JSON object with a 'runs' list")
     out = []
     for row in rows:
         try:

@@ -10,15 +10,17 @@ Per micro-batch, each pipeline stage spends (per GPU, seconds):
 
 and the step is the pipeline's makespan plus what follows the last backward:
 
-    step = m * max_i t_i + bubble + max_i (exposed gradient reduction + parameter gather
+    step = makespan(t_0 .. t_{p-1}) + max_i (exposed gradient reduction + parameter gather
            + optimizer + offload)
 
-Pipeline bubble (Narayanan et al. 2021, Sec. 2.2; with unequal stages the first micro-batch
-fills and the last one drains through every stage): 1F1B and GPipe ``sum_i t_i - max_i t_i``
-(``(p - 1) t`` for equal stages, fraction ``(p - 1) / m``); interleaved 1F1B divides it by the
-virtual stages ``v`` (ibid., Sec. 2.2.2); zero bubble ZB-H1 leaves the forward part of it,
-``(p - 1) T_F`` when the backward splits evenly into input and weight gradients (Qi et al. 2024,
-Sec. 3.1: ``(p - 1)(T_F + T_B - T_W)``).
+The makespan is the trainer's schedule played out op by op (``costmodel.pipeline``: GPipe,
+1F1B, interleaved 1F1B in torch's rounds, zero bubble ZB-H1), each stage's time split into
+forward and backward by its compute; ``bubble`` is what it adds to ``m * max_i t_i``. For equal
+stages and ``m >= p`` that is ``(p - 1) t`` (1F1B, GPipe; Narayanan et al. 2021, Sec. 2.2),
+``(p - 1) t / v`` interleaved (ibid., Sec. 2.2.2) and ``(p - 1) T_F`` for ZB-H1 with the
+backward split evenly into input and weight gradients (Qi et al. 2024, Sec. 3.1); the
+simulation also covers uneven stages, ``m < p`` and rounds that are not multiples of ``p``,
+where those formulas do not hold.
 
 Overlap rules (what each trainer hides behind compute; the rest is exposed):
 
@@ -81,6 +83,7 @@ from costmodel.memory import (
     state_bytes,
 )
 from costmodel.model import ModelSpec
+from costmodel.pipeline import pipeline_bound, table_makespan
 
 __all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "model_flops_per_token", "optimizer_bytes",
            "time_table"]
@@ -107,7 +110,10 @@ class TimeTable:
     ``forward_share`` ``[P, rows]``: the forward pass's part of each stage's compute
     (recompute counts with the backward), to split ``stage_time`` into forward and backward.
     A table made with ``detail=False`` has no ``comm_total`` (empty), ``hardware_flops`` or
-    ``forward_share`` (None).
+    ``forward_share`` (None). ``exact`` ``[rows]``: whether the row's pipeline time is its
+    schedule played out (``costmodel.pipeline``); rows of a table made with ``exact_below``
+    whose lower bound on the step time exceeds it keep the bound (``step_time`` is then a
+    lower bound).
     """
 
     step_time: np.ndarray
@@ -119,6 +125,7 @@ class TimeTable:
     hardware_flops: np.ndarray | None
     floor: np.ndarray
     forward_share: np.ndarray | None = None
+    exact: np.ndarray | None = None
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
@@ -175,11 +182,14 @@ def _overlap(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
 
 
 def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
-               mem: MemoryTable, detail: bool = True) -> TimeTable:
+               mem: MemoryTable, detail: bool = True, exact_below: float = np.inf
+               ) -> TimeTable:
     """Step time and its terms for every configuration of ``a`` (assumed valid).
 
     ``detail``: also the total communication by kind, the hardware FLOPs and the forward
     shares (what ``estimate`` reports; a search reads only the step time, terms and floor).
+    ``exact_below`` (s): play the pipeline schedule out only for rows whose lower bound on the
+    step time is at most this (a search's current k-th best); the others keep the bound.
     """
     fw = job.framework
     gpu = cluster.gpu
@@ -414,20 +424,18 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     stage_time = np.where(valid, stage_time, 0.0)
 
     # ---- pipeline makespan ----------------------------------------------------------------
+    # The schedule played out (costmodel.pipeline): each stage's time per micro-batch split
+    # into its forward and backward by the forward pass's share of its compute (recompute
+    # runs with the backward), communication pro rata.
     t_max = stage_time.max(axis=0)
     b = first_argmax(stage_time)
     rows = np.arange(a.rows)
-    fill = (stage_time * count).sum(axis=0) - t_max
-    fwd_share = fwd[b, rows] / np.maximum(fwd[b, rows] + bwd[b, rows], 1e-30)
     sched = a.schedule
-
-    def bubble_of(fill: np.ndarray, share: np.ndarray) -> np.ndarray:
-        return np.where(sched == 1, fill / v, np.where(sched == 3, fill * share, fill))
-
-    bubble = bubble_of(fill, fwd_share)
-    pipeline = m * t_max + bubble
-    # The floor: the same without ZeRO-3/FSDP communication (the sum of the p - 1 smallest
-    # stage times grows with each of them; zero bubble takes the smallest forward share).
+    share = fwd / np.maximum(fwd + bwd + recompute, 1e-30)
+    f_stage = stage_time * share
+    bound = pipeline_bound(stage_time, f_stage, count, m, v, sched)
+    # The floor: the bound without ZeRO-3/FSDP communication (it grows with each stage time;
+    # zero bubble's forward share is not known for the whole family, so it counts none).
     # Autocast (ZeRO 0 only) adds casts that FSDP's mixed precision does without, so the floor
     # of a core leaves them out too: it then bounds the core's sharded configurations.
     # Gradient accumulation shrinks with the shard degree, so the floor leaves it out too.
@@ -445,9 +453,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
             * (mode == 2)
         bare = bare - extra
     bare = np.where(valid, bare, 0.0)
-    bare_max = bare.max(axis=0)
-    share_min = np.where(valid, fwd / np.maximum(fwd + bwd, 1e-30), np.inf).min(axis=0)
-    floor = m * bare_max + bubble_of((bare * count).sum(axis=0) - bare_max, share_min)
+    floor = pipeline_bound(bare, None, count, m, v, np.where(sched == 2, 0, sched))
 
     # ---- after the last backward: gradient sync, parameter gather, optimizer, offload -----
     dpcp = dp * cp
@@ -516,7 +522,16 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     offload = np.where(off >= 1, cpu_opt + h2d + np.where(off == 1, d2h_exposed, 0.0), 0.0)
     post = np.where(valid, grad_exposed + gather_exposed + optimizer + offload, 0.0)
     q = first_argmax(post)
-    step = pipeline + post[q, rows]
+    after = post[q, rows]
+    # Rows whose bound is already their pipeline time need no playing out (one stage, GPipe).
+    played = (a.pp > 1) & (sched != 2)
+    exact = ~played | (bound + after <= exact_below)
+    todo = np.flatnonzero(played & exact)
+    pipeline = bound.copy()
+    pipeline[todo] = table_makespan(f_stage, stage_time - f_stage, stage, count, a.pp,
+                                    mem.num_micro_batches, a.v, sched, todo)
+    bubble = pipeline - m * t_max
+    step = pipeline + after
 
     def at(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """``x`` at each row's stage ``idx``."""
@@ -539,7 +554,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     if not detail:
         return TimeTable(step_time=step, terms=terms, comm_total={}, stage_time=stage_time,
                          bottleneck_stage=b, model_flops=float(mf), hardware_flops=None,
-                         floor=floor)
+                         floor=floor, exact=exact)
     tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
         + rec_layers * tp_pass
     cp_total = per_stage(cp_total_layer, cp_total_layer)
@@ -569,5 +584,6 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         model_flops=float(mf),
         hardware_flops=mf + rec_total,
         floor=floor,
-        forward_share=fwd / np.maximum(fwd + bwd + recompute, 1e-30),
+        forward_share=share,
+        exact=exact,
     )

@@ -32,6 +32,8 @@ class CostTable:
     ``cpu_memory``, what offload keeps in host memory per GPU (bytes), and ``floor``, a lower
     bound on the step time (``costmodel.steptime.TimeTable.floor``).
     Rows over the memory capacity given to ``evaluate`` have ``inf`` times and ``nan`` terms.
+    ``exact``: whether the row's step time is its schedule played out; where not (a row whose
+    lower bound exceeded ``evaluate``'s ``exact_below``) it is that lower bound.
     """
 
     peak_memory: np.ndarray
@@ -41,6 +43,7 @@ class CostTable:
     model_flops: float
     floor: np.ndarray
     cpu_memory: np.ndarray
+    exact: np.ndarray
 
 
 def take(a: ConfigArrays, rows: np.ndarray, width: int | None = None) -> ConfigArrays:
@@ -77,12 +80,15 @@ def _chunks(width: np.ndarray, chunk_rows: int) -> list[tuple[int, np.ndarray]]:
 
 def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
              chunk_rows: int = CHUNK_ROWS, threads: int | None = None,
-             capacity: float | None = None, host_capacity: float = np.inf) -> CostTable:
+             capacity: float | None = None, host_capacity: float = np.inf,
+             exact_below: float = np.inf) -> CostTable:
     """Memory and step time of every row of ``a`` (rows assumed valid).
 
     ``threads``: worker threads over the chunks (default: one per CPU core). ``capacity``
     (bytes per GPU): rows whose peak memory exceeds it, or whose offloaded states exceed
-    ``host_capacity`` (host bytes per GPU), are not timed.
+    ``host_capacity`` (host bytes per GPU), are not timed. ``exact_below`` (s): rows whose
+    lower bound on the step time exceeds it keep that bound instead of their pipeline schedule
+    played out (``costmodel.steptime.time_table``); ``-inf``: bounds only.
     """
     n = a.rows
     peak = np.empty(n)
@@ -90,6 +96,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     cpu = np.empty(n)
     step = np.full(n, np.inf)
     floor = np.full(n, np.inf)
+    exact = np.ones(n, dtype=bool)
     terms = {t: np.full(n, np.nan) for t in TIME_TERMS}
     width = (a.stage_count > 0).sum(axis=1)
 
@@ -108,8 +115,9 @@ def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
             if not fit.all():
                 keep = np.flatnonzero(fit)
                 rows, sub, mem = rows[keep], take(sub, keep), _take_memory(mem, keep)
-        tt = time_table(model, cluster, job, sub, mem, detail=False)
+        tt = time_table(model, cluster, job, sub, mem, detail=False, exact_below=exact_below)
         step[rows] = tt.step_time
+        exact[rows] = tt.exact
         floor[rows] = tt.floor
         for t in TIME_TERMS:
             terms[t][rows] = tt.terms[t]
@@ -125,4 +133,4 @@ def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
             run(c)
     return CostTable(peak_memory=peak, peak_stage=peak_stage, step_time=step, terms=terms,
                      model_flops=model_flops_per_token(model, job.seq_len) * job.tokens_per_step,
-                     floor=floor, cpu_memory=cpu)
+                     floor=floor, cpu_memory=cpu, exact=exact)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
-import tomllib
+import os
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hardware_profiles.errors import SpecError
+from hardware_profiles.files import is_file, read_toml
 
 __all__ = [
     "SpecError",
@@ -28,6 +29,7 @@ __all__ = [
     "names",
     "transfer_efficiency",
     "unknown_name",
+    "user_calibrated_path",
 ]
 
 KINDS = ("gpus", "links", "clusters")
@@ -41,9 +43,12 @@ def _folder(kind: str) -> Path:
 
 def unknown_name(what: str, name: str, known: list[str]) -> SpecError:
     """The error for a name that is not among ``known``: close matches first, then them all."""
-    close = difflib.get_close_matches(str(name).strip().lower(), known, n=3, cutoff=0.5)
+    text = str(name)
+    close = difflib.get_close_matches(text.strip().lower(), known, n=3, cutoff=0.5) \
+        if len(text) < 200 else []
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    return SpecError(f"unknown {what} {name!r}.{hint} Known {what}s: {', '.join(sorted(known))}")
+    shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text):,} characters)"
+    return SpecError(f"unknown {what} {shown}.{hint} Known {what}s: {', '.join(sorted(known))}")
 
 
 def names(kind: str) -> list[str]:
@@ -58,23 +63,37 @@ def load_file(path: str | Path) -> dict[str, Any]:
     the cost model reads the same few files for every chunk of a search.
     """
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"profile file {str(p)!r} does not exist")
+    if not is_file(p):
+        raise SpecError(f"profile file {str(p)[:200]!r} does not exist")
     return copy.deepcopy(_parse(str(p.resolve()), p.stat().st_mtime_ns))
 
 
 @functools.lru_cache(maxsize=256)
 def _parse(path: str, mtime_ns: int) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(f"profile file {path!r} is not valid TOML: {e}") from None
+    return read_toml(path, "profile file")
 
 
 def calibrated_path(gpu: str) -> Path:
-    """Where ``planner calibrate`` keeps the fitted efficiencies of GPU profile ``gpu``."""
+    """The shipped fitted efficiencies of GPU profile ``gpu`` (``calibrated/`` of the
+    package, written by the project's own ``planner calibrate -o``)."""
     return Path(str(resources.files("hardware_profiles").joinpath("calibrated"))) / f"{gpu}.toml"
+
+
+def user_calibrated_path(gpu: str) -> Path:
+    """Where ``planner calibrate`` writes a user's fit of GPU profile ``gpu`` by default:
+    ``$PLANNER_CONFIG_DIR/calibrated`` (default ``$XDG_CONFIG_HOME/autoparallel-planner``,
+    else ``~/.config/autoparallel-planner``); it takes precedence over the shipped fit."""
+    base = os.environ.get("PLANNER_CONFIG_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+        base = str(Path(xdg) / "autoparallel-planner")
+    return Path(base) / "calibrated" / f"{gpu}.toml"
+
+
+def _own_fit(gpu: str) -> Path:
+    """The fit a GPU profile takes: the user's (``user_calibrated_path``), else the shipped."""
+    mine = user_calibrated_path(gpu)
+    return mine if is_file(mine) else calibrated_path(gpu)
 
 
 def load(kind: str, name: str, *, calibrated: bool = True) -> dict[str, Any]:
@@ -98,7 +117,7 @@ def load(kind: str, name: str, *, calibrated: bool = True) -> dict[str, Any]:
 
 
 def _calibrated_efficiency(gpu: str, eff: dict[str, Any]) -> dict[str, Any]:
-    own = calibrated_path(gpu)
+    own = _own_fit(gpu)
     if own.is_file():
         cal = load_file(own)
         eff.update(cal.get("efficiency", {}))
@@ -117,7 +136,8 @@ def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True) -> dict[s
     """
     eff = dict(eff)
     folder = calibrated_path("x").parent
-    refs = sorted(folder.glob("*.toml")) if folder.is_dir() else []
+    shipped = sorted(folder.glob("*.toml")) if folder.is_dir() else []
+    refs = [_own_fit(p.stem) for p in shipped]
     for ref in refs:
         cal = load_file(ref)
         t = cal.get("transfer")

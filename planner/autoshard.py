@@ -62,7 +62,6 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,6 +75,7 @@ from costmodel.graph import LayerGraph, OpNode, TensorRef
 from costmodel.hardware import Cluster
 from costmodel.memory import state_bytes
 from costmodel.sharding import PARTIAL, REPLICATE, Loop, describe, reshard_time
+from hardware_profiles.files import write_text
 
 __all__ = ["GraphPlan", "Mesh", "ShardingProblem", "Solution", "Strategy", "brute_force",
            "plan_graph", "solve"]
@@ -703,7 +703,7 @@ class GraphPlan:
         """The plan as JSON text; also written to ``path`` when given."""
         text = json.dumps(self.to_dict(), indent=2)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            write_text(path, text + "\n", "plan file")
         return text
 
     def summary(self, rows: int | None = None) -> str:

@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import hardware_profiles
 from costmodel import Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.config import FRAMEWORK_NAMES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES
+from costmodel.estimate import NEAR_CAPACITY, Estimate
 from costmodel.hardware import GPU
 from costmodel.inference import (
     KV_PRECISIONS,
@@ -34,11 +35,12 @@ from costmodel.inference import (
 )
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
+from hardware_profiles.files import write_text
 from planner.compare import RANKINGS, Candidate, Comparison, compare
 from planner.emit import TARGETS, emit
 from planner.explain import explain
 from planner.models import load_model, load_model_or_module
-from planner.plan import Plan, plan
+from planner.plan import Plan, load_plan, plan
 from planner.progress import Progress
 from planner.space import PRESETS, Constraints
 
@@ -265,7 +267,8 @@ def _problem(args: argparse.Namespace, many: bool = False, modules: bool = False
               overlap_grad_reduce=not args.no_overlap_grad_reduce,
               tp_comm_overlap=args.tp_comm_overlap,
               overlap_p2p_comm=not args.no_overlap_p2p_communication,
-              moe_capacity_factor=args.moe_capacity_factor)
+              moe_capacity_factor=args.moe_capacity_factor,
+              memory_reserve=args.memory_reserve / 100)
     return model, _clusters(args) if many else [_cluster(args)], job
 
 
@@ -436,9 +439,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+FORCE_HELP = ("use a saved plan that does not fit its GPUs' memory anyway (a plan whose "
+              "configuration no longer runs is refused whatever)")
+
+
+def _load(path: str, args: argparse.Namespace) -> Plan:
+    """A saved plan, re-validated and re-estimated (``planner.plan.load_plan``): refused
+    (exit 3) when it no longer runs or fits, unless ``--force``; warnings on stderr."""
+    p, warnings = load_plan(path, force=getattr(args, "force", False))
+    for w in warnings:
+        print(f"planner: warning: {w}", file=sys.stderr)
+    return p
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     """``planner explain``: why this plan, and what every other choice would cost."""
-    result = Plan.from_json(args.plan) if args.plan else _search(args)[3]
+    result = _load(args.plan, args) if args.plan else _search(args)[3]
     with Progress("explaining") as bar:
         why = explain(result, progress=bar)
     if args.json:
@@ -460,7 +476,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                           progress=bar)
         candidates += cmp.candidates
     for path in args.plan:
-        p = Plan.from_json(path)
+        p = _load(path, args)
         if p.is_inference:
             raise SpecError(f"{path} is a serving plan; planner compare puts training plans "
                             "side by side (see the serving plan's own summary: "
@@ -490,18 +506,46 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_emit(args: argparse.Namespace) -> int:
     """``planner emit``: a saved plan as a trainer's config file."""
-    out = emit(Plan.from_json(args.plan), args.target, command=args.command_line,
+    out = emit(_load(args.plan, args), args.target, command=args.command_line,
                strict=args.strict)
     for w in out.warnings:
         print(f"planner: warning: {w}", file=sys.stderr)
+    est = out.estimate
+    if isinstance(est, Estimate) and not est.fits:
+        msg = (f"the {args.target} file does not fit: {est.peak_memory_bytes / GIB:.1f} GiB "
+               f"per GPU under {args.target}'s conventions, of "
+               f"{est.memory_capacity_bytes / GIB:.1f} GiB")
+        if not args.force:
+            raise Infeasible(f"{msg}; re-plan for it ('planner plan --framework "
+                             f"{out.job.framework}'), or pass --force to write it anyway")
+        print(f"planner: warning: {msg}; written anyway (--force)", file=sys.stderr)
     if args.output:
-        try:
-            Path(args.output).write_text(out.text)
-        except OSError as e:
-            raise SpecError(f"cannot write {args.output!r}: {e.strerror}") from e
+        write_text(args.output, out.text, f"{args.target} file")
         print(f"{args.target} file written to {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(out.text)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """``planner plot``: a saved plan's memory per stage, step time and pipeline timeline."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SpecError("planner plot needs matplotlib: pip install "
+                        "'autoparallel-planner[plots]'")
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    from planner.plots import plot_plan
+
+    plan = _load(args.plan, args)
+    out = args.output or str(Path(args.plan).with_suffix(".png"))
+    if Path(out).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise SpecError(f"-o {out!r}: write a .png, .svg or .pdf file")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    plot_plan(plan, out, max_micro_batches=args.micro_batches)
+    print(f"plot written to {out}", file=sys.stderr)
     return 0
 
 
@@ -514,7 +558,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("torch") is None:
         raise SpecError("planner run needs torch: pip install 'autoparallel-planner[torch]'")
     return launch(args.plan, args.script, args.script_args, dry_run=args.dry_run,
-                  output=args.output, command=args.command_line)
+                  output=args.output, command=args.command_line, force=args.force)
 
 
 def _config(args: argparse.Namespace, cluster: Cluster) -> ParallelConfig:
@@ -529,7 +573,7 @@ def _config(args: argparse.Namespace, cluster: Cluster) -> ParallelConfig:
         dp = cluster.num_gpus // rest
     return ParallelConfig(
         dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero_stage=args.zero,
-        sharding_group=args.sharding_group, sequence_parallel=args.sequence_parallel,
+        sharding_group=args.sharding_group, sequence_parallel=args.sequence_parallel == "on",
         micro_batch_size=args.micro_batch_size, pipeline_schedule=args.schedule,
         virtual_pipeline_stages=args.virtual_stages, recompute=args.recompute,
         recompute_num_layers=args.recompute_num_layers, offload=args.offload,
@@ -571,7 +615,16 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
         lines.append(f"  {t:<12s}{_fmt_gib(getattr(est.memory, f'{t}_bytes'))}")
     lines.append(f"  {'total':<12s}{_fmt_gib(est.peak_memory_bytes)}  of "
                  f"{est.memory_capacity_bytes / GIB:.1f} GiB: "
-                 + ("fits" if est.fits else "DOES NOT FIT"))
+                 + (f"fits, headroom {est.headroom_bytes / GIB:.2f} GiB" if est.fits else
+                    f"DOES NOT FIT, over by {est.over_capacity_bytes / GIB:.2f} GiB"
+                    if est.over_capacity_bytes else "DOES NOT FIT in host memory"))
+    if est.fits and est.near_capacity:
+        lines.append(f"  warning: above {100 * NEAR_CAPACITY:.0f}% of the GPU's memory; "
+                     "allocator fragmentation and buffers the estimate does not count may run "
+                     "it out of memory")
+    elif est.fits and not est.within_reserve:
+        lines.append(f"  note: leaves less than the job's {100 * est.memory_reserve:.0f}% "
+                     "memory reserve free (--memory-reserve), so a search would not pick it")
     if est.cpu_memory_bytes:
         lines.append(f"  offloaded to host memory: {est.cpu_memory_bytes / GIB:.2f} GiB per GPU")
     if len(est.stages) > 1:
@@ -757,7 +810,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     table = fit_profile(meas)
     name = str(table["name"])
     out = Path(args.output or f"{name}-{datetime.date.today().isoformat()}.toml")
-    out.write_text(profile_toml(meas, table))
+    write_text(out, profile_toml(meas, table), "profile")
     fit = table["measured"]["fit"]
     if args.json:
         summary = {k: v for k, v in table.items() if k != "measured"}
@@ -808,9 +861,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     values, comps = fit_efficiency(load_runs(path), gpu)
     shown = args.runs or "costmodel/data/calibration.json"
     text = calibration_toml(gpu, values, comps, shown, datetime.date.today().isoformat())
-    out = Path(args.output) if args.output else hardware_profiles.calibrated_path(gpu.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    out = Path(args.output) if args.output else \
+        hardware_profiles.user_calibrated_path(gpu.name)
+    write_text(out, text, "calibration")
     rows = _comparison_rows(comps)
     if args.json:
         print(json.dumps({"gpu": gpu.name, "fitted": values, "written": str(out), "runs": rows,
@@ -918,6 +971,9 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
                     "layers' matmuls (Transformer Engine userbuffers; sequence parallel rows)")
     jb.add_argument("--moe-capacity-factor", type=float,
                     help="expert capacity factor (default: dropless, even routing)")
+    jb.add_argument("--memory-reserve", type=float, default=5.0, metavar="PERCENT",
+                    help="share of each GPU's memory a plan keeps free for allocator "
+                    "fragmentation and buffers the estimate does not count (default 5)")
 
 
 def _inference_args(p: argparse.ArgumentParser, *, search: bool) -> None:
@@ -960,6 +1016,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number of at least 0 (row counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
 def _search_args(p: argparse.ArgumentParser) -> None:
     """The constraint flags of ``planner plan`` (each fixes or caps one field)."""
     fx = p.add_argument_group("constraints (each flag fixes that field)")
@@ -973,8 +1040,8 @@ def _search_args(p: argparse.ArgumentParser) -> None:
                               ("--recompute", str, {"choices": RECOMPUTE}),
                               ("--offload", str, {"choices": OFFLOADS})):
         fx.add_argument(flag, type=kind, **extra)
-    fx.add_argument("--sequence-parallel", choices=("on", "off"),
-                    help="fix sequence parallel on or off")
+    fx.add_argument("--sequence-parallel", choices=("on", "off"), nargs="?", const="on",
+                    help="fix sequence parallel on or off (bare: on)")
     fx.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset")
     fx.add_argument("--max", action="append", default=[], metavar="FIELD=N",
                     help="cap a degree, e.g. --max tp=4 --max pp=8")
@@ -984,11 +1051,18 @@ def _search_args(p: argparse.ArgumentParser) -> None:
                    help="configurations to rank (default 5)")
 
 
+def _one_line(text: object) -> str:
+    """``text`` with its control characters (what a user typed may hold them) escaped, so
+    an error stays one line."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``planner: error: ...`` and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        # Control characters of what was typed are shown escaped, so the error stays a line.
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1018,7 +1092,8 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--sharding-group", type=positive_int,
                     help="HSDP: data-parallel ranks per shard")
     pc.add_argument("--micro-batch-size", type=positive_int, default=1)
-    pc.add_argument("--sequence-parallel", action="store_true")
+    pc.add_argument("--sequence-parallel", choices=("on", "off"), nargs="?", const="on",
+                    default="off", help="sequence parallel on or off (bare: on; default off)")
     pc.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     pc.add_argument("--virtual-stages", type=positive_int, default=1,
                     help="virtual pipeline stages per rank (interleaved 1F1B)")
@@ -1052,7 +1127,7 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--input-dtype", choices=("int64", "float"),
                     help="element type of --input-shape tensors (default: int64 token ids "
                     "when the first layer is an nn.Embedding, else float in --precision)")
-    pl.add_argument("--why", type=int, default=12,
+    pl.add_argument("--why", type=non_negative_int, default=12,
                     help="rows of the why-not table (for a torch module: of the per-op "
                     "sharding) shown")
     pl.add_argument("-o", "--output", help="also write the plan as JSON to this file")
@@ -1072,6 +1147,7 @@ def build_parser() -> argparse.ArgumentParser:
     _search_args(ex)
     _inference_args(ex, search=True)
     ex.add_argument("--json", action="store_true", help="machine-readable output")
+    ex.add_argument("--force", action="store_true", help=FORCE_HELP)
     ex.set_defaults(func=cmd_explain)
 
     cp = sub.add_parser(
@@ -1096,6 +1172,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="list the candidates best first: by tokens/s, or by cost (US$ per "
                     "million tokens at the GPU profiles' on-demand prices); default: as given")
     cp.add_argument("--json", action="store_true", help="machine-readable output")
+    cp.add_argument("--force", action="store_true", help=FORCE_HELP)
     cp.set_defaults(func=cmd_compare)
 
     em = sub.add_parser(
@@ -1112,9 +1189,27 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("plan", help="a plan JSON file written by 'planner plan -o'")
     em.add_argument("--target", required=True, choices=TARGETS, help="what to write")
     em.add_argument("-o", "--output", help="write to this file (default: standard output)")
+    em.add_argument("--force", action="store_true", help=FORCE_HELP + "; write a file "
+                    "that does not fit under the target's conventions anyway")
     em.add_argument("--strict", action="store_true",
                     help="refuse a plan the target cannot run unchanged")
     em.set_defaults(func=cmd_emit)
+
+    plt_ = sub.add_parser(
+        "plot", help="draw a saved plan: memory per stage, step time, pipeline timeline",
+        description="Draw a saved training plan on one figure: memory per GPU of each "
+        "pipeline stage by term against the GPU's capacity, the step time by term (hidden "
+        "communication hatched), and the pipeline schedule as it runs (planner.timeline). "
+        "Legends sit beside the data.",
+        epilog="examples:\n  planner plot plan.json\n  planner plot plan.json -o plan.svg "
+        "--micro-batches 8", formatter_class=argparse.RawDescriptionHelpFormatter)
+    plt_.add_argument("plan", help="a plan JSON file written by 'planner plan -o'")
+    plt_.add_argument("-o", "--output", help="the figure: .png, .svg or .pdf (default: the "
+                      "plan's name with .png)")
+    plt_.add_argument("--micro-batches", type=positive_int, help="draw the timeline's first "
+                      "N micro-batches' worth of time (default: 4 per pipeline stage)")
+    plt_.add_argument("--force", action="store_true", help=FORCE_HELP)
+    plt_.set_defaults(func=cmd_plot)
 
     run = sub.add_parser(
         "run", help="train with a saved plan: torchrun on this node, or an sbatch script",
@@ -1128,12 +1223,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("plan", help="a plan JSON file written by 'planner plan -o'")
     run.add_argument("--script", help="training script each process runs (default: "
                      "python -m planner.runtime.train)")
+    run.add_argument("--force", action="store_true", help=FORCE_HELP)
     run.add_argument("--dry-run", action="store_true",
                      help="print the torchrun command instead of running it")
     run.add_argument("-o", "--output", help="where a multi-node plan's sbatch script goes "
                      "(default train.sbatch)")
     run.set_defaults(func=cmd_run)
-    run.usage = "planner run [-h] [--script SCRIPT] [--dry-run] [-o OUTPUT] plan [-- ARGS]"
+    run.usage = ("planner run [-h] [--script SCRIPT] [--force] [--dry-run] [-o OUTPUT] plan "
+                 "[-- ARGS]")
 
     val = sub.add_parser(
         "validate", help="predicted vs measured for published training runs",
@@ -1189,8 +1286,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fit the matmul efficiency and the per-kernel overhead of one GPU "
         "profile to the published runs measured on it (scipy least squares on log error; the "
         "memory-bandwidth fraction stays the profile's measured copy fraction) and write "
-        "them, with their provenance, to "
-        "hardware_profiles/calibrated/<gpu>.toml (or -o FILE).",
+        "them, with their provenance, to your own calibration, "
+        "~/.config/autoparallel-planner/calibrated/<gpu>.toml ($PLANNER_CONFIG_DIR or "
+        "$XDG_CONFIG_HOME move it), which then takes precedence over the shipped fit; or to "
+        "-o FILE. The installed package is never written.",
         epilog="examples:\n  planner calibrate --gpu a100-80gb\n"
         "  planner calibrate --gpu a100-80gb --runs ../shared/data/calibration.json "
         "-o /tmp/a100.toml",
@@ -1227,10 +1326,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except SpecError as e:
-        print(f"planner: error: {e}", file=sys.stderr)
+        print(f"planner: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except Infeasible as e:
-        print(f"planner: infeasible: {e}", file=sys.stderr)
+        print(f"planner: infeasible: {_one_line(e)}", file=sys.stderr)
         return EXIT_INFEASIBLE
     except BrokenPipeError:
         # Output piped into a command that stopped reading (e.g. `| head`): not an error.

@@ -22,7 +22,7 @@ import numpy as np
 from costmodel.compute import aligned
 from costmodel.config import ParallelConfig
 from costmodel.errors import SpecError
-from costmodel.estimate import estimate
+from costmodel.estimate import estimate, plan_capacity
 from costmodel.frameworks import framework, padded_vocab
 from costmodel.memory import TERMS
 from costmodel.model import ModelSpec
@@ -284,10 +284,12 @@ def _outcome(plan: Plan, value: Any, cons: Constraints) -> Option:
     if low is None:
         return Option(value=value, verdict="invalid",
                       reason="no valid configuration has it under these constraints")
-    cap = plan.cluster.gpu.memory_bytes
+    cap = plan_capacity(plan.cluster, plan.job)
     if low.peak_memory > cap:
         why = (f"needs at least {low.peak_memory / GIB:.1f} GiB per GPU, "
-               f"{(low.peak_memory - cap) / GIB:.1f} GiB over the {cap / GIB:.1f} GiB")
+               f"{(low.peak_memory - cap) / GIB:.1f} GiB over the {cap / GIB:.1f} GiB"
+               + (" a plan may fill (the job's memory reserve kept free)"
+                  if plan.job.memory_reserve else ""))
     else:
         why = "what it offloads exceeds the GPU's share of host memory"
     return Option(value=value, verdict="does not fit", reason=why, framework=low.framework,

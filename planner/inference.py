@@ -39,6 +39,7 @@ from costmodel.inference import (
     weight_bytes_per_element,
 )
 from costmodel.model import ModelSpec
+from planner.search import nodes_of
 from planner.space import INFERENCE_FIELDS, Constraints, Rejections
 
 if TYPE_CHECKING:
@@ -324,7 +325,7 @@ def _infeasible(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Con
                f"{float(t.peak[i]) / GIB:.1f} GiB would fit")
         more = _least_gpus(model, cluster, job, cons)
         if more:
-            msg += f", or {more} GPUs of this kind"
+            msg += f", or {nodes_of(more, cluster.gpus_per_node)}"
         width = weight_bytes_per_element(c.weight_precision, job.quant_group_size)
         narrower = [p for p in WEIGHT_PRECISIONS
                     if weight_bytes_per_element(p, job.quant_group_size) < width]

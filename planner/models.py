@@ -17,11 +17,11 @@ import contextlib
 import importlib
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
+from hardware_profiles.files import is_file
 
 __all__ = ["load_model", "load_model_or_module"]
 
@@ -49,7 +49,7 @@ def _load(spec: str | ModelSpec, modules: bool) -> Any:
         raise SpecError("--model is empty; give a preset name (see 'planner models'), a "
                         "config.json path or module:attr")
     spec = spec.strip()
-    if spec.endswith(".json") or Path(spec).is_file():
+    if spec.endswith(".json") or is_file(spec):
         return ModelSpec.from_hf_config(spec)
     if ":" in spec:
         return _from_code(spec, modules)

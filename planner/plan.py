@@ -20,7 +20,7 @@ import numpy as np
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
-from costmodel.estimate import Estimate, _html_table, estimate
+from costmodel.estimate import NEAR_CAPACITY, Estimate, _html_table, estimate, plan_capacity
 from costmodel.hardware import Cluster
 from costmodel.inference import (
     InferenceConfig,
@@ -29,12 +29,14 @@ from costmodel.inference import (
     estimate_inference,
 )
 from costmodel.model import ModelSpec
+from hardware_profiles.files import read_text, write_text
 from planner.partition import partition as partition_stages
 from planner.partition import stage_costs
-from planner.search import Found, SearchResult, least_gpus, search
+from planner.search import Found, SearchResult, least_gpus, nodes_of, search
 from planner.space import FIELDS, RULES, Constraints, row_config
 
-__all__ = ["SCHEMA_VERSION", "Alternative", "Plan", "describe", "plan"]
+__all__ = ["SCHEMA_VERSION", "Alternative", "Plan", "PlanInvalid", "describe", "load_plan",
+           "plan"]
 
 SCHEMA_VERSION = 1
 GIB = 1024**3
@@ -124,12 +126,27 @@ def _slower(best: Found, other: Found) -> str:
                          other.terms, other.peak_memory)
 
 
+def _but_layers(cfg: ParallelConfig) -> ParallelConfig:
+    """``cfg`` with every layer recomputed when it recomputes some (``recompute_num_layers``
+    forgotten)."""
+    return dataclasses.replace(cfg, recompute_num_layers=None)
+
+
 def _alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
     """The runners-up, then per mesh the best that lost and why, then the invalid rules."""
     best = res.top[0]
-    out = [Alternative(framework=f.framework, config=row_config(np.array(f.row)),
-                       verdict="slower", reason=_slower(best, f), step_time_s=f.step_time,
-                       peak_memory_bytes=f.peak_memory) for f in res.top[1:]]
+    out = []
+    # One runner-up per configuration up to how many layers it recomputes: the variants of
+    # recompute_num_layers lose for the same reason, by steps of one layer.
+    seen = {_but_layers(row_config(np.array(best.row)))}
+    for f in res.top[1:]:
+        cfg = row_config(np.array(f.row))
+        if _but_layers(cfg) in seen:
+            continue
+        seen.add(_but_layers(cfg))
+        out.append(Alternative(framework=f.framework, config=cfg, verdict="slower",
+                               reason=_slower(best, f), step_time_s=f.step_time,
+                               peak_memory_bytes=f.peak_memory))
     shown = {f.row for f in res.top}
     rows = []
     for (fw, *degrees), o in res.meshes.items():
@@ -212,6 +229,7 @@ class Plan:
             "job": self.job.to_dict() if isinstance(self.job, InferenceJob)
             else dataclasses.asdict(self.job),
             "constraints": self.constraints.to_dict(),
+            "warnings": list(self.warnings),
             "counts": dict(self.counts),
             "search_seconds": self.search_seconds,
             "alternatives": [a.to_dict() for a in self.alternatives],
@@ -221,35 +239,40 @@ class Plan:
         """The plan as JSON text; also written to ``path`` when given."""
         text = json.dumps(self.to_dict(), indent=2)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            write_text(path, text + "\n", "plan file")
         return text
 
     @classmethod
     def from_json(cls, source: str | Path) -> Plan:
-        """A plan from JSON text or a file path; the configuration is re-estimated (no
-        search), so the numbers are this installation's."""
+        """A plan from JSON text or a file path; the configuration is re-validated and
+        re-estimated (no search), so the numbers are this installation's. Raises
+        ``SpecError`` for a file that is not a plan, ``PlanInvalid`` (a ``SpecError``) for one
+        whose configuration no longer runs on its cluster and job (degrees that do not
+        multiply to its GPUs, a schedule its trainer lacks, ...)."""
         text = str(source)
+        where = "plan"
         if not text.lstrip().startswith("{"):
-            try:
-                text = Path(source).read_text()
-            except OSError as e:
-                raise SpecError(f"cannot read plan file {str(source)!r}: {e.strerror}") from e
+            where = f"plan file {str(source)[:200]!r}"
+            text = read_text(source, "plan file")
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
-            raise SpecError(f"plan is not valid JSON: {e}") from e
+            raise SpecError(f"{where} is not valid JSON: {e}") from e
         if isinstance(d, dict) and d.get("kind") == "graph":
             raise SpecError("this is the plan of a torch module, sharded op by op ('planner "
                             "plan --model module:attr'); it is read as JSON, not re-estimated "
                             "or emitted: plan a preset, config.json or ModelSpec for that")
-        version = d.get("schema_version") if isinstance(d, dict) else None
+        if not isinstance(d, dict):
+            raise SpecError(f"{where} holds a JSON {type(d).__name__}, not a plan (a JSON "
+                            "object written by 'planner plan -o')")
+        version = d.get("schema_version")
         if version != SCHEMA_VERSION:
-            raise SpecError(f"plan schema_version {version!r} is not {SCHEMA_VERSION}; "
+            raise SpecError(f"{where}: schema_version {version!r} is not {SCHEMA_VERSION}; "
                             "re-create the plan with this version of the planner")
         for key, kind in (("model", dict), ("cluster", dict), ("job", dict), ("config", dict),
                           ("alternatives", list), ("constraints", dict), ("counts", dict)):
             if key in d and d[key] is not None and not isinstance(d[key], kind):
-                raise SpecError(f"plan field {key!r} should be a JSON "
+                raise SpecError(f"{where}: field {key!r} should be a JSON "
                                 f"{'object' if kind is dict else 'list'}, got {d[key]!r:.40}")
         serving = isinstance(d.get("job"), dict) and d["job"].get("kind") == "inference"
         try:
@@ -264,10 +287,14 @@ class Plan:
             counts = {str(k): int(v) for k, v in (d.get("counts") or {}).items()}
             seconds = float(d.get("search_seconds") or 0.0)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise SpecError(f"plan is missing or mangles a field ({type(e).__name__}: {e}); "
+            raise SpecError(f"{where} is missing or mangles a field ({type(e).__name__}: {e}); "
                             "re-create it with 'planner plan -o'") from e
-        est = (estimate_inference(model, cluster, job, cfg)  # type: ignore[arg-type]
-               if serving else estimate(model, cluster, job, cfg))  # type: ignore[arg-type]
+        try:
+            est = (estimate_inference(model, cluster, job, cfg)  # type: ignore[arg-type]
+                   if serving else estimate(model, cluster, job, cfg))  # type: ignore[arg-type]
+        except SpecError as e:
+            raise PlanInvalid(f"the plan's configuration cannot run on its cluster and job: "
+                              f"{e}") from e
         return cls(model=model, cluster=cluster, job=job, config=cfg,
                    estimate=est, alternatives=alts,
                    counts=counts, constraints=cons, search_seconds=seconds)
@@ -317,6 +344,23 @@ class Plan:
             lines += [f"  {a.reason}" for a in invalid]
         return "\n".join(lines)
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What a user should know before running the plan: a peak above ``NEAR_CAPACITY``
+        of the GPU's memory, or GPUs idle for most of the step (``idle_warning``)."""
+        e = self.estimate
+        if not isinstance(e, Estimate) or not isinstance(self.job, Job):
+            return ()
+        out = []
+        if e.near_capacity:
+            out.append(f"the peak is above {100 * NEAR_CAPACITY:.0f}% of the GPU's memory: "
+                       "allocator fragmentation and buffers the estimate does not count may "
+                       "run it out of memory")
+        idle = idle_warning(self.model, self.cluster, self.job, self.config, e)
+        if idle:
+            out.append(idle)
+        return tuple(out)
+
     def _training_lines(self) -> list[str]:
         e = self.estimate
         assert isinstance(e, Estimate)
@@ -325,11 +369,13 @@ class Plan:
             f"plan     {describe(self.config)}  ({self.job.framework})",
             f"         step {e.step_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, MFU "
             f"{100 * (e.mfu or 0):.1f}%, peak memory {e.peak_memory_bytes / GIB:.1f} of "
-            f"{e.memory_capacity_bytes / GIB:.1f} GiB per GPU",
+            f"{e.memory_capacity_bytes / GIB:.1f} GiB per GPU (headroom "
+            f"{e.headroom_bytes / GIB:.1f} GiB)",
             f"searched {c.get('space', 0):,} configurations in {self.search_seconds:.2f} s: "
             f"{c.get('evaluated', 0):,} evaluated ({c.get('fit', 0):,} fit), "
             f"{c.get('bounded', 0):,} skipped by a lower bound",
         ]
+        lines += [f"warning  {w}" for w in self.warnings]
         if self.config.stage_layers:
             rec = self.config.stage_recompute_layers
             lines.append(f"stages   layers per pipeline stage {list(self.config.stage_layers)}"
@@ -360,6 +406,104 @@ class Plan:
         return out
 
 
+IDLE_SHARE = 0.5  # idle_warning: GPUs computing for less of the step than this
+
+
+def _busy(est: Estimate) -> float:
+    """The share of the step the GPUs spend computing (model and recompute)."""
+    bd = est.time_breakdown_s
+    step = est.step_time_s or 0.0
+    return (bd.get("compute", 0.0) + bd.get("recompute", 0.0)) / step if step > 0 else 1.0
+
+
+def idle_warning(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig,
+                 est: Estimate) -> str | None:
+    """A warning when the GPUs compute for less than ``IDLE_SHARE`` of the step (waiting on
+    the pipeline's bubble or on communication: the batch is small for this many GPUs),
+    naming the least global batch with which this configuration computes for more of it;
+    ``None`` otherwise."""
+    busy = _busy(est)
+    if busy >= IDLE_SHARE:
+        return None
+    bd = est.time_breakdown_s
+    step = est.step_time_s or 1.0
+    why = max((t for t in bd if not t.endswith("_total") and t not in ("compute", "recompute")),
+              key=lambda t: bd[t])
+    msg = (f"the GPUs compute for {100 * busy:.0f}% of the step and wait the rest, mostly "
+           f"on {TERM_LABELS.get(why, why)} ({100 * bd[why] / step:.0f}%)")
+    unit = cfg.dp * cfg.micro_batch_size
+    m0 = est.num_micro_batches
+    for m in sorted({m0 * 2**k for k in range(1, 7)} | set(range(m0 + 1, m0 + 2 * cfg.pp))):
+        bigger = dataclasses.replace(job, global_batch_size=unit * m)
+        try:
+            e = estimate(model, cluster, bigger, cfg)
+        except SpecError:
+            continue
+        if _busy(e) >= IDLE_SHARE:
+            return msg + (f"; a global batch of {unit * m} or more keeps this configuration "
+                          "computing for most of the step")
+    return msg + "; the batch is small for this many GPUs: fewer GPUs would waste less"
+
+
+class PlanInvalid(SpecError):
+    """A saved plan whose configuration is not valid on its own cluster and job."""
+
+
+def load_plan(source: str | Path, *, force: bool = False) -> tuple[Plan, list[str]]:
+    """A saved plan, re-validated and re-estimated, and what to warn its user of.
+
+    Raises ``Infeasible`` for a plan whose configuration no longer runs (``PlanInvalid``) or,
+    unless ``force``, that does not fit its GPUs' memory or host memory; with ``force`` that
+    becomes a warning. Warns too when the peak is above ``NEAR_CAPACITY`` of the GPU's memory
+    and when the step time the file records is not this installation's estimate of it (an
+    edited file, or an older cost model)."""
+    try:
+        p = Plan.from_json(source)
+    except PlanInvalid as e:
+        raise Infeasible(f"{_name(source)}: {e}") from e
+    warnings = []
+    e = p.estimate
+    if isinstance(e, Estimate):
+        if not e.fits:
+            msg = (f"{_name(source)} does not fit: {e.peak_memory_bytes / GIB:.1f} GiB per GPU "
+                   f"on stage {e.peak_stage} of {e.memory_capacity_bytes / GIB:.1f} GiB"
+                   + (f", {e.cpu_memory_bytes / GIB:.1f} GiB offloaded per GPU of "
+                      f"{e.host_memory_capacity_bytes / GIB:.1f} GiB of host memory"
+                      if e.cpu_memory_bytes > e.host_memory_capacity_bytes else ""))
+            if not force:
+                raise Infeasible(f"{msg}; re-plan it ('planner plan'), or pass --force to use "
+                                 "it anyway")
+            warnings.append(f"{msg}; used anyway (--force)")
+        elif e.near_capacity:
+            share = e.peak_memory_bytes / e.memory_capacity_bytes
+            warnings.append(f"{_name(source)} fills {100 * share:.0f}% of the GPU's memory: "
+                            "allocator fragmentation and buffers the estimate does not count "
+                            "may run it out of memory")
+        recorded = _recorded_step(source)
+        if recorded is not None and e.step_time_s and \
+                abs(recorded / e.step_time_s - 1) > 1e-3:
+            warnings.append(f"{_name(source)} records a step of {recorded:.3f} s; this "
+                            f"installation estimates {e.step_time_s:.3f} s for its "
+                            "configuration (the file was edited, or made by another version)")
+    return p, warnings
+
+
+def _name(source: str | Path) -> str:
+    text = str(source)
+    return "the plan" if text.lstrip().startswith("{") else text
+
+
+def _recorded_step(source: str | Path) -> float | None:
+    """The step time a plan file records, if it is readable and has one."""
+    try:
+        text = str(source)
+        d = json.loads(text if text.lstrip().startswith("{") else Path(source).read_text())
+        value = d["estimate"]["step_time_s"]
+        return float(value) if isinstance(value, int | float) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _constraints(value: Constraints | str | Mapping[str, Any] | None) -> Constraints:
     if value is None:
         return Constraints()
@@ -376,7 +520,7 @@ def _constraints(value: Constraints | str | Mapping[str, Any] | None) -> Constra
 def _infeasible(model: ModelSpec, cluster: Cluster, job: Job, cons: Constraints,
                 res: SearchResult) -> Infeasible:
     """What is missing when nothing fits (or nothing is valid)."""
-    cap = cluster.gpu.memory_bytes
+    cap = plan_capacity(cluster, job)
     if res.least_memory is None:
         rules = "; ".join(f"{RULES[r]} (rejected {ex})" for rej in res.rejected.values()
                           for r, (_, ex) in sorted(rej.items()))
@@ -384,12 +528,15 @@ def _infeasible(model: ModelSpec, cluster: Cluster, job: Job, cons: Constraints,
                           f"under these constraints: {rules or 'none'}")
     low = res.least_memory
     cfg = row_config(np.array(low.row))
-    msg = (f"nothing fits in {cap / GIB:.1f} GiB per GPU: the least memory any configuration "
+    reserve = (f" ({cluster.gpu.memory_bytes / GIB:.1f} GiB less the "
+               f"{100 * job.memory_reserve:.0f}% memory reserve)" if job.memory_reserve else "")
+    msg = (f"nothing fits in {cap / GIB:.1f} GiB per GPU{reserve}: the least memory any "
+           f"configuration "
            f"needs is {low.peak_memory / GIB:.1f} GiB per GPU ({describe(cfg)}, "
            f"{low.framework}); a GPU with at least {low.peak_memory / GIB:.1f} GiB would fit")
     more = least_gpus(model, cluster, job, cons)
     if more:
-        msg += f", or {more} GPUs of this kind (the fewest doubling the nodes)"
+        msg += f", or {nodes_of(more, cluster.gpus_per_node)} (the fewest doubling the nodes)"
     if cfg.micro_batch_size > 1:
         msg += f", or a micro-batch under {cfg.micro_batch_size}"
     return Infeasible(msg)
@@ -439,6 +586,10 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
         return plan_inference(model, cluster, job, constraints=constraints_from(constraints),
                               top_k=top_k)
     cons = _constraints(constraints)
+    ep = cons.fixed.get("ep", 1)
+    if not model.is_moe and ep != 1:
+        raise SpecError(f"ep={ep} needs a mixture-of-experts model; {model.name} is dense "
+                        "(drop the expert-parallel constraint)")
     serving_only = sorted((set(cons.fixed) | set(cons.allowed) | set(cons.max))
                           - set(FIELDS))
     if serving_only:
@@ -452,7 +603,7 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     chosen_job = res.jobs[best.framework]
     cfg = row_config(np.array(best.row))
     est = estimate(model, cluster, chosen_job, cfg)
-    alternatives = _alternatives(res, cluster.gpu.memory_bytes)
+    alternatives = _alternatives(res, plan_capacity(cluster, job))
     if partition:
         cfg, est, chosen_job, alternatives = _refine(model, cluster, res, cfg, est, chosen_job,
                                                      alternatives)
@@ -525,13 +676,13 @@ def _refine(model: ModelSpec, cluster: Cluster, res: SearchResult, cfg: Parallel
             continue
         j = res.jobs[f.framework]
         costs = stage_costs(model, cluster, j, c)
-        part = partition_stages(costs, model.num_layers, cluster.gpu.memory_bytes,
+        part = partition_stages(costs, model.num_layers, plan_capacity(cluster, j),
                          per_stage=c.recompute == "full")
         if part is None:
             continue
         c2 = part.apply(c)
         e2 = estimate(model, cluster, j, c2)
-        if e2.fits and e2.step_time_s < best[0]:  # type: ignore[operator]
+        if e2.fits and e2.within_reserve and e2.step_time_s < best[0]:  # type: ignore[operator]
             best = (e2.step_time_s, c2, e2, j)
     if best[1] is cfg:
         return cfg, est, job, alternatives

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from costmodel.config import ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate
 from costmodel.memory import TERMS
@@ -18,7 +19,8 @@ from planner.explore import Frontier, SweepPoint
 from planner.plan import GIB, Plan, describe
 from planner.timeline import Timeline
 
-__all__ = ["plot_frontier", "plot_memory", "plot_step_time", "plot_sweep", "plot_timeline"]
+__all__ = ["plot_frontier", "plot_memory", "plot_plan", "plot_step_time", "plot_sweep",
+           "plot_timeline"]
 
 # One colour per memory term and per step-time term (matplotlib's tab10/tab20 palettes).
 _MEMORY_COLORS = dict(zip(TERMS, ("tab:blue", "tab:orange", "tab:green", "tab:red",
@@ -87,8 +89,8 @@ def plot_step_time(est: Estimate | Plan, ax: Any = None) -> Any:
     ax.set_xlabel("seconds per step (solid: what the term adds to the step)")
     ax.set_title(f"Step {e.step_time_s:.3f} s, MFU {100 * (e.mfu or 0):.1f}%: "
                  f"{describe(e.config)}", fontsize=9)
-    if hidden_label is None:
-        ax.legend(fontsize=8, loc="lower right")
+    if hidden_label is None:  # beside the bars, not over them
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return ax
 
 
@@ -129,9 +131,14 @@ def plot_timeline(tl: Timeline, ax: Any = None, max_micro_batches: int | None = 
         cut = max(o.end for o in ops if o.micro_batch < max_micro_batches and o.kind == "F")
         ops = tuple(o for o in ops if o.start < cut)
     span = max(o.end for o in ops)
+    # White gaps between ops only where ops are wide enough to show them; narrow ones would
+    # be all gap.
+    per_rank = len(ops) / max(1, tl.num_stages)
+    edge = {"edgecolors": "white", "linewidth": 0.5} if per_rank <= 150 else \
+        {"edgecolors": "none", "linewidth": 0}
     for o in ops:
         ax.broken_barh([(o.start, o.end - o.start)], (o.stage - 0.4, 0.8),
-                       facecolors=_OP_COLORS[o.kind], edgecolors="white", linewidth=0.5)
+                       facecolors=_OP_COLORS[o.kind], **edge)
         if (o.end - o.start) > span / 60:
             ax.text((o.start + o.end) / 2, o.stage, str(o.micro_batch), ha="center",
                     va="center", fontsize=6, color="white")
@@ -142,12 +149,43 @@ def plot_timeline(tl: Timeline, ax: Any = None, max_micro_batches: int | None = 
     import matplotlib.patches as mpatches
 
     names = {"F": "forward", "B": "backward", "W": "weight gradient"}
+    # Beside the ranks, not over the ops.
     ax.legend(handles=[mpatches.Patch(color=_OP_COLORS[k], label=names[k]) for k in kinds],
-              fontsize=7, loc="upper right", ncol=3)
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     v = f", v={tl.virtual_stages}" if tl.virtual_stages > 1 else ""
     ax.set_title(f"{tl.schedule}{v}: {tl.num_micro_batches} micro-batches on {tl.num_stages} "
                  f"ranks, bubble {100 * tl.bubble_fraction:.1f}%", fontsize=9)
     return ax
+
+
+def plot_plan(plan: Plan, path: str | None = None, max_micro_batches: int | None = None
+              ) -> Any:
+    """A saved training plan on one figure: memory per stage, step time by term and the
+    pipeline timeline; written to ``path`` (PNG, SVG or PDF by its suffix) when given.
+    ``max_micro_batches``: draw the timeline's first N micro-batches' worth of time (default:
+    all of them up to 4 per pipeline stage). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from planner.timeline import timeline
+
+    if not isinstance(plan.estimate, Estimate) or not isinstance(plan.config, ParallelConfig):
+        raise SpecError("planner plot draws training plans; a serving plan's numbers are in "
+                        "'planner explain PLAN'")
+    tl = timeline(plan.model, plan.cluster, plan.job, plan.config)  # type: ignore[arg-type]
+    cap = max_micro_batches or 4 * max(1, plan.config.pp)
+    fig, axes = plt.subplots(3, 1, figsize=(10.0, 11.0 + 0.3 * tl.num_stages),
+                             gridspec_kw={"height_ratios": [3, 3, 1 + 0.3 * tl.num_stages]})
+    plot_memory(plan, ax=axes[0])
+    plot_step_time(plan, ax=axes[1])
+    plot_timeline(tl, ax=axes[2], max_micro_batches=cap)
+    fig.tight_layout()
+    if path is not None:
+        try:
+            fig.savefig(path, bbox_inches="tight", dpi=120)
+        except (OSError, ValueError) as e:
+            plt.close(fig)
+            raise SpecError(f"cannot write the plot {str(path)[:200]!r}: {e}") from None
+    return fig
 
 
 def plot_sweep(points: Sequence[SweepPoint], ax: Any = None, label: str = "",

@@ -12,7 +12,9 @@ row would give (``tests/test_search.py`` checks it against brute force over ``es
   ZeRO, bounds the configurations of that (core, recompute) pair.
 - Level 2: pairs whose bound does not exceed the k-th best step time found so far are
   expanded over their sharding options (ZeRO stage, sharding group, offload) and evaluated:
-  memory first, and only the rows that fit are timed.
+  memory first, and only the rows that fit are timed; a row's pipeline schedule is played out
+  (``costmodel.pipeline``) only when its lower bound (``pipeline_bound``, exact for equal
+  stages) does not exceed the k-th best, so every plan's time is its schedule's.
 
 The search stops at the first core whose bound exceeds the k-th best time. Order of the
 result (ties included): step time, then peak memory, then the trainer's position in the list
@@ -28,13 +30,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from costmodel.config import Job
+from costmodel.estimate import plan_capacity
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.steptime import TIME_TERMS
 from costmodel.tables import CostTable, evaluate
 from planner.space import COLUMNS, Constraints, Space, arrays, positions, spaces
 
-__all__ = ["Found", "MeshOutcome", "SearchResult", "search"]
+__all__ = ["Found", "MeshOutcome", "SearchResult", "least_gpus", "nodes_of", "search"]
 
 MESH = ("dp", "tp", "pp", "cp", "ep")
 # Step-time terms that follow the last backward (the rest is the pipeline's time).
@@ -84,7 +87,11 @@ class SearchResult:
 
 def _first_per_mesh(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
     """The first index of ``order`` for each mesh (``MESH`` columns) among ``rows``."""
-    _, idx = np.unique(rows[order][:, _MESH_COLS], axis=0, return_index=True)
+    mesh = rows[order][:, _MESH_COLS]
+    # One integer per mesh (np.unique over rows sorts them lexicographically, far slower).
+    key = np.ravel_multi_index(mesh.T, tuple(int(x) + 1 for x in mesh.max(axis=0))) \
+        if len(mesh) else np.zeros(0, dtype=np.int64)
+    _, idx = np.unique(key, return_index=True)
     return order[np.sort(idx)]
 
 
@@ -117,11 +124,18 @@ class _State:
 
     def add(self, fw: str, fw_rank: int, rows: np.ndarray, res: CostTable) -> None:
         """Fold evaluated rows into the state."""
+        if not len(rows):
+            return
         step, peak, stage = res.step_time, res.peak_memory, res.peak_stage
-        fit = np.isfinite(step)
-        self.counts["evaluated"] += len(rows)
+        timed = np.isfinite(step)
+        # Rows whose lower bound already exceeded the k-th best were not played out: bounded.
+        bounded = timed & ~res.exact
+        self.counts["bounded"] += int(bounded.sum())
+        self.floors(fw, rows[bounded], step[bounded])
+        fit = timed & res.exact
+        self.counts["evaluated"] += len(rows) - int(bounded.sum())
         self.counts["fit"] += int(fit.sum())
-        self.counts["did_not_fit"] += int((~fit).sum())
+        self.counts["did_not_fit"] += int((~timed).sum())
 
         def found(i: int) -> Found:
             return Found(framework=fw, row=tuple(int(x) for x in rows[i]),
@@ -152,7 +166,7 @@ class _State:
                 merged.append(item)
         self.top = merged[: self.k]
         # Per mesh: the fastest fitting row, and the nearest miss.
-        for sel, attr in ((fits, "best"), (order[~fit[order]], "nearest")):
+        for sel, attr in ((fits, "best"), (order[~timed[order]], "nearest")):
             if not len(sel):
                 continue
             if attr == "nearest":
@@ -177,6 +191,27 @@ class _State:
             self.least = (lkey, found(low))
 
 
+def _timed(model: ModelSpec, cluster: Cluster, job: Job, rows: np.ndarray, state: _State,
+           fw: str, rank: int) -> None:
+    """Evaluate ``rows`` into ``state``: memory and lower bounds on the step time first; then
+    the pipeline schedules played out in order of the bound while the bound does not exceed
+    the k-th best (each played-out row can only lower it)."""
+    res = evaluate(model, cluster, job, arrays(model, rows), capacity=state.capacity,
+                   host_capacity=state.host_capacity, exact_below=-np.inf)
+    lazy = np.isfinite(res.step_time) & ~res.exact
+    state.add(fw, rank, rows, res)  # the lazy rows count as bounded until played out
+    cand = np.flatnonzero(lazy)
+    cand = cand[np.argsort(res.step_time[cand], kind="stable")]
+    pos, batch = 0, FIRST_BATCH
+    while pos < len(cand) and res.step_time[cand[pos]] <= state.bound():
+        take = cand[pos:pos + batch]
+        take = take[res.step_time[take] <= state.bound()]
+        state.counts["bounded"] -= len(take)
+        state.add(fw, rank, rows[take], evaluate(model, cluster, job, arrays(model, rows[take])))
+        pos += batch
+        batch = min(2 * batch, MAX_BATCH)
+
+
 def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank: int,
                 state: _State, tick: Callable[[float], None]) -> None:
     fw = space.framework
@@ -186,7 +221,7 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
     if not n:
         return
     base = space.core_rows(np.arange(n))
-    f0 = evaluate(model, cluster, job, arrays(model, base)).floor
+    f0 = evaluate(model, cluster, job, arrays(model, base), exact_below=-np.inf).floor
     order = np.lexsort((np.arange(n), f0))
     pos, batch = 0, FIRST_BATCH
     while pos < n and f0[order[pos]] <= state.bound():
@@ -206,14 +241,15 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
         core = np.repeat(chunk, nr[chunk])
         rec = positions(nr[chunk])
         bare = space.core_rows(core, rec)
-        f1 = evaluate(model, cluster, job, arrays(model, bare)).floor
+        f1 = evaluate(model, cluster, job, arrays(model, bare), exact_below=-np.inf).floor
         keep = f1 <= bound
         state.counts["bounded"] += int(nz[core[~keep]].sum())
         state.floors(fw, bare[~keep], f1[~keep])
         if not keep.any():
             continue
         unrec = space.expand(chunk, None)
-        res_z = evaluate(model, cluster, job, arrays(model, unrec))
+        # (The pipelines' lower bounds: exact for equal stages, and enough for a bound.)
+        res_z = evaluate(model, cluster, job, arrays(model, unrec), exact_below=-np.inf)
         pipe = res_z.step_time - sum(res_z.terms[t] for t in POST_TERMS)
         # Level 2: the pairs that survive both bounds, evaluated.
         rows = space.expand(core[keep], rec[keep])
@@ -227,9 +263,7 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
         rows = rows[ok]
         if not len(rows):
             continue
-        res = evaluate(model, cluster, job, arrays(model, rows), capacity=state.capacity,
-                       host_capacity=state.host_capacity)
-        state.add(fw, rank, rows, res)
+        _timed(model, cluster, job, rows, state, fw, rank)
         tick(min(pos, n) / n)
     rest = order[pos:]
     rest = rest if pos < n else rest[:0]
@@ -243,9 +277,10 @@ def search(model: ModelSpec, cluster: Cluster, job: Job,
            progress: Callable[[float], None] | None = None) -> SearchResult:
     """The ``top_k`` fastest configurations that fit ``capacity`` bytes per GPU (default: the
     GPU's memory) and the node's host memory, over every trainer the constraints name
-    (default: ``job.framework``). ``progress`` is called with the fraction of the cores
-    (ordered by bound) passed so far, from 0 to 1."""
-    cap = float(cluster.gpu.memory_bytes if capacity is None else capacity)
+    (default: ``job.framework``); the default capacity keeps ``job.memory_reserve`` of the
+    GPU free (``costmodel.estimate.plan_capacity``). ``progress`` is called with the fraction
+    of the cores (ordered by bound) passed so far, from 0 to 1."""
+    cap = float(plan_capacity(cluster, job) if capacity is None else capacity)
     state = _State(max(1, top_k), cap, cluster.host_memory_bytes_per_gpu)
     rejected = {}
     jobs = {}
@@ -262,6 +297,13 @@ def search(model: ModelSpec, cluster: Cluster, job: Job,
     return SearchResult(top=[f for _, f in state.top], meshes=state.meshes,
                         counts=state.counts, rejected=rejected,
                         least_memory=state.least[1] if state.least else None, jobs=jobs)
+
+
+def nodes_of(gpus: int, gpus_per_node: int) -> str:
+    """A GPU count in the cluster's own units: ``16 nodes of 8 GPUs (128 GPUs)``."""
+    nodes = gpus // gpus_per_node
+    return (f"{nodes} node{'s' if nodes != 1 else ''} of {gpus_per_node} "
+            f"GPU{'s' if gpus_per_node != 1 else ''} ({gpus} GPUs)")
 
 
 def least_gpus(model: ModelSpec, cluster: Cluster, job: Job,

@@ -27,7 +27,7 @@ import numpy as np
 
 from costmodel.config import FRAMEWORK_NAMES, Job, ParallelConfig
 from costmodel.errors import SpecError
-from costmodel.frameworks import Framework, framework, pipelining_problem
+from costmodel.frameworks import Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
 from costmodel.model import ModelSpec
@@ -68,7 +68,9 @@ RULES: dict[str, str] = {
     "virtual_layers": "interleaving splits the layers evenly: pp * virtual stages divides them",
     "schedule_micro_batches": "the trainer's schedule runs this many micro-batches "
                               "(torch.distributed.pipelining: 1F1B needs at least pp, "
-                              "interleaved and zero bubble a multiple of micro-batches // pp)",
+                              "interleaved and zero bubble a multiple of micro-batches // pp; "
+                              "Megatron-LM's interleaved schedule a multiple of pp, "
+                              "megatron/core/pipeline_parallel/schedules.py)",
     "offload_framework": "the trainer offloads this to the CPU at this ZeRO stage",
     "constraint": "excluded by the constraints given",
 }
@@ -477,13 +479,12 @@ def build_space(model: ModelSpec, cluster: Cluster, job: Job,
                     if not len(z_tables[shardings[key]]):
                         continue
                     for (s, v), sp, mbs in itertools.product(scheds, sps, mbss):
-                        if pp > 1 and fw.torch_pipelining:
-                            problem = pipelining_problem(
-                                _SCHEDULE_NAMES[s], pp, job.global_batch_size // (dp * mbs))
-                            if problem:
-                                rej.add("schedule_micro_batches", f"tp={tp} pp={pp} dp={dp} "
-                                        f"mbs={mbs}: {problem}")
-                                continue
+                        problem = schedule_problem(
+                            fw, _SCHEDULE_NAMES[s], pp, job.global_batch_size // (dp * mbs))
+                        if problem:
+                            rej.add("schedule_micro_batches", f"tp={tp} pp={pp} dp={dp} "
+                                    f"mbs={mbs}: {problem}")
+                            continue
                         chunk = L // (pp * v)
                         if chunk not in recomputes:
                             recomputes[chunk] = len(r_tables)

@@ -245,7 +245,8 @@ def test_plan_round_trips_and_explains() -> None:
 
 def test_infeasible_says_what_would_fit() -> None:
     job = InferenceJob(prompt_len=2048, output_len=256)
-    with pytest.raises(Infeasible, match=r"least memory .* GiB per GPU.*or 16 GPUs.*narrower"):
+    with pytest.raises(Infeasible, match=r"least memory .* GiB per GPU.*or 2 nodes of 8 GPUs "
+                       r"\(16 GPUs\).*narrower"):
         planner.plan(ModelSpec.preset("llama-3-405b"), Cluster(gpu="a100-80gb"), job)
     with pytest.raises(Infeasible, match=r"over the bound 1\.00 ms"):
         planner.plan(L7, NODE, InferenceJob(prompt_len=64, output_len=64, max_tpot_s=1e-3))

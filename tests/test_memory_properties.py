@@ -434,8 +434,12 @@ def test_torchtitan_micro_batches_follow_torch_pipelining(pp: int, k: int, sched
         (schedule in ("interleaved-1f1b", "zero-bubble") and k % rounds != 0)
     assert valid(m, cluster(pp), job, cfg) == (not refused)
     megatron = Job(global_batch_size=k, seq_len=2048, framework="megatron")
-    if schedule in ("1f1b", "interleaved-1f1b"):  # Megatron's own schedules run any k
+    # Megatron-LM's 1F1B runs any k, its interleaving a multiple of pp
+    # (megatron/core/pipeline_parallel/schedules.py).
+    if schedule == "1f1b":
         assert valid(m, cluster(pp), megatron, cfg)
+    if schedule == "interleaved-1f1b":
+        assert valid(m, cluster(pp), megatron, cfg) == (k % pp == 0)
 
 
 # ---------------------------------------------------------------------------- 7. conservation

@@ -150,7 +150,7 @@ def test_plan_json_errors() -> None:
         Plan.from_json('{"schema_version": 99}')
     with pytest.raises(SpecError, match="not valid JSON"):
         Plan.from_json("{nope")
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(SpecError, match="does not exist"):
         Plan.from_json("/no/such/plan.json")
 
 

@@ -223,8 +223,10 @@ def configs(draw: st.DrawFn) -> tuple[ParallelConfig, Job]:
         dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, micro_batch_size=mbs,
         sequence_parallel=tp > 1 and draw(st.booleans()), virtual_pipeline_stages=v,
         recompute=draw(st.sampled_from(["none", "selective", "full"])))
-    # torch.distributed.pipelining's 1F1B (torchtitan) needs at least pp micro-batches.
-    ks = [1, 4, 8] if fw != "torchtitan" else [k for k in (1, 4, 8) if k >= pp]
+    # torch.distributed.pipelining's 1F1B (torchtitan) needs at least pp micro-batches;
+    # Megatron-LM's interleaving a multiple of pp.
+    ks = [k for k in (1, 4, 8) if (fw != "torchtitan" or k >= pp)
+          and (fw != "megatron" or v == 1 or k % pp == 0)]
     job = Job(global_batch_size=dp * mbs * draw(st.sampled_from(ks)), seq_len=4096,
               framework=fw, overlap_grad_reduce=draw(st.booleans()),
               tp_comm_overlap=draw(st.booleans()), overlap_p2p_comm=draw(st.booleans()))

@@ -74,6 +74,14 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
         ch.set(f"torch runs zero bubble as the V schedule with 2 stages per rank, which needs "
                f"uniform stages and layers ({model.num_layers}) divisible by 2 x pp: emitted "
                f"1F1B", pipeline_schedule="1f1b")
+    elif ch.cfg.pipeline_schedule == "zero-bubble":
+        # torchtitan/distributed/pipeline_parallel.py (0.2.2) refuses a multi-stage schedule
+        # with one stage per rank, which ZB-H1 as estimated (and as 'planner run' runs it,
+        # torch's ScheduleInterleavedZeroBubble) is.
+        ch.warnings.append(
+            "torchtitan 0.2.2 runs zero bubble only with 2 or more stages per rank: emitted "
+            "the V-shaped ZBVZeroBubble (2 stages per rank), whose bubble is smaller than the "
+            "one-stage ZB-H1 the estimate times ('planner run' runs that one)")
     uniform_stage_recompute(ch, "torchtitan")
     n = ch.cfg.recompute_num_layers
     if n is not None:

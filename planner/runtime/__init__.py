@@ -18,10 +18,11 @@ run``); ``planner.runtime.train`` is the minimal training loop the tests and exa
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from costmodel.config import Job, ParallelConfig
-from costmodel.errors import SpecError
+from costmodel.errors import Infeasible, SpecError
 from costmodel.frameworks import pipelining_problem
 from costmodel.model import ModelSpec
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from planner.plan import Plan
     from planner.runtime.apply import Parallelized
 
-__all__ = ["apply", "check", "unsupported"]
+__all__ = ["FORCE_ENV", "apply", "check", "unsupported"]
 
 
 def unsupported(model: ModelSpec, job: Job, cfg: ParallelConfig,
@@ -87,14 +88,24 @@ def unsupported(model: ModelSpec, job: Job, cfg: ParallelConfig,
     return out
 
 
-def check(plan: Plan, reference: bool = True) -> None:
-    """Raise ``SpecError`` naming every feature of ``plan`` that ``apply`` cannot run."""
+FORCE_ENV = "PLANNER_FORCE"  # set to 1 by 'planner run --force' for the processes it starts
+
+
+def check(plan: Plan, reference: bool = True, force: bool = False) -> None:
+    """Raise ``SpecError`` naming every feature of ``plan`` that ``apply`` cannot run, and
+    ``Infeasible`` when its estimate does not fit the GPUs' memory (unless ``force``, or
+    ``PLANNER_FORCE=1`` in the environment, as ``planner run --force`` sets it)."""
     if plan.is_inference:
         raise SpecError("this is a serving plan (an InferenceJob); planner.apply trains. Serve "
                         "it with 'planner emit PLAN --target vllm' (or tensorrt-llm)")
     problems = unsupported(plan.model, plan.job, plan.config, reference)
     if problems:
         raise SpecError("planner.apply cannot run this plan: " + "; ".join(problems))
+    est = plan.estimate
+    if not (force or os.environ.get(FORCE_ENV) == "1") and not est.fits:
+        raise Infeasible(f"the plan does not fit: {est.peak_memory_bytes / 1024**3:.1f} GiB "
+                         f"per GPU of {est.memory_capacity_bytes / 1024**3:.1f} GiB; re-plan "
+                         "it, or pass force=True (planner run --force) to run it anyway")
 
 
 def apply(plan: Plan, module: Any, **kwargs: Any) -> Parallelized:

@@ -439,8 +439,8 @@ def _schedule(name: str, stages: list[PipelineStage], m: int,
 
 def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = None,
           tp_plan: Mapping[str, str | ParallelStyle] | None = None,
-          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-          ) -> Parallelized:
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+          force: bool = False) -> Parallelized:
     """Parallelize ``module`` as ``plan`` says, on this process; returns ``Parallelized``.
 
     Call it in every process of the job (``planner run`` starts them with torchrun); it
@@ -453,10 +453,11 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     e.g. from one seed; they are cut and sharded). The module is modified in place when
     ``pp = 1``. ``device``: default the local CUDA device, else CPU. ``tp_plan``: module path
     pattern -> style name of ``tp_style`` or a torch ``ParallelStyle`` (default ``TP_PLAN``).
-    ``loss_fn(logits, labels)``: default mean token cross entropy.
+    ``loss_fn(logits, labels)``: default mean token cross entropy. ``force``: run a plan
+    whose estimate does not fit the GPUs' memory (refused with ``Infeasible`` otherwise).
     """
     cfg, job = plan.config, plan.job
-    check(plan, reference=isinstance(module, Transformer))
+    check(plan, reference=isinstance(module, Transformer), force=force)
     if not isinstance(module, nn.Module):
         raise SpecError(f"apply takes a torch nn.Module, got {type(module).__name__}")
     if isinstance(module, Transformer) and module.spec.num_layers != plan.model.num_layers:

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel.errors import SpecError
+from hardware_profiles.files import write_text
 from planner.emit.common import header_lines
 from planner.emit.slurm import EOF_MARK, sbatch_preamble, srun_torchrun
-from planner.plan import Plan, describe
-from planner.runtime import check
+from planner.plan import Plan, describe, load_plan
+from planner.runtime import FORCE_ENV, check
 
 __all__ = ["DEFAULT_ENTRY", "Launch", "launch", "prepare", "sbatch_script"]
 
@@ -67,11 +68,15 @@ def sbatch_script(plan: Plan, script: str | None, script_args: list[str], comman
 
 
 def prepare(plan_path: str, script: str | None = None, script_args: list[str] | None = None,
-            command: str | None = None) -> Launch:
-    """Read the plan (no search), refuse what the runtime cannot run, and say how to start
-    it: the torchrun command for one node, or the sbatch script for several."""
-    plan = Plan.from_json(plan_path)
-    check(plan, reference=script is None)
+            command: str | None = None, force: bool = False) -> Launch:
+    """Read the plan (no search; re-validated and re-estimated, ``planner.plan.load_plan``:
+    one that does not fit is refused unless ``force``), refuse what the runtime cannot run,
+    and say how to start it: the torchrun command for one node, or the sbatch script for
+    several."""
+    plan, warnings = load_plan(plan_path, force=force)
+    for w in warnings:
+        print(f"planner: warning: {w}", file=sys.stderr)
+    check(plan, reference=script is None, force=force)
     args = list(script_args or [])
     path = str(Path(plan_path).resolve())
     if plan.cluster.num_nodes > 1:
@@ -80,24 +85,29 @@ def prepare(plan_path: str, script: str | None = None, script_args: list[str] | 
         return Launch(plan=plan, command=(), env={}, sbatch=text)
     cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={plan.config.world_size}", *_entry(script, args))
-    return Launch(plan=plan, command=cmd, env={PLAN_ENV: path})
+    env = {PLAN_ENV: path, **({FORCE_ENV: "1"} if force else {})}
+    return Launch(plan=plan, command=cmd, env=env)
 
 
 def launch(plan_path: str, script: str | None = None, script_args: list[str] | None = None,
            *, dry_run: bool = False, output: str | None = None,
-           command: str | None = None) -> int:
+           command: str | None = None, force: bool = False) -> int:
     """Start the plan's processes on this node and wait (returns their exit status), or,
-    for a multi-node plan, write the sbatch script to ``output`` (default ``train.sbatch``).
-    ``dry_run``: print the command instead of running it."""
-    how = prepare(plan_path, script, script_args, command)
+    for a multi-node plan, write the sbatch script to ``output`` (default ``train.sbatch``;
+    an existing file is kept unless ``force``). ``dry_run``: print the command, or the sbatch
+    script, instead of running or writing it. ``force``: use a plan that does not fit."""
+    how = prepare(plan_path, script, script_args, command, force)
     plan = how.plan
     say = f"{describe(plan.config)} ({plan.config.world_size} processes)"
     if how.sbatch is not None:
         out = output or "train.sbatch"
-        try:
-            Path(out).write_text(how.sbatch)
-        except OSError as e:
-            raise SpecError(f"cannot write {out!r}: {e.strerror}") from e
+        if dry_run:  # a dry run writes nothing: the script goes to standard output
+            sys.stdout.write(how.sbatch)
+            return 0
+        if Path(out).exists() and not force:
+            raise SpecError(f"{out} exists; write the script elsewhere with -o FILE, or pass "
+                            "--force to overwrite it")
+        write_text(out, how.sbatch, "sbatch script")
         print(f"planner: {plan.cluster.num_nodes} nodes: wrote {out} for {say}; submit it "
               f"with: sbatch {out}", file=sys.stderr)
         return 0
