@@ -192,7 +192,8 @@ class ParallelConfig:
                 f"pipeline_schedule='interleaved-1f1b' (got {self.pipeline_schedule!r})"
             )
         if interleaved and self.pp < 2:
-            raise SpecError(f"{owner}: an interleaved schedule needs pp >= 2, got pp={self.pp}")
+            raise SpecError(f"{owner}: virtual_pipeline_stages={self.virtual_pipeline_stages} (an "
+                            f"interleaved schedule) needs pp >= 2, got pp={self.pp}")
         _choice(owner, "recompute", self.recompute, RECOMPUTE)
         if self.recompute_num_layers is not None:
             _positive_int(owner, "recompute_num_layers", self.recompute_num_layers)

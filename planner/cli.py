@@ -1005,26 +1005,25 @@ def _inference_args(p: argparse.ArgumentParser, *, search: bool) -> None:
         p.set_defaults(objective="latency", max_ttft_ms=None, max_tpot_ms=None)
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number of at least 1 (degrees, sizes, counts)."""
+def _whole_number(text: str, least: int, words: str) -> int:
+    """``text`` as an int of at least ``least`` for argparse (``words``: the bound said)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} must be {words}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1 (degrees, sizes, counts)."""
+    return _whole_number(text, 1, "at least 1")
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: a whole number of at least 0 (row counts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
+    return _whole_number(text, 0, "0 or more")
 
 
 def _search_args(p: argparse.ArgumentParser) -> None:

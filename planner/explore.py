@@ -61,6 +61,7 @@ def frontier(model: ModelSpec, cluster: Cluster, job: Job,
     sample with ``seed``) for drawing."""
     cons = _constraints(constraints)
     steps, peaks, rows = [], [], []
+    jobs: list[Job] = []
     todo = spaces(model, cluster, job, cons)
     total_cores = sum(len(s.cores) for _, s in todo) or 1
     done = 0
@@ -69,10 +70,13 @@ def frontier(model: ModelSpec, cluster: Cluster, job: Job,
         for lo in range(0, len(space.cores), CHUNK_CORES):
             cores = np.arange(lo, min(lo + CHUNK_CORES, len(space.cores)))
             table = space.expand(np.repeat(cores, nr[cores]), positions(nr[cores]))
-            res = evaluate(model, cluster, j, arrays(model, table))
+            # Lower bounds first (pipelines not played out): the rows drawn are made exact
+            # below.
+            res = evaluate(model, cluster, j, arrays(model, table), exact_below=-np.inf)
             steps.append(res.step_time)
             peaks.append(res.peak_memory)
             rows.append(table)
+            jobs += [j] * len(table)
             done += len(cores)
             if progress is not None:
                 progress(done / total_cores)
@@ -82,16 +86,35 @@ def frontier(model: ModelSpec, cluster: Cluster, job: Job,
     step = np.concatenate(steps)
     peak = np.concatenate(peaks)
     table = np.concatenate(rows)
-    # Pareto: in order of memory (then time), keep each row faster than all before it.
-    order = np.lexsort((step, peak))
-    best = np.minimum.accumulate(step[order])
-    keep = np.ones(len(order), dtype=bool)
-    keep[1:] = step[order][1:] < best[:-1]
-    front = order[keep]
+    exact = np.zeros(len(step), dtype=bool)
+
+    def play(idx: np.ndarray) -> None:
+        """Replace the bounds of rows ``idx`` by their pipelines played out."""
+        for fw in {jobs[i].framework for i in idx}:
+            mine = np.array([i for i in idx if jobs[i].framework == fw and not exact[i]],
+                            dtype=np.int64)
+            if len(mine):
+                step[mine] = evaluate(model, cluster, jobs[mine[0]],
+                                      arrays(model, table[mine])).step_time
+                exact[mine] = True
+
+    # Pareto: in order of memory (then time), keep each row faster than all before it. A
+    # front of exact rows is the exact front (every other row's bound, and so its time, is
+    # above a front row's), so play the front out until it is all exact.
+    while True:
+        order = np.lexsort((step, peak))
+        best = np.minimum.accumulate(step[order])
+        keep = np.ones(len(order), dtype=bool)
+        keep[1:] = step[order][1:] < best[:-1]
+        front = order[keep]
+        if exact[front].all():
+            break
+        play(front[~exact[front]])
     rng = np.random.default_rng(seed)
     sample = np.arange(len(step)) if len(step) <= max_points else \
         rng.choice(len(step), size=max_points, replace=False)
     shown = np.union1d(sample, front)
+    play(shown)
     where = np.searchsorted(shown, front)
     cap = float(cluster.gpu.memory_bytes)
     return Frontier(step_time_s=step[shown], peak_memory_bytes=peak[shown],

@@ -17,6 +17,11 @@ from hypothesis import strategies as st
 from planner.cli import main
 
 
+def examples(default: int) -> int:
+    """Examples per fuzz test: ``default`` in CI, more with ``PLANNER_FUZZ_EXAMPLES=N``."""
+    return int(os.environ.get("PLANNER_FUZZ_EXAMPLES", default))
+
+
 def mostly(good: list, bad: list) -> st.SearchStrategy:
     """A good value nine times in ten, else a bad one: most runs get far enough to print."""
     return st.integers(0, 9).flatmap(lambda i: st.sampled_from(bad if i == 0 else good))
@@ -107,7 +112,7 @@ def command_lines(draw: st.DrawFn) -> list[str]:
     return argv
 
 
-@settings(max_examples=300, deadline=None, derandomize=True,
+@settings(max_examples=examples(300), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(command_lines())
 def test_fuzz_command_lines(argv: list[str]) -> None:
@@ -120,7 +125,7 @@ TOML_VALUES = st.one_of(st.integers(-2, 10**7), st.floats(allow_nan=True),
                         st.just("ib-ndr"))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=examples(60), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(["gpu", "num_nodes", "gpus_per_node", "intra_node_link",
                                         "inter_node_link", "nics_per_node", "host_memory_gib",
@@ -150,7 +155,7 @@ def _saved_plan() -> dict:
 PLAN = _saved_plan()
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=examples(60), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["config", "model", "cluster", "job",
                                            "schema_version", "estimate", "alternatives"]),
@@ -326,7 +331,7 @@ WORDS = st.one_of(st.text(max_size=10), st.integers(-10**12, 10**12).map(str),
                                    "--global-batch-size", "16", "--seq-len", "2048"]))
 
 
-@settings(max_examples=int(os.environ.get("PLANNER_FUZZ_EXAMPLES", "150")), deadline=None,
+@settings(max_examples=examples(150), deadline=None,
           derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(SUBCOMMANDS), st.lists(WORDS, max_size=8), RANDOM_FILE)
 def test_fuzz_every_subcommand(command: str, words: list, content: bytes) -> None:
@@ -355,7 +360,7 @@ ODD_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
                        st.lists(st.integers(-2, 4), max_size=3))
 
 
-@settings(max_examples=int(os.environ.get("PLANNER_FUZZ_EXAMPLES", "150")), deadline=None,
+@settings(max_examples=examples(150), deadline=None,
           derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(["Job", "ParallelConfig", "estimate", "plan"]),
        st.sampled_from(["global_batch_size", "seq_len", "precision", "framework",

@@ -177,6 +177,9 @@ def test_frontier_is_the_whole_space() -> None:
     st = front.step_time_s[front.pareto]
     assert np.all(np.diff(mem) >= 0) and np.all(np.diff(st) < 0)  # non-dominated
     assert len(front.pareto_configs) == len(front.pareto)
+    # The frontier's times are the estimates (pipelines played out), not lower bounds.
+    for cfg, t in list(zip(front.pareto_configs, st, strict=True))[:6]:
+        assert estimate(SMALL, NODE, JOB, cfg).step_time_s == pytest.approx(t, rel=1e-9)
 
 
 def test_sweeps() -> None:
