@@ -62,6 +62,9 @@ class Framework:
     # pp (megatron/core/pipeline_parallel/schedules.py,
     # forward_backward_pipelining_with_interleaving; Narayanan et al. 2021, Sec. 2.2.2).
     interleaved_needs_multiple: bool = False
+    # Schedules the trainer's own launcher does not run as estimated, so a search does not
+    # offer them (an explicit configuration is still estimated, and 'planner run' runs it).
+    unsearched_schedules: tuple[str, ...] = ()
     # Mixed precision by torch.autocast when neither FSDP nor TP/PP/CP is on (torchtitan's
     # maybe_enable_amp: DDP or a single device): fp32 parameters cast to bf16 on each forward,
     # fp32 norms and residual stream, each linear casting its input.
@@ -156,6 +159,11 @@ FRAMEWORKS: tuple[Framework, ...] = (
         "FSDP (3); it has no ZeRO-1",
         torch_pipelining=True,
         autocast_ddp=True,
+        # torchtitan 0.2.2 refuses a multi-stage schedule with one stage per rank
+        # (torchtitan/distributed/pipeline_parallel.py), and zero bubble as estimated (ZB-H1,
+        # torch's ScheduleInterleavedZeroBubble with one stage per rank) is one; it runs zero
+        # bubble only as the V-shaped ZBVZeroBubble, which the model does not time.
+        unsearched_schedules=("zero-bubble",),
     ),
 )
 

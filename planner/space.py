@@ -65,6 +65,10 @@ RULES: dict[str, str] = {
     "sp_seq": "sequence parallel splits seq_len / cp over tp",
     "mbs_batch": "dp * micro_batch_size divides the global batch",
     "schedule_framework": "the trainer has this pipeline schedule",
+    "schedule_launcher": "the trainer's launcher runs the schedule as estimated (torchtitan "
+                         "0.2.2 runs multi-stage schedules only with 2 or more stages per "
+                         "rank, torchtitan/distributed/pipeline_parallel.py, so not one-stage "
+                         "zero bubble; estimate it explicitly for 'planner run')",
     "virtual_layers": "interleaving splits the layers evenly: pp * virtual stages divides them",
     "schedule_micro_batches": "the trainer's schedule runs this many micro-batches "
                               "(torch.distributed.pipelining: 1F1B needs at least pp, "
@@ -399,7 +403,8 @@ def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int) -> list[tupl
         return []
     out = []
     names = f.keep("pipeline_schedule", list(SCHEDULE_CODES), [
-        ("schedule_framework", lambda s: s in fw.schedules)])
+        ("schedule_framework", lambda s: s in fw.schedules),
+        ("schedule_launcher", lambda s: s not in fw.unsearched_schedules)])
     for s in names:
         if s != "interleaved-1f1b":
             if f.cons.allows("virtual_pipeline_stages", 1):
