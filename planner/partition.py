@@ -111,7 +111,8 @@ def stage_costs(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfi
                 stage_count=np.ones((len(c), 1), np.int64), stage_layers=c[:, 2:3],
                 stage_start=c[:, 1:2], stage_recompute=c[:, 3:4] if per_stage else None)
     mem = memory_table(model, cluster, job, a)
-    tt = time_table(model, cluster, job, a, mem)
+    # Only each candidate's own stage time is read: no pipeline to play out.
+    tt = time_table(model, cluster, job, a, mem, exact_below=-np.inf)
     shape = (p, len(starts), L + 1, L + 1)
     time = np.full(shape, np.inf)
     memory = np.full(shape, np.inf)
