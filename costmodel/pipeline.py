@@ -42,12 +42,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from costmodel.config import SCHEDULES
 from costmodel.errors import SpecError
+from costmodel.memory import SCHEDULE_CODES
 
-__all__ = ["SCHEDULE_NAMES", "Op", "Timeline", "makespan", "pipeline_bound", "rank_orders",
-           "simulate", "table_makespan"]
-
-SCHEDULE_NAMES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble")
+__all__ = ["Op", "Timeline", "makespan", "pipeline_bound", "rank_orders", "simulate",
+           "table_makespan"]
 
 
 class Op(NamedTuple):
@@ -96,9 +96,9 @@ def _check(p: int, m: int, v: int, schedule: str) -> None:
         raise SpecError("a pipeline needs at least one rank")
     if m < 1 or v < 1:
         raise SpecError("need at least one micro-batch and one chunk per rank")
-    if schedule not in SCHEDULE_NAMES:
+    if schedule not in SCHEDULES:
         raise SpecError(f"unknown pipeline schedule {schedule!r}; one of "
-                        f"{', '.join(SCHEDULE_NAMES)}")
+                        f"{', '.join(SCHEDULES)}")
     if (v > 1) != (schedule == "interleaved-1f1b"):
         raise SpecError("virtual_stages > 1 goes with the interleaved-1f1b schedule only")
 
@@ -110,7 +110,7 @@ def rank_orders(p: int, m: int, v: int, schedule: str, per_round: int | None = N
     docstring). ``per_round``: micro-batches per round of interleaving, by default the
     trainer's ``m // max(1, m // p)``."""
     _check(p, m, v, schedule)
-    k = per_round or _period(p, m, v, "interleaved-1f1b")
+    k = per_round or _period(p, m, "interleaved-1f1b")
     return tuple(_rank_order(p, m, v, schedule, k, r) for r in range(p))
 
 
@@ -302,7 +302,7 @@ def _play(p: int, m: int, v: int, schedule: str, weights: np.ndarray,
     return end[:-1].max(axis=0), end
 
 
-def _period(p: int, m: int, v: int, schedule: str) -> int:
+def _period(p: int, m: int, schedule: str) -> int:
     """Micro-batches per period of the steady state: one, or a round of interleaving."""
     return m // max(1, m // p) if schedule == "interleaved-1f1b" else 1
 
@@ -310,7 +310,7 @@ def _period(p: int, m: int, v: int, schedule: str) -> int:
 def _cut(p: int, m: int, v: int, schedule: str) -> int:
     """The fewest micro-batches, in whole periods, whose graph holds a window of ``4p + 2``
     steady groups on every rank plus a period after it (``_periodic``)."""
-    k = _period(p, m, v, schedule)
+    k = _period(p, m, schedule)
     warm0 = (v - 1) * k + 2 * (p - 1) if v > 1 else p - 1
     need_groups = warm0 + (4 * p + 2) + k * v + p  # steady groups of rank 0, plus W's delay
     return -(-need_groups // (k * v)) * k
@@ -362,7 +362,7 @@ def makespan(forward: np.ndarray, backward: np.ndarray, num_micro_batches: int,
     weights = np.concatenate([forward, backward], axis=0)
     if p == 1:
         return m * (forward[0] + backward[0])
-    k = _period(p, m, v, schedule)
+    k = _period(p, m, schedule)
     cut = _cut(p, m, v, schedule)
     out = np.empty(weights.shape[1])
     todo = np.arange(weights.shape[1])
@@ -399,17 +399,21 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
     Rank ``r`` starts once micro-batch 0's first chunk has passed the ranks before it, then
     works ``m t_r``; under 1F1B, interleaved 1F1B and GPipe its last op is a backward of chunk
     0, which the ranks before it then run in turn: ``max_r (m t_r + sum_{k<r} t_k / v)``. Zero
-    bubble may end on a weight gradient, so only the forward part counts:
-    ``max_r (m t_r + sum_{k<r} F_k)``. GPipe (``makespan``) in closed form."""
+    bubble ends rank r with ``min(r + 1, m)`` weight gradients ``W_r`` after its last input
+    gradient, which the ranks before it then run, and rank 0 its weight gradient:
+    ``max_r (m t_r + sum_{k<r} F_k + max(0, sum_{k<r} B_k - min(r + 1, m) W_r + W_0))``, with
+    ``B = W`` half the backward (``rank_orders``). And every micro-batch goes through every
+    stage and back. GPipe (``makespan``) in closed form. ``f`` unknown (a bound for a family
+    of configurations): zero bubble counts ``m t_r`` only."""
     on = count > 0
     zb = schedule == 3
     vf = v.astype(float)
     head = _before(t, count) / vf
+    half = None if f is None else (t - f) / 2  # zero bubble's B and W
     if f is not None:
         # Zero bubble: rank r's last input gradient (micro-batch m - 1) is followed by
         # min(r + 1, m) weight gradients of its own, and the ranks before it then run that
         # input gradient in turn and rank 0 its weight gradient.
-        half = (t - f) / 2
         r = np.cumsum(count, axis=0) - 1
         tail = _before(half, count) - np.minimum(r + 1, m) * half + np.where(r > 0, half[0], 0)
         head = np.where(zb, _before(f, count) + np.maximum(tail, 0.0), head)
@@ -420,7 +424,6 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
     # bubble: the input gradients, and rank 0's weight gradient after its own).
     path = (count * t).sum(axis=0)
     if f is not None:
-        half = (t - f) / 2
         path = np.where(zb, (count * (f + half)).sum(axis=0) + half[0], path)
     else:
         path = np.where(zb, 0.0, path)
@@ -433,7 +436,7 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
     return out
 
 
-_NAMES = {0: "1f1b", 1: "interleaved-1f1b", 2: "gpipe", 3: "zero-bubble"}
+_NAMES = {code: name for name, code in SCHEDULE_CODES.items()}
 
 
 def table_makespan(f: np.ndarray, b: np.ndarray, index: np.ndarray, count: np.ndarray,
