@@ -543,7 +543,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
     out = args.output or str(Path(args.plan).with_suffix(".png"))
     if Path(out).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise SpecError(f"-o {out!r}: write a .png, .svg or .pdf file")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
     plot_plan(plan, out, max_micro_batches=args.micro_batches)
     print(f"plot written to {out}", file=sys.stderr)
     return 0

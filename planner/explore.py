@@ -61,11 +61,11 @@ def frontier(model: ModelSpec, cluster: Cluster, job: Job,
     sample with ``seed``) for drawing."""
     cons = _constraints(constraints)
     steps, peaks, rows = [], [], []
-    jobs: list[Job] = []
+    owners = []  # per chunk of rows: the position in ``todo`` of the trainer's (job, space)
     todo = spaces(model, cluster, job, cons)
     total_cores = sum(len(s.cores) for _, s in todo) or 1
     done = 0
-    for j, space in todo:
+    for t, (j, space) in enumerate(todo):
         nr = space.sizes[1]
         for lo in range(0, len(space.cores), CHUNK_CORES):
             cores = np.arange(lo, min(lo + CHUNK_CORES, len(space.cores)))
@@ -76,7 +76,7 @@ def frontier(model: ModelSpec, cluster: Cluster, job: Job,
             steps.append(res.step_time)
             peaks.append(res.peak_memory)
             rows.append(table)
-            jobs += [j] * len(table)
+            owners.append(np.full(len(table), t))
             done += len(cores)
             if progress is not None:
                 progress(done / total_cores)
@@ -86,17 +86,17 @@ def frontier(model: ModelSpec, cluster: Cluster, job: Job,
     step = np.concatenate(steps)
     peak = np.concatenate(peaks)
     table = np.concatenate(rows)
+    owner = np.concatenate(owners)
     exact = np.zeros(len(step), dtype=bool)
 
     def play(idx: np.ndarray) -> None:
         """Replace the bounds of rows ``idx`` by their pipelines played out."""
-        for fw in {jobs[i].framework for i in idx}:
-            mine = np.array([i for i in idx if jobs[i].framework == fw and not exact[i]],
-                            dtype=np.int64)
-            if len(mine):
-                step[mine] = evaluate(model, cluster, jobs[mine[0]],
-                                      arrays(model, table[mine])).step_time
-                exact[mine] = True
+        idx = idx[~exact[idx]]
+        for t in np.unique(owner[idx]):
+            mine = idx[owner[idx] == t]
+            step[mine] = evaluate(model, cluster, todo[t][0],
+                                  arrays(model, table[mine])).step_time
+            exact[mine] = True
 
     # Pareto: in order of memory (then time), keep each row faster than all before it. A
     # front of exact rows is the exact front (every other row's bound, and so its time, is

@@ -8,6 +8,7 @@ inline in Jupyter, in scripts (``fig.savefig``) and in subplots.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from costmodel.config import ParallelConfig
@@ -181,6 +182,7 @@ def plot_plan(plan: Plan, path: str | None = None, max_micro_batches: int | None
     fig.tight_layout()
     if path is not None:
         try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, bbox_inches="tight", dpi=120)
         except (OSError, ValueError) as e:
             plt.close(fig)

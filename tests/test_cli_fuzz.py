@@ -284,10 +284,12 @@ def test_run_dry_run_writes_nothing_and_run_keeps_an_existing_script(tmp_path: P
     script.write_text("mine\n")
     code, out, _ = _invoke(["run", str(plan), "--dry-run", "-o", str(script)])
     assert code == 0 and "#SBATCH" in out and script.read_text() == "mine\n"
+    assert "PLANNER_FORCE" not in out
     code, _, err = _invoke(["run", str(plan), "-o", str(script)])
     assert code == 2 and "exists" in err and script.read_text() == "mine\n"
     assert _invoke(["run", str(plan), "-o", str(script), "--force"])[0] == 0
-    assert "#SBATCH" in script.read_text()
+    # --force reaches the processes the script starts (planner.apply would refuse otherwise).
+    assert "#SBATCH" in script.read_text() and "export PLANNER_FORCE=1" in script.read_text()
 
 
 def test_an_edited_plan_is_rechecked_before_use(tmp_path: Path) -> None:

@@ -97,6 +97,8 @@ def test_a_saved_plan_is_plotted(tmp_path: Path) -> None:
         assert (tmp_path / name).stat().st_size > 10_000
     code, _, err = _run(["plot", str(path), "-o", str(tmp_path / "plan.txt")])
     assert code == 2 and ".png" in err
+    code, _, err = _run(["plot", str(path), "-o", str(path / "under-a-file.png")])
+    assert code == 2 and "cannot write the plot" in err and len(err.strip().splitlines()) == 1
 
 
 def test_plans_keep_the_memory_reserve_and_report_their_headroom() -> None:

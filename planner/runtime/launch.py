@@ -55,14 +55,19 @@ def _entry(script: str | None, script_args: list[str]) -> list[str]:
     return [script, *script_args]
 
 
-def sbatch_script(plan: Plan, script: str | None, script_args: list[str], command: str) -> str:
+def sbatch_script(plan: Plan, script: str | None, script_args: list[str], command: str,
+                  force: bool = False) -> str:
     """The sbatch script that trains ``plan`` on its nodes: the plan embedded as
-    ``plan.json``, ``PLANNER_PLAN`` pointing at it, torchrun on every node."""
+    ``plan.json``, ``PLANNER_PLAN`` pointing at it, torchrun on every node; with ``force``
+    (``planner run --force``) its processes run the plan even if it does not fit."""
     head = header_lines(plan, plan.config, plan.job, plan.estimate, command, ())
     lines = sbatch_preamble(plan, head)
     lines += ["", f"cat > plan.json <<'{EOF_MARK}'", plan.to_json(), EOF_MARK,
               f'export {PLAN_ENV}="$PWD/plan.json"  # read by the script: '
               "planner.apply(Plan.from_json(...), model)", ""]
+    if force:
+        lines[-1:-1] = [f"export {FORCE_ENV}=1  # planner run --force: run it though it does "
+                        "not fit"]
     lines += srun_torchrun(plan.cluster.gpus_per_node, shlex.join(_entry(script, script_args)))
     return "\n".join(lines) + "\n"
 
@@ -81,7 +86,7 @@ def prepare(plan_path: str, script: str | None = None, script_args: list[str] | 
     path = str(Path(plan_path).resolve())
     if plan.cluster.num_nodes > 1:
         text = sbatch_script(plan, script, args,
-                             command or f"planner run {shlex.quote(plan_path)}")
+                             command or f"planner run {shlex.quote(plan_path)}", force)
         return Launch(plan=plan, command=(), env={}, sbatch=text)
     cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={plan.config.world_size}", *_entry(script, args))
