@@ -296,13 +296,94 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     n_mats = 4.0 + (3.0 if model.gated_mlp else 2.0)
     w_cast = np.where(ac, CAST_BYTES * weights, 0.0)
     w_kernels = np.where(ac, n_mats, 0.0)
-    fwd = fwd + memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
+    fw = framework(job.framework)
+    if fw.eager_kernels and not job.compile:
+        x_bytes, x_kernels = eager_bytes(model, tokens, rep, t, e)
+        ew_bytes = ew_bytes + x_bytes
+        ew_kernels = ew_kernels + x_kernels
+    ew_fwd = memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
+    fwd = fwd + ew_fwd
     bwd = bwd + memory_time(gpu, BACKWARD_BYTES * ew_bytes + branch_sums + w_cast,
                             ew_kernels + w_kernels)
+    if fw.torchao_float8 and job.precision == "fp8":
+        cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
+        fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
+    if fw.selective_recompute == "op":
+        # torchtitan's per-op selective AC re-runs in backward every second matmul of the
+        # block in call order (wq, wk, wv, wo, then w1, w3, w2 gated or fc1, fc2: wk, wo and
+        # w3 or fc2) and every memory-bound kernel; a non-fused attention core too.
+        k_share = kv / (q + 2 * kv)
+        re_mlp = (0.5 * up_gemm if model.gated_mlp else down_gemm)
+        re_mlp_flops = (2 * tokens * h * float(model.ffn_hidden_size or 0) / t
+                        if not moe else 0.0 * tokens)
+        selective = k_share * qkv_gemm + proj_gemm + re_mlp + ew_fwd \
+            + (0.0 if job.flash_attention else core_f)
+        selective_flops = 2 * tokens * h * kv / t + 2 * tokens * q * h / t + re_mlp_flops \
+            + (0.0 if job.flash_attention else core_flops)
     return LayerCompute(forward=fwd, backward=bwd, selective=selective, flops=f_flops + b_flops,
                         selective_flops=selective_flops, forward_flops=f_flops,
                         core_forward=core_f, core_backward=core_b, qkv_gemm=qkv_gemm,
                         up_gemm=up_gemm, proj_gemm=proj_gemm, down_gemm=down_gemm)
+
+
+#: Bytes per element of torch's eager RMSNorm (the composite ``rms_norm`` of
+#: aten/src/ATen/native/layer_norm.cpp and torchtitan's own ``RMSNorm``: upcast to fp32
+#: (read e, write 4), square (read 4, write 4), mean (read 4), normalize (read 4, write 4),
+#: cast back (read 4, write e), scale by the weight (read e, write e)): ``28 + 4e`` over the
+#: ``2e`` of a fused norm, in 7 kernels more.
+EAGER_RMSNORM_BYTES = 28.0
+EAGER_RMSNORM_KERNELS = 7.0
+#: torchtitan's ``apply_rotary_emb`` (torchtitan/models/llama3/model/model.py): q and k each
+#: cast to fp32 (read e, write 4), multiplied as complex numbers (read 4, write 4) and cast
+#: back (read 4, write e): 16 bytes per element over a fused kernel's 2e, 5 kernels more.
+EAGER_ROPE_BYTES = 16.0
+EAGER_ROPE_KERNELS = 5.0
+
+
+def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.ndarray,
+                e: float) -> tuple[np.ndarray, float]:
+    """(bytes, kernels) that one layer's memory-bound forward moves beyond the fused count
+    when run as PyTorch eager kernels: RMSNorm decomposed (``EAGER_RMSNORM_BYTES``, two
+    norms), the complex rotary embedding (``EAGER_ROPE_BYTES``) and SwiGLU as ``silu`` then a
+    product (read e, write e; read 2e, write e: 2e per ffn element over the fused 3e). A
+    LayerNorm and GELU are single aten kernels eager too, so GPT-style layers add nothing."""
+    h = float(model.hidden_size)
+    out = 0.0 * tokens
+    kernels = 0.0
+    if model.norm == "rmsnorm":
+        out = out + 2 * EAGER_RMSNORM_BYTES * tokens * h * rep
+        kernels += 2 * EAGER_RMSNORM_KERNELS
+    if model.position_embedding == "rope":
+        out = out + EAGER_ROPE_BYTES * tokens * (model.q_dim + model.kv_dim) / t
+        kernels += EAGER_ROPE_KERNELS
+    if model.gated_mlp and not model.is_moe:
+        out = out + 2 * e * tokens * float(model.ffn_hidden_size or 0) / t
+        kernels += 1.0
+    return out, kernels
+
+
+def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
+                     t: np.ndarray, moe: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of torchao's dynamic float8 casts in one layer.
+
+    Each Float8Linear takes the amax of its input and casts it to fp8 (read e twice, write 1;
+    compiled, the amax fuses into the cast: read e, write 1) in forward; in backward the same
+    for its output gradient, and a transposed fp8 copy of the input and of the output
+    gradient for the weight-gradient matmul (read e, write 1 each)
+    (torchao/float8/float8_linear.py, tensorwise and rowwise recipes). Inputs are counted per
+    linear (q, k and v, and the MLP's gate and up projections, cast their shared input each).
+    """
+    h = float(model.hidden_size)
+    e = 2.0
+    ffn = 0.0 if moe else float(model.ffn_hidden_size or 0)
+    n_up = 2.0 if model.gated_mlp else 1.0
+    ins = tokens * (3 * h + model.q_dim / t + n_up * h * (ffn > 0) + ffn / t)
+    outs = tokens * ((model.q_dim + 2 * model.kv_dim) / t + h + n_up * ffn / t + h * (ffn > 0))
+    cast = (e + 1.0) if job.compile else (2 * e + 1.0)
+    kernels = (5.0 + 2.0 * n_up) * (1.0 if job.compile else 2.0)
+    fwd = memory_time(gpu, cast * ins, kernels)
+    bwd = memory_time(gpu, cast * outs + (e + 1.0) * (ins + outs), 2 * kernels)
+    return fwd, bwd
 
 
 def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,

@@ -73,12 +73,27 @@ class Job:
     reduce-scatter with its linear layer's matmul, in forward and backward (Transformer
     Engine's userbuffers, ``--tp-comm-overlap``; it needs sequence parallel, and NVIDIA's
     performance recipes turn it on); ``False``: the collectives of the forward pass and the
-    output-gradient gathers of backward stay on the critical path. Other trainers ignore it.
+    output-gradient gathers of backward stay on the critical path. In torchtitan it is async
+    TP (``parallelism.enable_async_tensor_parallel``, which needs ``compile``): each
+    all-gather + matmul and matmul + reduce-scatter is split into tp chunks in forward and
+    backward alike (torch's micro-pipelined ``fused_all_gather_matmul`` /
+    ``fused_matmul_reduce_scatter``). DeepSpeed ignores it.
     ``overlap_p2p_comm``: whether Megatron-LM's interleaved 1F1B schedule overlaps its
     pipeline sends and receives with the next model chunk's compute
     (``--overlap-p2p-communication``, added in May 2023 and on by default since October 2023;
     Megatron-LM turns it off without interleaving); ``False`` models the releases before it.
     Other trainers ignore it.
+    ``compile``: whether the model runs under ``torch.compile`` (torchtitan
+    ``compile.enable``; off by default there). Compiled, the memory-bound kernels are fused
+    (one read and one write per tensor, as the cost model counts them for every trainer);
+    eager, torchtitan's Llama runs RMSNorm, the complex rotary embedding, SwiGLU and
+    torchao's float8 casts as separate kernels (``costmodel.compute.eager_bytes``).
+    Megatron-LM and DeepSpeed run their own fused kernels and ignore it.
+    ``fp8_param_gather``: Megatron-LM's ``--fp8-param-gather`` with fp8 training (set by
+    NeMo's and Megatron-Bridge's fp8 recipes, nemo/collections/llm/recipes/precision/
+    mixed_precision.py): the model's parameters are Transformer Engine fp8 tensors (1 byte,
+    and its transposed copy) instead of bf16 beside TE's cached fp8 copies, and the
+    distributed optimizer all-gathers them in fp8. Other trainers ignore it.
     ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
     (Fedus et al. 2022); ``None`` is dropless routing with an even load.
     ``memory_reserve``: the share of each GPU's memory a plan keeps free for what the estimate
@@ -104,6 +119,8 @@ class Job:
     overlap_p2p_comm: bool = True
     moe_capacity_factor: float | None = None
     memory_reserve: float = 0.05
+    compile: bool = False
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("Job", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)
@@ -116,7 +133,8 @@ class Job:
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
-                    "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm"):
+                    "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm",
+                    "compile", "fp8_param_gather"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         cf = self.moe_capacity_factor

@@ -16,6 +16,7 @@ from costmodel.hardware import Cluster
 from costmodel.memory import TERMS, ConfigArrays, memory_table
 from costmodel.model import ModelSpec
 from costmodel.steptime import COMM_KINDS, TIME_TERMS, time_table
+from costmodel.uncertainty import band_for
 
 __all__ = ["NEAR_CAPACITY", "Estimate", "MemoryBreakdown", "StageMemory", "estimate",
            "plan_capacity"]
@@ -135,6 +136,28 @@ class Estimate:
     host_memory_capacity_bytes: float = float("inf")
     usd_per_million_tokens: float | None = None
     memory_reserve: float = 0.0
+    #: The step time's likely relative error (0.09: +-9 %): the RMS error of published runs
+    #: of the same GPU architecture, trainer and scale, each predicted with its source left
+    #: out of the fit (costmodel.uncertainty); None without an installed fit.
+    step_time_band: float | None = None
+    step_time_band_basis: str = ""
+
+    @property
+    def step_time_text(self) -> str:
+        """``"1.923 s (± 9 %)"``: the step time with its band."""
+        if self.step_time_s is None:
+            return "-"
+        band = f" (± {100 * self.step_time_band:.0f} %)" if self.step_time_band else ""
+        return f"{self.step_time_s:.3f} s{band}"
+
+    def within_band(self, other: Estimate) -> bool:
+        """Whether the two step times are within each other's band: the estimates cannot
+        tell which configuration is faster."""
+        a, b = self.step_time_s, other.step_time_s
+        if a is None or b is None:
+            return False
+        band = max(self.step_time_band or 0.0, other.step_time_band or 0.0)
+        return abs(a - b) <= band * min(a, b)
 
     @property
     def headroom_bytes(self) -> float:
@@ -170,6 +193,8 @@ class Estimate:
         """A JSON-serializable dict (bytes and seconds, SI units)."""
         return {
             "step_time_s": self.step_time_s,
+            "step_time_band": self.step_time_band,
+            "step_time_band_basis": self.step_time_band_basis,
             "peak_memory_bytes": self.peak_memory_bytes,
             "mfu": self.mfu,
             "hfu": self.hfu,
@@ -213,7 +238,7 @@ class Estimate:
         lines = []
         if self.step_time_s is not None:
             lines.append(
-                f"step time: {self.step_time_s:.3f} s   tokens/s: {self.tokens_per_s:,.0f}   "
+                f"step time: {self.step_time_text}   tokens/s: {self.tokens_per_s:,.0f}   "
                 f"MFU: {100 * (self.mfu or 0):.1f}%   HFU: {100 * (self.hfu or 0):.1f}%   "
                 f"model TFLOP/s per GPU: {self.model_tflops_per_gpu:.1f}"
                 + (f"   ${self.usd_per_million_tokens:.3f} per million tokens"
@@ -369,4 +394,13 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfi
         bottleneck_stage=int(rep.stage_index[0, times.bottleneck_stage[0]]),
         host_memory_capacity_bytes=cluster.host_memory_bytes_per_gpu,
         memory_reserve=float(job.memory_reserve),
+        **_band(cluster, job),
     )
+
+
+def _band(cluster: Cluster, job: Job) -> dict[str, Any]:
+    """The step-time band fields of an estimate on ``cluster`` (costmodel.uncertainty)."""
+    found = band_for(cluster.gpu.architecture, job.framework, cluster.num_gpus)
+    if found is None:
+        return {}
+    return {"step_time_band": found[0], "step_time_band_basis": found[1]}

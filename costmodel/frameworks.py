@@ -69,6 +69,24 @@ class Framework:
     # maybe_enable_amp: DDP or a single device): fp32 parameters cast to bf16 on each forward,
     # fp32 norms and residual stream, each linear casting its input.
     autocast_ddp: bool = False
+    # What "selective" activation recompute means in this trainer. "attention-core":
+    # Korthikanti et al. 2022's selective recompute (drop and re-run the attention scores;
+    # Megatron-LM --recompute-granularity selective, DeepSpeed's checkpointing of the core).
+    # "op": torchtitan's per-op selective AC (torchtitan/models/llama3/infra/parallelize.py,
+    # _apply_ac_to_transformer_block, selective_ac_option "op"; torchtitan's default for
+    # Llama 3 8B): inside each block only the outputs of matmuls, the attention kernel and a
+    # few collectives are saved, "except every second mm", and everything else (norms,
+    # rotary embedding, activation functions) is recomputed in backward from the block input.
+    selective_recompute: str = "attention-core"
+    # Whether the model runs its memory-bound operations as PyTorch eager kernels unless
+    # Job.compile (torchtitan: plain torch modules), rather than the fused kernels of
+    # Transformer Engine / Apex that Megatron-LM and Megatron-DeepSpeed call.
+    eager_kernels: bool = False
+    # float8 training by torchao's Float8Linear (dynamic scaling: an amax reduction and a cast
+    # of each linear's input, and in backward of its output gradient, plus transposed fp8
+    # copies for the weight-gradient matmul; torchao/float8/float8_linear.py), rather than
+    # Transformer Engine, which fuses the casts into the preceding norm or activation kernel.
+    torchao_float8: bool = False
 
 
 def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | None:
@@ -159,6 +177,9 @@ FRAMEWORKS: tuple[Framework, ...] = (
         "FSDP (3); it has no ZeRO-1",
         torch_pipelining=True,
         autocast_ddp=True,
+        selective_recompute="op",
+        eager_kernels=True,
+        torchao_float8=True,
         # torchtitan 0.2.2 refuses a multi-stage schedule with one stage per rank
         # (torchtitan/distributed/pipeline_parallel.py), and zero bubble as estimated (ZB-H1,
         # torch's ScheduleInterleavedZeroBubble with one stage per rank) is one; it runs zero

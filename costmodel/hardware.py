@@ -36,8 +36,11 @@ class KernelEfficiency:
     ``gemm_unaligned``: fraction of the dense peak of a matmul whose inner or output dimension
     is not a multiple of 16 bytes (an odd vocabulary such as GPT-2's 50257): cuBLAS then runs
     it with unaligned (align1/align2) kernels without the tensor-memory accelerator, several
-    times slower (``gemm_unaligned_for``). ``source``: where the values come from (a paper,
-    a measurement or ``planner calibrate``).
+    times slower (``gemm_unaligned_for``). ``comm_slowdown``: seconds of compute lost per
+    second of communication that runs beside it (NCCL's kernels occupy SMs, one per channel,
+    and share HBM bandwidth with the compute kernels, so overlapped communication is not
+    free); fitted by ``planner calibrate``, 0 where nothing is fitted. ``source``: where the
+    values come from (a paper, a measurement or ``planner calibrate``).
     """
 
     gemm: float
@@ -47,6 +50,7 @@ class KernelEfficiency:
     attention_backward: float
     gemm_fp8: float | None = None
     gemm_unaligned: float | None = None
+    comm_slowdown: float = 0.0
     source: str = ""
 
     def gemm_unaligned_for(self, dtype: str) -> float:
@@ -72,6 +76,9 @@ class KernelEfficiency:
                 continue
             if not 0.0 < v <= 1.0:
                 raise SpecError(f"efficiency.{key} must be in (0, 1], got {v!r}")
+        if not 0.0 <= self.comm_slowdown <= 1.0:
+            raise SpecError(f"efficiency.comm_slowdown must be in [0, 1], got "
+                            f"{self.comm_slowdown!r}")
         if self.kernel_overhead_s < 0:
             raise SpecError(f"efficiency.kernel_overhead_s must be >= 0, got "
                             f"{self.kernel_overhead_s!r}")
@@ -89,6 +96,7 @@ class KernelEfficiency:
                 gemm_fp8=float(data["gemm_fp8"]) if "gemm_fp8" in data else None,
                 gemm_unaligned=(float(data["gemm_unaligned"]) if "gemm_unaligned" in data
                                 else None),
+                comm_slowdown=float(data.get("comm_slowdown", 0.0)),
                 source=str(data.get("source", "")),
             )
         except KeyError as e:
@@ -145,6 +153,10 @@ class GPU:
     #: On-demand rental price of one GPU (US dollars per hour), when the profile has one:
     #: what ``Estimate.usd_per_million_tokens`` and ``planner compare --rank-by cost`` use.
     usd_per_gpu_hour: float | None = None
+    #: GPU generation ("ampere", "hopper", ...): the in-training efficiency ratios that
+    #: ``planner calibrate`` fits are per architecture (``hardware_profiles/calibrated/
+    #: transfer.toml``); "" takes the pooled ratio.
+    architecture: str = ""
 
     def __post_init__(self) -> None:
         if self.usd_per_gpu_hour is not None and not self.usd_per_gpu_hour > 0:
@@ -181,6 +193,7 @@ class GPU:
                 host_link=_link_entry(data.get("host_link", "pcie5")),
                 source=str(data.get("source", {}).get("document", "")),
                 usd_per_gpu_hour=_price(data.get("price"), name),
+                architecture=str(data.get("architecture", "")),
             )
         except KeyError as e:
             raise SpecError(f"GPU profile {name!r} lacks the key {e.args[0]!r}") from None
@@ -204,7 +217,8 @@ class GPU:
                             "with 'planner profile -o FILE' or copy a hardware_profiles/gpus "
                             "file")
         data["efficiency"] = hardware_profiles.transfer_efficiency(
-            data["efficiency"], overhead="measured" not in data)
+            data["efficiency"], overhead="measured" not in data,
+            architecture=str(data.get("architecture", "")))
         try:
             return cls.from_profile(data)
         except (SpecError, TypeError, ValueError) as e:

@@ -410,11 +410,22 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
         mlp = mlp_rep + mlp_inner(float(model.ffn_hidden_size or 0), tokens)
 
     none = attn_rep + core_keep + core_scores + mlp
-    return {
-        "none": none,
-        "selective": none - core_scores,
-        "full": e_res * tokens * h * rep,
-    }
+    full = e_res * tokens * h * rep
+    selective = none - core_scores
+    if fw.selective_recompute == "op":
+        # torchtitan's per-op selective AC (frameworks.Framework.selective_recompute) keeps
+        # the block input and the outputs of the matmuls it does not re-run (wq, wv, w1 or
+        # fc1, w2 or fc2) and of the fused attention kernel (O and its fp32 log-sum-exp); a
+        # MoE layer's expert block keeps what it keeps without recompute.
+        attn_op = (e * tokens * (2 * model.q_dim + model.kv_dim)
+                   + 4.0 * tokens * model.num_heads) / tp
+        if moe:
+            mlp_op = mlp - mlp_rep
+        else:
+            ffn = float(model.ffn_hidden_size or 0)
+            mlp_op = e * tokens * (ffn + h) / tp
+        selective = np.minimum(full + attn_op + mlp_op, selective)
+    return {"none": none, "selective": selective, "full": full}
 
 
 def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
@@ -531,9 +542,19 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
         weights = weights + extra
     # Transformer Engine caches fp8 copies of each weight and its transpose across
     # micro-batches (Megatron-LM with --fp8-format): 2 bytes per layer parameter.
-    if fw.name == "megatron" and job.precision == "fp8":
+    # With --fp8-param-gather the parameters are those fp8 tensors (1 byte and the transpose,
+    # what w_b counts), with no bf16 copy beside them.
+    if fw.name == "megatron" and job.precision == "fp8" and not job.fp8_param_gather:
         weights = weights + 2.0 * (layer_params + expert_params)
     grads = sharded(g_b, g_sharded)
+    if fw.torch_pipelining:
+        # With a pipeline, torch.distributed.pipelining turns FSDP's gradient sync off for
+        # every backward but the last (stage.py, backward_maybe_with_nosync), and FSDP2 then
+        # accumulates each parameter's unsharded gradient in the reduce dtype
+        # (_fsdp_param.py, unsharded_accumulated_grad): the stage's whole gradient, beside
+        # the shards it is reduce-scattered into at the end.
+        nosync = (a.pp > 1) & (zero >= 2)
+        grads = grads + np.where(nosync, g_b * all_params, 0.0)
     optim = sharded(o_b, o_sharded)
 
     cpu = np.zeros_like(weights)

@@ -3,11 +3,15 @@
 Two files ship in ``costmodel/data``:
 
 - ``calibration.json``: a copy of the project's shared calibration set (Narayanan et al. 2021
-  Table 1, Korthikanti et al. 2022 Table 5; all Megatron-LM on Selene A100s). ``planner
-  calibrate`` fits the A100's efficiencies to these rows; ``planner validate`` prints them.
-- ``heldout_runs.json``: runs the fit never sees (torchtitan and MosaicML FSDP, DeepSpeed
-  BLOOM, Megatron-LM on H100 with CP, EP and fp8), each with its source, to show how the one
-  set of parameters carries over.
+  Table 1, Korthikanti et al. 2022 Table 5; all Megatron-LM on Selene A100s).
+- ``published_runs.json``: published runs of other sources (torchtitan, MosaicML
+  llm-foundry, IBM fms-fsdp, torchao, NeMo, Megatron-Bridge, Megatron-LM on H100 and B200,
+  DeepSpeed ZeRO-3, BLOOM, MT-NLG, OPT), each with its source, the flags it ran with and,
+  where published, its peak memory.
+
+``planner calibrate`` fits the efficiencies every GPU takes on both
+(``costmodel.calibration``); ``planner validate`` prints each source's error under that fit
+and when the source is left out of it.
 
 A row gives the model shape, the hardware, the trainer and its configuration, and what was
 measured: ``iteration_time_s``, ``tokens_per_s_per_gpu`` or ``tflops_per_gpu`` (then with the
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,7 +37,7 @@ from costmodel.model import ModelSpec
 from hardware_profiles.files import read_json_object
 
 __all__ = ["Comparison", "PublishedRun", "calibration_toml", "compare", "default_runs_path",
-           "eq3_flops", "fit_efficiency", "load_runs"]
+           "eq3_flops", "fit_efficiency", "load_runs", "predict_run", "shipped_runs"]
 
 # Micro-batch size and model chunks per pipeline rank of the Narayanan et al. 2021 Table 1
 # runs, which the paper's table omits: NVIDIA/Megatron-LM@6985e589 examples/sc21/
@@ -49,8 +53,10 @@ MEASURES = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
 
 def default_runs_path(which: str = "calibration") -> Path:
-    """The shipped ``calibration.json`` or ``heldout_runs.json``."""
-    name = {"calibration": "calibration.json", "heldout": "heldout_runs.json"}[which]
+    """The shipped ``calibration.json`` (``"calibration"``) or ``published_runs.json``
+    (``"published"``; ``"heldout"`` is its former name)."""
+    name = {"calibration": "calibration.json", "published": "published_runs.json",
+            "heldout": "published_runs.json"}[which]
     return Path(str(resources.files("costmodel").joinpath("data", name)))
 
 
@@ -68,6 +74,16 @@ class PublishedRun:
     measured: float
     group: str | None = None
     note: str = ""
+    #: What the run used as its source states it (``compile``, ``async_tp``,
+    #: ``float8_recipe``, ``attention_kernel``, ``gpu_variant``, ``trainer``, ...).
+    flags: dict[str, Any] = field(default_factory=dict)
+    #: Peak memory per GPU the source publishes, GiB, and what it measured ("max reserved",
+    #: "max allocated"); None where it gives none.
+    peak_memory_gib: float | None = None
+    peak_memory_what: str = ""
+    year: int = 0
+    #: "solid", or "medium" when a setting of the run is assumed (named in ``note``).
+    confidence: str = "solid"
 
 
 def eq3_flops(model: ModelSpec, job: Job) -> float:
@@ -160,13 +176,38 @@ def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
         model = _llama(m, row["id"])
     cl = dict(row["cluster"])
     cluster = Cluster(name=row["id"], **cl)
-    job = Job(**row["job"])
+    flags = dict(row.get("flags") or {})
+    job = Job(**{**_job_flags(flags), **row["job"]})
     config = ParallelConfig(**row["config"])
     measure = next(k for k in MEASURES if k in row["measured"])
+    mem = row.get("memory") or {}
     return PublishedRun(id=row["id"], source=row["source"], model=model, cluster=cluster,
                         job=job, config=config, measure=measure,
                         measured=float(row["measured"][measure]), group=row.get("group"),
-                        note=row.get("note", ""))
+                        note=row.get("note", ""), flags=flags,
+                        peak_memory_gib=float(mem["peak_gib"]) if "peak_gib" in mem else None,
+                        peak_memory_what=str(mem.get("what", "")),
+                        year=int(row.get("year") or _published_year(row["source"])),
+                        confidence=str(row.get("confidence", "solid")))
+
+
+def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The Job inputs a run's ``flags`` set: ``compile`` (torch.compile), ``async_tp``
+    (torchtitan's async TP, which the Job calls ``tp_comm_overlap``) and
+    ``fp8_param_gather`` (Megatron-LM's fp8 parameters)."""
+    out: dict[str, Any] = {}
+    if "compile" in flags:
+        out["compile"] = bool(flags["compile"])
+    if flags.get("async_tp"):
+        out["tp_comm_overlap"] = True
+    if flags.get("fp8_param_gather"):
+        out["fp8_param_gather"] = True
+    return out
+
+
+def shipped_runs() -> list[PublishedRun]:
+    """Every shipped published run: the calibration set, then the other sources."""
+    return load_runs(default_runs_path("calibration")) + load_runs(default_runs_path("published"))
 
 
 def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
@@ -201,7 +242,8 @@ class Comparison:
         return self.predicted / self.measured - 1.0
 
 
-def _predict(run: PublishedRun, est: Estimate) -> float:
+def predict_run(run: PublishedRun, est: Estimate) -> float:
+    """The figure ``run`` is compared on, as ``est`` predicts it (its ``measure``)."""
     step = float(est.step_time_s or math.nan)
     if run.measure == "iteration_time_s":
         return step
@@ -221,7 +263,7 @@ def compare(runs: list[PublishedRun], gpu: GPU | None = None) -> list[Comparison
                 else cluster.intra_node_link
             cluster = replace(cluster, gpu=gpu, intra_node_link=link)
         est = estimate(run.model, cluster, run.job, run.config)
-        out.append(Comparison(run=run, estimate=est, predicted=_predict(run, est),
+        out.append(Comparison(run=run, estimate=est, predicted=predict_run(run, est),
                               measured=run.measured))
     return out
 

@@ -238,7 +238,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     # input-gradient matmuls; the column-parallel ones stay bulk-overlapped as without it
     # (megatron/core/model_parallel_config.py: tp_comm_overlap, tp_comm_overlap_ag/_rs,
     # tp_comm_bulk_wgrad/_dgrad).
-    pipelined = fw == "megatron" and job.tp_comm_overlap
+    pipelined = fw in ("megatron", "torchtitan") and job.tp_comm_overlap
     chunked = (tp - 1) / tp
 
     def tp_backward(lc: LayerCompute) -> np.ndarray:
@@ -253,6 +253,10 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         ``--async-tensor-model-parallel-allreduce``, from August 2021). With userbuffers the
         output-gradient gathers are pipelined with their input-gradient matmuls too.
         """
+        if fw == "torchtitan":
+            # Async TP micro-pipelines the backward's matmul + collective pairs as it does
+            # the forward's (Job.tp_comm_overlap).
+            return tp_forward(lc)
         if fw != "megatron":
             return tp_pass
         windows = (lc.qkv_gemm, lc.up_gemm)
@@ -303,6 +307,12 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     ag_fwd = (zero == 3) | ((zero == 2) & (fw == "torchtitan"))
     ag_bwd = zero == 3
     rs_each = (zero == 3) | ((zero == 2) & (fw in ("torchtitan", "deepspeed")))
+    # torch.distributed.pipelining runs every backward but a stage's last with FSDP's gradient
+    # sync off (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync:
+    # set_requires_gradient_sync(last_backward)): the stage's gradients accumulate unsharded
+    # and are reduce-scattered once per step, like a data-parallel all-reduce.
+    nosync = (fw == "torchtitan") & (a.pp > 1) & (zero >= 2)
+    rs_each = rs_each & ~nosync
     dense_local, moe_local, exp_local = layer_params_per_gpu(model, tp, ep)
     host = gpu.host()
     host_bw = host.achieved_bytes_per_s
@@ -420,6 +430,16 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         exposed = _overlap(p2p, fwd / v)
         pp_comm = np.where(a.schedule == 1, 2 * v * exposed * valid, pp_total)
 
+    # Communication hidden behind compute still slows it: NCCL's kernels take SMs and HBM
+    # bandwidth from the compute kernels beside them (GPU.efficiency.comm_slowdown, fitted by
+    # planner calibrate). Each kind's term carries the slowdown its hidden part causes.
+    tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
+        + rec_layers * tp_pass
+    cp_total = per_stage(cp_total_layer, cp_total_layer)
+    fsdp_wire = per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe)
+    slow = gpu.efficiency.comm_slowdown
+    if slow > 0:
+        fsdp_comm = fsdp_comm + slow * np.maximum(fsdp_wire - (fsdp_comm - fsdp_copy), 0.0)
     stage_time = fwd + bwd + recompute + tp_comm + cp_comm + ep_comm + fsdp_comm + pp_comm
     stage_time = np.where(valid, stage_time, 0.0)
 
@@ -466,7 +486,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
                       + topo.all_reduce(g_b * exp_params / z_exp, dpcp / ep / z_exp,
                                         tp * ep * z_exp))
     grad_sync = np.where(zero == 0, all_reduce,
-                         np.where((zero == 1) | ((zero == 2) & (fw == "megatron")),
+                         np.where((zero == 1) | ((zero == 2) & (fw == "megatron")) | nosync,
                                   rs_then_ar, 0.0))
     if fw == "megatron":
         mg = soft["megatron"]
@@ -484,11 +504,15 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     last_backward = bwd + recompute
     if job.overlap_grad_reduce:
         grad_exposed = np.maximum(grad_sync - last_backward, grad_sync * bucket)
+        grad_exposed = grad_exposed + slow * (grad_sync - grad_exposed)
     else:
         grad_exposed = grad_sync
-    gather_after = topo.all_gather(w_b * dense_params, z, tp)
+    # Megatron-LM's --fp8-param-gather all-gathers the updated parameters in fp8.
+    gather_b = 1.0 if fw == "megatron" and job.precision == "fp8" and job.fp8_param_gather \
+        else w_b
+    gather_after = topo.all_gather(gather_b * dense_params, z, tp)
     if model.is_moe:
-        gather_after = gather_after + topo.all_gather(w_b * exp_params, z_exp, tp * ep)
+        gather_after = gather_after + topo.all_gather(gather_b * exp_params, z_exp, tp * ep)
     gather_after = np.where((zero == 1) | ((zero == 2) & (fw == "deepspeed")),
                             gather_after, 0.0)
     if fw == "megatron" and job.overlap_grad_reduce:
@@ -555,11 +579,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         return TimeTable(step_time=step, terms=terms, comm_total={}, stage_time=stage_time,
                          bottleneck_stage=b, model_flops=float(mf), hardware_flops=None,
                          floor=floor, exact=exact)
-    tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
-        + rec_layers * tp_pass
-    cp_total = per_stage(cp_total_layer, cp_total_layer)
-    fsdp_total = per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe) \
-        + fsdp_copy
+    fsdp_total = fsdp_wire + fsdp_copy
     comm_total = {
         "tp": m * at(tp_total, b),
         "cp": m * at(cp_total, b),

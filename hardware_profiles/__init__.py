@@ -112,47 +112,67 @@ def load(kind: str, name: str, *, calibrated: bool = True) -> dict[str, Any]:
     data = load_file(path)
     data.setdefault("name", key)
     if kind == "gpus" and calibrated and "efficiency" in data:
-        data["efficiency"] = _calibrated_efficiency(key, dict(data["efficiency"]))
+        data["efficiency"] = _calibrated_efficiency(key, dict(data["efficiency"]),
+                                                    str(data.get("architecture", "")))
     return data
 
 
-def _calibrated_efficiency(gpu: str, eff: dict[str, Any]) -> dict[str, Any]:
+def _calibrated_efficiency(gpu: str, eff: dict[str, Any], architecture: str
+                           ) -> dict[str, Any]:
     own = _own_fit(gpu)
     if own.is_file():
         cal = load_file(own)
         eff.update(cal.get("efficiency", {}))
         eff["source"] = f"{cal.get('provenance', str(own))}; before fitting: {eff.get('source')}"
         return eff
-    return transfer_efficiency(eff)
+    return transfer_efficiency(eff, architecture=architecture)
 
 
-def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True) -> dict[str, Any]:
+def transfer_path() -> Path:
+    """The fitted in-training/microbenchmark ratios every GPU profile takes: the user's own
+    (``planner calibrate`` without ``-o``: ``user_calibrated_path("transfer")``), else the
+    shipped ``calibrated/transfer.toml``."""
+    return _own_fit("transfer")
+
+
+def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True,
+                        architecture: str = "") -> dict[str, Any]:
     """An ``[efficiency]`` table of microbenchmark fractions turned into in-training ones.
 
-    The matmul, attention and memory fractions are scaled by the ``[transfer]`` ratios that
-    ``planner calibrate`` fitted on the reference GPU (in-training over microbenchmark
-    efficiency); with ``overhead``, the per-kernel overhead becomes the fitted one (a
-    measured profile keeps its own: ``overhead=False``). Unchanged when nothing is fitted.
+    The matmul fractions are scaled by the ratio ``planner calibrate`` fitted for the GPU's
+    ``architecture`` on published runs (``[transfer.architecture]`` of ``transfer_path()``;
+    the pooled ``[transfer] gemm`` for an architecture without runs), the fused-attention
+    fractions by ``[transfer] attention``, the memory fraction by ``[transfer] memory``; with
+    ``overhead``, the per-kernel overhead becomes the fitted one (a measured profile keeps
+    its own: ``overhead=False``), and the slowdown of compute by concurrent communication
+    the fitted ``comm_slowdown``. Unchanged when nothing is fitted.
     """
     eff = dict(eff)
-    folder = calibrated_path("x").parent
-    shipped = sorted(folder.glob("*.toml")) if folder.is_dir() else []
-    refs = [_own_fit(p.stem) for p in shipped]
-    for ref in refs:
-        cal = load_file(ref)
-        t = cal.get("transfer")
-        if not t:
-            continue
-        for k in ("gemm", "gemm_fp8", "gemm_unaligned", "attention", "attention_backward"):
-            if k in eff:
-                eff[k] = min(1.0, float(eff[k]) * float(t["gemm"]))
-        eff["memory"] = min(1.0, float(eff["memory"]) * float(t["memory"]))
-        if overhead:
-            eff["kernel_overhead_us"] = float(t["kernel_overhead_us"])
-        eff["source"] = (f"microbenchmark fractions scaled by the in-training/microbenchmark "
-                         f"ratios fitted on {ref.stem} ({cal.get('provenance', '')}); "
-                         f"microbenchmarks: {eff.get('source')}")
+    ref = transfer_path()
+    if not is_file(ref):
         return eff
+    cal = load_file(ref)
+    t = cal.get("transfer")
+    if not isinstance(t, dict):
+        return eff
+    per_arch = t.get("architecture") if isinstance(t.get("architecture"), dict) else {}
+    ratio = float(per_arch.get(architecture, t["gemm"]))
+    for k in ("gemm", "gemm_fp8", "gemm_unaligned"):
+        if k in eff:
+            eff[k] = min(1.0, float(eff[k]) * ratio)
+    for k in ("attention", "attention_backward"):
+        if k in eff:
+            eff[k] = min(1.0, float(eff[k]) * float(t.get("attention", ratio)))
+    eff["memory"] = min(1.0, float(eff["memory"]) * float(t.get("memory", 1.0)))
+    if overhead:
+        eff["kernel_overhead_us"] = float(t["kernel_overhead_us"])
+    if "comm_slowdown" in t:
+        eff["comm_slowdown"] = float(t["comm_slowdown"])
+    which = f"{architecture} ratio {ratio:.4f}" if architecture in per_arch \
+        else f"pooled ratio {ratio:.4f}"
+    eff["source"] = (f"microbenchmark fractions scaled by the in-training/microbenchmark "
+                     f"{which} ({cal.get('provenance', str(ref))}); microbenchmarks: "
+                     f"{eff.get('source')}")
     return eff
 
 

@@ -265,7 +265,8 @@ def _problem(args: argparse.Namespace, many: bool = False, modules: bool = False
               precision=args.precision, optimizer=args.optimizer, framework=args.framework,
               flash_attention=not args.no_flash_attention,
               overlap_grad_reduce=not args.no_overlap_grad_reduce,
-              tp_comm_overlap=args.tp_comm_overlap,
+              tp_comm_overlap=args.tp_comm_overlap, compile=args.compile,
+              fp8_param_gather=args.fp8_param_gather,
               overlap_p2p_comm=not args.no_overlap_p2p_communication,
               moe_capacity_factor=args.moe_capacity_factor,
               memory_reserve=args.memory_reserve / 100)
@@ -598,7 +599,10 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
         f"job      {job.global_batch_size} x {job.seq_len} tokens, {job.precision}, "
         f"{job.optimizer}, {job.framework} conventions"
         + (", TP collectives pipelined with matmuls (--tp-comm-overlap)"
-           if job.tp_comm_overlap and job.framework == "megatron" else ""),
+           if job.tp_comm_overlap and job.framework != "deepspeed" else "")
+        + (", torch.compile" if job.compile and job.framework == "torchtitan" else "")
+        + (", fp8 parameters" if job.fp8_param_gather and job.framework == "megatron"
+           and job.precision == "fp8" else ""),
         f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
         f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "
         f"mbs={cfg.micro_batch_size} ({est.num_micro_batches} micro-batches) "
@@ -642,7 +646,9 @@ def _estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Any) -> 
             hidden = f"   ({_fmt_s(total - v).strip()} hidden behind compute)" \
                 if total > v else ""
             lines.append(f"  {t:<12s}{_fmt_s(v)}{hidden}")
-    lines.append(f"  {'step':<12s}{_fmt_s(est.step_time_s)}")
+    band = f"   ± {100 * est.step_time_band:.0f} %: {est.step_time_band_basis}" \
+        if est.step_time_band else ""
+    lines.append(f"  {'step':<12s}{_fmt_s(est.step_time_s)}{band}")
     lines.append(f"  {est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model "
                  f"TFLOP/s per GPU, MFU {100 * est.mfu:.1f}%, HFU {100 * est.hfu:.1f}%")
     if est.usd_per_million_tokens is not None:
@@ -735,20 +741,37 @@ def _print_comparisons(rows: list[dict[str, Any]]) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """``planner validate``: predicted vs measured for a set of published runs."""
-    from costmodel.published import compare, default_runs_path, load_runs
+    """``planner validate``: published runs predicted under the fit, and with their source
+    left out of it (costmodel.calibration)."""
+    from costmodel.calibration import load_fit, validation_report
+    from costmodel.published import default_runs_path, load_runs, shipped_runs
+    from planner.accuracy import describe, print_results, result_rows, summary
 
-    if args.runs and args.heldout:
-        raise SpecError("give either --runs FILE or --heldout, not both")
-    path = args.runs or default_runs_path("heldout" if args.heldout else "calibration")
+    chosen = [k for k in ("runs", "heldout", "calibration") if getattr(args, k)]
+    if len(chosen) > 1:
+        raise SpecError("give one of --runs FILE, --heldout and --calibration")
     if args.profile:
+        path = args.runs or default_runs_path("published" if args.heldout else "calibration")
         return _validate_profile(args, path)
-    rows = _comparison_rows(compare(load_runs(path)))
-    if args.json:
-        print(json.dumps({"runs_file": str(path), "runs": rows, "summary": _summaries(rows)},
-                         indent=2))
+    fit = load_fit()
+    if args.runs:
+        # Runs outside the fit's training rows: their error under the fit is held out already.
+        results = validation_report(load_runs(args.runs), fit, loso=False)
+        shown = str(args.runs)
     else:
-        _print_comparisons(rows)
+        everything = shipped_runs()
+        results = validation_report(everything, fit, loso=not args.no_loso)
+        keep = ({r.id for r in load_runs(default_runs_path("published"))} if args.heldout
+                else {r.id for r in load_runs(default_runs_path("calibration"))}
+                if args.calibration else None)
+        if keep is not None:
+            results = [r for r in results if r.run.id in keep]
+        shown = "shipped"
+    if args.json:
+        print(json.dumps({"runs_file": shown, "fit": describe(fit),
+                          "runs": result_rows(results), "summary": summary(results)}, indent=2))
+    else:
+        print_results(results, fit, runs_table=not args.summary)
     return 0
 
 
@@ -845,7 +868,58 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """``planner calibrate``: fit one GPU profile's efficiencies and write them."""
+    """``planner calibrate``: fit the efficiencies every GPU takes (or, with ``--gpu``, one
+    GPU profile's own) to published runs, and write them."""
+    import datetime
+
+    if args.gpu:
+        return _calibrate_gpu(args)
+    from costmodel.calibration import (
+        fit_transfer,
+        leave_one_source_out,
+        run_group,
+        transfer_toml,
+        validation_report,
+    )
+    from costmodel.published import load_runs, shipped_runs
+    from planner.accuracy import describe, print_results, result_rows, summary
+
+    runs = [r for f in args.runs for r in load_runs(f)] if args.runs else shipped_runs()
+    if args.groups:
+        wanted = {g.strip() for g in args.groups.split(",") if g.strip()}
+        have = {run_group(r) for r in runs}
+        if not wanted <= have:
+            raise SpecError(f"--groups names sources the runs do not have: "
+                            f"{', '.join(sorted(wanted - have))}; they have "
+                            f"{', '.join(sorted(have))}")
+        runs = [r for r in runs if run_group(r) in wanted]
+    fit, log_errors = fit_transfer(runs)
+    folds = leave_one_source_out(runs, fit) if len({run_group(r) for r in runs}) > 1 else {}
+    shown = ", ".join(args.runs) if args.runs else "the shipped published runs"
+    prov = (f"planner calibrate on {shown}"
+            + (f" (sources {args.groups})" if args.groups else "")
+            + f", {len(runs)} runs, {datetime.date.today().isoformat()}")
+    out = Path(args.output) if args.output else \
+        hardware_profiles.user_calibrated_path("transfer")
+    write_text(out, transfer_toml(fit, runs, log_errors, folds, prov), "calibration")
+    results = validation_report(runs, fit, loso=False)
+    loso = {r.id: math.expm1(float(e)) for g, fold in folds.items()
+            for r, e in zip([x for x in runs if run_group(x) == g], fold.log_errors,
+                            strict=True)}
+    results = [dataclasses.replace(r, loso_error=loso.get(r.run.id)) for r in results]
+    if args.json:
+        print(json.dumps({"fitted": dataclasses.asdict(fit), "written": str(out),
+                          "runs": result_rows(results), "summary": summary(results)},
+                         indent=2))
+    else:
+        print(f"fitted: {describe(fit)}\nwritten to {out}\n")
+        print_results(results, None, runs_table=False)
+    return 0
+
+
+def _calibrate_gpu(args: argparse.Namespace) -> int:
+    """``planner calibrate --gpu NAME``: fit one GPU profile's own matmul fraction and
+    per-kernel overhead to the runs measured on it, and write them."""
     import datetime
 
     from costmodel.published import (
@@ -855,10 +929,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         load_runs,
     )
 
+    if args.groups:
+        raise SpecError("--groups selects the sources of the all-GPU fit; with --gpu every "
+                        "run on that GPU is fitted")
+    if args.runs and len(args.runs) > 1:
+        raise SpecError("--gpu fits one runs file; give --runs once")
     gpu = GPU.preset(args.gpu, calibrated=False)
-    path = args.runs or default_runs_path()
+    path = args.runs[0] if args.runs else default_runs_path()
     values, comps = fit_efficiency(load_runs(path), gpu)
-    shown = args.runs or "costmodel/data/calibration.json"
+    shown = args.runs[0] if args.runs else "costmodel/data/calibration.json"
     text = calibration_toml(gpu, values, comps, shown, datetime.date.today().isoformat())
     out = Path(args.output) if args.output else \
         hardware_profiles.user_calibrated_path(gpu.name)
@@ -966,8 +1045,15 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
                     help="Megatron-LM: interleaved pipelines wait for each send and receive "
                     "(releases before October 2023)")
     jb.add_argument("--tp-comm-overlap", action="store_true",
-                    help="Megatron-LM: pipeline tensor-parallel collectives with the linear "
-                    "layers' matmuls (Transformer Engine userbuffers; sequence parallel rows)")
+                    help="pipeline tensor-parallel collectives with the linear layers' "
+                    "matmuls: Megatron-LM's Transformer Engine userbuffers (sequence parallel "
+                    "rows), torchtitan's async TP")
+    jb.add_argument("--compile", action="store_true",
+                    help="torchtitan: the model runs under torch.compile (fused memory-bound "
+                    "kernels; torchtitan's default is eager)")
+    jb.add_argument("--fp8-param-gather", action="store_true",
+                    help="Megatron-LM fp8: parameters kept and gathered in fp8 (NeMo's fp8 "
+                    "recipes set it)")
     jb.add_argument("--moe-capacity-factor", type=float,
                     help="expert capacity factor (default: dropless, even routing)")
     jb.add_argument("--memory-reserve", type=float, default=5.0, metavar="PERCENT",
@@ -1232,16 +1318,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     val = sub.add_parser(
         "validate", help="predicted vs measured for published training runs",
-        description="Predict every run of a published-runs file and compare with what was "
-        "measured (iteration time, tokens/s per GPU or TFLOP/s per GPU, as the source "
-        "reports). Default: the calibration set (Narayanan et al. 2021 Table 1, Korthikanti et "
-        "al. 2022 Table 5); --heldout: runs never used for fitting.",
-        epilog="examples:\n  planner validate\n  planner validate --heldout --json\n"
+        description="Predict every shipped published run (the calibration set and the "
+        "published runs of other sources, costmodel/data) with the fitted efficiencies and "
+        "compare with what was measured (iteration time, tokens/s per GPU or TFLOP/s per GPU, "
+        "as the source reports), and again with the run's source left out of the fit "
+        "(leave-one-source-out: the accuracy to expect on runs the fit has not seen). Per "
+        "source: mean and worst error of both; then peak memory where the source publishes "
+        "it, and which runs would be predicted not to fit.",
+        epilog="examples:\n  planner validate\n  planner validate --summary\n"
+        "  planner validate --heldout --json\n"
         "  planner validate --runs ../shared/data/calibration.json\n"
         "  planner validate --heldout --profile h100-sxm-2026-11-22.toml",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    val.add_argument("--runs", help="a runs JSON file (calibration.json schema or the planner's)")
-    val.add_argument("--heldout", action="store_true", help="the shipped held-out runs")
+    val.add_argument("--runs", help="your own runs JSON file (calibration.json schema or the "
+                     "planner's): their error under the shipped fit, which never saw them")
+    val.add_argument("--heldout", action="store_true", help="only the published runs beyond "
+                     "the calibration set")
+    val.add_argument("--calibration", action="store_true", help="only the calibration set "
+                     "(Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Table 5)")
+    val.add_argument("--summary", action="store_true", help="the per-source table only")
+    val.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out "
+                     "refits (a few seconds)")
     val.add_argument("--profile", metavar="FILE", help="also predict the runs on this "
                      "profile's GPU with it ('planner profile -o FILE') and show both")
     val.add_argument("--json", action="store_true", help="machine-readable output")
@@ -1280,22 +1377,31 @@ def build_parser() -> argparse.ArgumentParser:
     prof.set_defaults(func=cmd_profile)
 
     cal = sub.add_parser(
-        "calibrate", help="fit a GPU profile's efficiencies to published runs",
-        description="Fit the matmul efficiency and the per-kernel overhead of one GPU "
-        "profile to the published runs measured on it (scipy least squares on log error; the "
-        "memory-bandwidth fraction stays the profile's measured copy fraction) and write "
-        "them, with their provenance, to your own calibration, "
-        "~/.config/autoparallel-planner/calibrated/<gpu>.toml ($PLANNER_CONFIG_DIR or "
-        "$XDG_CONFIG_HOME move it), which then takes precedence over the shipped fit; or to "
-        "-o FILE. The installed package is never written.",
-        epilog="examples:\n  planner calibrate --gpu a100-80gb\n"
+        "calibrate", help="fit the GPU efficiencies to published runs",
+        description="Fit the parameters the step-time model does not take from a datasheet "
+        "or a microbenchmark: per GPU architecture, the ratio of the matmul fraction "
+        "training reaches to the profile's microbenchmark fraction; the same for fused "
+        "attention; the fixed cost of one kernel; and the compute lost per second of "
+        "communication overlapped with it. scipy least squares on log error with a robust "
+        "(soft L1) loss, over the shipped published runs or --runs FILE; --groups names the "
+        "sources to fit on. Also refits without each source in turn and prints what that "
+        "source's runs then get (leave-one-source-out), and writes the uncertainty bands "
+        "estimates carry. Written, with its provenance, to your own "
+        "~/.config/autoparallel-planner/calibrated/transfer.toml ($PLANNER_CONFIG_DIR or "
+        "$XDG_CONFIG_HOME move it), which every GPU profile then takes, or to -o FILE; the "
+        "installed package is never written. --gpu NAME instead fits that profile's own "
+        "matmul fraction and kernel overhead to the runs on it.",
+        epilog="examples:\n  planner calibrate\n"
+        "  planner calibrate --groups megatron2021,korthikanti2022 -o /tmp/transfer.toml\n"
         "  planner calibrate --gpu a100-80gb --runs ../shared/data/calibration.json "
         "-o /tmp/a100.toml",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    cal.add_argument("--gpu", default="a100-80gb", help="GPU profile to fit (default a100-80gb)")
-    cal.add_argument("--runs", help="runs JSON file (default: the shipped calibration set)")
-    cal.add_argument("-o", "--output", help="where to write the TOML (default: the profile's "
-                     "calibrated file)")
+    cal.add_argument("--gpu", help="fit only this GPU profile's own efficiencies")
+    cal.add_argument("--runs", action="append", help="runs JSON file (repeatable; default: "
+                     "the shipped published runs)")
+    cal.add_argument("--groups", help="comma-separated sources (a run's group) to fit on")
+    cal.add_argument("-o", "--output", help="where to write the TOML (default: your own "
+                     "calibrated/transfer.toml, or calibrated/<gpu>.toml with --gpu)")
     cal.add_argument("--json", action="store_true", help="machine-readable output")
     cal.set_defaults(func=cmd_calibrate)
 

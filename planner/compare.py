@@ -187,15 +187,17 @@ class Comparison:
             else:
                 assert e.step_time_s is not None and ref is not None \
                     and ref.step_time_s is not None
+                close = e is not ref and e.within_band(ref)
                 row.update({
-                    "step": f"{e.step_time_s:.3f} s",
+                    "step": e.step_time_text,
                     "tokens/s": f"{e.tokens_per_s:,.0f}",
                     "tok/s/GPU": f"{(e.tokens_per_s or 0) / cl.num_gpus:,.0f}",
                     "MFU": f"{100 * (e.mfu or 0):.1f}%",
                     "memory": f"{e.peak_memory_bytes / GIB:.1f}/"
                               f"{e.memory_capacity_bytes / GIB:.1f} GiB"
                               + ("" if e.fits else " NO FIT"),
-                    "vs first": f"{ref.step_time_s / e.step_time_s:.2f}x",
+                    "vs first": f"{ref.step_time_s / e.step_time_s:.2f}x"
+                                + (" ~" if close else ""),
                     "config": ("plan: " if c.searched else "") + describe(e.config)
                               + f" ({c.job.framework})"})
             if priced:
@@ -217,6 +219,9 @@ class Comparison:
                                    r[k].rjust(width[k]) for k in width))
         lines.append("")
         lines += [f"{r['candidate']}: {r['config']}" for r in rows]
+        if any(r["vs first"].endswith("~") for r in rows):
+            lines += ["", "~: within the first's step-time band (the estimates' likely error, "
+                      "from published runs like it): the estimate cannot tell which is faster"]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

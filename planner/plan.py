@@ -367,7 +367,7 @@ class Plan:
         c = self.counts
         lines = [
             f"plan     {describe(self.config)}  ({self.job.framework})",
-            f"         step {e.step_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, MFU "
+            f"         step {e.step_time_text}, {e.tokens_per_s:,.0f} tokens/s, MFU "
             f"{100 * (e.mfu or 0):.1f}%, peak memory {e.peak_memory_bytes / GIB:.1f} of "
             f"{e.memory_capacity_bytes / GIB:.1f} GiB per GPU (headroom "
             f"{e.headroom_bytes / GIB:.1f} GiB)",

@@ -259,6 +259,13 @@ def test_doubling_pp_never_raises_model_states(data: st.DataObject) -> None:
 
     lo, hi = run(q), run(2 * q)
     assert len(hi.stages) == 2 * q
+    if fw == "torchtitan" and zero >= 2 and q == 1:
+        # Going from no pipeline to one, torch.distributed.pipelining turns FSDP's gradient
+        # sync off until each stage's last backward, so the stage's gradients are held
+        # unsharded (costmodel.memory): more model states, by the fp32 stage gradient.
+        stage = hi.stages[0]
+        assert hi.memory.gradients_bytes >= 4.0 * stage.layer_params
+        return
     assert le(hi.memory.model_states_bytes, lo.memory.model_states_bytes), (
         f"peak-stage model states: pp={2 * q} {hi.memory.model_states_bytes:.4g} > "
         f"pp={q} {lo.memory.model_states_bytes:.4g}")

@@ -59,7 +59,7 @@ def test_calibrate_writes_the_users_fit_and_never_the_package(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
     monkeypatch.setenv("PLANNER_CONFIG_DIR", str(tmp_path / "conf"))
-    shipped = hardware_profiles.calibrated_path("a100-80gb")
+    shipped = hardware_profiles.calibrated_path("transfer")
     before = shipped.read_bytes()
     small = tmp_path / "runs.json"
     runs = json.loads((Path(__file__).parent.parent / "costmodel" / "data"
@@ -82,7 +82,8 @@ def test_the_why_not_list_does_not_repeat_a_reason_per_recomputed_layer_count() 
              Job(global_batch_size=512, seq_len=8192), top_k=12)
     ups = [a.config for a in p.runners_up if a.config is not None]
     keys = [(c.dp, c.tp, c.pp, c.cp, c.ep, c.zero_stage, c.micro_batch_size,
-             c.sequence_parallel, c.recompute, c.pipeline_schedule) for c in ups]
+             c.sequence_parallel, c.recompute, c.pipeline_schedule, c.virtual_pipeline_stages)
+            for c in ups]
     assert len(keys) == len(set(keys)), keys
 
 

@@ -170,7 +170,8 @@ def test_profile_toml_round_trip(tmp_path: Path) -> None:
     assert isinstance(gpu.intra_node_link, Link) and isinstance(gpu.host_link, Link)
     assert gpu.host().achieved_bytes_per_s == pytest.approx(HOST_BW, rel=1e-3)
     # Measured fractions become in-training ones like every profile's; the overhead is kept.
-    eff = hardware_profiles.transfer_efficiency(data["efficiency"], overhead=False)
+    eff = hardware_profiles.transfer_efficiency(data["efficiency"], overhead=False,
+                                                architecture=data["architecture"])
     assert gpu.efficiency.gemm == pytest.approx(eff["gemm"])
     assert gpu.efficiency.kernel_overhead_s == pytest.approx(4e-6)
 

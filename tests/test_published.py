@@ -8,11 +8,13 @@ import sys
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import hardware_profiles
+from costmodel.calibration import fit_transfer, leave_one_source_out, load_fit, run_group
 from costmodel.hardware import GPU
-from costmodel.published import compare, default_runs_path, load_runs
+from costmodel.published import compare, default_runs_path, load_runs, shipped_runs
 from planner.cli import main
 
 
@@ -32,60 +34,115 @@ def test_calibration_set_reads_with_the_sc21_script_settings() -> None:
     assert k.cluster.num_gpus == 512
 
 
-def test_heldout_runs_predict_and_are_not_in_the_fit() -> None:
-    held = load_runs(default_runs_path("heldout"))
-    assert len(held) >= 15
-    assert not {r.id for r in held} & {r.id for r in load_runs()}
-    comps = compare(held)
-    assert all(c.predicted > 0 for c in comps)
-    assert {r.job.framework for r in held} == {"megatron", "deepspeed", "torchtitan"}
+def test_published_runs_span_the_sources_trainers_gpus_and_scales() -> None:
+    # The accuracy issue asks for at least 80 published runs from at least 10 independent
+    # sources: A100 and H100 (and newer), the three trainers, 8 to thousands of GPUs, dense
+    # and MoE, each with its source and the flags it ran with.
+    runs = load_runs(default_runs_path("published"))
+    assert len(runs) >= 80
+    assert not {r.id for r in runs} & {r.id for r in load_runs()}
+    groups = {run_group(r) for r in runs}
+    assert len(groups) >= 10
+    assert {"ampere", "hopper"} <= {r.cluster.gpu.architecture for r in runs}
+    assert {r.job.framework for r in runs} == {"megatron", "deepspeed", "torchtitan"}
+    gpus = [r.cluster.num_gpus for r in runs]
+    assert min(gpus) <= 8 and max(gpus) >= 3000
+    assert any(r.model.is_moe for r in runs)
+    assert all(r.source and r.group for r in runs)
+    # The flags a run used reach the Job: torch.compile and torchtitan's async TP.
+    tt = {r.id: r for r in runs}
+    assert tt["tt202412-llama31-8b-8xh100-fsdp-compile"].job.compile
+    assert not tt["tt-llama31-8b-fsdp8-bf16"].job.compile
+    assert tt["tt202506-llama31-8b-64xh100-fsdp8-tp8-bf16-asynctp"].job.tp_comm_overlap
+    # torchtitan's published tables give the peak memory (max reserved, GiB).
+    assert sum(r.peak_memory_gib is not None for r in runs) >= 10
+    assert all(c.predicted > 0 for c in compare(runs))
 
 
-def test_validate_json_reports_every_run_and_the_summary(capsys) -> None:
+def test_validate_reports_each_source_fitted_and_left_out(capsys) -> None:
     assert main(["validate", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert len(out["runs"]) == 18
-    assert {"megatron2021", "korthikanti2022", "all"} <= set(out["summary"])
+    runs = shipped_runs()
+    assert len(out["runs"]) == len(runs)
+    sm = out["summary"]
+    assert {"megatron2021", "korthikanti2022", "all", "memory"} <= set(sm)
+    for key, row in sm.items():
+        if key != "memory":
+            assert "loso_mean_abs_error" in row, key
     row = out["runs"][0]
     assert row["error"] == pytest.approx(row["predicted"] / row["measured"] - 1)
-    # Regression guard on the shipped calibration (the targets are printed by
-    # benchmarks/step_time_accuracy.py): the fit must stay within a few percent.
-    assert out["summary"]["all"]["mean_abs_error"] < 0.05
+    # Regression guards on the shipped fit (the targets are printed by
+    # benchmarks/step_time_accuracy.py): the Narayanan et al. 2021 Table 1 runs stay within
+    # 5 % mean under the fit, and leaving a source out costs at most a few points overall.
+    assert sm["megatron2021"]["mean_abs_error"] < 0.05
+    assert sm["all"]["loso_mean_abs_error"] < sm["all"]["mean_abs_error"] + 0.03
+    # --calibration keeps the 18 calibration rows, with the same numbers.
+    assert main(["validate", "--calibration", "--json"]) == 0
+    cal = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in cal["runs"]] == [r.id for r in load_runs()]
 
 
-def test_calibrate_writes_a_fit_with_provenance(tmp_path: Path, capsys) -> None:
+@pytest.mark.slow
+def test_one_gauss_newton_step_leaves_a_source_out_as_a_refit_does() -> None:
+    # planner validate's leave-one-source-out takes one robust Gauss-Newton step from the
+    # all-source fit; refitting from scratch without the source must land on the same
+    # errors (benchmarks/step_time_accuracy.py --exact does it for every source: within
+    # 0.25 points each on the shipped runs).
+    runs = shipped_runs()
+    fit = load_fit()
+    only = ("opt-175b", "trainy-h200")
+    step = leave_one_source_out(runs, fit, only=only)
+    refit = leave_one_source_out(runs, fit, only=only,
+                                 refit=lambda rs, start: fit_transfer(rs, start)[0])
+    assert set(step) == set(refit) == set(only)
+    for g in only:
+        a = np.abs(np.expm1(step[g].log_errors)).mean()
+        b = np.abs(np.expm1(refit[g].log_errors)).mean()
+        assert a == pytest.approx(b, abs=0.005), g
+
+
+def test_calibrate_fits_every_gpu_with_bands(tmp_path: Path, capsys) -> None:
     rows = json.loads(default_runs_path().read_text())["runs"]
     small = tmp_path / "runs.json"
-    small.write_text(json.dumps({"runs": [r for r in rows if "22B" in r["id"]
-                                          or "175B" in r["id"]]}))
-    out = tmp_path / "a100.toml"
-    assert main(["calibrate", "--gpu", "a100-80gb", "--runs", str(small), "-o", str(out),
-                 "--json"]) == 0
+    small.write_text(json.dumps({"runs": rows[:12]}))
+    out = tmp_path / "transfer.toml"
+    assert main(["calibrate", "--runs", str(small), "-o", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     fitted = tomllib.loads(out.read_text())
-    assert "planner calibrate --gpu a100-80gb" in fitted["provenance"]
-    assert 0.3 <= fitted["efficiency"]["gemm"] <= 1.0
-    assert fitted["efficiency"]["gemm"] == pytest.approx(report["fitted"]["gemm"], abs=1e-4)
-    base = GPU.preset("a100-80gb", calibrated=False).efficiency
-    assert fitted["transfer"]["gemm"] == pytest.approx(fitted["efficiency"]["gemm"] / base.gemm,
-                                                       abs=1e-3)
-    assert len(fitted["runs"]) == 4
+    assert str(small) in fitted["provenance"]
+    t = fitted["transfer"]
+    assert set(t["architecture"]) == {"ampere"}
+    assert t["architecture"]["ampere"] == pytest.approx(report["fitted"]["ratios"]["ampere"],
+                                                        abs=1e-4)
+    assert 0.3 <= t["gemm"] <= 1.3 and 0 <= t["comm_slowdown"] <= 0.6
+    # Two sources: each is left out once, and the bands come from those errors.
+    assert "*" in fitted["bands"] and fitted["bands"]["*"]["runs"] == 12
+    assert all("loso" in v for v in fitted["runs"].values())
+    # A GPU profile takes the file it is pointed at (here via the user's config folder).
+    assert report["summary"]["all"]["runs"] == 12
 
 
-def test_uncalibrated_gpus_take_the_reference_transfer() -> None:
-    ref = tomllib.loads(hardware_profiles.calibrated_path("a100-80gb").read_text())
-    raw = GPU.preset("h100-sxm", calibrated=False).efficiency
-    used = GPU.preset("h100-sxm").efficiency
-    assert used.gemm == pytest.approx(raw.gemm * ref["transfer"]["gemm"])
-    assert used.memory == pytest.approx(raw.memory * ref["transfer"]["memory"])
-    assert used.kernel_overhead_s == pytest.approx(ref["transfer"]["kernel_overhead_us"] * 1e-6)
-    assert "a100-80gb" in used.source
-    assert GPU.preset("a100-80gb").efficiency.gemm == ref["efficiency"]["gemm"]
+def test_every_gpu_takes_its_architectures_fitted_ratio() -> None:
+    ref = tomllib.loads(hardware_profiles.calibrated_path("transfer").read_text())["transfer"]
+    for name, arch in (("h100-sxm", "hopper"), ("a100-80gb", "ampere"), ("h200", "hopper")):
+        raw = GPU.preset(name, calibrated=False).efficiency
+        used = GPU.preset(name).efficiency
+        assert used.gemm == pytest.approx(min(1.0, raw.gemm * ref["architecture"][arch]))
+        assert used.attention == pytest.approx(min(1.0, raw.attention * ref["attention"]))
+        assert used.memory == pytest.approx(raw.memory * ref["memory"])
+        assert used.kernel_overhead_s == pytest.approx(ref["kernel_overhead_us"] * 1e-6)
+        assert used.comm_slowdown == pytest.approx(ref["comm_slowdown"])
+        assert f"{arch} ratio" in used.source
+    # An architecture without published runs (Ada) takes the pooled ratio.
+    raw = GPU.preset("l40s", calibrated=False).efficiency
+    assert GPU.preset("l40s").efficiency.gemm == pytest.approx(raw.gemm * ref["gemm"])
 
 
 @pytest.mark.parametrize("args, needle", [
     (["validate", "--runs", "no/such/runs.json"], "does not exist"),
     (["calibrate", "--gpu", "h100-sxm"], "no run in the set was measured on 'h100-sxm'"),
+    (["calibrate", "--groups", "nope", "-o", "/tmp/x.toml"], "--groups names sources"),
+    (["validate", "--heldout", "--calibration"], "give one of"),
     (["calibrate", "--gpu", "h100-sxn"], "Did you mean"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:

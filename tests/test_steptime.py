@@ -438,13 +438,24 @@ def test_userbuffers_pipeline_each_tp_collective_with_its_matmul() -> None:
     assert off.step_time_s - on.step_time_s == pytest.approx(
         m * LLAMA.num_layers * saved_per_layer, rel=1e-9)
     assert on.time_breakdown_s["tp_comm_total"] == off.time_breakdown_s["tp_comm_total"]
-    # Sequence parallel is what it pipelines with; without it, and for other trainers, no change.
+    # Sequence parallel is what it pipelines with; without it, and for DeepSpeed, no change.
     plain = dataclasses.replace(cfg, sequence_parallel=False)
     assert estimate(LLAMA, one_node, dataclasses.replace(job, tp_comm_overlap=True),
                     plain).step_time_s == estimate(LLAMA, one_node, job, plain).step_time_s
+    ds = dataclasses.replace(job, framework="deepspeed")
+    assert estimate(LLAMA, one_node, dataclasses.replace(ds, tp_comm_overlap=True),
+                    plain).step_time_s == estimate(LLAMA, one_node, ds, plain).step_time_s
+    # torchtitan's async TP chunks all four collectives in backward as in forward: eight per
+    # layer, each hidden but for one chunk of its matmul.
     tt = dataclasses.replace(job, framework="torchtitan")
-    assert estimate(LLAMA, one_node, dataclasses.replace(tt, tp_comm_overlap=True),
-                    cfg).step_time_s == estimate(LLAMA, one_node, tt, cfg).step_time_s
+    tt_off = estimate(LLAMA, one_node, tt, cfg)
+    tt_on = estimate(LLAMA, one_node, dataclasses.replace(tt, tp_comm_overlap=True), cfg)
+    lc_tt = layer_compute(LLAMA, one_node.gpu, tt, np.array([8]), np.array([1]), np.array([1]),
+                          np.array([1]), moe=False)
+    hidden_tt = [min(ag, 7 / 8 * float(getattr(lc_tt, g)[0]))
+                 for g in ("qkv_gemm", "proj_gemm", "up_gemm", "down_gemm")]
+    assert tt_off.step_time_s - tt_on.step_time_s == pytest.approx(
+        m * LLAMA.num_layers * 2 * sum(hidden_tt), rel=1e-9)
 
 
 def test_interleaved_megatron_hides_pipeline_transfers_behind_the_next_chunk() -> None:

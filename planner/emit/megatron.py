@@ -131,6 +131,8 @@ def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
         a += ["--recompute-granularity", "full", "--recompute-method",
               "uniform" if n is None else "block", "--recompute-num-layers", n or 1]
     a += PRECISION_FLAGS[job.precision]
+    if job.precision == "fp8" and job.fp8_param_gather and cfg.zero_stage >= 1:
+        a.append("--fp8-param-gather")  # fp8 parameters, gathered by the distributed optimizer
     a += ["--attention-backend", "flash" if job.flash_attention else "unfused",
           "--optimizer", "sgd" if job.optimizer == "sgd" else "adam"]
     return [str(x) for x in a]

@@ -1,0 +1,390 @@
+"""Fit the cost model's in-training efficiencies to published runs, and measure how well the
+fit carries over to runs it was not fitted to (leave-one-source-out).
+
+What is fitted (``planner calibrate``), one set for every GPU, trainer and scale:
+
+- per GPU architecture (``GPU.architecture``: ampere, hopper, ...), the ratio of the matmul
+  and attention fractions that training reaches to the microbenchmark fractions of the
+  profile (``hardware_profiles/gpus/*.toml [efficiency]``, each with its source). An
+  architecture without runs takes the pooled ratio (the geometric mean of the fitted ones,
+  weighted by their runs);
+- the fixed cost of one kernel (launch and tail), the same for every GPU.
+
+The memory-bandwidth fraction is not fitted: it is measured directly (a copy benchmark).
+
+Least squares on ``log(predicted / measured)`` (scipy, trust-region reflective within
+physical bounds), so that step times and throughputs weigh alike. ``leave_one_source_out``
+refits without each source in turn and predicts that source: the parameters of a fold are
+one Gauss-Newton step from the all-source fit on the other sources' residuals and Jacobian
+(the model is smooth in them; ``benchmarks/step_time_accuracy.py --exact`` refits each fold
+from scratch to check), and the left-out runs are then predicted exactly.
+
+Uncertainty bands (``bands``): the root-mean-square leave-one-source-out log error of the
+runs like the one estimated, by GPU architecture, trainer and scale, falling back to broader
+classes where a class has too few runs or sources (``BAND_MIN_RUNS``, ``BAND_MIN_SOURCES``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+import hardware_profiles
+from costmodel.errors import SpecError
+from costmodel.estimate import Estimate, estimate
+from costmodel.hardware import GPU
+from costmodel.published import PublishedRun, predict_run
+from costmodel.uncertainty import band_key, scale_class
+
+__all__ = ["BAND_MIN_RUNS", "BAND_MIN_SOURCES", "Fit", "Fold", "RunResult", "band_key", "bands",
+           "fit_transfer", "leave_one_source_out", "load_fit", "run_group", "scale_class",
+           "transfer_toml", "validation_report"]
+
+OVERHEAD_BOUNDS_US = (0.0, 50.0)
+SLOWDOWN_BOUNDS = (0.0, 0.6)
+RATIO_BOUNDS = (0.3, 1.3)
+#: Robust loss: residuals beyond F_SCALE (log error) count linearly, not squared, so that a
+#: source the model misses by a wide margin (a trainer behaviour it does not describe) cannot
+#: drag the efficiencies every other run is predicted with (scipy least_squares, soft_l1).
+LOSS = "soft_l1"
+F_SCALE = 0.05
+#: A run whose source leaves a setting unstated (``confidence = "medium"``, the assumption
+#: named in its note) counts this much in the fit, a fully stated one 1.
+MEDIUM_WEIGHT = 0.5
+#: An architecture's own ratio is fitted only from runs of at least this many independent
+#: sources; with fewer, its GPUs take the pooled ratio (one source's trainer or flags could
+#: otherwise set a whole generation's efficiency).
+ARCH_MIN_SOURCES = 2
+#: A band needs this many runs from this many independent sources; else the next broader class.
+BAND_MIN_RUNS = 6
+BAND_MIN_SOURCES = 2
+
+
+def run_group(run: PublishedRun) -> str:
+    """The independent source a run comes from (its ``group``; the calibration set's rows
+    are named ``<source>_<...>``)."""
+    return run.group or run.id.split("_")[0]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Fitted parameters: ``ratios`` per architecture, ``pooled`` for the others,
+    ``kernel_overhead_us`` and ``comm_slowdown`` (``KernelEfficiency``)."""
+
+    ratios: dict[str, float]
+    pooled: float
+    kernel_overhead_us: float
+    comm_slowdown: float = 0.0
+    attention: float = 1.0
+
+    def vector(self, archs: Sequence[str]) -> np.ndarray:
+        """``[log ratio per arch..., log attention ratio, overhead, slowdown]``."""
+        return np.array([math.log(self.ratios.get(a, self.pooled)) for a in archs]
+                        + [math.log(self.attention), self.kernel_overhead_us,
+                           self.comm_slowdown])
+
+
+N_SHARED = 3  # attention ratio, kernel overhead, comm slowdown (after the per-arch ratios)
+
+
+def _bounds(n_archs: int) -> tuple[list[float], list[float]]:
+    lo = [math.log(RATIO_BOUNDS[0])] * (n_archs + 1) + [OVERHEAD_BOUNDS_US[0],
+                                                        SLOWDOWN_BOUNDS[0]]
+    hi = [math.log(RATIO_BOUNDS[1])] * (n_archs + 1) + [OVERHEAD_BOUNDS_US[1],
+                                                        SLOWDOWN_BOUNDS[1]]
+    return lo, hi
+
+
+def _fit_from(x: np.ndarray, archs: Sequence[str], weights: Sequence[float]) -> Fit:
+    logs = np.asarray(x[:-N_SHARED], dtype=float)
+    w = np.asarray(weights, dtype=float)
+    pooled = float(np.exp((logs * w).sum() / w.sum())) if len(archs) and w.sum() > 0 else 1.0
+    return Fit(ratios={str(a): float(np.exp(v)) for a, v in zip(archs, logs, strict=True)},
+               pooled=pooled, attention=float(np.exp(x[-3])), kernel_overhead_us=float(x[-2]),
+               comm_slowdown=float(x[-1]))
+
+
+def fitted_architectures(runs: Sequence[PublishedRun], arch_of: Sequence[str]) -> list[str]:
+    """The architectures whose ratio ``runs`` determine (``ARCH_MIN_SOURCES``), sorted."""
+    sources: dict[str, set[str]] = {}
+    for r, a in zip(runs, arch_of, strict=True):
+        sources.setdefault(a, set()).add(run_group(r))
+    need = min(ARCH_MIN_SOURCES, len(set().union(*sources.values())) if sources else 1)
+    return sorted(a for a, s in sources.items() if len(s) >= need)
+
+
+class _Model:
+    """Predicts runs for parameter vectors; the raw (uncalibrated) GPU profiles cached."""
+
+    def __init__(self, runs: Sequence[PublishedRun]) -> None:
+        self.runs = list(runs)
+        self._raw: dict[str, GPU] = {}
+        for r in self.runs:
+            name = r.cluster.gpu.name
+            if name not in self._raw:
+                try:
+                    self._raw[name] = GPU.preset(name, calibrated=False)
+                except SpecError:
+                    raise SpecError(f"run {r.id!r}: its GPU {name!r} is not a shipped profile; "
+                                    "calibrate fits the shipped profiles (see 'planner gpus')"
+                                    ) from None
+        self.arch_of = [self._raw[r.cluster.gpu.name].architecture for r in self.runs]
+        #: Square roots of the runs' weights in the fit (``MEDIUM_WEIGHT``).
+        self.root_w = np.sqrt([MEDIUM_WEIGHT if r.confidence == "medium" else 1.0
+                               for r in self.runs])
+        self.archs = fitted_architectures(self.runs, self.arch_of)
+
+    def gpu(self, name: str, fit: Fit) -> GPU:
+        raw = self._raw[name]
+        ratio = fit.ratios.get(raw.architecture, fit.pooled)
+        e = raw.efficiency
+        scaled = {k: min(1.0, getattr(e, k) * ratio) if getattr(e, k) is not None else None
+                  for k in ("gemm", "gemm_fp8", "gemm_unaligned")}
+        for k in ("attention", "attention_backward"):
+            scaled[k] = min(1.0, getattr(e, k) * fit.attention)
+        return replace(raw, efficiency=replace(
+            e, kernel_overhead_s=fit.kernel_overhead_us * 1e-6,
+            comm_slowdown=fit.comm_slowdown, **scaled))
+
+    def estimates(self, fit: Fit, idx: Sequence[int] | None = None) -> list[Estimate]:
+        """The runs (all, or those at ``idx``) estimated with ``fit``."""
+        out = []
+        for i in (range(len(self.runs)) if idx is None else idx):
+            run = self.runs[i]
+            cluster = replace(run.cluster, gpu=self.gpu(run.cluster.gpu.name, fit))
+            out.append(estimate(run.model, cluster, run.job, run.config))
+        return out
+
+    def log_errors(self, fit: Fit, idx: Sequence[int] | None = None) -> np.ndarray:
+        """``log(predicted / measured)`` of the runs (all, or those at ``idx``)."""
+        ids = range(len(self.runs)) if idx is None else idx
+        return np.array([math.log(predict_run(self.runs[i], est) / self.runs[i].measured)
+                         for i, est in zip(ids, self.estimates(fit, ids), strict=True)])
+
+
+def fit_transfer(runs: Sequence[PublishedRun], start: Fit | None = None) -> tuple[Fit, np.ndarray]:
+    """Fit the per-architecture ratios and the kernel overhead to ``runs``; returns the fit
+    and the runs' log errors under it."""
+    from scipy.optimize import least_squares
+
+    if not runs:
+        raise SpecError("no runs to fit")
+    model = _Model(runs)
+    archs = model.archs
+    counts = [model.arch_of.count(a) for a in archs]
+    x0 = (start or Fit({}, 0.86, 5.0, 0.1, 0.86)).vector(archs)
+    lo, hi = _bounds(len(archs))
+    x0 = np.clip(x0, lo, hi)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return model.root_w * model.log_errors(_fit_from(x, archs, counts))
+
+    sol = least_squares(residuals, x0, bounds=(lo, hi),
+                        x_scale=[0.1] * (len(archs) + 1) + [5.0, 0.1],
+                        diff_step=1e-3, loss=LOSS, f_scale=F_SCALE)
+    fit = _fit_from(sol.x, archs, counts)
+    return fit, model.log_errors(fit)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One source left out: the parameters fitted without it and its runs' log errors."""
+
+    group: str
+    fit: Fit
+    log_errors: np.ndarray
+
+
+def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
+                         refit: Callable[[Sequence[PublishedRun], Fit], Fit] | None = None,
+                         only: Collection[str] | None = None) -> dict[str, Fold]:
+    """For each source, the fit without it and the log errors it then makes on that source.
+
+    Default: one Gauss-Newton step from ``fit`` (the all-source fit) on the other sources'
+    residuals, with the Jacobian at ``fit`` by forward differences; an architecture that no
+    other source ran on takes the pooled ratio of the rest, as a GPU without runs does.
+    ``refit(runs, start)``: refit each fold from scratch instead (slow; for checking).
+    ``only``: the sources to leave out (default: each in turn).
+    """
+    model = _Model(runs)
+    archs = model.archs
+    groups = np.array([run_group(r) for r in runs])
+    arch_of = np.array([model._raw[r.cluster.gpu.name].architecture for r in runs])
+    out: dict[str, Fold] = {}
+    if refit is None:
+        x = fit.vector(archs)
+        r0 = model.log_errors(fit)
+        steps = np.array([1e-3] * (len(archs) + 1) + [0.05, 1e-3])
+        jac = np.empty((len(runs), len(x)))
+        counts = [int((arch_of == a).sum()) for a in archs]
+        for j in range(len(x)):
+            xj = x.copy()
+            xj[j] += steps[j]
+            jac[:, j] = (model.log_errors(_fit_from(xj, archs, counts)) - r0) / steps[j]
+    for g in dict.fromkeys(groups):
+        if only is not None and g not in only:
+            continue
+        test = np.flatnonzero(groups == g)
+        train = np.flatnonzero(groups != g)
+        if refit is not None:
+            fold_fit = refit([runs[i] for i in train], fit)
+        else:
+            seen = fitted_architectures([runs[i] for i in train], list(arch_of[train]))
+            cols = [archs.index(a) for a in seen] + [len(archs) + k for k in range(N_SHARED)]
+            w = model.root_w[train]
+            xs = _robust_step(jac[np.ix_(train, cols)] * w[:, None], r0[train] * w, x[cols],
+                              *_bounds(len(seen)))
+            fold_fit = _fit_from(xs, seen, [int((arch_of[train] == a).sum()) for a in seen])
+        out[str(g)] = Fold(group=str(g), fit=fold_fit,
+                           log_errors=model.log_errors(fold_fit, test))
+    return out
+
+
+def _robust_step(jac: np.ndarray, r0: np.ndarray, x0: np.ndarray, lo: Sequence[float],
+                 hi: Sequence[float]) -> np.ndarray:
+    """The minimum of the fit's robust loss on the linearized model ``r0 + jac (x - x0)``
+    within the bounds: iteratively reweighted least squares with soft_l1's weights
+    ``1 / sqrt(1 + (r / F_SCALE)^2)`` (scipy's loss, the one ``fit_transfer`` minimizes)."""
+    x = x0.copy()
+    for _ in range(30):
+        r = r0 + jac @ (x - x0)
+        w = np.sqrt(1.0 / np.sqrt(1.0 + (r / F_SCALE) ** 2))
+        dx, *_ = np.linalg.lstsq(jac * w[:, None], -(r0 - jac @ x0) * w, rcond=None)
+        new = np.clip(dx, lo, hi)
+        if np.allclose(new, x, rtol=0, atol=1e-9):
+            break
+        x = new
+    return x
+
+
+def bands(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, dict[str, float]]:
+    """Uncertainty bands from the leave-one-source-out errors: for each class (``band_key``)
+    with at least ``BAND_MIN_RUNS`` runs from ``BAND_MIN_SOURCES`` sources, the RMS of their
+    log errors as a relative band (``exp(rms) - 1``), with its run and source counts."""
+    model = _Model(runs)
+    errs: dict[str, list[float]] = {}
+    srcs: dict[str, set[str]] = {}
+    order = {r.id: i for i, r in enumerate(runs)}
+    by_group: dict[str, list[int]] = {}
+    for r in runs:
+        by_group.setdefault(run_group(r), []).append(order[r.id])
+    for g, fold in folds.items():
+        for i, err in zip(by_group[g], fold.log_errors, strict=True):
+            r = runs[i]
+            arch = model._raw[r.cluster.gpu.name].architecture
+            for key in band_key(arch, r.job.framework, r.cluster.num_gpus):
+                errs.setdefault(key, []).append(float(err))
+                srcs.setdefault(key, set()).add(g)
+    out = {}
+    for key, e in errs.items():
+        if (len(e) >= BAND_MIN_RUNS and len(srcs[key]) >= BAND_MIN_SOURCES) or key == "*":
+            rms = float(np.sqrt(np.mean(np.square(e))))
+            out[key] = {"band": math.expm1(rms), "runs": len(e), "sources": len(srcs[key])}
+    return out
+
+
+def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray,
+                  folds: dict[str, Fold], provenance: str) -> str:
+    """The ``calibrated/transfer.toml`` text: the fit, its bands and every run's fit and
+    leave-one-source-out errors."""
+    loso = {}
+    by_group: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        by_group.setdefault(run_group(r), []).append(i)
+    for g, fold in folds.items():
+        for i, err in zip(by_group[g], fold.log_errors, strict=True):
+            loso[runs[i].id] = math.expm1(float(err))
+    lines = [
+        "# Written by `planner calibrate`; do not edit by hand, re-run the command.",
+        f'provenance = "{provenance}"',
+        "",
+        "[transfer]",
+        "# In-training over microbenchmark matmul/attention fraction; the pooled ratio serves",
+        "# architectures without runs. kernel_overhead_us: the fixed cost of one kernel.",
+        f"gemm = {fit.pooled:.4f}",
+        "# Fused attention kernels over their microbenchmark fraction, every architecture.",
+        f"attention = {fit.attention:.4f}",
+        "memory = 1.0000",
+        f"kernel_overhead_us = {fit.kernel_overhead_us:.3f}",
+        "# Seconds of compute lost per second of communication running beside it.",
+        f"comm_slowdown = {fit.comm_slowdown:.4f}",
+        "",
+        "[transfer.architecture]",
+        *(f"{a} = {v:.4f}" for a, v in sorted(fit.ratios.items())),
+        "",
+        "[bands]",
+        "# Relative uncertainty of a step-time estimate: the RMS leave-one-source-out error",
+        "# of the published runs of its class (architecture/trainer/GPUs), broadest last.",
+    ]
+    for key, b in sorted(bands(runs, folds).items()):
+        lines.append(f'"{key}" = {{ band = {b["band"]:.4f}, runs = {b["runs"]}, '
+                     f'sources = {b["sources"]} }}')
+    lines += ["", "[runs]"]
+    for r, err in zip(runs, log_errors, strict=True):
+        lines.append(f'"{r.id}" = {{ fit = {math.expm1(float(err)):+.4f}, loso = '
+                     f'{loso.get(r.id, math.nan):+.4f} }}')
+    return "\n".join(lines) + "\n"
+
+
+def load_fit(path: str | Path | None = None) -> Fit:
+    """The fit in a ``transfer.toml`` (default: the one every GPU profile takes,
+    ``hardware_profiles.transfer_path()``)."""
+    p = Path(path) if path is not None else hardware_profiles.transfer_path()
+    t = hardware_profiles.load_file(p).get("transfer")
+    if not isinstance(t, dict) or "gemm" not in t or "kernel_overhead_us" not in t:
+        raise SpecError(f"{str(p)!r} has no [transfer] table with gemm and kernel_overhead_us; "
+                        "write one with 'planner calibrate'")
+    arch = t.get("architecture") if isinstance(t.get("architecture"), dict) else {}
+    return Fit(ratios={str(k): float(v) for k, v in arch.items()}, pooled=float(t["gemm"]),
+               kernel_overhead_us=float(t["kernel_overhead_us"]),
+               comm_slowdown=float(t.get("comm_slowdown", 0.0)),
+               attention=float(t.get("attention", t["gemm"])))
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run under the fit: ``predicted`` (in the run's measure), ``error`` = predicted /
+    measured - 1, ``loso_error`` the same with the run's source left out of the fit (None
+    where not computed), and the estimate's peak memory (GiB) and whether it fits."""
+
+    run: PublishedRun
+    predicted: float
+    error: float
+    loso_error: float | None
+    peak_memory_gib: float
+    fits: bool
+
+    @property
+    def memory_error(self) -> float | None:
+        """Predicted over published peak memory - 1, where the source publishes it."""
+        if self.run.peak_memory_gib is None:
+            return None
+        return self.peak_memory_gib / self.run.peak_memory_gib - 1.0
+
+
+def validation_report(runs: Sequence[PublishedRun], fit: Fit, loso: bool = True
+                      ) -> list[RunResult]:
+    """Every run predicted with ``fit``, and with its source left out of it (``loso``; needs
+    runs from at least two sources, and ``runs`` to be the fit's training rows)."""
+    model = _Model(runs)
+    ests = model.estimates(fit)
+    folds = leave_one_source_out(runs, fit) if loso and len({run_group(r) for r in runs}) > 1 \
+        else {}
+    loso_of: dict[str, float] = {}
+    by_group: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        by_group.setdefault(run_group(r), []).append(i)
+    for g, fold in folds.items():
+        for i, err in zip(by_group[g], fold.log_errors, strict=True):
+            loso_of[runs[i].id] = math.expm1(float(err))
+    out = []
+    for r, est in zip(runs, ests, strict=True):
+        pred = predict_run(r, est)
+        out.append(RunResult(run=r, predicted=pred, error=pred / r.measured - 1.0,
+                             loso_error=loso_of.get(r.id), fits=bool(est.fits),
+                             peak_memory_gib=float(est.peak_memory_bytes) / 1024**3))
+    return out

@@ -1,0 +1,45 @@
+"""How far off a step-time estimate is likely to be: the band ``planner calibrate`` derives
+from its leave-one-source-out errors on published runs of the same class (GPU architecture,
+trainer, scale), stored in ``[bands]`` of ``hardware_profiles/calibrated/transfer.toml``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hardware_profiles
+from hardware_profiles.files import is_file
+
+__all__ = ["band_for", "band_key", "scale_class"]
+
+
+def scale_class(num_gpus: int) -> str:
+    """The scale class of a run or plan: one node, up to 512 GPUs, or more."""
+    if num_gpus <= 8:
+        return "1-8"
+    return "9-512" if num_gpus <= 512 else ">512"
+
+
+def band_key(architecture: str, trainer: str, num_gpus: int) -> tuple[str, ...]:
+    """The classes a band is looked up by, most specific first, broadest (``*``) last."""
+    return (f"{architecture}/{trainer}/{scale_class(num_gpus)}", f"{architecture}/{trainer}",
+            f"*/{trainer}", "*")
+
+
+def band_for(architecture: str, trainer: str, num_gpus: int) -> tuple[float, str] | None:
+    """(relative band, what it rests on) for an estimate of this class: the RMS
+    leave-one-source-out error of the most specific class with enough published runs; None
+    when no fit with bands is installed."""
+    path = hardware_profiles.transfer_path()
+    if not is_file(path):
+        return None
+    table: Any = hardware_profiles.load_file(path).get("bands")
+    if not isinstance(table, dict):
+        return None
+    for key in band_key(architecture, trainer, num_gpus):
+        b = table.get(key)
+        if isinstance(b, dict) and "band" in b:
+            what = key.replace("*/", "").replace("/", ", ") if key != "*" else "all"
+            return float(b["band"]), (f"RMS error of {int(b.get('runs', 0))} published runs "
+                                      f"({what}; {int(b.get('sources', 0))} sources) predicted "
+                                      "with their source left out of the fit")
+    return None

@@ -1,0 +1,113 @@
+"""What ``planner validate`` and ``planner calibrate`` print: every published run predicted
+under the fit and with its source left out of it, per source, and the peak memory where the
+source publishes it (``costmodel.calibration``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from costmodel.calibration import Fit, RunResult, run_group
+
+__all__ = ["UNITS", "describe", "print_results", "result_rows", "summary"]
+
+UNITS = {"iteration_time_s": "s/iter", "tokens_per_s_per_gpu": "tok/s/GPU",
+         "tflops_per_gpu": "TFLOP/s/GPU"}
+
+
+def _pct(x: float | None) -> str:
+    return "     -" if x is None else f"{100 * x:+6.1f}%"
+
+
+def result_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """One JSON-ready dict per run: its figure predicted and measured, the error under the
+    fit and with its source left out (``loso_error``, None where not computed), and the
+    peak memory predicted and published (GiB)."""
+    return [{"id": r.run.id, "group": run_group(r.run), "measure": r.run.measure,
+             "predicted": r.predicted, "measured": r.run.measured, "error": r.error,
+             "loso_error": r.loso_error, "fits": r.fits,
+             "peak_memory_gib": r.peak_memory_gib,
+             "published_peak_memory_gib": r.run.peak_memory_gib,
+             "memory_error": r.memory_error}
+            for r in results]
+
+
+def _stats(errors: Sequence[float]) -> dict[str, float]:
+    a = np.abs(np.asarray(errors, dtype=float))
+    return {"mean_abs_error": float(a.mean()), "median_abs_error": float(np.median(a)),
+            "max_abs_error": float(a.max())}
+
+
+def summary(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
+    """Per source and for ``"all"``: runs, the fit's mean / median / max |error|, the same
+    left out of the fit (``loso_*``, where computed); ``"memory"``: the runs that publish
+    peak memory and the error on it, and how many published runs are predicted not to
+    fit."""
+    out: dict[str, dict[str, Any]] = {}
+    keys = [*dict.fromkeys(run_group(r.run) for r in results), "all"]
+    for key in keys:
+        mine = [r for r in results if key in ("all", run_group(r.run))]
+        row: dict[str, Any] = {"runs": len(mine), **_stats([r.error for r in mine])}
+        loso = [r.loso_error for r in mine if r.loso_error is not None]
+        if len(loso) == len(mine):
+            row.update({f"loso_{k}": v for k, v in _stats(loso).items()})
+        out[key] = row
+    mem = [r.memory_error for r in results if r.memory_error is not None]
+    out["memory"] = {"runs": len(mem), "predicted_not_to_fit": [r.run.id for r in results
+                                                                if not r.fits]}
+    if mem:
+        out["memory"].update(_stats(mem))
+    return out
+
+
+def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: bool = True
+                  ) -> None:
+    """The per-run table (unless ``runs_table`` is False), the per-source table and the
+    memory check, as ``planner validate`` prints them."""
+    has_loso = any(r.loso_error is not None for r in results)
+    if runs_table:
+        print(f"{'run':<50s} {'measure':<11s} {'predicted':>10s} {'measured':>10s} "
+              f"{'error':>7s}" + (f" {'LOSO':>7s}" if has_loso else ""))
+        for r in results:
+            print(f"{r.run.id[:50]:<50s} {UNITS[r.run.measure]:<11s} {r.predicted:>10.2f} "
+                  f"{r.run.measured:>10.2f} {_pct(r.error)}"
+                  + (f" {_pct(r.loso_error)}" if has_loso else ""))
+        print()
+    sm = summary(results)
+    head = f"{'source':<26s} {'runs':>4s}  {'fit mean':>8s} {'max':>7s}"
+    if has_loso:
+        head += f"  {'left out: mean':>14s} {'max':>7s}"
+    print(head)
+    for key, row in sm.items():
+        if key == "memory":
+            continue
+        line = (f"{key:<26s} {row['runs']:>4d}  {100 * row['mean_abs_error']:>7.2f}% "
+                f"{100 * row['max_abs_error']:>6.1f}%")
+        if "loso_mean_abs_error" in row:
+            line += (f"  {100 * row['loso_mean_abs_error']:>13.2f}% "
+                     f"{100 * row['loso_max_abs_error']:>6.1f}%")
+        print(line)
+    allrow = sm["all"]
+    if "loso_mean_abs_error" in allrow:
+        print(f"\nleft out of the fit (leave-one-source-out), {allrow['runs']} runs: mean "
+              f"|error| {100 * allrow['loso_mean_abs_error']:.2f}%, median "
+              f"{100 * allrow['loso_median_abs_error']:.2f}%")
+    mem = sm["memory"]
+    if mem["runs"]:
+        print(f"peak memory, {mem['runs']} runs that publish it: mean |error| "
+              f"{100 * mem['mean_abs_error']:.1f}%, max {100 * mem['max_abs_error']:.1f}%")
+    nofit = mem["predicted_not_to_fit"]
+    print(f"published runs predicted not to fit: {len(nofit)} of {len(results)}"
+          + (f" ({', '.join(nofit)})" if nofit else ""))
+    if fit is not None:
+        print("fit: " + describe(fit))
+
+
+def describe(fit: Fit) -> str:
+    """The fitted parameters in one line."""
+    ratios = ", ".join(f"{a} {v:.3f}" for a, v in sorted(fit.ratios.items()))
+    return (f"matmul in-training/microbenchmark ratio {ratios} (others {fit.pooled:.3f}); "
+            f"attention {fit.attention:.3f}; kernel overhead {fit.kernel_overhead_us:.2f} us; "
+            f"compute slowdown per second of overlapped communication {fit.comm_slowdown:.3f}")

@@ -1,0 +1,137 @@
+"""The physics the published runs pointed at, and the uncertainty band every estimate carries."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import hardware_profiles
+from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
+from costmodel.compute import EAGER_RMSNORM_BYTES, eager_bytes, layer_compute
+from costmodel.hardware import GPU
+from costmodel.memory import ConfigArrays, memory_table
+from costmodel.uncertainty import band_for, band_key
+from planner.cli import main
+
+LLAMA8 = ModelSpec.preset("llama-3-8b")
+H100 = Cluster.preset("dgx-h100", num_nodes=1)
+
+
+def _job(fw: str = "torchtitan", **kw: object) -> Job:
+    return Job(global_batch_size=16, seq_len=8192, framework=fw, **kw)
+
+
+def test_torchtitans_per_op_selective_ac_keeps_what_its_policy_saves() -> None:
+    # torchtitan's "op" selective AC saves the block input, the outputs of wq, wv, w1, w2 and
+    # the attention kernel (O and its fp32 log-sum-exp), and recomputes wk, wo, w3 and every
+    # memory-bound op (torchtitan/models/llama3/infra/parallelize.py, _apply_ac_to_block).
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2, recompute="selective")
+    a = ConfigArrays.from_configs(LLAMA8, [cfg])
+    tt = memory_table(LLAMA8, H100, _job(), a).layer_activations[0, 0] / LLAMA8.num_layers
+    tokens = 2 * 8192
+    h, q, kv, f = 4096, 4096, 1024, 14336
+    expected = tokens * (2 * h + 2 * (2 * q + kv) + 4 * 32 + 2 * (f + h))
+    assert tt == pytest.approx(expected)
+    # Megatron-LM's selective recompute (Korthikanti et al. 2022) keeps far more: the MLP's
+    # inner tensors and every norm input.
+    mg = memory_table(LLAMA8, H100, _job("megatron"), a).layer_activations[0, 0] \
+        / LLAMA8.num_layers
+    assert mg > 2 * tt
+    # ... and torchtitan re-runs those matmuls in backward: wk + wo + w3 of the forward.
+    lc = layer_compute(LLAMA8, H100.gpu, _job(), np.array([1]), np.array([1]), np.array([2]),
+                       np.array([0]), moe=False)
+    assert lc.selective_flops[0] == pytest.approx(2 * tokens * (h * kv + q * h + h * f))
+    assert lc.selective[0] > 0
+
+
+def test_eager_torchtitan_moves_the_bytes_of_unfused_kernels_and_compile_fuses_them() -> None:
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2, recompute="selective")
+    eager = estimate(LLAMA8, H100, _job(), cfg)
+    compiled = estimate(LLAMA8, H100, _job(compile=True), cfg)
+    assert compiled.step_time_s < eager.step_time_s
+    extra, kernels = eager_bytes(LLAMA8, np.array([1.0]), np.array([1.0]), np.array([1.0]), 2.0)
+    # Two RMSNorms, the complex rotary embedding of q and k, SwiGLU's separate product.
+    assert extra[0] == pytest.approx(2 * EAGER_RMSNORM_BYTES * 4096 + 16.0 * (4096 + 1024)
+                                     + 4.0 * 14336)
+    assert kernels == 2 * 7 + 5 + 1
+    # Megatron-LM runs fused kernels: compile changes nothing there.
+    assert estimate(LLAMA8, H100, _job("megatron", compile=True), cfg).step_time_s == \
+        estimate(LLAMA8, H100, _job("megatron"), cfg).step_time_s
+
+
+def test_torchao_float8_casts_cost_time_and_compile_halves_their_reads() -> None:
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2, recompute="selective")
+    bf16 = estimate(LLAMA8, H100, _job(compile=True), cfg)
+    fp8 = estimate(LLAMA8, H100, _job(compile=True, precision="fp8"), cfg)
+    # Faster, but less than the fp8 peak's 2x: the casts and the bf16 attention remain.
+    assert 1.0 < bf16.step_time_s / fp8.step_time_s < 1.6
+
+
+def test_a_pipeline_keeps_fsdp_gradients_unsharded_until_the_last_micro_batch() -> None:
+    # torch.distributed.pipelining turns FSDP's gradient sync off for every backward but the
+    # last (stage.py, backward_maybe_with_nosync): the stage's gradients accumulate unsharded
+    # in the reduce dtype (fp32), and are reduce-scattered once per step.
+    model = ModelSpec.preset("llama-3-70b")
+    cl = Cluster.preset("dgx-h100", num_nodes=4)
+    job = Job(global_batch_size=64, seq_len=4096)
+    flat = ParallelConfig(dp=4, tp=8, zero_stage=3, micro_batch_size=1)
+    piped = ParallelConfig(dp=2, tp=8, pp=2, zero_stage=3, micro_batch_size=1)
+    e_flat = estimate(model, cl, job, flat)
+    e_pp = estimate(model, cl, job, piped)
+    stage_params = e_pp.stages[0].layer_params + e_pp.stages[0].embedding_params
+    assert e_pp.stages[0].memory.gradients_bytes >= 4.0 * stage_params
+    assert e_flat.memory.gradients_bytes < e_pp.stages[0].memory.gradients_bytes / 2
+
+
+def test_the_500_w_hbm2e_h100_is_its_own_profile() -> None:
+    # torchtitan's H100 benchmarks ran on 96 GB HBM2e parts at 500 W
+    # (benchmarks/llama3_h100_202412_torchtitan.md, Hardware).
+    gpu = GPU.preset("h100-sxm-96gb")
+    sxm = GPU.preset("h100-sxm")
+    assert gpu.memory_bandwidth_bytes_per_s == pytest.approx(2.4e12)
+    assert gpu.architecture == sxm.architecture == "hopper"
+    assert gpu.peak_flops("bf16") < sxm.peak_flops("bf16")
+    assert gpu.memory_bytes > sxm.memory_bytes
+
+
+def test_every_estimate_carries_the_band_of_published_runs_like_it() -> None:
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2, recompute="selective")
+    est = estimate(LLAMA8, H100, _job(), cfg)
+    found = band_for("hopper", "torchtitan", 8)
+    assert found is not None
+    assert est.step_time_band == pytest.approx(found[0]) and est.step_time_band > 0
+    assert "published runs" in est.step_time_band_basis
+    assert f"(± {100 * est.step_time_band:.0f} %)" in est.summary()
+    d = est.to_dict()
+    assert d["step_time_band"] == est.step_time_band
+    # The band is looked up most specific first, broadest last.
+    assert band_key("hopper", "torchtitan", 8) == ("hopper/torchtitan/1-8",
+                                                   "hopper/torchtitan", "*/torchtitan", "*")
+    bands = hardware_profiles.load_file(hardware_profiles.transfer_path())["bands"]
+    assert "*" in bands
+
+
+def test_two_estimates_within_each_others_band_are_called_so() -> None:
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2, recompute="selective")
+    a = estimate(LLAMA8, H100, _job(), cfg)
+    b = dataclasses.replace(a, step_time_s=a.step_time_s * (1 + a.step_time_band / 2))
+    c = dataclasses.replace(a, step_time_s=a.step_time_s * (1 + 2 * a.step_time_band))
+    assert a.within_band(b) and b.within_band(a)
+    assert not a.within_band(c)
+
+
+def test_plan_estimate_and_compare_show_the_band(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--model", "llama-3-8b", "--gpus", "8", "--gpu", "h100-sxm",
+            "--global-batch-size", "16", "--seq-len", "8192"]
+    assert main(["estimate", *args, "--zero", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["estimate"]["step_time_band"] > 0
+    assert main(["plan", *args]) == 0
+    assert "%)" in capsys.readouterr().out
+    assert main(["compare", *args, "--config", "dp=8 zero=3", "--config",
+                 "dp=8 zero=3 recompute=full"]) == 0
+    text = capsys.readouterr().out
+    assert "(±" in text
