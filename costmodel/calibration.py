@@ -41,7 +41,8 @@ from costmodel.published import PublishedRun, predict_run
 from costmodel.uncertainty import band_key, scale_class
 
 __all__ = ["BAND_MIN_RUNS", "BAND_MIN_SOURCES", "Fit", "Fold", "RunResult", "band_key", "bands",
-           "fit_transfer", "leave_one_source_out", "load_fit", "run_group", "scale_class",
+           "compared_memory_gib", "fit_transfer", "leave_one_source_out", "load_fit",
+           "loso_log_errors", "run_group", "scale_class",
            "transfer_toml", "validation_report"]
 
 OVERHEAD_BOUNDS_US = (0.0, 50.0)
@@ -261,6 +262,15 @@ def _robust_step(jac: np.ndarray, r0: np.ndarray, x0: np.ndarray, lo: Sequence[f
     return x
 
 
+def loso_log_errors(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, float]:
+    """Run id -> its log error with its source left out, for the runs of ``folds``."""
+    by_group: dict[str, list[PublishedRun]] = {}
+    for r in runs:
+        by_group.setdefault(run_group(r), []).append(r)
+    return {r.id: float(err) for g, fold in folds.items()
+            for r, err in zip(by_group[g], fold.log_errors, strict=True)}
+
+
 def bands(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, dict[str, float]]:
     """Uncertainty bands from the leave-one-source-out errors: for each class (``band_key``)
     with at least ``BAND_MIN_RUNS`` runs from ``BAND_MIN_SOURCES`` sources, the RMS of their
@@ -268,17 +278,13 @@ def bands(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, dic
     model = _Model(runs)
     errs: dict[str, list[float]] = {}
     srcs: dict[str, set[str]] = {}
-    order = {r.id: i for i, r in enumerate(runs)}
-    by_group: dict[str, list[int]] = {}
-    for r in runs:
-        by_group.setdefault(run_group(r), []).append(order[r.id])
-    for g, fold in folds.items():
-        for i, err in zip(by_group[g], fold.log_errors, strict=True):
-            r = runs[i]
-            arch = model._raw[r.cluster.gpu.name].architecture
-            for key in band_key(arch, r.job.framework, r.cluster.num_gpus):
-                errs.setdefault(key, []).append(float(err))
-                srcs.setdefault(key, set()).add(g)
+    loso = loso_log_errors(runs, folds)
+    for r, arch in zip(runs, model.arch_of, strict=True):
+        if r.id not in loso:
+            continue
+        for key in band_key(arch, r.job.framework, r.cluster.num_gpus):
+            errs.setdefault(key, []).append(loso[r.id])
+            srcs.setdefault(key, set()).add(run_group(r))
     out = {}
     for key, e in errs.items():
         if (len(e) >= BAND_MIN_RUNS and len(srcs[key]) >= BAND_MIN_SOURCES) or key == "*":
@@ -291,13 +297,7 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
                   folds: dict[str, Fold], provenance: str) -> str:
     """The ``calibrated/transfer.toml`` text: the fit, its bands and every run's fit and
     leave-one-source-out errors."""
-    loso = {}
-    by_group: dict[str, list[int]] = {}
-    for i, r in enumerate(runs):
-        by_group.setdefault(run_group(r), []).append(i)
-    for g, fold in folds.items():
-        for i, err in zip(by_group[g], fold.log_errors, strict=True):
-            loso[runs[i].id] = math.expm1(float(err))
+    loso = {k: math.expm1(v) for k, v in loso_log_errors(runs, folds).items()}
     lines = [
         "# Written by `planner calibrate`; do not edit by hand, re-run the command.",
         f'provenance = "{provenance}"',
@@ -357,34 +357,47 @@ class RunResult:
     loso_error: float | None
     peak_memory_gib: float
     fits: bool
+    #: The estimate in the published peak's terms (GiB): the allocator's tensors (the peak
+    #: less the CUDA context, cuBLAS and NCCL buffers), and for a "max reserved" figure
+    #: over (1 - the allocator's fragmentation, software.toml [runtime]).
+    compared_memory_gib: float = math.nan
 
     @property
     def memory_error(self) -> float | None:
         """Predicted over published peak memory - 1, where the source publishes it."""
         if self.run.peak_memory_gib is None:
             return None
-        return self.peak_memory_gib / self.run.peak_memory_gib - 1.0
+        return self.compared_memory_gib / self.run.peak_memory_gib - 1.0
 
 
-def validation_report(runs: Sequence[PublishedRun], fit: Fit, loso: bool = True
-                      ) -> list[RunResult]:
+def compared_memory_gib(run: PublishedRun, est: Estimate) -> float:
+    """The estimate's peak as the run's source measured it (``RunResult.compared_memory_gib``):
+    PyTorch's allocator peak (``max_memory_allocated``) is the estimate less its
+    ``overhead`` term, and its reserved peak (``max_memory_reserved``) that over
+    ``1 - allocator_fragmentation``."""
+    allocated = (float(est.peak_memory_bytes) - est.memory.overhead_bytes) / 1024**3
+    if "reserved" in run.peak_memory_what:
+        frag = float(hardware_profiles.load_software()["runtime"]["allocator_fragmentation"])
+        return allocated / (1.0 - frag)
+    return allocated
+
+
+def validation_report(runs: Sequence[PublishedRun], fit: Fit, loso: bool = True,
+                      folds: dict[str, Fold] | None = None) -> list[RunResult]:
     """Every run predicted with ``fit``, and with its source left out of it (``loso``; needs
-    runs from at least two sources, and ``runs`` to be the fit's training rows)."""
+    runs from at least two sources, and ``runs`` to be the fit's training rows; ``folds``:
+    ones already computed)."""
     model = _Model(runs)
     ests = model.estimates(fit)
-    folds = leave_one_source_out(runs, fit) if loso and len({run_group(r) for r in runs}) > 1 \
-        else {}
-    loso_of: dict[str, float] = {}
-    by_group: dict[str, list[int]] = {}
-    for i, r in enumerate(runs):
-        by_group.setdefault(run_group(r), []).append(i)
-    for g, fold in folds.items():
-        for i, err in zip(by_group[g], fold.log_errors, strict=True):
-            loso_of[runs[i].id] = math.expm1(float(err))
+    if folds is None:
+        folds = leave_one_source_out(runs, fit) \
+            if loso and len({run_group(r) for r in runs}) > 1 else {}
+    loso_of = {k: math.expm1(v) for k, v in loso_log_errors(runs, folds).items()}
     out = []
     for r, est in zip(runs, ests, strict=True):
         pred = predict_run(r, est)
         out.append(RunResult(run=r, predicted=pred, error=pred / r.measured - 1.0,
                              loso_error=loso_of.get(r.id), fits=bool(est.fits),
-                             peak_memory_gib=float(est.peak_memory_bytes) / 1024**3))
+                             peak_memory_gib=float(est.peak_memory_bytes) / 1024**3,
+                             compared_memory_gib=compared_memory_gib(r, est)))
     return out

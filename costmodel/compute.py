@@ -33,12 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.config import Job
-from costmodel.frameworks import framework, padded_vocab
+from costmodel.frameworks import Framework, framework, padded_vocab
 from costmodel.hardware import GPU
 from costmodel.model import ModelSpec
 
-__all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "flash_attention_time",
-           "gemm_time", "layer_compute", "lm_head_compute", "memory_time"]
+__all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "eager_bytes",
+           "flash_attention_time", "float8_cast_time", "gemm_time", "layer_compute",
+           "lm_head_compute", "memory_time", "op_sac_saves_no_matmul"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -308,7 +309,13 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     if fw.torchao_float8 and job.precision == "fp8":
         cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
-    if fw.selective_recompute == "op":
+    if fw.selective_recompute == "op" and op_sac_saves_no_matmul(fw, job):
+        # Its save list names aten.mm, not the float8 linears' aten._scaled_mm: every linear
+        # of the block runs again in backward, with every memory-bound kernel.
+        selective = qkv_gemm + proj_gemm + mlp_f + ew_fwd \
+            + (0.0 if job.flash_attention else core_f)
+        selective_flops = f_flops - (core_flops if job.flash_attention else 0.0)
+    elif fw.selective_recompute == "op":
         # torchtitan's per-op selective AC re-runs in backward every second matmul of the
         # block in call order (wq, wk, wv, wo, then w1, w3, w2 gated or fc1, fc2: wk, wo and
         # w3 or fc2) and every memory-bound kernel; a non-fused attention core too.
@@ -324,6 +331,14 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                         selective_flops=selective_flops, forward_flops=f_flops,
                         core_forward=core_f, core_backward=core_b, qkv_gemm=qkv_gemm,
                         up_gemm=up_gemm, proj_gemm=proj_gemm, down_gemm=down_gemm)
+
+
+def op_sac_saves_no_matmul(fw: Framework, job: Job) -> bool:
+    """Whether torchtitan's per-op selective AC keeps no matmul output: its save list
+    (aten.mm, the fused attention kernels, reduce-scatter, max; torchtitan/models/llama3/
+    parallelize_llama.py ``_save_list``) does not name ``aten._scaled_mm``, which torchao's
+    float8 linears call, so under float8 every linear is recomputed."""
+    return fw.selective_recompute == "op" and fw.torchao_float8 and job.precision == "fp8"
 
 
 #: Bytes per element of torch's eager RMSNorm (the composite ``rms_norm`` of

@@ -87,6 +87,10 @@ class Framework:
     # copies for the weight-gradient matmul; torchao/float8/float8_linear.py), rather than
     # Transformer Engine, which fuses the casts into the preceding norm or activation kernel.
     torchao_float8: bool = False
+    # Megatron-style sequence parallelism of the norm and dropout regions under TP. DeepSpeed's
+    # AutoTP has none (it splits the sequence only with Ulysses, which the planner times as
+    # context parallel), so a search for it does not offer sequence parallel.
+    sequence_parallel: bool = True
 
 
 def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | None:
@@ -156,6 +160,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         # No hybrid sharding: DeepSpeed 0.19 removed MiCS (zero_optimization.mics_shard_size,
         # deepspeedai/DeepSpeed issue 8489), its ZeRO-3 over a sub-group of dp.
         hybrid_shard_stages=(),
+        sequence_parallel=False,
         # Eager SwiGLU: silu saves its input, the product saves silu(gate) and up, and the
         # down projection saves the product: 4 ffn-wide tensors.
         gated_mlp_saved_widths=4,

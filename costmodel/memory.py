@@ -30,7 +30,7 @@ from functools import cached_property
 import numpy as np
 
 import hardware_profiles
-from costmodel.compute import autocast_rows
+from costmodel.compute import autocast_rows, op_sac_saves_no_matmul
 from costmodel.config import Job, ParallelConfig
 from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
@@ -424,6 +424,11 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
         else:
             ffn = float(model.ffn_hidden_size or 0)
             mlp_op = e * tokens * (ffn + h) / tp
+        if op_sac_saves_no_matmul(fw, job):
+            # float8 linears are not on the save list: only the attention kernel's output
+            # and log-sum-exp stay (compute.op_sac_saves_no_matmul).
+            attn_op = (e * tokens * model.q_dim + 4.0 * tokens * model.num_heads) / tp
+            mlp_op = 0.0 if not moe else mlp_op
         selective = np.minimum(full + attn_op + mlp_op, selective)
     return {"none": none, "selective": selective, "full": full}
 
@@ -547,14 +552,13 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     if fw.name == "megatron" and job.precision == "fp8" and not job.fp8_param_gather:
         weights = weights + 2.0 * (layer_params + expert_params)
     grads = sharded(g_b, g_sharded)
-    if fw.torch_pipelining:
-        # With a pipeline, torch.distributed.pipelining turns FSDP's gradient sync off for
-        # every backward but the last (stage.py, backward_maybe_with_nosync), and FSDP2 then
-        # accumulates each parameter's unsharded gradient in the reduce dtype
-        # (_fsdp_param.py, unsharded_accumulated_grad): the stage's whole gradient, beside
-        # the shards it is reduce-scattered into at the end.
-        nosync = (a.pp > 1) & (zero >= 2)
-        grads = grads + np.where(nosync, g_b * all_params, 0.0)
+    # With a pipeline, torch.distributed.pipelining turns FSDP's gradient sync off for every
+    # backward but the last (stage.py, backward_maybe_with_nosync), and FSDP2 then accumulates
+    # each parameter's unsharded gradient in the reduce dtype (_fsdp_param.py,
+    # unsharded_accumulated_grad): the stage's whole gradient, beside the shards it is
+    # reduce-scattered into at the end, and freed then (not resident between steps).
+    nosync = fw.torch_pipelining & (a.pp > 1) & (zero >= 2)
+    unsharded_grads = np.where(nosync, g_b * all_params, 0.0)
     optim = sharded(o_b, o_sharded)
 
     cpu = np.zeros_like(weights)
@@ -675,6 +679,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # under FSDP peaked at 19.7 GiB with recompute or without, the optimizer step's states).
     # DDP's buckets, Megatron-LM's and DeepSpeed's gradient buffers stay allocated.
     resident_grads = grads
+    grads = grads + unsharded_grads
     if fw.name == "torchtitan":
         apart = (zero >= 2) & (m == 1)
         grads = np.where(apart, np.maximum(grads - activations, 0.0), grads)

@@ -85,6 +85,17 @@ class PublishedRun:
     #: "solid", or "medium" when a setting of the run is assumed (named in ``note``).
     confidence: str = "solid"
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.measured) and self.measured > 0):
+            raise ValueError(f"measured {self.measure} must be a positive number, got "
+                             f"{self.measured!r}")
+        if self.peak_memory_gib is not None and not (math.isfinite(self.peak_memory_gib)
+                                                     and self.peak_memory_gib > 0):
+            raise ValueError(f"memory.peak_gib must be a positive number of GiB, got "
+                             f"{self.peak_memory_gib!r}")
+        if self.confidence not in ("solid", "medium"):
+            raise ValueError(f"confidence must be 'solid' or 'medium', got {self.confidence!r}")
+
 
 def eq3_flops(model: ModelSpec, job: Job) -> float:
     """FLOPs per iteration with full recompute, Narayanan et al. 2021 Eq. 3:

@@ -29,6 +29,9 @@ def result_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
              "predicted": r.predicted, "measured": r.run.measured, "error": r.error,
              "loso_error": r.loso_error, "fits": r.fits,
              "peak_memory_gib": r.peak_memory_gib,
+             "compared_memory_gib": (r.compared_memory_gib
+                                     if r.run.peak_memory_gib is not None else None),
+             "published_memory_what": r.run.peak_memory_what or None,
              "published_peak_memory_gib": r.run.peak_memory_gib,
              "memory_error": r.memory_error}
             for r in results]

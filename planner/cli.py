@@ -902,11 +902,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else \
         hardware_profiles.user_calibrated_path("transfer")
     write_text(out, transfer_toml(fit, runs, log_errors, folds, prov), "calibration")
-    results = validation_report(runs, fit, loso=False)
-    loso = {r.id: math.expm1(float(e)) for g, fold in folds.items()
-            for r, e in zip([x for x in runs if run_group(x) == g], fold.log_errors,
-                            strict=True)}
-    results = [dataclasses.replace(r, loso_error=loso.get(r.run.id)) for r in results]
+    results = validation_report(runs, fit, folds=folds)
     if args.json:
         print(json.dumps({"fitted": dataclasses.asdict(fit), "written": str(out),
                           "runs": result_rows(results), "summary": summary(results)},

@@ -216,6 +216,16 @@ class Plan:
                     or self.alternatives[i].verdict != "slower"), n)
         return self.alternatives[:end]
 
+    def runners_up_within_band(self) -> int:
+        """How many runners-up are slower than the plan by less than its step-time band
+        (``Estimate.step_time_band``): configurations the estimate cannot tell apart."""
+        e = self.estimate
+        band = getattr(e, "step_time_band", None)
+        if not band or e.step_time_s is None:
+            return 0
+        return sum(1 for a in self.runners_up if a.step_time_s is not None
+                   and a.step_time_s <= e.step_time_s * (1 + band))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form; ``config`` and ``estimate`` are top-level keys."""
         return {
@@ -232,6 +242,8 @@ class Plan:
             "warnings": list(self.warnings),
             "counts": dict(self.counts),
             "search_seconds": self.search_seconds,
+            "runners_up_within_band": (self.runners_up_within_band()
+                                       if isinstance(self.estimate, Estimate) else 0),
             "alternatives": [a.to_dict() for a in self.alternatives],
         }
 
@@ -376,6 +388,12 @@ class Plan:
             f"{c.get('bounded', 0):,} skipped by a lower bound",
         ]
         lines += [f"warning  {w}" for w in self.warnings]
+        close = self.runners_up_within_band()
+        if close:
+            lines.append(f"band     {close} of the runners-up {'is' if close == 1 else 'are'} "
+                         f"within the step time's ± {100 * (e.step_time_band or 0):.0f} % "
+                         "band: the estimate cannot order them; time the closest on your "
+                         "cluster before committing")
         if self.config.stage_layers:
             rec = self.config.stage_recompute_layers
             lines.append(f"stages   layers per pipeline stage {list(self.config.stage_layers)}"

@@ -63,6 +63,8 @@ RULES: dict[str, str] = {
                     "this ZeRO stage",
     "shard_experts": "expert states shard evenly: ep divides the shard degree",
     "sp_seq": "sequence parallel splits seq_len / cp over tp",
+    "sp_framework": "the trainer has sequence parallelism (DeepSpeed's AutoTP has none; its "
+                    "Ulysses sequence split is the planner's cp)",
     "mbs_batch": "dp * micro_batch_size divides the global batch",
     "schedule_framework": "the trainer has this pipeline schedule",
     "schedule_launcher": "the trainer's launcher runs the schedule as estimated (torchtitan "
@@ -471,7 +473,8 @@ def build_space(model: ModelSpec, cluster: Cluster, job: Job,
                     continue
                 sps = f.keep("sequence_parallel", [False, True] if tp > 1 else [False],
                              [("sp_seq", lambda s, cp=cp, tp=tp: not s
-                               or (job.seq_len // cp) % tp == 0)])
+                               or (job.seq_len // cp) % tp == 0),
+                              ("sp_framework", lambda s: not s or fw.sequence_parallel)])
                 mbss = f.keep("micro_batch_size", _divisors(job.global_batch_size // dp))
                 eps = f.keep("ep", _divisors(dp * cp) if model.is_moe else [1], [
                     ("ep_experts", lambda e: model.num_experts % e == 0)],

@@ -135,3 +135,15 @@ def test_plan_estimate_and_compare_show_the_band(capsys: pytest.CaptureFixture[s
                  "dp=8 zero=3 recompute=full"]) == 0
     text = capsys.readouterr().out
     assert "(±" in text
+
+
+def test_a_plan_says_how_many_runners_up_its_band_cannot_tell_apart() -> None:
+    from planner.plan import plan
+
+    p = plan(LLAMA8, H100, Job(global_batch_size=16, seq_len=8192), top_k=8)
+    band = p.estimate.step_time_band
+    close = [a for a in p.runners_up
+             if a.step_time_s is not None and a.step_time_s <= p.estimate.step_time_s * (1 + band)]
+    assert p.runners_up_within_band() == len(close) > 0
+    assert f"{len(close)} of the runners-up" in str(p)
+    assert p.to_dict()["runners_up_within_band"] == len(close)

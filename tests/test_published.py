@@ -151,3 +151,17 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     assert p.returncode == 2
     assert needle in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("measured", [0, -1.0, float("nan")])
+def test_a_run_without_a_positive_figure_is_refused(tmp_path: Path, measured: float) -> None:
+    rows = json.loads(default_runs_path().read_text())["runs"][:2]
+    rows[0] = {**rows[0], "measured": {"iteration_time_s": measured}}
+    bad = tmp_path / "runs.json"
+    bad.write_text(json.dumps({"runs": rows}))
+    for args in (["calibrate", "--runs", str(bad), "-o", str(tmp_path / "t.toml")],
+                 ["validate", "--runs", str(bad)]):
+        p = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 2, p.stderr
+        assert "must be a positive number" in p.stderr and "Traceback" not in p.stderr

@@ -75,6 +75,8 @@ def test_space_is_exactly_the_valid_configurations(fw: str) -> None:
                             continue  # canonical: no schedule without a pipeline
                         if pp > 1 and sched in framework(fw).unsearched_schedules:
                             continue  # estimated when given, not searched (its launcher)
+                        if sp and not framework(fw).sequence_parallel:
+                            continue  # estimated when given, not searched (DeepSpeed AutoTP)
                         if n is not None and n >= TINY.num_layers // (pp * v):
                             continue  # canonical: N covering the chunk is plain "full"
                         if group is not None and zero not in framework(fw).hybrid_shard_stages:
