@@ -38,7 +38,7 @@ from costmodel.hardware import GPU
 from costmodel.model import ModelSpec
 
 __all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "eager_bytes",
-           "flash_attention_time", "float8_cast_time", "gemm_time", "layer_compute",
+           "flash_attention_time", "float8_cast_time", "fused_ce", "gemm_time", "layer_compute",
            "lm_head_compute", "memory_time", "op_sac_saves_no_matmul"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
@@ -333,6 +333,13 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                         up_gemm=up_gemm, proj_gemm=proj_gemm, down_gemm=down_gemm)
 
 
+def fused_ce(fw: Framework, job: Job) -> bool:
+    """Whether the job's loss is a fused cross entropy (``Job.fused_cross_entropy``, else the
+    trainer's own)."""
+    return fw.fused_cross_entropy if job.fused_cross_entropy is None \
+        else job.fused_cross_entropy
+
+
 def op_sac_saves_no_matmul(fw: Framework, job: Job) -> bool:
     """Whether torchtitan's per-op selective AC keeps no matmul output: its save list
     (aten.mm, the fused attention kernels, reduce-scatter, max; torchtitan/models/llama3/
@@ -440,7 +447,7 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     logits = tokens * v
     norm = 2 * e_act * tokens * h * rep
     cast = np.where(ac, CAST_BYTES * (tokens * h + v * h), 0.0)  # input and weight casts
-    if fw.fused_cross_entropy:
+    if fused_ce(fw, job):
         ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 4.0 + 4.0) * logits, (4.0 + e) * logits, 2.0
     else:
         ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 16.0) * logits, (4.0 + 12.0 + 4.0 + e) \

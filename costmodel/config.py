@@ -94,6 +94,11 @@ class Job:
     mixed_precision.py): the model's parameters are Transformer Engine fp8 tensors (1 byte,
     and its transposed copy) instead of bf16 beside TE's cached fp8 copies, and the
     distributed optimizer all-gathers them in fp8. Other trainers ignore it.
+    ``fused_cross_entropy``: whether the loss is a fused cross entropy that works on one
+    fp32 copy of the logits (Megatron-LM's vocabulary-parallel one; llm-foundry's default
+    ``loss_fn: fused_crossentropy``, flash-attn's Triton kernel,
+    llmfoundry/models/mpt/modeling_mpt.py) rather than torch's ``F.cross_entropy``; None:
+    the trainer's own (``Framework.fused_cross_entropy``).
     ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
     (Fedus et al. 2022); ``None`` is dropless routing with an even load.
     ``memory_reserve``: the share of each GPU's memory a plan keeps free for what the estimate
@@ -121,6 +126,7 @@ class Job:
     memory_reserve: float = 0.05
     compile: bool = False
     fp8_param_gather: bool = False
+    fused_cross_entropy: bool | None = None
 
     def __post_init__(self) -> None:
         _positive_int("Job", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)
@@ -137,6 +143,10 @@ class Job:
                     "compile", "fp8_param_gather"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
+        if self.fused_cross_entropy is not None and not isinstance(self.fused_cross_entropy,
+                                                                   bool):
+            raise SpecError(f"Job.fused_cross_entropy must be true, false or None (the "
+                            f"trainer's own), got {self.fused_cross_entropy!r}")
         cf = self.moe_capacity_factor
         if cf is not None and (isinstance(cf, bool) or not isinstance(cf, int | float)
                                or not 0 < cf < float("inf")):

@@ -30,7 +30,7 @@ from functools import cached_property
 import numpy as np
 
 import hardware_profiles
-from costmodel.compute import autocast_rows, op_sac_saves_no_matmul
+from costmodel.compute import autocast_rows, fused_ce, op_sac_saves_no_matmul
 from costmodel.config import Job, ParallelConfig
 from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
@@ -636,7 +636,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # F.cross_entropy, at the start of backward, a dense fp32 NLL gradient and the fp32
     # log-softmax gradient (measured with torch.cuda.memory snapshots on an H100: the peak
     # of a step is there, 12 bytes per logit with the kept 4).
-    ce = e if fw.fused_cross_entropy else 8.0
+    ce = e if fused_ce(fw, job) else 8.0
     buffers = buffers + np.where(last, ce * tokens * model.vocab_size / tp, 0.0)
     # Pipeline send and receive buffers of one activation tensor each.
     buffers = buffers + np.where(p > 1, 2 * e * tokens * h * rep, 0.0)

@@ -204,8 +204,8 @@ def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
 
 def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The Job inputs a run's ``flags`` set: ``compile`` (torch.compile), ``async_tp``
-    (torchtitan's async TP, which the Job calls ``tp_comm_overlap``) and
-    ``fp8_param_gather`` (Megatron-LM's fp8 parameters)."""
+    (torchtitan's async TP, which the Job calls ``tp_comm_overlap``), ``fp8_param_gather``
+    (Megatron-LM's fp8 parameters) and ``fused_cross_entropy``."""
     out: dict[str, Any] = {}
     if "compile" in flags:
         out["compile"] = bool(flags["compile"])
@@ -213,6 +213,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
         out["tp_comm_overlap"] = True
     if flags.get("fp8_param_gather"):
         out["fp8_param_gather"] = True
+    if "fused_cross_entropy" in flags:
+        out["fused_cross_entropy"] = bool(flags["fused_cross_entropy"])
     return out
 
 

@@ -267,6 +267,7 @@ def _problem(args: argparse.Namespace, many: bool = False, modules: bool = False
               overlap_grad_reduce=not args.no_overlap_grad_reduce,
               tp_comm_overlap=args.tp_comm_overlap, compile=args.compile,
               fp8_param_gather=args.fp8_param_gather,
+              fused_cross_entropy=True if args.fused_cross_entropy else None,
               overlap_p2p_comm=not args.no_overlap_p2p_communication,
               moe_capacity_factor=args.moe_capacity_factor,
               memory_reserve=args.memory_reserve / 100)
@@ -1047,6 +1048,9 @@ def _common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
     jb.add_argument("--compile", action="store_true",
                     help="torchtitan: the model runs under torch.compile (fused memory-bound "
                     "kernels; torchtitan's default is eager)")
+    jb.add_argument("--fused-cross-entropy", action="store_true",
+                    help="the loss is a fused cross entropy on one fp32 copy of the logits "
+                    "(llm-foundry's default; Megatron-LM's always)")
     jb.add_argument("--fp8-param-gather", action="store_true",
                     help="Megatron-LM fp8: parameters kept and gathered in fp8 (NeMo's fp8 "
                     "recipes set it)")

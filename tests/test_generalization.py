@@ -147,3 +147,23 @@ def test_a_plan_says_how_many_runners_up_its_band_cannot_tell_apart() -> None:
     assert p.runners_up_within_band() == len(close) > 0
     assert f"{len(close)} of the runners-up" in str(p)
     assert p.to_dict()["runners_up_within_band"] == len(close)
+
+
+def test_a_fused_cross_entropy_keeps_less_and_the_emitter_says_when_it_differs() -> None:
+    # llm-foundry's default loss (flash-attn's fused cross entropy) against torch's
+    # F.cross_entropy, which holds a dense fp32 NLL gradient and log-softmax gradient.
+    from planner.emit.common import to_framework
+
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2, recompute="selective")
+    torch_ce = estimate(LLAMA8, H100, _job(), cfg)
+    fused = estimate(LLAMA8, H100, _job(fused_cross_entropy=True), cfg)
+    logits = 2 * 8192 * LLAMA8.vocab_size
+    assert torch_ce.memory.buffers_bytes - fused.memory.buffers_bytes == pytest.approx(
+        (8.0 - 2.0) * logits)
+    assert fused.step_time_s < torch_ce.step_time_s
+    # torchtitan's file runs torch's cross entropy: the emitter drops the assumption, loudly.
+    ch = to_framework(cfg, _job(fused_cross_entropy=True), "torchtitan", "torchtitan")
+    assert ch.job.fused_cross_entropy is None
+    assert any("cross entropy" in w for w in ch.warnings)
+    with pytest.raises(Exception, match="fused_cross_entropy"):
+        _job(fused_cross_entropy="yes")
