@@ -351,8 +351,8 @@ def op_sac_saves_no_matmul(fw: Framework, job: Job) -> bool:
 #: Bytes per element of torch's eager RMSNorm (the composite ``rms_norm`` of
 #: aten/src/ATen/native/layer_norm.cpp and torchtitan's own ``RMSNorm``: upcast to fp32
 #: (read e, write 4), square (read 4, write 4), mean (read 4), normalize (read 4, write 4),
-#: cast back (read 4, write e), scale by the weight (read e, write e)): ``28 + 4e`` over the
-#: ``2e`` of a fused norm, in 7 kernels more.
+#: cast back (read 4, write e), scale by the weight (read e, write e)): ``28 + 4e`` in all,
+#: ``28 + 2e`` (this constant plus 2e) over the ``2e`` of a fused norm, in 7 kernels more.
 EAGER_RMSNORM_BYTES = 28.0
 EAGER_RMSNORM_KERNELS = 7.0
 #: torchtitan's ``apply_rotary_emb`` (torchtitan/models/llama3/model/model.py): q and k each
@@ -365,7 +365,7 @@ EAGER_ROPE_KERNELS = 5.0
 def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.ndarray,
                 e: float) -> tuple[np.ndarray, float]:
     """(bytes, kernels) that one layer's memory-bound forward moves beyond the fused count
-    when run as PyTorch eager kernels: RMSNorm decomposed (``EAGER_RMSNORM_BYTES``, two
+    when run as PyTorch eager kernels: RMSNorm decomposed (``EAGER_RMSNORM_BYTES`` + 2e, two
     norms), the complex rotary embedding (``EAGER_ROPE_BYTES``) and SwiGLU as ``silu`` then a
     product (read e, write e; read 2e, write e: 2e per ffn element over the fused 3e). A
     LayerNorm and GELU are single aten kernels eager too, so GPT-style layers add nothing."""
@@ -373,7 +373,7 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
     out = 0.0 * tokens
     kernels = 0.0
     if model.norm == "rmsnorm":
-        out = out + 2 * EAGER_RMSNORM_BYTES * tokens * h * rep
+        out = out + 2 * (EAGER_RMSNORM_BYTES + 2 * e) * tokens * h * rep
         kernels += 2 * EAGER_RMSNORM_KERNELS
     if model.position_embedding == "rope":
         out = out + EAGER_ROPE_BYTES * tokens * (model.q_dim + model.kv_dim) / t

@@ -54,8 +54,9 @@ def test_eager_torchtitan_moves_the_bytes_of_unfused_kernels_and_compile_fuses_t
     assert compiled.step_time_s < eager.step_time_s
     extra, kernels = eager_bytes(LLAMA8, np.array([1.0]), np.array([1.0]), np.array([1.0]), 2.0)
     # Two RMSNorms, the complex rotary embedding of q and k, SwiGLU's separate product.
-    assert extra[0] == pytest.approx(2 * EAGER_RMSNORM_BYTES * 4096 + 16.0 * (4096 + 1024)
-                                     + 4.0 * 14336)
+    # RMSNorm eager: 28 + 4e bytes per element against a fused kernel's 2e (e = 2).
+    assert extra[0] == pytest.approx(2 * (EAGER_RMSNORM_BYTES + 4.0) * 4096
+                                     + 16.0 * (4096 + 1024) + 4.0 * 14336)
     assert kernels == 2 * 7 + 5 + 1
     # Megatron-LM runs fused kernels: compile changes nothing there.
     assert estimate(LLAMA8, H100, _job("megatron", compile=True), cfg).step_time_s == \
