@@ -1,19 +1,23 @@
 """Fit the cost model's in-training efficiencies to published runs, and measure how well the
 fit carries over to runs it was not fitted to (leave-one-source-out).
 
-What is fitted (``planner calibrate``), one set for every GPU, trainer and scale:
+What is fitted (``planner calibrate``), one set for every GPU, trainer and scale, applied to
+the profiles by ``hardware_profiles.apply_transfer``:
 
 - per GPU architecture (``GPU.architecture``: ampere, hopper, ...), the ratio of the matmul
-  and attention fractions that training reaches to the microbenchmark fractions of the
-  profile (``hardware_profiles/gpus/*.toml [efficiency]``, each with its source). An
-  architecture without runs takes the pooled ratio (the geometric mean of the fitted ones,
-  weighted by their runs);
-- the fixed cost of one kernel (launch and tail), the same for every GPU.
+  fraction that training reaches to the microbenchmark fraction of the profile
+  (``hardware_profiles/gpus/*.toml [efficiency]``, each with its source). An architecture
+  with runs from fewer than ``ARCH_MIN_SOURCES`` sources takes the pooled ratio (the
+  geometric mean of the fitted ones, weighted by their runs);
+- the same ratio for the fused-attention fractions, one for every architecture;
+- the fixed cost of one kernel (launch and tail), the same for every GPU;
+- ``comm_slowdown``: the compute lost per second of communication overlapped with it.
 
 The memory-bandwidth fraction is not fitted: it is measured directly (a copy benchmark).
 
-Least squares on ``log(predicted / measured)`` (scipy, trust-region reflective within
-physical bounds), so that step times and throughputs weigh alike. ``leave_one_source_out``
+Robust least squares on ``log(predicted / measured)`` (scipy, trust-region reflective within
+physical bounds, soft-L1 loss; rows of ``medium`` confidence at ``MEDIUM_WEIGHT``), so that
+step times and throughputs weigh alike. ``leave_one_source_out``
 refits without each source in turn and predicts that source: the parameters of a fold are
 one Gauss-Newton step from the all-source fit on the other sources' residuals and Jacobian
 (the model is smooth in them; ``benchmarks/step_time_accuracy.py --exact`` refits each fold
@@ -30,6 +34,7 @@ import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -73,14 +78,21 @@ def run_group(run: PublishedRun) -> str:
 
 @dataclass(frozen=True)
 class Fit:
-    """Fitted parameters: ``ratios`` per architecture, ``pooled`` for the others,
-    ``kernel_overhead_us`` and ``comm_slowdown`` (``KernelEfficiency``)."""
+    """Fitted parameters: matmul ``ratios`` per architecture, ``pooled`` for the others, the
+    ``attention`` ratio, ``kernel_overhead_us`` and ``comm_slowdown``
+    (``KernelEfficiency``)."""
 
     ratios: dict[str, float]
     pooled: float
     kernel_overhead_us: float
     comm_slowdown: float = 0.0
     attention: float = 1.0
+
+    def transfer_table(self) -> dict[str, Any]:
+        """The fit as the ``[transfer]`` table of ``calibrated/transfer.toml``."""
+        return {"gemm": self.pooled, "attention": self.attention, "memory": 1.0,
+                "kernel_overhead_us": self.kernel_overhead_us,
+                "comm_slowdown": self.comm_slowdown, "architecture": dict(self.ratios)}
 
     def vector(self, archs: Sequence[str]) -> np.ndarray:
         """``[log ratio per arch..., log attention ratio, overhead, slowdown]``."""
@@ -123,40 +135,45 @@ class _Model:
 
     def __init__(self, runs: Sequence[PublishedRun]) -> None:
         self.runs = list(runs)
-        self._raw: dict[str, GPU] = {}
+        self._raw: dict[str, dict[str, Any]] = {}
         for r in self.runs:
             name = r.cluster.gpu.name
             if name not in self._raw:
                 try:
-                    self._raw[name] = GPU.preset(name, calibrated=False)
+                    self._raw[name] = hardware_profiles.load("gpus", name, calibrated=False)
                 except SpecError:
                     raise SpecError(f"run {r.id!r}: its GPU {name!r} is not a shipped profile; "
                                     "calibrate fits the shipped profiles (see 'planner gpus')"
                                     ) from None
-        self.arch_of = [self._raw[r.cluster.gpu.name].architecture for r in self.runs]
+        self.arch_of = [r.cluster.gpu.architecture for r in self.runs]
         #: Square roots of the runs' weights in the fit (``MEDIUM_WEIGHT``).
         self.root_w = np.sqrt([MEDIUM_WEIGHT if r.confidence == "medium" else 1.0
                                for r in self.runs])
         self.archs = fitted_architectures(self.runs, self.arch_of)
 
-    def gpu(self, name: str, fit: Fit) -> GPU:
-        raw = self._raw[name]
-        ratio = fit.ratios.get(raw.architecture, fit.pooled)
-        e = raw.efficiency
-        scaled = {k: min(1.0, getattr(e, k) * ratio) if getattr(e, k) is not None else None
-                  for k in ("gemm", "gemm_fp8", "gemm_unaligned")}
-        for k in ("attention", "attention_backward"):
-            scaled[k] = min(1.0, getattr(e, k) * fit.attention)
-        return replace(raw, efficiency=replace(
-            e, kernel_overhead_s=fit.kernel_overhead_us * 1e-6,
-            comm_slowdown=fit.comm_slowdown, **scaled))
+    def counts(self, archs: Sequence[str], idx: Sequence[int] | None = None) -> list[int]:
+        """Runs (all, or those at ``idx``) on each of ``archs``: the pooled ratio's weights."""
+        mine = self.arch_of if idx is None else [self.arch_of[i] for i in idx]
+        return [mine.count(a) for a in archs]
+
+    def gpus(self, fit: Fit) -> dict[str, GPU]:
+        """Each run's GPU profile with ``fit`` applied, as ``GPU.preset`` applies a shipped
+        fit (``hardware_profiles.apply_transfer``)."""
+        out = {}
+        for name, data in self._raw.items():
+            eff, _ = hardware_profiles.apply_transfer(
+                data["efficiency"], fit.transfer_table(),
+                architecture=str(data.get("architecture", "")))
+            out[name] = GPU.from_profile({**data, "efficiency": eff})
+        return out
 
     def estimates(self, fit: Fit, idx: Sequence[int] | None = None) -> list[Estimate]:
         """The runs (all, or those at ``idx``) estimated with ``fit``."""
+        gpus = self.gpus(fit)
         out = []
         for i in (range(len(self.runs)) if idx is None else idx):
             run = self.runs[i]
-            cluster = replace(run.cluster, gpu=self.gpu(run.cluster.gpu.name, fit))
+            cluster = replace(run.cluster, gpu=gpus[run.cluster.gpu.name])
             out.append(estimate(run.model, cluster, run.job, run.config))
         return out
 
@@ -168,7 +185,7 @@ class _Model:
 
 
 def fit_transfer(runs: Sequence[PublishedRun], start: Fit | None = None) -> tuple[Fit, np.ndarray]:
-    """Fit the per-architecture ratios and the kernel overhead to ``runs``; returns the fit
+    """Fit the parameters (``Fit``) to ``runs``, from ``start`` where given; returns the fit
     and the runs' log errors under it."""
     from scipy.optimize import least_squares
 
@@ -176,7 +193,7 @@ def fit_transfer(runs: Sequence[PublishedRun], start: Fit | None = None) -> tupl
         raise SpecError("no runs to fit")
     model = _Model(runs)
     archs = model.archs
-    counts = [model.arch_of.count(a) for a in archs]
+    counts = model.counts(archs)
     x0 = (start or Fit({}, 0.86, 5.0, 0.1, 0.86)).vector(archs)
     lo, hi = _bounds(len(archs))
     x0 = np.clip(x0, lo, hi)
@@ -202,26 +219,27 @@ class Fold:
 
 def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
                          refit: Callable[[Sequence[PublishedRun], Fit], Fit] | None = None,
-                         only: Collection[str] | None = None) -> dict[str, Fold]:
+                         only: Collection[str] | None = None,
+                         log_errors: np.ndarray | None = None) -> dict[str, Fold]:
     """For each source, the fit without it and the log errors it then makes on that source.
 
     Default: one Gauss-Newton step from ``fit`` (the all-source fit) on the other sources'
     residuals, with the Jacobian at ``fit`` by forward differences; an architecture that no
     other source ran on takes the pooled ratio of the rest, as a GPU without runs does.
     ``refit(runs, start)``: refit each fold from scratch instead (slow; for checking).
-    ``only``: the sources to leave out (default: each in turn).
+    ``only``: the sources to leave out (default: each in turn). ``log_errors``: the runs'
+    log errors under ``fit``, where the caller has them.
     """
     model = _Model(runs)
     archs = model.archs
     groups = np.array([run_group(r) for r in runs])
-    arch_of = np.array([model._raw[r.cluster.gpu.name].architecture for r in runs])
     out: dict[str, Fold] = {}
     if refit is None:
         x = fit.vector(archs)
-        r0 = model.log_errors(fit)
+        r0 = model.log_errors(fit) if log_errors is None else np.asarray(log_errors)
         steps = np.array([1e-3] * (len(archs) + 1) + [0.05, 1e-3])
         jac = np.empty((len(runs), len(x)))
-        counts = [int((arch_of == a).sum()) for a in archs]
+        counts = model.counts(archs)
         for j in range(len(x)):
             xj = x.copy()
             xj[j] += steps[j]
@@ -234,12 +252,13 @@ def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
         if refit is not None:
             fold_fit = refit([runs[i] for i in train], fit)
         else:
-            seen = fitted_architectures([runs[i] for i in train], list(arch_of[train]))
+            seen = fitted_architectures([runs[i] for i in train],
+                                        [model.arch_of[i] for i in train])
             cols = [archs.index(a) for a in seen] + [len(archs) + k for k in range(N_SHARED)]
             w = model.root_w[train]
             xs = _robust_step(jac[np.ix_(train, cols)] * w[:, None], r0[train] * w, x[cols],
                               *_bounds(len(seen)))
-            fold_fit = _fit_from(xs, seen, [int((arch_of[train] == a).sum()) for a in seen])
+            fold_fit = _fit_from(xs, seen, model.counts(seen, train))
         out[str(g)] = Fold(group=str(g), fit=fold_fit,
                            log_errors=model.log_errors(fold_fit, test))
     return out
@@ -275,14 +294,13 @@ def bands(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, dic
     """Uncertainty bands from the leave-one-source-out errors: for each class (``band_key``)
     with at least ``BAND_MIN_RUNS`` runs from ``BAND_MIN_SOURCES`` sources, the RMS of their
     log errors as a relative band (``exp(rms) - 1``), with its run and source counts."""
-    model = _Model(runs)
     errs: dict[str, list[float]] = {}
     srcs: dict[str, set[str]] = {}
     loso = loso_log_errors(runs, folds)
-    for r, arch in zip(runs, model.arch_of, strict=True):
+    for r in runs:
         if r.id not in loso:
             continue
-        for key in band_key(arch, r.job.framework, r.cluster.num_gpus):
+        for key in band_key(r.cluster.gpu.architecture, r.job.framework, r.cluster.num_gpus):
             errs.setdefault(key, []).append(loso[r.id])
             srcs.setdefault(key, set()).add(run_group(r))
     out = {}
@@ -389,10 +407,11 @@ def validation_report(runs: Sequence[PublishedRun], fit: Fit, loso: bool = True,
     ones already computed)."""
     model = _Model(runs)
     ests = model.estimates(fit)
-    if folds is None:
-        folds = leave_one_source_out(runs, fit) \
-            if loso and len({run_group(r) for r in runs}) > 1 else {}
-    loso_of = {k: math.expm1(v) for k, v in loso_log_errors(runs, folds).items()}
+    if folds is None and loso and len({run_group(r) for r in runs}) > 1:
+        log_errors = np.array([math.log(predict_run(r, est) / r.measured)
+                               for r, est in zip(runs, ests, strict=True)])
+        folds = leave_one_source_out(runs, fit, log_errors=log_errors)
+    loso_of = {k: math.expm1(v) for k, v in loso_log_errors(runs, folds or {}).items()}
     out = []
     for r, est in zip(runs, ests, strict=True):
         pred = predict_run(r, est)

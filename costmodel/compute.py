@@ -309,7 +309,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     if fw.torchao_float8 and job.precision == "fp8":
         cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
-    if fw.selective_recompute == "op" and op_sac_saves_no_matmul(fw, job):
+    if op_sac_saves_no_matmul(fw, job):
         # Its save list names aten.mm, not the float8 linears' aten._scaled_mm: every linear
         # of the block runs again in backward, with every memory-bound kernel.
         selective = qkv_gemm + proj_gemm + mlp_f + ew_fwd \

@@ -81,7 +81,6 @@ class PublishedRun:
     #: "max allocated"); None where it gives none.
     peak_memory_gib: float | None = None
     peak_memory_what: str = ""
-    year: int = 0
     #: "solid", or "medium" when a setting of the run is assumed (named in ``note``).
     confidence: str = "solid"
 
@@ -198,7 +197,6 @@ def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
                         note=row.get("note", ""), flags=flags,
                         peak_memory_gib=float(mem["peak_gib"]) if "peak_gib" in mem else None,
                         peak_memory_what=str(mem.get("what", "")),
-                        year=int(row.get("year") or _published_year(row["source"])),
                         confidence=str(row.get("confidence", "solid")))
 
 
@@ -296,8 +294,9 @@ def calibration_toml(gpu: GPU, values: dict[str, float], comparisons: list[Compa
 
     ``[efficiency]`` holds the fitted values (attention scaled like the matmuls, as the runs
     use no fused attention; ``memory`` stays the profile's measured copy fraction);
-    ``[transfer]`` the ratios of fitted to microbenchmark fractions that other GPUs' profiles
-    are scaled by, and the fitted per-kernel overhead.
+    ``[transfer]`` the ratios of fitted to microbenchmark fractions and the fitted per-kernel
+    overhead, for reference (other GPUs take ``calibrated/transfer.toml``, the all-source
+    fit of ``costmodel.calibration``).
     """
     base = gpu.efficiency
     ratio_g = values["gemm"] / base.gemm
@@ -319,7 +318,8 @@ def calibration_toml(gpu: GPU, values: dict[str, float], comparisons: list[Compa
         f"attention_backward = {min(1.0, base.attention_backward * ratio_g):.4f}",
         "",
         "[transfer]",
-        "# In-training over microbenchmark efficiency, applied to GPUs without their own fit.",
+        "# In-training over microbenchmark efficiency of this GPU, for reference: the ratios",
+        "# every other GPU takes are the all-source fit's (calibrated/transfer.toml).",
         f"gemm = {ratio_g:.4f}",
         "memory = 1.0000",
         f"kernel_overhead_us = {values['kernel_overhead_us']:.3f}",

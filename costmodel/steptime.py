@@ -80,6 +80,7 @@ from costmodel.compute import (
     memory_time,
 )
 from costmodel.config import Job
+from costmodel.frameworks import framework
 from costmodel.hardware import Cluster
 from costmodel.memory import (
     ConfigArrays,
@@ -318,7 +319,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     # sync off (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync:
     # set_requires_gradient_sync(last_backward)): the stage's gradients accumulate unsharded
     # and are reduce-scattered once per step, like a data-parallel all-reduce.
-    nosync = (fw == "torchtitan") & (a.pp > 1) & (zero >= 2)
+    nosync = framework(fw).torch_pipelining & (a.pp > 1) & (zero >= 2)
     rs_each = rs_each & ~nosync
     dense_local, moe_local, exp_local = layer_params_per_gpu(model, tp, ep)
     host = gpu.host()
@@ -443,9 +444,6 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
     # step, FSDP's gathers and reduce-scatters (their term carries it) and the data-parallel
     # gradient reduction (below); applied to TP and CP too, the fit lost the Korthikanti et
     # al. 2022 runs (4 % instead of 2.5 %), whose overlap windows are single matmuls.
-    tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
-        + rec_layers * tp_pass
-    cp_total = per_stage(cp_total_layer, cp_total_layer)
     fsdp_wire = per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe)
     slow = gpu.efficiency.comm_slowdown
     if slow > 0:
@@ -589,6 +587,9 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
         return TimeTable(step_time=step, terms=terms, comm_total={}, stage_time=stage_time,
                          bottleneck_stage=b, model_flops=float(mf), hardware_flops=None,
                          floor=floor, exact=exact)
+    tp_total = per_stage(tp_dense_total, tp_dense_total, tp_emb, tp_head) \
+        + rec_layers * tp_pass
+    cp_total = per_stage(cp_total_layer, cp_total_layer)
     fsdp_total = fsdp_wire + fsdp_copy
     comm_total = {
         "tp": m * at(tp_total, b),

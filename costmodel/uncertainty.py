@@ -4,6 +4,7 @@ trainer, scale), stored in ``[bands]`` of ``hardware_profiles/calibrated/transfe
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import hardware_profiles
@@ -32,14 +33,22 @@ def band_for(architecture: str, trainer: str, num_gpus: int) -> tuple[float, str
     path = hardware_profiles.transfer_path()
     if not is_file(path):
         return None
+    table = _bands(str(path), path.stat().st_mtime_ns)
+    for key in band_key(architecture, trainer, num_gpus):
+        if key in table:
+            band, runs, sources = table[key]
+            what = key.replace("*/", "").replace("/", ", ") if key != "*" else "all"
+            return band, (f"RMS error of {runs} published runs ({what}; {sources} sources) "
+                          "predicted with their source left out of the fit")
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _bands(path: str, mtime_ns: int) -> dict[str, tuple[float, int, int]]:
+    """The ``[bands]`` table of a fit file as (band, runs, sources) per class, parsed once
+    per file version: every estimate looks its band up."""
     table: Any = hardware_profiles.load_file(path).get("bands")
     if not isinstance(table, dict):
-        return None
-    for key in band_key(architecture, trainer, num_gpus):
-        b = table.get(key)
-        if isinstance(b, dict) and "band" in b:
-            what = key.replace("*/", "").replace("/", ", ") if key != "*" else "all"
-            return float(b["band"]), (f"RMS error of {int(b.get('runs', 0))} published runs "
-                                      f"({what}; {int(b.get('sources', 0))} sources) predicted "
-                                      "with their source left out of the fit")
-    return None
+        return {}
+    return {str(k): (float(b["band"]), int(b.get("runs", 0)), int(b.get("sources", 0)))
+            for k, b in table.items() if isinstance(b, dict) and "band" in b}

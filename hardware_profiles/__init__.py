@@ -100,10 +100,11 @@ def load(kind: str, name: str, *, calibrated: bool = True) -> dict[str, Any]:
     """The parsed profile ``name`` of ``kind``; a typo gets a SpecError listing what exists.
 
     With ``calibrated`` (the default), a GPU profile's ``[efficiency]`` table is adjusted by
-    what ``planner calibrate`` wrote in ``calibrated/``: a GPU with its own fitted file takes
-    its values; any other GPU has its microbenchmark fractions scaled by the ``[transfer]``
-    ratios of the fitted reference GPU (in-training over microbenchmark efficiency) and takes
-    its fitted per-kernel overhead. The ``source`` says which.
+    what ``planner calibrate`` wrote in ``calibrated/``: a GPU with its own fitted file
+    (``planner calibrate --gpu``) takes its values; any other GPU has its microbenchmark
+    fractions scaled by the ratios fitted on published runs for its architecture
+    (``transfer_efficiency``, ``calibrated/transfer.toml``) and takes the fitted per-kernel
+    overhead. The ``source`` says which.
     """
     key = str(name).strip().lower()
     path = _folder(kind) / f"{key}.toml"
@@ -147,15 +148,30 @@ def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True,
     its own: ``overhead=False``), and the slowdown of compute by concurrent communication
     the fitted ``comm_slowdown``. Unchanged when nothing is fitted.
     """
-    eff = dict(eff)
     ref = transfer_path()
     if not is_file(ref):
-        return eff
+        return dict(eff)
     cal = load_file(ref)
     t = cal.get("transfer")
     if not isinstance(t, dict):
-        return eff
+        return dict(eff)
+    eff, ratio = apply_transfer(eff, t, architecture=architecture, overhead=overhead)
     per_arch = t.get("architecture") if isinstance(t.get("architecture"), dict) else {}
+    which = f"{architecture} ratio {ratio:.4f}" if architecture in per_arch \
+        else f"pooled ratio {ratio:.4f}"
+    eff["source"] = (f"microbenchmark fractions scaled by the in-training/microbenchmark "
+                     f"{which} ({cal.get('provenance', str(ref))}); microbenchmarks: "
+                     f"{eff.get('source')}")
+    return eff
+
+
+def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture: str = "",
+                   overhead: bool = True) -> tuple[dict[str, Any], float]:
+    """``eff`` (an ``[efficiency]`` table) with a ``[transfer]`` table ``t`` applied as
+    ``transfer_efficiency`` describes, and the matmul ratio used; what ``planner calibrate``
+    fits is applied by this same function."""
+    eff = dict(eff)
+    per_arch = t.get("architecture") if isinstance(t.get("architecture"), Mapping) else {}
     ratio = float(per_arch.get(architecture, t["gemm"]))
     for k in ("gemm", "gemm_fp8", "gemm_unaligned"):
         if k in eff:
@@ -168,12 +184,7 @@ def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True,
         eff["kernel_overhead_us"] = float(t["kernel_overhead_us"])
     if "comm_slowdown" in t:
         eff["comm_slowdown"] = float(t["comm_slowdown"])
-    which = f"{architecture} ratio {ratio:.4f}" if architecture in per_arch \
-        else f"pooled ratio {ratio:.4f}"
-    eff["source"] = (f"microbenchmark fractions scaled by the in-training/microbenchmark "
-                     f"{which} ({cal.get('provenance', str(ref))}); microbenchmarks: "
-                     f"{eff.get('source')}")
-    return eff
+    return eff, ratio
 
 
 def load_software() -> Mapping[str, Any]:

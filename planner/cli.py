@@ -708,12 +708,10 @@ def _estimate_inference(args: argparse.Namespace, model: ModelSpec, cluster: Clu
     return 0
 
 
-def _group(run_id: str, group: str | None) -> str:
-    return group or run_id.split("_")[0]
-
-
 def _comparison_rows(comps: list[Any]) -> list[dict[str, Any]]:
-    return [{"id": c.run.id, "group": _group(c.run.id, c.run.group), "measure": c.run.measure,
+    from costmodel.calibration import run_group
+
+    return [{"id": c.run.id, "group": run_group(c.run), "measure": c.run.measure,
              "predicted": c.predicted, "measured": c.measured, "error": c.error,
              "step_time_s": c.estimate.step_time_s, "fits": c.estimate.fits}
             for c in comps]
@@ -729,8 +727,8 @@ def _summaries(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def _print_comparisons(rows: list[dict[str, Any]]) -> None:
-    units = {"iteration_time_s": "s/iter", "tokens_per_s_per_gpu": "tok/s/GPU",
-             "tflops_per_gpu": "TFLOP/s/GPU"}
+    from planner.accuracy import UNITS as units
+
     print(f"{'run':<44s} {'measure':<12s} {'predicted':>10s} {'measured':>10s} {'error':>7s}")
     for r in rows:
         print(f"{r['id']:<44s} {units[r['measure']]:<12s} {r['predicted']:>10.2f} "
@@ -745,7 +743,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """``planner validate``: published runs predicted under the fit, and with their source
     left out of it (costmodel.calibration)."""
     from costmodel.calibration import load_fit, validation_report
-    from costmodel.published import default_runs_path, load_runs, shipped_runs
+    from costmodel.published import default_runs_path, load_runs
     from planner.accuracy import describe, print_results, result_rows, summary
 
     chosen = [k for k in ("runs", "heldout", "calibration") if getattr(args, k)]
@@ -760,12 +758,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         results = validation_report(load_runs(args.runs), fit, loso=False)
         shown = str(args.runs)
     else:
-        everything = shipped_runs()
-        results = validation_report(everything, fit, loso=not args.no_loso)
-        keep = ({r.id for r in load_runs(default_runs_path("published"))} if args.heldout
-                else {r.id for r in load_runs(default_runs_path("calibration"))}
-                if args.calibration else None)
-        if keep is not None:
+        calibration = load_runs(default_runs_path("calibration"))
+        published = load_runs(default_runs_path("published"))
+        results = validation_report(calibration + published, fit, loso=not args.no_loso)
+        if args.heldout or args.calibration:
+            keep = {r.id for r in (published if args.heldout else calibration)}
             results = [r for r in results if r.run.id in keep]
         shown = "shipped"
     if args.json:
@@ -895,7 +892,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                             f"{', '.join(sorted(have))}")
         runs = [r for r in runs if run_group(r) in wanted]
     fit, log_errors = fit_transfer(runs)
-    folds = leave_one_source_out(runs, fit) if len({run_group(r) for r in runs}) > 1 else {}
+    folds = leave_one_source_out(runs, fit, log_errors=log_errors) \
+        if len({run_group(r) for r in runs}) > 1 else {}
     shown = ", ".join(args.runs) if args.runs else "the shipped published runs"
     prov = (f"planner calibrate on {shown}"
             + (f" (sources {args.groups})" if args.groups else "")

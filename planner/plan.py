@@ -242,8 +242,7 @@ class Plan:
             "warnings": list(self.warnings),
             "counts": dict(self.counts),
             "search_seconds": self.search_seconds,
-            "runners_up_within_band": (self.runners_up_within_band()
-                                       if isinstance(self.estimate, Estimate) else 0),
+            "runners_up_within_band": self.runners_up_within_band(),
             "alternatives": [a.to_dict() for a in self.alternatives],
         }
 

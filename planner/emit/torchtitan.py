@@ -174,7 +174,7 @@ def sections(model: ModelSpec, job: Job, cfg: ParallelConfig) -> dict[str, dict[
     }
     if job.precision == "fp8":
         # Dynamic tensor-wise scaling: the recipe the cost model times (torchao's casts,
-        # costmodel.compute.float8_cast_time); row-wise runs 25-50 % slower in torchtitan's
+        # costmodel.compute.float8_cast_time); row-wise ran 12-27 % slower in torchtitan's
         # and torchao's published tables.
         out["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
     if job.compile or job.tp_comm_overlap:
