@@ -168,3 +168,18 @@ def test_a_fused_cross_entropy_keeps_less_and_the_emitter_says_when_it_differs()
     assert any("cross entropy" in w for w in ch.warnings)
     with pytest.raises(Exception, match="fused_cross_entropy"):
         _job(fused_cross_entropy="yes")
+
+
+def test_torchtitans_async_tp_is_emitted_compiled_and_estimated_so() -> None:
+    # torchtitan runs async TP only under torch.compile: the emitted file compiles the model
+    # and its header times the compiled model, not the eager one the job described.
+    from planner.emit.torchtitan import lower, sections
+
+    cfg = ParallelConfig(dp=1, tp=8, sequence_parallel=True, micro_batch_size=1)
+    low = lower(LLAMA8, _job(tp_comm_overlap=True), cfg)
+    assert low.job.compile and any("compile" in w for w in low.warnings)
+    out = sections(LLAMA8, low.job, low.config)
+    assert out["compile"]["enable"] and out["parallelism"]["enable_async_tensor_parallel"]
+    # Without async TP nothing is compiled behind the job's back.
+    plain = lower(LLAMA8, _job(), cfg)
+    assert not plain.job.compile and "compile" not in sections(LLAMA8, plain.job, plain.config)

@@ -97,6 +97,11 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
     if job.optimizer not in ("adamw", "adam"):
         ch.set_job(f"torchtitan's optimizers are Adam and AdamW, not {job.optimizer}: "
                    f"emitted AdamW", optimizer="adamw")
+    if job.tp_comm_overlap and ch.cfg.tp > 1 and not job.compile:
+        # torchtitan refuses async TP without torch.compile (its micro-pipelined collectives
+        # are a compiler pass), so the file compiles the model, which the estimate then times.
+        ch.set_job("torchtitan's async TP needs torch.compile: emitted with compile on",
+                   compile=True)
     return ch.result()
 
 
@@ -177,8 +182,8 @@ def sections(model: ModelSpec, job: Job, cfg: ParallelConfig) -> dict[str, dict[
         # costmodel.compute.float8_cast_time); row-wise ran 12-27 % slower in torchtitan's
         # and torchao's published tables.
         out["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
-    if job.compile or job.tp_comm_overlap:
-        # torch.compile of the blocks and the loss (Job.compile); async TP needs it.
+    if job.compile:
+        # torch.compile of the blocks and the loss (Job.compile; lower turns it on for async TP).
         out["compile"] = {"enable": True, "components": ["model", "loss"]}
     if job.tp_comm_overlap and cfg.tp > 1:
         par["enable_async_tensor_parallel"] = True
