@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from costmodel.errors import SpecError
-from costmodel.frameworks import FRAMEWORKS, framework, schedule_problem
+from costmodel.frameworks import FRAMEWORKS, Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 
@@ -204,6 +204,17 @@ class ParallelConfig:
             _positive_int(owner, key, getattr(self, key))
         if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
             raise SpecError(f"{owner}.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        self._check_schedule()
+        self._check_recompute()
+        _choice(owner, "offload", self.offload, OFFLOADS)
+        if self.sequence_parallel and self.tp < 2:
+            raise SpecError(f"{owner}: sequence_parallel needs tp >= 2, got tp={self.tp}")
+        self._check_sharding_group()
+        self._check_stage_layers()
+
+    def _check_schedule(self) -> None:
+        """Resolve the default schedule; the schedule must agree with the virtual stages."""
+        owner = "ParallelConfig"
         if self.pipeline_schedule is None:
             auto = "interleaved-1f1b" if self.virtual_pipeline_stages > 1 else "1f1b"
             object.__setattr__(self, "pipeline_schedule", auto)
@@ -222,6 +233,10 @@ class ParallelConfig:
         if interleaved and self.pp < 2:
             raise SpecError(f"{owner}: virtual_pipeline_stages={self.virtual_pipeline_stages} (an "
                             f"interleaved schedule) needs pp >= 2, got pp={self.pp}")
+
+    def _check_recompute(self) -> None:
+        """The recompute mode, and a layer count only with full recompute."""
+        owner = "ParallelConfig"
         _choice(owner, "recompute", self.recompute, RECOMPUTE)
         if self.recompute_num_layers is not None:
             _positive_int(owner, "recompute_num_layers", self.recompute_num_layers)
@@ -230,19 +245,25 @@ class ParallelConfig:
                     f"{owner}: recompute_num_layers={self.recompute_num_layers} needs "
                     f"recompute='full' (got {self.recompute!r})"
                 )
-        _choice(owner, "offload", self.offload, OFFLOADS)
-        if self.sequence_parallel and self.tp < 2:
-            raise SpecError(f"{owner}: sequence_parallel needs tp >= 2, got tp={self.tp}")
-        if self.sharding_group is not None:
-            _positive_int(owner, "sharding_group", self.sharding_group)
-            if self.zero_stage == 0:
-                raise SpecError(
-                    f"{owner}: sharding_group={self.sharding_group} needs zero_stage >= 1"
-                )
-            if self.dp % self.sharding_group:
-                raise SpecError(
-                    f"{owner}: sharding_group={self.sharding_group} must divide dp={self.dp}"
-                )
+
+    def _check_sharding_group(self) -> None:
+        """A sharding group (HSDP) needs ZeRO and must divide dp."""
+        owner = "ParallelConfig"
+        if self.sharding_group is None:
+            return
+        _positive_int(owner, "sharding_group", self.sharding_group)
+        if self.zero_stage == 0:
+            raise SpecError(
+                f"{owner}: sharding_group={self.sharding_group} needs zero_stage >= 1"
+            )
+        if self.dp % self.sharding_group:
+            raise SpecError(
+                f"{owner}: sharding_group={self.sharding_group} must divide dp={self.dp}"
+            )
+
+    def _check_stage_layers(self) -> None:
+        """Per-stage layer and recompute counts: one per stage, as tuples."""
+        owner = "ParallelConfig"
         for key in ("stage_layers", "stage_recompute_layers"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, str | bytes)
@@ -259,20 +280,20 @@ class ParallelConfig:
                 _positive_int(owner, "stage_layers[i]", n)
             if self.virtual_pipeline_stages > 1:
                 raise SpecError(f"{owner}: stage_layers cannot be combined with interleaving")
-        if self.stage_recompute_layers is not None:
-            rec = tuple(self.stage_recompute_layers)
-            object.__setattr__(self, "stage_recompute_layers", rec)
-            if self.stage_layers is None or self.recompute != "full" or \
-                    self.recompute_num_layers is not None:
-                raise SpecError(f"{owner}: stage_recompute_layers needs stage_layers and "
-                                "recompute='full' without recompute_num_layers")
-            if len(rec) != self.pp or any(isinstance(r, bool) or not isinstance(r, int)
-                                          or not 0 <= r <= n
-                                          for r, n in zip(rec, self.stage_layers,
-                                                          strict=True)):
-                raise SpecError(f"{owner}: stage_recompute_layers {list(rec)} must give each "
-                                f"of the {self.pp} stages 0..its layers "
-                                f"{list(self.stage_layers)}")
+        if self.stage_recompute_layers is None:
+            return
+        rec = tuple(self.stage_recompute_layers)
+        object.__setattr__(self, "stage_recompute_layers", rec)
+        if self.stage_layers is None or self.recompute != "full" or \
+                self.recompute_num_layers is not None:
+            raise SpecError(f"{owner}: stage_recompute_layers needs stage_layers and "
+                            "recompute='full' without recompute_num_layers")
+        if len(rec) != self.pp or any(isinstance(r, bool) or not isinstance(r, int)
+                                      or not 0 <= r <= n
+                                      for r, n in zip(rec, self.stage_layers, strict=True)):
+            raise SpecError(f"{owner}: stage_recompute_layers {list(rec)} must give each "
+                            f"of the {self.pp} stages 0..its layers "
+                            f"{list(self.stage_layers)}")
 
     @property
     def world_size(self) -> int:
@@ -297,7 +318,17 @@ class ParallelConfig:
 
 def validate(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) -> None:
     """Check ``cfg`` against the model, the cluster and the job; SpecError names what is wrong."""
-    fw = framework(job.framework)
+    _check_placement(model, cluster, cfg)
+    _check_layers(model, cfg)
+    _check_batch(job, cfg)
+    _check_experts(model, cfg)
+    _check_framework(framework(job.framework), job, cfg)
+    _check_precision(cluster, job)
+
+
+def _check_placement(model: ModelSpec, cluster: Cluster, cfg: ParallelConfig) -> None:
+    """The degrees fill the cluster; tensor parallel stays in a node and divides the heads
+    and the MLP."""
     if cfg.world_size != cluster.num_gpus:
         raise SpecError(
             f"dp*tp*pp*cp = {cfg.dp}*{cfg.tp}*{cfg.pp}*{cfg.cp} = {cfg.world_size} but the "
@@ -316,6 +347,10 @@ def validate(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) 
         raise SpecError(
             f"tp={cfg.tp} does not divide moe_ffn_hidden_size={model.moe_ffn_hidden_size}"
         )
+
+
+def _check_layers(model: ModelSpec, cfg: ParallelConfig) -> None:
+    """The pipeline's stages and chunks split the model's layers."""
     chunks = cfg.pp * cfg.virtual_pipeline_stages
     if model.num_layers < chunks:
         raise SpecError(
@@ -332,6 +367,11 @@ def validate(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) 
             f"stage_layers {list(cfg.stage_layers)} sum to {sum(cfg.stage_layers)}, "
             f"not the model's {model.num_layers} layers"
         )
+
+
+def _check_batch(job: Job, cfg: ParallelConfig) -> None:
+    """The batch splits over data parallel and micro-batches, the sequence over context and
+    sequence parallel."""
     if job.global_batch_size % (cfg.dp * cfg.micro_batch_size):
         raise SpecError(
             f"global_batch_size={job.global_batch_size} is not divisible by "
@@ -344,21 +384,31 @@ def validate(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) 
             f"sequence_parallel splits seq_len/cp = {job.seq_len // cfg.cp} over tp={cfg.tp}; "
             "it must divide"
         )
-    if cfg.ep > 1:
-        if not model.is_moe:
-            raise SpecError(f"ep={cfg.ep} needs a mixture-of-experts model; {model.name} is dense")
-        if model.num_experts % cfg.ep:
-            raise SpecError(f"ep={cfg.ep} does not divide num_experts={model.num_experts}")
-        if (cfg.dp * cfg.cp) % cfg.ep:
-            raise SpecError(
-                f"ep={cfg.ep} must divide dp*cp = {cfg.dp * cfg.cp} (expert parallel reuses the "
-                "data- and context-parallel ranks)"
-            )
-        if cfg.zero_stage and cfg.shard_degree % cfg.ep:
-            raise SpecError(
-                f"ep={cfg.ep} must divide the ZeRO shard degree {cfg.shard_degree} "
-                "(sharding_group*cp) so expert states shard evenly"
-            )
+
+
+def _check_experts(model: ModelSpec, cfg: ParallelConfig) -> None:
+    """Expert parallel needs an MoE model whose experts, and the ranks it reuses, it divides."""
+    if cfg.ep <= 1:
+        return
+    if not model.is_moe:
+        raise SpecError(f"ep={cfg.ep} needs a mixture-of-experts model; {model.name} is dense")
+    if model.num_experts % cfg.ep:
+        raise SpecError(f"ep={cfg.ep} does not divide num_experts={model.num_experts}")
+    if (cfg.dp * cfg.cp) % cfg.ep:
+        raise SpecError(
+            f"ep={cfg.ep} must divide dp*cp = {cfg.dp * cfg.cp} (expert parallel reuses the "
+            "data- and context-parallel ranks)"
+        )
+    if cfg.zero_stage and cfg.shard_degree % cfg.ep:
+        raise SpecError(
+            f"ep={cfg.ep} must divide the ZeRO shard degree {cfg.shard_degree} "
+            "(sharding_group*cp) so expert states shard evenly"
+        )
+
+
+def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:
+    """The trainer can run the ZeRO stage, its combination with a pipeline, the schedule
+    and the offload."""
     if cfg.zero_stage not in fw.zero_stages:
         raise SpecError(
             f"framework={fw.name!r} cannot run zero_stage={cfg.zero_stage}: {fw.note_zero}"
@@ -389,6 +439,10 @@ def validate(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) 
         raise SpecError(
             f"offload={cfg.offload!r} with framework={fw.name!r} needs zero_stage >= {least}"
         )
+
+
+def _check_precision(cluster: Cluster, job: Job) -> None:
+    """The GPU supports the job's precision."""
     gpu = cluster.gpu
     dtype = "bf16" if job.precision == "fp8" else job.precision
     for need in {dtype, job.precision}:

@@ -73,16 +73,24 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
-        def positive(key: str, allow_zero: bool = False) -> None:
-            v = getattr(self, key)
-            is_int = isinstance(v, int) and not isinstance(v, bool)
-            ok = is_int and (v >= 0 if allow_zero else v > 0)
-            if not ok:
-                need = "a non-negative" if allow_zero else "a positive"
-                raise SpecError(f"ModelSpec {self.name!r}: {key} must be {need} integer, got {v!r}")
+        self._check_sizes()
+        self._check_kinds()
+        self._check_experts()
 
+    def _positive(self, key: str, allow_zero: bool = False) -> None:
+        """Field ``key`` must be a positive (``allow_zero``: non-negative) integer."""
+        v = getattr(self, key)
+        is_int = isinstance(v, int) and not isinstance(v, bool)
+        ok = is_int and (v >= 0 if allow_zero else v > 0)
+        if not ok:
+            need = "a non-negative" if allow_zero else "a positive"
+            raise SpecError(f"ModelSpec {self.name!r}: {key} must be {need} integer, got {v!r}")
+
+    def _check_sizes(self) -> None:
+        """Counts and widths are integers in range; fill the defaults of the KV heads, the MLP
+        width and the head width."""
         for key in ("num_layers", "hidden_size", "num_heads"):
-            positive(key)
+            self._positive(key)
         # Sanity bounds, far beyond any published model, so a typo is an error.
         for key, most in (("num_layers", 2**14), ("hidden_size", 2**20), ("num_heads", 2**14),
                           ("vocab_size", 2**24), ("num_experts", 2**14),
@@ -94,13 +102,13 @@ class ModelSpec:
         for key in ("vocab_size", "max_position_embeddings", "num_token_types", "patch_size",
                     "image_size", "num_experts", "top_k", "num_shared_experts",
                     "first_dense_layers"):
-            positive(key, allow_zero=True)
+            self._positive(key, allow_zero=True)
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
-        positive("num_kv_heads")
+        self._positive("num_kv_heads")
         if self.ffn_hidden_size is None:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
-        positive("ffn_hidden_size")
+        self._positive("ffn_hidden_size")
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise SpecError(
@@ -108,12 +116,16 @@ class ModelSpec:
                     f"by num_heads {self.num_heads}; pass head_dim explicitly"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
-        positive("head_dim")
+        self._positive("head_dim")
         if self.num_heads % self.num_kv_heads:
             raise SpecError(
                 f"ModelSpec {self.name!r}: num_heads {self.num_heads} must be a multiple of "
                 f"num_kv_heads {self.num_kv_heads} (grouped-query attention)"
             )
+
+    def _check_kinds(self) -> None:
+        """Position embedding and norm are known kinds; learned positions and patches have
+        their sizes."""
         if self.position_embedding not in POSITION_EMBEDDINGS:
             raise SpecError(
                 f"ModelSpec {self.name!r}: position_embedding {self.position_embedding!r} is not "
@@ -134,6 +146,9 @@ class ModelSpec:
                 f"ModelSpec {self.name!r}: image_size {self.image_size} must be a positive "
                 f"multiple of patch_size {self.patch_size}"
             )
+
+    def _check_experts(self) -> None:
+        """Routing fields agree with the number of experts; fill the expert MLP width."""
         if self.num_experts:
             if not 1 <= self.top_k <= self.num_experts:
                 raise SpecError(
@@ -142,7 +157,7 @@ class ModelSpec:
                 )
             if self.moe_ffn_hidden_size is None:
                 object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
-            positive("moe_ffn_hidden_size")
+            self._positive("moe_ffn_hidden_size")
             if self.first_dense_layers >= self.num_layers:
                 raise SpecError(
                     f"ModelSpec {self.name!r}: first_dense_layers {self.first_dense_layers} "

@@ -47,7 +47,7 @@ operator (Shoeybi et al. 2019, Fig. 3).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,63 +168,96 @@ def op_loops(name: str, family: str, args: Sequence[Any], shapes: Sequence[tuple
     in order and the shape of its (first) output. Empty: the op can only be replicated."""
     if not shapes:
         return tuple(Loop((), d, out[d]) for d in range(len(out)) if out[d] > 1)  # a source
-    x = shapes[0]
-    if family == "elementwise":
-        return _broadcast(shapes, out)
-    if family == "matmul":
-        return _matmul(name, shapes, out)
-    if family == "attention":
-        return _attention(shapes, out) if len(x) == 4 and len(shapes) >= 3 and \
-            not name.endswith("backward") else ()
-    if family == "embedding" and name == "embedding" and len(shapes) == 2:
-        w, ids = shapes
-        loops = [Loop((None, i), i, ids[i]) for i in range(len(ids)) if ids[i] > 1]
-        loops.append(Loop((1, None), len(out) - 1, w[1]))
-        loops.append(Loop((0, None), None, w[0]))
-        return tuple(loops)
-    if family == "norm":
-        if name in ("native_layer_norm", "rms_norm", "_fused_rms_norm"):
-            normalized = len(args[0]) if args and isinstance(args[0], list | tuple) else 1
-            keep = len(x) - normalized
-            return tuple(Loop((d,) + (None,) * (len(shapes) - 1), d, x[d]) for d in range(keep)
-                         if x[d] > 1)
-        if "batch_norm" in name and len(x) >= 2:  # batch (local statistics) and channels
-            return (Loop((0,) + (None,) * (len(shapes) - 1), 0, x[0]),
-                    Loop((1, *tuple(0 if len(s) == 1 else None for s in shapes[1:])), 1, x[1]))
+    rule = _FAMILY_LOOPS.get(family)
+    # routing, view (see view_map), backward ops and unknown ops have no loops
+    return rule(name, args, shapes, out) if rule is not None else ()
+
+
+def _attention_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
+                     out: tuple[int, ...]) -> tuple[Loop, ...]:
+    """Fused attention forward on [batch, heads, seq, dim] inputs."""
+    if len(shapes[0]) == 4 and len(shapes) >= 3 and not name.endswith("backward"):
+        return _attention(shapes, out)
+    return ()
+
+
+def _embedding_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
+                     out: tuple[int, ...]) -> tuple[Loop, ...]:
+    """Embedding lookup: the ids' dims, the table's width, and its rows (a reduction)."""
+    if name != "embedding" or len(shapes) != 2:
         return ()
-    if family == "softmax":
-        ints = _ints(args[:1])
-        axis = _dim(ints[0], len(x)) if ints else len(x) - 1
-        return _broadcast(shapes[:1], out, skip=(axis,))
-    if family == "reduction":
-        return _reduction(name, args, x, out)
-    if family == "loss":
-        if name.startswith("nll_loss") and len(shapes) >= 2 and not name.endswith("backward"):
-            ints = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
-            reduction = ints[0] if ints else 1
-            ins = (0, 0) + (None,) * (len(shapes) - 2)
-            if len(x) < 2 or x[0] <= 1:
-                return ()
-            return (Loop(ins, None if reduction else 0, x[0]),)
-        same = [s for s in shapes if len(s) == len(x)]
-        dims = [d for d in range(len(x)) if x[d] > 1 and all(s[d] == x[d] for s in same)]
-        return tuple(Loop(tuple(d if len(s) == len(x) else None for s in shapes),
-                          d if len(out) == len(x) else None, x[d]) for d in dims)
-    if family == "conv":
-        groups = args[-1] if args and isinstance(args[-1], int) else 1
-        if len(shapes) < 2 or name.endswith("backward"):
+    w, ids = shapes
+    loops = [Loop((None, i), i, ids[i]) for i in range(len(ids)) if ids[i] > 1]
+    loops.append(Loop((1, None), len(out) - 1, w[1]))
+    loops.append(Loop((0, None), None, w[0]))
+    return tuple(loops)
+
+
+def _norm_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
+                out: tuple[int, ...]) -> tuple[Loop, ...]:
+    """Layer/RMS norm: the dims before the normalized ones; batch norm: batch (local
+    statistics) and channels."""
+    x = shapes[0]
+    if name in ("native_layer_norm", "rms_norm", "_fused_rms_norm"):
+        normalized = len(args[0]) if args and isinstance(args[0], list | tuple) else 1
+        keep = len(x) - normalized
+        return tuple(Loop((d,) + (None,) * (len(shapes) - 1), d, x[d]) for d in range(keep)
+                     if x[d] > 1)
+    if "batch_norm" in name and len(x) >= 2:
+        return (Loop((0,) + (None,) * (len(shapes) - 1), 0, x[0]),
+                Loop((1, *tuple(0 if len(s) == 1 else None for s in shapes[1:])), 1, x[1]))
+    return ()
+
+
+def _softmax_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
+                   out: tuple[int, ...]) -> tuple[Loop, ...]:
+    """Every dim but the softmax axis."""
+    x = shapes[0]
+    ints = _ints(args[:1])
+    axis = _dim(ints[0], len(x)) if ints else len(x) - 1
+    return _broadcast(shapes[:1], out, skip=(axis,))
+
+
+def _loss_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
+                out: tuple[int, ...]) -> tuple[Loop, ...]:
+    """NLL loss: the batch (a reduction unless reduction='none'); other losses: the dims
+    every same-rank input shares."""
+    x = shapes[0]
+    if name.startswith("nll_loss") and len(shapes) >= 2 and not name.endswith("backward"):
+        ints = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+        reduction = ints[0] if ints else 1
+        ins = (0, 0) + (None,) * (len(shapes) - 2)
+        if len(x) < 2 or x[0] <= 1:
             return ()
-        bias = (None,) * (len(shapes) - 2)
-        loops = [Loop((0, None, *bias), 0, x[0])]
-        if groups == 1:
-            loops += [Loop((None, 0) + (0,) * (len(shapes) - 2), 1, shapes[1][0]),
-                      Loop((1, 1, *bias), None, x[1])]
-        return tuple(lp for lp in loops if lp.size > 1)
-    if family == "pool" and not name.endswith("backward"):
-        return tuple(Loop((d,), d, x[d]) for d in range(min(2, len(out))) if out[d] > 1)
-    if family == "index":
-        return _index(name, args, shapes, out)
-    return ()  # routing, view (see view_map), backward ops and unknown ops
+        return (Loop(ins, None if reduction else 0, x[0]),)
+    same = [s for s in shapes if len(s) == len(x)]
+    dims = [d for d in range(len(x)) if x[d] > 1 and all(s[d] == x[d] for s in same)]
+    return tuple(Loop(tuple(d if len(s) == len(x) else None for s in shapes),
+                      d if len(out) == len(x) else None, x[d]) for d in dims)
+
+
+def _conv_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
+                out: tuple[int, ...]) -> tuple[Loop, ...]:
+    """Convolution forward: batch; without groups also output and input channels."""
+    x = shapes[0]
+    groups = args[-1] if args and isinstance(args[-1], int) else 1
+    if len(shapes) < 2 or name.endswith("backward"):
+        return ()
+    bias = (None,) * (len(shapes) - 2)
+    loops = [Loop((0, None, *bias), 0, x[0])]
+    if groups == 1:
+        loops += [Loop((None, 0) + (0,) * (len(shapes) - 2), 1, shapes[1][0]),
+                  Loop((1, 1, *bias), None, x[1])]
+    return tuple(lp for lp in loops if lp.size > 1)
+
+
+def _pool_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
+                out: tuple[int, ...]) -> tuple[Loop, ...]:
+    """Pooling forward: batch and channels."""
+    if name.endswith("backward"):
+        return ()
+    x = shapes[0]
+    return tuple(Loop((d,), d, x[d]) for d in range(min(2, len(out))) if out[d] > 1)
 
 
 def _reduction(name: str, args: Sequence[Any], x: tuple[int, ...], out: tuple[int, ...]
@@ -349,3 +382,21 @@ def reshard_time(topo: Any, mesh: tuple[int, ...], strides: tuple[int, ...],
         else:
             t += float(topo.all_to_all(size / n, n, stride))
     return t
+
+
+_LoopRule = Callable[[str, Sequence[Any], Sequence[tuple[int, ...]], tuple[int, ...]],
+                     tuple[Loop, ...]]
+#: Each op family's loops (``op_loops``).
+_FAMILY_LOOPS: dict[str, _LoopRule] = {
+    "elementwise": lambda name, args, shapes, out: _broadcast(shapes, out),
+    "matmul": lambda name, args, shapes, out: _matmul(name, shapes, out),
+    "attention": _attention_loops,
+    "embedding": _embedding_loops,
+    "norm": _norm_loops,
+    "softmax": _softmax_loops,
+    "reduction": lambda name, args, shapes, out: _reduction(name, args, shapes[0], out),
+    "loss": _loss_loops,
+    "conv": _conv_loops,
+    "pool": _pool_loops,
+    "index": _index,
+}

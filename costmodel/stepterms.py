@@ -1,0 +1,440 @@
+"""The per-micro-batch terms of the step time, per pipeline stage, for a table of
+configurations: tensor-, context- and expert-parallel communication, ZeRO-3/FSDP gathers and
+reduce-scatters, gradient accumulation, recompute and pipeline send/receive, each with what
+overlaps it (the rules are stated in ``costmodel.steptime``'s docstring, which assembles them
+into the step).
+
+Every function reads one ``Rows``: the job's constants, the configurations as float columns
+and the compute of one layer of each kind per micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import hardware_profiles
+from costmodel.comm import Topology
+from costmodel.compute import (
+    LayerCompute,
+    autocast_rows,
+    layer_compute,
+    lm_head_compute,
+    memory_time,
+)
+from costmodel.config import Job
+from costmodel.frameworks import framework
+from costmodel.hardware import Cluster
+from costmodel.memory import ConfigArrays, MemoryTable, layer_params_per_gpu, state_bytes
+from costmodel.model import ModelSpec
+
+__all__ = ["Rows", "Sharded", "TensorParallel", "accumulation_time", "context_parallel",
+           "expert_parallel", "overlap", "p2p_time", "recompute_time", "sharded", "table_rows",
+           "tensor_parallel"]
+
+
+def overlap(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """Exposed part of ``comm`` run beside ``window`` seconds of compute."""
+    return np.maximum(comm - window, 0.0)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What every term of one time table reads: the job's constants, the configurations as
+    float columns (stage-major ``[P, rows]`` where per stage, like ``MemoryTable``) and the
+    compute per micro-batch of one layer of each kind, of the embedding and of the head."""
+
+    model: ModelSpec
+    cluster: Cluster
+    job: Job
+    a: ConfigArrays
+    mem: MemoryTable
+    topo: Topology
+    soft: dict[str, Any]
+    e: float  # bytes per activation element
+    w_b: float  # bytes per weight as gathered after the optimizer (ZeRO 1/2)
+    g_b: float  # bytes per gradient element as reduced
+    cf: float  # MoE capacity factor
+    stage: np.ndarray
+    count: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    m: np.ndarray
+    tp: np.ndarray
+    cp: np.ndarray
+    dp: np.ndarray
+    pp: np.ndarray
+    ep: np.ndarray
+    v: np.ndarray
+    tokens: np.ndarray  # per micro-batch per GPU
+    sp: np.ndarray
+    autocast: np.ndarray
+    dense: LayerCompute
+    moe: LayerCompute
+    emb: LayerCompute
+    head: LayerCompute
+    dense_params: np.ndarray  # per GPU: the stage's non-expert parameters (embeddings too)
+    exp_params: np.ndarray  # per GPU: the stage's expert parameters
+
+    @property
+    def fw(self) -> str:
+        """The trainer."""
+        return self.job.framework
+
+    @property
+    def valid(self) -> np.ndarray:
+        """Stage columns that are real stages (not padding)."""
+        return self.mem.valid
+
+    @property
+    def nl(self) -> np.ndarray:
+        """Layers of each stage."""
+        return self.mem.num_layers.astype(float)
+
+    @property
+    def nm(self) -> np.ndarray:
+        """MoE layers of each stage."""
+        return self.mem.moe_layers.astype(float)
+
+    @property
+    def rd(self) -> np.ndarray:
+        """Dense layers fully recomputed in each stage."""
+        return self.mem.recomputed_dense.astype(float)
+
+    @property
+    def rm(self) -> np.ndarray:
+        """MoE layers fully recomputed in each stage."""
+        return self.mem.recomputed_moe.astype(float)
+
+    @property
+    def rec_layers(self) -> np.ndarray:
+        """Layers whose forward runs again in backward (full recompute)."""
+        return np.where(self.a.recompute == 2, self.rd + self.rm, 0.0)
+
+    def per_stage(self, d: np.ndarray, mo: np.ndarray, e_: np.ndarray | float = 0.0,
+                  hd: np.ndarray | float = 0.0) -> np.ndarray:
+        """Sum over a stage's layers of a per-layer quantity (dense, MoE, embedding, head)."""
+        nl = self.nl
+        if self.model.is_moe:
+            nm = self.nm
+            out = (nl - nm) * d + nm * mo
+        else:
+            out = nl * d
+        if not np.isscalar(e_) or e_ != 0.0:
+            out = out + np.where(self.first, np.broadcast_to(e_, d.shape), 0.0)
+        if not np.isscalar(hd) or hd != 0.0:
+            out = out + np.where(self.last, np.broadcast_to(hd, d.shape), 0.0)
+        return out
+
+
+def table_rows(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays, mem: MemoryTable
+          ) -> Rows:
+    """The columns and layer computes of a table (``Rows``)."""
+    soft = hardware_profiles.load_software()
+    w_b, g_b, _ = state_bytes(job, model)
+    if job.framework == "torchtitan":
+        g_b = float(soft["torchtitan"]["reduce_dtype_bytes"])
+    cf = float(job.moe_capacity_factor or 1.0)
+    gpu = cluster.gpu
+    st = a.stage_major  # [P, rows], like mem's arrays
+    cp = a.cp.astype(float)
+    ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
+    dense = layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=False, autocast=ac)
+    moe = (layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=True,
+                         capacity_factor=cf, ep=a.ep, autocast=ac) if model.is_moe else dense)
+    emb, head = lm_head_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, autocast=ac)
+    return Rows(
+        model=model, cluster=cluster, job=job, a=a, mem=mem, topo=Topology.of(cluster),
+        soft=soft, e=4.0 if job.precision == "fp32" else 2.0, w_b=w_b, g_b=g_b, cf=cf,
+        stage=st.index, count=st.count, first=(st.index == 0), last=(st.index == a.pp - 1),
+        m=mem.num_micro_batches.astype(float), tp=a.tp.astype(float), cp=cp,
+        dp=a.dp.astype(float), pp=a.pp.astype(float), ep=a.ep.astype(float),
+        v=a.v.astype(float), tokens=job.seq_len / cp * a.mbs, sp=a.sp == 1, autocast=ac,
+        dense=dense, moe=moe, emb=emb, head=head,
+        dense_params=mem.layer_params - mem.expert_params + mem.embedding_params,
+        exp_params=mem.expert_params)
+
+
+# ---- tensor parallel: per layer, forward and backward -------------------------------------
+
+@dataclass(frozen=True)
+class _TPCollectives:
+    """One layer's TP collectives per micro-batch, seconds: an all-reduce and an all-gather
+    (reduce-scatter alike) of one activation, one forward pass's (``per_pass``: without SP two
+    all-reduces, with SP two all-gathers and two reduce-scatters), whether Megatron-LM's
+    userbuffers or torchtitan's async TP pipeline them with their matmuls (``pipelined``) and
+    the share of a matmul that hides a chunk (``chunked``, ``(tp - 1) / tp``)."""
+
+    ar: np.ndarray
+    ag: np.ndarray
+    per_pass: np.ndarray
+    pipelined: bool
+    chunked: np.ndarray
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """TP communication per micro-batch: ``exposed`` per stage (with the forward collectives
+    full recompute runs again), and what ``detail`` adds up into its total: one layer's
+    forward and backward collectives, the embedding's and the head's, one forward pass."""
+
+    exposed: np.ndarray
+    layer_total: np.ndarray
+    emb: np.ndarray
+    head: np.ndarray
+    per_pass: np.ndarray
+
+
+def _tp_forward(c: _TPCollectives, sp: np.ndarray, lc: LayerCompute) -> np.ndarray:
+    """Exposed TP communication of one layer's forward pass.
+
+    Megatron-LM with Transformer Engine's userbuffers (``Job.tp_comm_overlap``, SP rows only)
+    pipelines each linear's matmul with its all-gather or reduce-scatter, split into tp chunks,
+    so that all but one chunk of the matmul hides a chunk of the collective
+    (megatron/core/model_parallel_config.py: tp_comm_overlap, tp_comm_overlap_ag/_rs)."""
+    if not c.pipelined:
+        return c.per_pass
+    gemms = (lc.qkv_gemm, lc.proj_gemm, lc.up_gemm, lc.down_gemm)
+    return np.where(sp, sum(overlap(c.ag, c.chunked * w) for w in gemms), c.per_pass)
+
+
+def _tp_backward(c: _TPCollectives, r: Rows, lc: LayerCompute) -> np.ndarray:
+    """Exposed TP communication of one layer's backward pass.
+
+    Megatron-LM's column-parallel linears (QKV, MLP input) launch their input-gradient
+    collective asynchronously and compute the weight gradient meanwhile; with SP they also
+    re-gather their input during the input-gradient matmul
+    (``LinearWithGradAccumulationAndAsyncCommunication``; Korthikanti et al. 2022,
+    Sec. 4.2.2 and 6.2). The gradient gathers of the row-parallel outputs (SP) stay exposed.
+    Without SP the overlap needs ``Job.overlap_tp_grad_comm`` (Megatron-LM's
+    ``--async-tensor-model-parallel-allreduce``, from August 2021). With userbuffers the
+    output-gradient gathers are pipelined with their input-gradient matmuls too
+    (tp_comm_bulk_wgrad/_dgrad keep the column-parallel ones bulk-overlapped).
+    """
+    if r.fw == "torchtitan":
+        # Async TP micro-pipelines the backward's matmul + collective pairs as it does the
+        # forward's (Job.tp_comm_overlap).
+        return _tp_forward(c, r.sp, lc)
+    if r.fw != "megatron":
+        return c.per_pass
+    windows = (lc.qkv_gemm, lc.up_gemm)
+    gathers = sum(overlap(c.ag, c.chunked * w) for w in (lc.proj_gemm, lc.down_gemm)) \
+        if c.pipelined else 2 * c.ag
+    exposed_sp = gathers + sum(2 * overlap(c.ag, w) for w in windows)
+    exposed_ar = sum(overlap(c.ar, w) for w in windows) if r.job.overlap_tp_grad_comm \
+        else 2 * c.ar
+    return np.where(r.sp, exposed_sp, exposed_ar)
+
+
+def tensor_parallel(r: Rows) -> TensorParallel:
+    """TP communication per micro-batch per stage (``TensorParallel``)."""
+    act = r.e * r.tokens * float(r.model.hidden_size)  # one activation tensor, all of it
+    ar = r.topo.all_reduce(act, r.tp, 1.0)
+    ag = r.topo.all_gather(act, r.tp, 1.0)
+    c = _TPCollectives(ar=ar, ag=ag, per_pass=np.where(r.sp, 2 * (ag + ag), 2 * ar),
+                       pipelined=r.fw in ("megatron", "torchtitan") and r.job.tp_comm_overlap,
+                       chunked=(r.tp - 1) / r.tp)
+    dense_f, moe_f = _tp_forward(c, r.sp, r.dense), _tp_forward(c, r.sp, r.moe)
+    dense_b, moe_b = _tp_backward(c, r, r.dense), _tp_backward(c, r, r.moe)
+    # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
+    # all-gather of its input with SP, all-reduce of the input gradient without; the
+    # vocabulary-parallel cross entropy all-reduces 3 fp32 values per token (max, sum, target).
+    emb = np.where(r.sp, ag, ar)
+    head = np.where(r.sp, 2 * ag, ar) + 3 * r.topo.all_reduce(4.0 * r.tokens, r.tp, 1.0)
+    # Full recompute runs each recomputed layer's forward collectives again.
+    rec = r.rd * dense_f + r.rm * moe_f if c.pipelined else r.rec_layers * c.per_pass
+    return TensorParallel(
+        exposed=r.per_stage(dense_f + dense_b, moe_f + moe_b, emb, head) + rec,
+        layer_total=2 * c.per_pass + np.where(r.sp & (r.fw == "megatron"), 2 * ag, 0.0),
+        emb=emb, head=head, per_pass=c.per_pass)
+
+
+def context_parallel(r: Rows) -> tuple[np.ndarray, np.ndarray]:
+    """CP ring exchange of K and V per micro-batch: (exposed per stage, all of it per layer).
+
+    Each KV block's transfer overlaps the attention on the previous block (Liu et al. 2023),
+    forward one exchange per step, backward two (the KV blocks and their gradients)."""
+    cp = r.cp
+    kv_block = 2 * r.e * r.tokens * r.model.kv_dim / r.tp
+    ring_step = np.where(cp > 1, r.topo.ring_step(kv_block, cp, r.tp), 0.0)
+
+    def exposed(lc: LayerCompute) -> np.ndarray:
+        return (cp - 1) * overlap(ring_step, lc.core_forward / cp) \
+            + (cp - 1) * overlap(2 * ring_step, lc.core_backward / cp)
+
+    return r.per_stage(exposed(r.dense), exposed(r.moe)), (cp - 1) * 3 * ring_step
+
+
+def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
+    """EP dispatch and combine all-to-alls per micro-batch per stage, all exposed (Megatron-LM
+    and torchtitan defaults); full recompute runs the forward pair again. Zeros shaped
+    ``like`` for a dense model."""
+    if not r.model.is_moe:
+        return np.zeros_like(like)
+    h = float(r.model.hidden_size)
+    a2a = 2 * r.topo.all_to_all(r.e * r.tokens * r.model.top_k * r.cf * h, r.ep, r.tp)
+    return r.nm * (2 * a2a) + r.rm * a2a * (r.a.recompute == 2)
+
+
+# ---- ZeRO-3 / FSDP per-layer gathers and reduce-scatters ---------------------------------
+
+@dataclass(frozen=True)
+class Sharded:
+    """ZeRO-3/FSDP communication per micro-batch per stage: ``exposed`` (with FSDP2's copies
+    and the compute the hidden part slows), ``wire`` (all collectives, hidden or not),
+    ``copy`` (FSDP2's copies); and what the rest of the step reads: the shard degrees of
+    dense and expert parameters (``z``, ``z_exp``), whether gradients are reduce-scattered
+    every micro-batch (``rs_each``) or once per step under torch pipelining (``nosync``)."""
+
+    exposed: np.ndarray
+    wire: np.ndarray
+    copy: np.ndarray | float
+    z: np.ndarray
+    z_exp: np.ndarray
+    rs_each: np.ndarray
+    nosync: np.ndarray
+
+
+def _gather(r: Rows, params: np.ndarray, group: np.ndarray, stride: np.ndarray
+            ) -> np.ndarray:
+    """Seconds to all-gather ``params`` parameters (per GPU of the TP/EP group) over ``group``
+    ranks ``stride`` apart, in the compute dtype; offloaded parameters first cross PCIe, the
+    GPU's shard of them."""
+    comp_b = 4.0 if r.job.precision == "fp32" else 2.0  # parameters are gathered in this dtype
+    t = r.topo.all_gather(comp_b * params, group, stride)
+    host_bw = r.cluster.gpu.host().achieved_bytes_per_s
+    return t + np.where(r.a.offload == 2, r.w_b * params / group / host_bw, 0.0)
+
+
+def _scatter(r: Rows, params: np.ndarray, group: np.ndarray, stride: np.ndarray
+             ) -> np.ndarray:
+    """Seconds to reduce-scatter the gradients of ``params`` parameters over ``group`` ranks
+    ``stride`` apart; with HSDP the shards are then all-reduced across the replicas."""
+    t = r.topo.reduce_scatter(r.g_b * params, group, stride)
+    z = r.a.shard.astype(float)
+    replicas = r.dp * r.cp / z
+    t = t + r.topo.all_reduce(r.g_b * params / group, replicas, r.tp * z)
+    host_bw = r.cluster.gpu.host().achieved_bytes_per_s
+    return t + np.where(r.a.offload == 2, r.g_b * params / group / host_bw, 0.0)
+
+
+def _fsdp2_copies(r: Rows, ag_fwd: np.ndarray, ag_bwd: np.ndarray) -> np.ndarray | float:
+    """Seconds per micro-batch per stage of FSDP2's own copies on the compute stream
+    (torchtitan; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each all-gather's
+    copy-out splits the gathered flat buffer into the unsharded parameters
+    (split_with_sizes_copy: read and write comp_b bytes per parameter), and each
+    reduce-scatter's copy-in casts the unsharded gradients into the flat buffer of the reduce
+    dtype (foreach_reduce_scatter_copy_in: read comp_b, write g_b), one kernel each per FSDP
+    unit (each layer, the embedding, the head). The all-gather's copy-in, the cast of the
+    shard, runs on a stream of its own beside the compute. They happen on one GPU too."""
+    if r.fw != "torchtitan":
+        return 0.0
+    comp_b = 4.0 if r.job.precision == "fp32" else 2.0
+    units = (r.nl + r.first + r.last) * r.valid
+    copy_bytes = np.where(ag_fwd, 2 * comp_b * (1 + ag_bwd) + comp_b + r.g_b, 0.0)
+    copy_kernels = np.where(ag_fwd, 2.0 + ag_bwd, 0.0)
+    return memory_time(r.cluster.gpu, copy_bytes * (r.dense_params + r.exp_params),
+                       copy_kernels * units)
+
+
+def sharded(r: Rows) -> Sharded:
+    """ZeRO-3/FSDP communication per micro-batch per stage (``Sharded``).
+
+    Each layer's gather is prefetched beside the previous layer's forward; in backward the
+    gather and the gradient reduce-scatter share the stream beside the layer's backward;
+    the first gather and the last reduce-scatter of a micro-batch are exposed."""
+    zero, fw = r.a.zero, r.fw
+    z = r.a.shard.astype(float)
+    z_exp = np.maximum(z / r.ep, 1.0)
+    ag_fwd = (zero == 3) | ((zero == 2) & (fw == "torchtitan"))
+    ag_bwd = zero == 3
+    rs_each = (zero == 3) | ((zero == 2) & (fw in ("torchtitan", "deepspeed")))
+    # torch.distributed.pipelining runs every backward but a stage's last with FSDP's gradient
+    # sync off (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync:
+    # set_requires_gradient_sync(last_backward)): the stage's gradients accumulate unsharded
+    # and are reduce-scattered once per step, like a data-parallel all-reduce.
+    nosync = framework(fw).torch_pipelining & (r.a.pp > 1) & (zero >= 2)
+    rs_each = rs_each & ~nosync
+    dense_local, moe_local, exp_local = layer_params_per_gpu(r.model, r.tp, r.ep)
+    tp, tp_ep = r.tp, r.tp * r.ep
+    ag_dense = np.where(ag_fwd, _gather(r, dense_local, z, tp), 0.0)
+    rs_dense = np.where(rs_each, _scatter(r, dense_local, z, tp), 0.0)
+    if r.model.is_moe:
+        ag_moe = np.where(ag_fwd, _gather(r, moe_local, z, tp)
+                          + _gather(r, exp_local, z_exp, tp_ep), 0.0)
+        rs_moe = np.where(rs_each, _scatter(r, moe_local, z, tp)
+                          + _scatter(r, exp_local, z_exp, tp_ep), 0.0)
+    else:
+        ag_moe, rs_moe = ag_dense, rs_dense
+    # Per-micro-batch reduce-scatters hide behind backward unless overlap is off (DeepSpeed
+    # ZeRO-2 with overlap_comm false); ZeRO-3 prefetching always overlaps.
+    hide = np.where(zero == 3, 1.0, 1.0 if r.job.overlap_grad_reduce else 0.0)
+    f_dense = overlap(ag_dense, r.dense.forward)
+    b_dense = overlap(np.where(ag_bwd, ag_dense, 0.0) + rs_dense, hide * r.dense.backward)
+    f_moe = overlap(ag_moe, r.moe.forward)
+    b_moe = overlap(np.where(ag_bwd, ag_moe, 0.0) + rs_moe, hide * r.moe.backward)
+    edges = ag_dense + rs_dense  # first gather and last reduce-scatter of a micro-batch
+    exposed = r.per_stage(f_dense + b_dense, f_moe + b_moe) + edges * r.valid
+    copy = _fsdp2_copies(r, ag_fwd, ag_bwd)
+    exposed = exposed + copy
+    # Communication hidden behind compute still slows it: NCCL's kernels take SMs and HBM
+    # bandwidth from the compute kernels beside them (GPU.efficiency.comm_slowdown, fitted by
+    # planner calibrate). Counted for the collectives that run beside compute for most of a
+    # step, FSDP's gathers and reduce-scatters (here) and the data-parallel gradient
+    # reduction (_gradient_sync); applied to TP and CP too, the fit lost the Korthikanti et
+    # al. 2022 runs (4 % instead of 2.5 %), whose overlap windows are single matmuls.
+    wire = r.per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe)
+    slow = r.cluster.gpu.efficiency.comm_slowdown
+    if slow > 0:
+        exposed = exposed + slow * np.maximum(wire - (exposed - copy), 0.0)
+    return Sharded(exposed=exposed, wire=wire, copy=copy, z=z, z_exp=z_exp, rs_each=rs_each,
+                    nosync=nosync)
+
+
+def accumulation_time(r: Rows, sh: Sharded) -> np.ndarray:
+    """Seconds per micro-batch (averaged over the step's) of gradient accumulation.
+
+    Each later micro-batch adds its weight gradients into the accumulated ones: read both,
+    write the sum, 3 gradient-sized passes per parameter (PyTorch's AccumulateGrad adds in
+    place; Megatron-LM's DDP hook adds param.grad into main_grad). Gradients reduce-scattered
+    every micro-batch (ZeRO-2/3, FSDP) accumulate in the GPU's shard. Megatron-LM's
+    --gradient-accumulation-fusion has the weight-gradient matmul add into main_grad itself
+    (fused_weight_gradient_mlp_cuda, commit 83b1e42f of February 2022; Transformer Engine),
+    leaving the norm and bias gradients, a negligible share, out here too."""
+    if r.fw == "megatron" and r.job.fuse_grad_accumulation:
+        return np.zeros_like(r.dense_params)
+    acc_params = np.where(sh.rs_each, r.dense_params / sh.z + r.exp_params / sh.z_exp,
+                          r.dense_params + r.exp_params)
+    later = (r.m - 1) / r.m  # the share of micro-batches that add into others
+    return memory_time(r.cluster.gpu, 3 * r.g_b * acc_params, 0.0) * later
+
+
+def recompute_time(r: Rows) -> np.ndarray:
+    """Seconds per micro-batch per stage that recompute adds to the backward."""
+    mode = r.a.recompute
+    rec_full = r.rd * r.dense.forward + r.rm * r.moe.forward
+    rec_sel = r.per_stage(r.dense.selective, r.moe.selective)
+    return np.where(mode == 2, rec_full, np.where(mode == 1, rec_sel, 0.0))
+
+
+def p2p_time(r: Rows, fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pipeline send/receive per micro-batch per stage, twice per model chunk: (exposed,
+    all of it).
+
+    Megatron-LM sends 1/tp of the tensor from each TP rank and all-gathers it inside the node
+    (scatter-gather, Narayanan et al. 2021, Sec. 4.1). Its interleaved 1F1B posts each
+    chunk's send and the next chunk's receive asynchronously and waits for them one chunk
+    later (--overlap-p2p-communication, May 2023, the default since October 2023, commit
+    4eeff55d; off without interleaving): each transfer hides behind one chunk's forward."""
+    megatron = r.fw == "megatron"
+    act = r.e * r.tokens * float(r.model.hidden_size)
+    p2p = r.topo.p2p(np.where(r.sp | megatron, act / r.tp, act), r.tp * r.cp * r.dp)
+    if megatron:
+        p2p = p2p + np.where(r.sp, 0.0, r.topo.all_gather(act, r.tp, 1.0))
+    total = np.where(r.pp > 1, 2 * r.v * p2p, 0.0) * r.valid
+    if megatron and r.job.overlap_p2p_comm:
+        exposed = overlap(p2p, fwd / r.v)
+        return np.where(r.a.schedule == 1, 2 * r.v * exposed * r.valid, total), total
+    return total, total
