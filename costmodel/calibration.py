@@ -44,6 +44,8 @@ from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import GPU
 from costmodel.published import PublishedRun, predict_run
 from costmodel.uncertainty import band_key, scale_class
+from costmodel.units import GIB
+from hardware_profiles.files import to_toml
 
 __all__ = ["BAND_MIN_RUNS", "BAND_MIN_SOURCES", "Fit", "Fold", "RunResult", "band_key", "bands",
            "compared_memory_gib", "fit_transfer", "leave_one_source_out", "load_fit",
@@ -316,36 +318,37 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
     """The ``calibrated/transfer.toml`` text: the fit, its bands and every run's fit and
     leave-one-source-out errors."""
     loso = {k: math.expm1(v) for k, v in loso_log_errors(runs, folds).items()}
-    lines = [
-        "# Written by `planner calibrate`; do not edit by hand, re-run the command.",
-        f'provenance = "{provenance}"',
-        "",
-        "[transfer]",
-        "# In-training over microbenchmark matmul/attention fraction; the pooled ratio serves",
-        "# architectures without runs. kernel_overhead_us: the fixed cost of one kernel.",
-        f"gemm = {fit.pooled:.4f}",
-        "# Fused attention kernels over their microbenchmark fraction, every architecture.",
-        f"attention = {fit.attention:.4f}",
-        "memory = 1.0000",
-        f"kernel_overhead_us = {fit.kernel_overhead_us:.3f}",
-        "# Seconds of compute lost per second of communication running beside it.",
-        f"comm_slowdown = {fit.comm_slowdown:.4f}",
-        "",
-        "[transfer.architecture]",
-        *(f"{a} = {v:.4f}" for a, v in sorted(fit.ratios.items())),
-        "",
-        "[bands]",
-        "# Relative uncertainty of a step-time estimate: the RMS leave-one-source-out error",
-        "# of the published runs of its class (architecture/trainer/GPUs), broadest last.",
-    ]
-    for key, b in sorted(bands(runs, folds).items()):
-        lines.append(f'"{key}" = {{ band = {b["band"]:.4f}, runs = {b["runs"]}, '
-                     f'sources = {b["sources"]} }}')
-    lines += ["", "[runs]"]
-    for r, err in zip(runs, log_errors, strict=True):
-        lines.append(f'"{r.id}" = {{ fit = {math.expm1(float(err)):+.4f}, loso = '
-                     f'{loso.get(r.id, math.nan):+.4f} }}')
-    return "\n".join(lines) + "\n"
+    table = {
+        "provenance": provenance,
+        "transfer": {
+            "gemm": round(fit.pooled, 4),
+            "attention": round(fit.attention, 4),
+            "memory": 1.0,
+            "kernel_overhead_us": round(fit.kernel_overhead_us, 3),
+            "comm_slowdown": round(fit.comm_slowdown, 4),
+            "architecture": {a: round(v, 4) for a, v in sorted(fit.ratios.items())},
+        },
+        "bands": {key: {"band": round(b["band"], 4), "runs": b["runs"],
+                        "sources": b["sources"]}
+                  for key, b in sorted(bands(runs, folds).items())},
+        "runs": {r.id: {"fit": round(math.expm1(float(err)), 4),
+                        **({"loso": round(loso[r.id], 4)} if r.id in loso else {})}
+                 for r, err in zip(runs, log_errors, strict=True)},
+    }
+    notes = {
+        "transfer": "In-training over microbenchmark matmul fraction (gemm: the pooled ratio, for "
+                    "architectures\nwithout runs), fused attention kernels over theirs (every "
+                    "architecture), the fixed\ncost of one kernel, and the seconds of compute lost "
+                    "per second of communication\nrunning beside it.",
+        "transfer.architecture": "The matmul ratio of each architecture with runs from at least "
+                                 "two sources.",
+        "bands": "Relative uncertainty of a step-time estimate: the RMS leave-one-source-out "
+                 "error\nof the published runs of its class (architecture/trainer/GPUs), broadest "
+                 "last.",
+        "runs": "Each run's error under the fit and with its source left out of the fit.",
+    }
+    return to_toml(table, "Written by `planner calibrate`; do not edit by hand, re-run the "
+                   "command.", notes, inline=("bands", "runs"))
 
 
 def load_fit(path: str | Path | None = None) -> Fit:
@@ -393,7 +396,7 @@ def compared_memory_gib(run: PublishedRun, est: Estimate) -> float:
     PyTorch's allocator peak (``max_memory_allocated``) is the estimate less its
     ``overhead`` term, and its reserved peak (``max_memory_reserved``) that over
     ``1 - allocator_fragmentation``."""
-    allocated = (float(est.peak_memory_bytes) - est.memory.overhead_bytes) / 1024**3
+    allocated = (float(est.peak_memory_bytes) - est.memory.overhead_bytes) / GIB
     if "reserved" in run.peak_memory_what:
         frag = float(hardware_profiles.load_software()["runtime"]["allocator_fragmentation"])
         return allocated / (1.0 - frag)
@@ -417,6 +420,6 @@ def validation_report(runs: Sequence[PublishedRun], fit: Fit, loso: bool = True,
         pred = predict_run(r, est)
         out.append(RunResult(run=r, predicted=pred, error=pred / r.measured - 1.0,
                              loso_error=loso_of.get(r.id), fits=bool(est.fits),
-                             peak_memory_gib=float(est.peak_memory_bytes) / 1024**3,
+                             peak_memory_gib=float(est.peak_memory_bytes) / GIB,
                              compared_memory_gib=compared_memory_gib(r, est)))
     return out

@@ -17,11 +17,11 @@ from costmodel.memory import TERMS, ConfigArrays, memory_table
 from costmodel.model import ModelSpec
 from costmodel.steptime import COMM_KINDS, TIME_TERMS, time_table
 from costmodel.uncertainty import band_for
+from costmodel.units import GIB
 
 __all__ = ["NEAR_CAPACITY", "Estimate", "MemoryBreakdown", "StageMemory", "estimate",
            "plan_capacity"]
 
-GIB = 1024**3
 # A peak above this share of the GPU's memory is flagged: the estimate counts what the model,
 # its states, activations and buffers hold, and the CUDA context and NCCL's buffers, but not
 # the caching allocator's fragmentation (``Job.memory_reserve``).

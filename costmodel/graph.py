@@ -46,6 +46,7 @@ import networkx as nx
 
 from costmodel.errors import SpecError
 from costmodel.sharding import Loop, op_loops, view_map
+from costmodel.units import GIB
 
 __all__ = ["FAMILIES", "Layer", "LayerGraph", "OpNode", "TensorRef"]
 
@@ -258,7 +259,7 @@ class LayerGraph:
                          f"{x.saved_bytes / 2**20:>10.2f}")
         lines.append(f"total: {self.num_params():,} parameters, "
                      f"{self.model_flops() / 1e12:.4f} TFLOP per step, "
-                     f"{self.saved_bytes() / 2**30:.3f} GiB saved for backward")
+                     f"{self.saved_bytes() / GIB:.3f} GiB saved for backward")
         if self.unsupported:
             ops = sorted({f"{op} in {mod or '(root)'}" for op, mod in self.unsupported})
             lines.append("unsupported ops (counted as replicated, one FLOP per element): "

@@ -12,12 +12,10 @@ from typing import Any
 
 import hardware_profiles
 from costmodel.errors import SpecError
+from costmodel.units import GB, GIB, TFLOPS
 
 __all__ = ["GPU", "Cluster", "KernelEfficiency", "Link"]
 
-GIB = 1024**3
-GB = 1e9
-TFLOPS = 1e12
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
@@ -381,7 +379,7 @@ class Cluster:
     @property
     def host_memory_bytes_per_gpu(self) -> float:
         """CPU memory each GPU's share of its node holds, bytes."""
-        return float(self.host_memory_gib) * 1024**3 / self.gpus_per_node  # type: ignore[arg-type]
+        return float(self.host_memory_gib) * GIB / self.gpus_per_node  # type: ignore[arg-type]
 
     @property
     def num_gpus(self) -> int:

@@ -70,6 +70,7 @@ from costmodel.errors import SpecError
 from costmodel.hardware import GPU, Cluster
 from costmodel.memory import even_split
 from costmodel.model import ModelSpec
+from costmodel.units import GIB
 
 __all__ = [
     "KV_PRECISIONS",
@@ -97,7 +98,6 @@ _BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 # Per group of quantized weights: an fp16 scale, and for asymmetric int4 a packed 4-bit zero
 # point (AutoAWQ WQLinear_GEMM / AutoGPTQ QuantLinear layouts).
 _GROUP_BYTES = {"int8": 2.0, "int4": 2.5}
-GIB = 1024**3
 MIB = 1024**2
 # Sanity bounds, far beyond served contexts and batches, so that a typo is an error.
 MAX_TOKENS = 2**24

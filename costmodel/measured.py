@@ -27,7 +27,6 @@ best measured rate of each kind becomes the profile's peak and the fractions are
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -40,11 +39,14 @@ import hardware_profiles
 from costmodel.comm import Topology
 from costmodel.compute import aligned, flash_attention_time, gemm_time, memory_time
 from costmodel.errors import SpecError
-from costmodel.hardware import DTYPES, GB, GIB, GPU, TFLOPS
+from costmodel.hardware import DTYPES, GPU
+from costmodel.units import GB, GIB, TFLOPS
+from hardware_profiles.files import to_toml
 
 __all__ = ["AttentionPoint", "CollectivePoint", "CopyPoint", "GemmPoint", "Measurements",
            "TransferPoint", "bus_bandwidth", "fit_link", "fit_profile", "profile_toml",
            "to_toml"]
+
 
 #: Bytes of one matmul operand element per measured dtype.
 ELEMENT_BYTES = {"fp64": 8.0, "fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
@@ -487,48 +489,6 @@ def fit_profile(meas: Measurements) -> dict[str, Any]:
 
 
 # ---- TOML ----------------------------------------------------------------------------------
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | np.integer):
-        return str(int(v))
-    if isinstance(v, float | np.floating):
-        if not math.isfinite(v):
-            raise SpecError(f"cannot write the non-finite number {v!r} to a profile")
-        return repr(float(v))
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a TOML basic string
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, list | tuple):
-        if v and all(isinstance(x, dict) for x in v):
-            return "[\n" + "".join(f"  {_toml_value(x)},\n" for x in v) + "]"
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise SpecError(f"cannot write {type(v).__name__} {v!r} to a profile")
-
-
-def _key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
-
-
-def to_toml(table: dict[str, Any], header: str = "") -> str:
-    """A nested dict as TOML: scalars and lists first, then each sub-dict as a ``[table]``."""
-    lines = [f"# {line}".rstrip() for line in header.splitlines()]
-
-    def emit(prefix: str, t: dict[str, Any]) -> None:
-        for k, v in t.items():
-            if not isinstance(v, dict):
-                lines.append(f"{_key(k)} = {_toml_value(v)}")
-        for k, v in t.items():
-            if isinstance(v, dict):
-                name = f"{prefix}.{_key(k)}" if prefix else _key(k)
-                lines.extend(["", f"[{name}]"])
-                emit(name, v)
-
-    emit("", table)
-    return "\n".join(lines).lstrip("\n") + "\n"
-
 
 def profile_toml(meas: Measurements, table: dict[str, Any] | None = None) -> str:
     """The measured profile's TOML text: ``table`` (default ``fit_profile(meas)``) with a

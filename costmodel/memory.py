@@ -35,6 +35,7 @@ from costmodel.config import Job, ParallelConfig
 from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
+from costmodel.units import compute_bytes
 
 __all__ = ["TERMS", "ConfigArrays", "MemoryTable", "even_split", "memory_table"]
 
@@ -363,7 +364,7 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
     et al. 2022, instead of the score matrix), fp8 linear inputs (1 byte), context parallel
     (s/cp tokens per rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022).
     """
-    e = 4.0 if job.precision == "fp32" else 2.0
+    e = compute_bytes(job.precision)
     e_lin = 1.0 if job.precision == "fp8" else e
     h = float(model.hidden_size)
     tp = a.tp.astype(float)
@@ -525,7 +526,7 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
                                   + expert_params / np.where(on, z_exp, 1.0))
 
     all_params = dense_params + expert_params
-    compute_b = 4.0 if job.precision == "fp32" else 2.0
+    compute_b = compute_bytes(job.precision)
     weights = sharded(w_b, w_sharded)
     resident = weights  # the stored parameters alone, what a GPU holds between steps
     # torchtitan keeps low-precision copies beside its fp32 parameters: autocast's cast weights

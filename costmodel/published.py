@@ -34,7 +34,7 @@ from costmodel.errors import SpecError
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import GPU, Cluster, Link
 from costmodel.model import ModelSpec
-from hardware_profiles.files import read_json_object
+from hardware_profiles.files import read_json_object, to_toml
 
 __all__ = ["Comparison", "PublishedRun", "calibration_toml", "compare", "default_runs_path",
            "eq3_flops", "fit_efficiency", "load_runs", "predict_run", "shipped_runs"]
@@ -304,32 +304,31 @@ def calibration_toml(gpu: GPU, values: dict[str, float], comparisons: list[Compa
     prov = (f"planner calibrate --gpu {gpu.name} --runs {runs_file} on {date}: least squares "
             f"over {len(comparisons)} published runs; mean |error| {100 * np.mean(errs):.2f}%, "
             f"max {100 * max(errs):.2f}%")
-    lines = [
-        "# Written by `planner calibrate`; do not edit by hand, re-run the command.",
-        f'provenance = "{prov}"',
-        "",
-        "[efficiency]",
-        f"gemm = {values['gemm']:.4f}",
-        "# Not fitted: the profile's measured copy fraction.",
-        f"memory = {base.memory:.4f}",
-        f"kernel_overhead_us = {values['kernel_overhead_us']:.3f}",
-        "# Fused attention is not in the runs: its microbenchmark fractions scaled like gemm.",
-        f"attention = {min(1.0, base.attention * ratio_g):.4f}",
-        f"attention_backward = {min(1.0, base.attention_backward * ratio_g):.4f}",
-        "",
-        "[transfer]",
-        "# In-training over microbenchmark efficiency of this GPU, for reference: the ratios",
-        "# every other GPU takes are the all-source fit's (calibrated/transfer.toml).",
-        f"gemm = {ratio_g:.4f}",
-        "memory = 1.0000",
-        f"kernel_overhead_us = {values['kernel_overhead_us']:.3f}",
-        "",
-        "[runs]",
-    ]
-    for c in comparisons:
-        lines.append(f'"{c.run.id}" = {{ predicted = {c.predicted:.4g}, measured = '
-                     f'{c.measured:.4g}, measure = "{c.run.measure}" }}')
-    return "\n".join(lines) + "\n"
+    table = {
+        "provenance": prov,
+        "efficiency": {
+            "gemm": round(values["gemm"], 4),
+            "memory": round(base.memory, 4),
+            "kernel_overhead_us": round(values["kernel_overhead_us"], 3),
+            "attention": round(min(1.0, base.attention * ratio_g), 4),
+            "attention_backward": round(min(1.0, base.attention_backward * ratio_g), 4),
+        },
+        "transfer": {"gemm": round(ratio_g, 4), "memory": 1.0,
+                     "kernel_overhead_us": round(values["kernel_overhead_us"], 3)},
+        "runs": {c.run.id: {"predicted": float(f"{c.predicted:.4g}"),
+                            "measured": float(f"{c.measured:.4g}"), "measure": c.run.measure}
+                 for c in comparisons},
+    }
+    notes = {
+        "efficiency": "gemm and kernel_overhead_us fitted; memory is the profile's measured copy "
+                      "fraction;\nfused attention is not in the runs: its microbenchmark "
+                      "fractions scaled like gemm.",
+        "transfer": "In-training over microbenchmark efficiency of this GPU, for reference: the "
+                    "ratios\nevery other GPU takes are the all-source fit's "
+                    "(calibrated/transfer.toml).",
+    }
+    return to_toml(table, "Written by `planner calibrate`; do not edit by hand, re-run the "
+                   "command.", notes, inline=("runs",))
 
 
 def fit_efficiency(runs: list[PublishedRun], gpu: GPU) -> tuple[dict[str, float], list[Comparison]]:

@@ -29,6 +29,7 @@ from costmodel.frameworks import framework
 from costmodel.hardware import Cluster
 from costmodel.memory import ConfigArrays, MemoryTable, layer_params_per_gpu, state_bytes
 from costmodel.model import ModelSpec
+from costmodel.units import compute_bytes
 
 __all__ = ["Rows", "Sharded", "TensorParallel", "accumulation_time", "context_parallel",
            "expert_parallel", "overlap", "p2p_time", "recompute_time", "sharded", "table_rows",
@@ -147,7 +148,7 @@ def table_rows(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays, me
     emb, head = lm_head_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, autocast=ac)
     return Rows(
         model=model, cluster=cluster, job=job, a=a, mem=mem, topo=Topology.of(cluster),
-        soft=soft, e=4.0 if job.precision == "fp32" else 2.0, w_b=w_b, g_b=g_b, cf=cf,
+        soft=soft, e=compute_bytes(job.precision), w_b=w_b, g_b=g_b, cf=cf,
         stage=st.index, count=st.count, first=(st.index == 0), last=(st.index == a.pp - 1),
         m=mem.num_micro_batches.astype(float), tp=a.tp.astype(float), cp=cp,
         dp=a.dp.astype(float), pp=a.pp.astype(float), ep=a.ep.astype(float),
@@ -302,7 +303,7 @@ def _gather(r: Rows, params: np.ndarray, group: np.ndarray, stride: np.ndarray
     """Seconds to all-gather ``params`` parameters (per GPU of the TP/EP group) over ``group``
     ranks ``stride`` apart, in the compute dtype; offloaded parameters first cross PCIe, the
     GPU's shard of them."""
-    comp_b = 4.0 if r.job.precision == "fp32" else 2.0  # parameters are gathered in this dtype
+    comp_b = compute_bytes(r.job.precision)  # parameters are gathered in this dtype
     t = r.topo.all_gather(comp_b * params, group, stride)
     host_bw = r.cluster.gpu.host().achieved_bytes_per_s
     return t + np.where(r.a.offload == 2, r.w_b * params / group / host_bw, 0.0)
@@ -331,7 +332,7 @@ def _fsdp2_copies(r: Rows, ag_fwd: np.ndarray, ag_bwd: np.ndarray) -> np.ndarray
     shard, runs on a stream of its own beside the compute. They happen on one GPU too."""
     if r.fw != "torchtitan":
         return 0.0
-    comp_b = 4.0 if r.job.precision == "fp32" else 2.0
+    comp_b = compute_bytes(r.job.precision)
     units = (r.nl + r.first + r.last) * r.valid
     copy_bytes = np.where(ag_fwd, 2 * comp_b * (1 + ag_bwd) + comp_b + r.g_b, 0.0)
     copy_kernels = np.where(ag_fwd, 2.0 + ag_bwd, 0.0)

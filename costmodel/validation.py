@@ -15,10 +15,10 @@ from costmodel.config import Job, ParallelConfig
 from costmodel.estimate import estimate
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
+from costmodel.units import UNITS
 
 __all__ = ["GoldenCase", "evaluate", "memory_cases"]
 
-UNITS = {"GB": 1e9, "GiB": 1024**3}
 
 
 @dataclass(frozen=True, kw_only=True)

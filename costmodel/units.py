@@ -1,0 +1,28 @@
+"""Units and the one rule every room shares about element sizes.
+
+Profiles hold human units (GB/s, TFLOP/s, GiB); the cost model works in bytes, bytes/s,
+FLOP/s and seconds. GB is decimal (1e9, bandwidths and datasheet memory), GiB binary (1024**3,
+what ``torch.cuda.memory_allocated`` and ``nvidia-smi`` report).
+"""
+
+from __future__ import annotations
+
+__all__ = ["GB", "GIB", "MIB", "TFLOPS", "UNITS", "compute_bytes"]
+
+#: Bytes in a binary gibibyte and mebibyte.
+GIB = 1024**3
+MIB = 1024**2
+#: Bytes in a decimal gigabyte.
+GB = 1e9
+#: FLOP/s in one TFLOP/s.
+TFLOPS = 1e12
+#: Memory units a published figure may be stated in, in bytes.
+UNITS = {"GB": GB, "GiB": GIB}
+
+
+def compute_bytes(precision: str) -> float:
+    """Bytes per element of what the matmuls read and write in a job of ``precision``: the
+    activations, and the parameters as gathered for compute (ZeRO-3/FSDP). 4 in fp32; 2 in
+    every mixed precision, fp8 included, whose activations between the matmuls stay bf16
+    (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", Sec. 4)."""
+    return 4.0 if precision == "fp32" else 2.0
