@@ -1,6 +1,8 @@
 """The README's commands work as written: every `planner ...` line of its bash blocks (the
-quick start included) runs, in order, in a fresh directory, and exits 0."""
+quick start included) runs, in order, in a fresh directory, exits 0 and prints (or writes)
+what that command is for; the quick start prints the plan and step time the README quotes."""
 
+import json
 import re
 import shlex
 import shutil
@@ -50,6 +52,71 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+#: What each subcommand prints (a regex its stdout must match), beyond exiting 0.
+PRINTS = {
+    "plan": r"(?m)^plan +dp=\d+ tp=\d+ pp=\d+.*\n +step [\d.]+ s",
+    "plan --inference": r"(?m)^serve +tp=\d+ pp=\d+ .*\n^latency +first token [\d.]+ ms",
+    "plan --json": r'"config"',
+    "estimate": r"step",
+    "estimate --inference": r"(?m)^latency +first token [\d.]+ ms",
+    "explain": r"(?m)^(plan|serve) ",
+    "compare": r"(?m)^candidate .*step",
+    "validate": r"leave-one-source-out",
+    "calibrate": r"leave-one-source-out|mean \|error\|",
+    "profile": r"",
+    "models": r"(?m)^llama-3-70b ",
+    "gpus": r"(?m)^h100-sxm ",
+    "clusters": r"(?m)^selene ",
+    "plot": r"",
+    "emit": r"written to",
+    "run": r"",
+}
+#: What a file a command writes (``-o``) must hold, by its suffix or target.
+WRITES = {
+    "torchtitan": "[parallelism]",
+    "megatron": "--tensor-model-parallel-size",
+    "slurm": "#SBATCH",
+    "deepspeed": '"zero_optimization"',
+    "vllm": "vllm serve",
+    ".json": '"config"',
+    ".toml": "[",
+    ".sbatch": "#SBATCH",
+}
+
+
+def _kind(words: list[str]) -> str:
+    """The ``PRINTS`` key of a command line."""
+    for flag in ("--inference", "--json"):
+        if words[0] in ("plan", "estimate") and flag in words and f"{words[0]} {flag}" in PRINTS:
+            return f"{words[0]} {flag}"
+    return words[0]
+
+
+def _check_written(words: list[str], cwd: Path) -> None:
+    """A file the command wrote with ``-o`` exists and holds what its kind of file holds."""
+    if "-o" not in words:
+        return
+    path = cwd / words[words.index("-o") + 1]
+    assert path.is_file() and path.stat().st_size > 0, words
+    if path.suffix == ".png":
+        return
+    text = path.read_text()
+    target = words[words.index("--target") + 1] if "--target" in words else ""
+    marker = WRITES.get(target) or WRITES.get(path.suffix)
+    if marker is None and target:
+        return  # another serving engine's launch script: written and non-empty
+    assert marker is not None and marker in text, (words, text[:400])
+
+
+def _quoted_quick_start() -> tuple[str, str]:
+    """The configuration and step time the README quotes for the quick-start plan (the
+    header of its emitted torchtitan file)."""
+    config = re.search(r"# configuration: (.+?) \(torchtitan\)", README)
+    step = re.search(r"# predicted: step ([\d.]+ s),", README)
+    assert config and step, "the README quotes the quick start's emitted header"
+    return config.group(1), step.group(1)
+
+
 @pytest.mark.slow
 def test_readme_commands_run(tmp_path: Path) -> None:
     (tmp_path / "path" / "to").mkdir(parents=True)
@@ -58,7 +125,8 @@ def test_readme_commands_run(tmp_path: Path) -> None:
     # The files the README asks the reader to save (a python block headed "# NAME.py").
     for block in re.findall(r"```python\n(# (\w+\.py)\n.*?)```", README, flags=re.S):
         (tmp_path / block[1]).write_text(block[0])
-    for cmd in readme_commands():
+    config, step = _quoted_quick_start()
+    for i, cmd in enumerate(readme_commands()):
         words = shlex.split(cmd)
         if words[0] == "calibrate" and "-o" not in words:
             words += ["-o", str(tmp_path / "calibrated.toml")]  # leave the profile alone
@@ -72,6 +140,13 @@ def test_readme_commands_run(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, (cmd, r.stderr[-2000:])
         assert "Traceback" not in r.stderr and (r.stdout + r.stderr).strip(), cmd
+        assert re.search(PRINTS[_kind(words)], r.stdout), (cmd, r.stdout[:1000])
+        if _kind(words) == "plan --json":
+            assert {"config", "estimate"} <= set(json.loads(r.stdout)), cmd
+        _check_written(words, tmp_path)
+        if i == 0:  # the quick start prints the plan and the step time the README quotes
+            assert re.search(rf"(?m)^plan +{re.escape(config)} ", r.stdout), r.stdout[:500]
+            assert f"step {step} " in r.stdout, r.stdout[:500]
 
 
 def test_the_readme_shows_what_planner_validate_prints(capsys: pytest.CaptureFixture[str]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from costmodel import GPU, Cluster, Infeasible, Job, ModelSpec, ParallelConfig, 
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES, validate
 from costmodel.frameworks import framework
 from costmodel.tables import evaluate
-from planner.plan import Plan, plan
+from planner.plan import TERM_LABELS, Plan, plan
 from planner.search import search
 from planner.space import (
     COLUMNS,
@@ -211,12 +212,31 @@ def test_invalid_everything_is_infeasible_with_the_rule() -> None:
 
 
 def test_why_not_table_names_reasons() -> None:
-    p = plan(TINY, CLUSTER, job(batch=16))
+    j = job(batch=16)
+    p = plan(TINY, CLUSTER, j)
     verdicts = {a.verdict for a in p.alternatives}
-    assert "slower" in verdicts and "invalid" in verdicts
+    assert {"slower", "invalid", "bounded"} <= verdicts
+    best = p.estimate
     for a in p.alternatives:
         if a.verdict == "slower":
-            assert "slower by" in a.reason or "as fast" in a.reason
+            # By how much, and the term that grew most, re-derived from the two estimates.
+            assert isinstance(a.config, ParallelConfig) and a.step_time_s is not None
+            other = estimate(TINY, CLUSTER, j, a.config)
+            assert other.step_time_s == pytest.approx(a.step_time_s, rel=1e-9)
+            pct = 100 * (a.step_time_s / best.step_time_s - 1)
+            diff = {t: other.time_breakdown_s[t] - best.time_breakdown_s[t] for t in TERM_LABELS}
+            worst = max(diff, key=lambda t: (diff[t], t))
+            assert a.reason.startswith(f"slower by {pct:.1f}% ") or pct < 0.05, a.reason
+            assert pct < 0.05 or f"mostly from {TERM_LABELS[worst]} " in a.reason, a.reason
+        elif a.verdict == "bounded":
+            # A bound slower than the plan, stated against the plan's step time.
+            m = re.search(r"at least ([\d.]+) s .*\(([\d.]+)% over the plan\)", a.reason)
+            assert m and float(m.group(1)) >= best.step_time_s * (1 - 1e-3), a.reason
+        elif a.verdict == "invalid":
+            # Names the values it covers and the rule they break.
+            assert re.match(r"\d+ value\(s\) such as \S+=\S+.*: \S", a.reason), a.reason
+    reasons = " ".join(a.reason for a in p.alternatives if a.verdict == "invalid")
+    assert "tensor parallel stays inside a node" in reasons  # tp=8 on nodes of 4 GPUs
     assert "why not" in p.summary()
 
 
