@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -70,6 +70,8 @@ ARCH_MIN_SOURCES = 2
 #: A band needs this many runs from this many independent sources; else the next broader class.
 BAND_MIN_RUNS = 6
 BAND_MIN_SOURCES = 2
+#: Positions of runs in a list of runs: a sequence, or an integer array (``np.flatnonzero``).
+Indices: TypeAlias = Sequence[int] | np.ndarray
 
 
 def run_group(run: PublishedRun) -> str:
@@ -153,7 +155,7 @@ class _Model:
                                for r in self.runs])
         self.archs = fitted_architectures(self.runs, self.arch_of)
 
-    def counts(self, archs: Sequence[str], idx: Sequence[int] | None = None) -> list[int]:
+    def counts(self, archs: Sequence[str], idx: Indices | None = None) -> list[int]:
         """Runs (all, or those at ``idx``) on each of ``archs``: the pooled ratio's weights."""
         mine = self.arch_of if idx is None else [self.arch_of[i] for i in idx]
         return [mine.count(a) for a in archs]
@@ -169,7 +171,7 @@ class _Model:
             out[name] = GPU.from_profile({**data, "efficiency": eff})
         return out
 
-    def estimates(self, fit: Fit, idx: Sequence[int] | None = None) -> list[Estimate]:
+    def estimates(self, fit: Fit, idx: Indices | None = None) -> list[Estimate]:
         """The runs (all, or those at ``idx``) estimated with ``fit``."""
         gpus = self.gpus(fit)
         out = []
@@ -179,7 +181,7 @@ class _Model:
             out.append(estimate(run.model, cluster, run.job, run.config))
         return out
 
-    def log_errors(self, fit: Fit, idx: Sequence[int] | None = None) -> np.ndarray:
+    def log_errors(self, fit: Fit, idx: Indices | None = None) -> np.ndarray:
         """``log(predicted / measured)`` of the runs (all, or those at ``idx``)."""
         ids = range(len(self.runs)) if idx is None else idx
         return np.array([math.log(predict_run(self.runs[i], est) / self.runs[i].measured)
@@ -252,11 +254,12 @@ def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
         test = np.flatnonzero(groups == g)
         train = np.flatnonzero(groups != g)
         if refit is not None:
-            fold_fit = refit([runs[i] for i in train], fit)
+            fold_fit = refit([runs[int(i)] for i in train], fit)
         else:
-            seen = fitted_architectures([runs[i] for i in train],
+            seen = fitted_architectures([runs[int(i)] for i in train],
                                         [model.arch_of[i] for i in train])
-            cols = [archs.index(a) for a in seen] + [len(archs) + k for k in range(N_SHARED)]
+            cols = np.array([archs.index(a) for a in seen]
+                            + [len(archs) + k for k in range(N_SHARED)], dtype=np.intp)
             w = model.root_w[train]
             xs = _robust_step(jac[np.ix_(train, cols)] * w[:, None], r0[train] * w, x[cols],
                               *_bounds(len(seen)))
@@ -355,11 +358,13 @@ def load_fit(path: str | Path | None = None) -> Fit:
     """The fit in a ``transfer.toml`` (default: the one every GPU profile takes,
     ``hardware_profiles.transfer_path()``)."""
     p = Path(path) if path is not None else hardware_profiles.transfer_path()
-    t = hardware_profiles.load_file(p).get("transfer")
-    if not isinstance(t, dict) or "gemm" not in t or "kernel_overhead_us" not in t:
+    found = hardware_profiles.load_file(p).get("transfer")
+    if not isinstance(found, dict) or "gemm" not in found or "kernel_overhead_us" not in found:
         raise SpecError(f"{str(p)!r} has no [transfer] table with gemm and kernel_overhead_us; "
                         "write one with 'planner calibrate'")
-    arch = t.get("architecture") if isinstance(t.get("architecture"), dict) else {}
+    t: dict[str, Any] = found
+    table = t.get("architecture")
+    arch = table if isinstance(table, dict) else {}
     return Fit(ratios={str(k): float(v) for k, v in arch.items()}, pooled=float(t["gemm"]),
                kernel_overhead_us=float(t["kernel_overhead_us"]),
                comm_slowdown=float(t.get("comm_slowdown", 0.0)),

@@ -46,6 +46,7 @@ import numpy as np
 
 import hardware_profiles
 from costmodel.hardware import Cluster
+from costmodel.units import Num
 
 __all__ = ["Topology"]
 
@@ -74,16 +75,18 @@ class Topology:
     @classmethod
     def of(cls, cluster: Cluster) -> Topology:
         """The topology of ``cluster`` (achieved bandwidths, per-hop latencies)."""
-        intra = cluster.intra_node_link
-        inter = cluster.inter_node_link
+        intra = cluster.intra_link
+        inter = cluster.inter_link
         g = cluster.gpus_per_node
+        nics = cluster.nics_per_node
+        assert nics is not None, "Cluster.__post_init__ fills nics_per_node"
         nccl = hardware_profiles.load_software()["nccl"]
         return cls(
             gpus_per_node=g,
             base_lat=float(nccl["base_latency_us"]) * 1e-6,
             intra_bw=intra.achieved_bytes_per_s,
             intra_lat=intra.latency_s,
-            nic_bw_per_gpu=inter.achieved_bytes_per_s * cluster.nics_per_node / g,
+            nic_bw_per_gpu=inter.achieved_bytes_per_s * nics / g,
             inter_lat=inter.latency_s,
             base_lat_simple=float(nccl["base_latency_simple_us"]) * 1e-6,
             intra_lat_simple=intra.simple_latency_s,
@@ -109,7 +112,7 @@ class Topology:
         base = self.base_lat if self.base_lat_simple is None else self.base_lat_simple
         return np.minimum(ll, base + self._hops(intra, inter, True) + wire)
 
-    def place(self, size: np.ndarray, stride: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def place(self, size: Num, stride: Num) -> tuple[np.ndarray, np.ndarray]:
         """(ranks per node, nodes) of a group of ``size`` ranks ``stride`` apart."""
         size = np.asarray(size, dtype=float)
         stride = np.asarray(stride, dtype=float)
@@ -128,8 +131,7 @@ class Topology:
         multi = nodes > 1
         return np.where(multi, 0.0, steps), np.where(multi, steps, 0.0)
 
-    def all_reduce(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
-                   ) -> np.ndarray:
+    def all_reduce(self, nbytes: Num, size: Num, stride: Num) -> np.ndarray:
         """Seconds to all-reduce ``nbytes`` over the group (fastest of ring, tree, 2-level,
         each in the faster protocol).
 
@@ -152,8 +154,7 @@ class Topology:
         best = np.minimum(np.minimum(ring, tree), two)
         return np.where(n > 1, best, 0.0)
 
-    def all_gather(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
-                   ) -> np.ndarray:
+    def all_gather(self, nbytes: Num, size: Num, stride: Num) -> np.ndarray:
         """Seconds to all-gather a buffer of ``nbytes`` in all (ring); reduce-scatter alike."""
         n = np.asarray(size, dtype=float)
         k, nodes = self.place(n, stride)
@@ -163,8 +164,7 @@ class Topology:
 
     reduce_scatter = all_gather
 
-    def all_to_all(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
-                   ) -> np.ndarray:
+    def all_to_all(self, nbytes: Num, size: Num, stride: Num) -> np.ndarray:
         """Seconds for an all-to-all in which each rank holds ``nbytes`` before and after.
 
         NCCL runs it as one group of sends and receives to every peer (ncclGroupStart/End of
@@ -177,8 +177,7 @@ class Topology:
         t = self._one_hop(nodes > 1, np.maximum(intra, inter))
         return np.where(n > 1, t, 0.0)
 
-    def ring_step(self, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray
-                  ) -> np.ndarray:
+    def ring_step(self, nbytes: Num, size: Num, stride: Num) -> np.ndarray:
         """Seconds of one step of a ring of ``size`` ranks ``stride`` apart in which every
         rank sends ``nbytes`` to the next at once (context-parallel ring attention's KV
         exchange): as slow as its slowest hop, which leaves the node through the sender's NIC
@@ -186,11 +185,11 @@ class Topology:
         _, nodes = self.place(size, stride)
         return self._send(nbytes, nodes > 1)
 
-    def p2p(self, nbytes: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    def p2p(self, nbytes: Num, stride: Num) -> np.ndarray:
         """Seconds to send ``nbytes`` to the rank ``stride`` away (same node if stride < g)."""
         return self._send(nbytes, np.asarray(stride, dtype=float) >= self.gpus_per_node)
 
-    def _send(self, nbytes: np.ndarray, across: np.ndarray) -> np.ndarray:
+    def _send(self, nbytes: Num, across: np.ndarray) -> np.ndarray:
         """Seconds of one send of ``nbytes``: inside the node, or through the sender's NIC
         where ``across`` (bool per element)."""
         wire = np.where(across, nbytes / self.nic_bw_per_gpu, nbytes / self.intra_bw)

@@ -36,6 +36,7 @@ from costmodel.config import Job
 from costmodel.frameworks import Framework, framework, padded_vocab
 from costmodel.hardware import GPU
 from costmodel.model import ModelSpec
+from costmodel.units import Num
 
 __all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "eager_bytes",
            "flash_attention_time", "float8_cast_time", "fused_ce", "gemm_time", "layer_compute",
@@ -50,8 +51,7 @@ FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (D
 ALIGN_BYTES = 16
 
 
-def aligned(n: np.ndarray | float, k: np.ndarray | float, bytes_per_element: float
-            ) -> np.ndarray:
+def aligned(n: Num, k: Num, bytes_per_element: float) -> np.ndarray:
     """Whether ``[m, k] x [k, n]`` runs on cuBLAS's fast kernels (bool, per element): its
     leading dimensions k and n are multiples of ``ALIGN_BYTES`` (m never is one in these
     layouts; measured on an H100, hardware_profiles/software.toml [cublas])."""
@@ -59,9 +59,9 @@ def aligned(n: np.ndarray | float, k: np.ndarray | float, bytes_per_element: flo
         & (np.mod(np.asarray(k) * bytes_per_element, ALIGN_BYTES) == 0)
 
 
-def gemm_time(gpu: GPU, dtype: str, m: np.ndarray, n: np.ndarray, k: np.ndarray,
-              count: float | np.ndarray = 1.0, bytes_per_element: float = 2.0,
-              weight_bytes_per_element: float | np.ndarray | None = None) -> np.ndarray:
+def gemm_time(gpu: GPU, dtype: str, m: Num, n: Num, k: Num, count: Num = 1.0,
+              bytes_per_element: float = 2.0, weight_bytes_per_element: Num | None = None
+              ) -> np.ndarray:
     """Seconds for ``count`` matmuls of shape ``[m, k] x [k, n]`` on ``gpu`` (roofline).
 
     Compute: ``2 m n k / (peak * gemm)``; memory: reading both operands and writing the
@@ -81,8 +81,7 @@ def gemm_time(gpu: GPU, dtype: str, m: np.ndarray, n: np.ndarray, k: np.ndarray,
     return count * (np.maximum(compute, memory) + eff.kernel_overhead_s)
 
 
-def flash_attention_time(gpu: GPU, dtype: str, flops: np.ndarray | float
-                         ) -> tuple[np.ndarray, np.ndarray]:
+def flash_attention_time(gpu: GPU, dtype: str, flops: Num) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of a fused (flash) attention kernel doing ``flops`` in its
     forward pass: ``flops / (peak * attention) + kernel_overhead``; the backward does
     ``FLASH_BACKWARD_FLOPS`` times the FLOPs at the ``attention_backward`` fraction (Dao 2023,
@@ -97,8 +96,7 @@ def flash_attention_time(gpu: GPU, dtype: str, flops: np.ndarray | float
     return forward, backward
 
 
-def memory_time(gpu: GPU, num_bytes: np.ndarray | float, kernels: float | np.ndarray
-                ) -> np.ndarray:
+def memory_time(gpu: GPU, num_bytes: Num, kernels: Num) -> np.ndarray:
     """Seconds for memory-bound kernels moving ``num_bytes`` in all, ``kernels`` launches."""
     eff = gpu.efficiency
     return (np.asarray(num_bytes, dtype=float)
@@ -229,7 +227,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     rope = 2 * e * tokens * (q + kv) / t if model.position_embedding == "rope" else 0.0 * tokens
     residual = (np.where(ac, 8.0 + e, 3 * e) + drop) * tokens * h * rep
     ew_bytes = norm_bytes + rope + residual + core_bytes
-    ew_kernels = 2.0 + (1.0 if model.position_embedding == "rope" else 0.0) + core_kernels
+    ew_kernels: Num = 2.0 + (1.0 if model.position_embedding == "rope" else 0.0) + core_kernels
 
     # MLP block: pre-norm, residual, activation, then the projections.
     ew_bytes = ew_bytes + norm_bytes + residual

@@ -341,6 +341,7 @@ def _check_placement(model: ModelSpec, cluster: Cluster, cfg: ParallelConfig) ->
         )
     for key, value in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
                        ("ffn_hidden_size", model.ffn_hidden_size)):
+        assert value is not None, "ModelSpec.__post_init__ fills the defaults"
         if value % cfg.tp:
             raise SpecError(f"tp={cfg.tp} does not divide {key}={value}; pick tp dividing it")
     if model.is_moe and int(model.moe_ffn_hidden_size or 0) % cfg.tp:

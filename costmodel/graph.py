@@ -579,8 +579,8 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
     # F.multi_head_attention_forward, which nn.MultiheadAttention and the nn.Transformer
     # layers run) call these by their name in torch.nn.functional while the mode is off
     # (inside its handler), so the names there are swapped for the trace too.
-    replacements = {F.scaled_dot_product_attention: _fused_sdpa, F.rms_norm: _rms_norm,
-                    F.dropout: _dropout}
+    replacements: dict[Any, Callable[..., Any]] = {
+        F.scaled_dot_product_attention: _fused_sdpa, F.rms_norm: _rms_norm, F.dropout: _dropout}
 
     class Fused(TorchFunctionMode):
         """Runs attention, RMS norm and dropout as the fused kernels a GPU runs."""
@@ -660,7 +660,9 @@ class _ShapeChange(RuntimeError):
 
 def _same_shape(mod: Any, args: Any, out: Any) -> None:
     """Forward hook on the block traced for a run: it must hand on what it was given."""
-    first = args[0] if args else None
+    if not args:
+        return
+    first = args[0]
     if hasattr(first, "shape") and hasattr(out, "shape") and first.shape != out.shape:
         raise _ShapeChange(f"{type(mod).__name__} maps {tuple(first.shape)} to "
                            f"{tuple(out.shape)}")

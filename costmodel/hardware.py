@@ -386,6 +386,22 @@ class Cluster:
         """Total GPUs: ``num_nodes * gpus_per_node``."""
         return self.num_nodes * self.gpus_per_node
 
+    @property
+    def intra_link(self) -> Link:
+        """The link between the GPUs of a node, as ``__post_init__`` resolved
+        ``intra_node_link`` (a name or ``None`` becomes a ``Link``)."""
+        link = self.intra_node_link
+        assert isinstance(link, Link), "Cluster.__post_init__ resolves intra_node_link"
+        return link
+
+    @property
+    def inter_link(self) -> Link:
+        """The link between nodes (one NIC of ``nics_per_node``), as ``__post_init__``
+        resolved ``inter_node_link`` (a name or ``None`` becomes a ``Link``)."""
+        link = self.inter_node_link
+        assert isinstance(link, Link), "Cluster.__post_init__ resolves inter_node_link"
+        return link
+
     def to_dict(self) -> dict[str, Any]:
         """Everything, the GPU and link profiles included (JSON-serializable), so a saved plan
         re-estimates on the same numbers even after the shipped profiles change."""
@@ -423,9 +439,13 @@ class Cluster:
         ``num_nodes`` defaults to the preset's own; ``gpu`` and ``gpus_per_node`` override it.
         """
         data = hardware_profiles.load("clusters", name)
+        preset_name = str(data["name"])
+        # A GPU, or a profile name (or file) that ``__post_init__`` resolves once it has
+        # checked the sizes; the ``gpu`` field is typed as what it holds after that.
+        gpu_spec: Any = gpu if gpu is not None else data["gpu"]
         return cls(
-            name=str(data["name"]),
-            gpu=gpu if gpu is not None else data["gpu"],
+            name=preset_name,
+            gpu=gpu_spec,
             num_nodes=num_nodes if num_nodes is not None else int(data.get("num_nodes", 1)),
             gpus_per_node=(
                 gpus_per_node if gpus_per_node is not None else int(data["gpus_per_node"])

@@ -70,7 +70,7 @@ from costmodel.errors import SpecError
 from costmodel.hardware import GPU, Cluster
 from costmodel.memory import even_split
 from costmodel.model import ModelSpec
-from costmodel.units import GIB
+from costmodel.units import GIB, Num
 
 __all__ = [
     "KV_PRECISIONS",
@@ -357,9 +357,9 @@ def _layer(model: ModelSpec, gpu: GPU, topo: Topology, dtype: str, e: float,
     q = model.q_dim / t
     kv = _kv_heads_per_gpu(model, t) * float(model.head_dim or 0)
 
-    def mm(n: np.ndarray | float, k: np.ndarray | float, count: np.ndarray | float = 1.0,
-           rows: np.ndarray | None = None, w: np.ndarray | float | None = None
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def mm(n: Num, k: Num, count: Num = 1.0, rows: np.ndarray | None = None,
+           w: Num | None = None) -> tuple[np.ndarray, Num, np.ndarray]:
+        """(seconds, weight bytes read, FLOPs) of ``count`` matmuls ``[rows, k] x [k, n]``."""
         rows = m if rows is None else rows
         w = wb if w is None else w
         sec = gemm_time(gpu, dtype, rows, n, k, count=count, bytes_per_element=e,
@@ -598,6 +598,7 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
               "activations": np.where(valid, act, 0.0),
               "overhead": np.where(valid, over, 0.0)}
     total = sum(memory.values())
+    assert isinstance(total, np.ndarray), "a sum of four arrays"
     peak_stage = np.argmax(total, axis=1)
     peak = total[np.arange(n), peak_stage]
     cap = float(gpu.memory_bytes)

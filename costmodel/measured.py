@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
@@ -198,9 +198,15 @@ class Measurements:
             head = {f.name: data[f.name] for f in fields(cls)
                     if f.name in data and f.name not in POINTS}
             head.setdefault("gpu", None)  # a profile leaves out what is None
-            lists = {k: [kind(**{f.name: p[f.name] for f in fields(kind)})
-                         for p in data.get(k, [])] for k, kind in POINTS.items()}
-            return cls(**head, **lists)
+
+            def points(key: str) -> list[Any]:
+                kind = POINTS[key]
+                return [kind(**{f.name: p[f.name] for f in fields(kind)})
+                        for p in data.get(key, [])]
+
+            return cls(**head, gemm=points("gemm"), attention=points("attention"),
+                       copy=points("copy"), transfer=points("transfer"),
+                       collectives=points("collectives"))
         except (KeyError, TypeError) as e:
             raise SpecError(f"measurements are malformed ({e!r}); write them with "
                             "'planner profile'") from None
@@ -215,7 +221,20 @@ def _log_fit(residuals: Any, x0: list[float], lower: list[float], upper: list[fl
     return least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
 
 
-def _with_eff(gpu: GPU, **changes: float) -> GPU:
+class _EfficiencyChanges(TypedDict, total=False):
+    """The numeric fields of ``KernelEfficiency`` a fit sets (``_with_eff``)."""
+
+    gemm: float
+    memory: float
+    kernel_overhead_s: float
+    attention: float
+    attention_backward: float
+    gemm_fp8: float
+    gemm_unaligned: float
+    comm_slowdown: float
+
+
+def _with_eff(gpu: GPU, **changes: Unpack[_EfficiencyChanges]) -> GPU:
     return replace(gpu, efficiency=replace(gpu.efficiency, **changes))
 
 

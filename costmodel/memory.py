@@ -93,11 +93,12 @@ class ConfigArrays:
     def stage_major(self) -> Stages:
         """The stage columns transposed to ``[W, rows]`` (contiguous), made once per table
         (``memory_table`` and ``time_table`` both read them)."""
-        def t(x: np.ndarray | None) -> np.ndarray | None:
-            return None if x is None else np.ascontiguousarray(x.T)
+        def t(x: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(x.T)
+        rec = self.stage_recompute
         return Stages(index=t(self.stage_index), count=t(self.stage_count),
                       layers=t(self.stage_layers), start=t(self.stage_start),
-                      recompute=t(self.stage_recompute))
+                      recompute=None if rec is None else t(rec))
 
     @staticmethod
     def uniform_stages(num_layers: int, pp: np.ndarray
@@ -650,8 +651,8 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
         # (the current and the prefetched one) plus one block's unsharded gradients in the
         # fp32 reduce dtype before its reduce-scatter (FSDP notes; software.toml).
         tt = soft["torchtitan"]
-        live = float(tt["unsharded_blocks_live"])
-        gathered = np.where(w_sharded & (zero >= 3), live * compute_b * layer_max, 0.0)
+        blocks = float(tt["unsharded_blocks_live"])
+        gathered = np.where(w_sharded & (zero >= 3), blocks * compute_b * layer_max, 0.0)
         grad_full = np.where(w_sharded, float(tt["reduce_dtype_bytes"]) * layer_max, 0.0)
         buffers = buffers + gathered + grad_full
     if fw.name == "torchtitan":

@@ -77,14 +77,15 @@ class ModelSpec:
         self._check_kinds()
         self._check_experts()
 
-    def _positive(self, key: str, allow_zero: bool = False) -> None:
-        """Field ``key`` must be a positive (``allow_zero``: non-negative) integer."""
+    def _positive(self, key: str, allow_zero: bool = False) -> int:
+        """Field ``key`` must be a positive (``allow_zero``: non-negative) integer; its value."""
         v = getattr(self, key)
         is_int = isinstance(v, int) and not isinstance(v, bool)
         ok = is_int and (v >= 0 if allow_zero else v > 0)
         if not ok:
             need = "a non-negative" if allow_zero else "a positive"
             raise SpecError(f"ModelSpec {self.name!r}: {key} must be {need} integer, got {v!r}")
+        return v
 
     def _check_sizes(self) -> None:
         """Counts and widths are integers in range; fill the defaults of the KV heads, the MLP
@@ -105,7 +106,7 @@ class ModelSpec:
             self._positive(key, allow_zero=True)
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
-        self._positive("num_kv_heads")
+        kv_heads = self._positive("num_kv_heads")
         if self.ffn_hidden_size is None:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         self._positive("ffn_hidden_size")
@@ -117,7 +118,7 @@ class ModelSpec:
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         self._positive("head_dim")
-        if self.num_heads % self.num_kv_heads:
+        if self.num_heads % kv_heads:
             raise SpecError(
                 f"ModelSpec {self.name!r}: num_heads {self.num_heads} must be a multiple of "
                 f"num_kv_heads {self.num_kv_heads} (grouped-query attention)"

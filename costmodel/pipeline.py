@@ -409,25 +409,22 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
     zb = schedule == 3
     vf = v.astype(float)
     head = _before(t, count) / vf
-    half = None if f is None else (t - f) / 2  # zero bubble's B and W
+    # Every micro-batch runs forward through all stages and back: the sum of their times (zero
+    # bubble: the input gradients, and rank 0's weight gradient after its own).
+    path = (count * t).sum(axis=0)
     if f is not None:
+        half = (t - f) / 2  # zero bubble's B and W
         # Zero bubble: rank r's last input gradient (micro-batch m - 1) is followed by
         # min(r + 1, m) weight gradients of its own, and the ranks before it then run that
         # input gradient in turn and rank 0 its weight gradient.
         r = np.cumsum(count, axis=0) - 1
         tail = _before(half, count) - np.minimum(r + 1, m) * half + np.where(r > 0, half[0], 0)
         head = np.where(zb, _before(f, count) + np.maximum(tail, 0.0), head)
-    else:
-        head = np.where(zb, 0.0, head)
-    out = np.where(on, m * t + head, -np.inf).max(axis=0)
-    # Every micro-batch runs forward through all stages and back: the sum of their times (zero
-    # bubble: the input gradients, and rank 0's weight gradient after its own).
-    path = (count * t).sum(axis=0)
-    if f is not None:
         path = np.where(zb, (count * (f + half)).sum(axis=0) + half[0], path)
     else:
+        head = np.where(zb, 0.0, head)
         path = np.where(zb, 0.0, path)
-    out = np.maximum(out, path)
+    out = np.maximum(np.where(on, m * t + head, -np.inf).max(axis=0), path)
     if f is not None and (schedule == 2).any():
         b = t - f
         gp = ((count * t).sum(axis=0)

@@ -119,15 +119,17 @@ def _gpt(m: dict[str, Any], name: str, dropout: bool) -> ModelSpec:
 
 def _llama(m: dict[str, Any], name: str) -> ModelSpec:
     """A Llama-style model (RoPE, RMSNorm, SwiGLU, no biases, untied), MoE when it has experts."""
-    moe = {}
+    num_experts, top_k = 0, 0  # ModelSpec's defaults: a dense model
+    moe_ffn_hidden_size: int | None = None
     if m.get("num_experts"):
-        moe = dict(num_experts=int(m["num_experts"]), top_k=int(m["top_k"]),
-                   moe_ffn_hidden_size=int(m["moe_ffn_hidden"]))
+        num_experts, top_k, moe_ffn_hidden_size = (int(m["num_experts"]), int(m["top_k"]),
+                                                   int(m["moe_ffn_hidden"]))
     return ModelSpec(
         name=name, num_layers=int(m["layers"]), hidden_size=int(m["hidden"]),
         num_heads=int(m["heads"]), num_kv_heads=int(m.get("kv_heads") or m["heads"]),
         ffn_hidden_size=int(m["ffn_hidden"]), vocab_size=int(m["vocab"]),
-        head_dim=int(m["head_dim"]) if m.get("head_dim") else None, gated_mlp=True, **moe,
+        head_dim=int(m["head_dim"]) if m.get("head_dim") else None, gated_mlp=True,
+        num_experts=num_experts, top_k=top_k, moe_ffn_hidden_size=moe_ffn_hidden_size,
     )
 
 

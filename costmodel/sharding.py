@@ -108,6 +108,7 @@ def _broadcast(shapes: Sequence[tuple[int, ...]], out: tuple[int, ...],
 def _matmul(name: str, shapes: Sequence[tuple[int, ...]], out: tuple[int, ...]
             ) -> tuple[Loop, ...]:
     """``A[..., M, K] @ B[..., K, N]``; extra inputs (bias, scales) broadcast to the output."""
+    extra: tuple[int, ...]
     if name in ("addmm", "baddbmm", "addbmm"):
         ia, ib, extra = 1, 2, (0,)
     elif name in ("mm", "bmm", "_scaled_mm"):

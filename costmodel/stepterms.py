@@ -10,6 +10,7 @@ and the compute of one layer of each kind per micro-batch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ class Rows:
     a: ConfigArrays
     mem: MemoryTable
     topo: Topology
-    soft: dict[str, Any]
+    soft: Mapping[str, Any]
     e: float  # bytes per activation element
     w_b: float  # bytes per weight as gathered after the optimizer (ZeRO 1/2)
     g_b: float  # bytes per gradient element as reduced

@@ -49,24 +49,22 @@ class CostTable:
 def take(a: ConfigArrays, rows: np.ndarray, width: int | None = None) -> ConfigArrays:
     """The sub-table of ``rows``, its stage columns cut to the first ``width`` (which must
     hold every existing stage column of those rows)."""
-    cols = {f.name: None if getattr(a, f.name) is None else getattr(a, f.name)[rows]
-            for f in fields(a)}
+    # Every column is an array but the optional ``stage_recompute``, left to its default None.
+    cols: dict[str, np.ndarray] = {f.name: getattr(a, f.name)[rows] for f in fields(a)
+                                   if getattr(a, f.name) is not None}
     if width is not None:
         for key in ("stage_layers", "stage_index", "stage_count", "stage_start",
                     "stage_recompute"):
-            if cols[key] is not None:
+            if key in cols:
                 cols[key] = cols[key][:, :width]
     return ConfigArrays(**cols)
 
 
 def _take_memory(mem: MemoryTable, rows: np.ndarray) -> MemoryTable:
     """The rows ``rows`` of a memory table (the last axis of its stage-major arrays)."""
-    cols = {}
-    for f in fields(mem):
-        x = getattr(mem, f.name)
-        cols[f.name] = ({k: v[..., rows] for k, v in x.items()} if isinstance(x, dict)
-                        else x[..., rows])
-    return MemoryTable(**cols)
+    arrays: dict[str, np.ndarray] = {f.name: getattr(mem, f.name)[..., rows]
+                                     for f in fields(mem) if f.name != "terms"}
+    return MemoryTable(terms={k: v[..., rows] for k, v in mem.terms.items()}, **arrays)
 
 
 def _chunks(width: np.ndarray, chunk_rows: int) -> list[tuple[int, np.ndarray]]:

@@ -7,7 +7,15 @@ what ``torch.cuda.memory_allocated`` and ``nvidia-smi`` report).
 
 from __future__ import annotations
 
-__all__ = ["GB", "GIB", "MIB", "TFLOPS", "UNITS", "compute_bytes"]
+from typing import TypeAlias
+
+import numpy as np
+
+__all__ = ["GB", "GIB", "MIB", "TFLOPS", "UNITS", "Num", "compute_bytes"]
+
+#: A quantity the vectorized cost functions take: an array over the rows of a table of
+#: configurations, or one number for all of them (numpy broadcasts either).
+Num: TypeAlias = np.ndarray | float
 
 #: Bytes in a binary gibibyte and mebibyte.
 GIB = 1024**3

@@ -156,7 +156,8 @@ def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True,
     if not isinstance(t, dict):
         return dict(eff)
     eff, ratio = apply_transfer(eff, t, architecture=architecture, overhead=overhead)
-    per_arch = t.get("architecture") if isinstance(t.get("architecture"), dict) else {}
+    arch = t.get("architecture")
+    per_arch = arch if isinstance(arch, dict) else {}
     which = f"{architecture} ratio {ratio:.4f}" if architecture in per_arch \
         else f"pooled ratio {ratio:.4f}"
     eff["source"] = (f"microbenchmark fractions scaled by the in-training/microbenchmark "
@@ -171,7 +172,8 @@ def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture
     ``transfer_efficiency`` describes, and the matmul ratio used; what ``planner calibrate``
     fits is applied by this same function."""
     eff = dict(eff)
-    per_arch = t.get("architecture") if isinstance(t.get("architecture"), Mapping) else {}
+    arch = t.get("architecture")
+    per_arch = arch if isinstance(arch, Mapping) else {}
     ratio = float(per_arch.get(architecture, t["gemm"]))
     for k in ("gemm", "gemm_fp8", "gemm_unaligned"):
         if k in eff:
