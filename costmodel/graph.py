@@ -46,6 +46,13 @@ import networkx as nx
 
 from costmodel.errors import SpecError
 from costmodel.sharding import Loop, op_loops, view_map
+from costmodel.trace_ops import (
+    FUSED_ATTENTION,
+    dropout,
+    fused_attention_flops,
+    fused_sdpa,
+    rms_norm,
+)
 from costmodel.units import GIB
 
 __all__ = ["FAMILIES", "Layer", "LayerGraph", "OpNode", "TensorRef"]
@@ -367,87 +374,6 @@ def _shardable(family: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return ()
 
 
-#: The fused attention the trace runs ``F.scaled_dot_product_attention`` as (forward, backward).
-_FUSED_ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu",
-                    "_scaled_dot_product_flash_attention_for_cpu_backward")
-
-
-def _fused_attention_flops(name: str, args: Any) -> float:
-    """Model FLOPs of the fused attention kernel: ``QK^T`` and ``PV`` forward, twice that
-    backward (the FLOPs of the computation, PaLM App. B; the kernel also recomputes ``QK^T``,
-    Dao 2023, which is hardware, not model, work)."""
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    q, k, v = (args[0], args[1], args[2]) if name == _FUSED_ATTENTION[0] else \
-        (args[1], args[2], args[3])
-    forward = float(sdpa_flop_count(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
-    return forward if name == _FUSED_ATTENTION[0] else 2.0 * forward
-
-
-def _fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None,
-                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                enable_gqa: bool = False) -> Any:
-    """``F.scaled_dot_product_attention`` as one fused kernel (what a GPU runs: FlashAttention
-    saves Q, K, V, the output and the log-sum-exp, not the s x s scores). On the meta device
-    torch would otherwise take the unfused math path. Grouped-query K and V keep their own
-    head count (``enable_gqa``), as the fused kernels read them."""
-    import torch
-
-    out, _lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-    return out
-
-
-def _fused_rms_norm() -> Any:
-    """An autograd function for ``F.rms_norm`` as the fused kernel runs it (torch's CUDA
-    ``_fused_rms_norm``, Megatron's and Apex's): it saves its input and the per-row
-    reciprocal RMS, where the eager decomposition also saves the normalized tensor."""
-    import torch
-
-    class FusedRMSNorm(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, x: Any, weight: Any, dims: tuple[int, ...], eps: float) -> Any:
-            rstd = torch.rsqrt(x.float().pow(2).mean(dims, keepdim=True) + eps)
-            ctx.save_for_backward(x, weight, rstd)
-            ctx.dims = dims
-            out = (x * rstd).to(x.dtype)
-            return out * weight if weight is not None else out
-
-        @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
-            # d/dx of x r w with r = (mean x^2 + eps)^-1/2: r (g w - xhat mean(g w xhat)).
-            x, weight, rstd = ctx.saved_tensors
-            xhat = x * rstd
-            gw = grad * weight if weight is not None else grad
-            gx = rstd * (gw - xhat * (gw * xhat).mean(ctx.dims, keepdim=True))
-            gweight = None
-            if weight is not None and ctx.needs_input_grad[1]:
-                lead = tuple(range(grad.dim() - weight.dim()))
-                gweight = (grad * xhat).sum(lead)
-            return gx.to(x.dtype), gweight, None, None
-
-    return FusedRMSNorm
-
-
-def _rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None
-              ) -> Any:
-    import torch
-
-    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
-    return _fused_rms_norm().apply(x, weight, dims, eps)
-
-
-def _dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
-    """``F.dropout`` as ``native_dropout`` (what CUDA runs: a 1-byte mask is saved; the meta
-    decomposition would save a mask of the input's dtype)."""
-    import torch
-
-    if not training or p == 0.0:
-        return x
-    return torch.ops.aten.native_dropout(x, p, True)[0]
-
-
 class _Recorder:
     """The dispatch mode's state: nodes, edges, saved storages, and the producer of each
     tensor (kept alive until the trace ends, so ids stay unique)."""
@@ -496,8 +422,8 @@ class _Recorder:
                 self.edges.append((src, nid))
         formula = flop_registry.get(func._overloadpacket)
         model_flops = other = 0.0
-        if name in _FUSED_ATTENTION:
-            model_flops = _fused_attention_flops(name, args)
+        if name in FUSED_ATTENTION:
+            model_flops = fused_attention_flops(name, args)
         elif formula is not None:
             model_flops = float(formula(*args, **kwargs, out_val=out))
         elif family in _PER_ELEMENT or family == "unknown":
@@ -580,7 +506,7 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
     # layers run) call these by their name in torch.nn.functional while the mode is off
     # (inside its handler), so the names there are swapped for the trace too.
     replacements: dict[Any, Callable[..., Any]] = {
-        F.scaled_dot_product_attention: _fused_sdpa, F.rms_norm: _rms_norm, F.dropout: _dropout}
+        F.scaled_dot_product_attention: fused_sdpa, F.rms_norm: rms_norm, F.dropout: dropout}
 
     class Fused(TorchFunctionMode):
         """Runs attention, RMS norm and dropout as the fused kernels a GPU runs."""

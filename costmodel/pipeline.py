@@ -42,9 +42,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from costmodel.arrays import SCHEDULE_CODES
 from costmodel.config import SCHEDULES
 from costmodel.errors import SpecError
-from costmodel.memory import SCHEDULE_CODES
 
 __all__ = ["Op", "Timeline", "makespan", "pipeline_bound", "rank_orders", "simulate",
            "table_makespan"]

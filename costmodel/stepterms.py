@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 import hardware_profiles
+from costmodel.arrays import ConfigArrays
 from costmodel.comm import Topology
 from costmodel.compute import (
     LayerCompute,
@@ -28,8 +29,9 @@ from costmodel.compute import (
 from costmodel.config import Job
 from costmodel.frameworks import framework
 from costmodel.hardware import Cluster
-from costmodel.memory import ConfigArrays, MemoryTable, layer_params_per_gpu, state_bytes
+from costmodel.memory import MemoryTable, layer_params_per_gpu
 from costmodel.model import ModelSpec
+from costmodel.states import state_bytes
 from costmodel.units import compute_bytes
 
 __all__ = ["Rows", "Sharded", "TensorParallel", "accumulation_time", "context_parallel",

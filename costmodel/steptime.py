@@ -70,20 +70,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.arrays import ConfigArrays, first_argmax
 from costmodel.compute import (
     layer_compute,
     lm_head_compute,
 )
 from costmodel.config import Job
 from costmodel.hardware import Cluster
-from costmodel.memory import (
-    ConfigArrays,
-    MemoryTable,
-    first_argmax,
-    optimizer_state_bytes,
-)
+from costmodel.memory import MemoryTable
 from costmodel.model import ModelSpec
 from costmodel.pipeline import pipeline_bound, table_makespan
+from costmodel.states import optimizer_state_bytes
 from costmodel.stepterms import (
     Rows,
     Sharded,

@@ -1,0 +1,193 @@
+"""A table of parallel configurations as numpy columns (``ConfigArrays``), the codes its
+columns use for schedules, recompute and offload, and the stage-major helpers every table
+of the cost model shares (memory, step time, pipeline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from costmodel.config import ParallelConfig
+from costmodel.model import ModelSpec
+
+__all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Stages",
+           "even_split", "first_argmax"]
+
+SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+OFFLOAD_CODES = {"none": 0, "optimizer": 1, "optimizer+params": 2}
+
+
+@dataclass(frozen=True)
+class ConfigArrays:
+    """A table of parallel configurations as columns (one entry per row).
+
+    Stage columns have shape ``[rows, W]``: each column is one pipeline stage (``stage_index``),
+    standing for ``stage_count`` stages exactly like it (0 marks padding beyond a row's
+    stages). ``stage_layers`` counts the transformer layers a rank of that stage holds (all of
+    its virtual chunks together) and ``stage_start`` the layers before it.
+
+    With every stage its own column (``all_stages=True``, what ``estimate()`` reports per
+    stage) ``W`` is the largest ``pp``. A uniform split needs at most four columns: the first
+    stage, the first middle stage with the base number of layers, the first with one more
+    (the remainder goes to the last stages), and the last stage. Middle stages of one class
+    hold the same layers and parameters and take the same time, and the first of them holds
+    the most micro-batches in flight under every schedule, so the peak memory, the slowest
+    stage and the sums over stages come out exactly the same, with ``W <= 4``.
+    """
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    zero: np.ndarray
+    shard: np.ndarray
+    sp: np.ndarray
+    mbs: np.ndarray
+    schedule: np.ndarray
+    v: np.ndarray
+    recompute: np.ndarray
+    recompute_layers: np.ndarray  # 0 means every layer of the chunk
+    offload: np.ndarray
+    stage_layers: np.ndarray
+    stage_index: np.ndarray
+    stage_count: np.ndarray
+    stage_start: np.ndarray
+    stage_recompute: np.ndarray | None = None  # layers fully recomputed per stage; -1: the row's
+
+    @property
+    def rows(self) -> int:
+        """Number of configurations in the table."""
+        return int(self.dp.shape[0])
+
+    @cached_property
+    def stage_major(self) -> Stages:
+        """The stage columns transposed to ``[W, rows]`` (contiguous), made once per table
+        (``memory_table`` and ``time_table`` both read them)."""
+        def t(x: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(x.T)
+        rec = self.stage_recompute
+        return Stages(index=t(self.stage_index), count=t(self.stage_count),
+                      layers=t(self.stage_layers), start=t(self.stage_start),
+                      recompute=None if rec is None else t(rec))
+
+    @staticmethod
+    def uniform_stages(num_layers: int, pp: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(stage_index, stage_count, stage_layers, stage_start), ``[rows, 4]``, of the even
+        split of ``num_layers`` over each row's ``pp``: ``num_layers // pp`` each, the
+        remainder one layer each to the last stages (the first stage already holds the
+        embedding and, under 1F1B, the most micro-batches in flight)."""
+        p = np.asarray(pp, dtype=np.int64)[:, None]
+        base, rem = num_layers // p, num_layers % p
+        cut = p - rem  # first stage with base + 1 layers
+        # Candidate classes: first; middle with base layers; middle with base + 1; last.
+        lo = np.concatenate([np.zeros_like(p), np.ones_like(p), np.maximum(cut, 1), p - 1],
+                            axis=1)
+        hi = np.concatenate([np.ones_like(p), np.minimum(cut, p - 1), p - 1, p], axis=1)
+        lo[:, 3] = np.maximum(lo[:, 3], 1)  # the last stage is the first stage when p == 1
+        count = np.maximum(hi - lo, 0)
+        # Existing classes first, padding last, so that a table can be trimmed to its widest row.
+        order = np.argsort(count == 0, axis=1, kind="stable")
+        count = np.take_along_axis(count, order, axis=1)
+        index = np.where(count > 0, np.take_along_axis(lo, order, axis=1), 0)
+        layers = np.where(count > 0, base + (index >= cut), 0)
+        start = index * base + np.maximum(index - cut, 0)
+        return index, count, layers, start
+
+    @staticmethod
+    def classes_exact(model: ModelSpec, pp: np.ndarray, v: np.ndarray) -> bool:
+        """Whether ``uniform_stages`` is exact for these rows: it is unless a MoE model's
+        leading dense layers reach past the first stage's first chunk (then middle stages of
+        one class differ)."""
+        chunk = model.num_layers // (np.asarray(pp) * np.asarray(v))
+        return bool(np.all(model.first_dense_layers <= chunk)) if model.is_moe else True
+
+    @classmethod
+    def from_configs(cls, model: ModelSpec, configs: Sequence[ParallelConfig],
+                     all_stages: bool = True) -> ConfigArrays:
+        """Columns for ``configs``; stage layers are split evenly unless a config fixes them.
+
+        ``all_stages``: one column per pipeline stage; otherwise uniform splits use the four
+        representative columns of ``uniform_stages``.
+        """
+        n = len(configs)
+        pps = np.array([c.pp for c in configs], dtype=np.int64)
+        vs = np.array([c.virtual_pipeline_stages for c in configs], dtype=np.int64)
+        explicit = any(c.stage_layers is not None for c in configs)
+        per_stage_rec = None
+        if all_stages or explicit or not cls.classes_exact(model, pps, vs):
+            width = int(pps.max())
+            index = np.broadcast_to(np.arange(width), (n, width)).copy()
+            count = (index < pps[:, None]).astype(np.int64)
+            layers = np.zeros((n, width), dtype=np.int64)
+            for r, c in enumerate(configs):
+                split = c.stage_layers or even_split(model.num_layers, c.pp)
+                layers[r, : c.pp] = split
+            start = np.cumsum(layers, axis=1) - layers
+            if any(c.stage_recompute_layers is not None for c in configs):
+                per_stage_rec = np.full((n, width), -1, dtype=np.int64)
+                for r, c in enumerate(configs):
+                    if c.stage_recompute_layers is not None:
+                        per_stage_rec[r, : c.pp] = c.stage_recompute_layers
+        else:
+            index, count, layers, start = cls.uniform_stages(model.num_layers, pps)
+
+        def col(values: list[int | float]) -> np.ndarray:
+            return np.asarray(values, dtype=np.int64)
+
+        return cls(
+            dp=col([c.dp for c in configs]),
+            tp=col([c.tp for c in configs]),
+            pp=pps,
+            cp=col([c.cp for c in configs]),
+            ep=col([c.ep for c in configs]),
+            zero=col([c.zero_stage for c in configs]),
+            shard=col([c.shard_degree for c in configs]),
+            sp=col([int(c.sequence_parallel) for c in configs]),
+            mbs=col([c.micro_batch_size for c in configs]),
+            schedule=col([SCHEDULE_CODES[str(c.pipeline_schedule)] for c in configs]),
+            v=col([c.virtual_pipeline_stages for c in configs]),
+            recompute=col([RECOMPUTE_CODES[c.recompute] for c in configs]),
+            recompute_layers=col([c.recompute_num_layers or 0 for c in configs]),
+            offload=col([OFFLOAD_CODES[c.offload] for c in configs]),
+            stage_layers=layers,
+            stage_index=index,
+            stage_count=count,
+            stage_start=start,
+            stage_recompute=per_stage_rec,
+        )
+
+
+def even_split(num_layers: int, pp: int) -> list[int]:
+    """The even split of ``num_layers`` over ``pp`` stages, remainder to the last stages."""
+    base, rem = divmod(num_layers, pp)
+    return [base + (i >= pp - rem) for i in range(pp)]
+
+
+@dataclass(frozen=True)
+class Stages:
+    """``ConfigArrays``' stage columns stage-major, ``[W, rows]`` (``ConfigArrays.stage_major``)."""
+
+    index: np.ndarray
+    count: np.ndarray
+    layers: np.ndarray
+    start: np.ndarray
+    recompute: np.ndarray | None
+
+
+def first_argmax(x: np.ndarray) -> np.ndarray:
+    """``np.argmax(x, axis=0)`` of a stage-major array ``[P, rows]`` of finite values (the
+    first of equal maxima), stage by stage: numpy's own reduces a short axis slowly."""
+    best = x[0]
+    idx = np.zeros(x.shape[1:], dtype=np.int64)
+    for j in range(1, x.shape[0]):
+        better = x[j] > best
+        idx[better] = j
+        best = np.maximum(best, x[j])
+    return idx

@@ -1,0 +1,53 @@
+"""Bytes per parameter of the model states each trainer keeps (weights, gradients, optimizer
+states with their fp32 master copies), by precision and optimizer: the one definition of
+which states are held in fp32 that the memory model, the step time and the planner read.
+"""
+
+from __future__ import annotations
+
+import hardware_profiles
+from costmodel.config import Job
+from costmodel.model import ModelSpec
+
+__all__ = ["optimizer_state_bytes", "state_bytes"]
+
+
+def optimizer_state_bytes(job: Job, model: ModelSpec) -> float:
+    """Optimizer state bytes per parameter, without any fp32 master copy.
+
+    Adam/AdamW: fp32 momentum and variance, 8 (Kingma & Ba 2015; ZeRO paper Sec. 3.1).
+    8-bit Adam: two uint8 states plus one fp32 absmax per 256-element block per state
+    (Dettmers et al. 2022; bitsandbytes/optim/optimizer.py). SGD with momentum: 4.
+    Adafactor: no first moment by default and a factored second moment, one row and one column
+    vector per matrix (Shazeer & Stern 2018, Alg. 4), at most ``2 / hidden_size`` fp32 values
+    per parameter for the transformer's matrices (every dimension is >= hidden_size).
+    """
+    if job.optimizer in ("adam", "adamw"):
+        return 8.0
+    if job.optimizer == "adam8bit":
+        bnb = hardware_profiles.load_software()["bitsandbytes"]
+        return float(bnb["state_bytes_per_param"]) + 2 * 4.0 / float(bnb["block_size"])
+    if job.optimizer == "sgd":
+        return 4.0
+    return 4.0 * 2.0 / model.hidden_size
+
+
+def state_bytes(job: Job, model: ModelSpec) -> tuple[float, float, float]:
+    """Bytes per parameter of (weights, gradients, optimizer incl. master copies), unsharded.
+
+    See ``costmodel.frameworks`` for the facts: Megatron 2 + 4 + (4 + 8) = 18 in bf16 and
+    2 + 2 + (4 + 4 + 8) = 20 in fp16; DeepSpeed 2 + 2 + 12 = 16 (Rajbhandari et al. 2020,
+    Fig. 1); torchtitan/FSDP2 4 + 4 + 8 = 16. fp8 keeps bf16 weights (Micikevicius et al. 2022)
+    so its states equal bf16's; in fp32 there is no master copy.
+    """
+    states = optimizer_state_bytes(job, model)
+    mixed = job.precision != "fp32"
+    if job.framework == "megatron":
+        weights = 2.0 if mixed else 4.0
+        grads = 2.0 if job.precision == "fp16" else 4.0
+        optim = states + (4.0 if mixed else 0.0) + (4.0 if job.precision == "fp16" else 0.0)
+        return weights, grads, optim
+    if job.framework == "deepspeed":
+        weights = 2.0 if mixed else 4.0
+        return weights, weights, states + (4.0 if mixed else 0.0)
+    return 4.0, 4.0, states

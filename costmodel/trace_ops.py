@@ -1,0 +1,92 @@
+"""How the layer-graph trace runs a model on the meta device as a GPU would: the functional
+ops it swaps in for torch's meta-device decompositions (fused scaled-dot-product attention,
+fused RMS norm, native dropout), so that the graph records what the GPU kernels save for
+backward, and the model FLOPs of the fused attention kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FUSED_ATTENTION", "dropout", "fused_attention_flops", "fused_sdpa", "rms_norm"]
+
+
+#: The fused attention the trace runs ``F.scaled_dot_product_attention`` as (forward, backward).
+FUSED_ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu",
+                    "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def fused_attention_flops(name: str, args: Any) -> float:
+    """Model FLOPs of the fused attention kernel: ``QK^T`` and ``PV`` forward, twice that
+    backward (the FLOPs of the computation, PaLM App. B; the kernel also recomputes ``QK^T``,
+    Dao 2023, which is hardware, not model, work)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    q, k, v = (args[0], args[1], args[2]) if name == FUSED_ATTENTION[0] else \
+        (args[1], args[2], args[3])
+    forward = float(sdpa_flop_count(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+    return forward if name == FUSED_ATTENTION[0] else 2.0 * forward
+
+
+def fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None,
+                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                enable_gqa: bool = False) -> Any:
+    """``F.scaled_dot_product_attention`` as one fused kernel (what a GPU runs: FlashAttention
+    saves Q, K, V, the output and the log-sum-exp, not the s x s scores). On the meta device
+    torch would otherwise take the unfused math path. Grouped-query K and V keep their own
+    head count (``enable_gqa``), as the fused kernels read them."""
+    import torch
+
+    out, _lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    return out
+
+
+def _fused_rms_norm() -> Any:
+    """An autograd function for ``F.rms_norm`` as the fused kernel runs it (torch's CUDA
+    ``_fused_rms_norm``, Megatron's and Apex's): it saves its input and the per-row
+    reciprocal RMS, where the eager decomposition also saves the normalized tensor."""
+    import torch
+
+    class FusedRMSNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, weight: Any, dims: tuple[int, ...], eps: float) -> Any:
+            rstd = torch.rsqrt(x.float().pow(2).mean(dims, keepdim=True) + eps)
+            ctx.save_for_backward(x, weight, rstd)
+            ctx.dims = dims
+            out = (x * rstd).to(x.dtype)
+            return out * weight if weight is not None else out
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            # d/dx of x r w with r = (mean x^2 + eps)^-1/2: r (g w - xhat mean(g w xhat)).
+            x, weight, rstd = ctx.saved_tensors
+            xhat = x * rstd
+            gw = grad * weight if weight is not None else grad
+            gx = rstd * (gw - xhat * (gw * xhat).mean(ctx.dims, keepdim=True))
+            gweight = None
+            if weight is not None and ctx.needs_input_grad[1]:
+                lead = tuple(range(grad.dim() - weight.dim()))
+                gweight = (grad * xhat).sum(lead)
+            return gx.to(x.dtype), gweight, None, None
+
+    return FusedRMSNorm
+
+
+def rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None
+              ) -> Any:
+    import torch
+
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    return _fused_rms_norm().apply(x, weight, dims, eps)
+
+
+def dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    """``F.dropout`` as ``native_dropout`` (what CUDA runs: a 1-byte mask is saved; the meta
+    decomposition would save a mask of the input's dtype)."""
+    import torch
+
+    if not training or p == 0.0:
+        return x
+    return torch.ops.aten.native_dropout(x, p, True)[0]
