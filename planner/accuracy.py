@@ -1,17 +1,23 @@
 """What ``planner validate`` and ``planner calibrate`` print: every published run predicted
 under the fit and with its source left out of it, per source, and the peak memory where the
-source publishes it (``costmodel.calibration``)."""
+source publishes it (``costmodel.calibration``); and runs predicted with one GPU profile
+(``costmodel.published.Comparison``: ``planner calibrate --gpu``, ``planner validate
+--profile``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from costmodel.calibration import Fit, RunResult, run_group
 
-__all__ = ["UNITS", "describe", "print_results", "result_rows", "summary"]
+if TYPE_CHECKING:
+    from costmodel.published import Comparison
+
+__all__ = ["UNITS", "comparison_rows", "comparison_summary", "describe", "print_comparisons",
+           "print_results", "result_rows", "summary"]
 
 UNITS = {"iteration_time_s": "s/iter", "tokens_per_s_per_gpu": "tok/s/GPU",
          "tflops_per_gpu": "TFLOP/s/GPU"}
@@ -43,14 +49,18 @@ def _stats(errors: Sequence[float]) -> dict[str, float]:
             "max_abs_error": float(a.max())}
 
 
+def _groups(groups: Iterable[str]) -> list[str]:
+    """The sources in the order they first appear, then ``"all"``."""
+    return [*dict.fromkeys(groups), "all"]
+
+
 def summary(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     """Per source and for ``"all"``: runs, the fit's mean / median / max |error|, the same
     left out of the fit (``loso_*``, where computed); ``"memory"``: the runs that publish
     peak memory and the error on it, and how many published runs are predicted not to
     fit."""
     out: dict[str, dict[str, Any]] = {}
-    keys = [*dict.fromkeys(run_group(r.run) for r in results), "all"]
-    for key in keys:
+    for key in _groups(run_group(r.run) for r in results):
         mine = [r for r in results if key in ("all", run_group(r.run))]
         row: dict[str, Any] = {"runs": len(mine), **_stats([r.error for r in mine])}
         loso = [r.loso_error for r in mine if r.loso_error is not None]
@@ -114,3 +124,36 @@ def describe(fit: Fit) -> str:
     return (f"matmul in-training/microbenchmark ratio {ratios} (others {fit.pooled:.3f}); "
             f"attention {fit.attention:.3f}; kernel overhead {fit.kernel_overhead_us:.2f} us; "
             f"compute slowdown per second of overlapped communication {fit.comm_slowdown:.3f}")
+
+
+def comparison_rows(comps: Sequence[Comparison]) -> list[dict[str, Any]]:
+    """One JSON-ready dict per run predicted with one GPU profile
+    (``costmodel.published.compare``): its figure predicted and measured, the error, the
+    step time and whether it fits."""
+    return [{"id": c.run.id, "group": run_group(c.run), "measure": c.run.measure,
+             "predicted": c.predicted, "measured": c.measured, "error": c.error,
+             "step_time_s": c.estimate.step_time_s, "fits": c.estimate.fits}
+            for c in comps]
+
+
+def comparison_summary(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per source of ``comparison_rows`` and for ``"all"``: runs and mean / max |error|."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in _groups(r["group"] for r in rows):
+        errors = [abs(r["error"]) for r in rows if key in ("all", r["group"])]
+        out[key] = {"runs": len(errors), "mean_abs_error": sum(errors) / len(errors),
+                    "max_abs_error": max(errors)}
+    return out
+
+
+def print_comparisons(rows: Sequence[dict[str, Any]]) -> None:
+    """The table of ``comparison_rows`` and its per-source summary, as ``planner calibrate
+    --gpu`` prints them."""
+    print(f"{'run':<44s} {'measure':<12s} {'predicted':>10s} {'measured':>10s} {'error':>7s}")
+    for r in rows:
+        print(f"{r['id']:<44s} {UNITS[r['measure']]:<12s} {r['predicted']:>10.2f} "
+              f"{r['measured']:>10.2f} {100 * r['error']:>+6.1f}%")
+    print()
+    for key, sm in comparison_summary(rows).items():
+        print(f"{key:<30s} {sm['runs']:>3.0f} runs   mean |error| "
+              f"{100 * sm['mean_abs_error']:5.2f}%   max {100 * sm['max_abs_error']:5.2f}%")

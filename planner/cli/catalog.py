@@ -1,0 +1,84 @@
+"""``planner models``, ``planner gpus`` and ``planner clusters``: the shipped model presets,
+GPU profiles and cluster presets."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import hardware_profiles
+from costmodel import ModelSpec
+from costmodel.hardware import GPU
+from planner.cli.common import GIB, add_command, print_json
+
+if TYPE_CHECKING:
+    from planner.cli.common import Subparsers
+
+
+def add_parser(sub: Subparsers) -> None:
+    """Add ``planner models``, ``gpus`` and ``clusters`` to ``sub``."""
+    commands: tuple[tuple[str, Callable[[argparse.Namespace], int], str], ...] = (
+        ("models", cmd_models, "list model presets"),
+        ("gpus", cmd_gpus, "list GPU profiles"),
+        ("clusters", cmd_clusters, "list cluster presets"))
+    for name, func, text in commands:
+        p = add_command(sub, name, help=text, description=text,
+                        epilog=f"example:\n  planner {name} --json")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=func)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """``planner models``: the model presets with their sizes."""
+    rows: list[dict[str, Any]] = []
+    for name in ModelSpec.preset_names():
+        m = ModelSpec.preset(name)
+        rows.append({"name": name, "num_params": m.num_params(),
+                     "num_active_params": m.num_active_params(), "num_layers": m.num_layers,
+                     "hidden_size": m.hidden_size, "source": m.source})
+    if args.json:
+        print_json(rows)
+        return 0
+    print(f"{'model':<18s} {'params':>10s} {'active':>10s} {'layers':>6s} {'hidden':>6s}")
+    for r in rows:
+        total, active = r["num_params"] / 1e9, r["num_active_params"] / 1e9
+        print(f"{r['name']:<18s} {total:>9.2f}B {active:>9.2f}B"
+              f" {r['num_layers']:>6d} {r['hidden_size']:>6d}")
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    """``planner gpus``: the GPU profiles with memory and dense peaks."""
+    rows: list[dict[str, Any]] = []
+    for name in hardware_profiles.names("gpus"):
+        g = GPU.preset(name)
+        rows.append({"name": name, "memory_gib": g.memory_bytes / GIB,
+                     "memory_bandwidth_gb_per_s": g.memory_bandwidth_bytes_per_s / 1e9,
+                     "peak_tflops": {d: f / 1e12 for d, f in g.peak_flops_by_dtype},
+                     "description": g.description})
+    if args.json:
+        print_json(rows)
+        return 0
+    print(f"{'gpu':<11s} {'memory':>8s} {'HBM GB/s':>9s} {'bf16':>7s} {'fp16':>7s} {'fp8':>7s}"
+          "  (dense TFLOP/s)")
+    for r in rows:
+        pk = r["peak_tflops"]
+        cells = " ".join(f"{pk[d]:>7.0f}" if d in pk else f"{'-':>7s}" for d in
+                         ("bf16", "fp16", "fp8"))
+        print(f"{r['name']:<11s} {r['memory_gib']:>4.0f} GiB {r['memory_bandwidth_gb_per_s']:>9.0f}"
+              f" {cells}")
+    return 0
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    """``planner clusters``: the cluster presets."""
+    rows = [hardware_profiles.load("clusters", n) for n in hardware_profiles.names("clusters")]
+    if args.json:
+        print_json(rows)
+        return 0
+    for r in rows:
+        print(f"{r['name']:<11s} {r['gpus_per_node']} x {r['gpu']} per node, "
+              f"{r['intra_node_link']} + {r['nics_per_node']} x {r['inter_node_link']}: "
+              f"{r['description']}")
+    return 0

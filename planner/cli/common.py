@@ -1,0 +1,464 @@
+"""What the subcommands share: the flags of the model, the cluster, the job, the search's
+constraints and serving; turning those flags into a model, clusters, a job and constraints;
+argparse types and the one-line error parser; loading a saved plan; output helpers.
+
+Bad input raises ``SpecError`` here; ``planner.cli.main`` prints it as one line and exits
+with ``EXIT_USAGE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import hardware_profiles
+from costmodel import Cluster, Job, ModelSpec, SpecError
+from costmodel.config import FRAMEWORK_NAMES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES
+from costmodel.hardware import GPU
+from costmodel.inference import KV_PRECISIONS, OBJECTIVES, WEIGHT_PRECISIONS, InferenceJob
+from planner.models import load_model, load_model_or_module
+from planner.plan import Plan, load_plan
+from planner.space import PRESETS, Constraints
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    #: What ``add_subparsers`` returns: each subcommand module adds its parser to it.
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+GIB = 1024**3
+#: Types of the keys of a cluster TOML file.
+CLUSTER_KEYS: dict[str, type | tuple[type, ...]] = {
+    "gpu": str, "num_nodes": int, "gpus_per_node": int, "intra_node_link": str,
+    "inter_node_link": str, "nics_per_node": int, "host_memory_gib": (int, float), "name": str}
+CLUSTER_KINDS = {str: "a name in quotes", int: "a whole number", (int, float): "a number"}
+#: Exit statuses: bad input, and a valid question with no configuration that fits.
+EXIT_USAGE = 2
+EXIT_INFEASIBLE = 3
+#: The default GPU of the short form ``--gpus N``.
+DEFAULT_GPU = "h100-sxm"
+
+FORCE_HELP = ("use a saved plan that does not fit its GPUs' memory anyway (a plan whose "
+              "configuration no longer runs is refused whatever)")
+
+
+# -- argparse: types, errors, output ---------------------------------------------------------
+
+def _whole_number(text: str, least: int, words: str) -> int:
+    """``text`` as an int of at least ``least`` for argparse (``words``: the bound said)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} must be {words}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1 (degrees, sizes, counts)."""
+    return _whole_number(text, 1, "at least 1")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number of at least 0 (row counts)."""
+    return _whole_number(text, 0, "0 or more")
+
+
+def one_line(text: object) -> str:
+    """``text`` with its control characters (what a user typed may hold them) escaped, so
+    an error stays one line."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``planner: error: ...`` and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit with status 2 and one line naming what is wrong."""
+        # Control characters of what was typed are shown escaped, so the error stays a line.
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+
+
+def add_command(sub: Subparsers, name: str, *, help: str, description: str, epilog: str
+                ) -> argparse.ArgumentParser:
+    """A subcommand's parser, its epilog (examples) printed as written."""
+    return sub.add_parser(name, help=help, description=description, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def print_json(value: Any) -> None:
+    """``value`` as indented JSON on standard output."""
+    print(json.dumps(value, indent=2))
+
+
+def warn(message: str) -> None:
+    """``planner: warning: message`` on standard error."""
+    print(f"planner: warning: {message}", file=sys.stderr)
+
+
+# -- flags --------------------------------------------------------------------------------
+
+def add_common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
+                    many: bool = False) -> None:
+    """--model, the cluster and the job: shared by ``estimate``, ``plan``, ``explain`` and
+    ``compare`` (``many``: the cluster flags repeat, one cluster per value)."""
+    p.add_argument("--model", required=model_required,
+                   help="preset name (see 'planner models'), a Hugging Face config.json path, "
+                   "or module:attr of a ModelSpec, HF config or transformers model (or, for "
+                   "'planner plan', of any torch nn.Module)")
+    _add_cluster_args(p, many=many)
+    _add_job_args(p)
+
+
+def _add_cluster_args(p: argparse.ArgumentParser, *, many: bool) -> None:
+    """The cluster flags (``many``: repeatable, one cluster per value)."""
+    hw = p.add_argument_group("cluster" + (" (repeat a flag to compare clusters)" if many
+                                           else ""))
+    rep: dict[str, Any] = {"action": "append"} if many else {}
+    hw.add_argument("--cluster", help="cluster preset ('planner clusters') or a TOML file",
+                    **rep)
+    hw.add_argument("--num-nodes", type=positive_int, help="nodes of the cluster preset to use",
+                    **rep)
+    hw.add_argument("--gpus", type=positive_int, help="total GPUs (short form, with --gpu)", **rep)
+    hw.add_argument("--gpu", help="GPU profile name ('planner gpus'); default h100-sxm", **rep)
+    hw.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default 8)")
+    hw.add_argument("--intra-node", help="link inside a node (default: the GPU's own)")
+    hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)", **rep)
+    hw.add_argument("--profile", metavar="FILE", help="plan with a measured GPU profile "
+                    "('planner profile -o FILE') instead of the shipped datasheet one")
+
+
+def _add_job_args(p: argparse.ArgumentParser) -> None:
+    """The training job flags."""
+    jb = p.add_argument_group("job")
+    jb.add_argument("--global-batch-size", type=positive_int, help="sequences per step (required)")
+    jb.add_argument("--seq-len", type=positive_int, help="tokens per sequence (required)")
+    jb.add_argument("--precision", default="bf16", choices=PRECISIONS)
+    jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    jb.add_argument("--framework", default="torchtitan", choices=FRAMEWORK_NAMES,
+                    help="trainer whose conventions to follow (default torchtitan)")
+    jb.add_argument("--no-flash-attention", action="store_true",
+                    help="attention saves its score matrix (no fused kernel)")
+    jb.add_argument("--no-overlap-grad-reduce", action="store_true",
+                    help="gradients are reduced after the backward pass, not overlapped with it")
+    jb.add_argument("--no-overlap-p2p-communication", action="store_true",
+                    help="Megatron-LM: interleaved pipelines wait for each send and receive "
+                    "(releases before October 2023)")
+    jb.add_argument("--tp-comm-overlap", action="store_true",
+                    help="pipeline tensor-parallel collectives with the linear layers' "
+                    "matmuls: Megatron-LM's Transformer Engine userbuffers (sequence parallel "
+                    "rows), torchtitan's async TP")
+    jb.add_argument("--compile", action="store_true",
+                    help="torchtitan: the model runs under torch.compile (fused memory-bound "
+                    "kernels; torchtitan's default is eager)")
+    jb.add_argument("--fused-cross-entropy", action="store_true",
+                    help="the loss is a fused cross entropy on one fp32 copy of the logits "
+                    "(llm-foundry's default; Megatron-LM's always)")
+    jb.add_argument("--fp8-param-gather", action="store_true",
+                    help="Megatron-LM fp8: parameters kept and gathered in fp8 (NeMo's fp8 "
+                    "recipes set it)")
+    jb.add_argument("--moe-capacity-factor", type=float,
+                    help="expert capacity factor (default: dropless, even routing)")
+    jb.add_argument("--memory-reserve", type=float, default=5.0, metavar="PERCENT",
+                    help="share of each GPU's memory a plan keeps free for allocator "
+                    "fragmentation and buffers the estimate does not count (default 5)")
+
+
+def add_inference_args(p: argparse.ArgumentParser, *, search: bool) -> None:
+    """The serving flags of ``planner plan`` / ``estimate`` / ``explain`` (``--inference``)."""
+    inf = p.add_argument_group("serving (--inference; replaces the training job flags)")
+    inf.add_argument("--inference", action="store_true",
+                     help="plan or estimate serving the model instead of training it")
+    inf.add_argument("--prompt-len", type=positive_int, help="prompt tokens per request")
+    inf.add_argument("--output-len", type=positive_int, help="generated tokens per request")
+    inf.add_argument("--batch-size", type=positive_int,
+                     help="sequences a replica serves at once (default: searched, or 1)")
+    inf.add_argument("--weight-precision",
+                     help=f"weight format, or several comma-separated for the search to choose "
+                     f"from ({','.join(WEIGHT_PRECISIONS)}; default bf16)")
+    inf.add_argument("--kv-cache-precision", default="bf16", choices=KV_PRECISIONS)
+    inf.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"),
+                     help="activations and 16-bit weights (default bf16)")
+    inf.add_argument("--prefill-chunk", type=positive_int,
+                     help="most prompt tokens per forward pass (chunked prefill)")
+    inf.add_argument("--replicas", type=positive_int,
+                     help="model copies (default: as many as the GPUs hold)")
+    if search:
+        inf.add_argument("--objective", default="latency", choices=OBJECTIVES,
+                         help="lowest request latency, or most output tokens/s (default latency)")
+        inf.add_argument("--max-ttft-ms", type=float, help="bound on the time to first token")
+        inf.add_argument("--max-tpot-ms", type=float,
+                         help="bound on the time per output token")
+    else:
+        p.set_defaults(objective="latency", max_ttft_ms=None, max_tpot_ms=None)
+
+
+def add_search_args(p: argparse.ArgumentParser) -> None:
+    """The constraint flags of ``planner plan`` (each fixes or caps one field)."""
+    fx = p.add_argument_group("constraints (each flag fixes that field)")
+    pos = positive_int
+    for flag, kind, extra in (("--dp", pos, {}), ("--tp", pos, {}), ("--pp", pos, {}),
+                              ("--cp", pos, {}), ("--ep", pos, {}),
+                              ("--zero", int, {"choices": (0, 1, 2, 3)}),
+                              ("--micro-batch-size", pos, {}),
+                              ("--schedule", str, {"choices": SCHEDULES}),
+                              ("--virtual-stages", pos, {}),
+                              ("--recompute", str, {"choices": RECOMPUTE}),
+                              ("--offload", str, {"choices": OFFLOADS})):
+        fx.add_argument(flag, type=kind, **extra)
+    fx.add_argument("--sequence-parallel", choices=("on", "off"), nargs="?", const="on",
+                    help="fix sequence parallel on or off (bare: on)")
+    fx.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset")
+    fx.add_argument("--max", action="append", default=[], metavar="FIELD=N",
+                    help="cap a degree, e.g. --max tp=4 --max pp=8")
+    fx.add_argument("--frameworks", help="trainers to search, comma-separated "
+                    f"({','.join(FRAMEWORK_NAMES)}); default --framework")
+    p.add_argument("--top-k", type=positive_int, default=5,
+                   help="configurations to rank (default 5)")
+
+
+# -- the cluster --------------------------------------------------------------------------
+
+def load_profile(args: argparse.Namespace) -> GPU | None:
+    """The GPU of ``--profile FILE`` (a measured or hand-written GPU profile), if given."""
+    path = getattr(args, "profile", None)
+    return GPU.from_file(path) if path else None
+
+
+def load_cluster(args: argparse.Namespace) -> Cluster:
+    """``--cluster`` (preset or TOML file) or the short form ``--gpus --gpu --gpus-per-node``,
+    with the GPU of ``--profile`` where given."""
+    return make_cluster(args.cluster, args.num_nodes, args.gpus, args.gpu, args.gpus_per_node,
+                        args.intra_node, args.inter_node, load_profile(args))
+
+
+def load_clusters(args: argparse.Namespace) -> list[Cluster]:
+    """``planner compare``: every cluster its repeatable flags name (``--cluster`` each with
+    each ``--num-nodes``; each ``--gpus`` with each ``--gpu`` and ``--inter-node``)."""
+    out = []
+    kinds, nics = args.gpu or [None], args.inter_node or [None]
+    measured = load_profile(args)
+    for c, n, kind, nic in itertools.product(args.cluster or [], args.num_nodes or [None],
+                                             kinds, nics):
+        out.append(make_cluster(c, n, None, kind, args.gpus_per_node, args.intra_node, nic,
+                                measured))
+    if args.gpus and args.num_nodes and not args.cluster:
+        raise SpecError("--num-nodes goes with --cluster; with --gpus give the total GPUs")
+    for g, kind, nic in itertools.product(args.gpus or [], kinds, nics):
+        out.append(make_cluster(None, None, g, kind, args.gpus_per_node, args.intra_node,
+                                nic, measured))
+    if not out:
+        raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME (each may be "
+                        "repeated to compare clusters)")
+    return out
+
+
+def make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
+                 gpu: str | None, gpus_per_node: int | None, intra: str | None,
+                 inter: str | None, measured: GPU | None = None) -> Cluster:
+    """The cluster of the flags' values: a cluster preset or TOML file (``cluster``), or the
+    short form of ``gpus`` GPUs of kind ``gpu``; ``measured``: the ``--profile`` GPU, which
+    must be the GPU the other flags name, if they name one."""
+    if cluster and gpus:
+        raise SpecError("give either --cluster or --gpus/--gpu, not both")
+    _check_profile(measured, gpu, "--gpu")
+    if not cluster:
+        nodes, per_node = _short_form_nodes(num_nodes, gpus, gpus_per_node)
+        return Cluster(gpu=resolve_gpu(gpu, measured), num_nodes=nodes,
+                       gpus_per_node=per_node, intra_node_link=intra, inter_node_link=inter)
+    if cluster.endswith(".toml"):
+        return _cluster_file(cluster, num_nodes, measured)
+    return _cluster_preset(cluster, num_nodes, gpu, gpus_per_node, intra, inter, measured)
+
+
+def _check_profile(measured: GPU | None, gpu: str | None, where: str) -> None:
+    """A ``--profile`` must describe the GPU the cluster flags name, if they name one."""
+    if measured is not None and gpu is not None and str(gpu).strip().lower() != measured.name:
+        raise SpecError(f"--profile measured {measured.name!r} but {where} names {gpu!r}; "
+                        f"drop --gpu, use --gpus N --profile FILE, or profile that GPU")
+
+
+def resolve_gpu(gpu: str | None, measured: GPU | None) -> GPU:
+    """The GPU of the short form: the measured ``--profile`` one, else ``--gpu`` (a shipped
+    profile name or a GPU profile TOML file), else ``DEFAULT_GPU``."""
+    if measured is not None:
+        return measured
+    name = gpu or DEFAULT_GPU
+    return GPU.from_file(name) if name.endswith(".toml") else GPU.preset(name)
+
+
+def _short_form_nodes(num_nodes: int | None, gpus: int | None, gpus_per_node: int | None
+                      ) -> tuple[int, int]:
+    """Nodes and GPUs per node of ``--gpus N [--gpus-per-node M]`` (at most 8 per node by
+    default)."""
+    if num_nodes:
+        raise SpecError("--num-nodes goes with --cluster; with --gpus give the total GPUs")
+    if not gpus:
+        raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME")
+    if gpus < 1:
+        raise SpecError(f"--gpus {gpus}: give a positive number of GPUs")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise SpecError(f"--gpus-per-node {gpus_per_node}: give a positive number")
+    per_node = gpus_per_node or min(gpus, 8)
+    if gpus % per_node:
+        raise SpecError(f"--gpus {gpus} is not a multiple of --gpus-per-node {per_node}")
+    return gpus // per_node, per_node
+
+
+def _cluster_preset(name: str, num_nodes: int | None, gpu: str | None,
+                    gpus_per_node: int | None, intra: str | None, inter: str | None,
+                    measured: GPU | None) -> Cluster:
+    """A shipped cluster preset, with the GPU, node counts and links the flags override."""
+    if measured is not None:
+        _check_profile(measured, hardware_profiles.load("clusters", name)["gpu"],
+                       f"cluster {name!r}")
+    out = Cluster.preset(name, num_nodes=num_nodes, gpu=measured or gpu,
+                         gpus_per_node=gpus_per_node)
+    if intra or inter:
+        out = dataclasses.replace(out, intra_node_link=intra or out.intra_node_link,
+                                  inter_node_link=inter or out.inter_node_link)
+    return out
+
+
+def _cluster_file(path: str, num_nodes: int | None, measured: GPU | None) -> Cluster:
+    """A cluster TOML file (the ``Cluster`` fields), every key checked; ``num_nodes``
+    overrides its own."""
+    data = hardware_profiles.load_file(path)
+    allowed = {f.name for f in dataclasses.fields(Cluster)}
+    unknown = set(data) - allowed - {"description", "source"}
+    if unknown:
+        raise SpecError(f"cluster file {path!r} has unknown keys {sorted(unknown)}; "
+                        f"allowed: {sorted(allowed)}")
+    fields = {k: v for k, v in data.items() if k in allowed}
+    if num_nodes:
+        fields["num_nodes"] = num_nodes
+    if "gpu" not in fields:
+        raise SpecError(f"cluster file {path!r} names no gpu; add e.g. "
+                        'gpu = "h100-sxm" (see \'planner gpus\')')
+    for key, kind in CLUSTER_KEYS.items():
+        if key in fields and (not isinstance(fields[key], kind)
+                              or isinstance(fields[key], bool)):
+            raise SpecError(f"cluster file {path!r}: {key} = {fields[key]!r} should "
+                            f"be {CLUSTER_KINDS[kind]}")
+    if measured is not None:
+        _check_profile(measured, fields["gpu"], f"cluster file {path!r}")
+        fields["gpu"] = measured
+    return Cluster(**fields)
+
+
+# -- the model and the job ----------------------------------------------------------------
+
+def model_arg(args: argparse.Namespace) -> str:
+    """``--model``, which every command that plans or estimates needs."""
+    if not args.model:
+        raise SpecError("--model is required (a preset such as llama-3-70b, a config.json "
+                        "path, or module:attr)")
+    return str(args.model)
+
+
+def load_problem(args: argparse.Namespace, *, modules: bool = False
+                 ) -> tuple[Any, Cluster, Job | InferenceJob]:
+    """The model, cluster and job (a serving one with ``--inference``) the flags name; with
+    ``modules`` the model may be a torch ``nn.Module`` (planned from its traced graph)."""
+    name = model_arg(args)
+    model = load_model_or_module(name) if modules else load_model(name)
+    if getattr(args, "inference", False):
+        if not isinstance(model, ModelSpec):
+            raise SpecError(f"--inference plans serving of a preset, config.json or "
+                            f"ModelSpec; {args.model!r} is a torch module")
+        cluster = load_cluster(args)
+        return model, cluster, inference_job(args)
+    job = training_job(args, model)
+    return model, load_cluster(args), job
+
+
+def training_job(args: argparse.Namespace, model: Any) -> Job:
+    """The training job of the job flags (``model``: a torch module fed ``--input-shape``
+    needs no ``--seq-len``; its throughput then counts samples)."""
+    if not isinstance(model, ModelSpec) and args.seq_len is None:
+        if not args.input_shape:
+            raise SpecError(f"--model {args.model} is a torch module: give --seq-len for one "
+                            "fed token ids, or --input-shape for other inputs, e.g. "
+                            "--input-shape 8x3x224x224 (micro-batch first)")
+        args.seq_len = 1  # a module fed --input-shape: throughput counts samples
+    for flag in ("global_batch_size", "seq_len"):
+        if getattr(args, flag) is None:
+            raise SpecError(f"--{flag.replace('_', '-')} is required (e.g. "
+                            "--global-batch-size 512 --seq-len 8192)")
+    return Job(global_batch_size=args.global_batch_size, seq_len=args.seq_len,
+               precision=args.precision, optimizer=args.optimizer, framework=args.framework,
+               flash_attention=not args.no_flash_attention,
+               overlap_grad_reduce=not args.no_overlap_grad_reduce,
+               tp_comm_overlap=args.tp_comm_overlap, compile=args.compile,
+               fp8_param_gather=args.fp8_param_gather,
+               fused_cross_entropy=True if args.fused_cross_entropy else None,
+               overlap_p2p_comm=not args.no_overlap_p2p_communication,
+               moe_capacity_factor=args.moe_capacity_factor,
+               memory_reserve=args.memory_reserve / 100)
+
+
+def inference_job(args: argparse.Namespace) -> InferenceJob:
+    """The serving job of ``--inference`` and its flags."""
+    for flag in ("prompt_len", "output_len"):
+        if getattr(args, flag, None) is None:
+            raise SpecError(f"--inference needs --{flag.replace('_', '-')} (e.g. --prompt-len "
+                            "2048 --output-len 256)")
+    precisions = tuple(p.strip() for p in (args.weight_precision or "bf16").split(","))
+
+    def seconds(ms: float | None, flag: str) -> float | None:
+        if ms is not None and not ms > 0:
+            raise SpecError(f"--{flag} must be a positive number of milliseconds, got {ms}")
+        return None if ms is None else ms / 1e3
+
+    return InferenceJob(prompt_len=args.prompt_len, output_len=args.output_len,
+                        batch_size=args.batch_size, weight_precision=precisions,
+                        kv_cache_precision=args.kv_cache_precision, objective=args.objective,
+                        max_ttft_s=seconds(args.max_ttft_ms, "max-ttft-ms"),
+                        max_tpot_s=seconds(args.max_tpot_ms, "max-tpot-ms"),
+                        prefill_chunk_tokens=args.prefill_chunk, dtype=args.dtype)
+
+
+#: Constraint flag -> the ``ParallelConfig`` field it fixes.
+FIXED_FLAGS = (("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"),
+               ("zero", "zero_stage"), ("micro_batch_size", "micro_batch_size"),
+               ("schedule", "pipeline_schedule"), ("virtual_stages", "virtual_pipeline_stages"),
+               ("recompute", "recompute"), ("offload", "offload"))
+#: Short names ``--max`` takes for a field.
+MAX_ALIASES = {"zero": "zero_stage", "mbs": "micro_batch_size", "v": "virtual_pipeline_stages"}
+
+
+def load_constraints(args: argparse.Namespace) -> Constraints:
+    """Constraints from the search flags: fixed fields, caps, preset, trainers."""
+    fixed: dict[str, object] = {key: getattr(args, flag) for flag, key in FIXED_FLAGS
+                                if getattr(args, flag, None) is not None}
+    if getattr(args, "sequence_parallel", None) is not None:
+        fixed["sequence_parallel"] = args.sequence_parallel == "on"
+    caps: dict[str, int] = {}
+    for item in args.max:
+        key, _, value = item.partition("=")
+        key = MAX_ALIASES.get(key.strip(), key.strip())
+        try:
+            caps[key] = int(value)
+        except ValueError:
+            raise SpecError(f"--max {item!r}: write FIELD=N with an integer N, e.g. tp=4") \
+                from None
+    frameworks = tuple(f.strip() for f in args.frameworks.split(",")) if args.frameworks \
+        else None
+    own = Constraints(fixed=fixed, max=caps, frameworks=frameworks)
+    return Constraints.preset(args.preset).merge(own) if args.preset else own
+
+
+# -- saved plans --------------------------------------------------------------------------
+
+def load_saved_plan(path: str, args: argparse.Namespace) -> Plan:
+    """A saved plan, re-validated and re-estimated (``planner.plan.load_plan``): refused
+    (exit 3) when it no longer runs or fits, unless ``--force``; warnings on stderr."""
+    p, warnings = load_plan(path, force=getattr(args, "force", False))
+    for w in warnings:
+        warn(w)
+    return p

@@ -1,0 +1,251 @@
+"""``planner estimate``: the memory per GPU and step time of one configuration (or, with
+``--inference``, one serving configuration); also the report ``planner plan`` prints for the
+configuration it chose."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import TYPE_CHECKING
+
+from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
+from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
+from costmodel.estimate import NEAR_CAPACITY, Estimate
+from costmodel.hardware import Link
+from costmodel.inference import InferenceConfig, InferenceJob, estimate_inference
+from costmodel.memory import TERMS
+from costmodel.steptime import TIME_TERMS
+from planner.cli.common import (
+    GIB,
+    add_command,
+    add_common_args,
+    add_inference_args,
+    load_problem,
+    positive_int,
+    print_json,
+)
+
+if TYPE_CHECKING:
+    from planner.cli.common import Subparsers
+
+EPILOG = """example:
+  planner estimate --model gpt3-175b --cluster selene --num-nodes 8 \\
+      --global-batch-size 64 --seq-len 2048 --framework megatron \\
+      --tp 8 --pp 8 --micro-batch-size 1 --sequence-parallel --recompute selective \\
+      --virtual-stages 3
+  planner estimate --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
+      --global-batch-size 512 --seq-len 8192 --tp 8 --pp 4 --zero 1 --json
+  planner estimate --inference --model llama-2-70b --gpus 4 --gpu a100-80gb \\
+      --prompt-len 128 --output-len 2048 --tp 4 --batch-size 16 --dtype fp16
+"""
+
+
+def add_parser(sub: Subparsers) -> None:
+    """Add ``planner estimate`` to ``sub``."""
+    est = add_command(
+        sub, "estimate", help="memory per GPU and step time of one parallel configuration",
+        description="Estimate per-GPU memory (by term and pipeline stage) and step time (by "
+        "term: compute, recompute, exposed communication, bubble, optimizer) of one "
+        "configuration.", epilog=EPILOG)
+    add_common_args(est)
+    pc = est.add_argument_group("parallel configuration")
+    pc.add_argument("--dp", type=positive_int, help="data parallel (default: GPUs / (tp*pp*cp))")
+    pc.add_argument("--tp", type=positive_int, default=1, help="tensor parallel")
+    pc.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel")
+    pc.add_argument("--cp", type=positive_int, default=1, help="context parallel")
+    pc.add_argument("--ep", type=positive_int, default=1, help="expert parallel (within dp*cp)")
+    pc.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
+    pc.add_argument("--sharding-group", type=positive_int,
+                    help="HSDP: data-parallel ranks per shard")
+    pc.add_argument("--micro-batch-size", type=positive_int, default=1)
+    pc.add_argument("--sequence-parallel", choices=("on", "off"), nargs="?", const="on",
+                    default="off", help="sequence parallel on or off (bare: on; default off)")
+    pc.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+    pc.add_argument("--virtual-stages", type=positive_int, default=1,
+                    help="virtual pipeline stages per rank (interleaved 1F1B)")
+    pc.add_argument("--recompute", default="none", choices=RECOMPUTE)
+    pc.add_argument("--recompute-num-layers", type=positive_int,
+                    help="with --recompute full: only the first N layers of each chunk")
+    pc.add_argument("--offload", default="none", choices=OFFLOADS)
+    add_inference_args(est, search=False)
+    est.add_argument("--json", action="store_true", help="machine-readable output")
+    est.set_defaults(func=cmd_estimate)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """``planner estimate``: memory of one configuration."""
+    model, cluster, job = load_problem(args)
+    if isinstance(job, InferenceJob):
+        return _estimate_inference(args, model, cluster, job)
+    cfg = _config(args, cluster)
+    est = estimate(model, cluster, job, cfg)
+    if args.json:
+        print_json({"config": cfg.to_dict(), "estimate": est.to_dict(),
+                    "model": _model_dict(model), "cluster": _cluster_dict(cluster),
+                    "job": dataclasses.asdict(job)})
+    else:
+        print(estimate_report(model, cluster, job, est))
+    return 0
+
+
+def _model_dict(model: ModelSpec) -> dict[str, object]:
+    """The model in ``--json`` output."""
+    return {"name": model.name, "num_params": model.num_params()}
+
+
+def _cluster_dict(cluster: Cluster) -> dict[str, object]:
+    """The cluster in ``--json`` output."""
+    return {"gpu": cluster.gpu.name, "num_nodes": cluster.num_nodes,
+            "gpus_per_node": cluster.gpus_per_node}
+
+
+def _config(args: argparse.Namespace, cluster: Cluster) -> ParallelConfig:
+    """The configuration of the flags; without ``--dp``, data parallelism fills the cluster."""
+    rest = args.tp * args.pp * args.cp
+    dp = args.dp
+    if dp is None:
+        if cluster.num_gpus % rest:
+            raise SpecError(
+                f"tp*pp*cp = {rest} does not divide the {cluster.num_gpus} GPUs; pass --dp or "
+                "change the degrees"
+            )
+        dp = cluster.num_gpus // rest
+    return ParallelConfig(
+        dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero_stage=args.zero,
+        sharding_group=args.sharding_group, sequence_parallel=args.sequence_parallel == "on",
+        micro_batch_size=args.micro_batch_size, pipeline_schedule=args.schedule,
+        virtual_pipeline_stages=args.virtual_stages, recompute=args.recompute,
+        recompute_num_layers=args.recompute_num_layers, offload=args.offload,
+    )
+
+
+def _estimate_inference(args: argparse.Namespace, model: ModelSpec, cluster: Cluster,
+                        job: InferenceJob) -> int:
+    """``planner estimate --inference``: one serving configuration."""
+    if len(job.weight_precisions) > 1:
+        raise SpecError("planner estimate takes one --weight-precision; 'planner plan "
+                        "--inference' chooses among several")
+    width = args.tp * args.pp
+    replicas = args.replicas or max(1, cluster.num_gpus // width)
+    cfg = InferenceConfig(tp=args.tp, pp=args.pp, replicas=replicas,
+                          batch_size=job.batch_size or 1,
+                          weight_precision=job.weight_precisions[0])
+    est = estimate_inference(model, cluster, job, cfg)
+    if args.json:
+        print_json({"config": cfg.to_dict(), "estimate": est.to_dict(),
+                    "model": _model_dict(model), "cluster": _cluster_dict(cluster),
+                    "job": job.to_dict()})
+    else:
+        print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters; "
+              f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; serving "
+              f"{job.prompt_len:,}-token prompts, {job.output_len:,} output tokens")
+        print(est.summary())
+    return 0
+
+
+# -- the report ---------------------------------------------------------------------------
+
+def _fmt_s(x: float) -> str:
+    """Seconds in the unit people read: ms below one second."""
+    return f"{1e3 * x:10.1f} ms" if x < 1 else f"{x:10.3f} s "
+
+
+def _fmt_gib(x: float) -> str:
+    """Bytes in GiB, aligned."""
+    return f"{x / GIB:8.2f} GiB"
+
+
+def _link_name(link: Link | str | None) -> str:
+    """A cluster's link by name (a ``Cluster`` holds ``Link`` objects once built)."""
+    return link.name if isinstance(link, Link) else str(link)
+
+
+def estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Estimate) -> str:
+    """``planner estimate``'s text: the problem, the configuration, memory per GPU by term
+    (and pipeline stage) and the step time by term."""
+    return "\n".join([*_header(model, cluster, job, est), "", *_memory_lines(est),
+                      *_time_lines(cluster, est)])
+
+
+def _header(model: ModelSpec, cluster: Cluster, job: Job, est: Estimate) -> list[str]:
+    """The model, cluster, job and configuration, a line each."""
+    cfg = est.config
+    return [
+        f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters",
+        f"cluster  {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name} "
+        f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {_link_name(cluster.intra_node_link)} "
+        f"inside nodes, {cluster.nics_per_node} x {_link_name(cluster.inter_node_link)} per "
+        "node",
+        f"job      {job.global_batch_size} x {job.seq_len} tokens, {job.precision}, "
+        f"{job.optimizer}, {job.framework} conventions"
+        + (", TP collectives pipelined with matmuls (--tp-comm-overlap)"
+           if job.tp_comm_overlap and job.framework != "deepspeed" else "")
+        + (", torch.compile" if job.compile and job.framework == "torchtitan" else "")
+        + (", fp8 parameters" if job.fp8_param_gather and job.framework == "megatron"
+           and job.precision == "fp8" else ""),
+        f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
+        f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "
+        f"mbs={cfg.micro_batch_size} ({est.num_micro_batches} micro-batches) "
+        f"schedule={cfg.pipeline_schedule}"
+        + (f" v={cfg.virtual_pipeline_stages}" if cfg.virtual_pipeline_stages > 1 else "")
+        + f" recompute={cfg.recompute}"
+        + (f"({cfg.recompute_num_layers} layers)" if cfg.recompute_num_layers else "")
+        + (f" offload={cfg.offload}" if cfg.offload != "none" else ""),
+    ]
+
+
+def _memory_lines(est: Estimate) -> list[str]:
+    """Memory per GPU of the fullest stage by term, whether it fits, and the stages."""
+    lines = [f"memory per GPU (fullest: stage {est.peak_stage})"]
+    for t in TERMS:
+        lines.append(f"  {t:<12s}{_fmt_gib(getattr(est.memory, f'{t}_bytes'))}")
+    lines.append(f"  {'total':<12s}{_fmt_gib(est.peak_memory_bytes)}  of "
+                 f"{est.memory_capacity_bytes / GIB:.1f} GiB: "
+                 + (f"fits, headroom {est.headroom_bytes / GIB:.2f} GiB" if est.fits else
+                    f"DOES NOT FIT, over by {est.over_capacity_bytes / GIB:.2f} GiB"
+                    if est.over_capacity_bytes else "DOES NOT FIT in host memory"))
+    if est.fits and est.near_capacity:
+        lines.append(f"  warning: above {100 * NEAR_CAPACITY:.0f}% of the GPU's memory; "
+                     "allocator fragmentation and buffers the estimate does not count may run "
+                     "it out of memory")
+    elif est.fits and not est.within_reserve:
+        lines.append(f"  note: leaves less than the job's {100 * est.memory_reserve:.0f}% "
+                     "memory reserve free (--memory-reserve), so a search would not pick it")
+    if est.cpu_memory_bytes:
+        lines.append(f"  offloaded to host memory: {est.cpu_memory_bytes / GIB:.2f} GiB per GPU")
+    if len(est.stages) > 1:
+        lines += ["", "  stage  layers  in-flight  total"]
+        for i in sorted({0, est.peak_stage, len(est.stages) - 1}):
+            s = est.stages[i]
+            lines.append(f"  {i:>5d}  {s.num_layers:>6d}  {s.in_flight_micro_batches:>9.2f}  "
+                         f"{s.memory.total_bytes / GIB:8.2f} GiB")
+    return lines
+
+
+def _time_lines(cluster: Cluster, est: Estimate) -> list[str]:
+    """The step time of the bottleneck stage by term, throughput and, where the GPU profile
+    has a price, the cost (none for an ``Estimate`` of memory only)."""
+    step, mfu, hfu = est.step_time_s, est.mfu, est.hfu
+    if step is None or mfu is None or hfu is None:
+        return []
+    lines = ["", f"step time (bottleneck: stage {est.bottleneck_stage})"]
+    bd = est.time_breakdown_s
+    for t in TIME_TERMS:
+        v = bd[t]
+        total = bd.get(f"{t}_total", v)
+        if v > 0 or total > 0 or t in ("compute", "bubble"):
+            hidden = f"   ({_fmt_s(total - v).strip()} hidden behind compute)" \
+                if total > v else ""
+            lines.append(f"  {t:<12s}{_fmt_s(v)}{hidden}")
+    band = f"   ± {100 * est.step_time_band:.0f} %: {est.step_time_band_basis}" \
+        if est.step_time_band else ""
+    lines.append(f"  {'step':<12s}{_fmt_s(step)}{band}")
+    lines.append(f"  {est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model "
+                 f"TFLOP/s per GPU, MFU {100 * mfu:.1f}%, HFU {100 * hfu:.1f}%")
+    price = cluster.gpu.usd_per_gpu_hour
+    if est.usd_per_million_tokens is not None and price is not None:
+        lines.append(f"  ${est.usd_per_million_tokens:.3f} per million tokens at "
+                     f"${price:.2f} per GPU-hour "
+                     f"(${price * cluster.num_gpus:,.0f}/h for the "
+                     "cluster; the profile's on-demand price)")
+    return lines

@@ -1,0 +1,234 @@
+"""``planner plan``: search every configuration for the fastest that fits (a training job, a
+serving job with ``--inference``, or a torch ``nn.Module`` sharded op by op); also the search
+``planner explain`` runs when it is given flags instead of a saved plan."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import TYPE_CHECKING, Any
+
+from costmodel import Cluster, Job, ModelSpec, SpecError
+from costmodel.inference import InferenceJob
+from planner.cli.common import (
+    add_command,
+    add_common_args,
+    add_inference_args,
+    add_search_args,
+    load_constraints,
+    load_problem,
+    non_negative_int,
+)
+from planner.cli.estimate import estimate_report
+from planner.plan import plan
+from planner.progress import Progress
+from planner.space import Constraints
+
+if TYPE_CHECKING:
+    from planner.cli.common import Subparsers
+
+EPILOG = """examples:
+  planner plan --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 \\
+      --global-batch-size 512 --seq-len 8192
+  planner plan --model gpt3-175b --cluster selene --num-nodes 128 \\
+      --global-batch-size 1536 --seq-len 2048 --framework megatron --max pp=16 --json
+  planner plan --model llama-3-8b --gpus 8 --global-batch-size 64 --seq-len 8192 \\
+      --preset fsdp -o plan.json
+  planner plan --inference --model llama-2-70b --gpus 8 --gpu h100-sxm \\
+      --prompt-len 2048 --output-len 256                # serving: lowest latency
+  planner plan --inference --model llama-3-70b --gpus 16 --gpu a100-80gb \\
+      --prompt-len 1024 --output-len 512 --objective throughput --max-tpot-ms 50 \\
+      --weight-precision bf16,int8,int4 -o serve.json
+  planner emit serve.json --target vllm -o serve.sh
+  planner plan --model mymodels:Net --gpus 16 --global-batch-size 256 --seq-len 2048
+      # a torch nn.Module (class, factory or instance in mymodels.py): traced on the
+      # meta device and sharded op by op (token ids in when its first layer is an
+      # nn.Embedding; otherwise give --input-shape, e.g. 8x3x224x224)
+"""
+
+#: ``planner plan`` flags that fix or cap a field of the analytic search; the graph planner
+#: of a torch module chooses its own sharding, so they do not apply to one.
+SEARCH_ONLY_FLAGS = ("dp", "tp", "pp", "cp", "ep", "zero", "schedule", "virtual_stages",
+                     "recompute", "offload", "sequence_parallel", "preset", "frameworks")
+
+
+def add_parser(sub: Subparsers) -> None:
+    """Add ``planner plan`` to ``sub``."""
+    pl = add_command(
+        sub, "plan",
+        help="search every parallel configuration; the fastest that fits, and why",
+        description="Search the whole space (dp, tp, pp, cp, ep, ZeRO stage and sharding "
+        "group, sequence parallel, micro-batch, pipeline schedule and virtual stages, "
+        "recompute, offload) for the fastest configuration that fits in memory; print it with "
+        "its estimate, the runners-up and why the others lost. Any degree or option given "
+        "below is fixed; --max caps one; --preset starts from a named set of constraints. "
+        "Exits with status 3, saying what would fit, when nothing does.", epilog=EPILOG)
+    add_common_args(pl)
+    add_search_args(pl)
+    add_inference_args(pl, search=True)
+    tm = pl.add_argument_group("torch module (--model module:attr naming an nn.Module)")
+    tm.add_argument("--input-shape", metavar="DIMS",
+                    help="one micro-batch's inputs, micro-batch first: dimensions joined by x, "
+                    "inputs by commas, e.g. 8x3x224x224 (default for a module whose first "
+                    "layer is an nn.Embedding: micro-batch x --seq-len token ids, trying every "
+                    "power-of-two micro-batch up to the GPU count)")
+    tm.add_argument("--input-dtype", choices=("int64", "float"),
+                    help="element type of --input-shape tensors (default: int64 token ids "
+                    "when the first layer is an nn.Embedding, else float in --precision)")
+    pl.add_argument("--why", type=non_negative_int, default=12,
+                    help="rows of the why-not table (for a torch module: of the per-op "
+                    "sharding) shown")
+    pl.add_argument("-o", "--output", help="also write the plan as JSON to this file")
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``planner plan``: the fastest configuration that fits."""
+    model, cluster, job = load_problem(args, modules=True)
+    if not isinstance(model, ModelSpec):
+        assert isinstance(job, Job)  # load_problem serves (--inference) only a ModelSpec
+        return _plan_torch_module(args, model, cluster, job)
+    result = search_problem(args, model, cluster, job)
+    if _saved_or_json(args, result):
+        return 0
+    rows = max(0, args.why)
+    if isinstance(job, InferenceJob):
+        print(result.summary(rows=rows))
+        if args.output:
+            print(f"\nplan written to {args.output}; serve it with 'planner emit "
+                  f"{args.output} --target vllm'")
+        return 0
+    print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters; "
+          f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; "
+          f"{job.global_batch_size} x {job.seq_len} tokens, {job.precision}")
+    print(result.summary(rows=rows))
+    print()
+    print(estimate_report(model, cluster, result.job, result.estimate))
+    if args.output:
+        print(f"\nplan written to {args.output}")
+    return 0
+
+
+def _saved_or_json(args: argparse.Namespace, result: Any) -> bool:
+    """Write the plan to ``-o`` if given; with ``--json`` print it as JSON and return True
+    (the command has nothing more to print)."""
+    if args.output:
+        result.to_json(args.output)
+    if args.json:
+        print(result.to_json())
+    return bool(args.json)
+
+
+def search(args: argparse.Namespace) -> Any:
+    """The plan the flags of ``planner plan`` ask for (a ``Plan``; ``planner explain``)."""
+    model, cluster, job = load_problem(args)
+    return search_problem(args, model, cluster, job)
+
+
+def search_problem(args: argparse.Namespace, model: ModelSpec, cluster: Cluster,
+                   job: Job | InferenceJob) -> Any:
+    """The plan of ``model`` under the search flags, with a progress bar on a terminal
+    after one second (none for a serving search, which is quick)."""
+    if isinstance(job, InferenceJob):
+        from planner.inference import plan_inference
+
+        if args.preset or args.frameworks:
+            raise SpecError("--preset and --frameworks describe trainers; a serving search "
+                            "(--inference) takes --tp, --pp, --replicas and --max")
+        cons = load_constraints(args)
+        if args.replicas is not None:
+            cons = cons.merge(Constraints(fixed={"replicas": args.replicas}))
+        return plan_inference(model, cluster, job, constraints=cons, top_k=args.top_k)
+    with Progress("searching") as bar:
+        return plan(model, cluster, job, constraints=load_constraints(args), top_k=args.top_k,
+                    progress=bar)
+
+
+# -- a torch module -----------------------------------------------------------------------
+
+def _plan_torch_module(args: argparse.Namespace, module: Any, cluster: Cluster,
+                       job: Job) -> int:
+    """``planner plan`` of a torch module: its ``GraphPlan``, as text or JSON."""
+    fixed = [f"--{f.replace('_', '-')}" for f in SEARCH_ONLY_FLAGS
+             if getattr(args, f, None) is not None] + (["--max"] if args.max else [])
+    if fixed:
+        raise SpecError(f"{', '.join(fixed)}: only for presets, config.json and ModelSpec "
+                        "models; a torch module is sharded op by op by the graph planner (it "
+                        "takes --micro-batch-size and --input-shape)")
+    inputs = _module_inputs(args, module, job)
+    with Progress("tracing and sharding") as bar:
+        found = plan(module, cluster, job, example_inputs=inputs, progress=bar)
+    if _saved_or_json(args, found):
+        return 0
+    print(_graph_report(module, cluster, job, found, max(0, args.why)))
+    if args.output:
+        print(f"\nplan written to {args.output}")
+    return 0
+
+
+def _input_shapes(text: str) -> list[tuple[int, ...]]:
+    """``--input-shape``: tensors separated by commas, dimensions by ``x``."""
+    shapes = []
+    for part in text.split(","):
+        try:
+            dims = tuple(int(d) for d in part.strip().lower().split("x"))
+        except ValueError:
+            raise SpecError(f"--input-shape {text!r}: write each input's dimensions joined by "
+                            "x, inputs separated by commas, e.g. 8x3x224x224 or "
+                            "4x2048,4x2048") from None
+        if not dims or any(d < 1 for d in dims) or len(dims) > 8:
+            raise SpecError(f"--input-shape {part.strip()!r}: give 1 to 8 positive "
+                            "dimensions, the micro-batch first")
+        if math.prod(dims) > 2**36:
+            raise SpecError(f"--input-shape {part.strip()!r}: {math.prod(dims):,} elements "
+                            "in one micro-batch is absurd; check the dimensions")
+        shapes.append(dims)
+    return shapes
+
+
+def _module_inputs(args: argparse.Namespace, module: Any, job: Job) -> Any:
+    """One micro-batch for ``module`` (or a function of the micro-batch size returning
+    one): ``--input-shape`` tensors, else token ids when its first layer is an embedding."""
+    try:
+        import torch
+    except ImportError:
+        raise SpecError("planning a torch module needs torch: pip install torch") from None
+    first = next((m for m in module.modules() if not list(m.children())
+                  and any(True for _ in m.parameters(recurse=False))), None)
+    tokens = isinstance(first, torch.nn.Embedding)
+    dtype = {"int64": torch.int64, "float": torch.float32}.get(
+        args.input_dtype, torch.int64 if tokens else torch.float32)
+    mbs = args.micro_batch_size
+    if args.input_shape:
+        shapes = _input_shapes(args.input_shape)
+        if mbs is not None and shapes[0][0] != mbs:
+            raise SpecError(f"--micro-batch-size {mbs} differs from the first dimension of "
+                            f"--input-shape {args.input_shape}; give one of them")
+        return tuple(torch.empty(s, dtype=dtype, device="meta") for s in shapes)
+    if not tokens:
+        raise SpecError(f"--model {args.model}: its first layer is a "
+                        f"{type(first).__name__ if first is not None else 'module without weights'}"
+                        ", not an nn.Embedding, so its input cannot be guessed; give "
+                        "--input-shape, e.g. --input-shape 8x3x224x224 (micro-batch first)")
+
+    def ids(b: int) -> Any:
+        return torch.zeros((b, job.seq_len), dtype=dtype, device="meta")
+
+    return ids(mbs) if mbs is not None else ids
+
+
+def _graph_report(model: Any, cluster: Cluster, job: Job, found: Any, rows: int) -> str:
+    """``planner plan``'s text for a torch module's ``GraphPlan``."""
+    graph = found.graph
+    unit = "tokens" if job.seq_len > 1 else "samples"
+    return "\n".join([
+        f"model    {graph.name}: {graph.num_params() / 1e9:.2f}B parameters, traced into "
+        f"{graph.graph.number_of_nodes()} ops in {len(graph.layers)} layers "
+        f"({type(model).__name__}); {cluster.num_nodes} x {cluster.gpus_per_node} "
+        f"{cluster.gpu.name}; global batch {job.global_batch_size}, {job.precision}",
+        found.summary(rows=rows),
+        f"throughput  {found.tokens_per_s:,.0f} {unit}/s "
+        f"({found.tokens_per_s / cluster.num_gpus:,.0f} per GPU)"
+        + (f", ${found.usd_per_million_tokens:.3f} per million {unit}"
+           if found.usd_per_million_tokens is not None else "")])
