@@ -311,12 +311,12 @@ class ShardingProblem:
                 grads.append(tuple(grd))
             compute, backward = self._compute(n, loops)
             sync = mem = 0.0
-            for inp, lay, grd in zip(ins, lays, grads, strict=True):
+            for inp, layout, grad_layout in zip(ins, lays, grads, strict=True):
                 if inp.source < 0 and inp.grad:
-                    sync += reshard_time(self.topo, self.mesh.shape, self.mesh.strides, grd,
-                                         lay, inp.nbytes)
+                    sync += reshard_time(self.topo, self.mesh.shape, self.mesh.strides,
+                                         grad_layout, layout, inp.nbytes)
                 if inp.param in self.charged[v]:
-                    shards = math.prod(m for m, p in zip(self.mesh.shape, lay, strict=True)
+                    shards = math.prod(m for m, p in zip(self.mesh.shape, layout, strict=True)
                                        if p >= 0)
                     mem += self.param_state * inp.numel / shards
             out_shards = math.prod(m for m, p in zip(self.mesh.shape, o, strict=True) if p >= 0)
@@ -332,9 +332,9 @@ class ShardingProblem:
         """(forward + backward, backward) seconds of ``n`` on its shard."""
         gpu = self.cluster.gpu
         split: dict[int, int] = {}
-        for m, lp in zip(self.mesh.shape, loops, strict=True):
+        for size, lp in zip(self.mesh.shape, loops, strict=True):
             if lp is not None:
-                split[id(lp)] = split.get(id(lp), 1) * m
+                split[id(lp)] = split.get(id(lp), 1) * size
         shards = math.prod(split.values())
         roles = {lp.role: lp.size / split.get(id(lp), 1) for lp in n.loops if lp.role}
         if n.family == "matmul" and {"m", "n", "k"} <= set(roles):
@@ -348,9 +348,9 @@ class ShardingProblem:
                 + (float(gemm_time(gpu, self.dtype, k, nn, m, b, e)) if b_grad else 0.0)
             return fwd + bwd, bwd
         if n.family == "attention" and n.model_flops:
-            fwd, bwd = flash_attention_time(gpu, self.dtype, n.model_flops / shards)
-            bwd_s = float(bwd) if n.grad else 0.0
-            return float(fwd) + bwd_s, bwd_s
+            attn_fwd, attn_bwd = flash_attention_time(gpu, self.dtype, n.model_flops / shards)
+            bwd_s = float(attn_bwd) if n.grad else 0.0
+            return float(attn_fwd) + bwd_s, bwd_s
         moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
         if n.model_flops:  # convolution and other FLOP-heavy ops: roofline
             eff = gpu.efficiency
@@ -523,6 +523,12 @@ def _collective_names(src: Layout, need: Layout, grad: Layout | None) -> str:
     return " ".join(fwd + [f"bwd:{x}" for x in bwd])
 
 
+def _chosen(options: list[Any]) -> int:
+    """The index of the strategy a solved MIP picked among a node's ``options`` (its
+    variables): the largest solution value, the first among equals."""
+    return max(range(len(options)), key=lambda k: options[k].solution_value())
+
+
 def solve(problem: ShardingProblem, *, time_limit_s: float = 30.0) -> Solution:
     """The ILP of the module docstring on ``problem`` (OR-Tools' MIP interface with SCIP:
     only ``x`` is integral; ``w`` and ``y`` take 0/1 values at the optimum). Raises
@@ -584,8 +590,7 @@ def solve(problem: ShardingProblem, *, time_limit_s: float = 30.0) -> Solution:
         raise SpecError(f"{p.graph.name} on a {p.mesh.shape[0]}x{p.mesh.shape[1]} mesh: no "
                         f"sharding fits {p.budget / 2**30:.1f} GiB; use more GPUs or a "
                         f"smaller batch")
-    choice = p.complete({v: max(range(len(x[v])), key=lambda k, v=v: x[v][k].solution_value())
-                         for v in p.free_nodes()})
+    choice = p.complete({v: _chosen(x[v]) for v in p.free_nodes()})
     obj, mem = p.evaluate(choice)
     return Solution(p, choice, obj, mem, time.perf_counter() - t0,
                     status == pywraplp.Solver.OPTIMAL)

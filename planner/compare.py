@@ -136,7 +136,7 @@ class Candidate:
                 "framework": self.job.framework,
                 "cluster": {"gpu": c.gpu.name, "num_nodes": c.num_nodes,
                             "gpus_per_node": c.gpus_per_node,
-                            "inter_node_link": c.inter_node_link.name,
+                            "inter_node_link": c.inter_link.name,
                             "nics_per_node": c.nics_per_node},
                 "config": self.config.to_dict() if self.config else None,
                 "estimate": self.estimate.to_dict() if self.estimate else None}
@@ -180,7 +180,7 @@ class Comparison:
             e, cl = c.estimate, c.cluster
             row = {"candidate": c.label,
                    "GPUs": f"{cl.num_gpus} {cl.gpu.name}",
-                   "inter-node": f"{cl.nics_per_node}x {cl.inter_node_link.name}"}
+                   "inter-node": f"{cl.nics_per_node}x {cl.inter_link.name}"}
             if e is None:
                 row.update({"step": "-", "tokens/s": "-", "tok/s/GPU": "-", "MFU": "-",
                             "memory": "-", "vs first": "-", "config": c.error or ""})
@@ -239,7 +239,7 @@ class Comparison:
 
 
 def _cluster_label(c: Cluster) -> str:
-    return f"{c.num_gpus}x{c.gpu.name}/{c.nics_per_node}x{c.inter_node_link.name}"
+    return f"{c.num_gpus}x{c.gpu.name}/{c.nics_per_node}x{c.inter_link.name}"
 
 
 def compare(model: ModelSpec, clusters: Cluster | Sequence[Cluster], job: Job,
@@ -261,9 +261,9 @@ def compare(model: ModelSpec, clusters: Cluster | Sequence[Cluster], job: Job,
     for c in cl:
         if not isinstance(c, Cluster):
             raise SpecError(f"clusters must be Cluster objects, got {type(c).__name__}")
-    for c in configs:
-        if isinstance(c, str):
-            _fields(c)  # a typo is the user's to fix now, not a column of the table
+    for k in configs:
+        if isinstance(k, str):
+            _fields(k)  # a typo is the user's to fix now, not a column of the table
     pairs = [(c, k) for c in cl for k in configs]
     many_clusters = len({_cluster_label(c) for c in cl}) > 1
     out = []

@@ -15,7 +15,7 @@ import html
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from planner.space import (
     row_config,
     spaces,
 )
+
+if TYPE_CHECKING:
+    from planner.inference import InferenceExplanation
 
 __all__ = ["CHOICES", "Choice", "Explanation", "Option", "explain"]
 
@@ -109,25 +112,26 @@ class Explanation:
 
     def step_shares(self) -> list[tuple[str, float]]:
         """(term, seconds) of the step, largest first, zero terms left out."""
-        bd = self.plan.estimate.time_breakdown_s
+        bd = self.plan.training()[2].time_breakdown_s
         return sorted(((t, bd[t]) for t in TIME_TERMS if bd.get(t, 0.0) > 0),
                       key=lambda x: -x[1])
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form: the plan's ``config`` and ``estimate``, and ``choices``."""
-        return {"config": self.plan.config.to_dict(),
-                "estimate": self.plan.estimate.to_dict(),
-                "framework": self.plan.job.framework,
+        job, cfg, est = self.plan.training()
+        return {"config": cfg.to_dict(),
+                "estimate": est.to_dict(),
+                "framework": job.framework,
                 "choices": [c.to_dict() for c in self.choices],
                 "notes": list(self.notes),
                 "search_seconds": self.search_seconds}
 
     def summary(self) -> str:
         """A human-readable report."""
-        p, e = self.plan, self.plan.estimate
+        job, cfg, e = self.plan.training()
         step = e.step_time_s or 0.0
         lines = [
-            f"plan     {describe(p.config)}  ({p.job.framework})",
+            f"plan     {describe(cfg)}  ({job.framework})",
             f"         step {e.step_time_text}, {e.tokens_per_s:,.0f} tokens/s, MFU "
             f"{100 * (e.mfu or 0):.1f}%",
             "step     " + ", ".join(f"{TERM_LABELS[t]} {100 * v / step:.0f}%"
@@ -147,7 +151,7 @@ class Explanation:
             for o in c.options:
                 head = f"{_label(c.field, o.value)}"
                 where = f"   [{describe(o.config)}" + \
-                    (f", {o.framework}]" if o.framework != p.job.framework else "]") \
+                    (f", {o.framework}]" if o.framework != job.framework else "]") \
                     if o.config else ""
                 why = o.reason if o.verdict == "slower" else f"{o.verdict}: {o.reason}"
                 lines.append(f"    {head:<22s} {why}{where}")
@@ -183,7 +187,8 @@ def _label(field: str, value: Any) -> str:
 def _values(plan: Plan) -> dict[str, list[Any]]:
     """The values each explained field takes anywhere in the plan's searched space."""
     found: dict[str, set[Any]] = {f: set() for f in CHOICES}
-    for _, space in spaces(plan.model, plan.cluster, plan.job, plan.constraints):
+    job = plan.training()[0]
+    for _, space in spaces(plan.model, plan.cluster, job, plan.constraints):
         for f, col in CHOICES.items():
             if col in CORE:
                 codes = space.cores[:, CORE.index(col)]
@@ -199,7 +204,8 @@ def _values(plan: Plan) -> dict[str, list[Any]]:
 
 
 def explain(plan: Plan, *, fields: Sequence[str] | None = None,
-            progress: Callable[[float], None] | None = None) -> Explanation:
+            progress: Callable[[float], None] | None = None
+            ) -> Explanation | InferenceExplanation:
     """Why ``plan`` won, choice by choice: for each field in ``fields`` (default: every
     field of ``CHOICES`` that varies in the searched space, the pipeline schedule and virtual
     stages only when the plan pipelines, plus ``framework`` when several trainers were
@@ -209,18 +215,19 @@ def explain(plan: Plan, *, fields: Sequence[str] | None = None,
     if plan.is_inference:
         from planner.inference import explain_inference
 
-        return explain_inference(plan, fields=fields)  # type: ignore[return-value]
+        return explain_inference(plan, fields=fields)
     t0 = time.perf_counter()
-    cfg, cons = plan.config, plan.constraints
+    job, cfg, _ = plan.training()
+    cons = plan.constraints
     values = _values(plan)
     names = list(fields) if fields is not None else [
         f for f in CHOICES
         if (len(values[f]) > 1 or f in cons.fixed)
-        and (plan.config.pp > 1 or f not in ("pipeline_schedule", "virtual_pipeline_stages"))]
+        and (cfg.pp > 1 or f not in ("pipeline_schedule", "virtual_pipeline_stages"))]
     for f in names:
         if f not in CHOICES:
             raise SpecError(f"cannot explain field {f!r}; choose from {', '.join(CHOICES)}")
-    frameworks = cons.frameworks or (plan.job.framework,)
+    frameworks = cons.frameworks or (job.framework,)
     work: list[tuple[str, Any, Constraints]] = []
     for f in names:
         if f in cons.fixed:
@@ -230,7 +237,7 @@ def explain(plan: Plan, *, fields: Sequence[str] | None = None,
                 work.append((f, v, cons.merge(Constraints(fixed={f: v}))))
     if len(frameworks) > 1:
         for fw in frameworks:
-            if fw != plan.job.framework:
+            if fw != job.framework:
                 work.append(("framework", fw, replace(cons, frameworks=(fw,))))
     outcomes: dict[str, list[Option]] = {}
     for i, (f, v, c) in enumerate(work):
@@ -239,7 +246,7 @@ def explain(plan: Plan, *, fields: Sequence[str] | None = None,
             progress((i + 1) / len(work))
     choices = []
     for f in [*names, *(["framework"] if len(frameworks) > 1 else [])]:
-        chosen = plan.job.framework if f == "framework" else getattr(cfg, f)
+        chosen = job.framework if f == "framework" else getattr(cfg, f)
         opts = sorted(outcomes.get(f, []), key=lambda o: (
             {"slower": 0, "does not fit": 1, "invalid": 2}[o.verdict],
             o.step_time_s if o.step_time_s is not None else (o.peak_memory_bytes or 0.0)))
@@ -254,8 +261,11 @@ def notes(plan: Plan) -> tuple[str, ...]:
     of the change: a vocabulary whose LM-head shard is off cuBLAS's 16-byte grid runs its
     matmuls on unaligned kernels (``costmodel.compute.gemm_time``); padded to a multiple of
     64 per tensor-parallel rank it would not."""
-    m, job, cfg = plan.model, plan.job, plan.config
-    if m.patch_size or plan.estimate.step_time_s is None:
+    m = plan.model
+    if m.patch_size:
+        return ()
+    job, cfg, est = plan.training()
+    if est.step_time_s is None:
         return ()
     e = 4 if job.precision == "fp32" else 2
     local = padded_vocab(framework(job.framework), m.vocab_size, np.array(cfg.tp)) / cfg.tp
@@ -266,13 +276,13 @@ def notes(plan: Plan) -> tuple[str, ...]:
     fast = estimate(ModelSpec(**{**m.to_dict(), "vocab_size": padded}), plan.cluster, job, cfg)
     return (f"vocabulary {m.vocab_size} puts the LM head's matmuls off cuBLAS's 16-byte grid "
             f"(unaligned kernels); padded to {padded} the step would take "
-            f"{fast.step_time_s:.3f} s instead of {plan.estimate.step_time_s:.3f} s",)
+            f"{fast.step_time_s:.3f} s instead of {est.step_time_s:.3f} s",)
 
 
 def _outcome(plan: Plan, value: Any, cons: Constraints) -> Option:
     """The fastest configuration under ``cons`` (one value fixed), against the plan."""
-    e = plan.estimate
-    res = search(plan.model, plan.cluster, plan.job, cons, top_k=1)
+    job, _, e = plan.training()
+    res = search(plan.model, plan.cluster, job, cons, top_k=1)
     if res.top:
         f = res.top[0]
         reason = slower_reason(e.step_time_s or 0.0, e.time_breakdown_s, e.peak_memory_bytes,
@@ -284,12 +294,12 @@ def _outcome(plan: Plan, value: Any, cons: Constraints) -> Option:
     if low is None:
         return Option(value=value, verdict="invalid",
                       reason="no valid configuration has it under these constraints")
-    cap = plan_capacity(plan.cluster, plan.job)
+    cap = plan_capacity(plan.cluster, job)
     if low.peak_memory > cap:
         why = (f"needs at least {low.peak_memory / GIB:.1f} GiB per GPU, "
                f"{(low.peak_memory - cap) / GIB:.1f} GiB over the {cap / GIB:.1f} GiB"
                + (" a plan may fill (the job's memory reserve kept free)"
-                  if plan.job.memory_reserve else ""))
+                  if job.memory_reserve else ""))
     else:
         why = "what it offloads exceeds the GPU's share of host memory"
     return Option(value=value, verdict="does not fit", reason=why, framework=low.framework,

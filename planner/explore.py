@@ -146,8 +146,8 @@ def _with_bandwidth(cluster: Cluster, value: Any) -> Cluster:
     gbps = float(value)
     if not gbps > 0:
         raise SpecError(f"sweep over inter_node_gbps: {value!r} is not a positive bandwidth")
-    link = replace(cluster.inter_node_link, bandwidth_bytes_per_s=gbps * 1e9,
-                   name=f"{cluster.inter_node_link.name}@{gbps:g}GB/s")
+    old = cluster.inter_link
+    link = replace(old, bandwidth_bytes_per_s=gbps * 1e9, name=f"{old.name}@{gbps:g}GB/s")
     return replace(cluster, inter_node_link=link)
 
 

@@ -19,7 +19,7 @@ degrees.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -92,11 +92,11 @@ def _check_constraints(cons: Constraints) -> None:
                         "(emit for a serving engine with 'planner emit --target vllm')")
 
 
-def _meshes(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Constraints,
-            rej: Rejections) -> list[tuple[int, int, int, str]]:
-    """Valid (tp, pp, replicas, precision) tuples; what each rule rejected goes to ``rej``."""
-    reject = rej.add
-    g, n = cluster.gpus_per_node, cluster.num_gpus
+def _tensor_parallel_degrees(model: ModelSpec, cluster: Cluster, cons: Constraints,
+                             reject: Callable[[str, str], None]) -> list[int]:
+    """The valid tensor-parallel degrees: dividing the GPUs of a node, the attention heads
+    (and the KV heads, or a multiple of them), and every MLP width; allowed by ``cons``."""
+    g = cluster.gpus_per_node
     kv = int(model.num_kv_heads or model.num_heads)
     ffns = [int(model.ffn_hidden_size or 0)] + ([int(model.moe_ffn_hidden_size or 0)]
                                                  if model.is_moe else [])
@@ -112,6 +112,12 @@ def _meshes(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Constra
             reject("constraint", f"tp={tp}")
         else:
             tps.append(tp)
+    return tps
+
+
+def _weight_precisions(cluster: Cluster, job: InferenceJob, cons: Constraints,
+                       reject: Callable[[str, str], None]) -> list[str]:
+    """The job's weight precisions whose math the GPU has, allowed by ``cons``."""
     precisions = []
     for p in job.weight_precisions:
         dtype = compute_dtype(cluster.gpu, job, p)
@@ -121,24 +127,52 @@ def _meshes(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Constra
             reject("constraint", f"weight_precision={p}")
         else:
             precisions.append(p)
+    return precisions
+
+
+def _pipeline_degrees(model: ModelSpec, cluster: Cluster, tp: int, cons: Constraints,
+                      reject: Callable[[str, str], None]) -> Iterator[int]:
+    """The valid pipeline degrees beside tensor parallel ``tp``: at most the layers and the
+    GPUs left, allowed by ``cons``. Lazily, so that the rejections of each degree are
+    recorded in the order the search meets them (``Rejections`` keeps the first example)."""
+    for pp in range(1, cluster.num_gpus // tp + 1):
+        if pp > model.num_layers:
+            reject("pp_layers", f"pp={pp}")
+        elif not cons.allows("pp", pp):
+            reject("constraint", f"pp={pp}")
+        else:
+            yield pp
+
+
+def _replica_counts(cluster: Cluster, tp: int, pp: int, cons: Constraints,
+                    reject: Callable[[str, str], None]) -> list[int]:
+    """The valid replica counts of a ``tp`` x ``pp`` mesh: the fixed count of ``cons``, or
+    as many as the GPUs hold; their GPUs fit the cluster and ``cons`` allows them."""
+    n = cluster.num_gpus
+    fixed = cons.fixed.get("replicas")
+    reps = [fixed] if fixed is not None else [n // (tp * pp)]
+    out = []
+    for r in reps:
+        if r * tp * pp > n:
+            reject("replicas", f"replicas={r} with tp={tp} pp={pp}")
+        elif not cons.allows("replicas", r):
+            reject("constraint", f"replicas={r}")
+        else:
+            out.append(r)
+    return out
+
+
+def _meshes(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Constraints,
+            rej: Rejections) -> list[tuple[int, int, int, str]]:
+    """Valid (tp, pp, replicas, precision) tuples; what each rule rejected goes to ``rej``."""
+    reject = rej.add
+    tps = _tensor_parallel_degrees(model, cluster, cons, reject)
+    precisions = _weight_precisions(cluster, job, cons, reject)
     out = []
     for tp in tps:
-        for pp in range(1, n // tp + 1):
-            if pp > model.num_layers:
-                reject("pp_layers", f"pp={pp}")
-                continue
-            if not cons.allows("pp", pp):
-                reject("constraint", f"pp={pp}")
-                continue
-            fixed = cons.fixed.get("replicas")
-            reps = [fixed] if fixed is not None else [n // (tp * pp)]
-            for r in reps:
-                if r * tp * pp > n:
-                    reject("replicas", f"replicas={r} with tp={tp} pp={pp}")
-                elif not cons.allows("replicas", r):
-                    reject("constraint", f"replicas={r}")
-                else:
-                    out += [(tp, pp, r, p) for p in precisions]
+        for pp in _pipeline_degrees(model, cluster, tp, cons, reject):
+            for r in _replica_counts(cluster, tp, pp, cons, reject):
+                out += [(tp, pp, r, p) for p in precisions]
     return out
 
 
@@ -456,22 +490,24 @@ def _option(plan: Plan, f: str, v: Any, cons: Constraints, option: type
             ) -> tuple[Any, float]:
     """The outcome of fixing ``f = v``, and a number to sort outcomes of one verdict by
     (the objective, best first; or the least memory)."""
-    job = plan.job
+    job, est = plan.job, plan.estimate
+    # explain_inference explains serving plans only
+    assert isinstance(job, InferenceJob) and isinstance(est, InferenceEstimate)
     fixed = cons.merge(Constraints(fixed={f: v}))
     if f == "weight_precision":
         job = replace(job, weight_precision=(v,))
     res = search_inference(plan.model, plan.cluster, job, fixed)
     t = res.table
     sign = 1.0 if job.objective == "latency" else -1.0
+    if t is None:  # nothing valid was evaluated (so nothing is ranked either)
+        return option(value=v, verdict="invalid",
+                      reason="no valid configuration has it under these constraints"), 0.0
     if len(res.order):
         i = int(res.order[0])
-        return option(value=v, verdict="slower", reason=_why_worse(job, plan.estimate, t, i),
+        return option(value=v, verdict="slower", reason=_why_worse(job, est, t, i),
                       framework="inference", config=res.configs[i],
                       step_time_s=float(t.latency[i]), peak_memory_bytes=float(t.peak[i])
                       ), sign * _metric(job, t, i)
-    if t is None:
-        return option(value=v, verdict="invalid",
-                      reason="no valid configuration has it under these constraints"), 0.0
     if t.fits.any():
         fit = np.flatnonzero(t.fits)
         i = int(fit[np.argmin(t.latency[fit])])

@@ -168,13 +168,14 @@ def partition(costs: StageCosts, num_layers: int, capacity: float, per_stage: bo
                 choice[s, end] = (n[k], r[k])
     if not np.isfinite(best[p - 1, L]):
         return None
-    layers, recs = [], []
+    layers: list[int] = []
+    recs: list[int] = []
     end = L
     for s in range(p - 1, -1, -1):
-        n, r = (int(x) for x in choice[s, end])
-        layers.append(n)
-        recs.append(r)
-        end -= n
+        count, rec = (int(x) for x in choice[s, end])
+        layers.append(count)
+        recs.append(rec)
+        end -= count
     return _result(costs, layers[::-1], recs[::-1], per_stage)
 
 
@@ -185,6 +186,8 @@ def partition_ilp(costs: StageCosts, num_layers: int, capacity: float, per_stage
 
     p = costs.time.shape[0]
     L = num_layers
+    # The CamelCase API runs on every supported ortools (>= 9.8, which has no snake_case
+    # names), but the stubs of newer releases omit it: hence the attr-defined ignores.
     m = cp_model.CpModel()
     y: dict[tuple[int, int, int, int], cp_model.IntVar] = {}
     for s in range(p):
@@ -193,22 +196,24 @@ def partition_ilp(costs: StageCosts, num_layers: int, capacity: float, per_stage
                 for r in range(n + 1) if per_stage else (0,):
                     t, mem = costs.at(s, i, n, r)
                     if np.isfinite(t) and mem <= capacity:
-                        y[s, i, n, r] = m.NewBoolVar(f"y_{s}_{i}_{n}_{r}")
+                        y[s, i, n, r] = m.NewBoolVar(  # type: ignore[attr-defined]
+                            f"y_{s}_{i}_{n}_{r}")
     ns = {k: round(costs.at(*k)[0] * 1e9) for k in y}
     horizon = max(ns.values(), default=0)
-    T = m.NewIntVar(0, horizon, "T")
+    T = m.NewIntVar(0, horizon, "T")  # type: ignore[attr-defined]
     for s in range(p):
         mine = [k for k in y if k[0] == s]
         if not mine:
             return None
-        m.AddExactlyOne(y[k] for k in mine)  # (a)
-        m.Add(sum(ns[k] * y[k] for k in mine) <= T)  # (e)
+        m.AddExactlyOne(y[k] for k in mine)  # type: ignore[attr-defined]  # (a)
+        m.Add(sum(ns[k] * y[k] for k in mine) <= T)  # type: ignore[attr-defined]  # (e)
         end = sum((k[1] + k[2]) * y[k] for k in mine)
         if s + 1 < p:
-            m.Add(end == sum(k[1] * y[k] for k in y if k[0] == s + 1))  # (c)
+            m.Add(  # type: ignore[attr-defined]
+                end == sum(k[1] * y[k] for k in y if k[0] == s + 1))  # (c)
         else:
-            m.Add(end == L)  # (d)
-    m.Minimize(T)
+            m.Add(end == L)  # type: ignore[attr-defined]  # (d)
+    m.Minimize(T)  # type: ignore[attr-defined]
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1

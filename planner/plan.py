@@ -175,9 +175,9 @@ def _alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]
     rows.sort(key=lambda r: (r[0], r[1], r[2].reason))
     out += [r[2] for r in rows]
     for fw, rejected in res.rejected.items():
-        for rule, (n, example) in sorted(rejected.items()):
+        for rule, (count, example) in sorted(rejected.items()):
             out.append(Alternative(framework=fw, config=None, verdict="invalid",
-                                   reason=f"{n} value(s) such as {example}: {RULES[rule]}"))
+                                   reason=f"{count} value(s) such as {example}: {RULES[rule]}"))
     return tuple(out)
 
 
@@ -208,6 +208,14 @@ class Plan:
         """Whether this plan serves the model (an ``InferenceJob``) rather than trains it."""
         return isinstance(self.job, InferenceJob)
 
+    def training(self) -> tuple[Job, ParallelConfig, Estimate]:
+        """The job, configuration and estimate of a training plan. Raises ``SpecError`` for a
+        serving plan (an ``InferenceJob``), which has none of them."""
+        job, cfg, est = self.job, self.config, self.estimate
+        if isinstance(job, Job) and isinstance(cfg, ParallelConfig) and isinstance(est, Estimate):
+            return job, cfg, est
+        raise SpecError("this is a serving plan (an InferenceJob), not a training plan")
+
     @property
     def runners_up(self) -> tuple[Alternative, ...]:
         """The next fastest configurations that fit."""
@@ -220,11 +228,13 @@ class Plan:
         """How many runners-up are slower than the plan by less than its step-time band
         (``Estimate.step_time_band``): configurations the estimate cannot tell apart."""
         e = self.estimate
-        band = getattr(e, "step_time_band", None)
-        if not band or e.step_time_s is None:
+        if not isinstance(e, Estimate):  # a serving estimate has no band
+            return 0
+        band, step = e.step_time_band, e.step_time_s
+        if not band or step is None:
             return 0
         return sum(1 for a in self.runners_up if a.step_time_s is not None
-                   and a.step_time_s <= e.step_time_s * (1 + band))
+                   and a.step_time_s <= step * (1 + band))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form; ``config`` and ``estimate`` are top-level keys."""
@@ -301,8 +311,12 @@ class Plan:
             raise SpecError(f"{where} is missing or mangles a field ({type(e).__name__}: {e}); "
                             "re-create it with 'planner plan -o'") from e
         try:
-            est = (estimate_inference(model, cluster, job, cfg)  # type: ignore[arg-type]
-                   if serving else estimate(model, cluster, job, cfg))  # type: ignore[arg-type]
+            est: Estimate | InferenceEstimate
+            if isinstance(job, InferenceJob) and isinstance(cfg, InferenceConfig):
+                est = estimate_inference(model, cluster, job, cfg)
+            else:
+                assert isinstance(job, Job) and isinstance(cfg, ParallelConfig)  # not serving
+                est = estimate(model, cluster, job, cfg)
         except SpecError as e:
             raise PlanInvalid(f"the plan's configuration cannot run on its cluster and job: "
                               f"{e}") from e
@@ -359,25 +373,25 @@ class Plan:
     def warnings(self) -> tuple[str, ...]:
         """What a user should know before running the plan: a peak above ``NEAR_CAPACITY``
         of the GPU's memory, or GPUs idle for most of the step (``idle_warning``)."""
-        e = self.estimate
-        if not isinstance(e, Estimate) or not isinstance(self.job, Job):
+        job, cfg, e = self.job, self.config, self.estimate
+        if not (isinstance(e, Estimate) and isinstance(job, Job)
+                and isinstance(cfg, ParallelConfig)):
             return ()
         out = []
         if e.near_capacity:
             out.append(f"the peak is above {100 * NEAR_CAPACITY:.0f}% of the GPU's memory: "
                        "allocator fragmentation and buffers the estimate does not count may "
                        "run it out of memory")
-        idle = idle_warning(self.model, self.cluster, self.job, self.config, e)
+        idle = idle_warning(self.model, self.cluster, job, cfg, e)
         if idle:
             out.append(idle)
         return tuple(out)
 
     def _training_lines(self) -> list[str]:
-        e = self.estimate
-        assert isinstance(e, Estimate)
+        job, cfg, e = self.training()
         c = self.counts
         lines = [
-            f"plan     {describe(self.config)}  ({self.job.framework})",
+            f"plan     {describe(cfg)}  ({job.framework})",
             f"         step {e.step_time_text}, {e.tokens_per_s:,.0f} tokens/s, MFU "
             f"{100 * (e.mfu or 0):.1f}%, peak memory {e.peak_memory_bytes / GIB:.1f} of "
             f"{e.memory_capacity_bytes / GIB:.1f} GiB per GPU (headroom "
@@ -393,9 +407,9 @@ class Plan:
                          f"within the step time's ± {100 * (e.step_time_band or 0):.0f} % "
                          "band: the estimate cannot order them; time the closest on your "
                          "cluster before committing")
-        if self.config.stage_layers:
-            rec = self.config.stage_recompute_layers
-            lines.append(f"stages   layers per pipeline stage {list(self.config.stage_layers)}"
+        if cfg.stage_layers:
+            rec = cfg.stage_recompute_layers
+            lines.append(f"stages   layers per pipeline stage {list(cfg.stage_layers)}"
                          + (f", fully recomputed {list(rec)}" if rec else ""))
         return lines
 
@@ -479,28 +493,28 @@ def load_plan(source: str | Path, *, force: bool = False) -> tuple[Plan, list[st
     except PlanInvalid as e:
         raise Infeasible(f"{_name(source)}: {e}") from e
     warnings = []
-    e = p.estimate
-    if isinstance(e, Estimate):
-        if not e.fits:
-            msg = (f"{_name(source)} does not fit: {e.peak_memory_bytes / GIB:.1f} GiB per GPU "
-                   f"on stage {e.peak_stage} of {e.memory_capacity_bytes / GIB:.1f} GiB"
-                   + (f", {e.cpu_memory_bytes / GIB:.1f} GiB offloaded per GPU of "
-                      f"{e.host_memory_capacity_bytes / GIB:.1f} GiB of host memory"
-                      if e.cpu_memory_bytes > e.host_memory_capacity_bytes else ""))
+    est = p.estimate
+    if isinstance(est, Estimate):
+        if not est.fits:
+            msg = (f"{_name(source)} does not fit: {est.peak_memory_bytes / GIB:.1f} GiB per "
+                   f"GPU on stage {est.peak_stage} of {est.memory_capacity_bytes / GIB:.1f} GiB"
+                   + (f", {est.cpu_memory_bytes / GIB:.1f} GiB offloaded per GPU of "
+                      f"{est.host_memory_capacity_bytes / GIB:.1f} GiB of host memory"
+                      if est.cpu_memory_bytes > est.host_memory_capacity_bytes else ""))
             if not force:
                 raise Infeasible(f"{msg}; re-plan it ('planner plan'), or pass --force to use "
                                  "it anyway")
             warnings.append(f"{msg}; used anyway (--force)")
-        elif e.near_capacity:
-            share = e.peak_memory_bytes / e.memory_capacity_bytes
+        elif est.near_capacity:
+            share = est.peak_memory_bytes / est.memory_capacity_bytes
             warnings.append(f"{_name(source)} fills {100 * share:.0f}% of the GPU's memory: "
                             "allocator fragmentation and buffers the estimate does not count "
                             "may run it out of memory")
         recorded = _recorded_step(source)
-        if recorded is not None and e.step_time_s and \
-                abs(recorded / e.step_time_s - 1) > 1e-3:
+        if recorded is not None and est.step_time_s and \
+                abs(recorded / est.step_time_s - 1) > 1e-3:
             warnings.append(f"{_name(source)} records a step of {recorded:.3f} s; this "
-                            f"installation estimates {e.step_time_s:.3f} s for its "
+                            f"installation estimates {est.step_time_s:.3f} s for its "
                             "configuration (the file was edited, or made by another version)")
     return p, warnings
 
@@ -686,7 +700,9 @@ def _refine(model: ModelSpec, cluster: Cluster, res: SearchResult, cfg: Parallel
     """Give the pipelined configurations among the top ones a non-uniform stage partition
     (``planner.partition``; per-stage recompute counts when they recompute fully) and keep
     the fastest result; the uniform split it replaced becomes a runner-up."""
-    best = (est.step_time_s, cfg, est, job)
+    uniform_s = est.step_time_s
+    assert uniform_s is not None  # estimate() always times the step
+    best = (uniform_s, cfg, est, job)
     for f in res.top:
         c = row_config(np.array(f.row))
         if c.pp < 2 or c.virtual_pipeline_stages > 1:
@@ -699,13 +715,15 @@ def _refine(model: ModelSpec, cluster: Cluster, res: SearchResult, cfg: Parallel
             continue
         c2 = part.apply(c)
         e2 = estimate(model, cluster, j, c2)
-        if e2.fits and e2.within_reserve and e2.step_time_s < best[0]:  # type: ignore[operator]
-            best = (e2.step_time_s, c2, e2, j)
+        step2 = e2.step_time_s
+        assert step2 is not None  # estimate() always times the step
+        if e2.fits and e2.within_reserve and step2 < best[0]:
+            best = (step2, c2, e2, j)
     if best[1] is cfg:
         return cfg, est, job, alternatives
     uniform = Alternative(
         framework=job.framework, config=cfg, verdict="slower",
         reason=f"the uniform stage split: slower by "
-        f"{100 * (est.step_time_s / best[0] - 1):.1f}% than the partition the stage DP "
-        f"found", step_time_s=est.step_time_s, peak_memory_bytes=est.peak_memory_bytes)
+        f"{100 * (uniform_s / best[0] - 1):.1f}% than the partition the stage DP "
+        f"found", step_time_s=uniform_s, peak_memory_bytes=est.peak_memory_bytes)
     return best[1], best[2], best[3], (uniform, *alternatives)

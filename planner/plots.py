@@ -40,8 +40,19 @@ def _axes(ax: Any, size: tuple[float, float] = (7.0, 4.0)) -> Any:
     return ax
 
 
+#: Why a serving plan is not drawn.
+_SERVING = ("planner plot draws training plans; a serving plan's numbers are in "
+            "'planner explain PLAN'")
+
+
 def _estimate(obj: Estimate | Plan) -> Estimate:
-    return obj.estimate if isinstance(obj, Plan) else obj
+    """The estimate of a training plan, or ``obj`` itself when it is one; ``SpecError`` for a
+    serving plan."""
+    if not isinstance(obj, Plan):
+        return obj
+    if not isinstance(obj.estimate, Estimate):
+        raise SpecError(_SERVING)
+    return obj.estimate
 
 
 def plot_memory(est: Estimate | Plan, ax: Any = None) -> Any:
@@ -74,7 +85,7 @@ def plot_step_time(est: Estimate | Plan, ax: Any = None) -> Any:
     bd = e.time_breakdown_s
     kinds = {f"{k}_comm" for k in COMM_KINDS}
     rows = [t for t in TIME_TERMS if bd.get(t, 0.0) > 0 or bd.get(f"{t}_total", 0.0) > 0]
-    hidden_label = "communication hidden behind compute"
+    hidden_label: str | None = "communication hidden behind compute"
     for i, t in enumerate(rows):
         shown = bd.get(t, 0.0)
         ax.barh(i, shown, color="tab:red" if t in kinds else "tab:blue")
@@ -170,10 +181,10 @@ def plot_plan(plan: Plan, path: str | None = None, max_micro_batches: int | None
     from planner.timeline import timeline
 
     if not isinstance(plan.estimate, Estimate) or not isinstance(plan.config, ParallelConfig):
-        raise SpecError("planner plot draws training plans; a serving plan's numbers are in "
-                        "'planner explain PLAN'")
-    tl = timeline(plan.model, plan.cluster, plan.job, plan.config)  # type: ignore[arg-type]
-    cap = max_micro_batches or 4 * max(1, plan.config.pp)
+        raise SpecError(_SERVING)
+    job, cfg, _ = plan.training()
+    tl = timeline(plan.model, plan.cluster, job, cfg)
+    cap = max_micro_batches or 4 * max(1, cfg.pp)
     fig, axes = plt.subplots(3, 1, figsize=(10.0, 11.0 + 0.3 * tl.num_stages),
                              gridspec_kw={"height_ratios": [3, 3, 1 + 0.3 * tl.num_stages]})
     plot_memory(plan, ax=axes[0])
@@ -201,7 +212,8 @@ def plot_sweep(points: Sequence[SweepPoint], ax: Any = None, label: str = "",
     for i, p in enumerate(points):
         if p.plan is None:
             continue
-        e = p.plan.estimate
+        e = _estimate(p.plan)
+        assert e.tokens_per_s is not None  # estimate() always times the step
         ys.append(e.tokens_per_s / (p.cluster.num_gpus if per_gpu else 1))
         ok.append(i)
         c = e.config

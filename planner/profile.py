@@ -209,7 +209,7 @@ def _rates(device: str, gpu: str | None) -> _Rates:
     n = 256
     for dtype, td in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         a = torch.randn(n, n, device=dev, dtype=td)
-        flops[dtype] = 2 * n ** 3 / _timer(lambda a=a: a @ a, sync, _PROBE)
+        flops[dtype] = 2 * n ** 3 / _timer(functools.partial(torch.matmul, a, a), sync, _PROBE)
     flops["fp16"] = flops["tf32"] = flops["fp8"] = flops["fp32"]
     x = torch.empty(2 ** 22, dtype=torch.uint8, device=dev)
     y = torch.empty_like(x)
@@ -257,10 +257,15 @@ def _point_time(kernel_s: float, sweep: Sweep) -> float:
     return (sweep.warmup + 1) * kernel_s + max(sweep.min_time, kernel_s) + 1e-3
 
 
-def _plan(device: str, sweep: Sweep, rates: _Rates, dtypes: tuple[str, ...],
-          processes: int) -> list[tuple[str, Any, float]]:
-    """The points to measure, each as (kind, parameters, predicted seconds)."""
-    items: list[tuple[str, Any, float]] = []
+#: One point to measure: (kind, parameters, predicted seconds); kinds and parameters:
+#: ``gemm`` (dtype, m, n, k), ``attention`` (dtype, batch, heads, seq_len, head_dim), ``copy``
+#: bytes, ``transfer`` (direction, bytes), ``collective`` (op, bytes).
+_Item = tuple[str, Any, float]
+
+
+def _gemm_items(sweep: Sweep, rates: _Rates, dtypes: tuple[str, ...]) -> list[_Item]:
+    """Every M x N x K matmul of the sweep's dims, per dtype."""
+    items: list[_Item] = []
     for dtype in dtypes:
         for m in sweep.dims:
             for n in sweep.dims:
@@ -268,33 +273,67 @@ def _plan(device: str, sweep: Sweep, rates: _Rates, dtypes: tuple[str, ...],
                     t = 2.0 * m * n * k / rates.flops[dtype] + 2.0 * (m * k + k * n + m * n) \
                         / rates.copy + 1e-5
                     items.append(("gemm", (dtype, m, n, k), _point_time(t, sweep)))
-    # A few matmuls one element off the 16-byte grid (an odd vocabulary), in the main dtype:
-    # the unaligned kernels' fraction (efficiency.gemm_unaligned).
+    return items
+
+
+def _unaligned_gemm_items(sweep: Sweep, rates: _Rates, dtype: str) -> list[_Item]:
+    """A few matmuls one element off the 16-byte grid (an odd vocabulary) in ``dtype``, the
+    main one: the unaligned kernels' fraction (``efficiency.gemm_unaligned``)."""
+    items: list[_Item] = []
     big = sweep.dims[-2:]
     for m in big:
         for n in big:
             for k in big:
-                t = 2.0 * m * n * k / (0.2 * rates.flops[dtypes[0]]) + 1e-5
-                items.append(("gemm", (dtypes[0], m, n - 1, k), _point_time(t, sweep)))
+                t = 2.0 * m * n * k / (0.2 * rates.flops[dtype]) + 1e-5
+                items.append(("gemm", (dtype, m, n - 1, k), _point_time(t, sweep)))
+    return items
+
+
+def _attention_items(sweep: Sweep, rates: _Rates, dtype: str) -> list[_Item]:
+    """Causal attention, forward and backward, per sequence length and head dim, about
+    ``sweep.tokens`` tokens per call."""
+    items: list[_Item] = []
     for s in sweep.seq_lens:
         for d in sweep.head_dims:
             b = max(1, sweep.tokens // s)
-            t = 3.5 * 2.0 * b * s * s * sweep.heads * d / rates.flops[dtypes[0]] + 1e-4
-            items.append(("attention", (dtypes[0], b, sweep.heads, s, d),
+            t = 3.5 * 2.0 * b * s * s * sweep.heads * d / rates.flops[dtype] + 1e-4
+            items.append(("attention", (dtype, b, sweep.heads, s, d),
                           _point_time(t, sweep) * 2))
-    for size in sweep.copy_bytes:
-        items.append(("copy", size, _point_time(2.0 * size / rates.copy + 1e-5, sweep)))
-    if device == "cuda":
-        for direction in ("h2d", "d2h"):
-            for size in sweep.transfer_bytes:
-                items.append(("transfer", (direction, size),
-                              _point_time(size / rates.host + 1e-5, sweep)))
-    if processes > 1:
-        for op in COLLECTIVES:
-            for size in sweep.collective_bytes:
-                t = 2.0 * size / rates.link + processes * rates.link_latency
-                items.append(("collective", (op, size), _point_time(t, sweep) + 2e-3))
     return items
+
+
+def _copy_items(sweep: Sweep, rates: _Rates) -> list[_Item]:
+    """Device copies of each size (HBM bandwidth)."""
+    return [("copy", size, _point_time(2.0 * size / rates.copy + 1e-5, sweep))
+            for size in sweep.copy_bytes]
+
+
+def _transfer_items(device: str, sweep: Sweep, rates: _Rates) -> list[_Item]:
+    """Pinned host-to-device and device-to-host copies of each size (on a GPU only)."""
+    if device != "cuda":
+        return []
+    return [("transfer", (direction, size), _point_time(size / rates.host + 1e-5, sweep))
+            for direction in ("h2d", "d2h") for size in sweep.transfer_bytes]
+
+
+def _collective_items(sweep: Sweep, rates: _Rates, processes: int) -> list[_Item]:
+    """Each collective of ``COLLECTIVES`` per size over ``processes`` (none for one)."""
+    if processes <= 1:
+        return []
+    items: list[_Item] = []
+    for op in COLLECTIVES:
+        for size in sweep.collective_bytes:
+            t = 2.0 * size / rates.link + processes * rates.link_latency
+            items.append(("collective", (op, size), _point_time(t, sweep) + 2e-3))
+    return items
+
+
+def _plan(device: str, sweep: Sweep, rates: _Rates, dtypes: tuple[str, ...],
+          processes: int) -> list[_Item]:
+    """The points to measure, each as (kind, parameters, predicted seconds)."""
+    return [*_gemm_items(sweep, rates, dtypes), *_unaligned_gemm_items(sweep, rates, dtypes[0]),
+            *_attention_items(sweep, rates, dtypes[0]), *_copy_items(sweep, rates),
+            *_transfer_items(device, sweep, rates), *_collective_items(sweep, rates, processes)]
 
 
 def predicted_seconds(items: list[tuple[str, Any, float]], processes: int,
@@ -382,6 +421,7 @@ def _collective_call(op: str, x: Any, part: Any, full: Any, rank: int, world: in
     else:  # a ring of simultaneous sends and receives, as nccl-tests' sendrecv runs
         reqs = [dist.isend(x, (rank + 1) % world), dist.irecv(full, (rank - 1) % world)]
         for r in reqs:
+            assert r is not None  # None only for a rank outside the group: the world has all
             r.wait()
 
 
@@ -434,6 +474,7 @@ def _collective_worker(rank: int, world: int, device: str, init: str, sizes: lis
 def _collectives(device: str, processes: int, sweep: Sweep,
                  progress: Callable[[float], None]) -> list[CollectivePoint]:
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     with tempfile.TemporaryDirectory(prefix="planner-profile-") as tmp:
         out, prog = os.path.join(tmp, "out.json"), os.path.join(tmp, "progress")
@@ -445,11 +486,105 @@ def _collectives(device: str, processes: int, sweep: Sweep,
             while not ctx.join(timeout=0.2):
                 with contextlib.suppress(OSError, ValueError):
                     progress(float(Path(prog).read_text() or 0.0))
-        except mp.ProcessException as e:
+        except ProcessException as e:
             raise SpecError(f"the collective benchmark failed ({e}); its output is above. "
                             "Profile without collectives with --procs 1") from None
         rows = json.loads(Path(out).read_text())
     return [CollectivePoint(**r) for r in rows]
+
+
+def _device(device: str | None) -> str:
+    """The device to profile: ``device``, or cuda when torch sees a GPU, else cpu; refused
+    when torch does not have it."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cuda", "cpu"):
+        raise SpecError(f"--device {device!r}: profile 'cuda' or 'cpu'")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("--device cuda, but torch sees no CUDA GPU (torch "
+                        f"{torch.__version__}); use --device cpu or a CUDA build of torch")
+    return device
+
+
+def _machine(device: str) -> tuple[str, float, int]:
+    """The device's name, its memory in bytes (the host's on the CPU), and how many
+    processes it can run a collective over (GPUs, or CPU cores)."""
+    import torch
+
+    if device == "cuda":
+        return (torch.cuda.get_device_name(0),
+                float(torch.cuda.get_device_properties(0).total_memory),
+                torch.cuda.device_count())
+    return (f"{_cpu_name()} ({torch.get_num_threads()} threads)",
+            float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+            os.cpu_count() or 1)
+
+
+def _processes(processes: int | None, device: str, have: int) -> int:
+    """The processes of the collectives: ``processes``, or every GPU on cuda and 1 on the
+    CPU; refused outside 1 to ``have``."""
+    processes = processes if processes is not None else (have if device == "cuda" else 1)
+    if processes < 1 or processes > have:
+        raise SpecError(f"--procs {processes}: this machine has {have} "
+                        f"{'GPUs' if device == 'cuda' else 'cores'}; give 1 to {have}")
+    return processes
+
+
+def _datasheet(gpu: str | None, device: str, name: str) -> str | None:
+    """The shipped GPU profile the measurements go with: ``gpu`` (checked against the
+    shipped ones; ``"none"`` for none), or guessed from the device ``name`` on cuda."""
+    if gpu is not None and device == "cpu" and gpu.lower() != "none":
+        raise SpecError(f"--gpu {gpu}: a CPU profile has no GPU datasheet; drop --gpu, or "
+                        "profile the GPU with --device cuda")
+    if gpu is None:
+        return guess_gpu(name) if device == "cuda" else None
+    if gpu.lower() == "none":
+        return None
+    import hardware_profiles
+
+    if gpu not in hardware_profiles.names("gpus"):
+        raise hardware_profiles.unknown_name("gpu", gpu, hardware_profiles.names("gpus"))
+    return gpu
+
+
+def _measure(kind: str, args: Any, device: str, sweep: Sweep, sync: Callable[[], None],
+             meas: Measurements) -> None:
+    """Time one point of ``_plan`` (not a collective) and add it to ``meas``."""
+    if kind == "gemm":
+        dtype, m, n, k = args
+        meas.gemm.append(GemmPoint(dtype, m, n, k, _gemm(device, dtype, m, n, k, sweep, sync)))
+    elif kind == "attention":
+        dtype, b, heads, s, d = args
+        f, bwd = _attention(device, dtype, b, heads, s, d, sweep, sync)
+        meas.attention.append(AttentionPoint(dtype, b, heads, s, d, f, bwd))
+    elif kind == "copy":
+        meas.copy.append(CopyPoint(args, _copy(device, args, sweep, sync)))
+    else:
+        direction, nbytes = args
+        meas.transfer.append(TransferPoint(direction, nbytes,
+                                           _transfer(direction, nbytes, sweep, sync)))
+
+
+def _measure_kernels(items: list[_Item], device: str, sweep: Sweep, sync: Callable[[], None],
+                     meas: Measurements, report: Callable[[float], None], total: float) -> float:
+    """Time the points of ``items`` other than the collectives into ``meas`` (in tf32 on a
+    GPU; a point too big for the device is left out), reporting the fraction of ``total``
+    predicted seconds done; returns the predicted seconds done."""
+    import torch
+
+    done = 0.0
+    with _tf32(device):
+        for kind, args, t in items:
+            if kind == "collective":
+                continue
+            try:
+                _measure(kind, args, device, sweep, sync, meas)
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()  # a point too big for this device: left out
+            done += t
+            report(min(done / total, 0.99))
+    return done
 
 
 def profile(device: str | None = None, *, sweep: str = "standard", processes: int | None = None,
@@ -468,37 +603,11 @@ def profile(device: str | None = None, *, sweep: str = "standard", processes: in
     """
     import torch
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cuda", "cpu"):
-        raise SpecError(f"--device {device!r}: profile 'cuda' or 'cpu'")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SpecError("--device cuda, but torch sees no CUDA GPU (torch "
-                        f"{torch.__version__}); use --device cpu or a CUDA build of torch")
+    device = _device(device)
     plan_sweep = sweep_for(device, sweep)
-    if device == "cuda":
-        name = torch.cuda.get_device_name(0)
-        memory = float(torch.cuda.get_device_properties(0).total_memory)
-        have = torch.cuda.device_count()
-    else:
-        name = f"{_cpu_name()} ({torch.get_num_threads()} threads)"
-        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-        have = os.cpu_count() or 1
-    processes = processes if processes is not None else (have if device == "cuda" else 1)
-    if processes < 1 or processes > have:
-        raise SpecError(f"--procs {processes}: this machine has {have} "
-                        f"{'GPUs' if device == 'cuda' else 'cores'}; give 1 to {have}")
-    if gpu is not None and device == "cpu" and gpu.lower() != "none":
-        raise SpecError(f"--gpu {gpu}: a CPU profile has no GPU datasheet; drop --gpu, or "
-                        "profile the GPU with --device cuda")
-    if gpu is None:
-        gpu = guess_gpu(name) if device == "cuda" else None
-    elif gpu.lower() == "none":
-        gpu = None
-    else:
-        import hardware_profiles
-
-        if gpu not in hardware_profiles.names("gpus"):
-            raise hardware_profiles.unknown_name("gpu", gpu, hardware_profiles.names("gpus"))
+    name, memory, have = _machine(device)
+    processes = _processes(processes, device, have)
+    gpu = _datasheet(gpu, device, name)
     dtypes = _dtypes(device)
     rates = _rates(device, gpu)
     items = _plan(device, plan_sweep, rates, dtypes, processes)
@@ -518,26 +627,8 @@ def profile(device: str | None = None, *, sweep: str = "standard", processes: in
         backend=("nccl" if device == "cuda" else "gloo") if processes > 1 else None,
         processes=processes)
     start = time.perf_counter()
-    done, total = 0.0, expected
-    with _tf32(device):
-        for kind, args, t in items:
-            if kind == "collective":
-                continue
-            try:
-                if kind == "gemm":
-                    meas.gemm.append(GemmPoint(*args, _gemm(device, *args, plan_sweep, sync)))
-                elif kind == "attention":
-                    f, b = _attention(device, *args, plan_sweep, sync)
-                    meas.attention.append(AttentionPoint(*args, f, b))
-                elif kind == "copy":
-                    meas.copy.append(CopyPoint(args, _copy(device, args, plan_sweep, sync)))
-                else:
-                    meas.transfer.append(TransferPoint(*args, _transfer(*args, plan_sweep,
-                                                                        sync)))
-            except torch.OutOfMemoryError:
-                torch.cuda.empty_cache()  # a point too big for this device: left out
-            done += t
-            report(min(done / total, 0.99))
+    total = expected
+    done = _measure_kernels(items, device, plan_sweep, sync, meas, report, total)
     if processes > 1:
         rest = total - done
         meas.collectives = _collectives(

@@ -111,8 +111,8 @@ class _State:
         return self.top[-1][0][0] if len(self.top) >= self.k else np.inf
 
     def mesh(self, fw: str, row: np.ndarray) -> MeshOutcome:
-        key = (fw, *(int(row[c]) for c in _MESH_COLS))
-        return self.meshes.setdefault(key, MeshOutcome())
+        dp, tp, pp, cp, ep = (int(row[c]) for c in _MESH_COLS)
+        return self.meshes.setdefault((fw, dp, tp, pp, cp, ep), MeshOutcome())
 
     def floors(self, fw: str, rows: np.ndarray, floor: np.ndarray) -> None:
         """Record configurations skipped by their bound (one row per mesh is enough)."""
@@ -128,14 +128,7 @@ class _State:
             return
         step, peak, stage = res.step_time, res.peak_memory, res.peak_stage
         timed = np.isfinite(step)
-        # Rows whose lower bound already exceeded the k-th best were not played out: bounded.
-        bounded = timed & ~res.exact
-        self.counts["bounded"] += int(bounded.sum())
-        self.floors(fw, rows[bounded], step[bounded])
-        fit = timed & res.exact
-        self.counts["evaluated"] += len(rows) - int(bounded.sum())
-        self.counts["fit"] += int(fit.sum())
-        self.counts["did_not_fit"] += int((~timed).sum())
+        fit = self._count(fw, rows, res, timed)
 
         def found(i: int) -> Found:
             return Found(framework=fw, row=tuple(int(x) for x in rows[i]),
@@ -149,8 +142,32 @@ class _State:
         # Rows in the search's order: step time, peak memory, columns ascending.
         order = np.lexsort((*rows.T[::-1], peak, step))
         fits = order[fit[order]]
-        # Candidates with the step time and memory of a better-ordered one are the same plan
-        # for the user (e.g. selective recompute with fused attention recomputes nothing).
+        self._merge_top(fits, step, peak, key, found)
+        self._mesh_best(fw, fw_rank, rows, fits, key, found)
+        self._mesh_nearest(fw, rows, order[~timed[order]], peak, found)
+        self._least(fw_rank, rows, peak, res.cpu_memory, found)
+
+    def _count(self, fw: str, rows: np.ndarray, res: CostTable, timed: np.ndarray
+               ) -> np.ndarray:
+        """Count the rows evaluated, fitting, not fitting and bounded (a lower bound on their
+        time already exceeded the k-th best, so they were not played out; their meshes'
+        floors are recorded); returns which rows fit and were timed exactly."""
+        bounded = timed & ~res.exact
+        self.counts["bounded"] += int(bounded.sum())
+        self.floors(fw, rows[bounded], res.step_time[bounded])
+        fit = timed & res.exact
+        self.counts["evaluated"] += len(rows) - int(bounded.sum())
+        self.counts["fit"] += int(fit.sum())
+        self.counts["did_not_fit"] += int((~timed).sum())
+        return fit
+
+    def _merge_top(self, fits: np.ndarray, step: np.ndarray, peak: np.ndarray,
+                   key: Callable[[int], tuple[float, ...]],
+                   found: Callable[[int], Found]) -> None:
+        """Merge the fitting rows ``fits`` (in the search's order) into the top k. Candidates
+        with the step time (s) and peak memory (bytes) of a better-ordered one are the same
+        plan for the user (e.g. selective recompute with fused attention recomputes
+        nothing): only the first is kept."""
         cand = []
         seen = set()
         for i in fits:
@@ -160,30 +177,42 @@ class _State:
                 cand.append((key(i), found(i)))
                 if len(cand) == self.k:
                     break
-        merged = []
+        merged: list[tuple[tuple[float, ...], Found]] = []
         for item in sorted(self.top + cand, key=lambda x: x[0]):
             if not merged or item[0][:2] != merged[-1][0][:2]:
                 merged.append(item)
         self.top = merged[: self.k]
-        # Per mesh: the fastest fitting row, and the nearest miss.
-        for sel, attr in ((fits, "best"), (order[~timed[order]], "nearest")):
-            if not len(sel):
-                continue
-            if attr == "nearest":
-                sel = sel[np.lexsort((*rows[sel].T[::-1], peak[sel]))]
-            for i in _first_per_mesh(rows, sel):
-                out = self.mesh(fw, rows[i])
-                cur = getattr(out, attr)
-                if attr == "best":
-                    better = cur is None or key(i) < (cur.step_time, cur.peak_memory, fw_rank,
-                                                      *cur.row)
-                else:
-                    better = cur is None or (float(peak[i]), *rows[i]) < \
-                        (cur.peak_memory, *cur.row)
-                if better:
-                    setattr(out, attr, found(i))
-        # The least GPU memory among rows whose offloaded part fits the host (else any row).
-        host_ok = res.cpu_memory <= self.host_capacity
+
+    def _mesh_best(self, fw: str, fw_rank: int, rows: np.ndarray, fits: np.ndarray,
+                   key: Callable[[int], tuple[float, ...]],
+                   found: Callable[[int], Found]) -> None:
+        """Per mesh, the fastest fitting row (``fits`` in the search's order)."""
+        if not len(fits):
+            return
+        for i in _first_per_mesh(rows, fits):
+            out = self.mesh(fw, rows[i])
+            cur = out.best
+            if cur is None or key(i) < (cur.step_time, cur.peak_memory, fw_rank, *cur.row):
+                out.best = found(i)
+
+    def _mesh_nearest(self, fw: str, rows: np.ndarray, missed: np.ndarray, peak: np.ndarray,
+                      found: Callable[[int], Found]) -> None:
+        """Per mesh, the row that missed the memory by the least (then columns ascending)
+        among ``missed``, the rows that did not fit."""
+        if not len(missed):
+            return
+        missed = missed[np.lexsort((*rows[missed].T[::-1], peak[missed]))]
+        for i in _first_per_mesh(rows, missed):
+            out = self.mesh(fw, rows[i])
+            cur = out.nearest
+            if cur is None or (float(peak[i]), *rows[i]) < (cur.peak_memory, *cur.row):
+                out.nearest = found(i)
+
+    def _least(self, fw_rank: int, rows: np.ndarray, peak: np.ndarray, cpu: np.ndarray,
+               found: Callable[[int], Found]) -> None:
+        """The least GPU memory (bytes) among rows whose offloaded part (``cpu`` bytes) fits
+        the host (else any row)."""
+        host_ok = cpu <= self.host_capacity
         low = int(np.lexsort((*rows.T[::-1], peak, ~host_ok))[0])
         lkey = (float(not host_ok[low]), float(peak[low]), fw_rank,
                 *(float(x) for x in rows[low]))

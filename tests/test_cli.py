@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from inprocess import Result, run_planner
 
 from planner.cli import main
 
@@ -14,9 +15,8 @@ HF = Path(__file__).parent / "data" / "hf_configs"
 BASE = ["estimate", "--global-batch-size", "64", "--seq-len", "2048"]
 
 
-def run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True,
-                          text=True, timeout=60)
+def run(args: list[str]) -> Result:
+    return run_planner(*args)
 
 
 def test_estimate_json_schema(capsys) -> None:

@@ -112,6 +112,7 @@ def command_lines(draw: st.DrawFn) -> list[str]:
     return argv
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 @settings(max_examples=examples(300), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(command_lines())
@@ -333,6 +334,7 @@ WORDS = st.one_of(st.text(max_size=10), st.integers(-10**12, 10**12).map(str),
                                    "--global-batch-size", "16", "--seq-len", "2048"]))
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 @settings(max_examples=examples(150), deadline=None,
           derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(SUBCOMMANDS), st.lists(WORDS, max_size=8), RANDOM_FILE)

@@ -4,7 +4,6 @@ turned into one line with exit status 2 (3 when nothing fits)."""
 
 import json
 import math
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +11,9 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+
+
+from inprocess import Result, run_planner  # noqa: E402
 
 from costmodel import Cluster, Job, SpecError  # noqa: E402
 from planner import plan  # noqa: E402
@@ -74,13 +76,13 @@ def models_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "mymodels.py").write_text(MODELS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("mymodels", None)  # another test's mymodels.py, imported in this process
     yield tmp_path
     sys.modules.pop("mymodels", None)
 
 
-def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner", "plan", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+def cli(cwd: Path, *args: str) -> Result:
+    return run_planner("plan", *args, cwd=cwd)
 
 
 def test_load_model_or_module_builds_on_meta(models_dir: Path) -> None:
@@ -181,11 +183,8 @@ def test_graph_plan_file_is_not_taken_for_a_runnable_plan(models_dir: Path) -> N
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["kind"] == "graph"
     for command in (["explain", str(out)], ["emit", str(out), "--target", "torchtitan"]):
-        e = subprocess.run([sys.executable, "-m", "planner", *command], cwd=models_dir,
-                           capture_output=True, text=True, timeout=60)
+        e = run_planner(*command, cwd=models_dir)
         assert e.returncode == 2 and "plan of a torch module" in e.stderr
-    e = subprocess.run([sys.executable, "-m", "planner", "estimate", "--model",
-                        "mymodels:TinyLM", "--gpus", "8", "--global-batch-size", "16",
-                        "--seq-len", "128"], cwd=models_dir, capture_output=True, text=True,
-                       timeout=60)
+    e = run_planner("estimate", "--model", "mymodels:TinyLM", "--gpus", "8",
+                    "--global-batch-size", "16", "--seq-len", "128", cwd=models_dir)
     assert e.returncode == 2 and "'planner plan' plans it" in e.stderr

@@ -3,10 +3,9 @@ dollars per million tokens, and ``compare`` ranks candidates by it."""
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
+from inprocess import run_planner
 
 import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
@@ -74,11 +73,10 @@ def test_compare_ranks_by_cost_and_by_throughput() -> None:
 
 
 def test_cli_compare_rank_by_cost() -> None:
-    r = subprocess.run([sys.executable, "-m", "planner", "compare", "--model", "llama-3-8b",
-                        "--gpus", "64", "--gpu", "h100-sxm", "--gpu", "h200", "--gpu",
-                        "a100-80gb", "--global-batch-size", "512", "--seq-len", "8192",
-                        "--config", "dp=64 zero=3", "--rank-by", "cost", "--json"],
-                       capture_output=True, text=True, timeout=120)
+    r = run_planner("compare", "--model", "llama-3-8b", "--gpus", "64", "--gpu", "h100-sxm",
+                    "--gpu", "h200", "--gpu", "a100-80gb", "--global-batch-size", "512",
+                    "--seq-len", "8192", "--config", "dp=64 zero=3", "--rank-by", "cost",
+                    "--json")
     assert r.returncode == 0, r.stderr
     costs = [c["estimate"]["usd_per_million_tokens"]
              for c in json.loads(r.stdout)["candidates"]]

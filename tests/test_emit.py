@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from inprocess import run_planner
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from planner.cli import main
@@ -404,8 +405,7 @@ def test_cli_emit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_emit_bad_target_exits_2(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "planner", "emit", "plan.json", "--target",
-                        "nemo"], capture_output=True, text=True, cwd=tmp_path)
+    r = run_planner("emit", "plan.json", "--target", "nemo", cwd=tmp_path)
     assert r.returncode == 2 and "invalid choice: 'nemo'" in r.stderr
     assert "Traceback" not in r.stderr
 

@@ -4,7 +4,6 @@ model loading, Jupyter rendering, and the explain/compare commands."""
 import io
 import itertools
 import json
-import subprocess
 import sys
 import textwrap
 from dataclasses import replace
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from inprocess import Result, run_planner
 
 import planner
 from costmodel.tables import evaluate
@@ -55,6 +55,7 @@ def _brute(model: ModelSpec, cluster: Cluster, job: Job) -> tuple[np.ndarray, np
 
 # ---------------------------------------------------------------- explain
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 def test_explain_matches_brute_force_per_value() -> None:
     """Each value's fastest configuration is the fastest row with that value (brute force)."""
     p = plan(SMALL, NODE, JOB, partition=False)
@@ -326,6 +327,7 @@ def test_load_model_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
             raise RuntimeError("boom")
     '''))
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "mymodels", raising=False)  # not another test's module
     assert load_model("mymodels:spec").num_layers == 4
     assert load_model("mymodels:build").name == "mine"
     assert load_model("mymodels:hf").num_layers == 2
@@ -356,15 +358,15 @@ def test_html_reprs() -> None:
 
 # ---------------------------------------------------------------- the commands
 
-def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd)
+def _run(*args: str, cwd: Path | None = None) -> Result:
+    return run_planner(*args, cwd=cwd)
 
 
 BASE = ["--model", "gpt3-2.7b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch-size",
         "16", "--seq-len", "2048", "--framework", "megatron"]
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 def test_cli_explain_from_flags_and_file(tmp_path: Path) -> None:
     r = _run("explain", *BASE)
     assert r.returncode == 0, r.stderr

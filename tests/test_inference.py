@@ -6,11 +6,11 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from inprocess import Result, run_planner
 
 import planner
 from costmodel import Cluster, Infeasible, ModelSpec, SpecError
@@ -339,9 +339,8 @@ def test_bash_syntax_of_emitted_scripts(tmp_path: Path) -> None:
 
 # ---- CLI -------------------------------------------------------------------------------------
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True,
-                          text=True)
+def _cli(*args: str) -> Result:
+    return run_planner(*args)
 
 
 def test_cli_plan_emit_and_errors(tmp_path: Path) -> None:

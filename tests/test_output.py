@@ -87,6 +87,7 @@ def test_the_why_not_list_does_not_repeat_a_reason_per_recomputed_layer_count() 
     assert len(keys) == len(set(keys)), keys
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 def test_a_saved_plan_is_plotted(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     path = tmp_path / "plan.json"
@@ -102,6 +103,7 @@ def test_a_saved_plan_is_plotted(tmp_path: Path) -> None:
     assert code == 2 and "cannot write the plot" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 def test_plans_keep_the_memory_reserve_and_report_their_headroom() -> None:
     model, cluster = ModelSpec.preset("llama-3-70b"), Cluster.preset("dgx-h100", num_nodes=8)
     job = Job(global_batch_size=512, seq_len=8192)

@@ -54,6 +54,7 @@ def stage_times(draw: st.DrawFn, p: int) -> tuple[np.ndarray, np.ndarray]:
     return f, b
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_the_vectorized_makespan_is_the_event_simulation(data: st.DataObject) -> None:

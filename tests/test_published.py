@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from inprocess import run_planner
 
 import hardware_profiles
 from costmodel.calibration import fit_transfer, leave_one_source_out, load_fit, run_group
@@ -59,6 +58,7 @@ def test_published_runs_span_the_sources_trainers_gpus_and_scales() -> None:
     assert all(c.predicted > 0 for c in compare(runs))
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 def test_validate_reports_each_source_fitted_and_left_out(capsys) -> None:
     assert main(["validate", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -101,6 +101,7 @@ def test_one_gauss_newton_step_leaves_a_source_out_as_a_refit_does() -> None:
         assert a == pytest.approx(b, abs=0.005), g
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 def test_calibrate_fits_every_gpu_with_bands(tmp_path: Path, capsys) -> None:
     rows = json.loads(default_runs_path().read_text())["runs"]
     small = tmp_path / "runs.json"
@@ -146,8 +147,7 @@ def test_every_gpu_takes_its_architectures_fitted_ratio() -> None:
     (["calibrate", "--gpu", "h100-sxn"], "Did you mean"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
-    p = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True,
-                       timeout=120)
+    p = run_planner(*args)
     assert p.returncode == 2
     assert needle in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
@@ -161,7 +161,6 @@ def test_a_run_without_a_positive_figure_is_refused(tmp_path: Path, measured: fl
     bad.write_text(json.dumps({"runs": rows}))
     for args in (["calibrate", "--runs", str(bad), "-o", str(tmp_path / "t.toml")],
                  ["validate", "--runs", str(bad)]):
-        p = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True,
-                           text=True, timeout=120)
+        p = run_planner(*args)
         assert p.returncode == 2, p.stderr
         assert "must be a positive number" in p.stderr and "Traceback" not in p.stderr

@@ -149,6 +149,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
             assert f"step {step} " in r.stdout, r.stdout[:500]
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 def test_the_readme_shows_what_planner_validate_prints(capsys: pytest.CaptureFixture[str]
                                                        ) -> None:
     # The step-time validation table in the README is the command's current output.

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from inprocess import run_planner
 
 from costmodel import GPU, Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES, validate
@@ -44,6 +45,7 @@ def _key(peak: np.ndarray, step: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.lexsort((*table.T[::-1], peak, step))
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_space_is_exactly_the_valid_configurations(fw: str) -> None:
     """Every configuration that validate() accepts (in canonical form, tp x cp tiling the
@@ -110,6 +112,7 @@ def test_search_equals_a_full_pass(fw: str) -> None:
     assert res.counts["bounded"] > 0  # the bound did prune
 
 
+@pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 def test_search_equals_brute_force_over_scalar_estimates() -> None:
     """On a constrained space, the plan is the fastest of estimate() over every row."""
     cons = Constraints(max={"micro_batch_size": 1}, allowed={"recompute": ["none", "full"]},
@@ -263,8 +266,7 @@ def test_cli_plan(tmp_path) -> None:
                           "--global-batch-size", "16", "--seq-len", "4096"], 3),
                         (["--model", "llama-3-8b", "--gpus", "8", "--global-batch-size", "8",
                           "--seq-len", "512", "--max", "tp"], 2)):
-        r = subprocess.run([sys.executable, "-m", "planner", "plan", *bad], capture_output=True,
-                           text=True)
+        r = run_planner("plan", *bad)
         assert r.returncode == status, r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
         if status == 3:  # nothing fits: says what would

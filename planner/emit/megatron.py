@@ -58,14 +58,16 @@ def layout(stage_layers: tuple[int, ...]) -> str:
     return "|".join(stages)
 
 
-def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
-    """The argument list (model shape, parallelism, batch, memory and precision flags)."""
-    m = model
-    a = ["--num-layers", m.num_layers, "--hidden-size", m.hidden_size,
-         "--ffn-hidden-size", m.ffn_hidden_size, "--num-attention-heads", m.num_heads]
+def _model_args(m: ModelSpec, job: Job) -> list[Any]:
+    """The model's shape: layers, widths, heads (grouped-query attention, the head width when
+    it is not ``hidden / heads``), the sequence length in tokens and position embeddings, the
+    norm, MLP, embeddings, biases and dropout, and the vocabulary (``NullTokenizer``)."""
+    a: list[Any] = ["--num-layers", m.num_layers, "--hidden-size", m.hidden_size,
+                    "--ffn-hidden-size", m.ffn_hidden_size, "--num-attention-heads", m.num_heads]
     if m.num_kv_heads != m.num_heads:
         a += ["--group-query-attention", "--num-query-groups", m.num_kv_heads]
-    if m.head_dim * m.num_heads != m.hidden_size:  # type: ignore[operator]
+    assert m.head_dim is not None  # ModelSpec.__post_init__ sets it
+    if m.head_dim * m.num_heads != m.hidden_size:
         a += ["--kv-channels", m.head_dim]
     a += ["--seq-length", job.seq_len,
           "--max-position-embeddings", max(job.seq_len, m.max_position_embeddings),
@@ -82,20 +84,34 @@ def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
             a.append("--add-qkv-bias")
     if not m.dropout:
         a += ["--attention-dropout", 0.0, "--hidden-dropout", 0.0]
-    a += ["--tokenizer-type", "NullTokenizer", "--vocab-size", m.vocab_size]
-    if m.num_experts:
-        a += ["--num-experts", m.num_experts, "--moe-router-topk", m.top_k,
-              "--moe-ffn-hidden-size", m.moe_ffn_hidden_size, "--moe-grouped-gemm",
-              "--moe-token-dispatcher-type", "alltoall"]
-        if m.num_shared_experts:
-            a += ["--moe-shared-expert-intermediate-size",
-                  m.num_shared_experts * m.moe_ffn_hidden_size]  # type: ignore[operator]
-        if m.first_dense_layers:
-            a += ["--moe-layer-freq",
-                  f"([0]*{m.first_dense_layers}+[1]*{m.num_layers - m.first_dense_layers})"]
-        if job.moe_capacity_factor is not None:
-            a += ["--moe-expert-capacity-factor", job.moe_capacity_factor]
-    a += ["--tensor-model-parallel-size", cfg.tp, "--pipeline-model-parallel-size", cfg.pp]
+    return [*a, "--tokenizer-type", "NullTokenizer", "--vocab-size", m.vocab_size]
+
+
+def _moe_args(m: ModelSpec, job: Job) -> list[Any]:
+    """The mixture-of-experts layers (none for a dense model): experts, top-k routing, the
+    expert MLP width, shared experts, the leading dense layers and the capacity factor."""
+    if not m.num_experts:
+        return []
+    a: list[Any] = ["--num-experts", m.num_experts, "--moe-router-topk", m.top_k,
+                    "--moe-ffn-hidden-size", m.moe_ffn_hidden_size, "--moe-grouped-gemm",
+                    "--moe-token-dispatcher-type", "alltoall"]
+    assert m.moe_ffn_hidden_size is not None  # ModelSpec.__post_init__ sets it for MoE
+    if m.num_shared_experts:
+        a += ["--moe-shared-expert-intermediate-size",
+              m.num_shared_experts * m.moe_ffn_hidden_size]
+    if m.first_dense_layers:
+        a += ["--moe-layer-freq",
+              f"([0]*{m.first_dense_layers}+[1]*{m.num_layers - m.first_dense_layers})"]
+    if job.moe_capacity_factor is not None:
+        a += ["--moe-expert-capacity-factor", job.moe_capacity_factor]
+    return a
+
+
+def _pipeline_args(m: ModelSpec, job: Job, cfg: ParallelConfig) -> list[Any]:
+    """The pipeline schedule: interleaving (layers per virtual stage, and blocking
+    point-to-point transfers when the job does not overlap them) and an explicit layout of
+    layers per stage."""
+    a: list[Any] = []
     if cfg.virtual_pipeline_stages > 1:
         a += ["--num-layers-per-virtual-pipeline-stage",
               m.num_layers // (cfg.pp * cfg.virtual_pipeline_stages)]
@@ -103,38 +119,93 @@ def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
             a.append("--no-overlap-p2p-communication")
     if cfg.stage_layers:
         a += ["--pipeline-model-parallel-layout", layout(cfg.stage_layers)]
-    if cfg.sequence_parallel:
-        a.append("--sequence-parallel")
-        if job.tp_comm_overlap:
-            a.append("--tp-comm-overlap")  # Megatron-LM asserts sequence parallel for it
-    a += ["--context-parallel-size", cfg.cp, "--expert-model-parallel-size", cfg.ep,
-          "--micro-batch-size", cfg.micro_batch_size,
-          "--global-batch-size", job.global_batch_size]
+    return a
+
+
+def _sequence_parallel_args(job: Job, cfg: ParallelConfig) -> list[Any]:
+    """Sequence parallel, and the tensor-parallel communication overlap that needs it."""
+    if not cfg.sequence_parallel:
+        return []
+    # Megatron-LM asserts sequence parallel for --tp-comm-overlap.
+    return ["--sequence-parallel", *(["--tp-comm-overlap"] if job.tp_comm_overlap else [])]
+
+
+def _parallel_args(m: ModelSpec, job: Job, cfg: ParallelConfig) -> list[Any]:
+    """The parallel degrees (tensor, pipeline and its schedule, sequence, context, expert)
+    and the batch: sequences per micro-batch and per step."""
+    return ["--tensor-model-parallel-size", cfg.tp, "--pipeline-model-parallel-size", cfg.pp,
+            *_pipeline_args(m, job, cfg), *_sequence_parallel_args(job, cfg),
+            "--context-parallel-size", cfg.cp, "--expert-model-parallel-size", cfg.ep,
+            "--micro-batch-size", cfg.micro_batch_size,
+            "--global-batch-size", job.global_batch_size]
+
+
+def _zero_args(cfg: ParallelConfig) -> list[Any]:
+    """The ZeRO stage: 1 is the distributed optimizer (instances for hybrid sharding over
+    ``sharding_group`` ranks), 3 is Megatron FSDP; 0 and 2 add nothing."""
     if cfg.zero_stage == 1:
-        a.append("--use-distributed-optimizer")
-        if cfg.sharding_group not in (None, cfg.dp):
-            a += ["--num-distributed-optimizer-instances", cfg.dp // cfg.sharding_group]
-    elif cfg.zero_stage == 3:
-        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
-              "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor"]
-    if job.overlap_grad_reduce and cfg.dp * cfg.cp > 1:
-        a.append("--overlap-grad-reduce")
-        if cfg.zero_stage == 1:
-            a.append("--overlap-param-gather")
-    if cfg.offload == "optimizer":
-        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", 1.0,
-              "--use-precision-aware-optimizer"]
+        group = cfg.sharding_group
+        if group is not None and group != cfg.dp:
+            return ["--use-distributed-optimizer", "--num-distributed-optimizer-instances",
+                    cfg.dp // group]
+        return ["--use-distributed-optimizer"]
+    if cfg.zero_stage == 3:
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                "optim_grads_params", "--use-distributed-optimizer", "--ckpt-format",
+                "fsdp_dtensor"]
+    return []
+
+
+def _overlap_args(job: Job, cfg: ParallelConfig) -> list[Any]:
+    """Gradient reduction overlapped with backward (and, with the distributed optimizer,
+    the parameter gather with forward) when there is data or context parallelism."""
+    if not (job.overlap_grad_reduce and cfg.dp * cfg.cp > 1):
+        return []
+    return ["--overlap-grad-reduce", *(["--overlap-param-gather"] if cfg.zero_stage == 1
+                                       else [])]
+
+
+def _offload_args(cfg: ParallelConfig) -> list[Any]:
+    """Optimizer states and step on the CPU (all of them) for ``offload = "optimizer"``."""
+    if cfg.offload != "optimizer":
+        return []
+    return ["--optimizer-cpu-offload", "--optimizer-offload-fraction", 1.0,
+            "--use-precision-aware-optimizer"]
+
+
+def _recompute_args(cfg: ParallelConfig) -> list[Any]:
+    """Activation recompute: the attention core (``selective``), or whole layers (``full``:
+    the first ``recompute_num_layers`` of each pipeline chunk, or every layer)."""
     if cfg.recompute == "selective":
-        a += ["--recompute-granularity", "selective"]
-    elif cfg.recompute == "full":
+        return ["--recompute-granularity", "selective"]
+    if cfg.recompute == "full":
         n = cfg.recompute_num_layers
-        a += ["--recompute-granularity", "full", "--recompute-method",
-              "uniform" if n is None else "block", "--recompute-num-layers", n or 1]
-    a += PRECISION_FLAGS[job.precision]
+        return ["--recompute-granularity", "full", "--recompute-method",
+                "uniform" if n is None else "block", "--recompute-num-layers", n or 1]
+    return []
+
+
+def _precision_args(job: Job, cfg: ParallelConfig) -> list[Any]:
+    """The training precision (``PRECISION_FLAGS``), and fp8 parameters gathered by the
+    distributed optimizer when the job asks for them."""
+    a: list[Any] = list(PRECISION_FLAGS[job.precision])
     if job.precision == "fp8" and job.fp8_param_gather and cfg.zero_stage >= 1:
-        a.append("--fp8-param-gather")  # fp8 parameters, gathered by the distributed optimizer
-    a += ["--attention-backend", "flash" if job.flash_attention else "unfused",
-          "--optimizer", "sgd" if job.optimizer == "sgd" else "adam"]
+        a.append("--fp8-param-gather")
+    return a
+
+
+def _kernel_args(job: Job) -> list[Any]:
+    """The attention kernel (flash or unfused) and the optimizer (Adam or SGD)."""
+    return ["--attention-backend", "flash" if job.flash_attention else "unfused",
+            "--optimizer", "sgd" if job.optimizer == "sgd" else "adam"]
+
+
+def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
+    """The argument list (model shape, parallelism, batch, memory and precision flags), one
+    group of trainer arguments after the other."""
+    a = [*_model_args(model, job), *_moe_args(model, job), *_parallel_args(model, job, cfg),
+         *_zero_args(cfg), *_overlap_args(job, cfg), *_offload_args(cfg),
+         *_recompute_args(cfg), *_precision_args(job, cfg), *_kernel_args(job)]
     return [str(x) for x in a]
 
 

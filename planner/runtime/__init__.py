@@ -98,10 +98,10 @@ def check(plan: Plan, reference: bool = True, force: bool = False) -> None:
     if plan.is_inference:
         raise SpecError("this is a serving plan (an InferenceJob); planner.apply trains. Serve "
                         "it with 'planner emit PLAN --target vllm' (or tensorrt-llm)")
-    problems = unsupported(plan.model, plan.job, plan.config, reference)
+    job, cfg, est = plan.training()
+    problems = unsupported(plan.model, job, cfg, reference)
     if problems:
         raise SpecError("planner.apply cannot run this plan: " + "; ".join(problems))
-    est = plan.estimate
     if not (force or os.environ.get(FORCE_ENV) == "1") and not est.fits:
         raise Infeasible(f"the plan does not fit: {est.peak_memory_bytes / 1024**3:.1f} GiB "
                          f"per GPU of {est.memory_capacity_bytes / 1024**3:.1f} GiB; re-plan "

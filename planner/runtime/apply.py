@@ -29,7 +29,7 @@ import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -61,11 +61,15 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.memory import even_split
 from planner.plan import Plan
 from planner.runtime import check
 from planner.runtime.model import Transformer
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 __all__ = ["MESH_DIMS", "TP_PLAN", "Parallelized", "apply", "cross_entropy", "make_optimizer",
            "stage_layer_ranges", "tp_style"]
@@ -157,6 +161,7 @@ def _set_block(module: nn.Module, key: str, block: nn.Module) -> None:
     if isinstance(layers, nn.ModuleDict):
         layers[key] = block
     else:
+        assert isinstance(layers, nn.ModuleList)  # where _blocks found the key
         layers[int(key)] = block
 
 
@@ -171,6 +176,7 @@ def _cut_stage(module: nn.Module, lo: int, hi: int, first: bool, last: bool,
             if not lo <= int(key) < hi:
                 del layers[key]
     else:
+        assert isinstance(layers, nn.ModuleList)  # apply checked the blocks are in 'layers'
         part.layers = nn.ModuleList(list(layers)[lo:hi])
     if not first:
         for name in ("tok_embeddings", "pos_embeddings"):
@@ -251,16 +257,26 @@ class Parallelized:
     autocast: bool = False
 
     @property
+    def _job(self) -> Job:
+        """The plan's training job (``apply`` refuses serving plans)."""
+        return self.plan.training()[0]
+
+    @property
+    def _config(self) -> ParallelConfig:
+        """The plan's parallel configuration (``apply`` refuses serving plans)."""
+        return self.plan.training()[1]
+
+    @property
     def num_stages(self) -> int:
         """Pipeline chunks in all: ``pp * virtual_pipeline_stages``."""
-        cfg = self.plan.config
+        cfg = self._config
         return cfg.pp * cfg.virtual_pipeline_stages
 
     @property
     def local_batch_size(self) -> int:
         """Sequences per step this rank's data-parallel group trains:
         ``global_batch_size / dp``."""
-        return self.plan.job.global_batch_size // self.dp_size
+        return self._job.global_batch_size // self.dp_size
 
     def parameters(self) -> list[nn.Parameter]:
         """The parameters this rank holds (its shards), each once."""
@@ -276,12 +292,12 @@ class Parallelized:
         parameters; ``cls`` overrides the class, ``kwargs`` (e.g. ``lr``) go to it."""
         if cls is not None:
             return cls(self.parameters(), **kwargs)
-        return make_optimizer(self.plan.job.optimizer, self.parameters(), **kwargs)
+        return make_optimizer(self._job.optimizer, self.parameters(), **kwargs)
 
     def local_batch(self, batch: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a global batch [global_batch_size, ...] (its data-parallel
         share, the same on the ranks of one TP/PP group)."""
-        n = self.plan.job.global_batch_size
+        n = self._job.global_batch_size
         if batch.shape[0] != n:
             raise SpecError(f"local_batch takes the global batch of {n} sequences, got "
                             f"{batch.shape[0]}")
@@ -294,7 +310,7 @@ class Parallelized:
         schedule); gradients are averaged over the batch. Returns the mean loss over the
         global batch, on every rank. Stages without the first layer ignore ``inputs``, those
         without the last ignore ``labels``."""
-        cfg = self.plan.config
+        cfg = self._config
         b = self.local_batch_size
         for what, t, needed in (("inputs", inputs, 0 in self.stage_ids),
                                 ("labels", labels, self.num_stages - 1 in self.stage_ids)):
@@ -308,12 +324,16 @@ class Parallelized:
         holds_last = self.num_stages - 1 in self.stage_ids
         if self.schedule is None:
             part = self.parts[0]
+            # Without a pipeline this rank holds the first and last layers: both checked above.
+            assert inputs is not None and labels is not None
             total = torch.zeros((), device=self.device)
-            xs = inputs.split(cfg.micro_batch_size)  # type: ignore[union-attr]
-            ys = labels.split(cfg.micro_batch_size)  # type: ignore[union-attr]
+            xs = inputs.split(cfg.micro_batch_size)
+            ys = labels.split(cfg.micro_batch_size)
+            sync = (getattr(part, "set_requires_gradient_sync", None) if cfg.zero_stage == 0
+                    else None)
             for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-                if cfg.zero_stage == 0 and hasattr(part, "set_requires_gradient_sync"):
-                    part.set_requires_gradient_sync(i == m - 1)  # all-reduce once per step
+                if sync is not None:
+                    sync(i == m - 1)  # all-reduce once per step
                 with torch.autocast(self.device.type, dtype=torch.bfloat16,
                                     enabled=self.autocast):
                     loss = self.loss_fn(part(x), y)
@@ -432,9 +452,134 @@ def _schedule(name: str, stages: list[PipelineStage], m: int,
         return ScheduleGPipe(stages[0], m, loss_fn=loss_fn)
     if name == "1f1b":
         return Schedule1F1B(stages[0], m, loss_fn=loss_fn)
+    chunks: list[_PipelineStageBase] = list(stages)
     if name == "interleaved-1f1b":
-        return ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
-    return ScheduleInterleavedZeroBubble(stages, m, loss_fn=loss_fn)
+        return ScheduleInterleaved1F1B(chunks, m, loss_fn=loss_fn)
+    return ScheduleInterleavedZeroBubble(chunks, m, loss_fn=loss_fn)
+
+
+def _check_module(plan: Plan, module: nn.Module, cfg: ParallelConfig) -> None:
+    """Refuse a module ``apply`` cannot split as the plan says: not a torch module, a
+    reference transformer of another depth, or, when the plan pipelines or recomputes, a
+    module whose ``layers`` does not hold the model's transformer blocks."""
+    if not isinstance(module, nn.Module):
+        raise SpecError(f"apply takes a torch nn.Module, got {type(module).__name__}")
+    if isinstance(module, Transformer) and module.spec.num_layers != plan.model.num_layers:
+        raise SpecError(f"the module has {module.spec.num_layers} layers but the plan's model "
+                        f"{plan.model.name!r} has {plan.model.num_layers}")
+    blocks = _blocks(module)
+    needs_blocks = cfg.pp > 1 or cfg.recompute != "none"
+    if needs_blocks and len(blocks) != plan.model.num_layers:
+        raise SpecError(f"the plan cuts {plan.model.num_layers} transformer layers into stages "
+                        "or recomputes them, but the module's 'layers' holds "
+                        f"{len(blocks)}; give it a 'layers' ModuleDict/ModuleList of blocks")
+
+
+def _shard_size(cfg: ParallelConfig) -> int:
+    """Ranks one FSDP shard group spans: ``sharding_group`` (default all of ``dp``) for
+    ZeRO-2/3, 1 otherwise (the data-parallel ranks replicate)."""
+    return (cfg.sharding_group or cfg.dp) if cfg.zero_stage >= 2 else 1
+
+
+def _device_mesh(cfg: ParallelConfig, dev: torch.device, shard: int) -> DeviceMesh:
+    """The device mesh over ``MESH_DIMS``: pipeline, data-parallel replicas of shard groups
+    of ``shard`` ranks, context and tensor parallel."""
+    sizes = {"pp": cfg.pp, "dp_replicate": cfg.dp // shard, "dp_shard": shard, "cp": cfg.cp,
+             "tp": cfg.tp}
+    return init_device_mesh(dev.type, tuple(sizes[d] for d in MESH_DIMS),
+                            mesh_dim_names=MESH_DIMS)
+
+
+def _offload_policy(cfg: ParallelConfig, dev: torch.device) -> OffloadPolicy:
+    """FSDP2's CPU offload for ``offload = "optimizer+params"`` on GPUs (on CPU processes
+    the states are in host memory already: a warning, no policy); none otherwise."""
+    if cfg.offload != "optimizer+params":
+        return OffloadPolicy()
+    if dev.type == "cpu":
+        warnings.warn("offload 'optimizer+params' does nothing on CPU processes: the "
+                      "states are in host memory already", UserWarning, stacklevel=3)
+        return OffloadPolicy()
+    return CPUOffloadPolicy()
+
+
+def _cut_stages(module: nn.Module, cfg: ParallelConfig, ranges: list[tuple[int, int]],
+                stage_ids: list[int], home: torch.device, meta: bool) -> list[nn.Module]:
+    """The pipeline chunks ``stage_ids`` this rank holds (layer ``ranges`` of every chunk,
+    ``stage_layer_ranges``), cut from ``module`` (the module itself when ``pp = 1``), moved
+    to ``home`` unless on the meta device."""
+    num_stages = cfg.pp * cfg.virtual_pipeline_stages
+    parts = []
+    for sid in stage_ids:
+        lo, hi = ranges[sid]
+        part = (_cut_stage(module, lo, hi, sid == 0, sid == num_stages - 1, len(stage_ids) > 1)
+                if cfg.pp > 1 else module)
+        if not meta:
+            part.to(home)
+        parts.append(part)
+    return parts
+
+
+def _recomputed_layers(cfg: ParallelConfig, sid: int) -> int | None:
+    """How many leading layers of pipeline chunk ``sid`` recompute fully (``None``: all of
+    them, or no full recompute): its ``stage_recompute_layers`` entry, else
+    ``recompute_num_layers``."""
+    if cfg.recompute != "full":
+        return None
+    if cfg.stage_recompute_layers is not None:
+        return cfg.stage_recompute_layers[sid]
+    return cfg.recompute_num_layers
+
+
+def _fully_shard(part: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh, shard: int,
+                 mp: MixedPrecisionPolicy, offload: OffloadPolicy) -> None:
+    """ZeRO-2/3 as FSDP2, per block then the whole stage: parameters resharded after forward
+    for ZeRO-3, kept to backward for ZeRO-2; HSDP (shard groups replicated) when the groups
+    are smaller than ``dp``."""
+    dp_mesh = mesh["dp_replicate", "dp_shard"] if cfg.dp > shard else mesh["dp_shard"]
+    reshard = cfg.zero_stage == 3
+    for _, block in _blocks(part):
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+                    offload_policy=offload)
+    fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
+                offload_policy=offload)
+
+
+def _replicate(part: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy) -> None:
+    """ZeRO-0 beside tensor or pipeline parallel: DDP does not compose with DTensor (TP) or
+    pipeline stages; FSDP2's replicate does, at the cost of an unsharded copy of the
+    parameters from forward to backward, which the cost model counts."""
+    try:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+    except ImportError as e:
+        raise SpecError("zero_stage 0 with tensor or pipeline parallel needs FSDP2's "
+                        "replicate (torch 2.13 has it); upgrade torch or use "
+                        "zero_stage 2") from e
+    for _, block in _blocks(part):
+        replicate(block, mesh=mesh["dp_replicate"], mp_policy=mp)
+    replicate(part, mesh=mesh["dp_replicate"], mp_policy=mp)
+
+
+def _data_parallel(part: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh, shard: int,
+                   mp: MixedPrecisionPolicy, offload: OffloadPolicy, dev: torch.device,
+                   meta: bool) -> None:
+    """Data parallelism on one stage: FSDP2 for ZeRO-2/3; for plain data parallel DDP, as
+    torchtitan runs it (its composable ``replicate``, bucketed all-reduce overlapping
+    backward; parameters broadcast from rank 0 at wrap time, so they are materialised
+    first), with autocast for mixed precision; otherwise FSDP2's replicate."""
+    if cfg.zero_stage >= 2:
+        _fully_shard(part, cfg, mesh, shard, mp, offload)
+    elif _pure_dp(cfg):
+        if meta:
+            _materialise(part, dev)
+        ddp(part, device_mesh=mesh["dp_replicate"])
+    else:
+        _replicate(part, mesh, mp)
+
+
+def _pure_dp(cfg: ParallelConfig) -> bool:
+    """Whether the plan is plain data parallel: ZeRO-0 without tensor, pipeline or context
+    parallelism (run as DDP)."""
+    return cfg.zero_stage == 0 and cfg.tp == cfg.pp == cfg.cp == 1
 
 
 def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = None,
@@ -456,28 +601,15 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     ``loss_fn(logits, labels)``: default mean token cross entropy. ``force``: run a plan
     whose estimate does not fit the GPUs' memory (refused with ``Infeasible`` otherwise).
     """
-    cfg, job = plan.config, plan.job
     check(plan, reference=isinstance(module, Transformer), force=force)
-    if not isinstance(module, nn.Module):
-        raise SpecError(f"apply takes a torch nn.Module, got {type(module).__name__}")
-    if isinstance(module, Transformer) and module.spec.num_layers != plan.model.num_layers:
-        raise SpecError(f"the module has {module.spec.num_layers} layers but the plan's model "
-                        f"{plan.model.name!r} has {plan.model.num_layers}")
-    blocks = _blocks(module)
-    needs_blocks = cfg.pp > 1 or cfg.recompute != "none"
-    if needs_blocks and len(blocks) != plan.model.num_layers:
-        raise SpecError(f"the plan cuts {plan.model.num_layers} transformer layers into stages "
-                        "or recomputes them, but the module's 'layers' holds "
-                        f"{len(blocks)}; give it a 'layers' ModuleDict/ModuleList of blocks")
+    job, cfg, _ = plan.training()
+    _check_module(plan, module, cfg)
     dev = torch.device(device) if device is not None else _default_device()
     loss = loss_fn or cross_entropy
 
     _init_distributed(cfg.world_size, dev)
-    shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage >= 2 else 1
-    sizes = {"pp": cfg.pp, "dp_replicate": cfg.dp // shard, "dp_shard": shard, "cp": cfg.cp,
-             "tp": cfg.tp}
-    mesh = init_device_mesh(dev.type, tuple(sizes[d] for d in MESH_DIMS),
-                            mesh_dim_names=MESH_DIMS)
+    shard = _shard_size(cfg)
+    mesh = _device_mesh(cfg, dev, shard)
     coord = dict(zip(MESH_DIMS, mesh.get_coordinate() or [], strict=True))
     dp_rank = coord["dp_replicate"] * shard + coord["dp_shard"]
 
@@ -487,69 +619,22 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     stage_ids = [coord["pp"] + k * cfg.pp for k in range(v)]
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if job.precision == "bf16" else MixedPrecisionPolicy())
-    offload: OffloadPolicy = OffloadPolicy()
-    if cfg.offload == "optimizer+params":
-        if dev.type == "cpu":
-            warnings.warn("offload 'optimizer+params' does nothing on CPU processes: the "
-                          "states are in host memory already", UserWarning, stacklevel=2)
-        else:
-            offload = CPUOffloadPolicy()
+    offload = _offload_policy(cfg, dev)
     # FSDP2's CPU offload keeps the sharded parameters (and so the optimizer) in host memory
     # and copies them in for each all-gather: they are materialised on the CPU, not on dev
     # (FSDPParamGroup._validate_cpu_offload_params).
     home = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else dev
 
     meta = any(p.is_meta for p in module.parameters())
-    parts = []
-    for sid in stage_ids:
-        lo, hi = ranges[sid]
-        part = (_cut_stage(module, lo, hi, sid == 0, sid == num_stages - 1, len(stage_ids) > 1)
-                if cfg.pp > 1 else module)
-        if not meta:
-            part.to(home)
-        parts.append(part)
-    pure_dp = cfg.zero_stage == 0 and cfg.tp == cfg.pp == cfg.cp == 1
+    parts = _cut_stages(module, cfg, ranges, stage_ids, home, meta)
+    pure_dp = _pure_dp(cfg)
     for sid, part in zip(stage_ids, parts, strict=True):
         if cfg.tp > 1 and not _apply_tp(part, mesh["tp"], tp_plan or TP_PLAN,
                                         cfg.sequence_parallel):
             raise SpecError("the tensor-parallel plan matched no module of the model; pass "
                             "tp_plan={module path pattern: style} naming its linears")
-        first_n: int | None = None
-        if cfg.recompute == "full":
-            if cfg.stage_recompute_layers is not None:
-                first_n = cfg.stage_recompute_layers[sid]
-            elif cfg.recompute_num_layers is not None:
-                first_n = cfg.recompute_num_layers
-        _apply_recompute(part, cfg.recompute, first_n)
-        if cfg.zero_stage >= 2:
-            dp_mesh = mesh["dp_replicate", "dp_shard"] if cfg.dp > shard else mesh["dp_shard"]
-            reshard = cfg.zero_stage == 3
-            for _, block in _blocks(part):
-                fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
-                            offload_policy=offload)
-            fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
-                        offload_policy=offload)
-        elif pure_dp:
-            # Plain data parallel runs as DDP, as torchtitan does (its composable
-            # ``replicate``, bucketed all-reduce overlapping backward; parameters broadcast
-            # from rank 0 at wrap time, so they are materialised first), with autocast for
-            # mixed precision.
-            if meta:
-                _materialise(part, dev)
-            ddp(part, device_mesh=mesh["dp_replicate"])
-        else:
-            # DDP does not compose with DTensor (TP) or pipeline stages: FSDP2's replicate
-            # does, at the cost of an unsharded copy of the parameters from forward to
-            # backward, which the cost model counts.
-            try:
-                from torch.distributed._composable.replicate_with_fsdp import replicate
-            except ImportError as e:
-                raise SpecError("zero_stage 0 with tensor or pipeline parallel needs FSDP2's "
-                                "replicate (torch 2.13 has it); upgrade torch or use "
-                                "zero_stage 2") from e
-            for _, block in _blocks(part):
-                replicate(block, mesh=mesh["dp_replicate"], mp_policy=mp)
-            replicate(part, mesh=mesh["dp_replicate"], mp_policy=mp)
+        _apply_recompute(part, cfg.recompute, _recomputed_layers(cfg, sid))
+        _data_parallel(part, cfg, mesh, shard, mp, offload, dev, meta)
         if meta and not pure_dp:
             _materialise(part, home)
 

@@ -60,7 +60,8 @@ def sbatch_script(plan: Plan, script: str | None, script_args: list[str], comman
     """The sbatch script that trains ``plan`` on its nodes: the plan embedded as
     ``plan.json``, ``PLANNER_PLAN`` pointing at it, torchrun on every node; with ``force``
     (``planner run --force``) its processes run the plan even if it does not fit."""
-    head = header_lines(plan, plan.config, plan.job, plan.estimate, command, ())
+    job, cfg, est = plan.training()
+    head = header_lines(plan, cfg, job, est, command, ())
     lines = sbatch_preamble(plan, head)
     lines += ["", f"cat > plan.json <<'{EOF_MARK}'", plan.to_json(), EOF_MARK,
               f'export {PLAN_ENV}="$PWD/plan.json"  # read by the script: '

@@ -216,8 +216,9 @@ class Transformer(nn.Module):
             if isinstance(module, nn.Linear | nn.Embedding):
                 std = deep if name.endswith(("attention.wo", "feed_forward.w2")) else INIT_STD
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    nn.init.zeros_(bias)
             elif isinstance(module, nn.RMSNorm | nn.LayerNorm):
                 module.reset_parameters()
 

@@ -76,10 +76,11 @@ def train(plan: Plan, *, steps: int = 5, lr: float = LR, seed: int = 0,
         meta = torch.cuda.is_available()
     module = build_model(plan.model, device="meta" if meta else "cpu", seed=seed)
     run = apply(plan, module)
+    job = plan.training()[0]  # apply refused a serving plan
     opt = run.optimizer(lr=lr)
     out = TrainResult(stage_ids=list(run.stage_ids))
     for step in range(steps):
-        x, y = synthetic_batch(plan.job, plan.model.vocab_size, step, seed)
+        x, y = synthetic_batch(job, plan.model.vocab_size, step, seed)
         t0 = time.perf_counter()
         loss = run.step(run.local_batch(x), run.local_batch(y))
         opt.step()
@@ -133,8 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank = int(os.environ.get("RANK", "0"))
         say = print if rank == 0 else None
         if say:
+            job = plan.training()[0]
             say(f"training {plan.model.name} on {plan.config.world_size} processes, "
-                f"{plan.job.global_batch_size} x {plan.job.seq_len} tokens per step "
+                f"{job.global_batch_size} x {job.seq_len} tokens per step "
                 "(plan loaded, no search)")
         res = train(plan, steps=args.steps, lr=args.lr, seed=args.seed, meta=args.meta,
                     log=say)
