@@ -1,5 +1,5 @@
 """How fast a torch model becomes a layer graph (``LayerGraph.from_module``) and a plan
-(``planner.autoshard.plan_graph``: the sharding ILP on every pipeline degree's mesh, then
+(``planner.graphplan.plan_graph``: the sharding ILP on every pipeline degree's mesh, then
 the stage DP), and in how much memory: Llama-3-8B, Llama-2-70B (the reference transformer
 of their presets) and a 1.3B ViT (26 pre-norm blocks of width 2048, 16 heads, patch 14 on
 224 x 224 images), traced in bf16 on the meta device with one sequence (4,096 tokens) or 8
@@ -21,8 +21,8 @@ import torch
 
 from costmodel import Cluster, Job, ModelSpec
 from costmodel.graph import LayerGraph
-from planner.autoshard import plan_graph
 from planner.examples import ViT
+from planner.graphplan import plan_graph
 from planner.runtime.model import build_model
 
 

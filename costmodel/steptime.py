@@ -94,6 +94,7 @@ from costmodel.stepterms import (
     table_rows,
     tensor_parallel,
 )
+from costmodel.units import MIB
 
 __all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "model_flops_per_token", "optimizer_bytes",
            "time_table"]
@@ -236,7 +237,7 @@ def _last_bucket(r: Rows) -> np.ndarray:
     elif r.fw == "deepspeed":
         bucket = float(r.soft["deepspeed"]["reduce_bucket_size"]) / np.maximum(params, 1.0)
     else:
-        cap = float(r.soft["torchtitan"]["ddp_bucket_cap_mib"]) * 1024**2
+        cap = float(r.soft["torchtitan"]["ddp_bucket_cap_mib"]) * MIB
         bucket = cap / np.maximum(r.g_b * params, 1.0)
     return np.minimum(bucket, 1.0)
 

@@ -38,10 +38,10 @@ from costmodel.inference import (
     InferenceMemory,
     estimate_inference,
 )
-from planner.autoshard import GraphPlan, plan_graph
 from planner.compare import Candidate, Comparison, compare, parse_config
 from planner.explain import Choice, Explanation, Option, explain
 from planner.explore import Frontier, SweepPoint, frontier, sweep
+from planner.graphplan import GraphPlan, plan_graph
 from planner.models import load_model
 from planner.plan import Alternative, Plan, describe, plan
 from planner.progress import Progress

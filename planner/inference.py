@@ -39,6 +39,7 @@ from costmodel.inference import (
     weight_bytes_per_element,
 )
 from costmodel.model import ModelSpec
+from costmodel.units import GIB
 from planner.search import nodes_of
 from planner.space import INFERENCE_FIELDS, Constraints, Rejections
 
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["RULES", "InferenceSearch", "explain_inference",
            "plan_inference", "search_inference"]
 
-GIB = 1024**3
 MAX_SEARCH_BATCH = 4096
 
 #: Rule name -> what it requires (the sentence a user reads when it rejects a value).

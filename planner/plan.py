@@ -29,158 +29,27 @@ from costmodel.inference import (
     estimate_inference,
 )
 from costmodel.model import ModelSpec
+from costmodel.units import GIB
 from hardware_profiles.files import read_text, write_text
+from planner.alternatives import (
+    TERM_LABELS,
+    Alternative,
+    describe,
+    slower_reason,
+)
+from planner.alternatives import (
+    alternatives as lost_alternatives,
+)
 from planner.partition import partition as partition_stages
 from planner.partition import stage_costs
-from planner.search import Found, SearchResult, least_gpus, nodes_of, search
+from planner.search import SearchResult, least_gpus, nodes_of, search
 from planner.space import FIELDS, RULES, Constraints, row_config
 
-__all__ = ["SCHEMA_VERSION", "Alternative", "Plan", "PlanInvalid", "describe", "load_plan",
-           "plan"]
+# Alternative, describe and the reasons live in planner.alternatives; re-exported here.
+__all__ = ["SCHEMA_VERSION", "TERM_LABELS", "Alternative", "Plan", "PlanInvalid", "describe",
+           "load_plan", "plan", "slower_reason"]
 
 SCHEMA_VERSION = 1
-GIB = 1024**3
-#: How each step-time term reads in a reason.
-TERM_LABELS = {
-    "compute": "compute",
-    "recompute": "recompute",
-    "tp_comm": "exposed tensor-parallel communication",
-    "cp_comm": "exposed context-parallel ring exchange",
-    "ep_comm": "expert-parallel all-to-all",
-    "pp_comm": "pipeline send/receive",
-    "fsdp_comm": "exposed ZeRO-3/FSDP parameter gathers",
-    "dp_comm": "exposed data-parallel gradient reduction",
-    "bubble": "pipeline bubble",
-    "optimizer": "optimizer step",
-    "offload": "CPU offload",
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Alternative:
-    """A configuration that lost, and why. ``verdict``: ``slower`` (fits, but takes longer),
-    ``does not fit`` (the least memory of its mesh is over the GPU's), ``bounded`` (never
-    timed: a lower bound on its step time was already slower than the plan) or ``invalid``.
-    Times in seconds, memory in bytes per GPU; ``None`` where not evaluated."""
-
-    framework: str
-    config: ParallelConfig | InferenceConfig | None
-    verdict: str
-    reason: str
-    step_time_s: float | None = None
-    peak_memory_bytes: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serializable form."""
-        return {"framework": self.framework,
-                "config": self.config.to_dict() if self.config else None,
-                "verdict": self.verdict, "reason": self.reason,
-                "step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Alternative:
-        """The inverse of ``to_dict``."""
-        cfg = d.get("config")
-        kind = InferenceConfig if cfg and "replicas" in cfg else ParallelConfig
-        return cls(framework=d["framework"], config=kind(**cfg) if cfg else None,
-                   verdict=d["verdict"], reason=d["reason"], step_time_s=d.get("step_time_s"),
-                   peak_memory_bytes=d.get("peak_memory_bytes"))
-
-
-def describe(cfg: ParallelConfig | InferenceConfig) -> str:
-    """A configuration in one line: only what differs from the defaults, degrees first."""
-    if isinstance(cfg, InferenceConfig):
-        return cfg.describe()
-    parts = [f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"]
-    for key, default in (("cp", 1), ("ep", 1), ("zero_stage", 0), ("sharding_group", None),
-                         ("sequence_parallel", False), ("micro_batch_size", None),
-                         ("virtual_pipeline_stages", 1), ("recompute", "none"),
-                         ("recompute_num_layers", None), ("offload", "none"),
-                         ("stage_layers", None), ("stage_recompute_layers", None)):
-        v = getattr(cfg, key)
-        if v != default:
-            name = {"zero_stage": "zero", "sequence_parallel": "sp", "micro_batch_size": "mbs",
-                    "virtual_pipeline_stages": "v", "sharding_group": "shard"}.get(key, key)
-            parts.append(name if v is True else f"{name}={list(v) if isinstance(v, tuple) else v}")
-    if cfg.pp > 1:
-        parts.append(str(cfg.pipeline_schedule))
-    return " ".join(parts)
-
-
-def slower_reason(best_time: float, best_terms: Mapping[str, float], best_peak: float,
-                  other_time: float, other_terms: Mapping[str, float], other_peak: float) -> str:
-    """Why a configuration taking ``other_time`` seconds lost to one taking ``best_time``: by
-    how much, and the step-time term (``TIME_TERMS``) that grew most."""
-    diff = {t: other_terms.get(t, 0.0) - best_terms.get(t, 0.0) for t in TERM_LABELS}
-    worst = max(diff, key=lambda t: (diff[t], t))
-    pct = 100.0 * (other_time / best_time - 1.0)
-    if pct < 0.05:
-        return (f"as fast within 0.05% ({other_time:.3f} s); ranked after the plan by "
-                + ("peak memory" if other_peak > best_peak else "the stated tie order"))
-    return (f"slower by {pct:.1f}% ({1e3 * (other_time - best_time):.0f} ms), "
-            f"mostly from {TERM_LABELS[worst]} (+{1e3 * diff[worst]:.0f} ms)")
-
-
-def _slower(best: Found, other: Found) -> str:
-    return slower_reason(best.step_time, best.terms, best.peak_memory, other.step_time,
-                         other.terms, other.peak_memory)
-
-
-def _but_layers(cfg: ParallelConfig) -> ParallelConfig:
-    """``cfg`` with every layer recomputed when it recomputes some (``recompute_num_layers``
-    forgotten)."""
-    return dataclasses.replace(cfg, recompute_num_layers=None)
-
-
-def _alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
-    """The runners-up, then per mesh the best that lost and why, then the invalid rules."""
-    best = res.top[0]
-    out = []
-    # One runner-up per configuration up to how many layers it recomputes: the variants of
-    # recompute_num_layers lose for the same reason, by steps of one layer.
-    seen = {_but_layers(row_config(np.array(best.row)))}
-    for f in res.top[1:]:
-        cfg = row_config(np.array(f.row))
-        if _but_layers(cfg) in seen:
-            continue
-        seen.add(_but_layers(cfg))
-        out.append(Alternative(framework=f.framework, config=cfg, verdict="slower",
-                               reason=_slower(best, f), step_time_s=f.step_time,
-                               peak_memory_bytes=f.peak_memory))
-    shown = {f.row for f in res.top}
-    rows = []
-    for (fw, *degrees), o in res.meshes.items():
-        if o.best is not None and o.best.row not in shown:
-            rows.append((0, o.best.step_time, Alternative(
-                framework=fw, config=row_config(np.array(o.best.row)), verdict="slower",
-                reason=_slower(best, o.best), step_time_s=o.best.step_time,
-                peak_memory_bytes=o.best.peak_memory)))
-        elif o.best is None and o.nearest is not None:
-            n = o.nearest
-            why = (f"does not fit by {(n.peak_memory - capacity) / GIB:.2f} GiB on stage "
-                   f"{n.peak_stage} (the least memory of this mesh: "
-                   f"{n.peak_memory / GIB:.2f} of {capacity / GIB:.1f} GiB)"
-                   if n.peak_memory > capacity else
-                   "does not fit: what it offloads exceeds the GPU's share of host memory")
-            rows.append((1, n.peak_memory, Alternative(
-                framework=fw, config=row_config(np.array(n.row)), verdict="does not fit",
-                reason=why, peak_memory_bytes=n.peak_memory)))
-        elif o.best is None and np.isfinite(o.floor):
-            mesh = dict(zip(("dp", "tp", "pp", "cp", "ep"), degrees, strict=True))
-            rows.append((2, o.floor, Alternative(
-                framework=fw, config=None, verdict="bounded",
-                reason=" ".join(f"{k}={v}" for k, v in mesh.items()) + ": slower: at least "
-                f"{o.floor:.3f} s before any ZeRO-3 traffic, gradient reduction or optimizer "
-                f"step ({100 * (o.floor / best.step_time - 1):.1f}% over the plan)")))
-    rows.sort(key=lambda r: (r[0], r[1], r[2].reason))
-    out += [r[2] for r in rows]
-    for fw, rejected in res.rejected.items():
-        for rule, (count, example) in sorted(rejected.items()):
-            out.append(Alternative(framework=fw, config=None, verdict="invalid",
-                                   reason=f"{count} value(s) such as {example}: {RULES[rule]}"))
-    return tuple(out)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """The chosen configuration, its estimate, what lost and why.
@@ -583,7 +452,7 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     ``model``: a ``ModelSpec`` (the analytic search below, returning a ``Plan``), a
     ``LayerGraph`` or a ``torch.nn.Module`` with ``example_inputs`` (one micro-batch, or a
     function of the micro-batch size returning one, to search the micro-batch too): the
-    graph path, ``planner.autoshard.plan_graph``, returning a ``GraphPlan`` (per-op
+    graph path, ``planner.graphplan.plan_graph``, returning a ``GraphPlan`` (per-op
     sharding on a 2-D mesh per pipeline stage; ``Infeasible`` when nothing fits). A module built by
     ``planner.runtime.build_model`` carries its ``ModelSpec`` and takes the analytic path,
     whose answers the graph of such a module matches (``tests/test_graph.py``).
@@ -634,7 +503,7 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     chosen_job = res.jobs[best.framework]
     cfg = row_config(np.array(best.row))
     est = estimate(model, cluster, chosen_job, cfg)
-    alternatives = _alternatives(res, plan_capacity(cluster, job))
+    alternatives = lost_alternatives(res, plan_capacity(cluster, job))
     if partition:
         cfg, est, chosen_job, alternatives = _refine(model, cluster, res, cfg, est, chosen_job,
                                                      alternatives)
@@ -653,7 +522,7 @@ def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     GPUs needs that many samples), is traced and planned, and the fastest plan is kept
     (ties: the smaller micro-batch)."""
     from costmodel.graph import LayerGraph
-    from planner.autoshard import plan_graph
+    from planner.graphplan import plan_graph
 
     if not isinstance(cluster, Cluster):
         raise SpecError(f"cluster must be a Cluster, got {type(cluster).__name__}")

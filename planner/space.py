@@ -32,7 +32,8 @@ from costmodel.hardware import Cluster
 from costmodel.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
 from costmodel.model import ModelSpec
 
-__all__ = ["FIELDS", "INFERENCE_FIELDS", "PRESETS", "RULES", "Constraints", "Space", "build_space"]
+__all__ = ["FIELDS", "INFERENCE_FIELDS", "PRESETS", "RULES", "Constraints", "Space", "build_space",
+           "divisors"]
 
 #: ParallelConfig fields a constraint may name.
 FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding_group", "sequence_parallel",
@@ -82,7 +83,9 @@ RULES: dict[str, str] = {
 }
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order: every degree a dimension of ``n`` GPUs (or a
+    batch of ``n``) can take. The one enumeration of degrees the searches use."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -382,7 +385,7 @@ def _shardings(fw: Framework, f: _Filter, dp: int, pp: int, cp: int, ep: int
     out = []
     for z in zeros:
         groups = [dp] if z == 0 else f.keep(
-            "sharding_group", sorted(_divisors(dp), reverse=True),
+            "sharding_group", sorted(divisors(dp), reverse=True),
             [("shard_hybrid", lambda g, z=z: g == dp or z in fw.hybrid_shard_stages),
              ("shard_experts", lambda g: (g * cp) % ep == 0)],
             show=lambda g, z=z: f"zero_stage={z} sharding_group={g}",
@@ -444,7 +447,7 @@ def build_space(model: ModelSpec, cluster: Cluster, job: Job,
     world, gpn, L = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
     ffn = [model.ffn_hidden_size or 0] + ([model.moe_ffn_hidden_size or 0] if model.is_moe
                                           else [])
-    tps = f.keep("tp", _divisors(world), [
+    tps = f.keep("tp", divisors(world), [
         ("tp_node", lambda t: gpn % t == 0),
         ("tp_heads", lambda t: model.num_heads % t == 0 and model.num_kv_heads % t == 0),
         ("tp_ffn", lambda t: all(x % t == 0 for x in ffn))])
@@ -456,11 +459,11 @@ def build_space(model: ModelSpec, cluster: Cluster, job: Job,
     z_tables: list[np.ndarray] = []
     r_tables: list[np.ndarray] = []
     for tp in tps:
-        pps = f.keep("pp", _divisors(world // tp), [
+        pps = f.keep("pp", divisors(world // tp), [
             ("pp_layers", lambda p: p <= L)], show=lambda p, tp=tp: f"tp={tp} pp={p}")
         for pp in pps:
             scheds = _schedules(fw, f, L, pp)
-            cps = f.keep("cp", _divisors(world // (tp * pp)), [
+            cps = f.keep("cp", divisors(world // (tp * pp)), [
                 ("cp_seq", lambda c: job.seq_len % c == 0),
                 ("mesh_nodes", lambda c, tp=tp: gpn % (tp * c) == 0 or (tp * c) % gpn == 0)],
                 show=lambda c, tp=tp, pp=pp: f"tp={tp} pp={pp} cp={c}")
@@ -475,8 +478,8 @@ def build_space(model: ModelSpec, cluster: Cluster, job: Job,
                              [("sp_seq", lambda s, cp=cp, tp=tp: not s
                                or (job.seq_len // cp) % tp == 0),
                               ("sp_framework", lambda s: not s or fw.sequence_parallel)])
-                mbss = f.keep("micro_batch_size", _divisors(job.global_batch_size // dp))
-                eps = f.keep("ep", _divisors(dp * cp) if model.is_moe else [1], [
+                mbss = f.keep("micro_batch_size", divisors(job.global_batch_size // dp))
+                eps = f.keep("ep", divisors(dp * cp) if model.is_moe else [1], [
                     ("ep_experts", lambda e: model.num_experts % e == 0)],
                     show=lambda e, tp=tp, pp=pp, cp=cp: f"tp={tp} pp={pp} cp={cp} ep={e}")
                 for ep in eps:

@@ -18,14 +18,8 @@ from costmodel import Cluster, Infeasible, Job, ModelSpec, SpecError  # noqa: E4
 from costmodel.comm import Topology  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
 from costmodel.sharding import PARTIAL, REPLICATE, op_loops, reshard_time, view_map  # noqa: E402
-from planner.autoshard import (  # noqa: E402
-    Mesh,
-    ShardingProblem,
-    _stage_dp,
-    brute_force,
-    plan_graph,
-    solve,
-)
+from planner.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
+from planner.graphplan import _stage_dp, plan_graph  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 
 NODE = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)

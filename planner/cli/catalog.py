@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import hardware_profiles
 from costmodel import ModelSpec
 from costmodel.hardware import GPU
-from planner.cli.common import GIB, add_command, print_json
+from costmodel.units import GIB
+from planner.cli.common import add_command, print_json
 
 if TYPE_CHECKING:
     from planner.cli.common import Subparsers

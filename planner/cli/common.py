@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     #: What ``add_subparsers`` returns: each subcommand module adds its parser to it.
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
-GIB = 1024**3
 #: Types of the keys of a cluster TOML file.
 CLUSTER_KEYS: dict[str, type | tuple[type, ...]] = {
     "gpu": str, "num_nodes": int, "gpus_per_node": int, "intra_node_link": str,

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from costmodel import Infeasible, Job
 from costmodel.estimate import Estimate
+from costmodel.units import GIB
 from hardware_profiles.files import write_text
-from planner.cli.common import FORCE_HELP, GIB, add_command, load_saved_plan, warn
+from planner.cli.common import FORCE_HELP, add_command, load_saved_plan, warn
 from planner.emit import TARGETS, emit
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from costmodel.hardware import Link
 from costmodel.inference import InferenceConfig, InferenceJob, estimate_inference
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
+from costmodel.units import GIB
 from planner.cli.common import (
-    GIB,
     add_command,
     add_common_args,
     add_inference_args,

@@ -11,11 +11,11 @@ from costmodel.config import Job, ParallelConfig
 from costmodel.estimate import Estimate
 from costmodel.frameworks import framework
 from costmodel.model import ModelSpec
+from costmodel.units import GIB
 
 if TYPE_CHECKING:
     from planner.plan import Plan
 
-GIB = 1024**3
 
 
 @dataclass(frozen=True, kw_only=True)

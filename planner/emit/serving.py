@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from costmodel.errors import SpecError
 from costmodel.inference import InferenceConfig, InferenceEstimate, InferenceJob
+from costmodel.units import GIB
 
 if TYPE_CHECKING:
     from planner.plan import Plan
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["SERVING_TARGETS", "emit_serving", "read_serving"]
 
 SERVING_TARGETS = ("vllm", "tensorrt-llm")
-GIB = 1024**3
 # vLLM's default --gpu-memory-utilization (vllm/engine/arg_utils.py, EngineArgs).
 VLLM_DEFAULT_UTILIZATION = 0.9
 #: vLLM --quantization method for each weight format; int8 and int4 need a checkpoint

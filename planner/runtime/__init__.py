@@ -25,6 +25,7 @@ from costmodel.config import Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
 from costmodel.frameworks import pipelining_problem
 from costmodel.model import ModelSpec
+from costmodel.units import GIB
 
 if TYPE_CHECKING:
     from planner.plan import Plan
@@ -103,8 +104,8 @@ def check(plan: Plan, reference: bool = True, force: bool = False) -> None:
     if problems:
         raise SpecError("planner.apply cannot run this plan: " + "; ".join(problems))
     if not (force or os.environ.get(FORCE_ENV) == "1") and not est.fits:
-        raise Infeasible(f"the plan does not fit: {est.peak_memory_bytes / 1024**3:.1f} GiB "
-                         f"per GPU of {est.memory_capacity_bytes / 1024**3:.1f} GiB; re-plan "
+        raise Infeasible(f"the plan does not fit: {est.peak_memory_bytes / GIB:.1f} GiB "
+                         f"per GPU of {est.memory_capacity_bytes / GIB:.1f} GiB; re-plan "
                          "it, or pass force=True (planner run --force) to run it anyway")
 
 
