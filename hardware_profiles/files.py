@@ -115,7 +115,8 @@ def to_toml(table: Mapping[str, Any], header: str = "", notes: Mapping[str, str]
     ``header``: comment lines at the top. ``notes``: comment lines written under a table's
     header line, keyed by its dotted name as written (``"bands"``, ``"transfer.architecture"``).
     ``inline``: names of tables whose sub-mappings are written as inline tables, one per line,
-    instead of tables of their own (e.g. one line per run)."""
+    instead of tables of their own (e.g. one line per run). A dotted table name is written by
+    nesting: ``{"a": {"b": {...}}}`` is ``[a.b]``."""
     notes = notes or {}
     lines = _comment(header)
 
@@ -129,7 +130,11 @@ def to_toml(table: Mapping[str, Any], header: str = "", notes: Mapping[str, str]
         for k, v in t.items():
             if isinstance(v, Mapping):
                 name = f"{prefix}.{_toml_key(k)}" if prefix else _toml_key(k)
-                lines.extend(["", f"[{name}]", *_comment(notes.get(name, ""))])
+                # A table holding only tables needs no header line of its own.
+                bare = v and name not in inline and name not in notes and \
+                    all(isinstance(x, Mapping) for x in v.values())
+                if not bare:
+                    lines.extend(["", f"[{name}]", *_comment(notes.get(name, ""))])
                 emit(name, v)
 
     emit("", table)

@@ -20,7 +20,6 @@ V-shaped ``ZBVZeroBubble`` with two stages per rank.
 from __future__ import annotations
 
 import dataclasses
-import json
 import tomllib
 from typing import Any
 
@@ -28,6 +27,7 @@ from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate
 from costmodel.model import ModelSpec
+from hardware_profiles.files import to_toml
 from planner.emit.common import (
     Lowered,
     ReadBack,
@@ -103,16 +103,6 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
         ch.set_job("torchtitan's async TP needs torch.compile: emitted with compile on",
                    compile=True)
     return ch.result()
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    return "[" + ", ".join(_value(x) for x in v) + "]"
 
 
 def _parts(model: ModelSpec, cfg: ParallelConfig) -> list[list[str]]:
@@ -205,11 +195,19 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
                     f"n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads="
                     f"{m.num_kv_heads}, vocab_size={m.vocab_size}, ffn hidden "
                     f"{m.ffn_hidden_size}) or set [model] to your own train spec")
-    body = []
-    for table, values in sections(plan.model, job, config).items():
-        body.append(f"\n[{table}]")
-        body += [f"{k} = {_value(v)}" for k, v in values.items()]
-    return commented(head) + "\n" + "\n".join(body) + "\n"
+    return commented(head) + "\n\n" + to_toml(_nested(sections(plan.model, job, config)))
+
+
+def _nested(tables: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """torchtitan's dotted table names (``quantize.linear.float8``) as nested tables, the
+    form ``to_toml`` writes them from."""
+    out: dict[str, Any] = {}
+    for name, values in tables.items():
+        t = out
+        for part in name.split("."):
+            t = t.setdefault(part, {})
+        t.update(values)
+    return out
 
 
 def read(text: str, model: ModelSpec) -> ReadBack:
