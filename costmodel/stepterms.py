@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -92,27 +93,27 @@ class Rows:
         """Stage columns that are real stages (not padding)."""
         return self.mem.valid
 
-    @property
+    @cached_property
     def nl(self) -> np.ndarray:
         """Layers of each stage."""
         return self.mem.num_layers.astype(float)
 
-    @property
+    @cached_property
     def nm(self) -> np.ndarray:
         """MoE layers of each stage."""
         return self.mem.moe_layers.astype(float)
 
-    @property
+    @cached_property
     def rd(self) -> np.ndarray:
         """Dense layers fully recomputed in each stage."""
         return self.mem.recomputed_dense.astype(float)
 
-    @property
+    @cached_property
     def rm(self) -> np.ndarray:
         """MoE layers fully recomputed in each stage."""
         return self.mem.recomputed_moe.astype(float)
 
-    @property
+    @cached_property
     def rec_layers(self) -> np.ndarray:
         """Layers whose forward runs again in backward (full recompute)."""
         return np.where(self.a.recompute == 2, self.rd + self.rm, 0.0)
