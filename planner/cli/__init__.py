@@ -5,10 +5,10 @@ Bad input prints one line naming what is wrong and exits with status 2, never a 
 valid question that no configuration answers (nothing fits) exits with status 3 and says what
 would fit.
 
-One module per subcommand (``models``, ``gpus`` and ``clusters`` share ``catalog``), each with
-``add_parser(subparsers)`` and its ``cmd_*`` handler; ``common`` holds the shared flags, the
-loading of a model, cluster, job and constraints from them, and the output helpers. Torch is
-imported only by the commands that need it.
+One module per subcommand (``gpus`` and ``clusters``, listings like ``models``, share its
+module), each with ``add_parser(subparsers)`` and its ``cmd_*`` handler; ``common`` holds the
+shared flags, the loading of a model, cluster, job and constraints from them, and the output
+helpers. Torch is imported only by the commands that need it.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from costmodel import Infeasible, SpecError
 from planner.cli import (
     calibrate,
-    catalog,
     compare,
     emit,
     estimate,
     explain,
+    models,
     plan,
     plot,
     profile,
@@ -39,7 +39,7 @@ __all__ = ["EXIT_INFEASIBLE", "EXIT_USAGE", "build_parser", "main"]
 
 #: The subcommand modules, in the order ``planner --help`` lists them.
 COMMANDS = (estimate, plan, explain, compare, emit, plot, run, validate, profile, calibrate,
-            catalog)
+            models)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
-"""``planner models``, ``planner gpus`` and ``planner clusters``: the shipped model presets,
-GPU profiles and cluster presets."""
+"""``planner models``, and the listings beside it, ``planner gpus`` and ``planner clusters``:
+the shipped model presets, GPU profiles and cluster presets."""
 
 from __future__ import annotations
 
