@@ -99,6 +99,12 @@ class Job:
     ``loss_fn: fused_crossentropy``, flash-attn's Triton kernel,
     llmfoundry/models/mpt/modeling_mpt.py) rather than torch's ``F.cross_entropy``; None:
     the trainer's own (``Framework.fused_cross_entropy``).
+    ``distribute_saved_activations``: under full recompute without sequence parallel, each
+    tensor-parallel rank keeps only its 1/tp slice of the layer input it saved and all-gathers
+    it before recomputing the layer (Megatron-LM ``--distribute-saved-activations``,
+    megatron/core/tensor_parallel/random.py ``CheckpointFunction``; metaseq's
+    ``--distribute-checkpointed-activations``; DeepSpeed's ``partition_activations``).
+    Rows with another recompute mode, with SP or with tp = 1 ignore it.
     ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
     (Fedus et al. 2022); ``None`` is dropless routing with an even load.
     ``memory_reserve``: the share of each GPU's memory a plan keeps free for what the estimate
@@ -127,6 +133,7 @@ class Job:
     compile: bool = False
     fp8_param_gather: bool = False
     fused_cross_entropy: bool | None = None
+    distribute_saved_activations: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("Job", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)
@@ -140,7 +147,7 @@ class Job:
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
                     "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm",
-                    "compile", "fp8_param_gather"):
+                    "compile", "fp8_param_gather", "distribute_saved_activations"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         if self.fused_cross_entropy is not None and not isinstance(self.fused_cross_entropy,

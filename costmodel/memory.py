@@ -210,6 +210,9 @@ def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArray
 
     none = attn_rep + core_keep + core_scores + mlp
     full = e_res * tokens * h * rep
+    if job.distribute_saved_activations:
+        # Each TP rank keeps its 1/tp slice of the saved layer input (Job docstring).
+        full = full * np.where(a.sp == 1, 1.0, 1.0 / tp)
     selective = none - core_scores
     if fw.selective_recompute == "op":
         # torchtitan's per-op selective AC (frameworks.Framework.selective_recompute) keeps

@@ -183,13 +183,14 @@ class _TPCollectives:
 class TensorParallel:
     """TP communication per micro-batch: ``exposed`` per stage (with the forward collectives
     full recompute runs again), and what ``detail`` adds up into its total: one layer's
-    forward and backward collectives, the embedding's and the head's, one forward pass."""
+    forward and backward collectives, the embedding's and the head's, and all that full
+    recompute adds per stage."""
 
     exposed: np.ndarray
     layer_total: np.ndarray
     emb: np.ndarray
     head: np.ndarray
-    per_pass: np.ndarray
+    rec_total: np.ndarray
 
 
 def _tp_forward(c: _TPCollectives, sp: np.ndarray, lc: LayerCompute) -> np.ndarray:
@@ -248,12 +249,18 @@ def tensor_parallel(r: Rows) -> TensorParallel:
     # vocabulary-parallel cross entropy all-reduces 3 fp32 values per token (max, sum, target).
     emb = np.where(r.sp, ag, ar)
     head = np.where(r.sp, 2 * ag, ar) + 3 * r.topo.all_reduce(4.0 * r.tokens, r.tp, 1.0)
-    # Full recompute runs each recomputed layer's forward collectives again.
+    # Full recompute runs each recomputed layer's forward collectives again, after gathering
+    # the saved layer input when its TP ranks kept a slice each (distributed saved
+    # activations, Job docstring; none with SP, whose input is already split).
     rec = r.rd * dense_f + r.rm * moe_f if c.pipelined else r.rec_layers * c.per_pass
+    gather: np.ndarray | float = 0.0
+    if r.job.distribute_saved_activations:
+        gather = r.rec_layers * np.where(r.sp, 0.0, ag)
+        rec = rec + gather
     return TensorParallel(
         exposed=r.per_stage(dense_f + dense_b, moe_f + moe_b, emb, head) + rec,
         layer_total=2 * c.per_pass + np.where(r.sp & (r.fw == "megatron"), 2 * ag, 0.0),
-        emb=emb, head=head, per_pass=c.per_pass)
+        emb=emb, head=head, rec_total=r.rec_layers * c.per_pass + gather)
 
 
 def context_parallel(r: Rows) -> tuple[np.ndarray, np.ndarray]:

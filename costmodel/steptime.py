@@ -419,7 +419,7 @@ def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
                          bottleneck_stage=b, model_flops=mf, hardware_flops=None,
                          floor=floor, exact=exact)
     tp_total = r.per_stage(tp.layer_total, tp.layer_total, tp.emb, tp.head) \
-        + r.rec_layers * tp.per_pass
+        + tp.rec_total
     comm_total = {
         "tp": m * at(tp_total, b),
         "cp": m * at(r.per_stage(cp_layer, cp_layer), b),

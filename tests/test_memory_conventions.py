@@ -128,3 +128,24 @@ def test_fp8_saves_linear_inputs_in_one_byte() -> None:
                                      precision="fp8"), ParallelConfig(dp=8))
     assert f.stages[0].layer_activations_bytes < b.stages[0].layer_activations_bytes
     assert f.memory.optimizer_bytes == b.memory.optimizer_bytes
+
+
+def test_distributed_saved_activations_keep_a_tp_slice_of_each_layer_input() -> None:
+    # Megatron-LM --distribute-saved-activations (CheckpointFunction splits the saved layer
+    # input over the TP group and all-gathers it before recomputing): under full recompute
+    # without SP each rank keeps 1/tp of the 2sbh bytes per layer, and the backward gathers
+    # it once per recomputed layer. Ignored with SP (the input is already split).
+    cluster = Cluster.preset("dgx-h100", num_nodes=1)
+    cfg = ParallelConfig(dp=1, tp=8, recompute="full", micro_batch_size=2)
+    plain = Job(global_batch_size=8, seq_len=4096, framework="megatron")
+    dist = Job(global_batch_size=8, seq_len=4096, framework="megatron",
+               distribute_saved_activations=True)
+    a, b = estimate(MODEL, cluster, plain, cfg), estimate(MODEL, cluster, dist, cfg)
+    saved = 2 * 4096 * 2 * MODEL.hidden_size * MODEL.num_layers  # bf16 inputs, all layers
+    in_flight = a.stages[0].in_flight_micro_batches
+    assert (a.memory.activations_bytes - b.memory.activations_bytes) == pytest.approx(
+        saved * (1 - 1 / 8) * in_flight, rel=1e-9)
+    assert b.time_breakdown_s["tp_comm"] > a.time_breakdown_s["tp_comm"]
+    sp = ParallelConfig(dp=1, tp=8, recompute="full", micro_batch_size=2, sequence_parallel=True)
+    assert estimate(MODEL, cluster, dist, sp).to_dict() == estimate(MODEL, cluster, plain,
+                                                                    sp).to_dict()

@@ -161,6 +161,9 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     jb.add_argument("--fp8-param-gather", action="store_true",
                     help="Megatron-LM fp8: parameters kept and gathered in fp8 (NeMo's fp8 "
                     "recipes set it)")
+    jb.add_argument("--distribute-saved-activations", action="store_true",
+                    help="full recompute without SP: each TP rank keeps a 1/tp slice of the "
+                    "saved layer input (Megatron-LM's --distribute-saved-activations)")
     jb.add_argument("--moe-capacity-factor", type=float,
                     help="expert capacity factor (default: dropless, even routing)")
     jb.add_argument("--memory-reserve", type=float, default=5.0, metavar="PERCENT",
@@ -395,6 +398,7 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                overlap_grad_reduce=not args.no_overlap_grad_reduce,
                tp_comm_overlap=args.tp_comm_overlap, compile=args.compile,
                fp8_param_gather=args.fp8_param_gather,
+               distribute_saved_activations=args.distribute_saved_activations,
                fused_cross_entropy=True if args.fused_cross_entropy else None,
                overlap_p2p_comm=not args.no_overlap_p2p_communication,
                moe_capacity_factor=args.moe_capacity_factor,

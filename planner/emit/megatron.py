@@ -173,15 +173,20 @@ def _offload_args(cfg: ParallelConfig) -> list[Any]:
             "--use-precision-aware-optimizer"]
 
 
-def _recompute_args(cfg: ParallelConfig) -> list[Any]:
+def _recompute_args(job: Job, cfg: ParallelConfig) -> list[Any]:
     """Activation recompute: the attention core (``selective``), or whole layers (``full``:
-    the first ``recompute_num_layers`` of each pipeline chunk, or every layer)."""
+    the first ``recompute_num_layers`` of each pipeline chunk, or every layer), their saved
+    inputs split over the TP ranks when the job distributes them (Megatron-LM allows it with
+    full recompute, tp > 1 and no sequence parallel)."""
     if cfg.recompute == "selective":
         return ["--recompute-granularity", "selective"]
     if cfg.recompute == "full":
         n = cfg.recompute_num_layers
-        return ["--recompute-granularity", "full", "--recompute-method",
-                "uniform" if n is None else "block", "--recompute-num-layers", n or 1]
+        a: list[Any] = ["--recompute-granularity", "full", "--recompute-method",
+                        "uniform" if n is None else "block", "--recompute-num-layers", n or 1]
+        if job.distribute_saved_activations and cfg.tp > 1 and not cfg.sequence_parallel:
+            a.append("--distribute-saved-activations")
+        return a
     return []
 
 
@@ -205,7 +210,7 @@ def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
     group of trainer arguments after the other."""
     a = [*_model_args(model, job), *_moe_args(model, job), *_parallel_args(model, job, cfg),
          *_zero_args(cfg), *_overlap_args(job, cfg), *_offload_args(cfg),
-         *_recompute_args(cfg), *_precision_args(job, cfg), *_kernel_args(job)]
+         *_recompute_args(job, cfg), *_precision_args(job, cfg), *_kernel_args(job)]
     return [str(x) for x in a]
 
 

@@ -83,6 +83,9 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
             "the V-shaped ZBVZeroBubble (2 stages per rank), whose bubble is smaller than the "
             "one-stage ZB-H1 the estimate times ('planner run' runs that one)")
     uniform_stage_recompute(ch, "torchtitan")
+    if ch.job.distribute_saved_activations and ch.cfg.recompute == "full" and ch.cfg.tp > 1:
+        ch.set_job("torchtitan keeps each recomputed layer's whole input on every TP rank (no "
+                   "distributed saved activations): emitted so", distribute_saved_activations=False)
     n = ch.cfg.recompute_num_layers
     if n is not None:
         c = chunk_layers(model, ch.cfg)
