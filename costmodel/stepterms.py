@@ -58,10 +58,11 @@ class Rows:
     mem: MemoryTable
     topo: Topology
     soft: Mapping[str, Any]
-    e: float  # bytes per activation element
+    e: float  # bytes per activation element and per parameter as gathered (compute_bytes)
     w_b: float  # bytes per weight as gathered after the optimizer (ZeRO 1/2)
     g_b: float  # bytes per gradient element as reduced
     cf: float  # MoE capacity factor
+    host_bw: float  # achieved GPU-host bytes/s (offload)
     stage: np.ndarray
     count: np.ndarray
     first: np.ndarray
@@ -74,6 +75,7 @@ class Rows:
     ep: np.ndarray
     v: np.ndarray
     tokens: np.ndarray  # per micro-batch per GPU
+    z: np.ndarray  # ZeRO/FSDP shard degree of the dense parameters (1 without ZeRO)
     sp: np.ndarray
     autocast: np.ndarray
     dense: LayerCompute
@@ -153,6 +155,7 @@ def table_rows(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays, me
     return Rows(
         model=model, cluster=cluster, job=job, a=a, mem=mem, topo=Topology.of(cluster),
         soft=soft, e=compute_bytes(job.precision), w_b=w_b, g_b=g_b, cf=cf,
+        host_bw=gpu.host().achieved_bytes_per_s, z=a.shard.astype(float),
         stage=st.index, count=st.count, first=(st.index == 0), last=(st.index == a.pp - 1),
         m=mem.num_micro_batches.astype(float), tp=a.tp.astype(float), cp=cp,
         dp=a.dp.astype(float), pp=a.pp.astype(float), ep=a.ep.astype(float),
@@ -314,10 +317,8 @@ def _gather(r: Rows, params: np.ndarray, group: np.ndarray, stride: np.ndarray
     """Seconds to all-gather ``params`` parameters (per GPU of the TP/EP group) over ``group``
     ranks ``stride`` apart, in the compute dtype; offloaded parameters first cross PCIe, the
     GPU's shard of them."""
-    comp_b = compute_bytes(r.job.precision)  # parameters are gathered in this dtype
-    t = r.topo.all_gather(comp_b * params, group, stride)
-    host_bw = r.cluster.gpu.host().achieved_bytes_per_s
-    return t + np.where(r.a.offload == 2, r.w_b * params / group / host_bw, 0.0)
+    t = r.topo.all_gather(r.e * params, group, stride)
+    return t + np.where(r.a.offload == 2, r.w_b * params / group / r.host_bw, 0.0)
 
 
 def _scatter(r: Rows, params: np.ndarray, group: np.ndarray, stride: np.ndarray
@@ -325,11 +326,9 @@ def _scatter(r: Rows, params: np.ndarray, group: np.ndarray, stride: np.ndarray
     """Seconds to reduce-scatter the gradients of ``params`` parameters over ``group`` ranks
     ``stride`` apart; with HSDP the shards are then all-reduced across the replicas."""
     t = r.topo.reduce_scatter(r.g_b * params, group, stride)
-    z = r.a.shard.astype(float)
-    replicas = r.dp * r.cp / z
-    t = t + r.topo.all_reduce(r.g_b * params / group, replicas, r.tp * z)
-    host_bw = r.cluster.gpu.host().achieved_bytes_per_s
-    return t + np.where(r.a.offload == 2, r.g_b * params / group / host_bw, 0.0)
+    replicas = r.dp * r.cp / r.z
+    t = t + r.topo.all_reduce(r.g_b * params / group, replicas, r.tp * r.z)
+    return t + np.where(r.a.offload == 2, r.g_b * params / group / r.host_bw, 0.0)
 
 
 def _fsdp2_copies(r: Rows, ag_fwd: np.ndarray, ag_bwd: np.ndarray) -> np.ndarray | float:
@@ -343,7 +342,7 @@ def _fsdp2_copies(r: Rows, ag_fwd: np.ndarray, ag_bwd: np.ndarray) -> np.ndarray
     shard, runs on a stream of its own beside the compute. They happen on one GPU too."""
     if r.fw != "torchtitan":
         return 0.0
-    comp_b = compute_bytes(r.job.precision)
+    comp_b = r.e
     units = (r.nl + r.first + r.last) * r.valid
     copy_bytes = np.where(ag_fwd, 2 * comp_b * (1 + ag_bwd) + comp_b + r.g_b, 0.0)
     copy_kernels = np.where(ag_fwd, 2.0 + ag_bwd, 0.0)
@@ -358,7 +357,7 @@ def sharded(r: Rows) -> Sharded:
     gather and the gradient reduce-scatter share the stream beside the layer's backward;
     the first gather and the last reduce-scatter of a micro-batch are exposed."""
     zero, fw = r.a.zero, r.fw
-    z = r.a.shard.astype(float)
+    z = r.z
     z_exp = np.maximum(z / r.ep, 1.0)
     ag_fwd = (zero == 3) | ((zero == 2) & (fw == "torchtitan"))
     ag_bwd = zero == 3

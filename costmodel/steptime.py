@@ -320,7 +320,7 @@ def _optimizer_offload(r: Rows, sh: Sharded, last_backward: np.ndarray
     gpu_opt = opt_bytes / (gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory)
     rate = float(r.soft["host"]["deepspeed_cpu_adam_params_per_s" if fw == "deepspeed"
                                 else "torch_cpu_adam_params_per_s"]) / r.cluster.gpus_per_node
-    host_bw = gpu.host().achieved_bytes_per_s
+    host_bw = r.host_bw
     off = r.a.offload
     cpu_opt = local / rate
     d2h = r.g_b * local / host_bw

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
 from costmodel.estimate import NEAR_CAPACITY, Estimate
-from costmodel.hardware import Link
 from costmodel.inference import InferenceConfig, InferenceJob, estimate_inference
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
@@ -155,11 +154,6 @@ def _fmt_gib(x: float) -> str:
     return f"{x / GIB:8.2f} GiB"
 
 
-def _link_name(link: Link | str | None) -> str:
-    """A cluster's link by name (a ``Cluster`` holds ``Link`` objects once built)."""
-    return link.name if isinstance(link, Link) else str(link)
-
-
 def estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Estimate) -> str:
     """``planner estimate``'s text: the problem, the configuration, memory per GPU by term
     (and pipeline stage) and the step time by term."""
@@ -173,8 +167,8 @@ def _header(model: ModelSpec, cluster: Cluster, job: Job, est: Estimate) -> list
     return [
         f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters",
         f"cluster  {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name} "
-        f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {_link_name(cluster.intra_node_link)} "
-        f"inside nodes, {cluster.nics_per_node} x {_link_name(cluster.inter_node_link)} per "
+        f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {cluster.intra_link.name} "
+        f"inside nodes, {cluster.nics_per_node} x {cluster.inter_link.name} per "
         "node",
         f"job      {job.global_batch_size} x {job.seq_len} tokens, {job.precision}, "
         f"{job.optimizer}, {job.framework} conventions"
