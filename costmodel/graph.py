@@ -14,9 +14,10 @@ it was) under a ``TorchDispatchMode`` that records every aten op:
   softmax, reduction and pooling ops (``other`` FLOPs), none for views and data movement;
 - the bytes of its output (none for a view or an in-place op: they alias an input) and the
   parameters it reads;
-- the bytes it saves for backward (``torch.autograd.graph.saved_tensors_hooks``; each
-  storage counted once, parameters not counted). Attention, RMS norm and dropout run as the
-  fused kernels a GPU runs (flash attention saves Q, K, V, O and the log-sum-exp, not the
+- the bytes saved for backward (``torch.autograd.graph.saved_tensors_hooks``; each
+  storage counted once, parameters not counted), on an op of the layer whose module saved
+  them, with the op that produced each. Attention, RMS norm and dropout run as the fused
+  kernels a GPU runs (flash attention saves Q, K, V, O and the log-sum-exp, not the
   s x s scores; RMS norm its input and 1/rms; dropout a 1-byte mask), where the meta
   device would take the eager decompositions;
 - which dims of its output can be split without communication inside the op
@@ -30,7 +31,8 @@ Layers: a run of identical children of a ``ModuleList`` / ``ModuleDict`` / ``Seq
 (same class, same parameter names, shapes and dtypes) is traced once and kept as one
 ``Layer`` with ``repeat`` = the run length, so a 126-layer Llama traces one block. Every other
 op belongs to the top-level child of the module it ran in, or to the child of a container
-there (``layers.3``, not ``layers``); ``(root)`` for the module's own ``forward`` and
+there (``layers.3``, not ``layers``); ``(root)`` for the module's own ``forward`` (``(root,
+output side)`` for its ops after the repeated blocks, such as a tied LM head) and
 ``(loss)`` for turning the output into the loss.
 """
 
@@ -128,6 +130,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 _FAMILY_OF = {name: fam for fam, names in FAMILIES.items() for name in names}
 #: The layer of the ops that turn the output into the loss the backward starts from.
 LOSS = "(loss)"
+#: The layers of the root module's own ops: before (or without) repeated blocks, and after.
+ROOT = "(root)"
+ROOT_OUT = "(root, output side)"
 #: Families whose FLOPs are one per output element.
 _PER_ELEMENT = ("elementwise", "norm", "softmax", "reduction", "pool", "loss")
 
@@ -160,13 +165,15 @@ class OpNode:
     ``model_flops``: FLOPs of matmuls, convolutions and attention (2 per multiply-add);
     ``other_flops``: one per output element of elementwise, norm, softmax, reduction,
     pooling and loss ops. ``output_bytes``: bytes of the tensors it creates (0 for views and
-    in-place ops); ``saved_bytes``: bytes of new storages it saves for backward (parameters
-    excluded); ``params``: the parameters it reads (module path names); ``shape``: its
-    (first) output's shape; ``shardable_dims``: dims of that output it can produce split
-    across devices without communication inside the op. Forward ops also keep their
-    tensor ``inputs`` (``TensorRef``), whether their output needs a gradient (``grad``),
-    their ``loops`` (``costmodel.sharding``: the splitting rules) and, for views,
-    ``view_map`` (the input dim of each output dim).
+    in-place ops); ``saved_bytes``: bytes saved for backward that are given to it (new
+    storages its layer saves: its own output, or the layer's input for its first reader;
+    parameters excluded), ``saved_from`` the same as (the node that produced the tensor, -1
+    for a model input or unknown; bytes); ``params``: the parameters it reads (module path
+    names); ``shape``: its (first) output's shape; ``shardable_dims``: dims of that output
+    it can produce split across devices without communication inside the op. Forward ops
+    also keep their tensor ``inputs`` (``TensorRef``), whether their output needs a
+    gradient (``grad``), their ``loops`` (``costmodel.sharding``: the splitting rules) and,
+    for views, ``view_map`` (the input dim of each output dim).
     """
 
     id: int
@@ -179,6 +186,7 @@ class OpNode:
     other_flops: float
     output_bytes: float
     saved_bytes: float
+    saved_from: tuple[tuple[int, float], ...]
     params: tuple[str, ...]
     shape: tuple[int, ...]
     shardable_dims: tuple[int, ...]
@@ -388,6 +396,8 @@ class _Recorder:
         self.producer: dict[int, int] = {}
         self.alive: list[Any] = []
         self.saved_storages: set[int] = set()
+        # (last node recorded, producer, bytes, module path) of each saved storage
+        self.saved_log: list[tuple[int, int, float, str]] = []
         self.unsupported: list[tuple[str, str]] = []
         self.prefix = ""
         self.in_loss = False
@@ -453,12 +463,14 @@ class _Recorder:
         self.nodes.append(dict(
             id=nid, op=str(func), family=family, module=path,
             backward=backward, model_flops=model_flops, other_flops=other,
-            output_bytes=out_bytes, saved_bytes=0.0, params=tuple(params), shape=shape,
+            output_bytes=out_bytes, saved_bytes=0.0, saved_from=(), params=tuple(params),
+            shape=shape,
             shardable_dims=() if family == "unknown" else _shardable(family, shape), **extra))
 
     def saved(self, t: Any) -> Any:
-        """``saved_tensors_hooks`` pack: count each new non-parameter storage once, on the
-        last node recorded in the module saving it."""
+        """``saved_tensors_hooks`` pack: log each new non-parameter storage once, with the
+        last node recorded, the node that produced the tensor and the module saving it
+        (``_attribute_saved`` gives it to a node)."""
         try:
             key = t.untyped_storage()._cdata
             nbytes = float(t.untyped_storage().nbytes())
@@ -466,7 +478,8 @@ class _Recorder:
             key, nbytes = id(t), float(t.numel() * t.element_size())
         if key not in self.saved_storages and key not in self.param_storages and self.nodes:
             self.saved_storages.add(key)
-            self.nodes[-1]["saved_bytes"] += nbytes
+            self.saved_log.append((len(self.nodes) - 1, self.producer.get(id(t), -1), nbytes,
+                                   self.module_path()))
         self.alive.append(t)
         return t
 
@@ -610,7 +623,7 @@ def _layer_of(path: str, runs: dict[str, tuple[str, list[str]]], containers: set
         if path == first or path.startswith(first + "."):
             return first
     if not path:
-        return "(root)"
+        return ROOT
     if path == LOSS:
         return LOSS
     parts = path.split(".")
@@ -618,6 +631,36 @@ def _layer_of(path: str, runs: dict[str, tuple[str, list[str]]], containers: set
     while i < len(parts) and ".".join(parts[:i]) in containers:
         i += 1
     return ".".join(parts[:i])
+
+
+def _attribute_saved(rec: _Recorder, runs: dict[str, tuple[str, list[str]]],
+                     containers: set[str]) -> None:
+    """Give each saved tensor (``rec.saved_log``) to a node of the layer whose module saved
+    it: to its producer when that is in the layer (the op's own output, or an earlier op's),
+    else to the layer's first op reading it (the layer's input, in the layout that op reads
+    it in), else to the last node recorded. Autograd packs an op's inputs before the op
+    runs, so the last node recorded may be the op before it."""
+    def origin(i: int) -> int:
+        """The op a tensor made by node ``i`` comes from, through views."""
+        while i >= 0 and rec.nodes[i]["family"] == "view" and rec.nodes[i].get("inputs"):
+            i = rec.nodes[i]["inputs"][0].source
+        return i
+
+    readers: dict[tuple[str, int], int] = {}
+    for n in rec.nodes:
+        if not n["backward"] and n["family"] != "view":
+            for ref in n.get("inputs", ()):
+                readers.setdefault((n["layer"], origin(ref.source)), n["id"])
+    for last, producer, nbytes, path in rec.saved_log:
+        layer = rec.nodes[last]["layer"] if path == LOSS else _layer_of(path, runs, containers)
+        if layer == ROOT and rec.nodes[last]["layer"] == ROOT_OUT:
+            layer = ROOT_OUT
+        if producer >= 0 and rec.nodes[producer]["layer"] == layer:
+            at = producer
+        else:
+            at = readers.get((layer, origin(producer)), last)
+        rec.nodes[at]["saved_bytes"] += nbytes
+        rec.nodes[at]["saved_from"] += ((producer, nbytes),)
 
 
 def _containers(module: Any) -> set[str]:
@@ -636,13 +679,23 @@ def _assemble(module: Any, rec: _Recorder, params: dict[str, Any],
     graph = nx.DiGraph()
     layers: dict[str, Layer] = {}
     containers = _containers(module)
+    ran = {False: False, True: False}  # a repeated block has run (forward, backward)
     for n in rec.nodes:
         lname = _layer_of(n["module"], runs, containers)
+        ran[n["backward"]] |= lname in runs
+        # The root's own ops on the output side of the blocks (a tied LM head) are a layer
+        # of their own: after the blocks in forward, before them in backward.
+        if lname == ROOT and runs and ran[False] and not (n["backward"] and ran[True]):
+            lname = ROOT_OUT
         n["layer"] = lname
+    _attribute_saved(rec, runs, containers)
+    for n in rec.nodes:
+        lname = n["layer"]
         node = OpNode(**n)
         graph.add_node(node.id, node=node)
         if lname not in layers:
-            sub = module.get_submodule(lname) if lname not in ("(root)", LOSS) else module
+            sub = module.get_submodule(lname) if lname not in (ROOT, ROOT_OUT, LOSS) \
+                else module
             layers[lname] = Layer(name=lname,
                                   module_type="loss" if lname == LOSS else type(sub).__name__,
                                   repeat=len(runs[lname][1]) if lname in runs else 1)

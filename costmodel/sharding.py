@@ -47,6 +47,7 @@ operator (Shoeybi et al. 2019, Fig. 3).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,13 +70,16 @@ class Loop:
     ``ins``: for each tensor input (in argument order), the dim it runs along, or ``None``
     where the input is the same all along it; ``out``: the output dim, or ``None`` when the
     loop is summed over (splitting it leaves partial sums); ``size``: its extent; ``role``:
-    ``b``/``m``/``n``/``k`` for a matmul's batch, rows, columns and contraction, else ``""``.
+    ``b``/``m``/``n``/``k`` for a matmul's batch, rows, columns and contraction, else ``""``;
+    ``all_reduce_bytes``: bytes the op all-reduces among the devices that split this loop
+    (forward and backward together), where it needs statistics over the whole loop.
     """
 
     ins: tuple[int | None, ...]
     out: int | None
     size: int
     role: str = ""
+    all_reduce_bytes: float = 0.0
 
 
 def describe(placement: int) -> str:
@@ -212,11 +216,18 @@ def _norm_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]
 
 def _softmax_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
                    out: tuple[int, ...]) -> tuple[Loop, ...]:
-    """Every dim but the softmax axis."""
+    """Every dim but the softmax axis; the softmax axis too, as a vocabulary-parallel
+    softmax: the running max and the sum of exponentials all-reduced forward, the sum of
+    the gradient times the output backward, one fp32 value per row each (Megatron-LM's
+    vocabulary-parallel cross entropy, Shoeybi et al. 2019, Sec. 3)."""
     x = shapes[0]
     ints = _ints(args[:1])
     axis = _dim(ints[0], len(x)) if ints else len(x) - 1
-    return _broadcast(shapes[:1], out, skip=(axis,))
+    loops = _broadcast(shapes[:1], out, skip=(axis,))
+    if name.endswith("backward") or x[axis] <= 1:
+        return loops
+    rows = math.prod(x) / x[axis]
+    return (*loops, Loop((axis,), axis, x[axis], all_reduce_bytes=3 * 4.0 * rows))
 
 
 def _loss_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
@@ -228,9 +239,13 @@ def _loss_loops(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]
         ints = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
         reduction = ints[0] if ints else 1
         ins = (0, 0) + (None,) * (len(shapes) - 2)
-        if len(x) < 2 or x[0] <= 1:
+        if len(x) < 2:
             return ()
-        return (Loop(ins, None if reduction else 0, x[0]),)
+        # The classes too: each device picks the targets in its slice of them, a partial
+        # sum (the vocabulary-parallel loss's target logits, Shoeybi et al. 2019, Sec. 3).
+        classes = Loop((1,) + (None,) * (len(shapes) - 1), None, x[1])
+        return tuple(lp for lp in (Loop(ins, None if reduction else 0, x[0]), classes)
+                     if lp.size > 1)
     same = [s for s in shapes if len(s) == len(x)]
     dims = [d for d in range(len(x)) if x[d] > 1 and all(s[d] == x[d] for s in same)]
     return tuple(Loop(tuple(d if len(s) == len(x) else None for s in shapes),

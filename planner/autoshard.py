@@ -136,6 +136,7 @@ class _Input:
     nbytes: float
     numel: float
     grad: bool
+    constant: bool = False
 
 
 @dataclass
@@ -162,12 +163,25 @@ def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef) 
     while src >= 0 and src not in constant and node[src].family == "view":
         vm = node[src].view_map or ()
         dims = tuple(vm[d] if d is not None and d < len(vm) else None for d in dims)
-        if not node[src].inputs:
-            src = -1
-            break
+        if not node[src].inputs:  # a view of nothing (a fresh tensor): a constant
+            return _Input(-1, param, dims, nbytes, numel, ref.grad, True)
         up = node[src].inputs[0]
         src, param, nbytes, numel = up.source, up.param or param, up.nbytes, up.numel
-    return _Input(-1 if src in constant else src, param, dims, nbytes, numel, ref.grad)
+    return _Input(-1 if src in constant else src, param, dims, nbytes, numel, ref.grad,
+                  src in constant)
+
+
+#: Seconds charged for a conversion ``tensor_parallel`` bars (a cost no layout approaches,
+#: so the ILP never picks it while any other layout exists).
+_BARRED_S = 1e3
+
+
+def _scatters(src: Layout, need: Layout) -> bool:
+    """Whether converting ``src`` to ``need`` reduce-scatters a partial sum on some axis:
+    tensor parallelism without sequence parallelism only all-reduces them, leaving the
+    residual stream whole on every rank (Megatron-LM's ``g`` operator, Shoeybi et al. 2019,
+    Fig. 3)."""
+    return any(a == PARTIAL and b >= 0 for a, b in zip(src, need, strict=True))
 
 
 def _rify(layout: Layout) -> Layout:
@@ -178,18 +192,29 @@ class ShardingProblem:
     """The strategies of every node of ``graph``'s sharding graph on ``mesh`` of
     ``cluster``'s GPUs, for ``job`` (precision, optimizer), with ``micro_batches`` per step
     and ``in_flight`` micro-batches' activations held; ``budget`` bytes of memory for the
-    whole graph (default: the mesh's GPUs)."""
+    whole graph (default: the mesh's GPUs).
+
+    ``tensor_parallel``: the mesh's devices are one tensor-parallel group: they see the same
+    tokens, so no op splits a loop that runs along the model inputs' dims (``token_dims``),
+    and every weight of two or more dims is split over each axis of more than one device
+    where the op can split it (Megatron-LM's column/row and vocabulary-parallel layers are
+    the layouts that remain; Shoeybi et al. 2019, Sec. 3). ``sequence_parallel``: besides,
+    the memory-bound ops (norms, elementwise, dropout) may split the tokens, with all-gathers
+    and reduce-scatters between the regions (Korthikanti et al. 2022, Sec. 4.2.2)."""
 
     def __init__(self, graph: LayerGraph, mesh: Mesh, cluster: Cluster, job: Job, *,
-                 micro_batches: int = 1, in_flight: int = 1, budget: float | None = None
-                 ) -> None:
+                 micro_batches: int = 1, in_flight: int = 1, budget: float | None = None,
+                 tensor_parallel: bool = False, sequence_parallel: bool = False) -> None:
         self.graph, self.mesh, self.cluster, self.job = graph, mesh, cluster, job
         self.micro_batches, self.in_flight = int(micro_batches), int(in_flight)
         self.budget = float(cluster.gpu.memory_bytes if budget is None else budget)
         self.topo = Topology.of(cluster)
         self.dtype = "bf16" if job.precision == "fp8" else job.precision
         self.elem = 4.0 if job.precision == "fp32" else 2.0
+        self.tensor_parallel = tensor_parallel
+        self.sequence_parallel = sequence_parallel
         self.nodes, self.inputs, self.saved = self._contract()
+        self.token_dims = self._token_dims()
         self.repeat = {x.name: x.repeat for x in graph.layers}
         self.layer = {v: graph.node(v).layer for v in self.nodes}
         self.weight = {v: self.repeat.get(self.layer[v], 1) for v in self.nodes}
@@ -207,7 +232,10 @@ class ShardingProblem:
 
     # ---- building ----------------------------------------------------------------------
 
-    def _contract(self) -> tuple[list[int], dict[int, list[_Input]], dict[int, float]]:
+    def _contract(self) -> tuple[list[int], dict[int, list[_Input]],
+                                 dict[int, list[tuple[int, float]]]]:
+        """The real forward nodes, their inputs traced through views, and the tensors each
+        saves for backward: (the real node that produced it, bytes)."""
         g = self.graph
         fw = [i for i in sorted(g.graph.nodes) if not g.node(i).backward]
         node = {i: g.node(i) for i in fw}
@@ -218,16 +246,72 @@ class ShardingProblem:
                     and (n.inputs or n.family == "view") and n.family != "unknown":
                 constant.add(i)
         real = [i for i in fw if i not in constant and node[i].family != "view"]
-        saved = {i: node[i].saved_bytes for i in real}
-        for i in fw:  # a view's saved bytes belong to the real node it views
-            if node[i].family == "view" and i not in constant and node[i].saved_bytes:
-                src = _through_views(node, constant, node[i].inputs[0]).source
-                if src in saved:
-                    saved[src] += node[i].saved_bytes
+
+        def origin(i: int) -> int:
+            """The real node a tensor produced by node ``i`` comes from (-1: none)."""
+            while i >= 0 and i in node and i not in constant and node[i].family == "view":
+                i = node[i].inputs[0].source if node[i].inputs else -1
+            return i if i in node and i not in constant else -1
+
+        saved: dict[int, list[tuple[int, float]]] = {i: [] for i in real}
+        for i in fw:  # a view's saved tensors belong to the real node it views
+            if i in constant or not node[i].saved_bytes:
+                continue
+            at = i if i in saved else origin(i)
+            if at in saved:
+                saved[at] += [(origin(src), nbytes) for src, nbytes in node[i].saved_from]
         inputs = {v: [_through_views(node, constant, r) for r in node[v].inputs] for v in real}
         if not real:
             raise SpecError(f"{g.name}: the graph has no forward ops to shard")
         return real, inputs, saved
+
+    def _token_dims(self) -> dict[int, frozenset[int]]:
+        """The dims of each node's output that run along the model inputs' dims (the
+        samples and tokens of the micro-batch): a loop carries them from an input to the
+        output."""
+        out: dict[int, frozenset[int]] = {}
+        for v in self.nodes:
+            out[v] = frozenset(lp.out for lp in self.graph.node(v).loops
+                               if lp.out is not None and self._on_tokens(v, lp, out))
+        return out
+
+    def _on_tokens(self, v: int, lp: Loop, tokens: dict[int, frozenset[int]]) -> bool:
+        """Whether loop ``lp`` of node ``v`` runs along a token dim of one of its inputs."""
+        for inp, d in zip(self.inputs[v], lp.ins, strict=False):
+            if d is None or d >= len(inp.dims):
+                continue
+            if inp.source < 0:
+                if not inp.param and not inp.constant:
+                    return True  # a model input: all its dims are samples and tokens
+            elif inp.dims[d] in tokens.get(inp.source, ()):
+                return True
+        return False
+
+    def _tensor_parallel_ok(self, v: int, loops: list[Loop | None],
+                            lays: list[Layout]) -> bool:
+        """Under ``tensor_parallel``: no loop on tokens, every weight matrix that meets the
+        tokens split on every axis of more than one device, and what does not meet them
+        whole (a table looked up by constant positions, as Megatron-LM keeps its position
+        embeddings)."""
+        light = self.sequence_parallel and self.graph.node(v).family in _LIGHT
+        for size, lp in zip(self.mesh.shape, loops, strict=True):
+            if size > 1 and lp is not None and not light \
+                    and self._on_tokens(v, lp, self.token_dims):
+                return False
+            if size > 1 and lp is None and light:
+                return False  # sequence parallel: no memory-bound op runs replicated
+        if not any((inp.source >= 0 and self.token_dims[inp.source])
+                   or (inp.source < 0 and not inp.param and not inp.constant)
+                   for inp in self.inputs[v]):
+            return all(lp is None for lp in loops)
+        refs = self.graph.node(v).inputs
+        for axis, size in enumerate(self.mesh.shape):
+            if size == 1:
+                continue
+            for inp, ref, lay in zip(self.inputs[v], refs, lays, strict=True):
+                if inp.param and len(ref.shape) >= 2 and lay[axis] == REPLICATE:
+                    return False
+        return True
 
     def _followers(self) -> dict[int, tuple[int, list[int]]]:
         """Light ops whose tensor inputs all come from one node follow its layout (Alpa's
@@ -245,7 +329,8 @@ class ShardingProblem:
                 continue  # a block's entry: the traced instance's source stands for one only
             slot = next(j for j, i in enumerate(self.inputs[v]) if i.source == u)
             mine = self.strategies[v]
-            plain = next(k for k, st in enumerate(mine) if all(a is None for a in st.axes))
+            plain = next((k for k, st in enumerate(mine) if all(a is None for a in st.axes)),
+                         0)
             f = []
             for st in self.strategies[u]:
                 want = _rify(st.out)
@@ -286,7 +371,8 @@ class ShardingProblem:
             if ok:
                 yield axes
 
-    def _strategies(self, v: int) -> list[Strategy]:
+    def _strategies(self, v: int, rules: bool = True) -> list[Strategy]:
+        """Node ``v``'s strategies; ``rules``: apply ``tensor_parallel``'s rules."""
         n = self.graph.node(v)
         ins = self.inputs[v]
         out: list[Strategy] = []
@@ -305,7 +391,10 @@ class ShardingProblem:
                     grd.append(PARTIAL if partial else REPLICATE if s is None else s)
                 lays.append(tuple(lay))
                 grads.append(tuple(grd))
+            if rules and self.tensor_parallel and not self._tensor_parallel_ok(v, loops, lays):
+                continue
             compute, backward = self._compute(n, loops)
+            compute += self._statistics(loops)
             sync = mem = 0.0
             for inp, layout, grad_layout in zip(ins, lays, grads, strict=True):
                 if inp.source < 0 and inp.grad:
@@ -315,14 +404,40 @@ class ShardingProblem:
                     shards = math.prod(m for m, p in zip(self.mesh.shape, layout, strict=True)
                                        if p >= 0)
                     mem += self.param_state * inp.numel / shards
-            out_shards = math.prod(m for m, p in zip(self.mesh.shape, o, strict=True) if p >= 0)
-            act = self.saved[v] / out_shards
+            act = self._saved_bytes(v, ins, o, lays)
             mem += act * self.in_flight
             label = "|".join("R" if lp is None else lp.role or
                              ("sum" if lp.out is None else f"d{lp.out}") for lp in loops)
             out.append(Strategy(axes, label, o, tuple(lays), tuple(grads), compute, backward,
                                 sync, mem, act))
+        if not out:  # nothing satisfies tensor_parallel's rules: replicated, as it must be
+            return [st for st in self._strategies(v, rules=False)
+                    if all(a is None for a in st.axes)]
         return out
+
+    def _statistics(self, loops: list[Loop | None]) -> float:
+        """Seconds of the all-reduces of statistics an op needs over the loops it splits
+        (``Loop.all_reduce_bytes``, e.g. a vocabulary-parallel softmax)."""
+        t = 0.0
+        for a, lp in enumerate(loops):
+            if lp is not None and lp.all_reduce_bytes and self.mesh.shape[a] > 1:
+                t += float(self.topo.all_reduce(lp.all_reduce_bytes, self.mesh.shape[a],
+                                                self.mesh.strides[a]))
+        return t
+
+    def _saved_bytes(self, v: int, ins: list[_Input], out: Layout, lays: list[Layout]
+                     ) -> float:
+        """Bytes node ``v`` saves for backward on one device: each saved tensor in the
+        layout ``v`` holds it in (an input's as ``v`` reads it, else the output's)."""
+        def share(layout: Layout) -> int:
+            return math.prod(m for m, p in zip(self.mesh.shape, layout, strict=True) if p >= 0)
+
+        total = 0.0
+        for src, nbytes in self.saved[v]:
+            slot = next((i for i, inp in enumerate(ins) if src >= 0 and inp.source == src
+                         and src != v), None)
+            total += nbytes / share(out if slot is None else lays[slot])
+        return total
 
     def _compute(self, n: OpNode, loops: list[Loop | None]) -> tuple[float, float]:
         """(forward + backward, backward) seconds of ``n`` on its shard."""
@@ -396,6 +511,9 @@ class ShardingProblem:
         return list(groups.values())
 
     def _convert(self, out: Layout, need: Layout, grad: Layout | None, nbytes: float) -> float:
+        if self.tensor_parallel and not self.sequence_parallel and (_scatters(out, need) or (
+                grad is not None and _scatters(grad, _rify(out)))):
+            return _BARRED_S
         m, s = self.mesh.shape, self.mesh.strides
         t = reshard_time(self.topo, m, s, out, need, nbytes)
         if grad is not None:

@@ -40,7 +40,12 @@ def test_norm_softmax_reduction_embedding_and_unknown_rules() -> None:
                     (2, 8, 64))
     assert [lp.out for lp in norm] == [0, 1]  # never the normalized dim
     soft = op_loops("_softmax", "softmax", [-1, False], [(2, 8, 8)], (2, 8, 8))
-    assert [lp.out for lp in soft] == [0, 1]
+    assert [lp.out for lp in soft] == [0, 1, 2]
+    # The softmax axis too, vocabulary-parallel: max, sum (forward) and the gradient's sum
+    # (backward) all-reduced, one fp32 value per row each; the other loops need nothing.
+    assert [lp.all_reduce_bytes for lp in soft] == [0.0, 0.0, 3 * 4.0 * 2 * 8]
+    loss = op_loops("nll_loss_forward", "loss", [1, -100], [(16, 50), (16,)], ())
+    assert [(lp.ins, lp.out) for lp in loss] == [((0, 0), None), ((1, None), None)]
     total = op_loops("sum", "reduction", [[1], False], [(4, 8, 3)], (4, 3))
     assert [(lp.ins, lp.out) for lp in total] == [((0,), 0), ((1,), None), ((2,), 1)]
     emb = op_loops("embedding", "embedding", [], [(100, 16), (2, 8)], (2, 8, 16))

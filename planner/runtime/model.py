@@ -176,6 +176,8 @@ class Transformer(nn.Module):
         self.pos_embeddings: nn.Embedding | None = (
             nn.Embedding(spec.max_position_embeddings, h)
             if spec.position_embedding == "learned" else None)
+        # GPT-2's embedding dropout (Radford et al. 2019; Megatron-LM's embedding dropout).
+        self.emb_dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
         self.layers = nn.ModuleDict({str(i): Block(spec, dropout)
                                      for i in range(spec.num_layers)})
         self.norm: nn.Module | None = _norm(spec) if spec.final_norm else None
@@ -193,6 +195,8 @@ class Transformer(nn.Module):
             if self.pos_embeddings is not None:
                 pos = torch.arange(tokens.shape[1], device=tokens.device)
                 x = x + self.pos_embeddings(pos)
+            if self.emb_dropout is not None:
+                x = self.emb_dropout(x)
         for layer in self.layers.values():
             x = layer(x)
         if self.norm is not None:

@@ -1,0 +1,285 @@
+"""``LayerCosts``: what each distinct block of a model costs per tensor-parallel degree, the
+seam between "what the model is" and "what a split of it costs" (``DESIGN.md``).
+
+A model is a short sequence of blocks: the input side (embeddings), one block per run of
+identical layers (``repeat`` of them), the output side (final norm, head, loss). For each
+block and each tensor-parallel degree ``t`` the figures are per instance, per rank of the
+``t`` ranks that hold the same micro-batch, for one micro-batch of ``micro_batch_size``
+sequences of ``seq_len`` tokens (``ShardCosts``): the parameters the rank holds, the model
+FLOPs of its forward and backward pass, the activation bytes it saves for backward under
+each recompute mode, the bytes of the block's input (what full recompute keeps) and the
+tensor-parallel collectives the block issues (by kind, bytes of the whole tensor).
+
+Two producers:
+
+- ``LayerCosts.from_spec(spec, job)``: the analytic formulas of a transformer preset
+  (Megatron-LM's column- and row-parallel layers, Shoeybi et al. 2019; activations of
+  Korthikanti et al. 2022 as ``costmodel.memory`` generalizes them);
+- ``LayerCosts.from_graph(graph, cluster, job)``: a traced ``LayerGraph``, each degree's
+  layouts chosen by the sharding ILP (``planner.autoshard``, ``tensor_parallel=True``: the
+  ranks see the same tokens and every weight matrix is split ``t`` ways), repeated blocks
+  solved once.
+
+For a preset the two agree (``tests/test_layercosts.py`` traces the reference transformer of
+every preset it builds and compares).
+
+Model FLOPs follow PaLM (Chowdhery et al. 2022, App. B): ``2 m n k`` per matmul, the
+attention scores and weighted sum over all ``s`` keys (no causal halving), backward twice
+forward; the hardware's extra work (FlashAttention's recomputed scores, recompute) is the
+cost model's business, not the block's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from costmodel.config import Job, ParallelConfig
+from costmodel.errors import SpecError
+from costmodel.frameworks import framework
+from costmodel.model import ModelSpec
+from costmodel.units import compute_bytes
+
+if TYPE_CHECKING:
+    from costmodel.graph import LayerGraph
+    from costmodel.hardware import Cluster
+
+__all__ = ["KINDS", "RECOMPUTE_MODES", "BlockCosts", "LayerCosts", "ShardCosts",
+           "default_tp_degrees"]
+
+#: Recompute modes an activation figure is given for (``ParallelConfig.recompute``).
+RECOMPUTE_MODES = ("none", "selective", "full")
+#: Block kinds: the input side, a repeated layer, anything between runs, the output side.
+KINDS = ("embedding", "layer", "other", "head")
+
+
+@dataclass(frozen=True)
+class ShardCosts:
+    """One instance of a block on one rank of a ``t``-rank tensor-parallel group, one
+    micro-batch. ``params``: parameters the rank holds (count); ``forward_flops`` /
+    ``backward_flops``: model FLOPs it executes; ``activation_bytes``: bytes saved for
+    backward per recompute mode (``RECOMPUTE_MODES``); ``input_bytes``: bytes of the block's
+    input on the rank; ``collectives``: collective kind (``all-reduce``, ``all-gather``,
+    ``reduce-scatter``, ``all-to-all``) -> bytes of the whole tensors they move, forward and
+    backward together."""
+
+    params: float
+    forward_flops: float
+    backward_flops: float
+    activation_bytes: Mapping[str, float]
+    input_bytes: float
+    collectives: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def collective_bytes(self) -> float:
+        """Bytes of all the tensors the block's collectives move, every kind together."""
+        return float(sum(self.collectives.values()))
+
+
+@dataclass(frozen=True)
+class BlockCosts:
+    """One distinct block: ``name`` (the traced module path, or the preset's part), ``kind``
+    (``KINDS``), ``repeat`` instances in a row, ``output_bytes`` of one instance's output
+    per micro-batch (the pipeline send size), and its ``ShardCosts`` per TP degree."""
+
+    name: str
+    kind: str
+    repeat: int
+    output_bytes: float
+    by_tp: Mapping[int, ShardCosts]
+
+    def at(self, tp: int) -> ShardCosts:
+        """The costs at tensor-parallel degree ``tp``; ``SpecError`` if it was not made."""
+        if tp not in self.by_tp:
+            raise SpecError(f"block {self.name!r} has no costs at tp={tp}; degrees: "
+                            f"{', '.join(map(str, sorted(self.by_tp)))}")
+        return self.by_tp[tp]
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """The blocks of a model in execution order, each with its costs per TP degree.
+
+    ``source``: ``spec`` or ``graph``; ``micro_batch_size`` and ``seq_len``: the micro-batch
+    the figures are for; ``sequence_parallel``: whether the norm and dropout regions are
+    split over the TP ranks along the sequence (Korthikanti et al. 2022, Sec. 4.2.2);
+    ``layouts``: for a graph, per TP degree, (layer, op, strategy, output layout) of every
+    op the ILP placed."""
+
+    name: str
+    source: str
+    micro_batch_size: int
+    seq_len: int
+    sequence_parallel: bool
+    blocks: tuple[BlockCosts, ...]
+    layouts: Mapping[int, tuple[tuple[str, str, str, str], ...]] = field(default_factory=dict)
+
+    @property
+    def tp_degrees(self) -> tuple[int, ...]:
+        """The TP degrees every block has costs for."""
+        common = set.intersection(*(set(b.by_tp) for b in self.blocks))
+        return tuple(sorted(common))
+
+    @property
+    def num_layers(self) -> int:
+        """Instances of repeated layers (the units a pipeline splits)."""
+        return sum(b.repeat for b in self.blocks if b.kind == "layer")
+
+    def _sum(self, tp: int, attr: str) -> float:
+        return float(sum(b.repeat * getattr(b.at(tp), attr) for b in self.blocks))
+
+    def params(self, tp: int = 1) -> float:
+        """Parameters one rank holds at degree ``tp`` (the whole model at 1)."""
+        return self._sum(tp, "params")
+
+    def flops(self, tp: int = 1) -> float:
+        """Model FLOPs of one micro-batch's forward and backward on one rank."""
+        return self._sum(tp, "forward_flops") + self._sum(tp, "backward_flops")
+
+    def activation_bytes(self, tp: int = 1, recompute: str = "none") -> float:
+        """Bytes saved for backward by one micro-batch on one rank, every block, under
+        ``recompute``."""
+        return float(sum(b.repeat * b.at(tp).activation_bytes[recompute] for b in self.blocks))
+
+    def summary(self, tp: int | None = None) -> str:
+        """A table of the blocks at degree ``tp`` (the smallest made by default)."""
+        t = min(self.tp_degrees) if tp is None else tp
+        lines = [f"{self.name} ({self.source}), tp={t}, micro-batch {self.micro_batch_size} x "
+                 f"{self.seq_len} tokens",
+                 f"{'block':<24s} {'kind':<9s} {'x':>4s} {'params':>14s} {'GFLOP':>10s} "
+                 f"{'act MiB':>9s} {'coll MiB':>9s}"]
+        for b in self.blocks:
+            c = b.at(t)
+            lines.append(f"{b.name:<24s} {b.kind:<9s} {b.repeat:>4d} {c.params:>14,.0f} "
+                         f"{(c.forward_flops + c.backward_flops) / 1e9:>10.2f} "
+                         f"{c.activation_bytes['none'] / 2**20:>9.2f} "
+                         f"{c.collective_bytes / 2**20:>9.2f}")
+        return "\n".join(lines)
+
+    # ---- producers ----------------------------------------------------------------------
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, job: Job, *, tp_degrees: Sequence[int] | None = None,
+                  micro_batch_size: int = 1, sequence_parallel: bool = False) -> LayerCosts:
+        """The analytic costs of ``spec`` for ``job`` (precision, sequence length, attention
+        kernel, trainer conventions) at each of ``tp_degrees`` (default:
+        ``default_tp_degrees``)."""
+        if spec.is_moe:
+            raise SpecError(f"{spec.name}: LayerCosts.from_spec does not cover mixture-of-"
+                            "experts layers yet")
+        degrees = tuple(tp_degrees or default_tp_degrees(spec))
+        kv = int(spec.num_kv_heads or spec.num_heads)
+        for t in degrees:
+            if spec.num_heads % t or kv % t:
+                raise SpecError(f"{spec.name}: tp={t} does not divide {spec.num_heads} heads "
+                                f"and {spec.num_kv_heads} KV heads")
+        parts = [_spec_shards(spec, job, t, micro_batch_size, sequence_parallel)
+                 for t in degrees]
+        tokens = micro_batch_size * job.seq_len
+        out = compute_bytes(job.precision) * tokens * spec.hidden_size
+        names = (("embedding", "embedding", 1, out), ("layers", "layer", spec.num_layers, out),
+                 ("head", "head", 1, 0.0))
+        blocks = tuple(BlockCosts(name, kind, repeat, out_bytes,
+                                  {t: p[i] for t, p in zip(degrees, parts, strict=True)})
+                       for i, (name, kind, repeat, out_bytes) in enumerate(names))
+        return cls(spec.name, "spec", micro_batch_size, job.seq_len, sequence_parallel, blocks)
+
+    @classmethod
+    def from_graph(cls, graph: LayerGraph, cluster: Cluster, job: Job, *,
+                   tp_degrees: Sequence[int] | None = None, sequence_parallel: bool = False,
+                   time_limit_s: float = 10.0) -> LayerCosts:
+        """The costs of a traced graph (one micro-batch: the batch it was traced with) at
+        each TP degree (default: the divisors of a node's GPUs), each degree's layouts
+        chosen by the sharding ILP (``planner.blockcosts.block_costs``)."""
+        from planner.blockcosts import block_costs
+
+        return block_costs(graph, cluster, job, tp_degrees=tp_degrees,
+                           sequence_parallel=sequence_parallel, time_limit_s=time_limit_s)
+
+
+def default_tp_degrees(spec: ModelSpec, largest: int = 8) -> tuple[int, ...]:
+    """Powers of two up to ``largest`` (a node's GPUs) dividing the heads and KV heads."""
+    out, t = [], 1
+    kv = int(spec.num_kv_heads or spec.num_heads)
+    while t <= largest:
+        if spec.num_heads % t == 0 and kv % t == 0:
+            out.append(t)
+        t *= 2
+    return tuple(out)
+
+
+def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
+                 ) -> tuple[ShardCosts, ShardCosts, ShardCosts]:
+    """(embedding, layer, head) ``ShardCosts`` of ``spec`` at degree ``tp``."""
+    from costmodel.arrays import ConfigArrays
+    from costmodel.memory import _layer_activations, layer_params_per_gpu
+
+    cfg = ParallelConfig(tp=tp, micro_batch_size=mbs, sequence_parallel=sp and tp > 1)
+    a = ConfigArrays.from_configs(spec, [cfg])
+    fw = framework(job.framework)
+    acts = {k: float(v[0]) for k, v in _layer_activations(spec, job, fw, a, moe=False).items()}
+    e = compute_bytes(job.precision)
+    h, t = float(spec.hidden_size), float(tp)
+    tokens = float(mbs * job.seq_len)
+    rep = 1.0 / t if cfg.sequence_parallel else 1.0
+    one = e * tokens * h  # one activation tensor [tokens, h], all of it
+
+    # Layer: Megatron-LM's column-parallel QKV and MLP input, row-parallel outputs (Shoeybi
+    # et al. 2019, Sec. 3): model FLOPs 2 T h (q + 2 kv) + 2 T q h + 4 T s q + MLP, over t.
+    ffn = float(spec.ffn_hidden_size or 0)
+    mlp = 2 * tokens * h * ffn * (3 if spec.gated_mlp else 2)
+    fwd = (2 * tokens * h * (spec.q_dim + 2 * spec.kv_dim) + 2 * tokens * spec.q_dim * h
+           + 4 * tokens * job.seq_len * spec.q_dim + mlp) / t
+    # Two all-reduces forward (after the attention and MLP output projections) and two
+    # backward (of the input gradients of the column-parallel inputs); with SP each is an
+    # all-gather and a reduce-scatter (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5).
+    coll = _tp_collectives(tp, cfg.sequence_parallel, 4 * one)
+    dense, _, _ = layer_params_per_gpu(spec, np.array([t]), np.array([1.0]))
+    layer = ShardCosts(params=float(dense[0]), forward_flops=fwd, backward_flops=2 * fwd,
+                       activation_bytes=acts, input_bytes=one * rep, collectives=coll)
+
+    # Input side: vocabulary-parallel token embedding (V h / t), the rest replicated; its
+    # output all-reduced (SP: reduce-scattered) forward. Output side: final norm replicated,
+    # vocabulary-parallel head (V h / t) whose input gradient is all-reduced (SP: its input
+    # all-gathered forward, the gradient reduce-scattered); the vocabulary-parallel cross
+    # entropy all-reduces 3 fp32 values per token (Megatron-LM's
+    # _VocabParallelCrossEntropy: max, sum of exponentials, target logit).
+    word = float(spec.vocab_size * spec.hidden_size)
+    # Its dropout mask, 1 byte per element (Korthikanti et al. 2022, Sec. 4.3).
+    emb_act = (1.0 if spec.dropout else 0.0) * tokens * h * rep
+    emb = ShardCosts(params=word / t + spec.embedding_params() - word, forward_flops=0.0,
+                     backward_flops=0.0,
+                     activation_bytes=dict.fromkeys(RECOMPUTE_MODES, emb_act),
+                     input_bytes=0.0, collectives=_tp_collectives(tp, cfg.sequence_parallel, one))
+    norm = float(spec._norm_params() if spec.final_norm else 0)
+    head_flops = 2 * tokens * h * spec.vocab_size / t
+    head_act = 2 * e * tokens * h * rep + 4.0 * tokens * spec.vocab_size / t
+    head_coll = dict(_tp_collectives(tp, cfg.sequence_parallel, one))
+    if tp > 1:
+        head_coll["all-reduce"] = head_coll.get("all-reduce", 0.0) + 3 * 4.0 * tokens
+    head = ShardCosts(params=(spec.head_params() - norm) / t + norm,
+                      forward_flops=head_flops, backward_flops=2 * head_flops,
+                      activation_bytes=dict.fromkeys(RECOMPUTE_MODES, head_act),
+                      input_bytes=one * rep, collectives=head_coll)
+    return emb, layer, head
+
+
+def _tp_collectives(tp: int, sp: bool, nbytes: float) -> dict[str, float]:
+    """The collectives moving ``nbytes`` of activations between TP regions: all-reduces, or
+    with SP all-gathers and reduce-scatters of the same tensors, one of each (an
+    all-gather's gradient is a reduce-scatter and the other way round); none at ``tp`` 1."""
+    if tp == 1:
+        return {}
+    if not sp:
+        return {"all-reduce": nbytes}
+    return {"all-gather": nbytes, "reduce-scatter": nbytes}
+
+
+def shard_dict(c: ShardCosts) -> dict[str, Any]:
+    """``c`` as plain JSON values."""
+    return {"params": c.params, "forward_flops": c.forward_flops,
+            "backward_flops": c.backward_flops, "activation_bytes": dict(c.activation_bytes),
+            "input_bytes": c.input_bytes, "collectives": dict(c.collectives)}

@@ -1,0 +1,190 @@
+"""``LayerCosts`` of a traced ``LayerGraph`` (``LayerCosts.from_graph``): for each TP degree
+the sharding ILP (``planner.autoshard``, ``tensor_parallel=True``) places every op of the
+graph on a 1 x t mesh, the ranks seeing the same tokens and every weight matrix split; the
+figures of each layer are then read off the chosen layouts, op by op.
+
+Blocks: each run of identical layers is one block (traced once, ``repeat`` instances); the
+layers before the first run are the ``embedding`` block, those after the last the ``head``
+block, those between runs ``other`` blocks. A graph without runs has one ``layer`` block per
+top-level layer (the units a pipeline can split), the loss joining the last.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from costmodel.config import Job
+from costmodel.graph import LOSS, Layer, LayerGraph
+from costmodel.hardware import Cluster
+from costmodel.layercosts import RECOMPUTE_MODES, BlockCosts, LayerCosts, ShardCosts
+from planner.autoshard import Mesh, ShardingProblem, Solution, _collective_names, solve
+from planner.space import divisors
+
+__all__ = ["block_costs", "graph_blocks"]
+
+
+@dataclass
+class _Tally:
+    """One layer instance's figures on one rank, summed op by op."""
+
+    params: float = 0.0
+    forward_flops: float = 0.0
+    saved: float = 0.0
+    scores: float = 0.0
+    input_bytes: float = 0.0
+    collectives: dict[str, float] = field(default_factory=dict)
+
+
+def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
+                tp_degrees: Sequence[int] | None = None, sequence_parallel: bool = False,
+                time_limit_s: float = 10.0) -> LayerCosts:
+    """``LayerCosts`` of ``graph`` (traced on one micro-batch) at each of ``tp_degrees``
+    (default: 1 and every divisor of a node's GPUs); ``sequence_parallel``: the norm and
+    elementwise regions may split the sequence (``ShardingProblem``)."""
+    degrees = tuple(tp_degrees) if tp_degrees else tuple(divisors(cluster.gpus_per_node))
+    tallies: dict[int, dict[str, _Tally]] = {}
+    layouts: dict[int, tuple[tuple[str, str, str, str], ...]] = {}
+    for t in degrees:
+        prob = ShardingProblem(graph, Mesh((1, t)), cluster, job, budget=math.inf,
+                               tensor_parallel=True, sequence_parallel=sequence_parallel)
+        sol = solve(prob, time_limit_s=time_limit_s)
+        tallies[t] = _tally(sol)
+        layouts[t] = tuple((prob.layer[v], op, label, out) for v, op, label, out
+                           in sol.layouts())
+    blocks = []
+    for name, kind, members in graph_blocks(graph):
+        by_tp = {t: _shard(members, tallies[t], kind == "layer") for t in degrees}
+        blocks.append(BlockCosts(name, kind, members[0].repeat, members[-1].output_bytes, by_tp))
+    shape = graph.inputs[0] if graph.inputs else ()
+    return LayerCosts(graph.name, "graph", shape[0] if shape else 1,
+                      shape[1] if len(shape) > 1 else 1, sequence_parallel, tuple(blocks),
+                      layouts)
+
+
+def graph_blocks(graph: LayerGraph) -> list[tuple[str, str, list[Layer]]]:
+    """(name, kind, layers) of each block of ``graph``, in execution order (module
+    docstring)."""
+    ops = [x for x in graph.layers if x.nodes or x.params]
+    runs = [i for i, x in enumerate(ops) if x.repeat > 1]
+    if not runs:
+        out: list[tuple[str, str, list[Layer]]] = []
+        for x in ops:
+            if x.name == LOSS and out:
+                out[-1][2].append(x)
+            else:
+                out.append((x.name, "layer", [x]))
+        return out
+    out = []
+    start = 0
+    for i in runs:
+        if i > start:
+            kind = "embedding" if start == 0 else "other"
+            out.append((ops[start].name, kind, ops[start:i]))
+        out.append((ops[i].name, "layer", [ops[i]]))
+        start = i + 1
+    if start < len(ops):
+        out.append((ops[start].name, "head", ops[start:]))
+    return out
+
+
+def _shard(members: list[Layer], tally: dict[str, _Tally], recomputed: bool) -> ShardCosts:
+    """The ``ShardCosts`` of a block made of ``members`` (one instance of each);
+    ``recomputed``: whether recompute applies to it (to the layers, not to the embedding
+    and head, as trainers checkpoint the layers)."""
+    params = forward = backward = saved = scores = inp = 0.0
+    coll: dict[str, float] = {}
+    for x in members:
+        t = tally.get(x.name, _Tally())
+        params += t.params
+        forward += t.forward_flops
+        if x.forward_flops:  # backward ops are split like the forward ops they mirror
+            backward += x.backward_flops * t.forward_flops / x.forward_flops
+        saved += t.saved
+        scores += t.scores
+        inp += t.input_bytes if x is members[0] else 0.0
+        for k, b in t.collectives.items():
+            coll[k] = coll.get(k, 0.0) + b
+    # Selective recompute drops the attention scores (Korthikanti et al. 2022, Sec. 4.2.3);
+    # full recompute keeps the block's input.
+    acts = dict(zip(RECOMPUTE_MODES, (saved, saved - scores, inp), strict=True)) \
+        if recomputed else dict.fromkeys(RECOMPUTE_MODES, saved)
+    return ShardCosts(params=params, forward_flops=forward, backward_flops=backward,
+                      activation_bytes=acts, input_bytes=inp, collectives=coll)
+
+
+def _scores(sol: Solution, src: int) -> bool:
+    """Whether node ``src`` makes an attention-score tensor: its last two dims both run
+    along the tokens (queries by keys: the scores, their softmax and dropout of an unfused
+    attention)."""
+    rank = len(sol.problem.graph.node(src).shape)
+    return rank >= 2 and {rank - 1, rank - 2} <= sol.problem.token_dims.get(src, frozenset())
+
+
+def _share(sol: Solution, layout: tuple[int, ...]) -> int:
+    """Devices one copy of a tensor in ``layout`` is split over."""
+    return math.prod(m for m, q in zip(sol.problem.mesh.shape, layout, strict=True) if q >= 0)
+
+
+def _holders(sol: Solution, v: int, src: int) -> int:
+    """How many ways a tensor made by ``src`` and saved by node ``v``'s layer is split on
+    the rank: as its producer lays it out, or, for the layer's input, as whole as any op
+    of the layer reads it (the copy the layer keeps; Megatron-LM keeps a replicated layer
+    input whole)."""
+    p = sol.problem
+    if src not in p.layer:
+        return _share(sol, sol.strategy(v).out)
+    if p.layer[src] == p.layer[v]:
+        return _share(sol, sol.strategy(src).out)
+    reads = [_share(sol, sol.strategy(u).ins[k]) for u in p.nodes if p.layer[u] == p.layer[v]
+             for k, inp in enumerate(p.inputs[u]) if inp.source == src]
+    return min(reads, default=_share(sol, sol.strategy(src).out))
+
+
+def _tally(sol: Solution) -> dict[str, _Tally]:
+    """Per layer instance, the figures of one rank under ``sol``'s layouts."""
+    p = sol.problem
+    out: dict[str, _Tally] = {}
+    held: dict[tuple[str, int], float] = {}  # (layer, outside source) -> bytes on one rank
+    for v in p.nodes:
+        st = sol.strategy(v)
+        n = p.graph.node(v)
+        t = out.setdefault(p.layer[v], _Tally())
+        shards = math.prod(m for m, a in zip(p.mesh.shape, st.axes, strict=True)
+                           if a is not None)
+        t.forward_flops += n.model_flops / shards
+        for a in st.axes:  # statistics all-reduced over a split loop (a softmax's max, sum)
+            if a is not None and n.loops[a].all_reduce_bytes:
+                t.collectives["all-reduce"] = t.collectives.get("all-reduce", 0.0) \
+                    + n.loops[a].all_reduce_bytes
+        for src, nbytes in p.saved[v]:
+            kept = nbytes / _holders(sol, v, src)
+            t.saved += kept
+            if src >= 0 and _scores(sol, src):
+                t.scores += kept
+        for inp, lay in zip(p.inputs[v], st.ins, strict=True):
+            if inp.param in p.charged[v]:
+                t.params += inp.numel / math.prod(m for m, q in zip(p.mesh.shape, lay,
+                                                                   strict=True) if q >= 0)
+            outside = inp.source >= 0 and p.layer[inp.source] != p.layer[v]
+            model_input = inp.source < 0 and not inp.param and not inp.constant
+            if outside or model_input:
+                # The block keeps an input whole where any of its ops reads it whole.
+                key = (p.layer[v], inp.source)
+                held[key] = max(held.get(key, 0.0), inp.nbytes / math.prod(
+                    m for m, q in zip(p.mesh.shape, lay, strict=True) if q >= 0))
+    for (layer, _src), nbytes in held.items():
+        out[layer].input_bytes += nbytes
+    for g, v, _slot, seconds in p.conversions(sol.choice):
+        if seconds <= 0:
+            continue
+        layer = p.layer[g.producer]  # a conversion belongs to the block whose output it is
+        need, grad = g.need(sol.strategy(v), _slot)
+        per_instance = g.weight / p.repeat.get(layer, 1)
+        names = _collective_names(sol.strategy(g.producer).out, need, grad).split()
+        for name in names:
+            kind = name.removeprefix("bwd:").split("@")[0]
+            coll = out.setdefault(layer, _Tally()).collectives
+            coll[kind] = coll.get(kind, 0.0) + per_instance * g.nbytes
+    return out

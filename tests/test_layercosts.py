@@ -1,0 +1,211 @@
+"""``LayerCosts``, the seam between a model and the cost of splitting it.
+
+The oracle goes through the trace: the reference transformer of every preset
+``build_model`` builds is traced on the meta device, its layouts chosen per TP degree by the
+sharding ILP, and the figures read off the graph must equal the analytic formulas of the
+preset (``LayerCosts.from_spec``) within 1 % per block: parameters, model FLOPs, activation
+bytes per recompute mode and the bytes of the tensor-parallel collectives. Nothing here reads
+the ``.spec`` that ``build_model`` attaches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from costmodel import Cluster, Job, ModelSpec, SpecError  # noqa: E402
+from costmodel.comm import Topology  # noqa: E402
+from costmodel.graph import LayerGraph  # noqa: E402
+from costmodel.layercosts import RECOMPUTE_MODES, LayerCosts  # noqa: E402
+from planner.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
+from planner.runtime.model import build_model  # noqa: E402
+
+NODE = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
+SEQ = 512
+
+
+def _buildable() -> list[str]:
+    out = []
+    for name in ModelSpec.preset_names():
+        try:
+            build_model(ModelSpec.preset(name), device="meta")
+        except SpecError:
+            continue
+        out.append(name)
+    return out
+
+
+def _cross_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The training loss of a language model: cross entropy over fp32 logits."""
+    flat = logits.float().flatten(0, 1)
+    return F.cross_entropy(flat, torch.zeros(flat.shape[0], dtype=torch.long,
+                                             device=flat.device))
+
+
+def _pair(name: str, sp: bool) -> tuple[LayerCosts, LayerCosts, ModelSpec]:
+    spec = ModelSpec.preset(name)
+    if spec.vocab_size % 64:
+        # The reference module does not pad its vocabulary; trainers do (Megatron-LM's
+        # --make-vocab-size-divisible-by, nanoGPT's 50304), and vocabulary-parallel layers
+        # need it: pad GPT's 50257 as they do.
+        spec = dataclasses.replace(spec, vocab_size=-(-spec.vocab_size // 64) * 64)
+    # DeepSpeed's conventions are eager PyTorch's (4 ffn-wide tensors saved by a gated MLP),
+    # as the reference module runs.
+    job = Job(global_batch_size=8, seq_len=SEQ, precision="bf16", framework="deepspeed")
+    module = build_model(spec, device="meta", dropout=0.1 if spec.dropout else 0.0)
+    graph = LayerGraph.from_module(module, torch.zeros(1, SEQ, dtype=torch.long),
+                                   dtype=torch.bfloat16, loss_fn=_cross_entropy)
+    degrees = [t for t in (1, 2, 4, 8) if spec.num_heads % t == 0 and spec.num_kv_heads % t == 0]
+    traced = LayerCosts.from_graph(graph, NODE, job, tp_degrees=degrees, sequence_parallel=sp)
+    analytic = LayerCosts.from_spec(spec, job, tp_degrees=degrees, sequence_parallel=sp)
+    return traced, analytic, spec
+
+
+def _seconds(collectives: dict[str, float], tp: int) -> float:
+    """Seconds the collectives take inside a node (``costmodel.sharding.reshard_time``'s
+    costs: an all-to-all sends each rank's share)."""
+    topo = Topology.of(NODE)
+    cost = {"all-reduce": topo.all_reduce, "all-gather": topo.all_gather,
+            "reduce-scatter": topo.reduce_scatter}
+    return sum(float(topo.all_to_all(b / tp, tp, 1)) if kind == "all-to-all"
+               else float(cost[kind](b, tp, 1)) for kind, b in collectives.items())
+
+
+def _close(a: float, b: float, rel: float = 0.01, abs_: float = 0.0) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def _check(traced: LayerCosts, analytic: LayerCosts) -> None:
+    assert [b.kind for b in traced.blocks] == [b.kind for b in analytic.blocks]
+    assert [b.repeat for b in traced.blocks] == [b.repeat for b in analytic.blocks]
+    assert traced.tp_degrees == analytic.tp_degrees
+    tokens = traced.micro_batch_size * traced.seq_len
+    for t in traced.tp_degrees:
+        for g, a in zip(traced.blocks, analytic.blocks, strict=True):
+            x, y = g.at(t), a.at(t)
+            where = f"{a.kind} at tp={t}"
+            assert _close(x.params, y.params), where
+            assert _close(x.forward_flops, y.forward_flops), where
+            assert _close(x.backward_flops, y.backward_flops), where
+            # The embedding's lookup also keeps the int64 token ids (8 bytes a token),
+            # which the formulas leave out.
+            slack = 8.0 * tokens if a.kind == "embedding" else 0.0
+            for mode in RECOMPUTE_MODES:
+                assert _close(x.activation_bytes[mode], y.activation_bytes[mode],
+                              abs_=slack), (where, mode)
+            if a.kind == "embedding":
+                # The ILP may pick a layout the formulas do not (the table split by
+                # columns, its output all-gathered instead of all-reduced): never slower.
+                assert _seconds(x.collectives, t) <= _seconds(y.collectives, t) * 1.01, where
+            else:
+                assert set(x.collectives) == set(y.collectives), where
+                for kind, nbytes in y.collectives.items():
+                    assert _close(x.collectives[kind], nbytes), (where, kind)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp-sp"])
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "gpt3-125m"])
+def test_traced_reference_transformer_equals_the_formulas(name: str, sp: bool) -> None:
+    traced, analytic, spec = _pair(name, sp)
+    _check(traced, analytic)
+    # The whole model: parameters (Megatron's split at tp) and PaLM's model FLOPs.
+    assert traced.params(1) == pytest.approx(spec.num_params(), rel=1e-9)
+    palm = 6 * (spec.num_params() - spec.embedding_params() * (not spec.tied_embeddings)) \
+        * SEQ + 12 * spec.num_layers * spec.hidden_size * SEQ * SEQ
+    assert traced.flops(1) == pytest.approx(palm, rel=0.02)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp-sp"])
+@pytest.mark.parametrize("name", _buildable())
+def test_every_buildable_preset_through_the_trace(name: str, sp: bool) -> None:
+    traced, analytic, _ = _pair(name, sp)
+    _check(traced, analytic)
+
+
+class _Unfused(nn.Module):
+    """Attention written out: softmax(q k^T / sqrt(d)) v with dropout on the scores."""
+
+    def __init__(self, h: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(h, 3 * h, bias=False)
+        self.out = nn.Linear(h, h, bias=False)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2)
+                   for t in self.qkv(x).chunk(3, dim=-1))
+        p = self.drop(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(h // self.heads), -1))
+        return x + self.out((p @ v).transpose(1, 2).reshape(b, s, h))
+
+
+class _Stack(nn.Module):
+    def __init__(self, h: int, heads: int, n: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Unfused(h, heads) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+def test_selective_recompute_drops_the_attention_scores() -> None:
+    h, heads, s = 256, 4, 128
+    graph = LayerGraph.from_module(_Stack(h, heads, 3), torch.randn(1, s, h),
+                                   dtype=torch.bfloat16)
+    job = Job(global_batch_size=8, seq_len=s)
+    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2, 4])
+    (layer,) = [b for b in costs.blocks if b.kind == "layer"]
+    assert layer.repeat == 3
+    for t in (1, 2, 4):
+        c = layer.at(t)
+        # Korthikanti et al. 2022, Sec. 4.1: the softmax output (2 bytes), the dropout mask
+        # (1 byte) and the dropout output (2 bytes) per score, heads split over tp.
+        scores = heads * s * s / t
+        assert c.activation_bytes["none"] - c.activation_bytes["selective"] == \
+            pytest.approx(5 * scores, rel=0.01)
+        assert c.activation_bytes["full"] == pytest.approx(2 * s * h)  # the block's input
+        assert c.params == pytest.approx(4 * h * h / t)
+
+
+def test_tensor_parallel_ilp_equals_brute_force() -> None:
+    spec = ModelSpec(name="tiny", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4,
+                     ffn_hidden_size=512, vocab_size=512, gated_mlp=False, norm="layernorm",
+                     position_embedding="learned", max_position_embeddings=64)
+    graph = LayerGraph.from_module(build_model(spec, device="meta"),
+                                   torch.zeros(1, 64, dtype=torch.long), dtype=torch.bfloat16)
+    job = Job(global_batch_size=8, seq_len=64)
+    for sp in (False, True):
+        problem = ShardingProblem(graph, Mesh((1, 2)), NODE, job, budget=math.inf,
+                                  tensor_parallel=True, sequence_parallel=sp)
+        assert 1 < problem.size() <= 20_000
+        ilp, brute = solve(problem), brute_force(problem)
+        assert ilp.objective_s == pytest.approx(brute.objective_s, rel=1e-6)
+
+
+def test_layer_costs_errors_and_summary() -> None:
+    spec = ModelSpec.preset("llama-3-8b")
+    job = Job(global_batch_size=8, seq_len=1024)
+    costs = LayerCosts.from_spec(spec, job)
+    assert costs.tp_degrees == (1, 2, 4, 8) and costs.num_layers == 32
+    with pytest.raises(SpecError, match="no costs at tp=3"):
+        costs.blocks[1].at(3)
+    with pytest.raises(SpecError, match="does not divide"):
+        LayerCosts.from_spec(spec, job, tp_degrees=[3])
+    with pytest.raises(SpecError, match="mixture-of-experts"):
+        LayerCosts.from_spec(ModelSpec.preset("mixtral-8x7b"), job)
+    text = costs.summary(8)
+    assert "tp=8" in text and "layers" in text
+    # Recompute keeps less, never more; TP never raises what a rank holds.
+    for t in costs.tp_degrees:
+        acts = [costs.activation_bytes(t, m) for m in RECOMPUTE_MODES]
+        assert acts[0] >= acts[1] >= acts[2] > 0
+    assert all(costs.params(a) > costs.params(b) for a, b in zip((1, 2, 4), (2, 4, 8), strict=True))
