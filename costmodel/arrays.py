@@ -15,7 +15,7 @@ from costmodel.config import ParallelConfig
 from costmodel.model import ModelSpec
 
 __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Stages",
-           "even_split", "first_argmax"]
+           "divisors", "even_split", "first_argmax"]
 
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
@@ -162,6 +162,12 @@ class ConfigArrays:
             stage_start=start,
             stage_recompute=per_stage_rec,
         )
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order: every degree a dimension of ``n`` GPUs (or a
+    batch of ``n``) can take. The one enumeration of degrees the searches use."""
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def even_split(num_layers: int, pp: int) -> list[int]:

@@ -655,10 +655,11 @@ def _attribute_saved(rec: _Recorder, runs: dict[str, tuple[str, list[str]]],
         layer = rec.nodes[last]["layer"] if path == LOSS else _layer_of(path, runs, containers)
         if layer == ROOT and rec.nodes[last]["layer"] == ROOT_OUT:
             layer = ROOT_OUT
-        if producer >= 0 and rec.nodes[producer]["layer"] == layer:
-            at = producer
+        real = origin(producer)
+        if real >= 0 and rec.nodes[real]["layer"] == layer:
+            at = real
         else:
-            at = readers.get((layer, origin(producer)), last)
+            at = readers.get((layer, real), last)
         rec.nodes[at]["saved_bytes"] += nbytes
         rec.nodes[at]["saved_from"] += ((producer, nbytes),)
 

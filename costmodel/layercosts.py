@@ -16,7 +16,7 @@ Two producers:
   (Megatron-LM's column- and row-parallel layers, Shoeybi et al. 2019; activations of
   Korthikanti et al. 2022 as ``costmodel.memory`` generalizes them);
 - ``LayerCosts.from_graph(graph, cluster, job)``: a traced ``LayerGraph``, each degree's
-  layouts chosen by the sharding ILP (``planner.autoshard``, ``tensor_parallel=True``: the
+  layouts chosen by the sharding ILP (``costmodel.autoshard``, ``tensor_parallel=True``: the
   ranks see the same tokens and every weight matrix is split ``t`` ways), repeated blocks
   solved once.
 
@@ -106,8 +106,8 @@ class LayerCosts:
     ``source``: ``spec`` or ``graph``; ``micro_batch_size`` and ``seq_len``: the micro-batch
     the figures are for; ``sequence_parallel``: whether the norm and dropout regions are
     split over the TP ranks along the sequence (Korthikanti et al. 2022, Sec. 4.2.2);
-    ``layouts``: for a graph, per TP degree, (layer, op, strategy, output layout) of every
-    op the ILP placed."""
+    ``layouts``: for a graph, per TP degree, (node id, module path, op, strategy, output
+    layout) of every op the ILP placed."""
 
     name: str
     source: str
@@ -115,7 +115,8 @@ class LayerCosts:
     seq_len: int
     sequence_parallel: bool
     blocks: tuple[BlockCosts, ...]
-    layouts: Mapping[int, tuple[tuple[str, str, str, str], ...]] = field(default_factory=dict)
+    layouts: Mapping[int, tuple[tuple[int, str, str, str, str], ...]] = field(
+        default_factory=dict)
 
     @property
     def tp_degrees(self) -> tuple[int, ...]:
@@ -159,6 +160,16 @@ class LayerCosts:
                          f"{c.collective_bytes / 2**20:>9.2f}")
         return "\n".join(lines)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as plain JSON values (TP degrees as string keys)."""
+        return {"name": self.name, "source": self.source,
+                "micro_batch_size": self.micro_batch_size, "seq_len": self.seq_len,
+                "sequence_parallel": self.sequence_parallel,
+                "blocks": [{"name": b.name, "kind": b.kind, "repeat": b.repeat,
+                            "output_bytes": b.output_bytes,
+                            "by_tp": {str(t): shard_dict(c) for t, c in b.by_tp.items()}}
+                           for b in self.blocks]}
+
     # ---- producers ----------------------------------------------------------------------
 
     @classmethod
@@ -193,8 +204,8 @@ class LayerCosts:
                    time_limit_s: float = 10.0) -> LayerCosts:
         """The costs of a traced graph (one micro-batch: the batch it was traced with) at
         each TP degree (default: the divisors of a node's GPUs), each degree's layouts
-        chosen by the sharding ILP (``planner.blockcosts.block_costs``)."""
-        from planner.blockcosts import block_costs
+        chosen by the sharding ILP (``costmodel.blockcosts.block_costs``)."""
+        from costmodel.blockcosts import block_costs
 
         return block_costs(graph, cluster, job, tp_degrees=tp_degrees,
                            sequence_parallel=sequence_parallel, time_limit_s=time_limit_s)

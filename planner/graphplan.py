@@ -1,5 +1,5 @@
 """The whole plan of a traced layer graph: every pipeline degree and mesh shape, each stage's
-sharding solved by ``planner.autoshard`` and the layers split over the stages by a DP;
+sharding solved by ``costmodel.autoshard`` and the layers split over the stages by a DP;
 ``GraphPlan`` is the best of them with why the others lost.
 """
 
@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.arrays import divisors
+from costmodel.autoshard import Mesh, ShardingProblem, Solution, solve
 from costmodel.config import Job
 from costmodel.errors import Infeasible, SpecError
 from costmodel.estimate import _html_table, mfu_peak_flops, usd_per_million_tokens
@@ -20,8 +22,6 @@ from costmodel.graph import LayerGraph
 from costmodel.hardware import Cluster
 from costmodel.units import GIB
 from hardware_profiles.files import write_text
-from planner.autoshard import Mesh, ShardingProblem, Solution, solve
-from planner.space import divisors
 
 __all__ = ["GraphPlan", "plan_graph", "traced_batch"]
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.arrays import divisors
 from costmodel.config import FRAMEWORK_NAMES, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.frameworks import Framework, framework, schedule_problem
@@ -81,12 +82,6 @@ RULES: dict[str, str] = {
     "offload_framework": "the trainer offloads this to the CPU at this ZeRO stage",
     "constraint": "excluded by the constraints given",
 }
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order: every degree a dimension of ``n`` GPUs (or a
-    batch of ``n``) can take. The one enumeration of degrees the searches use."""
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from costmodel import Cluster, Infeasible, Job, ModelSpec, SpecError  # noqa: E402
+from costmodel.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
 from costmodel.comm import Topology  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
 from costmodel.sharding import PARTIAL, REPLICATE, op_loops, reshard_time, view_map  # noqa: E402
-from planner.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
 from planner.graphplan import _stage_dp, plan_graph  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 

@@ -188,3 +188,48 @@ def test_graph_plan_file_is_not_taken_for_a_runnable_plan(models_dir: Path) -> N
     e = run_planner("estimate", "--model", "mymodels:TinyLM", "--gpus", "8",
                     "--global-batch-size", "16", "--seq-len", "128", cwd=models_dir)
     assert e.returncode == 2 and "'planner plan' plans it" in e.stderr
+
+
+def test_graph_command_shows_blocks_costs_and_layouts(models_dir: Path) -> None:
+    """``planner graph``: the traced layers, then each block's LayerCosts per TP degree
+    (what ``LayerCosts.from_graph`` computes), and the forward graph with the chosen layouts
+    as DOT and GraphML."""
+    import networkx as nx
+
+    from costmodel.graph import LayerGraph
+    from costmodel.layercosts import LayerCosts
+    from planner.models import load_model_or_module
+
+    r = run_planner("graph", "mymodels:TinyLM", "--seq-len", "64", "--tp", "1,2",
+                    "--dot", "g.dot", "--graphml", "g.graphml", *NODE)
+    assert r.returncode == 0, r.stderr
+    graph = LayerGraph.from_module(load_model_or_module("mymodels:TinyLM"),
+                                   torch.zeros(1, 64, dtype=torch.long), dtype=torch.bfloat16)
+    costs = LayerCosts.from_graph(graph, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8),
+                                  Job(global_batch_size=1, seq_len=64), tp_degrees=[1, 2])
+    for t in (1, 2):
+        assert costs.summary(t) in r.stdout
+    block = next(b for b in costs.blocks if b.kind == "layer")
+    assert block.repeat == 4 and block.at(2).params < block.at(1).params
+    dot = (models_dir / "g.dot").read_text()
+    assert dot.startswith('digraph "TinyLM"') and "layouts at tp=2" in dot
+    assert 'label="blocks.0 x4"' in dot and " -> R,S(" in dot  # a split output at tp=2
+    ml = nx.read_graphml(models_dir / "g.graphml")
+    forward = [i for i in graph.graph.nodes if not graph.node(i).backward]
+    assert ml.number_of_nodes() == len(forward)
+    assert {d["layout"] for _, d in ml.nodes(data=True)} >= {"R,R", "R,S(2)"}
+    js = run_planner("graph", "mymodels:TinyLM", "--seq-len", "64", "--tp", "2", "--json",
+                     *NODE)
+    got = json.loads(js.stdout)["layer_costs"]["blocks"]
+    assert got[1]["by_tp"]["2"]["params"] == pytest.approx(block.at(2).params)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seq-len", "64", "--tp", "3"], "3 does not divide the 8 GPUs"),
+    ([], "give --seq-len"),
+    (["--seq-len", "64", "--tp", "1,2", "--layouts-tp", "4"], "not among the degrees"),
+    (["--seq-len", "64", "--tp", "x"], "separated by commas"),
+])
+def test_graph_command_misuse(models_dir: Path, args: list[str], message: str) -> None:
+    r = run_planner("graph", "mymodels:TinyLM", *args, *NODE)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr

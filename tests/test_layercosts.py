@@ -20,10 +20,10 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from costmodel import Cluster, Job, ModelSpec, SpecError  # noqa: E402
+from costmodel.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
 from costmodel.comm import Topology  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
 from costmodel.layercosts import RECOMPUTE_MODES, LayerCosts  # noqa: E402
-from planner.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 
 NODE = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)

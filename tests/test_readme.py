@@ -66,6 +66,8 @@ PRINTS = {
     "validate": r"leave-one-source-out",
     "calibrate": r"leave-one-source-out|mean \|error\|",
     "profile": r"",
+    # A module's blocks and their costs per TP degree (LayerCosts).
+    "graph": r"(?m)^block +kind +x +params",
     "models": r"(?m)^llama-3-70b ",
     "gpus": r"(?m)^h100-sxm ",
     "clusters": r"(?m)^selene ",
@@ -83,6 +85,7 @@ WRITES = {
     ".json": '"config"',
     ".toml": "[",
     ".sbatch": "#SBATCH",
+    ".dot": "digraph",
 }
 
 

@@ -1,5 +1,6 @@
 """Command line: ``planner plan``, ``estimate``, ``explain``, ``compare``, ``emit``, ``plot``,
-``run``, ``validate``, ``profile``, ``calibrate``, ``models``, ``gpus``, ``clusters``.
+``run``, ``validate``, ``profile``, ``calibrate``, ``graph``, ``models``, ``gpus``,
+``clusters``.
 
 Bad input prints one line naming what is wrong and exits with status 2, never a traceback; a
 valid question that no configuration answers (nothing fits) exits with status 3 and says what
@@ -26,6 +27,7 @@ from planner.cli import (
     emit,
     estimate,
     explain,
+    graph,
     models,
     plan,
     plot,
@@ -39,7 +41,7 @@ __all__ = ["EXIT_INFEASIBLE", "EXIT_USAGE", "build_parser", "main"]
 
 #: The subcommand modules, in the order ``planner --help`` lists them.
 COMMANDS = (estimate, plan, explain, compare, emit, plot, run, validate, profile, calibrate,
-            models)
+            graph, models)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,6 @@ serving job with ``--inference``, or a torch ``nn.Module`` sharded op by op); al
 from __future__ import annotations
 
 import argparse
-import math
 from typing import TYPE_CHECKING, Any
 
 from costmodel import Cluster, Job, ModelSpec, SpecError
@@ -20,6 +19,7 @@ from planner.cli.common import (
     non_negative_int,
 )
 from planner.cli.estimate import estimate_report
+from planner.cli.torchmodule import add_module_args, module_inputs
 from planner.plan import plan
 from planner.progress import Progress
 from planner.space import Constraints
@@ -66,15 +66,7 @@ def add_parser(sub: Subparsers) -> None:
     add_common_args(pl)
     add_search_args(pl)
     add_inference_args(pl, search=True)
-    tm = pl.add_argument_group("torch module (--model module:attr naming an nn.Module)")
-    tm.add_argument("--input-shape", metavar="DIMS",
-                    help="one micro-batch's inputs, micro-batch first: dimensions joined by x, "
-                    "inputs by commas, e.g. 8x3x224x224 (default for a module whose first "
-                    "layer is an nn.Embedding: micro-batch x --seq-len token ids, trying every "
-                    "power-of-two micro-batch up to the GPU count)")
-    tm.add_argument("--input-dtype", choices=("int64", "float"),
-                    help="element type of --input-shape tensors (default: int64 token ids "
-                    "when the first layer is an nn.Embedding, else float in --precision)")
+    add_module_args(pl, "--model module:attr naming an nn.Module")
     pl.add_argument("--why", type=non_negative_int, default=12,
                     help="rows of the why-not table (for a torch module: of the per-op "
                     "sharding) shown")
@@ -156,7 +148,7 @@ def _plan_torch_module(args: argparse.Namespace, module: Any, cluster: Cluster,
         raise SpecError(f"{', '.join(fixed)}: only for presets, config.json and ModelSpec "
                         "models; a torch module is sharded op by op by the graph planner (it "
                         "takes --micro-batch-size and --input-shape)")
-    inputs = _module_inputs(args, module, job)
+    inputs = module_inputs(args, module, job)
     with Progress("tracing and sharding") as bar:
         found = plan(module, cluster, job, example_inputs=inputs, progress=bar)
     if _saved_or_json(args, found):
@@ -165,57 +157,6 @@ def _plan_torch_module(args: argparse.Namespace, module: Any, cluster: Cluster,
     if args.output:
         print(f"\nplan written to {args.output}")
     return 0
-
-
-def _input_shapes(text: str) -> list[tuple[int, ...]]:
-    """``--input-shape``: tensors separated by commas, dimensions by ``x``."""
-    shapes = []
-    for part in text.split(","):
-        try:
-            dims = tuple(int(d) for d in part.strip().lower().split("x"))
-        except ValueError:
-            raise SpecError(f"--input-shape {text!r}: write each input's dimensions joined by "
-                            "x, inputs separated by commas, e.g. 8x3x224x224 or "
-                            "4x2048,4x2048") from None
-        if not dims or any(d < 1 for d in dims) or len(dims) > 8:
-            raise SpecError(f"--input-shape {part.strip()!r}: give 1 to 8 positive "
-                            "dimensions, the micro-batch first")
-        if math.prod(dims) > 2**36:
-            raise SpecError(f"--input-shape {part.strip()!r}: {math.prod(dims):,} elements "
-                            "in one micro-batch is absurd; check the dimensions")
-        shapes.append(dims)
-    return shapes
-
-
-def _module_inputs(args: argparse.Namespace, module: Any, job: Job) -> Any:
-    """One micro-batch for ``module`` (or a function of the micro-batch size returning
-    one): ``--input-shape`` tensors, else token ids when its first layer is an embedding."""
-    try:
-        import torch
-    except ImportError:
-        raise SpecError("planning a torch module needs torch: pip install torch") from None
-    first = next((m for m in module.modules() if not list(m.children())
-                  and any(True for _ in m.parameters(recurse=False))), None)
-    tokens = isinstance(first, torch.nn.Embedding)
-    dtype = {"int64": torch.int64, "float": torch.float32}.get(
-        args.input_dtype, torch.int64 if tokens else torch.float32)
-    mbs = args.micro_batch_size
-    if args.input_shape:
-        shapes = _input_shapes(args.input_shape)
-        if mbs is not None and shapes[0][0] != mbs:
-            raise SpecError(f"--micro-batch-size {mbs} differs from the first dimension of "
-                            f"--input-shape {args.input_shape}; give one of them")
-        return tuple(torch.empty(s, dtype=dtype, device="meta") for s in shapes)
-    if not tokens:
-        raise SpecError(f"--model {args.model}: its first layer is a "
-                        f"{type(first).__name__ if first is not None else 'module without weights'}"
-                        ", not an nn.Embedding, so its input cannot be guessed; give "
-                        "--input-shape, e.g. --input-shape 8x3x224x224 (micro-batch first)")
-
-    def ids(b: int) -> Any:
-        return torch.zeros((b, job.seq_len), dtype=dtype, device="meta")
-
-    return ids(mbs) if mbs is not None else ids
 
 
 def _graph_report(model: Any, cluster: Cluster, job: Job, found: Any, rows: int) -> str:

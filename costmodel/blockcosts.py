@@ -1,5 +1,5 @@
 """``LayerCosts`` of a traced ``LayerGraph`` (``LayerCosts.from_graph``): for each TP degree
-the sharding ILP (``planner.autoshard``, ``tensor_parallel=True``) places every op of the
+the sharding ILP (``costmodel.autoshard``, ``tensor_parallel=True``) places every op of the
 graph on a 1 x t mesh, the ranks seeing the same tokens and every weight matrix split; the
 figures of each layer are then read off the chosen layouts, op by op.
 
@@ -15,12 +15,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from costmodel.arrays import divisors
+from costmodel.autoshard import Mesh, ShardingProblem, Solution, _collective_names, solve
 from costmodel.config import Job
 from costmodel.graph import LOSS, Layer, LayerGraph
 from costmodel.hardware import Cluster
 from costmodel.layercosts import RECOMPUTE_MODES, BlockCosts, LayerCosts, ShardCosts
-from planner.autoshard import Mesh, ShardingProblem, Solution, _collective_names, solve
-from planner.space import divisors
 
 __all__ = ["block_costs", "graph_blocks"]
 
@@ -45,13 +45,13 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     elementwise regions may split the sequence (``ShardingProblem``)."""
     degrees = tuple(tp_degrees) if tp_degrees else tuple(divisors(cluster.gpus_per_node))
     tallies: dict[int, dict[str, _Tally]] = {}
-    layouts: dict[int, tuple[tuple[str, str, str, str], ...]] = {}
+    layouts: dict[int, tuple[tuple[int, str, str, str, str], ...]] = {}
     for t in degrees:
         prob = ShardingProblem(graph, Mesh((1, t)), cluster, job, budget=math.inf,
                                tensor_parallel=True, sequence_parallel=sequence_parallel)
         sol = solve(prob, time_limit_s=time_limit_s)
         tallies[t] = _tally(sol)
-        layouts[t] = tuple((prob.layer[v], op, label, out) for v, op, label, out
+        layouts[t] = tuple((v, graph.node(v).module, op, label, out) for v, op, label, out
                            in sol.layouts())
     blocks = []
     for name, kind, members in graph_blocks(graph):
@@ -130,16 +130,20 @@ def _share(sol: Solution, layout: tuple[int, ...]) -> int:
 def _holders(sol: Solution, v: int, src: int) -> int:
     """How many ways a tensor made by ``src`` and saved by node ``v``'s layer is split on
     the rank: as its producer lays it out, or, for the layer's input, as whole as any op
-    of the layer reads it (the copy the layer keeps; Megatron-LM keeps a replicated layer
-    input whole)."""
+    of the layer reads it (the copy that op saves), except that under sequence parallelism
+    a matmul keeps its input as produced, split along the sequence, and gathers it again
+    in backward (Korthikanti et al. 2022, Sec. 4.2.2)."""
     p = sol.problem
     if src not in p.layer:
         return _share(sol, sol.strategy(v).out)
+    made = _share(sol, sol.strategy(src).out)
     if p.layer[src] == p.layer[v]:
-        return _share(sol, sol.strategy(src).out)
-    reads = [_share(sol, sol.strategy(u).ins[k]) for u in p.nodes if p.layer[u] == p.layer[v]
+        return made
+    reads = [made if p.sequence_parallel and p.graph.node(u).family == "matmul"
+             else _share(sol, sol.strategy(u).ins[k])
+             for u in p.nodes if p.layer[u] == p.layer[v]
              for k, inp in enumerate(p.inputs[u]) if inp.source == src]
-    return min(reads, default=_share(sol, sol.strategy(src).out))
+    return min(reads, default=made)
 
 
 def _tally(sol: Solution) -> dict[str, _Tally]:

@@ -1,0 +1,727 @@
+"""Intra-op sharding of a traced ``LayerGraph`` on a 2-D device mesh, as an ILP (Alpa, Zheng et
+al. 2022, Sec. 4), combined with a pipeline-stage DP over its layers (Sec. 5).
+
+**The sharding graph.** The forward ops of the graph, with views contracted into the edges
+(a view only renames dims: ``costmodel.sharding.view_map``) and constant subgraphs (index
+tables, rotary angles: nothing flows into them from the inputs or the parameters) dropped.
+A run of identical blocks is one block with weight ``repeat``. Parameters, model inputs and
+constants take whatever layout their consumer asks for, at no cost.
+
+**Strategies.** Node ``v`` shards each mesh axis along one of its loops or replicates
+(``costmodel.sharding.op_loops``); a loop may take both axes when its size is divisible by
+the whole mesh. A strategy ``k`` fixes the layout of the output and of every input, and has
+a compute time ``c[v, k]`` (forward + backward: ``costmodel.compute`` gemm, flash-attention
+and memory-bound costs on the local shard), a gradient-synchronisation time ``g[v, k]``
+(converting the partial gradients of replicated parameters back: the data-parallel
+all-reduce), a backward time ``b[v, k]`` it may overlap with, and memory ``m[v, k]``
+(parameter + gradient + optimizer bytes of the shard, and the activations it saves times
+the micro-batches in flight).
+
+**Resharding.** Where a producer's output layout differs from the layout a consumer needs,
+the collective that converts it is inserted (``costmodel.sharding.reshard_time``), forward,
+and its gradient's conversion backward. Consumers that need the same layout of one tensor
+share one conversion: for producer ``u`` and each distinct (layout, gradient layout) class
+``c`` its consumers may need, ``r[u, k, c]`` is the cost of converting output layout ``k``.
+
+**ILP** (OR-Tools with SCIP; times in microseconds, memory in MiB). Binary ``x[v, k]``: node
+``v`` uses strategy ``k``; ``w[u, c]`` in [0, 1]: some consumer of ``u`` needs class ``c``;
+``y[u, k, c]`` in [0, 1]: ``u`` uses ``k`` and converts to ``c``; ``e >= 0`` the exposed
+gradient synchronisation (``w``, ``y`` are 0/1 at the optimum since ``x`` is).
+With ``n_v`` the weight (repeat) of ``v``, ``M`` the micro-batches per step::
+
+    (a) sum_k x[v, k] = 1                                   every node v
+    (b) w[u, c] >= sum_{k in class c} x[v, k]               every consumer v of u, class c
+    (c) sum_k y[u, k, c] = w[u, c],  y[u, k, c] <= x[u, k]  every u, k, c
+    (d) sum_{v, k} n_v m[v, k] x[v, k] <= memory budget
+    (f) x[v, j] = sum_{k: f_v(k) = j} x[u, k]               every follower v of leader u
+    (e) e >= sum_{v, k} n_v (g[v, k] - b[v, k]) x[v, k]     (synchronisation overlapped with
+                                                             the last backward, as DDP's buckets)
+    minimise  M (sum_{v,k} n_v c[v, k] x[v, k] + sum_{u,k,c} n_u r[u, k, c] y[u, k, c]) + e
+
+``brute_force`` enumerates every assignment of strategies and evaluates the same objective
+with ``ShardingProblem.evaluate``; ``tests/test_autoshard.py`` checks they agree.
+
+**Pipeline stages** (``plan_graph``): for every pipeline degree ``p`` and every mesh shape of
+the ``N / p`` devices of a stage, the ILP shards the graph (memory budget: ``p`` GPUs'
+worth, activations times the micro-batches a 1F1B stage holds), and a DP splits the layer
+sequence (blocks unrolled) into ``p`` contiguous stages minimising the slowest stage under
+each stage's memory::
+
+    T(0, j) = t(0, j)                         layers 0..j-1 on stage 0
+    T(s, j) = min_i max(T(s-1, i), t(i, j))    over stage s holding layers i..j-1 that fit
+
+and the step takes ``(M + p - 1) T(p-1, L)`` plus the exposed gradient synchronisation
+(1F1B, Narayanan et al. 2021, Sec. 2.2).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.comm import Topology
+from costmodel.compute import BACKWARD_BYTES, flash_attention_time, gemm_time, memory_time
+from costmodel.config import Job
+from costmodel.errors import SpecError
+from costmodel.graph import LayerGraph, OpNode, TensorRef
+from costmodel.hardware import Cluster
+from costmodel.memory import state_bytes
+from costmodel.sharding import PARTIAL, REPLICATE, Loop, describe, reshard_time
+from costmodel.units import GIB
+
+__all__ = ["Mesh", "ShardingProblem", "Solution", "Strategy", "brute_force", "solve"]
+
+Layout = tuple[int, ...]
+#: Families whose ops follow the layout of their single input node.
+_LIGHT = ("elementwise", "norm", "softmax", "reduction", "loss", "index", "pool")
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A 2-D mesh of ``shape[0] x shape[1]`` devices; axis 1 is innermost (consecutive
+    ranks, inside a node first), axis 0 strides over it."""
+
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != 2 or any(int(n) != n or n < 1 for n in self.shape):
+            raise SpecError(f"Mesh: shape must be two positive integers, got {self.shape}")
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Rank distance between neighbours along each axis."""
+        return (self.shape[1], 1)
+
+    @property
+    def size(self) -> int:
+        """Devices in the mesh."""
+        return self.shape[0] * self.shape[1]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One sharding of a node: ``axes`` the loop each mesh axis splits (``None``:
+    replicated); layouts of the output and of each input (``ins``, in the coordinates of the
+    tensor the input comes from) and of each input's gradient (``grads``); seconds of
+    compute (forward + backward), of its backward alone and of gradient synchronisation;
+    bytes of memory (parameter state and activations in flight) and of the activations
+    one micro-batch saves."""
+
+    axes: tuple[int | None, ...]
+    label: str
+    out: Layout
+    ins: tuple[Layout, ...]
+    grads: tuple[Layout, ...]
+    compute_s: float
+    backward_s: float
+    sync_s: float
+    memory: float
+    activation_bytes: float
+
+
+@dataclass(frozen=True)
+class _Input:
+    """A consumer's input traced back through views: ``source`` the real node it comes
+    from (-1: a parameter, model input or constant, free to take any layout), ``dims`` the
+    source dim of each of the consumer's input dims."""
+
+    source: int
+    param: str
+    dims: tuple[int | None, ...]
+    nbytes: float
+    numel: float
+    grad: bool
+    constant: bool = False
+
+
+@dataclass
+class _Group:
+    """The consumers of one producer's output that are charged ``weight`` times."""
+
+    producer: int
+    weight: int
+    nbytes: float
+    grad: bool
+    consumers: list[tuple[int, int]] = field(default_factory=list)
+
+    def need(self, st: Strategy, slot: int) -> tuple[Layout, Layout | None]:
+        """The class a consumer with strategy ``st`` needs of the tensor at its input
+        ``slot``: (layout, gradient layout, ``None`` when no gradient flows)."""
+        return st.ins[slot], st.grads[slot] if self.grad else None
+
+
+def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef) -> _Input:
+    """Input ``ref`` of an op traced back through the views that produced it to the real
+    node (or parameter, model input or constant: source -1), with the dims mapped."""
+    dims: tuple[int | None, ...] = tuple(range(len(ref.shape)))
+    src, param, nbytes, numel = ref.source, ref.param, ref.nbytes, ref.numel
+    while src >= 0 and src not in constant and node[src].family == "view":
+        vm = node[src].view_map or ()
+        dims = tuple(vm[d] if d is not None and d < len(vm) else None for d in dims)
+        if not node[src].inputs:  # a view of nothing (a fresh tensor): a constant
+            return _Input(-1, param, dims, nbytes, numel, ref.grad, True)
+        up = node[src].inputs[0]
+        src, param, nbytes, numel = up.source, up.param or param, up.nbytes, up.numel
+    return _Input(-1 if src in constant else src, param, dims, nbytes, numel, ref.grad,
+                  src in constant)
+
+
+#: Seconds charged for a conversion ``tensor_parallel`` bars (a cost no layout approaches,
+#: so the ILP never picks it while any other layout exists).
+_BARRED_S = 1e3
+
+
+def _scatters(src: Layout, need: Layout) -> bool:
+    """Whether converting ``src`` to ``need`` reduce-scatters a partial sum on some axis:
+    tensor parallelism without sequence parallelism only all-reduces them, leaving the
+    residual stream whole on every rank (Megatron-LM's ``g`` operator, Shoeybi et al. 2019,
+    Fig. 3)."""
+    return any(a == PARTIAL and b >= 0 for a, b in zip(src, need, strict=True))
+
+
+def _rify(layout: Layout) -> Layout:
+    return tuple(REPLICATE if p == PARTIAL else p for p in layout)
+
+
+class ShardingProblem:
+    """The strategies of every node of ``graph``'s sharding graph on ``mesh`` of
+    ``cluster``'s GPUs, for ``job`` (precision, optimizer), with ``micro_batches`` per step
+    and ``in_flight`` micro-batches' activations held; ``budget`` bytes of memory for the
+    whole graph (default: the mesh's GPUs).
+
+    ``tensor_parallel``: the mesh's devices are one tensor-parallel group: they see the same
+    tokens, so no op splits a loop that runs along the model inputs' dims (``token_dims``),
+    and every weight of two or more dims is split over each axis of more than one device
+    where the op can split it (Megatron-LM's column/row and vocabulary-parallel layers are
+    the layouts that remain; Shoeybi et al. 2019, Sec. 3). ``sequence_parallel``: besides,
+    the memory-bound ops (norms, elementwise, dropout) may split the tokens, with all-gathers
+    and reduce-scatters between the regions (Korthikanti et al. 2022, Sec. 4.2.2)."""
+
+    def __init__(self, graph: LayerGraph, mesh: Mesh, cluster: Cluster, job: Job, *,
+                 micro_batches: int = 1, in_flight: int = 1, budget: float | None = None,
+                 tensor_parallel: bool = False, sequence_parallel: bool = False) -> None:
+        self.graph, self.mesh, self.cluster, self.job = graph, mesh, cluster, job
+        self.micro_batches, self.in_flight = int(micro_batches), int(in_flight)
+        self.budget = float(cluster.gpu.memory_bytes if budget is None else budget)
+        self.topo = Topology.of(cluster)
+        self.dtype = "bf16" if job.precision == "fp8" else job.precision
+        self.elem = 4.0 if job.precision == "fp32" else 2.0
+        self.tensor_parallel = tensor_parallel
+        self.sequence_parallel = sequence_parallel
+        self.nodes, self.inputs, self.saved = self._contract()
+        self.token_dims = self._token_dims()
+        self.repeat = {x.name: x.repeat for x in graph.layers}
+        self.layer = {v: graph.node(v).layer for v in self.nodes}
+        self.weight = {v: self.repeat.get(self.layer[v], 1) for v in self.nodes}
+        self.param_state = self._param_state()
+        seen: set[str] = set()
+        self.charged: dict[int, set[str]] = {}
+        for v in self.nodes:
+            mine = {i.param for i in self.inputs[v] if i.param and i.param not in seen}
+            self.charged[v] = mine
+            seen |= mine
+        self.strategies = {v: self._strategies(v) for v in self.nodes}
+        self.follow = self._followers()
+        self.groups = self._groups()
+        self._classes = [self._group_classes(g) for g in self.groups]
+
+    # ---- building ----------------------------------------------------------------------
+
+    def _contract(self) -> tuple[list[int], dict[int, list[_Input]],
+                                 dict[int, list[tuple[int, float]]]]:
+        """The real forward nodes, their inputs traced through views, and the tensors each
+        saves for backward: (the real node that produced it, bytes)."""
+        g = self.graph
+        fw = [i for i in sorted(g.graph.nodes) if not g.node(i).backward]
+        node = {i: g.node(i) for i in fw}
+        constant: set[int] = set()
+        for i in fw:
+            n = node[i]
+            if not any(r.param or r.source < 0 or r.source not in constant for r in n.inputs) \
+                    and (n.inputs or n.family == "view") and n.family != "unknown":
+                constant.add(i)
+        real = [i for i in fw if i not in constant and node[i].family != "view"]
+
+        def origin(i: int) -> int:
+            """The real node a tensor produced by node ``i`` comes from (-1: none)."""
+            while i >= 0 and i in node and i not in constant and node[i].family == "view":
+                i = node[i].inputs[0].source if node[i].inputs else -1
+            return i if i in node and i not in constant else -1
+
+        saved: dict[int, list[tuple[int, float]]] = {i: [] for i in real}
+        for i in fw:  # a view's saved tensors belong to the real node it views
+            if i in constant or not node[i].saved_bytes:
+                continue
+            at = i if i in saved else origin(i)
+            if at in saved:
+                saved[at] += [(origin(src), nbytes) for src, nbytes in node[i].saved_from]
+        inputs = {v: [_through_views(node, constant, r) for r in node[v].inputs] for v in real}
+        if not real:
+            raise SpecError(f"{g.name}: the graph has no forward ops to shard")
+        return real, inputs, saved
+
+    def _token_dims(self) -> dict[int, frozenset[int]]:
+        """The dims of each node's output that run along the model inputs' dims (the
+        samples and tokens of the micro-batch): a loop carries them from an input to the
+        output."""
+        out: dict[int, frozenset[int]] = {}
+        for v in self.nodes:
+            out[v] = frozenset(lp.out for lp in self.graph.node(v).loops
+                               if lp.out is not None and self._on_tokens(v, lp, out))
+        return out
+
+    def _on_tokens(self, v: int, lp: Loop, tokens: dict[int, frozenset[int]]) -> bool:
+        """Whether loop ``lp`` of node ``v`` runs along a token dim of one of its inputs."""
+        for inp, d in zip(self.inputs[v], lp.ins, strict=False):
+            if d is None or d >= len(inp.dims):
+                continue
+            if inp.source < 0:
+                if not inp.param and not inp.constant:
+                    return True  # a model input: all its dims are samples and tokens
+            elif inp.dims[d] in tokens.get(inp.source, ()):
+                return True
+        return False
+
+    def _tensor_parallel_ok(self, v: int, loops: list[Loop | None],
+                            lays: list[Layout]) -> bool:
+        """Under ``tensor_parallel``: no loop on tokens, every weight matrix that meets the
+        tokens split on every axis of more than one device, and what does not meet them
+        whole (a table looked up by constant positions, as Megatron-LM keeps its position
+        embeddings)."""
+        light = self.sequence_parallel and self.graph.node(v).family in _LIGHT
+        for size, lp in zip(self.mesh.shape, loops, strict=True):
+            if size > 1 and lp is not None and not light \
+                    and self._on_tokens(v, lp, self.token_dims):
+                return False
+            if size > 1 and lp is None and light:
+                return False  # sequence parallel: no memory-bound op runs replicated
+        if not any((inp.source >= 0 and self.token_dims[inp.source])
+                   or (inp.source < 0 and not inp.param and not inp.constant)
+                   for inp in self.inputs[v]):
+            return all(lp is None for lp in loops)
+        refs = self.graph.node(v).inputs
+        for axis, size in enumerate(self.mesh.shape):
+            if size == 1:
+                continue
+            for inp, ref, lay in zip(self.inputs[v], refs, lays, strict=True):
+                if inp.param and len(ref.shape) >= 2 and lay[axis] == REPLICATE:
+                    return False
+        return True
+
+    def _followers(self) -> dict[int, tuple[int, list[int]]]:
+        """Light ops whose tensor inputs all come from one node follow its layout (Alpa's
+        merging of simple operators into their operand, Zheng et al. 2022, Sec. 4.2):
+        follower -> (leader, the follower's strategy for each of the leader's strategies:
+        the cheapest that takes the leader's output as it is, else replicated)."""
+        out: dict[int, tuple[int, list[int]]] = {}
+        for v in self.nodes:
+            n = self.graph.node(v)
+            sources = {i.source for i in self.inputs[v] if i.source >= 0}
+            if n.family not in _LIGHT or len(sources) != 1:
+                continue
+            u = sources.pop()
+            if self.layer[u] != self.layer[v]:
+                continue  # a block's entry: the traced instance's source stands for one only
+            slot = next(j for j, i in enumerate(self.inputs[v]) if i.source == u)
+            mine = self.strategies[v]
+            plain = next((k for k, st in enumerate(mine) if all(a is None for a in st.axes)),
+                         0)
+            f = []
+            for st in self.strategies[u]:
+                want = _rify(st.out)
+                fits = [k for k, t in enumerate(mine) if t.ins[slot] == want]
+                f.append(min(fits, key=lambda k: (mine[k].compute_s, k)) if fits else plain)
+            out[v] = (u, f)
+        return out
+
+    def free_nodes(self) -> list[int]:
+        """The nodes whose strategy is chosen (the others follow a leader)."""
+        return [v for v in self.nodes if v not in self.follow]
+
+    def complete(self, choice: dict[int, int]) -> dict[int, int]:
+        """``choice`` of the free nodes extended to the followers."""
+        full = dict(choice)
+        for v in self.nodes:
+            if v in self.follow:
+                u, f = self.follow[v]
+                full[v] = f[full[u]]
+        return full
+
+    def _param_state(self) -> float:
+        """Bytes per parameter of weights, gradients and optimizer state."""
+
+        class _Width:  # Adafactor's factored state needs a width (costmodel.memory)
+            hidden_size = max((max(r.shape) for v in self.nodes for r in
+                               self.graph.node(v).inputs if r.param and r.shape), default=1)
+
+        return float(sum(state_bytes(self.job, _Width())))  # type: ignore[arg-type]
+
+    def _assignments(self, loops: tuple[Loop, ...]) -> Iterator[tuple[int | None, ...]]:
+        choices = [[None] if n == 1 else [None, *range(len(loops))] for n in self.mesh.shape]
+        for axes in itertools.product(*choices):
+            ok = True
+            for li in {a for a in axes if a is not None}:
+                f = math.prod(n for n, a in zip(self.mesh.shape, axes, strict=True) if a == li)
+                ok &= loops[li].size % f == 0
+            if ok:
+                yield axes
+
+    def _strategies(self, v: int, rules: bool = True) -> list[Strategy]:
+        """Node ``v``'s strategies; ``rules``: apply ``tensor_parallel``'s rules."""
+        n = self.graph.node(v)
+        ins = self.inputs[v]
+        out: list[Strategy] = []
+        for axes in self._assignments(n.loops):
+            loops = [None if a is None else n.loops[a] for a in axes]
+            o = tuple(REPLICATE if lp is None else PARTIAL if lp.out is None else lp.out
+                      for lp in loops)
+            lays, grads = [], []
+            for i, inp in enumerate(ins):
+                lay, grd = [], []
+                for lp in loops:
+                    d = None if lp is None or i >= len(lp.ins) else lp.ins[i]
+                    s = inp.dims[d] if d is not None and d < len(inp.dims) else None
+                    lay.append(REPLICATE if s is None else s)
+                    partial = lp is not None and lp.out is not None and d is None
+                    grd.append(PARTIAL if partial else REPLICATE if s is None else s)
+                lays.append(tuple(lay))
+                grads.append(tuple(grd))
+            if rules and self.tensor_parallel and not self._tensor_parallel_ok(v, loops, lays):
+                continue
+            compute, backward = self._compute(n, loops)
+            compute += self._statistics(loops)
+            sync = mem = 0.0
+            for inp, layout, grad_layout in zip(ins, lays, grads, strict=True):
+                if inp.source < 0 and inp.grad:
+                    sync += reshard_time(self.topo, self.mesh.shape, self.mesh.strides,
+                                         grad_layout, layout, inp.nbytes)
+                if inp.param in self.charged[v]:
+                    shards = math.prod(m for m, p in zip(self.mesh.shape, layout, strict=True)
+                                       if p >= 0)
+                    mem += self.param_state * inp.numel / shards
+            act = self._saved_bytes(v, ins, o, lays)
+            mem += act * self.in_flight
+            label = "|".join("R" if lp is None else lp.role or
+                             ("sum" if lp.out is None else f"d{lp.out}") for lp in loops)
+            out.append(Strategy(axes, label, o, tuple(lays), tuple(grads), compute, backward,
+                                sync, mem, act))
+        if not out:  # nothing satisfies tensor_parallel's rules: replicated, as it must be
+            return [st for st in self._strategies(v, rules=False)
+                    if all(a is None for a in st.axes)]
+        return out
+
+    def _statistics(self, loops: list[Loop | None]) -> float:
+        """Seconds of the all-reduces of statistics an op needs over the loops it splits
+        (``Loop.all_reduce_bytes``, e.g. a vocabulary-parallel softmax)."""
+        t = 0.0
+        for a, lp in enumerate(loops):
+            if lp is not None and lp.all_reduce_bytes and self.mesh.shape[a] > 1:
+                t += float(self.topo.all_reduce(lp.all_reduce_bytes, self.mesh.shape[a],
+                                                self.mesh.strides[a]))
+        return t
+
+    def _saved_bytes(self, v: int, ins: list[_Input], out: Layout, lays: list[Layout]
+                     ) -> float:
+        """Bytes node ``v`` saves for backward on one device: each saved tensor in the
+        layout ``v`` holds it in (an input's as ``v`` reads it, else the output's)."""
+        def share(layout: Layout) -> int:
+            return math.prod(m for m, p in zip(self.mesh.shape, layout, strict=True) if p >= 0)
+
+        total = 0.0
+        for src, nbytes in self.saved[v]:
+            slot = next((i for i, inp in enumerate(ins) if src >= 0 and inp.source == src
+                         and src != v), None)
+            total += nbytes / share(out if slot is None else lays[slot])
+        return total
+
+    def _compute(self, n: OpNode, loops: list[Loop | None]) -> tuple[float, float]:
+        """(forward + backward, backward) seconds of ``n`` on its shard."""
+        gpu = self.cluster.gpu
+        split: dict[int, int] = {}
+        for size, lp in zip(self.mesh.shape, loops, strict=True):
+            if lp is not None:
+                split[id(lp)] = split.get(id(lp), 1) * size
+        shards = math.prod(split.values())
+        roles = {lp.role: lp.size / split.get(id(lp), 1) for lp in n.loops if lp.role}
+        if n.family == "matmul" and {"m", "n", "k"} <= set(roles):
+            m, nn, k, b = roles["m"], roles["n"], roles["k"], roles.get("b", 1.0)
+            e = self.elem
+            fwd = float(gemm_time(gpu, self.dtype, m, nn, k, b, e))
+            needs = [r.grad for r in n.inputs]
+            a_grad = needs[-2] if len(needs) >= 2 else False
+            b_grad = needs[-1] if needs else False
+            bwd = (float(gemm_time(gpu, self.dtype, m, k, nn, b, e)) if a_grad else 0.0) \
+                + (float(gemm_time(gpu, self.dtype, k, nn, m, b, e)) if b_grad else 0.0)
+            return fwd + bwd, bwd
+        if n.family == "attention" and n.model_flops:
+            attn_fwd, attn_bwd = flash_attention_time(gpu, self.dtype, n.model_flops / shards)
+            bwd_s = float(attn_bwd) if n.grad else 0.0
+            return float(attn_fwd) + bwd_s, bwd_s
+        moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
+        if n.model_flops:  # convolution and other FLOP-heavy ops: roofline
+            eff = gpu.efficiency
+            t = max(n.model_flops / shards / (gpu.peak_flops(self.dtype) * eff.gemm_for(
+                self.dtype)), moved / (gpu.memory_bandwidth_bytes_per_s * eff.memory)) \
+                + eff.kernel_overhead_s
+            bwd = 2.0 * t if n.grad else 0.0
+            return t + bwd, bwd
+        fwd = float(memory_time(gpu, moved, 1.0))
+        bwd = BACKWARD_BYTES * fwd if n.grad else 0.0
+        return fwd + bwd, bwd
+
+    def _groups(self) -> list[_Group]:
+        groups: dict[tuple[int, int], _Group] = {}
+        for v in self.nodes:
+            for slot, inp in enumerate(self.inputs[v]):
+                u = inp.source
+                if u < 0:
+                    continue
+                same = self.layer[u] == self.layer[v]
+                w = self.weight[v] if same else 1
+                key = (u, w)
+                if key not in groups:
+                    groups[key] = _Group(u, w, inp.nbytes, inp.grad)
+                groups[key].consumers.append((v, slot))
+        # The block after a repeated block reads its input from that block's output: one
+        # pseudo-edge per entry into the block, charged repeat - 1 times.
+        for lname, r in self.repeat.items():
+            if r < 2:
+                continue
+            inside = [v for v in self.nodes if self.layer[v] == lname]
+            leaving = [u for u in inside if any(
+                i.source == u for v in self.nodes if self.layer[v] != lname
+                for i in self.inputs[v])]
+            for v in inside:
+                for slot, inp in enumerate(self.inputs[v]):
+                    if inp.source < 0 or self.layer[inp.source] == lname:
+                        continue
+                    shape = self.graph.node(inp.source).shape
+                    for u in leaving:
+                        if self.graph.node(u).shape == shape:
+                            key = (u, -(r - 1))
+                            if key not in groups:
+                                groups[key] = _Group(u, r - 1, inp.nbytes, inp.grad)
+                            groups[key].consumers.append((v, slot))
+                            break
+        return list(groups.values())
+
+    def _convert(self, out: Layout, need: Layout, grad: Layout | None, nbytes: float) -> float:
+        if self.tensor_parallel and not self.sequence_parallel and (_scatters(out, need) or (
+                grad is not None and _scatters(grad, _rify(out)))):
+            return _BARRED_S
+        m, s = self.mesh.shape, self.mesh.strides
+        t = reshard_time(self.topo, m, s, out, need, nbytes)
+        if grad is not None:
+            t += reshard_time(self.topo, m, s, grad, _rify(out), nbytes)
+        return t
+
+    def _group_classes(self, g: _Group) -> tuple[dict[tuple[Layout, Layout | None], int],
+                                                 np.ndarray]:
+        """The classes the consumers of ``g`` may need (class -> column) and the cost of
+        converting each producer strategy's output (rows) into each."""
+        classes: dict[tuple[Layout, Layout | None], int] = {}
+        for v, slot in g.consumers:
+            for st in self.strategies[v]:
+                classes.setdefault(g.need(st, slot), len(classes))
+        cost = np.array([[self._convert(st.out, need, grad, g.nbytes) for need, grad in classes]
+                         for st in self.strategies[g.producer]])
+        return classes, cost
+
+    def conversions(self, choice: dict[int, int]
+                    ) -> Iterator[tuple[_Group, int, int, float]]:
+        """Under ``choice``: every conversion of a producer's output, as (group, the first
+        consumer needing that class and its input slot, seconds per micro-batch, charged
+        ``group.weight`` times); consumers needing the same class share it."""
+        for g, (classes, cost) in zip(self.groups, self._classes, strict=True):
+            seen: set[int] = set()
+            for v, slot in g.consumers:
+                c = classes[g.need(self.strategies[v][choice[v]], slot)]
+                if c not in seen:
+                    seen.add(c)
+                    yield g, v, slot, float(cost[choice[g.producer], c])
+
+    # ---- evaluating --------------------------------------------------------------------
+
+    def evaluate(self, choice: dict[int, int]) -> tuple[float, float]:
+        """(objective seconds per step, memory bytes) of strategy ``choice[v]`` per node."""
+        m = self.micro_batches
+        compute = sync = backward = mem = 0.0
+        for v in self.nodes:
+            st = self.strategies[v][choice[v]]
+            w = self.weight[v]
+            compute += w * st.compute_s
+            sync += w * st.sync_s
+            backward += w * st.backward_s
+            mem += w * st.memory
+        comm = sum(g.weight * t for g, _v, _slot, t in self.conversions(choice))
+        return m * (compute + comm) + max(0.0, sync - backward), mem
+
+    def size(self) -> int:
+        """Number of assignments of the free nodes (what brute force enumerates)."""
+        return math.prod(len(self.strategies[v]) for v in self.free_nodes())
+
+
+@dataclass(frozen=True)
+class Solution:
+    """The chosen strategy index per node, the objective (seconds per step, as the ILP
+    minimises it) and the memory (bytes) of the whole graph on one mesh; ``optimal``: the
+    solver proved it optimal (else it is the best found within the time limit)."""
+
+    problem: ShardingProblem
+    choice: dict[int, int]
+    objective_s: float
+    memory_bytes: float
+    solve_s: float = 0.0
+    optimal: bool = True
+
+    def strategy(self, v: int) -> Strategy:
+        """The strategy of node ``v``."""
+        return self.problem.strategies[v][self.choice[v]]
+
+    def layouts(self) -> list[tuple[int, str, str, str]]:
+        """(node, op, strategy label, output layout) of every node."""
+        out = []
+        for v in self.problem.nodes:
+            st = self.strategy(v)
+            out.append((v, self.problem.graph.node(v).op, st.label,
+                        ",".join(describe(p) for p in st.out)))
+        return out
+
+    def collectives(self) -> list[tuple[int, int, str, float]]:
+        """(producer, consumer, collectives, seconds per micro-batch) of every conversion
+        the layouts insert (propagation: where a consumer needs another layout)."""
+        out = []
+        for g, v, slot, t in self.problem.conversions(self.choice):
+            if t > 0:
+                need, grad = g.need(self.strategy(v), slot)
+                out.append((g.producer, v, _collective_names(self.strategy(g.producer).out,
+                                                             need, grad), t))
+        return out
+
+    def layer_costs(self) -> dict[str, tuple[float, float, float, float, float]]:
+        """Per layer instance: (seconds per micro-batch, backward seconds, gradient
+        synchronisation seconds, parameter-state bytes, activation bytes per micro-batch)."""
+        p = self.problem
+        out: dict[str, list[float]] = {}
+        for v in p.nodes:
+            st = self.strategy(v)
+            row = out.setdefault(p.layer[v], [0.0] * 5)
+            row[0] += st.compute_s
+            row[1] += st.backward_s
+            row[2] += st.sync_s
+            row[3] += st.memory - st.activation_bytes * p.in_flight
+            row[4] += st.activation_bytes
+        for g, v, _slot, t in p.conversions(self.choice):  # per instance of the consumer's layer
+            out[p.layer[v]][0] += g.weight / p.repeat.get(p.layer[v], 1) * t
+        return {k: (v[0], v[1], v[2], v[3], v[4]) for k, v in out.items()}
+
+
+def _collective_names(src: Layout, need: Layout, grad: Layout | None) -> str:
+    def one(a: Layout, b: Layout) -> list[str]:
+        names = []
+        for axis, (s, d) in enumerate(zip(a, b, strict=True)):
+            if s in (d, REPLICATE):
+                continue
+            kind = ("all-reduce" if d == REPLICATE else "reduce-scatter") if s == PARTIAL \
+                else "all-gather" if d == REPLICATE else "all-to-all"
+            names.append(f"{kind}@{axis}")
+        return names
+
+    fwd = one(src, need)
+    bwd = one(grad, _rify(src)) if grad is not None else []
+    return " ".join(fwd + [f"bwd:{x}" for x in bwd])
+
+
+def _chosen(options: list[Any]) -> int:
+    """The index of the strategy a solved MIP picked among a node's ``options`` (its
+    variables): the largest solution value, the first among equals."""
+    return max(range(len(options)), key=lambda k: options[k].solution_value())
+
+
+def solve(problem: ShardingProblem, *, time_limit_s: float = 30.0) -> Solution:
+    """The ILP of the module docstring on ``problem`` (OR-Tools' MIP interface with SCIP:
+    only ``x`` is integral; ``w`` and ``y`` take 0/1 values at the optimum). Raises
+    ``SpecError`` when no assignment fits the memory budget."""
+    import time
+
+    from ortools.linear_solver import pywraplp
+
+    t0 = time.perf_counter()
+    p = problem
+    us = 1e6  # the solver works in microseconds and MiB
+    solver = pywraplp.Solver.CreateSolver("SCIP")
+    solver.SetNumThreads(1)
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    inf = solver.infinity()
+    x: dict[int, list[Any]] = {}
+    for v in p.nodes:
+        if v in p.follow:  # (f) a follower's strategy is a function of its leader's
+            u, f = p.follow[v]
+            x[v] = [solver.Sum([x[u][k] for k in range(len(f)) if f[k] == j])
+                    for j in range(len(p.strategies[v]))]
+        else:
+            x[v] = [solver.BoolVar(f"x{v}_{k}") for k in range(len(p.strategies[v]))]
+            solver.Add(solver.Sum(x[v]) == 1)  # (a)
+    objective = []
+    m = p.micro_batches
+    for gi, (g, (classes, cost)) in enumerate(zip(p.groups, p._classes, strict=True)):
+        for cls, c in classes.items():
+            if not cost[:, c].any():
+                continue
+            w = solver.NumVar(0.0, 1.0, f"w{gi}_{c}")
+            for v, slot in g.consumers:  # (b)
+                members = [x[v][k] for k, st in enumerate(p.strategies[v])
+                           if g.need(st, slot) == cls]
+                if members:
+                    solver.Add(w >= solver.Sum(members))
+            # (c) as y[k] = x[u, k] AND w[u, c] (exactly one producer strategy carries the
+            # class): sum_k y[k] = w, y[k] <= x[u, k]; z = sum_k r[u, k, c] y[k].
+            y = [solver.NumVar(0.0, 1.0, f"y{gi}_{c}_{k}")
+                 for k in range(len(p.strategies[g.producer]))]
+            solver.Add(solver.Sum(y) == w)
+            for k, yk in enumerate(y):
+                solver.Add(yk <= x[g.producer][k])
+                if cost[k, c]:
+                    objective.append(m * g.weight * float(cost[k, c]) * us * yk)
+    mib = 2.0**20
+    solver.Add(solver.Sum([p.weight[v] * st.memory / mib * x[v][k]  # (d)
+                           for v in p.nodes for k, st in enumerate(p.strategies[v])])
+               <= p.budget / mib)
+    e = solver.NumVar(0.0, inf, "e")
+    solver.Add(e >= solver.Sum([p.weight[v] * (st.sync_s - st.backward_s) * us * x[v][k]  # (e)
+                                for v in p.nodes for k, st in enumerate(p.strategies[v])]))
+    objective.append(e)
+    objective += [m * p.weight[v] * st.compute_s * us * x[v][k]
+                  for v in p.nodes for k, st in enumerate(p.strategies[v])]
+    solver.Minimize(solver.Sum(objective))
+    status = solver.Solve()
+    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        raise SpecError(f"{p.graph.name} on a {p.mesh.shape[0]}x{p.mesh.shape[1]} mesh: no "
+                        f"sharding fits {p.budget / GIB:.1f} GiB; use more GPUs or a "
+                        f"smaller batch")
+    choice = p.complete({v: _chosen(x[v]) for v in p.free_nodes()})
+    obj, mem = p.evaluate(choice)
+    return Solution(p, choice, obj, mem, time.perf_counter() - t0,
+                    status == pywraplp.Solver.OPTIMAL)
+
+
+def brute_force(problem: ShardingProblem, *, limit: int = 2_000_000) -> Solution:
+    """The best assignment by enumerating all of them (at most ``limit``)."""
+    p = problem
+    if p.size() > limit:
+        raise SpecError(f"{p.size():,} assignments is more than brute force's limit {limit:,}")
+    free = p.free_nodes()
+    best: tuple[float, float, dict[int, int]] | None = None
+    for combo in itertools.product(*(range(len(p.strategies[v])) for v in free)):
+        choice = p.complete(dict(zip(free, combo, strict=True)))
+        obj, mem = p.evaluate(choice)
+        if mem <= p.budget and (best is None or obj < best[0] - 1e-15):
+            best = (obj, mem, choice)
+    if best is None:
+        raise SpecError("no assignment fits the memory budget")
+    return Solution(p, best[2], best[0], best[1])
