@@ -355,11 +355,14 @@ class ShardingProblem:
     def _param_state(self) -> float:
         """Bytes per parameter of weights, gradients and optimizer state."""
 
-        class _Width:  # Adafactor's factored state needs a width (costmodel.memory)
-            hidden_size = max((max(r.shape) for v in self.nodes for r in
-                               self.graph.node(v).inputs if r.param and r.shape), default=1)
+        return float(sum(state_bytes(self.job, self)))
 
-        return float(sum(state_bytes(self.job, _Width())))  # type: ignore[arg-type]
+    @property
+    def hidden_size(self) -> int:
+        """The widest parameter dim: the width Adafactor's factored state is divided by
+        (``costmodel.states.Widths``)."""
+        return max((max(r.shape) for v in self.nodes for r in self.graph.node(v).inputs
+                    if r.param and r.shape), default=1)
 
     def _assignments(self, loops: tuple[Loop, ...]) -> Iterator[tuple[int | None, ...]]:
         choices = [[None] if n == 1 else [None, *range(len(loops))] for n in self.mesh.shape]

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from costmodel.arrays import ConfigArrays
+from costmodel.compute import LayerCompute
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.frameworks import framework
@@ -45,7 +47,7 @@ from costmodel.units import compute_bytes
 
 if TYPE_CHECKING:
     from costmodel.graph import LayerGraph
-    from costmodel.hardware import Cluster
+    from costmodel.hardware import GPU, Cluster
 
 __all__ = ["KINDS", "RECOMPUTE_MODES", "BlockCosts", "LayerCosts", "ShardCosts",
            "default_tp_degrees"]
@@ -117,16 +119,21 @@ class LayerCosts:
     blocks: tuple[BlockCosts, ...]
     layouts: Mapping[int, tuple[tuple[int, str, str, str, str], ...]] = field(
         default_factory=dict)
+    spec: ModelSpec | None = None
 
     @property
     def tp_degrees(self) -> tuple[int, ...]:
         """The TP degrees every block has costs for."""
+        if not self.blocks:
+            return ()
         common = set.intersection(*(set(b.by_tp) for b in self.blocks))
         return tuple(sorted(common))
 
     @property
     def num_layers(self) -> int:
         """Instances of repeated layers (the units a pipeline splits)."""
+        if self.spec is not None:
+            return self.spec.num_layers
         return sum(b.repeat for b in self.blocks if b.kind == "layer")
 
     def _sum(self, tp: int, attr: str) -> float:
@@ -170,6 +177,134 @@ class LayerCosts:
                             "by_tp": {str(t): shard_dict(c) for t, c in b.by_tp.items()}}
                            for b in self.blocks]}
 
+    # ---- what the memory and step-time tables read, per row of configurations ------------
+    # A preset's rows are evaluated by its formulas (``spec``), exactly as the tables did
+    # before this seam; a traced graph's from its blocks.
+
+    def _analytic(self) -> ModelSpec:
+        if self.spec is None:
+            raise SpecError(f"{self.name}: the memory and step-time tables do not read the "
+                            "costs of a traced graph yet; plan a torch module with "
+                            "planner.plan(module, ..., example_inputs=...)")
+        return self.spec
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether some layers route tokens to experts."""
+        return self.spec is not None and self.spec.is_moe
+
+    @property
+    def first_dense_layers(self) -> int:
+        """Dense layers before the first MoE layer."""
+        return self.spec.first_dense_layers if self.spec is not None else 0
+
+    @property
+    def hidden_size(self) -> int:
+        """Elements per token of the tensor passed between layers (the residual stream)."""
+        return self._analytic().hidden_size
+
+    def layer_params_per_gpu(self, tp: np.ndarray, ep: np.ndarray
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Parameters one GPU holds of (a dense layer, a MoE layer's non-expert part, its
+        routed experts) per row (``costmodel.activations.layer_params_per_gpu``)."""
+        from costmodel.activations import layer_params_per_gpu
+
+        return layer_params_per_gpu(self._analytic(), tp, ep)
+
+    def edge_params_per_gpu(self, tp: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """(input side, output side, the tied word embedding) parameters one GPU of the
+        first and of the last stage holds per row: the vocabulary-parallel embedding and LM
+        head split over tp (Megatron-LM, torchtitan), learned positions, token types, norms
+        and a ViT's patch projection replicated; the tied table's parameters, which the
+        last stage keeps a copy of (``/ tp``) when pp > 1 (Megatron-LM keeps both copies in
+        sync by an all-reduce)."""
+        model = self._analytic()
+        norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
+        word = 0 if model.patch_size else model.vocab_size * model.hidden_size
+        final_norm = norm if model.final_norm else 0
+        emb_local = word / tp + (model.embedding_params() - word)
+        head_local = (model.head_params() - final_norm) / tp + final_norm
+        return emb_local, head_local, word if model.tied_embeddings else 0.0
+
+    def layer_activations(self, job: Job, a: ConfigArrays, moe: bool, ac: np.ndarray
+                          ) -> dict[str, np.ndarray]:
+        """Bytes one layer saves for backward per micro-batch per recompute mode, per row
+        (``costmodel.activations.layer_activations``)."""
+        from costmodel.activations import layer_activations
+
+        return layer_activations(self._analytic(), job, framework(job.framework), a, moe, ac)
+
+    def edge_activations(self, job: Job, a: ConfigArrays, ac: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """(input side, output side) bytes saved for backward per micro-batch per row.
+
+        Korthikanti et al. 2022, Sec. 4.3: the embedding's dropout mask sbh/t; on the last
+        stage the final norm's input 2sbh/t, the output layer's input 2sbh/t and the fp32
+        logits 4sbv/t the cross entropy keeps, in all 4sbh/t (1 + v/h). Under autocast the
+        final norm's input is fp32 (4 + e instead of 2e)."""
+        model = self._analytic()
+        e = compute_bytes(job.precision)
+        tp = a.tp.astype(float)
+        tokens = job.seq_len / a.cp * a.mbs
+        rep = np.where(a.sp == 1, 1.0 / tp, 1.0)
+        h = float(model.hidden_size)
+        emb_act = (1.0 if model.dropout else 0.0) * tokens * h * rep
+        head_act = (np.where(ac, 4.0 + e, 2 * e) * tokens * h * rep
+                    + 4.0 * tokens * model.vocab_size / tp)
+        return emb_act, head_act
+
+    def logits_per_token(self, tp: np.ndarray) -> np.ndarray:
+        """Logits one GPU of the last stage holds per token (the vocabulary over tp)."""
+        return self._analytic().vocab_size / tp
+
+    def moe_routing(self) -> tuple[int, int]:
+        """(experts each token goes to, experts in a MoE layer)."""
+        model = self._analytic()
+        return model.top_k, model.num_experts
+
+    @property
+    def kv_dim(self) -> int:
+        """Elements per token of K (and of V) in a layer: what context parallel exchanges."""
+        return self._analytic().kv_dim
+
+    def layer_compute(self, gpu: GPU, job: Job, a: ConfigArrays, moe: bool,
+                      capacity_factor: float = 1.0, autocast: np.ndarray | None = None
+                      ) -> LayerCompute:
+        """One layer's compute per micro-batch per row (``costmodel.compute``)."""
+        from costmodel.compute import layer_compute
+
+        return layer_compute(self._analytic(), gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
+                             capacity_factor=capacity_factor, ep=a.ep if moe else None,
+                             autocast=autocast)
+
+    def head_compute(self, gpu: GPU, job: Job, a: ConfigArrays,
+                     autocast: np.ndarray | None = None) -> tuple[LayerCompute, LayerCompute]:
+        """(embedding, head) compute per micro-batch per row (``costmodel.compute``)."""
+        from costmodel.compute import lm_head_compute
+
+        return lm_head_compute(self._analytic(), gpu, job, a.tp, a.cp, a.mbs, a.sp,
+                               autocast=autocast)
+
+    def model_flops_per_token(self, seq_len: int) -> float:
+        """Model FLOPs per trained token, forward and backward: ``6 N + 12 L q s`` (PaLM,
+        Chowdhery et al. 2022, App. B), with N the parameters that take part in a matmul per
+        token (active experts only; not the input embedding table, which is a lookup, unless
+        tied to the output layer) and ``q = heads * head_dim``, counting the full s x s
+        attention."""
+        model = self._analytic()
+        n = model.num_active_params() - model.embedding_params()
+        if model.tied_embeddings and not model.patch_size:
+            n += model.vocab_size * model.hidden_size
+        return 6.0 * n + 12.0 * model.num_layers * model.q_dim * seq_len
+
+    @classmethod
+    def of(cls, model: ModelSpec | LayerCosts) -> LayerCosts:
+        """``model``'s costs as the tables read them: a ``LayerCosts`` as it is; a preset's
+        formulas (no per-degree blocks are computed: the rows are evaluated directly)."""
+        if isinstance(model, LayerCosts):
+            return model
+        return cls(model.name, "spec", 1, 0, False, (), spec=model)
+
     # ---- producers ----------------------------------------------------------------------
 
     @classmethod
@@ -196,7 +331,8 @@ class LayerCosts:
         blocks = tuple(BlockCosts(name, kind, repeat, out_bytes,
                                   {t: p[i] for t, p in zip(degrees, parts, strict=True)})
                        for i, (name, kind, repeat, out_bytes) in enumerate(names))
-        return cls(spec.name, "spec", micro_batch_size, job.seq_len, sequence_parallel, blocks)
+        return cls(spec.name, "spec", micro_batch_size, job.seq_len, sequence_parallel, blocks,
+                   spec=spec)
 
     @classmethod
     def from_graph(cls, graph: LayerGraph, cluster: Cluster, job: Job, *,
@@ -225,13 +361,12 @@ def default_tp_degrees(spec: ModelSpec, largest: int = 8) -> tuple[int, ...]:
 def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
                  ) -> tuple[ShardCosts, ShardCosts, ShardCosts]:
     """(embedding, layer, head) ``ShardCosts`` of ``spec`` at degree ``tp``."""
-    from costmodel.arrays import ConfigArrays
-    from costmodel.memory import _layer_activations, layer_params_per_gpu
+    from costmodel.activations import layer_activations, layer_params_per_gpu
 
     cfg = ParallelConfig(tp=tp, micro_batch_size=mbs, sequence_parallel=sp and tp > 1)
     a = ConfigArrays.from_configs(spec, [cfg])
     fw = framework(job.framework)
-    acts = {k: float(v[0]) for k, v in _layer_activations(spec, job, fw, a, moe=False).items()}
+    acts = {k: float(v[0]) for k, v in layer_activations(spec, job, fw, a, moe=False).items()}
     e = compute_bytes(job.precision)
     h, t = float(spec.hidden_size), float(tp)
     tokens = float(mbs * job.seq_len)

@@ -1,5 +1,9 @@
 """Training memory per GPU, by term and by pipeline stage, for a whole table of configurations.
 
+What a layer, the embedding and the head hold and keep is read from the model's
+``LayerCosts`` (``costmodel.layercosts``; a preset's formulas, or a traced graph's blocks);
+everything else here (ZeRO, offload, schedules, buffers) is the same for every model.
+
 One vectorized numpy pass serves the search (thousands of rows) and ``estimate()`` (a table of
 one row), so the two can never disagree. Per-stage results are arrays of shape ``[P, rows]``
 (stage-major) where ``P`` is the number of stage columns of the table; columns beyond a row's
@@ -12,10 +16,11 @@ Terms (bytes per GPU):
 - weights, gradients, optimizer states: bytes per parameter by trainer and precision
   (``state_bytes``), sharded by ZeRO stage over ``sharding_group * cp`` ranks (experts over
   that divided by ``ep``), moved to CPU by offload.
-- activations: bytes saved for backward per layer per micro-batch (``_layer_activations``,
-  Korthikanti et al. 2022, Sec. 4 and Table 2), times the micro-batches a stage holds in
-  flight under its pipeline schedule (``_in_flight``), plus the embedding and output layers on
-  the first and last stage (Korthikanti et al. 2022, Sec. 4.3).
+- activations: bytes saved for backward per layer per micro-batch
+  (``LayerCosts.layer_activations``: Korthikanti et al. 2022, Sec. 4 and Table 2, for a
+  preset), times the micro-batches a stage holds in flight under its pipeline schedule
+  (``_in_flight``), plus the embedding and output layers on the first and last stage
+  (Korthikanti et al. 2022, Sec. 4.3).
 - buffers: transient working sets: ZeRO-3/FSDP gathered parameters, gradient buckets, the
   recompute working set of one layer, logits, all-to-all and pipeline send/receive buffers.
 - overhead: CUDA context, cuBLAS workspace and NCCL buffers (``hardware_profiles/software.toml``).
@@ -29,6 +34,7 @@ from functools import cached_property
 import numpy as np
 
 import hardware_profiles
+from costmodel.activations import layer_params_per_gpu
 from costmodel.arrays import (
     OFFLOAD_CODES,
     RECOMPUTE_CODES,
@@ -38,10 +44,11 @@ from costmodel.arrays import (
     even_split,
     first_argmax,
 )
-from costmodel.compute import autocast_rows, fused_ce, op_sac_saves_no_matmul
+from costmodel.compute import autocast_rows, fused_ce
 from costmodel.config import Job
-from costmodel.frameworks import Framework, framework
+from costmodel.frameworks import framework
 from costmodel.hardware import Cluster
+from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from costmodel.states import optimizer_state_bytes, state_bytes
 from costmodel.units import MIB, compute_bytes
@@ -148,110 +155,8 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
     return layers.astype(float), emb.astype(float), head.astype(float)
 
 
-def _layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays,
-                       moe: bool, ac: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Bytes saved for backward by one layer for one micro-batch, per recompute mode ``[rows]``.
-
-    Korthikanti et al. 2022, Sec. 4.1: attention 11sbh + 5as^2b, MLP 19sbh, norms 4sbh, i.e.
-    sbh(34 + 5as/h); under tensor parallel the norm inputs, the inputs of the first linear of
-    each block and the dropout masks (10sbh) are replicated and the rest is divided by t
-    (Table 2: sbh(10 + 24/t + 5as/(ht))); sequence parallel divides everything by t;
-    selective recompute drops the 5as^2b score terms; full recompute keeps the layer input.
-    Generalized here to GQA (K and V of kv_heads * head_dim), gated MLPs, models without
-    dropout, fused attention (saves Q, K, V, O and a fp32 log-sum-exp per query and head, Dao
-    et al. 2022, instead of the score matrix), fp8 linear inputs (1 byte), context parallel
-    (s/cp tokens per rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022).
-    """
-    e = compute_bytes(job.precision)
-    e_lin = 1.0 if job.precision == "fp8" else e
-    h = float(model.hidden_size)
-    tp = a.tp.astype(float)
-    s_local = job.seq_len / a.cp.astype(float)
-    tokens = s_local * a.mbs
-    rep = np.where(a.sp == 1, 1.0 / tp, 1.0)  # tensors replicated over TP unless SP
-    drop = 1.0 if model.dropout else 0.0
-    # Under torch.autocast (compute.autocast_rows) the norm inputs (the residual stream) are
-    # fp32, and each linear fed by a norm saves its own cast of the norm output: q, k and v
-    # three copies, the gated MLP's up and gate two (measured with torch.cuda.memory
-    # snapshots on an H100, benchmarks/single_gpu_accuracy.py). ``ac``: those rows, when the
-    # caller has them already.
-    if ac is None:
-        ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
-    e_res = np.where(ac, 4.0, e)
-    n_qkv = np.where(ac, 3.0, 1.0)
-    n_up = np.where(ac, 2.0 if model.gated_mlp else 1.0, 1.0)
-
-    # Attention block (norm input, QKV input, core, output-projection input, dropout mask).
-    attn_rep = (e_res + n_qkv * e_lin + drop) * tokens * h * rep
-    if job.flash_attention:
-        core_keep = (e * tokens * (model.q_dim + 2 * model.kv_dim) + e * tokens * model.q_dim
-                     + 4.0 * tokens * model.num_heads) / tp
-        core_scores = np.zeros_like(core_keep)
-    else:
-        core_keep = (e * tokens * (model.q_dim + 2 * model.kv_dim)
-                     + e_lin * tokens * model.q_dim) / tp
-        scores = model.num_heads * a.mbs * s_local * job.seq_len / tp
-        core_scores = scores * (e + drop * (1.0 + e))  # softmax out, mask, dropout out
-    # MLP block: norm input, first-linear input, dropout mask replicated; inner tensors / tp.
-    def mlp_inner(ffn: float, tok: np.ndarray) -> np.ndarray:
-        widths = fw.gated_mlp_saved_widths if model.gated_mlp else 2
-        return ((widths - 1) * e + e_lin) * tok * ffn / tp
-
-    mlp_rep = (e_res + n_up * e_lin + drop) * tokens * h * rep
-    if moe:
-        f_moe = float(model.moe_ffn_hidden_size or 0)
-        routed = tokens * model.top_k
-        mlp = (mlp_rep + 4.0 * tokens * model.num_experts * rep  # fp32 router probabilities
-               + e_lin * routed * h  # permuted expert inputs (tokens gathered over TP)
-               + mlp_inner(f_moe, routed)
-               + mlp_inner(f_moe * model.num_shared_experts, tokens))
-    else:
-        mlp = mlp_rep + mlp_inner(float(model.ffn_hidden_size or 0), tokens)
-
-    none = attn_rep + core_keep + core_scores + mlp
-    full = e_res * tokens * h * rep
-    if job.distribute_saved_activations:
-        # Each TP rank keeps its 1/tp slice of the saved layer input (Job docstring).
-        full = full * np.where(a.sp == 1, 1.0, 1.0 / tp)
-    selective = none - core_scores
-    if fw.selective_recompute == "op":
-        # torchtitan's per-op selective AC (frameworks.Framework.selective_recompute) keeps
-        # the block input and the outputs of the matmuls it does not re-run (wq, wv, w1 or
-        # fc1, w2 or fc2) and of the fused attention kernel (O and its fp32 log-sum-exp); a
-        # MoE layer's expert block keeps what it keeps without recompute.
-        attn_op = (e * tokens * (2 * model.q_dim + model.kv_dim)
-                   + 4.0 * tokens * model.num_heads) / tp
-        if moe:
-            mlp_op = mlp - mlp_rep
-        else:
-            ffn = float(model.ffn_hidden_size or 0)
-            mlp_op = e * tokens * (ffn + h) / tp
-        if op_sac_saves_no_matmul(fw, job):
-            # float8 linears are not on the save list: only the attention kernel's output
-            # and log-sum-exp stay (compute.op_sac_saves_no_matmul).
-            attn_op = (e * tokens * model.q_dim + 4.0 * tokens * model.num_heads) / tp
-            mlp_op = 0.0 if not moe else mlp_op
-        selective = np.minimum(full + attn_op + mlp_op, selective)
-    return {"none": none, "selective": selective, "full": full}
-
-
-def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Parameters one GPU holds of (a dense layer, a MoE layer's non-expert part, its routed
-    experts): matrices split over tp (Megatron-LM column/row parallel), experts further split
-    over ep. Replicated over tp: the two norms, and the biases of the row-parallel output
-    projections (attention output, MLP down), added after the all-reduce (Shoeybi et al.
-    2019, Sec. 3; Megatron-LM RowParallelLinear, torch RowwiseParallel)."""
-    norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
-    row_bias = model.hidden_size if model.bias else 0
-    rep_dense = 2 * norm + 2 * row_bias
-    rep_moe = 2 * norm + row_bias  # the routed experts' own biases are split with them
-    dense = (model.dense_layer_params() - rep_dense) / tp + rep_dense
-    moe = (model.moe_layer_non_expert_params() - rep_moe) / tp + rep_moe
-    return dense, moe, model.routed_expert_params() / (tp * ep)
-
-
-def stage_layout(model: ModelSpec, a: ConfigArrays, st: Stages) -> tuple[np.ndarray, np.ndarray]:
+def stage_layout(model: ModelSpec | LayerCosts, a: ConfigArrays, st: Stages
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Layers and MoE layers per pipeline rank ``[P, rows]``.
 
     Rank i holds chunks i, i + p, ..., i + (v - 1)p of L/(pv) layers when interleaved, else a
@@ -275,11 +180,14 @@ def stage_layout(model: ModelSpec, a: ConfigArrays, st: Stages) -> tuple[np.ndar
     return layers, layers - dense
 
 
-def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) -> MemoryTable:
+def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: ConfigArrays
+                 ) -> MemoryTable:
     """Per-GPU memory by term for every configuration of ``a`` and every pipeline stage.
 
-    The configurations are assumed valid (``costmodel.config.validate``).
+    ``model``: a preset, or the ``LayerCosts`` the per-layer figures are read from. The
+    configurations are assumed valid (``costmodel.config.validate``).
     """
+    costs = LayerCosts.of(model)
     fw = framework(job.framework)
     soft = hardware_profiles.load_software()
     st = a.stage_major
@@ -293,28 +201,19 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     m = job.global_batch_size // (a.dp * a.mbs)
 
     # ---- parameters per GPU (tensor-parallel shards; norms stay replicated) -------------
-    norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
-    layers, moe_layers = stage_layout(model, a, st)
+    layers, moe_layers = stage_layout(costs, a, st)
     dense_layers = layers - moe_layers
-    dense_local, moe_local, expert_local = layer_params_per_gpu(model, tp, ep)
+    dense_local, moe_local, expert_local = costs.layer_params_per_gpu(tp, ep)
     layer_params = dense_layers * dense_local + moe_layers * moe_local
     expert_params = moe_layers * expert_local
-    # Vocabulary-parallel embedding and LM head (Megatron-LM, torchtitan): V*h/t each; learned
-    # positions, token types, norms and a ViT's patch projection are replicated. Tied embeddings
-    # keep a copy on the last stage when pp > 1 (Megatron-LM keeps both copies in sync by an
-    # all-reduce).
-    word = 0 if model.patch_size else model.vocab_size * model.hidden_size
-    final_norm = norm if model.final_norm else 0
-    emb_local = word / tp + (model.embedding_params() - word)
-    head_proj = model.head_params() - final_norm
-    head_local = head_proj / tp + final_norm
-    if model.tied_embeddings:
-        head_local = head_local + np.where(p > 1, word / tp, 0.0)
+    emb_local, head_local, tied = costs.edge_params_per_gpu(tp)
+    if tied:
+        head_local = head_local + np.where(p > 1, tied / tp, 0.0)
     emb_params = np.where(first, emb_local, 0.0) + np.where(last, head_local, 0.0)
     dense_params = layer_params + emb_params  # everything but routed experts
 
     # ---- model states --------------------------------------------------------------------
-    w_b, g_b, o_b = state_bytes(job, model)
+    w_b, g_b, o_b = state_bytes(job, costs)
     zero = a.zero
     z_dense = a.shard.astype(float)
     z_exp = np.maximum(z_dense / ep, 1.0)
@@ -374,8 +273,8 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
 
     # ---- activations ------------------------------------------------------------------
     ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
-    dense_act = _layer_activations(model, job, fw, a, moe=False, ac=ac)
-    moe_act = (_layer_activations(model, job, fw, a, moe=True, ac=ac) if model.is_moe
+    dense_act = costs.layer_activations(job, a, moe=False, ac=ac)
+    moe_act = (costs.layer_activations(job, a, moe=True, ac=ac) if costs.is_moe
                else {k: np.zeros_like(x) for k, x in dense_act.items()})
     mode = a.recompute
 
@@ -400,14 +299,8 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     e = compute_b
     tokens = job.seq_len / a.cp * a.mbs
     rep = np.where(a.sp == 1, 1.0 / tp, 1.0)
-    h = float(model.hidden_size)
-    # Korthikanti et al. 2022, Sec. 4.3: embedding dropout mask sbh/t per micro-batch in flight;
-    # on the last stage the final norm input 2sbh/t, the output-layer input 2sbh/t and fp32
-    # logits 4sbv/t kept by the cross entropy, in all 4sbh/t (1 + v/h).
-    emb_act = (1.0 if model.dropout else 0.0) * tokens * h * rep
-    # Under autocast the final norm's input is fp32 (4 + e instead of 2e).
-    head_act = (np.where(ac, 4.0 + e, 2 * e) * tokens * h * rep
-                + 4.0 * tokens * model.vocab_size / tp)
+    h = float(costs.hidden_size)
+    emb_act, head_act = costs.edge_activations(job, a, ac)
     layers_f, emb_f, head_f = _in_flight(a, stage, m)
     layer_activations = stage_act * layers_f
     activations = (layer_activations + np.where(first, emb_act * emb_f, 0.0)
@@ -439,12 +332,12 @@ def memory_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays) 
     # log-softmax gradient (measured with torch.cuda.memory snapshots on an H100: the peak
     # of a step is there, 12 bytes per logit with the kept 4).
     ce = e if fused_ce(fw, job) else 8.0
-    buffers = buffers + np.where(last, ce * tokens * model.vocab_size / tp, 0.0)
+    buffers = buffers + np.where(last, ce * tokens * costs.logits_per_token(tp), 0.0)
     # Pipeline send and receive buffers of one activation tensor each.
     buffers = buffers + np.where(p > 1, 2 * e * tokens * h * rep, 0.0)
     # Expert-parallel all-to-all send and receive buffers of the routed tokens.
-    if model.is_moe:
-        a2a = 2 * e * tokens * model.top_k * h
+    if costs.is_moe:
+        a2a = 2 * e * tokens * costs.moe_routing()[0] * h
         buffers = buffers + np.where((a.ep > 1) & (moe_layers > 0), a2a, 0.0)
     if fw.name in ("torchtitan", "megatron"):
         # FSDP (torchtitan and Megatron's FSDP mode): about two blocks' parameters unsharded

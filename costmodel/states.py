@@ -5,14 +5,23 @@ which states are held in fp32 that the memory model, the step time and the plann
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import hardware_profiles
 from costmodel.config import Job
-from costmodel.model import ModelSpec
+
+
+class Widths(Protocol):
+    """What the state sizes read of a model: the width of its layers (a ``ModelSpec`` or
+    ``LayerCosts``)."""
+
+    @property
+    def hidden_size(self) -> int: ...
 
 __all__ = ["optimizer_state_bytes", "state_bytes"]
 
 
-def optimizer_state_bytes(job: Job, model: ModelSpec) -> float:
+def optimizer_state_bytes(job: Job, model: Widths) -> float:
     """Optimizer state bytes per parameter, without any fp32 master copy.
 
     Adam/AdamW: fp32 momentum and variance, 8 (Kingma & Ba 2015; ZeRO paper Sec. 3.1).
@@ -32,7 +41,7 @@ def optimizer_state_bytes(job: Job, model: ModelSpec) -> float:
     return 4.0 * 2.0 / model.hidden_size
 
 
-def state_bytes(job: Job, model: ModelSpec) -> tuple[float, float, float]:
+def state_bytes(job: Job, model: Widths) -> tuple[float, float, float]:
     """Bytes per parameter of (weights, gradients, optimizer incl. master copies), unsharded.
 
     See ``costmodel.frameworks`` for the facts: Megatron 2 + 4 + (4 + 8) = 18 in bf16 and

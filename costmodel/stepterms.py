@@ -23,14 +23,13 @@ from costmodel.comm import Topology
 from costmodel.compute import (
     LayerCompute,
     autocast_rows,
-    layer_compute,
-    lm_head_compute,
     memory_time,
 )
 from costmodel.config import Job
 from costmodel.frameworks import framework
 from costmodel.hardware import Cluster
-from costmodel.memory import MemoryTable, layer_params_per_gpu
+from costmodel.layercosts import LayerCosts
+from costmodel.memory import MemoryTable
 from costmodel.model import ModelSpec
 from costmodel.states import state_bytes
 from costmodel.units import compute_bytes
@@ -51,7 +50,7 @@ class Rows:
     float columns (stage-major ``[P, rows]`` where per stage, like ``MemoryTable``) and the
     compute per micro-batch of one layer of each kind, of the embedding and of the head."""
 
-    model: ModelSpec
+    costs: LayerCosts
     cluster: Cluster
     job: Job
     a: ConfigArrays
@@ -124,7 +123,7 @@ class Rows:
                   hd: np.ndarray | float = 0.0) -> np.ndarray:
         """Sum over a stage's layers of a per-layer quantity (dense, MoE, embedding, head)."""
         nl = self.nl
-        if self.model.is_moe:
+        if self.costs.is_moe:
             nm = self.nm
             out = (nl - nm) * d + nm * mo
         else:
@@ -136,11 +135,12 @@ class Rows:
         return out
 
 
-def table_rows(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays, mem: MemoryTable
-          ) -> Rows:
+def table_rows(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: ConfigArrays,
+               mem: MemoryTable) -> Rows:
     """The columns and layer computes of a table (``Rows``)."""
+    costs = LayerCosts.of(model)
     soft = hardware_profiles.load_software()
-    w_b, g_b, _ = state_bytes(job, model)
+    w_b, g_b, _ = state_bytes(job, costs)
     if job.framework == "torchtitan":
         g_b = float(soft["torchtitan"]["reduce_dtype_bytes"])
     cf = float(job.moe_capacity_factor or 1.0)
@@ -148,12 +148,12 @@ def table_rows(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays, me
     st = a.stage_major  # [P, rows], like mem's arrays
     cp = a.cp.astype(float)
     ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
-    dense = layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=False, autocast=ac)
-    moe = (layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=True,
-                         capacity_factor=cf, ep=a.ep, autocast=ac) if model.is_moe else dense)
-    emb, head = lm_head_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, autocast=ac)
+    dense = costs.layer_compute(gpu, job, a, moe=False, autocast=ac)
+    moe = (costs.layer_compute(gpu, job, a, moe=True, capacity_factor=cf, autocast=ac)
+           if costs.is_moe else dense)
+    emb, head = costs.head_compute(gpu, job, a, autocast=ac)
     return Rows(
-        model=model, cluster=cluster, job=job, a=a, mem=mem, topo=Topology.of(cluster),
+        costs=costs, cluster=cluster, job=job, a=a, mem=mem, topo=Topology.of(cluster),
         soft=soft, e=compute_bytes(job.precision), w_b=w_b, g_b=g_b, cf=cf,
         host_bw=gpu.host().achieved_bytes_per_s, z=a.shard.astype(float),
         stage=st.index, count=st.count, first=(st.index == 0), last=(st.index == a.pp - 1),
@@ -239,7 +239,7 @@ def _tp_backward(c: _TPCollectives, r: Rows, lc: LayerCompute) -> np.ndarray:
 
 def tensor_parallel(r: Rows) -> TensorParallel:
     """TP communication per micro-batch per stage (``TensorParallel``)."""
-    act = r.e * r.tokens * float(r.model.hidden_size)  # one activation tensor, all of it
+    act = r.e * r.tokens * float(r.costs.hidden_size)  # one activation tensor, all of it
     ar = r.topo.all_reduce(act, r.tp, 1.0)
     ag = r.topo.all_gather(act, r.tp, 1.0)
     c = _TPCollectives(ar=ar, ag=ag, per_pass=np.where(r.sp, 2 * (ag + ag), 2 * ar),
@@ -272,7 +272,7 @@ def context_parallel(r: Rows) -> tuple[np.ndarray, np.ndarray]:
     Each KV block's transfer overlaps the attention on the previous block (Liu et al. 2023),
     forward one exchange per step, backward two (the KV blocks and their gradients)."""
     cp = r.cp
-    kv_block = 2 * r.e * r.tokens * r.model.kv_dim / r.tp
+    kv_block = 2 * r.e * r.tokens * r.costs.kv_dim / r.tp
     ring_step = np.where(cp > 1, r.topo.ring_step(kv_block, cp, r.tp), 0.0)
 
     def exposed(lc: LayerCompute) -> np.ndarray:
@@ -286,10 +286,11 @@ def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
     """EP dispatch and combine all-to-alls per micro-batch per stage, all exposed (Megatron-LM
     and torchtitan defaults); full recompute runs the forward pair again. Zeros shaped
     ``like`` for a dense model."""
-    if not r.model.is_moe:
+    if not r.costs.is_moe:
         return np.zeros_like(like)
-    h = float(r.model.hidden_size)
-    a2a = 2 * r.topo.all_to_all(r.e * r.tokens * r.model.top_k * r.cf * h, r.ep, r.tp)
+    h = float(r.costs.hidden_size)
+    top_k = r.costs.moe_routing()[0]
+    a2a = 2 * r.topo.all_to_all(r.e * r.tokens * top_k * r.cf * h, r.ep, r.tp)
     return r.nm * (2 * a2a) + r.rm * a2a * (r.a.recompute == 2)
 
 
@@ -368,11 +369,11 @@ def sharded(r: Rows) -> Sharded:
     # and are reduce-scattered once per step, like a data-parallel all-reduce.
     nosync = framework(fw).torch_pipelining & (r.a.pp > 1) & (zero >= 2)
     rs_each = rs_each & ~nosync
-    dense_local, moe_local, exp_local = layer_params_per_gpu(r.model, r.tp, r.ep)
+    dense_local, moe_local, exp_local = r.costs.layer_params_per_gpu(r.tp, r.ep)
     tp, tp_ep = r.tp, r.tp * r.ep
     ag_dense = np.where(ag_fwd, _gather(r, dense_local, z, tp), 0.0)
     rs_dense = np.where(rs_each, _scatter(r, dense_local, z, tp), 0.0)
-    if r.model.is_moe:
+    if r.costs.is_moe:
         ag_moe = np.where(ag_fwd, _gather(r, moe_local, z, tp)
                           + _gather(r, exp_local, z_exp, tp_ep), 0.0)
         rs_moe = np.where(rs_each, _scatter(r, moe_local, z, tp)
@@ -440,7 +441,7 @@ def p2p_time(r: Rows, fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     later (--overlap-p2p-communication, May 2023, the default since October 2023, commit
     4eeff55d; off without interleaving): each transfer hides behind one chunk's forward."""
     megatron = r.fw == "megatron"
-    act = r.e * r.tokens * float(r.model.hidden_size)
+    act = r.e * r.tokens * float(r.costs.hidden_size)
     p2p = r.topo.p2p(np.where(r.sp | megatron, act / r.tp, act), r.tp * r.cp * r.dp)
     if megatron:
         p2p = p2p + np.where(r.sp, 0.0, r.topo.all_gather(act, r.tp, 1.0))

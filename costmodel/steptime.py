@@ -71,16 +71,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.arrays import ConfigArrays, first_argmax
-from costmodel.compute import (
-    layer_compute,
-    lm_head_compute,
-)
 from costmodel.config import Job
 from costmodel.hardware import Cluster
+from costmodel.layercosts import LayerCosts
 from costmodel.memory import MemoryTable
 from costmodel.model import ModelSpec
 from costmodel.pipeline import pipeline_bound, table_makespan
-from costmodel.states import optimizer_state_bytes
+from costmodel.states import Widths, optimizer_state_bytes
 from costmodel.stepterms import (
     Rows,
     Sharded,
@@ -139,19 +136,13 @@ class TimeTable:
     exact: np.ndarray | None = None
 
 
-def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """Model FLOPs per trained token, forward and backward: ``6 N + 12 L q s`` (PaLM,
-    Chowdhery et al. 2022, App. B), with N the parameters that take part in a matmul per token
-    (active experts only; not the input embedding table, which is a lookup, unless tied to the
-    output layer) and ``q = heads * head_dim``, counting the full s x s attention.
-    """
-    n = model.num_active_params() - model.embedding_params()
-    if model.tied_embeddings and not model.patch_size:
-        n += model.vocab_size * model.hidden_size
-    return 6.0 * n + 12.0 * model.num_layers * model.q_dim * seq_len
+def model_flops_per_token(model: ModelSpec | LayerCosts, seq_len: int) -> float:
+    """Model FLOPs per trained token, forward and backward
+    (``LayerCosts.model_flops_per_token``: PaLM's ``6 N + 12 L q s``)."""
+    return LayerCosts.of(model).model_flops_per_token(seq_len)
 
 
-def optimizer_bytes(job: Job, model: ModelSpec) -> tuple[float, float]:
+def optimizer_bytes(job: Job, model: Widths) -> tuple[float, float]:
     """HBM bytes the optimizer step moves per parameter: (per parameter of the GPU's optimizer
     shard, per parameter of its whole gradient buffer).
 
@@ -194,11 +185,11 @@ def _floor(r: Rows, bare: np.ndarray) -> np.ndarray:
     Autocast (ZeRO 0 only) adds casts that FSDP's mixed precision does without, so the floor
     of a core leaves them out too: it then bounds the core's sharded configurations."""
     if r.autocast.any():
-        model, gpu, job, a = r.model, r.cluster.gpu, r.job, r.a
-        d0 = layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=False)
-        m0 = (layer_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=True,
-                            capacity_factor=r.cf, ep=a.ep) if model.is_moe else d0)
-        e0, h0 = lm_head_compute(model, gpu, job, a.tp, a.cp, a.mbs, a.sp)
+        costs, gpu, job, a = r.costs, r.cluster.gpu, r.job, r.a
+        d0 = costs.layer_compute(gpu, job, a, moe=False)
+        m0 = (costs.layer_compute(gpu, job, a, moe=True, capacity_factor=r.cf)
+              if costs.is_moe else d0)
+        e0, h0 = costs.head_compute(gpu, job, a)
         dense, moe, emb, head = r.dense, r.moe, r.emb, r.head
         extra = r.per_stage(dense.forward + dense.backward - d0.forward - d0.backward,
                             moe.forward + moe.backward - m0.forward - m0.backward,
@@ -252,7 +243,7 @@ def _grad_sync(r: Rows, sh: Sharded) -> np.ndarray:
     all_reduce = topo.all_reduce(g_b * dense, dpcp, tp)
     rs_then_ar = (topo.reduce_scatter(g_b * dense, z, tp)
                   + topo.all_reduce(g_b * dense / z, dpcp / z, tp * z))
-    if r.model.is_moe:
+    if r.costs.is_moe:
         all_reduce = all_reduce + topo.all_reduce(g_b * exp, dpcp / ep, tp * ep)
         rs_then_ar = (rs_then_ar + topo.reduce_scatter(g_b * exp, z_exp, tp * ep)
                       + topo.all_reduce(g_b * exp / z_exp, dpcp / ep / z_exp,
@@ -283,7 +274,7 @@ def _after_backward(r: Rows, sh: Sharded, last_backward: np.ndarray, fwd: np.nda
     gather_b = 1.0 if fw == "megatron" and job.precision == "fp8" and job.fp8_param_gather \
         else r.w_b
     gather_after = r.topo.all_gather(gather_b * r.dense_params, sh.z, r.tp)
-    if r.model.is_moe:
+    if r.costs.is_moe:
         gather_after = gather_after + r.topo.all_gather(gather_b * r.exp_params, sh.z_exp,
                                                         r.tp * r.ep)
     gather_after = np.where((zero == 1) | ((zero == 2) & (fw == "deepspeed")),
@@ -306,7 +297,7 @@ def _optimizer_offload(r: Rows, sh: Sharded, last_backward: np.ndarray
     by its GPUs), updated parameters back to the GPU."""
     job, fw, gpu = r.job, r.fw, r.cluster.gpu
     local = r.dense_params / sh.z + r.exp_params / sh.z_exp  # shard degree 1 without ZeRO
-    per_param, zeroed = optimizer_bytes(job, r.model)
+    per_param, zeroed = optimizer_bytes(job, r.costs)
     opt_bytes = local * per_param + zeroed * (r.dense_params + r.exp_params)
     if fw == "torchtitan":
         # DDP (torchtitan without FSDP, TP, PP or CP) copies each fp32 gradient into its
@@ -346,7 +337,7 @@ def _makespan(r: Rows, stage_time: np.ndarray, f_stage: np.ndarray, bound: np.nd
     return pipeline, exact
 
 
-def time_table(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
+def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: ConfigArrays,
                mem: MemoryTable, detail: bool = True, exact_below: float = np.inf
                ) -> TimeTable:
     """Step time and its terms for every configuration of ``a`` (assumed valid).

@@ -47,8 +47,9 @@ def test_saved_activations_match_the_analytic_estimate(name: str, dropout: float
     2022) and an eager gated MLP saving four ffn-wide tensors; the trace runs attention and
     RMS norm as the fused kernels a GPU runs."""
     from costmodel import Job, ParallelConfig
+    from costmodel.activations import layer_activations
+    from costmodel.arrays import ConfigArrays
     from costmodel.frameworks import framework
-    from costmodel.memory import ConfigArrays, _layer_activations
 
     spec = ModelSpec.preset(name)
     seq = 2048
@@ -56,8 +57,8 @@ def test_saved_activations_match_the_analytic_estimate(name: str, dropout: float
                                    torch.randint(0, spec.vocab_size, (1, seq)))
     job = Job(global_batch_size=1, seq_len=seq, precision="fp32", framework="torchtitan")
     arrays = ConfigArrays.from_configs(spec, [ParallelConfig(micro_batch_size=1)])
-    analytic = float(_layer_activations(spec, job, framework("torchtitan"), arrays,
-                                        moe=False)["none"][0])
+    analytic = float(layer_activations(spec, job, framework("torchtitan"), arrays,
+                                       moe=False)["none"][0])
     assert graph.layer("layers.0").saved_bytes == pytest.approx(analytic, rel=0.02)
 
 

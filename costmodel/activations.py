@@ -1,0 +1,120 @@
+"""What the formulas of a transformer preset (``ModelSpec``) say one layer keeps for backward
+and holds in parameters per GPU: the analytic producer behind ``LayerCosts.from_spec`` and the
+memory table of a preset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.arrays import ConfigArrays
+from costmodel.compute import autocast_rows, op_sac_saves_no_matmul
+from costmodel.config import Job
+from costmodel.frameworks import Framework
+from costmodel.model import ModelSpec
+from costmodel.units import compute_bytes
+
+__all__ = ["layer_activations", "layer_params_per_gpu"]
+
+
+def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays,
+                       moe: bool, ac: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Bytes saved for backward by one layer for one micro-batch, per recompute mode ``[rows]``.
+
+    Korthikanti et al. 2022, Sec. 4.1: attention 11sbh + 5as^2b, MLP 19sbh, norms 4sbh, i.e.
+    sbh(34 + 5as/h); under tensor parallel the norm inputs, the inputs of the first linear of
+    each block and the dropout masks (10sbh) are replicated and the rest is divided by t
+    (Table 2: sbh(10 + 24/t + 5as/(ht))); sequence parallel divides everything by t;
+    selective recompute drops the 5as^2b score terms; full recompute keeps the layer input.
+    Generalized here to GQA (K and V of kv_heads * head_dim), gated MLPs, models without
+    dropout, fused attention (saves Q, K, V, O and a fp32 log-sum-exp per query and head, Dao
+    et al. 2022, instead of the score matrix), fp8 linear inputs (1 byte), context parallel
+    (s/cp tokens per rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022).
+    """
+    e = compute_bytes(job.precision)
+    e_lin = 1.0 if job.precision == "fp8" else e
+    h = float(model.hidden_size)
+    tp = a.tp.astype(float)
+    s_local = job.seq_len / a.cp.astype(float)
+    tokens = s_local * a.mbs
+    rep = np.where(a.sp == 1, 1.0 / tp, 1.0)  # tensors replicated over TP unless SP
+    drop = 1.0 if model.dropout else 0.0
+    # Under torch.autocast (compute.autocast_rows) the norm inputs (the residual stream) are
+    # fp32, and each linear fed by a norm saves its own cast of the norm output: q, k and v
+    # three copies, the gated MLP's up and gate two (measured with torch.cuda.memory
+    # snapshots on an H100, benchmarks/single_gpu_accuracy.py). ``ac``: those rows, when the
+    # caller has them already.
+    if ac is None:
+        ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
+    e_res = np.where(ac, 4.0, e)
+    n_qkv = np.where(ac, 3.0, 1.0)
+    n_up = np.where(ac, 2.0 if model.gated_mlp else 1.0, 1.0)
+
+    # Attention block (norm input, QKV input, core, output-projection input, dropout mask).
+    attn_rep = (e_res + n_qkv * e_lin + drop) * tokens * h * rep
+    if job.flash_attention:
+        core_keep = (e * tokens * (model.q_dim + 2 * model.kv_dim) + e * tokens * model.q_dim
+                     + 4.0 * tokens * model.num_heads) / tp
+        core_scores = np.zeros_like(core_keep)
+    else:
+        core_keep = (e * tokens * (model.q_dim + 2 * model.kv_dim)
+                     + e_lin * tokens * model.q_dim) / tp
+        scores = model.num_heads * a.mbs * s_local * job.seq_len / tp
+        core_scores = scores * (e + drop * (1.0 + e))  # softmax out, mask, dropout out
+    # MLP block: norm input, first-linear input, dropout mask replicated; inner tensors / tp.
+    def mlp_inner(ffn: float, tok: np.ndarray) -> np.ndarray:
+        widths = fw.gated_mlp_saved_widths if model.gated_mlp else 2
+        return ((widths - 1) * e + e_lin) * tok * ffn / tp
+
+    mlp_rep = (e_res + n_up * e_lin + drop) * tokens * h * rep
+    if moe:
+        f_moe = float(model.moe_ffn_hidden_size or 0)
+        routed = tokens * model.top_k
+        mlp = (mlp_rep + 4.0 * tokens * model.num_experts * rep  # fp32 router probabilities
+               + e_lin * routed * h  # permuted expert inputs (tokens gathered over TP)
+               + mlp_inner(f_moe, routed)
+               + mlp_inner(f_moe * model.num_shared_experts, tokens))
+    else:
+        mlp = mlp_rep + mlp_inner(float(model.ffn_hidden_size or 0), tokens)
+
+    none = attn_rep + core_keep + core_scores + mlp
+    full = e_res * tokens * h * rep
+    if job.distribute_saved_activations:
+        # Each TP rank keeps its 1/tp slice of the saved layer input (Job docstring).
+        full = full * np.where(a.sp == 1, 1.0, 1.0 / tp)
+    selective = none - core_scores
+    if fw.selective_recompute == "op":
+        # torchtitan's per-op selective AC (frameworks.Framework.selective_recompute) keeps
+        # the block input and the outputs of the matmuls it does not re-run (wq, wv, w1 or
+        # fc1, w2 or fc2) and of the fused attention kernel (O and its fp32 log-sum-exp); a
+        # MoE layer's expert block keeps what it keeps without recompute.
+        attn_op = (e * tokens * (2 * model.q_dim + model.kv_dim)
+                   + 4.0 * tokens * model.num_heads) / tp
+        if moe:
+            mlp_op = mlp - mlp_rep
+        else:
+            ffn = float(model.ffn_hidden_size or 0)
+            mlp_op = e * tokens * (ffn + h) / tp
+        if op_sac_saves_no_matmul(fw, job):
+            # float8 linears are not on the save list: only the attention kernel's output
+            # and log-sum-exp stay (compute.op_sac_saves_no_matmul).
+            attn_op = (e * tokens * model.q_dim + 4.0 * tokens * model.num_heads) / tp
+            mlp_op = 0.0 if not moe else mlp_op
+        selective = np.minimum(full + attn_op + mlp_op, selective)
+    return {"none": none, "selective": selective, "full": full}
+
+
+def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parameters one GPU holds of (a dense layer, a MoE layer's non-expert part, its routed
+    experts): matrices split over tp (Megatron-LM column/row parallel), experts further split
+    over ep. Replicated over tp: the two norms, and the biases of the row-parallel output
+    projections (attention output, MLP down), added after the all-reduce (Shoeybi et al.
+    2019, Sec. 3; Megatron-LM RowParallelLinear, torch RowwiseParallel)."""
+    norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
+    row_bias = model.hidden_size if model.bias else 0
+    rep_dense = 2 * norm + 2 * row_bias
+    rep_moe = 2 * norm + row_bias  # the routed experts' own biases are split with them
+    dense = (model.dense_layer_params() - rep_dense) / tp + rep_dense
+    moe = (model.moe_layer_non_expert_params() - rep_moe) / tp + rep_moe
+    return dense, moe, model.routed_expert_params() / (tp * ep)
