@@ -21,6 +21,7 @@ from costmodel.config import Job
 from costmodel.graph import LOSS, Layer, LayerGraph
 from costmodel.hardware import Cluster
 from costmodel.layercosts import RECOMPUTE_MODES, BlockCosts, LayerCosts, ShardCosts
+from costmodel.units import compute_bytes
 
 __all__ = ["block_costs", "graph_blocks"]
 
@@ -34,6 +35,8 @@ class _Tally:
     saved: float = 0.0
     scores: float = 0.0
     input_bytes: float = 0.0
+    widest: float = 0.0
+    shared: float = 0.0
     collectives: dict[str, float] = field(default_factory=dict)
 
 
@@ -60,7 +63,7 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     shape = graph.inputs[0] if graph.inputs else ()
     return LayerCosts(graph.name, "graph", shape[0] if shape else 1,
                       shape[1] if len(shape) > 1 else 1, sequence_parallel, tuple(blocks),
-                      layouts)
+                      layouts, element_bytes=compute_bytes(job.precision))
 
 
 def graph_blocks(graph: LayerGraph) -> list[tuple[str, str, list[Layer]]]:
@@ -93,7 +96,7 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], recomputed: bool) -> 
     """The ``ShardCosts`` of a block made of ``members`` (one instance of each);
     ``recomputed``: whether recompute applies to it (to the layers, not to the embedding
     and head, as trainers checkpoint the layers)."""
-    params = forward = backward = saved = scores = inp = 0.0
+    params = forward = backward = saved = scores = inp = widest = shared = 0.0
     coll: dict[str, float] = {}
     for x in members:
         t = tally.get(x.name, _Tally())
@@ -104,6 +107,8 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], recomputed: bool) -> 
         saved += t.saved
         scores += t.scores
         inp += t.input_bytes if x is members[0] else 0.0
+        widest = max(widest, t.widest)
+        shared += t.shared
         for k, b in t.collectives.items():
             coll[k] = coll.get(k, 0.0) + b
     # Selective recompute drops the attention scores (Korthikanti et al. 2022, Sec. 4.2.3);
@@ -111,7 +116,8 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], recomputed: bool) -> 
     acts = dict(zip(RECOMPUTE_MODES, (saved, saved - scores, inp), strict=True)) \
         if recomputed else dict.fromkeys(RECOMPUTE_MODES, saved)
     return ShardCosts(params=params, forward_flops=forward, backward_flops=backward,
-                      activation_bytes=acts, input_bytes=inp, collectives=coll)
+                      activation_bytes=acts, input_bytes=inp, collectives=coll,
+                      widest_elements=widest, shared_params=shared)
 
 
 def _scores(sol: Solution, src: int) -> bool:
@@ -150,6 +156,8 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
     """Per layer instance, the figures of one rank under ``sol``'s layouts."""
     p = sol.problem
     out: dict[str, _Tally] = {}
+    owner = {name: p.layer[v] for v in p.nodes for name in p.charged[v]}
+    shared: set[tuple[str, str]] = set()
     held: dict[tuple[str, int], float] = {}  # (layer, outside source) -> bytes on one rank
     for v in p.nodes:
         st = sol.strategy(v)
@@ -158,6 +166,8 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
         shards = math.prod(m for m, a in zip(p.mesh.shape, st.axes, strict=True)
                            if a is not None)
         t.forward_flops += n.model_flops / shards
+        out_shards = _share(sol, st.out)
+        t.widest = max(t.widest, math.prod(n.shape) / out_shards)
         for a in st.axes:  # statistics all-reduced over a split loop (a softmax's max, sum)
             if a is not None and n.loops[a].all_reduce_bytes:
                 t.collectives["all-reduce"] = t.collectives.get("all-reduce", 0.0) \
@@ -169,8 +179,11 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
                 t.scores += kept
         for inp, lay in zip(p.inputs[v], st.ins, strict=True):
             if inp.param in p.charged[v]:
-                t.params += inp.numel / math.prod(m for m, q in zip(p.mesh.shape, lay,
-                                                                   strict=True) if q >= 0)
+                t.params += inp.numel / _share(sol, lay)
+            elif inp.param and owner.get(inp.param) != p.layer[v] \
+                    and (p.layer[v], inp.param) not in shared:
+                shared.add((p.layer[v], inp.param))  # a tied weight another layer holds
+                t.shared += inp.numel / _share(sol, lay)
             outside = inp.source >= 0 and p.layer[inp.source] != p.layer[v]
             model_input = inp.source < 0 and not inp.param and not inp.constant
             if outside or model_input:

@@ -31,8 +31,9 @@ cost model's business, not the block's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,7 +67,10 @@ class ShardCosts:
     backward per recompute mode (``RECOMPUTE_MODES``); ``input_bytes``: bytes of the block's
     input on the rank; ``collectives``: collective kind (``all-reduce``, ``all-gather``,
     ``reduce-scatter``, ``all-to-all``) -> bytes of the whole tensors they move, forward and
-    backward together."""
+    backward together; ``widest_elements``: elements of the largest tensor one of its ops
+    makes on the rank (the logits of an LM head: what a loss's working set scales with);
+    ``shared_params``: parameters it reads that another block holds (a tied LM head's word
+    embedding), which a pipeline stage without that block needs a copy of."""
 
     params: float
     forward_flops: float
@@ -74,6 +78,8 @@ class ShardCosts:
     activation_bytes: Mapping[str, float]
     input_bytes: float
     collectives: Mapping[str, float] = field(default_factory=dict)
+    widest_elements: float = 0.0
+    shared_params: float = 0.0
 
     @property
     def collective_bytes(self) -> float:
@@ -120,6 +126,7 @@ class LayerCosts:
     layouts: Mapping[int, tuple[tuple[int, str, str, str, str], ...]] = field(
         default_factory=dict)
     spec: ModelSpec | None = None
+    element_bytes: float = 2.0
 
     @property
     def tp_degrees(self) -> tuple[int, ...]:
@@ -183,10 +190,41 @@ class LayerCosts:
 
     def _analytic(self) -> ModelSpec:
         if self.spec is None:
-            raise SpecError(f"{self.name}: the memory and step-time tables do not read the "
-                            "costs of a traced graph yet; plan a torch module with "
-                            "planner.plan(module, ..., example_inputs=...)")
+            raise SpecError(f"{self.name}: the step-time table does not read the costs of a "
+                            "traced graph yet; plan a torch module with planner.plan(module, "
+                            "..., example_inputs=...)")
         return self.spec
+
+    def _sides(self) -> tuple[BlockCosts | None, BlockCosts, BlockCosts | None]:
+        """(input side, the repeated layer, output side) of a traced graph: the shape the
+        tables take (one kind of layer, repeated; a stage holds a run of them)."""
+        layers = [b for b in self.blocks if b.kind == "layer"]
+        if len(layers) != 1 or any(b.kind == "other" for b in self.blocks):
+            kinds = ", ".join(f"{b.name} ({b.kind})" for b in self.blocks)
+            raise SpecError(f"{self.name}: the tables take one kind of repeated layer between "
+                            f"an input and an output side; this graph's blocks are {kinds}")
+        emb = next((b for b in self.blocks if b.kind == "embedding"), None)
+        head = next((b for b in self.blocks if b.kind == "head"), None)
+        return emb, layers[0], head
+
+    @staticmethod
+    def _by_tp(block: BlockCosts | None, tp: np.ndarray, figure: Callable[[ShardCosts], float]
+               ) -> np.ndarray:
+        """``figure`` of a block's costs at each row's TP degree (0 without the block)."""
+        tp = np.asarray(tp)
+        out = np.zeros(np.shape(tp), dtype=float)
+        if block is None:
+            return out
+        for t in np.unique(tp).astype(int):
+            out = np.where(tp == t, figure(block.at(int(t))), out)
+        return out
+
+    def _token_share(self, job: Job, a: ConfigArrays) -> np.ndarray:
+        """Each row's tokens per micro-batch per GPU over the traced micro-batch's."""
+        if np.any(a.cp != 1) or np.any(a.ep != 1):
+            raise SpecError(f"{self.name}: context and expert parallelism are not costed for "
+                            "a traced graph")
+        return job.seq_len * a.mbs / float(self.micro_batch_size * self.seq_len)
 
     @property
     def is_moe(self) -> bool:
@@ -201,7 +239,11 @@ class LayerCosts:
     @property
     def hidden_size(self) -> int:
         """Elements per token of the tensor passed between layers (the residual stream)."""
-        return self._analytic().hidden_size
+        if self.spec is not None:
+            return self.spec.hidden_size
+        layer = self._sides()[1]
+        return round(layer.output_bytes / self.element_bytes
+                     / (self.micro_batch_size * self.seq_len))
 
     def layer_params_per_gpu(self, tp: np.ndarray, ep: np.ndarray
                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -209,22 +251,30 @@ class LayerCosts:
         routed experts) per row (``costmodel.activations.layer_params_per_gpu``)."""
         from costmodel.activations import layer_params_per_gpu
 
-        return layer_params_per_gpu(self._analytic(), tp, ep)
+        if self.spec is not None:
+            return layer_params_per_gpu(self.spec, tp, ep)
+        dense = self._by_tp(self._sides()[1], tp, lambda c: c.params)
+        return dense, dense, np.zeros_like(dense)
 
-    def edge_params_per_gpu(self, tp: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        """(input side, output side, the tied word embedding) parameters one GPU of the
-        first and of the last stage holds per row: the vocabulary-parallel embedding and LM
-        head split over tp (Megatron-LM, torchtitan), learned positions, token types, norms
-        and a ViT's patch projection replicated; the tied table's parameters, which the
-        last stage keeps a copy of (``/ tp``) when pp > 1 (Megatron-LM keeps both copies in
-        sync by an all-reduce)."""
-        model = self._analytic()
+    def edge_params_per_gpu(self, tp: np.ndarray
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(input side, output side, tied) parameters one GPU of the first and of the last
+        stage holds per row: the vocabulary-parallel embedding and LM head split over tp
+        (Megatron-LM, torchtitan), learned positions, token types, norms and a ViT's patch
+        projection replicated; the tied word embedding's share, which the last stage keeps
+        a copy of when pp > 1 (Megatron-LM keeps both copies in sync by an all-reduce)."""
+        if self.spec is None:
+            emb, _, head = self._sides()
+            return (self._by_tp(emb, tp, lambda c: c.params),
+                    self._by_tp(head, tp, lambda c: c.params),
+                    self._by_tp(head, tp, lambda c: c.shared_params))
+        model = self.spec
         norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
         word = 0 if model.patch_size else model.vocab_size * model.hidden_size
         final_norm = norm if model.final_norm else 0
         emb_local = word / tp + (model.embedding_params() - word)
         head_local = (model.head_params() - final_norm) / tp + final_norm
-        return emb_local, head_local, word if model.tied_embeddings else 0.0
+        return emb_local, head_local, (word if model.tied_embeddings else 0) / tp
 
     def layer_activations(self, job: Job, a: ConfigArrays, moe: bool, ac: np.ndarray
                           ) -> dict[str, np.ndarray]:
@@ -232,7 +282,11 @@ class LayerCosts:
         (``costmodel.activations.layer_activations``)."""
         from costmodel.activations import layer_activations
 
-        return layer_activations(self._analytic(), job, framework(job.framework), a, moe, ac)
+        if self.spec is not None:
+            return layer_activations(self.spec, job, framework(job.framework), a, moe, ac)
+        layer, share = self._sides()[1], self._token_share(job, a)
+        return {m: self._by_tp(layer, a.tp, partial(_saved, m)) * share
+                for m in RECOMPUTE_MODES}
 
     def edge_activations(self, job: Job, a: ConfigArrays, ac: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
@@ -242,7 +296,12 @@ class LayerCosts:
         stage the final norm's input 2sbh/t, the output layer's input 2sbh/t and the fp32
         logits 4sbv/t the cross entropy keeps, in all 4sbh/t (1 + v/h). Under autocast the
         final norm's input is fp32 (4 + e instead of 2e)."""
-        model = self._analytic()
+        if self.spec is None:
+            emb, _, head = self._sides()
+            share = self._token_share(job, a)
+            return (self._by_tp(emb, a.tp, _kept) * share,
+                    self._by_tp(head, a.tp, _kept) * share)
+        model = self.spec
         e = compute_bytes(job.precision)
         tp = a.tp.astype(float)
         tokens = job.seq_len / a.cp * a.mbs
@@ -254,13 +313,18 @@ class LayerCosts:
         return emb_act, head_act
 
     def logits_per_token(self, tp: np.ndarray) -> np.ndarray:
-        """Logits one GPU of the last stage holds per token (the vocabulary over tp)."""
-        return self._analytic().vocab_size / tp
+        """Logits one GPU of the last stage holds per token (the vocabulary over tp; for a
+        traced graph, the widest tensor of its output side)."""
+        if self.spec is None:
+            return self._by_tp(self._sides()[2], tp, lambda c: c.widest_elements) \
+                / float(self.micro_batch_size * self.seq_len)
+        return self.spec.vocab_size / tp
 
     def moe_routing(self) -> tuple[int, int]:
         """(experts each token goes to, experts in a MoE layer)."""
-        model = self._analytic()
-        return model.top_k, model.num_experts
+        if self.spec is None:
+            return 0, 0
+        return self.spec.top_k, self.spec.num_experts
 
     @property
     def kv_dim(self) -> int:
@@ -290,8 +354,11 @@ class LayerCosts:
         Chowdhery et al. 2022, App. B), with N the parameters that take part in a matmul per
         token (active experts only; not the input embedding table, which is a lookup, unless
         tied to the output layer) and ``q = heads * head_dim``, counting the full s x s
-        attention."""
-        model = self._analytic()
+        attention. A traced graph: its matmul, convolution and attention FLOPs per token
+        (``torch.utils.flop_counter``)."""
+        if self.spec is None:
+            return self.flops(1) / float(self.micro_batch_size * self.seq_len)
+        model = self.spec
         n = model.num_active_params() - model.embedding_params()
         if model.tied_embeddings and not model.patch_size:
             n += model.vocab_size * model.hidden_size
@@ -345,6 +412,16 @@ class LayerCosts:
 
         return block_costs(graph, cluster, job, tp_degrees=tp_degrees,
                            sequence_parallel=sequence_parallel, time_limit_s=time_limit_s)
+
+
+def _saved(mode: str, c: ShardCosts) -> float:
+    """What a block keeps for backward under recompute ``mode``."""
+    return c.activation_bytes[mode]
+
+
+def _kept(c: ShardCosts) -> float:
+    """What a block keeps without recompute (the embedding and head are not recomputed)."""
+    return c.activation_bytes["none"]
 
 
 def default_tp_degrees(spec: ModelSpec, largest: int = 8) -> tuple[int, ...]:

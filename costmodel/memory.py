@@ -207,8 +207,7 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
     layer_params = dense_layers * dense_local + moe_layers * moe_local
     expert_params = moe_layers * expert_local
     emb_local, head_local, tied = costs.edge_params_per_gpu(tp)
-    if tied:
-        head_local = head_local + np.where(p > 1, tied / tp, 0.0)
+    head_local = head_local + np.where(p > 1, tied, 0.0)
     emb_params = np.where(first, emb_local, 0.0) + np.where(last, head_local, 0.0)
     dense_params = layer_params + emb_params  # everything but routed experts
 

@@ -209,3 +209,26 @@ def test_layer_costs_errors_and_summary() -> None:
         acts = [costs.activation_bytes(t, m) for m in RECOMPUTE_MODES]
         assert acts[0] >= acts[1] >= acts[2] > 0
     assert all(costs.params(a) > costs.params(b) for a, b in zip((1, 2, 4), (2, 4, 8), strict=True))
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp-sp"])
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "gpt3-350m"])
+def test_memory_table_reads_a_traced_graph_as_it_reads_the_preset(name: str, sp: bool) -> None:
+    """The memory table of the traced reference transformer (its LayerCosts) equals the
+    preset's, term by term and stage by stage, across TP, PP, ZeRO, recompute and
+    micro-batch sizes: the table reads the model only through LayerCosts."""
+    from costmodel import ParallelConfig
+    from costmodel.arrays import ConfigArrays
+    from costmodel.memory import memory_table
+
+    traced, _, spec = _pair(name, sp)
+    cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
+    job = Job(global_batch_size=64, seq_len=SEQ, precision="bf16", framework="deepspeed")
+    configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z, micro_batch_size=b,
+                              recompute=r, sequence_parallel=sp and t > 1)
+               for t in (1, 2, 4) for p in (1, 2) for z in (0, 1, 3) if not (z == 3 and p > 1)
+               for b in (1, 2) for r in ("none", "selective", "full")]
+    a = ConfigArrays.from_configs(spec, configs)
+    want, got = memory_table(spec, cluster, job, a), memory_table(traced, cluster, job, a)
+    for term in ("weights", "gradients", "optimizer", "activations", "buffers"):
+        assert got.terms[term] == pytest.approx(want.terms[term], rel=0.01), term
