@@ -11,15 +11,18 @@ top-level layer (the units a pipeline can split), the loss joining the last.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from costmodel.arrays import divisors
 from costmodel.autoshard import Mesh, ShardingProblem, Solution, _collective_names, solve
+from costmodel.compute import BACKWARD_BYTES, aligned
 from costmodel.config import Job
 from costmodel.graph import LOSS, Layer, LayerGraph
 from costmodel.hardware import Cluster
+from costmodel.kernels import Gemm, Kernels
 from costmodel.layercosts import RECOMPUTE_MODES, BlockCosts, LayerCosts, ShardCosts
 from costmodel.units import compute_bytes
 
@@ -37,6 +40,14 @@ class _Tally:
     input_bytes: float = 0.0
     widest: float = 0.0
     shared: float = 0.0
+    kernels: Kernels = field(default_factory=Kernels)
+    recomputed: Kernels = field(default_factory=Kernels)
+    calls: dict[str, float] = field(default_factory=dict)
+
+    def add(self, kind: str, nbytes: float, calls: float) -> None:
+        """Count ``calls`` collectives of ``kind`` moving ``nbytes`` in all."""
+        self.collectives[kind] = self.collectives.get(kind, 0.0) + nbytes
+        self.calls[kind] = self.calls.get(kind, 0.0) + calls
     collectives: dict[str, float] = field(default_factory=dict)
 
 
@@ -92,12 +103,14 @@ def graph_blocks(graph: LayerGraph) -> list[tuple[str, str, list[Layer]]]:
     return out
 
 
-def _shard(members: list[Layer], tally: dict[str, _Tally], recomputed: bool) -> ShardCosts:
+def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> ShardCosts:
     """The ``ShardCosts`` of a block made of ``members`` (one instance of each);
-    ``recomputed``: whether recompute applies to it (to the layers, not to the embedding
-    and head, as trainers checkpoint the layers)."""
+    ``is_layer``: recompute applies to it (to the layers, not to the embedding and head, as
+    trainers checkpoint the layers)."""
     params = forward = backward = saved = scores = inp = widest = shared = 0.0
+    kernels, recomputed = Kernels(), Kernels()
     coll: dict[str, float] = {}
+    calls: dict[str, float] = {}
     for x in members:
         t = tally.get(x.name, _Tally())
         params += t.params
@@ -109,15 +122,18 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], recomputed: bool) -> 
         inp += t.input_bytes if x is members[0] else 0.0
         widest = max(widest, t.widest)
         shared += t.shared
+        kernels, recomputed = kernels.merged(t.kernels), recomputed.merged(t.recomputed)
         for k, b in t.collectives.items():
             coll[k] = coll.get(k, 0.0) + b
+            calls[k] = calls.get(k, 0.0) + t.calls[k]
     # Selective recompute drops the attention scores (Korthikanti et al. 2022, Sec. 4.2.3);
     # full recompute keeps the block's input.
     acts = dict(zip(RECOMPUTE_MODES, (saved, saved - scores, inp), strict=True)) \
-        if recomputed else dict.fromkeys(RECOMPUTE_MODES, saved)
+        if is_layer else dict.fromkeys(RECOMPUTE_MODES, saved)
     return ShardCosts(params=params, forward_flops=forward, backward_flops=backward,
                       activation_bytes=acts, input_bytes=inp, collectives=coll,
-                      widest_elements=widest, shared_params=shared)
+                      collective_calls=calls, widest_elements=widest, shared_params=shared,
+                      kernels=_merge_gemms(kernels), recomputed=_merge_gemms(recomputed))
 
 
 def _scores(sol: Solution, src: int) -> bool:
@@ -126,6 +142,52 @@ def _scores(sol: Solution, src: int) -> bool:
     attention)."""
     rank = len(sol.problem.graph.node(src).shape)
     return rank >= 2 and {rank - 1, rank - 2} <= sol.problem.token_dims.get(src, frozenset())
+
+
+def _kernel(sol: Solution, v: int, shards: int) -> Kernels:
+    """Node ``v``'s forward kernel on one rank as the ILP placed it (``costmodel.kernels``;
+    the same costs as ``ShardingProblem``'s compute terms)."""
+    p = sol.problem
+    n = p.graph.node(v)
+    st = sol.strategy(v)
+    if n.family == "matmul":
+        split: dict[int, int] = {}
+        for size, a in zip(p.mesh.shape, st.axes, strict=True):
+            if a is not None:
+                split[a] = split.get(a, 1) * size
+        roles = {lp.role: lp.size / split.get(i, 1) for i, lp in enumerate(n.loops) if lp.role}
+        if {"m", "n", "k"} <= set(roles):
+            m, nn, k, b = roles["m"], roles["n"], roles["k"], roles.get("b", 1.0)
+            e = p.elem
+            ins = p.inputs[v]
+            a_w, b_w = (bool(ins[-2].param), bool(ins[-1].param)) if len(ins) >= 2 \
+                else (False, False)
+            w = e * b * (m * k * a_w + k * nn * b_w)
+            act = e * b * (m * k + k * nn + m * nn) - w
+            needs = [r.grad for r in n.inputs]
+            back = int(len(needs) >= 2 and needs[-2]) + int(bool(needs and needs[-1]))
+            return Kernels(gemms=(Gemm(2 * m * nn * k * b, act, w,
+                                       bool(aligned(nn, k, e)), back),))
+    moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
+    if n.family == "attention" and n.model_flops:
+        flops = n.model_flops / shards * (0.5 if n.causal else 1.0)
+        return Kernels(attention_flops=flops, attention_kernels=1, attention_backward=n.grad)
+    if n.model_flops:  # a convolution: a roofline like a matmul's, its weights fixed
+        w = sum(r.nbytes for r in n.inputs if r.param) / shards
+        return Kernels(gemms=(Gemm(n.model_flops / shards, moved - w, w, True,
+                                   2 if n.grad else 0),))
+    return Kernels(memory_bytes=moved, memory_kernels=1,
+                   memory_backward_bytes=BACKWARD_BYTES * moved if n.grad else 0.0,
+                   memory_backward_kernels=1 if n.grad else 0)
+
+
+def _merge_gemms(k: Kernels) -> Kernels:
+    """``k`` with identical matmuls counted once each, with their count."""
+    counts: dict[tuple[float, float, float, bool, int], int] = {}
+    for g in k.gemms:
+        key = (g.flops, g.activation_bytes, g.weight_bytes, g.aligned, g.backward)
+        counts[key] = counts.get(key, 0) + g.count
+    return dataclasses.replace(k, gemms=tuple(Gemm(*key, count=c) for key, c in counts.items()))
 
 
 def _share(sol: Solution, layout: tuple[int, ...]) -> int:
@@ -166,12 +228,15 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
         shards = math.prod(m for m, a in zip(p.mesh.shape, st.axes, strict=True)
                            if a is not None)
         t.forward_flops += n.model_flops / shards
+        kernel = _kernel(sol, v, shards)
+        t.kernels = t.kernels.merged(kernel)
+        if _scores(sol, v):
+            t.recomputed = t.recomputed.merged(kernel)
         out_shards = _share(sol, st.out)
         t.widest = max(t.widest, math.prod(n.shape) / out_shards)
         for a in st.axes:  # statistics all-reduced over a split loop (a softmax's max, sum)
             if a is not None and n.loops[a].all_reduce_bytes:
-                t.collectives["all-reduce"] = t.collectives.get("all-reduce", 0.0) \
-                    + n.loops[a].all_reduce_bytes
+                t.add("all-reduce", n.loops[a].all_reduce_bytes, 3.0)  # max, sum; backward
         for src, nbytes in p.saved[v]:
             kept = nbytes / _holders(sol, v, src)
             t.saved += kept
@@ -202,6 +267,5 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
         names = _collective_names(sol.strategy(g.producer).out, need, grad).split()
         for name in names:
             kind = name.removeprefix("bwd:").split("@")[0]
-            coll = out.setdefault(layer, _Tally()).collectives
-            coll[kind] = coll.get(kind, 0.0) + per_instance * g.nbytes
+            out.setdefault(layer, _Tally()).add(kind, per_instance * g.nbytes, per_instance)
     return out

@@ -173,7 +173,8 @@ class OpNode:
     it can produce split across devices without communication inside the op. Forward ops
     also keep their tensor ``inputs`` (``TensorRef``), whether their output needs a
     gradient (``grad``), their ``loops`` (``costmodel.sharding``: the splitting rules) and,
-    for views, ``view_map`` (the input dim of each output dim).
+    for views, ``view_map`` (the input dim of each output dim); a fused attention, whether
+    it is ``causal``.
     """
 
     id: int
@@ -192,6 +193,7 @@ class OpNode:
     shardable_dims: tuple[int, ...]
     inputs: tuple[TensorRef, ...] = ()
     grad: bool = False
+    causal: bool = False
     loops: tuple[Loop, ...] = ()
     view_map: tuple[int | None, ...] | None = None
 
@@ -432,8 +434,11 @@ class _Recorder:
                 self.edges.append((src, nid))
         formula = flop_registry.get(func._overloadpacket)
         model_flops = other = 0.0
+        causal = False
         if name in FUSED_ATTENTION:
             model_flops = fused_attention_flops(name, args)
+            # The kernel skips the masked half of a causal attention (Dao 2023, Sec. 3).
+            causal = name == FUSED_ATTENTION[0] and len(args) > 4 and args[4] is True
         elif formula is not None:
             model_flops = float(formula(*args, **kwargs, out_val=out))
         elif family in _PER_ELEMENT or family == "unknown":
@@ -455,7 +460,10 @@ class _Recorder:
             plain = [a for a in args if not any(isinstance(x, torch.Tensor)
                                                 for x in tree_flatten(a)[0])]
             shapes = [r.shape for r in refs]
-            extra = dict(inputs=refs, grad=bool(outs and outs[0].requires_grad))
+            # Autograd marks an op's output as needing a gradient only after the op returns
+            # (below it, in this mode, it does not yet): an output needs one when an input does.
+            grad = bool(outs) and outs[0].is_floating_point() and any(r.grad for r in refs)
+            extra = dict(inputs=refs, grad=grad, causal=causal)
             if family == "view" and refs:
                 extra["view_map"] = view_map(name, plain, shapes[0], shape)
             else:

@@ -31,6 +31,7 @@ cost model's business, not the block's.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -43,10 +44,12 @@ from costmodel.compute import LayerCompute
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.frameworks import framework
+from costmodel.kernels import Kernels, kernel_compute
 from costmodel.model import ModelSpec
 from costmodel.units import compute_bytes
 
 if TYPE_CHECKING:
+    from costmodel.comm import Topology
     from costmodel.graph import LayerGraph
     from costmodel.hardware import GPU, Cluster
 
@@ -67,10 +70,13 @@ class ShardCosts:
     backward per recompute mode (``RECOMPUTE_MODES``); ``input_bytes``: bytes of the block's
     input on the rank; ``collectives``: collective kind (``all-reduce``, ``all-gather``,
     ``reduce-scatter``, ``all-to-all``) -> bytes of the whole tensors they move, forward and
-    backward together; ``widest_elements``: elements of the largest tensor one of its ops
+    backward together, in ``collective_calls`` collectives of each kind (a graph's; each
+    pays its latency); ``widest_elements``: elements of the largest tensor one of its ops
     makes on the rank (the logits of an LM head: what a loss's working set scales with);
     ``shared_params``: parameters it reads that another block holds (a tied LM head's word
-    embedding), which a pipeline stage without that block needs a copy of."""
+    embedding), which a pipeline stage without that block needs a copy of; a traced block's
+    forward ``kernels`` on the rank (``costmodel.kernels``) and those selective recompute
+    re-runs (``recomputed``)."""
 
     params: float
     forward_flops: float
@@ -78,8 +84,11 @@ class ShardCosts:
     activation_bytes: Mapping[str, float]
     input_bytes: float
     collectives: Mapping[str, float] = field(default_factory=dict)
+    collective_calls: Mapping[str, float] = field(default_factory=dict)
     widest_elements: float = 0.0
     shared_params: float = 0.0
+    kernels: Kernels | None = None
+    recomputed: Kernels | None = None
 
     @property
     def collective_bytes(self) -> float:
@@ -328,26 +337,80 @@ class LayerCosts:
 
     @property
     def kv_dim(self) -> int:
-        """Elements per token of K (and of V) in a layer: what context parallel exchanges."""
-        return self._analytic().kv_dim
+        """Elements per token of K (and of V) in a layer: what context parallel exchanges
+        (none for a traced graph, which is not costed with context parallelism)."""
+        return self.spec.kv_dim if self.spec is not None else 0
 
     def layer_compute(self, gpu: GPU, job: Job, a: ConfigArrays, moe: bool,
                       capacity_factor: float = 1.0, autocast: np.ndarray | None = None
                       ) -> LayerCompute:
-        """One layer's compute per micro-batch per row (``costmodel.compute``)."""
+        """One layer's compute per micro-batch per row (``costmodel.compute``; a traced
+        graph's: its kernels, ``costmodel.kernels``)."""
         from costmodel.compute import layer_compute
 
-        return layer_compute(self._analytic(), gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
+        if self.spec is None:
+            return self._kernel_compute(self._sides()[1], gpu, job, a)
+        return layer_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
                              capacity_factor=capacity_factor, ep=a.ep if moe else None,
                              autocast=autocast)
 
     def head_compute(self, gpu: GPU, job: Job, a: ConfigArrays,
                      autocast: np.ndarray | None = None) -> tuple[LayerCompute, LayerCompute]:
-        """(embedding, head) compute per micro-batch per row (``costmodel.compute``)."""
+        """(embedding, head) compute per micro-batch per row (``costmodel.compute``; a
+        traced graph's: the kernels of its input and output sides)."""
         from costmodel.compute import lm_head_compute
 
-        return lm_head_compute(self._analytic(), gpu, job, a.tp, a.cp, a.mbs, a.sp,
+        if self.spec is None:
+            emb, _, head = self._sides()
+            return (self._kernel_compute(emb, gpu, job, a),
+                    self._kernel_compute(head, gpu, job, a))
+        return lm_head_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp,
                                autocast=autocast)
+
+    def _kernel_compute(self, block: BlockCosts | None, gpu: GPU, job: Job, a: ConfigArrays
+                        ) -> LayerCompute:
+        """A traced block's ``LayerCompute`` per row: its kernels at the row's TP degree,
+        scaled to the row's micro-batch (zero without the block)."""
+        share = self._token_share(job, a)
+        dtype = "bf16" if job.precision == "fp8" else job.precision  # as traced
+        fields = [f.name for f in dataclasses.fields(LayerCompute)]
+        out = {name: np.zeros(np.shape(a.tp)) for name in fields}
+        if block is None:
+            return LayerCompute(**out)
+        for t in np.unique(a.tp).astype(int):
+            c = block.at(int(t))
+            rows = a.tp == t
+            lc = kernel_compute(gpu, dtype, c.kernels or Kernels(), share[rows],
+                                c.recomputed)
+            for name in fields:
+                out[name][rows] = getattr(lc, name)
+        return LayerCompute(**out)
+
+    def tp_seconds(self, topo: Topology, a: ConfigArrays, job: Job
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A traced graph's tensor-parallel collectives per micro-batch per row, seconds:
+        (one layer, the input side, the output side), forward and backward, all exposed
+        (inside a node; ``costmodel.sharding.reshard_time``'s costs)."""
+        emb, layer, head = self._sides()
+        share = self._token_share(job, a)
+
+        def seconds(block: BlockCosts | None) -> np.ndarray:
+            out = np.zeros(np.shape(a.tp))
+            if block is None:
+                return out
+            for t in np.unique(a.tp).astype(int):
+                rows = a.tp == t
+                c = block.at(int(t))
+                for kind, nbytes in c.collectives.items():
+                    n = max(c.collective_calls.get(kind, 1.0), 1.0)
+                    size = nbytes * share[rows] / n
+                    cost = topo.all_to_all(size / t, t, 1) if kind == "all-to-all" else {
+                        "all-reduce": topo.all_reduce, "all-gather": topo.all_gather,
+                        "reduce-scatter": topo.reduce_scatter}[kind](size, t, 1)
+                    out[rows] = out[rows] + n * cost
+            return out
+
+        return seconds(layer), seconds(emb), seconds(head)
 
     def model_flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs per trained token, forward and backward: ``6 N + 12 L q s`` (PaLM,

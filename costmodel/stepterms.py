@@ -239,6 +239,13 @@ def _tp_backward(c: _TPCollectives, r: Rows, lc: LayerCompute) -> np.ndarray:
 
 def tensor_parallel(r: Rows) -> TensorParallel:
     """TP communication per micro-batch per stage (``TensorParallel``)."""
+    if r.costs.spec is None:
+        # A traced graph: the collectives its layouts insert (LayerCosts.tp_seconds), all
+        # exposed; full recompute runs a layer's forward half of them again.
+        layer, emb, head = r.costs.tp_seconds(r.topo, r.a, r.job)
+        rec = r.rec_layers * layer / 2
+        return TensorParallel(exposed=r.per_stage(layer, layer, emb, head) + rec,
+                              layer_total=layer, emb=emb, head=head, rec_total=rec)
     act = r.e * r.tokens * float(r.costs.hidden_size)  # one activation tensor, all of it
     ar = r.topo.all_reduce(act, r.tp, 1.0)
     ag = r.topo.all_gather(act, r.tp, 1.0)

@@ -93,12 +93,16 @@ def _check(traced: LayerCosts, analytic: LayerCosts) -> None:
             assert _close(x.params, y.params), where
             assert _close(x.forward_flops, y.forward_flops), where
             assert _close(x.backward_flops, y.backward_flops), where
-            # The embedding's lookup also keeps the int64 token ids (8 bytes a token),
-            # which the formulas leave out.
-            slack = 8.0 * tokens if a.kind == "embedding" else 0.0
             for mode in RECOMPUTE_MODES:
-                assert _close(x.activation_bytes[mode], y.activation_bytes[mode],
-                              abs_=slack), (where, mode)
+                if a.kind == "embedding":
+                    # The ILP may keep the embedding's output (and its dropout) split by
+                    # columns where Megatron-LM replicates it: never more. The lookup also
+                    # keeps the int64 token ids (8 bytes a token), which the formulas leave out.
+                    assert x.activation_bytes[mode] <= y.activation_bytes[mode] * 1.01 \
+                        + 8.0 * tokens, (where, mode)
+                else:
+                    assert _close(x.activation_bytes[mode], y.activation_bytes[mode]), \
+                        (where, mode)
             if a.kind == "embedding":
                 # The ILP may pick a layout the formulas do not (the table split by
                 # columns, its output all-gathered instead of all-reduced): never slower.
@@ -232,3 +236,39 @@ def test_memory_table_reads_a_traced_graph_as_it_reads_the_preset(name: str, sp:
     want, got = memory_table(spec, cluster, job, a), memory_table(traced, cluster, job, a)
     for term in ("weights", "gradients", "optimizer", "activations", "buffers"):
         assert got.terms[term] == pytest.approx(want.terms[term], rel=0.01), term
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "gpt3-350m"])
+def test_step_time_table_reads_a_traced_graph(name: str) -> None:
+    """The step-time table of the traced reference transformer: its layer's hardware FLOPs
+    and fused-attention times equal the preset's formulas, and over TP, PP, ZeRO,
+    micro-batch and recompute the table ranks configurations as the preset's does and picks
+    the same fastest one. The step times differ by the memory-bound kernels: the traced
+    module runs eager PyTorch ops where the formulas follow the trainer's fused kernels."""
+    from scipy.stats import spearmanr
+
+    from costmodel import ParallelConfig
+    from costmodel.arrays import ConfigArrays
+    from costmodel.memory import memory_table
+    from costmodel.steptime import time_table
+
+    traced, _, spec = _pair(name, False)
+    cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
+    job = Job(global_batch_size=64, seq_len=SEQ, precision="bf16", framework="deepspeed")
+    one = ConfigArrays.from_configs(spec, [ParallelConfig(dp=32, micro_batch_size=2)])
+    want = LayerCosts.of(spec).layer_compute(cluster.gpu, job, one, moe=False)
+    got = traced.layer_compute(cluster.gpu, job, one, moe=False)
+    for f in ("flops", "forward_flops", "core_forward", "core_backward"):
+        assert float(getattr(got, f)[0]) == pytest.approx(float(getattr(want, f)[0]),
+                                                         rel=0.01), f
+    configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z, micro_batch_size=b,
+                              recompute=r)
+               for t in (1, 2, 4) for p in (1, 2) for z in (0, 1) for b in (1, 2)
+               for r in ("none", "full")]
+    a = ConfigArrays.from_configs(spec, configs)
+    tw = time_table(spec, cluster, job, a, memory_table(spec, cluster, job, a))
+    tg = time_table(traced, cluster, job, a, memory_table(traced, cluster, job, a))
+    assert spearmanr(tw.step_time, tg.step_time).correlation > 0.95
+    assert int(tg.step_time.argmin()) == int(tw.step_time.argmin())
+    ratio = tg.step_time / tw.step_time  # the eager kernels' share, about alike everywhere
+    assert ratio.max() / ratio.min() < 1.5
