@@ -19,14 +19,18 @@ from __future__ import annotations
 import resource
 import time
 
+import numpy as np
 import torch
 
 from costmodel import Cluster, Job, ModelSpec
 from costmodel.graph import LayerGraph
 from costmodel.layercosts import LayerCosts
+from planner.alternatives import describe
 from planner.examples import ViT
 from planner.graphplan import plan_graph
 from planner.runtime.model import build_model
+from planner.search import search
+from planner.space import Constraints, row_config
 
 
 def main() -> None:
@@ -40,7 +44,7 @@ def main() -> None:
     cases.append(("vit-1.3b", lambda: vit, torch.randn(8, 3, 224, 224)))
     cluster = Cluster(gpu="h100-sxm", num_nodes=64, gpus_per_node=8, inter_node_link="ib-ndr")
     print(f"{'model':<14s} {'params':>8s} {'layers':>7s} {'nodes':>6s} {'extract s':>10s} "
-          f"{'TFLOP/mb':>9s} {'costs s':>8s} {'plan s':>7s}  plan")
+          f"{'TFLOP/mb':>9s} {'costs s':>8s} {'search s':>9s} {'plan s':>7s}  plan")
     for name, make, x in cases:
         module = make()
         t0 = time.perf_counter()
@@ -49,17 +53,25 @@ def main() -> None:
         seq = x.shape[1] if x.dim() == 2 else 1
         job = Job(global_batch_size=512, seq_len=seq)
         t1 = time.perf_counter()
-        LayerCosts.from_graph(graph, cluster, job, tp_degrees=(1, 2, 4, 8))
+        costs = [LayerCosts.from_graph(graph, cluster, job, tp_degrees=(1, 2, 4, 8),
+                                       sequence_parallel=sp) for sp in (False, True)]
         dc = time.perf_counter() - t1
         t1 = time.perf_counter()
-        found = plan_graph(graph, cluster, job)
+        found = [search(c, cluster, job, Constraints()) for c in costs]
+        dsearch = time.perf_counter() - t1
+        top = min((f.top[0] for f in found if f.top), key=lambda x: x.step_time, default=None)
+        searched = "nothing fits" if top is None else \
+            f"{describe(row_config(np.array(top.row)))}, {top.step_time:.2f} s/step"
+        t1 = time.perf_counter()
+        plan = plan_graph(graph, cluster, job)
         ds = time.perf_counter() - t1
-        exact = "" if found.solution.optimal else " (best in time limit)"
+        exact = "" if plan.solution.optimal else " (best in time limit)"
         print(f"{name:<14s} {graph.num_params() / 1e9:>7.2f}B {len(graph.layers):>7d} "
               f"{graph.graph.number_of_nodes():>6d} {dt:>10.3f} "
-              f"{graph.model_flops() / 1e12:>9.2f} {dc:>8.2f} {ds:>7.2f}  pp={found.pp} x "
-              f"{found.mesh.shape[0]}x{found.mesh.shape[1]}, "
-              f"{found.step_time_s:.2f} s/step, {found.peak_memory_bytes / 2**30:.1f} GiB{exact}")
+              f"{graph.model_flops() / 1e12:>9.2f} {dc:>8.2f} {dsearch:>9.2f} {ds:>7.2f}  "
+              f"search: {searched}; graph plan: pp={plan.pp} x "
+              f"{plan.mesh.shape[0]}x{plan.mesh.shape[1]}, "
+              f"{plan.step_time_s:.2f} s/step, {plan.peak_memory_bytes / 2**30:.1f} GiB{exact}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     print(f"peak resident memory of this process: {peak:.2f} GiB")
 

@@ -8,11 +8,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 
 from costmodel.config import ParallelConfig
-from costmodel.model import ModelSpec
+
+
+class Layers(Protocol):
+    """What the stage columns read of a model (a ``ModelSpec`` or ``LayerCosts``): its
+    layers, and whether (and after how many dense ones) they route to experts."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def is_moe(self) -> bool: ...
+
+    @property
+    def first_dense_layers(self) -> int: ...
 
 __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Stages",
            "divisors", "even_split", "first_argmax"]
@@ -101,7 +115,7 @@ class ConfigArrays:
         return index, count, layers, start
 
     @staticmethod
-    def classes_exact(model: ModelSpec, pp: np.ndarray, v: np.ndarray) -> bool:
+    def classes_exact(model: Layers, pp: np.ndarray, v: np.ndarray) -> bool:
         """Whether ``uniform_stages`` is exact for these rows: it is unless a MoE model's
         leading dense layers reach past the first stage's first chunk (then middle stages of
         one class differ)."""
@@ -109,7 +123,7 @@ class ConfigArrays:
         return bool(np.all(model.first_dense_layers <= chunk)) if model.is_moe else True
 
     @classmethod
-    def from_configs(cls, model: ModelSpec, configs: Sequence[ParallelConfig],
+    def from_configs(cls, model: Layers, configs: Sequence[ParallelConfig],
                      all_stages: bool = True) -> ConfigArrays:
         """Columns for ``configs``; stage layers are split evenly unless a config fixes them.
 

@@ -7,12 +7,15 @@ and a job. Both raise ``SpecError`` naming the offending values and a fix, never
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from costmodel.errors import SpecError
 from costmodel.frameworks import FRAMEWORKS, Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
+
+if TYPE_CHECKING:
+    from costmodel.layercosts import LayerCosts
 
 __all__ = ["Job", "ParallelConfig", "validate"]
 
@@ -323,8 +326,10 @@ class ParallelConfig:
         return out
 
 
-def validate(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) -> None:
-    """Check ``cfg`` against the model, the cluster and the job; SpecError names what is wrong."""
+def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: ParallelConfig
+             ) -> None:
+    """Check ``cfg`` against the model (a preset, or the ``LayerCosts`` of a traced graph),
+    the cluster and the job; SpecError names what is wrong."""
     _check_placement(model, cluster, cfg)
     _check_layers(model, cfg)
     _check_batch(job, cfg)
@@ -333,9 +338,10 @@ def validate(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) 
     _check_precision(cluster, job)
 
 
-def _check_placement(model: ModelSpec, cluster: Cluster, cfg: ParallelConfig) -> None:
+def _check_placement(model: ModelSpec | LayerCosts, cluster: Cluster, cfg: ParallelConfig
+                     ) -> None:
     """The degrees fill the cluster; tensor parallel stays in a node and divides the heads
-    and the MLP."""
+    and the MLP (a traced graph: is one of the degrees its blocks were sharded at)."""
     if cfg.world_size != cluster.num_gpus:
         raise SpecError(
             f"dp*tp*pp*cp = {cfg.dp}*{cfg.tp}*{cfg.pp}*{cfg.cp} = {cfg.world_size} but the "
@@ -346,6 +352,11 @@ def _check_placement(model: ModelSpec, cluster: Cluster, cfg: ParallelConfig) ->
             f"tp={cfg.tp} exceeds the {cluster.gpus_per_node} GPUs of a node; tensor parallel "
             "must stay inside a node"
         )
+    if not isinstance(model, ModelSpec):
+        if model.spec is None:
+            _check_traced(model, cfg)
+            return
+        model = model.spec
     for key, value in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
                        ("ffn_hidden_size", model.ffn_hidden_size)):
         assert value is not None, "ModelSpec.__post_init__ fills the defaults"
@@ -357,7 +368,22 @@ def _check_placement(model: ModelSpec, cluster: Cluster, cfg: ParallelConfig) ->
         )
 
 
-def _check_layers(model: ModelSpec, cfg: ParallelConfig) -> None:
+def _check_traced(costs: LayerCosts, cfg: ParallelConfig) -> None:
+    """A traced graph's costs exist at the TP degrees and with the sequence parallelism its
+    blocks were sharded with, without context or expert parallelism."""
+    if cfg.tp not in costs.tp_degrees:
+        raise SpecError(f"{costs.name}: tp={cfg.tp} is not among the degrees its blocks were "
+                        f"sharded at ({', '.join(map(str, costs.tp_degrees))})")
+    if cfg.tp > 1 and cfg.sequence_parallel != costs.sequence_parallel:
+        raise SpecError(f"{costs.name}: its blocks were sharded "
+                        f"{'with' if costs.sequence_parallel else 'without'} sequence "
+                        "parallelism; trace it the other way for the other")
+    if cfg.cp > 1:
+        raise SpecError(f"{costs.name}: context parallelism is not costed for a traced graph "
+                        "yet; use cp=1")
+
+
+def _check_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
     """The pipeline's stages and chunks split the model's layers."""
     chunks = cfg.pp * cfg.virtual_pipeline_stages
     if model.num_layers < chunks:
@@ -394,12 +420,14 @@ def _check_batch(job: Job, cfg: ParallelConfig) -> None:
         )
 
 
-def _check_experts(model: ModelSpec, cfg: ParallelConfig) -> None:
+def _check_experts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
     """Expert parallel needs an MoE model whose experts, and the ranks it reuses, it divides."""
     if cfg.ep <= 1:
         return
     if not model.is_moe:
         raise SpecError(f"ep={cfg.ep} needs a mixture-of-experts model; {model.name} is dense")
+    if not isinstance(model, ModelSpec):
+        model = model._analytic()
     if model.num_experts % cfg.ep:
         raise SpecError(f"ep={cfg.ep} does not divide num_experts={model.num_experts}")
     if (cfg.dp * cfg.cp) % cfg.ep:

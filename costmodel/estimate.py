@@ -13,6 +13,7 @@ from typing import Any
 from costmodel.config import Job, ParallelConfig, validate
 from costmodel.errors import SpecError
 from costmodel.hardware import Cluster
+from costmodel.layercosts import LayerCosts
 from costmodel.memory import TERMS, ConfigArrays, memory_table
 from costmodel.model import ModelSpec
 from costmodel.steptime import COMM_KINDS, TIME_TERMS, time_table
@@ -335,16 +336,20 @@ def usd_per_million_tokens(cluster: Cluster, step_time_s: float, tokens_per_step
     return price * cluster.num_gpus * step_time_s / tokens_per_step * 1e6
 
 
-def estimate(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfig) -> Estimate:
-    """Memory per GPU and step time of training ``model`` on ``cluster`` with ``config``.
+def estimate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: ParallelConfig
+             ) -> Estimate:
+    """Memory per GPU and step time of training ``model`` (a preset, or a traced graph's
+    ``LayerCosts``) on ``cluster`` with ``config``.
 
     Raises SpecError naming the problem when the configuration cannot run (degrees that do not
     multiply to the GPUs, heads not divisible by tp, ...).
     """
-    for name, value, kind in (("model", model, ModelSpec), ("cluster", cluster, Cluster),
-                              ("job", job, Job), ("config", config, ParallelConfig)):
-        if not isinstance(value, kind):
-            raise SpecError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+    for name, value, kinds in (("model", model, (ModelSpec, LayerCosts)),
+                               ("cluster", cluster, (Cluster,)), ("job", job, (Job,)),
+                               ("config", config, (ParallelConfig,))):
+        if not isinstance(value, kinds):
+            raise SpecError(f"{name} must be a {' or '.join(k.__name__ for k in kinds)}, got "
+                            f"{type(value).__name__}")
     validate(model, cluster, job, config)
     # The headline numbers come from the search's own path (representative stage columns,
     # ``costmodel.tables``) on a table of one; the per-stage listing from every stage.

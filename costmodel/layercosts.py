@@ -44,7 +44,7 @@ from costmodel.compute import LayerCompute
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.frameworks import framework
-from costmodel.kernels import Kernels, kernel_compute
+from costmodel.kernels import Gemm, Kernels, kernel_compute
 from costmodel.model import ModelSpec
 from costmodel.units import compute_bytes
 
@@ -183,15 +183,42 @@ class LayerCosts:
                          f"{c.collective_bytes / 2**20:>9.2f}")
         return "\n".join(lines)
 
+    def num_params(self) -> int:
+        """Parameters of the whole model."""
+        return self.spec.num_params() if self.spec is not None else round(self.params(1))
+
     def to_dict(self) -> dict[str, Any]:
-        """Everything as plain JSON values (TP degrees as string keys)."""
+        """Everything as plain JSON values (TP degrees as string keys); ``from_dict``
+        reads it back."""
         return {"name": self.name, "source": self.source,
                 "micro_batch_size": self.micro_batch_size, "seq_len": self.seq_len,
                 "sequence_parallel": self.sequence_parallel,
+                "element_bytes": self.element_bytes,
+                "spec": self.spec.to_dict() if self.spec is not None else None,
+                "layouts": {str(t): [list(x) for x in ops] for t, ops in self.layouts.items()},
                 "blocks": [{"name": b.name, "kind": b.kind, "repeat": b.repeat,
                             "output_bytes": b.output_bytes,
                             "by_tp": {str(t): shard_dict(c) for t, c in b.by_tp.items()}}
                            for b in self.blocks]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LayerCosts:
+        """The inverse of ``to_dict``; ``SpecError`` names a missing or mangled field."""
+        try:
+            blocks = tuple(BlockCosts(str(b["name"]), str(b["kind"]), int(b["repeat"]),
+                                      float(b["output_bytes"]),
+                                      {int(t): _shard_from(c) for t, c in b["by_tp"].items()})
+                           for b in d["blocks"])
+            layouts = {int(t): tuple((int(v), str(m), str(op), str(st), str(lay))
+                                     for v, m, op, st, lay in ops)
+                       for t, ops in (d.get("layouts") or {}).items()}
+            spec = ModelSpec(**d["spec"]) if d.get("spec") else None
+            return cls(str(d["name"]), str(d["source"]), int(d["micro_batch_size"]),
+                       int(d["seq_len"]), bool(d["sequence_parallel"]), blocks, layouts,
+                       spec=spec, element_bytes=float(d.get("element_bytes", 2.0)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise SpecError(f"layer costs are missing or mangle a field ({type(e).__name__}: "
+                            f"{e}); re-create them with LayerCosts.from_graph") from e
 
     # ---- what the memory and step-time tables read, per row of configurations ------------
     # A preset's rows are evaluated by its formulas (``spec``), exactly as the tables did
@@ -568,4 +595,32 @@ def shard_dict(c: ShardCosts) -> dict[str, Any]:
     """``c`` as plain JSON values."""
     return {"params": c.params, "forward_flops": c.forward_flops,
             "backward_flops": c.backward_flops, "activation_bytes": dict(c.activation_bytes),
-            "input_bytes": c.input_bytes, "collectives": dict(c.collectives)}
+            "input_bytes": c.input_bytes, "collectives": dict(c.collectives),
+            "collective_calls": dict(c.collective_calls),
+            "widest_elements": c.widest_elements, "shared_params": c.shared_params,
+            "kernels": dataclasses.asdict(c.kernels) if c.kernels is not None else None,
+            "recomputed": dataclasses.asdict(c.recomputed) if c.recomputed is not None
+            else None}
+
+
+def _kernels_from(d: Mapping[str, Any] | None) -> Kernels | None:
+    if d is None:
+        return None
+    rest = {k: v for k, v in d.items() if k != "gemms"}
+    return Kernels(gemms=tuple(Gemm(**g) for g in d["gemms"]), **rest)
+
+
+def _shard_from(d: Mapping[str, Any]) -> ShardCosts:
+    """The inverse of ``shard_dict``."""
+    return ShardCosts(params=float(d["params"]), forward_flops=float(d["forward_flops"]),
+                      backward_flops=float(d["backward_flops"]),
+                      activation_bytes={str(k): float(v)
+                                        for k, v in d["activation_bytes"].items()},
+                      input_bytes=float(d["input_bytes"]),
+                      collectives={str(k): float(v) for k, v in d["collectives"].items()},
+                      collective_calls={str(k): float(v)
+                                        for k, v in (d.get("collective_calls") or {}).items()},
+                      widest_elements=float(d.get("widest_elements", 0.0)),
+                      shared_params=float(d.get("shared_params", 0.0)),
+                      kernels=_kernels_from(d.get("kernels")),
+                      recomputed=_kernels_from(d.get("recomputed")))

@@ -16,6 +16,7 @@ import numpy as np
 
 from costmodel.config import Job
 from costmodel.hardware import Cluster
+from costmodel.layercosts import LayerCosts
 from costmodel.memory import ConfigArrays, MemoryTable, memory_table
 from costmodel.model import ModelSpec
 from costmodel.steptime import TIME_TERMS, model_flops_per_token, time_table
@@ -76,7 +77,7 @@ def _chunks(width: np.ndarray, chunk_rows: int) -> list[tuple[int, np.ndarray]]:
     return out
 
 
-def evaluate(model: ModelSpec, cluster: Cluster, job: Job, a: ConfigArrays,
+def evaluate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: ConfigArrays,
              chunk_rows: int = CHUNK_ROWS, threads: int | None = None,
              capacity: float | None = None, host_capacity: float = np.inf,
              exact_below: float = np.inf) -> CostTable:

@@ -17,6 +17,7 @@ from costmodel.config import SCHEDULES, Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
 from costmodel.estimate import Estimate, _html_table, estimate
 from costmodel.hardware import Cluster
+from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from planner.plan import GIB, describe, plan
 from planner.space import Constraints
@@ -147,7 +148,7 @@ class Comparison:
     """Candidates side by side; ``rows()`` gives the table, the first that runs is the
     reference for the speed-up column."""
 
-    model: ModelSpec
+    model: ModelSpec | LayerCosts
     candidates: tuple[Candidate, ...]
 
     def ranked(self, by: str = "throughput") -> Comparison:

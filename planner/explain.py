@@ -262,7 +262,7 @@ def notes(plan: Plan) -> tuple[str, ...]:
     matmuls on unaligned kernels (``costmodel.compute.gemm_time``); padded to a multiple of
     64 per tensor-parallel rank it would not."""
     m = plan.model
-    if m.patch_size:
+    if not isinstance(m, ModelSpec) or m.patch_size:
         return ()
     job, cfg, est = plan.training()
     if est.step_time_s is None:

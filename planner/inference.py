@@ -460,7 +460,7 @@ def explain_inference(plan: Plan, *, fields: Sequence[str] | None = None
     for f in names:
         if f not in CHOICES:
             raise SpecError(f"cannot explain field {f!r}; choose from {', '.join(CHOICES)}")
-    base = search_inference(plan.model, plan.cluster, job, cons)
+    base = search_inference(plan.preset("serving"), plan.cluster, job, cons)
     values: dict[str, set[Any]] = {f: set() for f in CHOICES}
     for c in base.configs:
         for f in CHOICES:
@@ -496,7 +496,7 @@ def _option(plan: Plan, f: str, v: Any, cons: Constraints, option: type
     fixed = cons.merge(Constraints(fixed={f: v}))
     if f == "weight_precision":
         job = replace(job, weight_precision=(v,))
-    res = search_inference(plan.model, plan.cluster, job, fixed)
+    res = search_inference(plan.preset("serving"), plan.cluster, job, fixed)
     t = res.table
     sign = 1.0 if job.objective == "latency" else -1.0
     if t is None:  # nothing valid was evaluated (so nothing is ranked either)

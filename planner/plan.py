@@ -28,6 +28,7 @@ from costmodel.inference import (
     InferenceJob,
     estimate_inference,
 )
+from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from costmodel.units import GIB
 from hardware_profiles.files import read_text, write_text
@@ -49,7 +50,12 @@ from planner.space import FIELDS, RULES, Constraints, row_config
 __all__ = ["SCHEMA_VERSION", "TERM_LABELS", "Alternative", "Plan", "PlanInvalid", "describe",
            "load_plan", "plan", "slower_reason"]
 
-SCHEMA_VERSION = 1
+#: 2: a plan of a traced torch module carries its ``layer_costs`` (``LayerCosts``) where a
+#: preset's carries its ``model``; version 1 files (presets only) read the same way.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """The chosen configuration, its estimate, what lost and why.
@@ -59,10 +65,11 @@ class Plan:
     ``slower``, fastest first), then for each mesh (dp, tp, pp, cp, ep) the best configuration
     that lost and why, then the validity rules that removed values; ``counts`` the
     configurations in the space, evaluated, fitting, not fitting, and skipped by the bound;
-    ``search_seconds`` the wall time of the search.
+    ``search_seconds`` the wall time of the search. ``model``: a preset, or the
+    ``LayerCosts`` of a traced torch module (with each op's layout per TP degree).
     """
 
-    model: ModelSpec
+    model: ModelSpec | LayerCosts
     cluster: Cluster
     job: Job | InferenceJob
     config: ParallelConfig | InferenceConfig
@@ -71,6 +78,16 @@ class Plan:
     counts: dict[str, int] = field(default_factory=dict)
     constraints: Constraints = field(default_factory=Constraints)
     search_seconds: float = 0.0
+
+    def preset(self, what: str) -> ModelSpec:
+        """The plan's ``ModelSpec``; ``SpecError`` saying that ``what`` needs one when the
+        plan is a traced torch module's (its ``LayerCosts``)."""
+        spec = self.model if isinstance(self.model, ModelSpec) else self.model.spec
+        if spec is None:
+            raise SpecError(f"{what} takes the plan of a preset, config.json or ModelSpec; "
+                            f"this plan is of a traced torch module ({self.model.name}), which "
+                            f"{what} does not take yet")
+        return spec
 
     @property
     def is_inference(self) -> bool:
@@ -113,7 +130,8 @@ class Plan:
             "estimate": self.estimate.to_dict(),
             "framework": "inference" if isinstance(self.job, InferenceJob)
             else self.job.framework,
-            "model": self.model.to_dict(),
+            "model": self.model.to_dict() if isinstance(self.model, ModelSpec) else None,
+            "layer_costs": self.model.to_dict() if isinstance(self.model, LayerCosts) else None,
             "cluster": self.cluster.to_dict(),
             "job": self.job.to_dict() if isinstance(self.job, InferenceJob)
             else dataclasses.asdict(self.job),
@@ -156,17 +174,19 @@ class Plan:
             raise SpecError(f"{where} holds a JSON {type(d).__name__}, not a plan (a JSON "
                             "object written by 'planner plan -o')")
         version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise SpecError(f"{where}: schema_version {version!r} is not {SCHEMA_VERSION}; "
                             "re-create the plan with this version of the planner")
-        for key, kind in (("model", dict), ("cluster", dict), ("job", dict), ("config", dict),
+        for key, kind in (("model", dict), ("layer_costs", dict), ("cluster", dict),
+                          ("job", dict), ("config", dict),
                           ("alternatives", list), ("constraints", dict), ("counts", dict)):
             if key in d and d[key] is not None and not isinstance(d[key], kind):
                 raise SpecError(f"{where}: field {key!r} should be a JSON "
                                 f"{'object' if kind is dict else 'list'}, got {d[key]!r:.40}")
         serving = isinstance(d.get("job"), dict) and d["job"].get("kind") == "inference"
         try:
-            model = ModelSpec(**d["model"])
+            model: ModelSpec | LayerCosts = (LayerCosts.from_dict(d["layer_costs"])
+                                             if d.get("layer_costs") else ModelSpec(**d["model"]))
             cluster = Cluster.from_dict(d["cluster"])
             job: Job | InferenceJob = (InferenceJob.from_dict(d["job"]) if serving
                                        else Job(**d["job"]))
@@ -182,6 +202,8 @@ class Plan:
         try:
             est: Estimate | InferenceEstimate
             if isinstance(job, InferenceJob) and isinstance(cfg, InferenceConfig):
+                if not isinstance(model, ModelSpec):
+                    raise SpecError(f"{where}: a serving plan needs a model, not layer costs")
                 est = estimate_inference(model, cluster, job, cfg)
             else:
                 assert isinstance(job, Job) and isinstance(cfg, ParallelConfig)  # not serving
@@ -316,7 +338,7 @@ def _busy(est: Estimate) -> float:
     return (bd.get("compute", 0.0) + bd.get("recompute", 0.0)) / step if step > 0 else 1.0
 
 
-def idle_warning(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig,
+def idle_warning(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: ParallelConfig,
                  est: Estimate) -> str | None:
     """A warning when the GPUs compute for less than ``IDLE_SHARE`` of the step (waiting on
     the pipeline's bubble or on communication: the batch is small for this many GPUs),
@@ -467,14 +489,15 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     configuration's columns ascending.
     Raises ``Infeasible`` when nothing fits, naming the memory or GPUs that would.
     """
-    if not isinstance(model, ModelSpec):
+    if not isinstance(model, ModelSpec | LayerCosts):
         spec = getattr(model, "spec", None)
         if isinstance(spec, ModelSpec) and hasattr(model, "named_parameters"):
             model = spec
         else:
             return _plan_graph(model, cluster, job, example_inputs, progress)
     for name, value, kind, what in (
-            ("model", model, ModelSpec, "ModelSpec"), ("cluster", cluster, Cluster, "Cluster"),
+            ("model", model, (ModelSpec, LayerCosts), "ModelSpec or LayerCosts"),
+            ("cluster", cluster, Cluster, "Cluster"),
             ("job", job, (Job, InferenceJob), "Job or an InferenceJob")):
         if not isinstance(value, kind):
             raise SpecError(f"{name} must be a {what}, got {type(value).__name__}")

@@ -32,6 +32,7 @@ import numpy as np
 from costmodel.config import Job
 from costmodel.estimate import plan_capacity
 from costmodel.hardware import Cluster
+from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from costmodel.steptime import TIME_TERMS
 from costmodel.tables import CostTable, evaluate
@@ -220,8 +221,8 @@ class _State:
             self.least = (lkey, found(low))
 
 
-def _timed(model: ModelSpec, cluster: Cluster, job: Job, rows: np.ndarray, state: _State,
-           fw: str, rank: int) -> None:
+def _timed(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, rows: np.ndarray,
+           state: _State, fw: str, rank: int) -> None:
     """Evaluate ``rows`` into ``state``: memory and lower bounds on the step time first; then
     the pipeline schedules played out in order of the bound while the bound does not exceed
     the k-th best (each played-out row can only lower it)."""
@@ -241,7 +242,7 @@ def _timed(model: ModelSpec, cluster: Cluster, job: Job, rows: np.ndarray, state
         batch = min(2 * batch, MAX_BATCH)
 
 
-def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank: int,
+def _search_one(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, space: Space, rank: int,
                 state: _State, tick: Callable[[float], None]) -> None:
     fw = space.framework
     n = len(space.cores)
@@ -300,7 +301,7 @@ def _search_one(model: ModelSpec, cluster: Cluster, job: Job, space: Space, rank
     state.floors(fw, base[rest], f0[rest])
 
 
-def search(model: ModelSpec, cluster: Cluster, job: Job,
+def search(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
            constraints: Constraints | None = None, top_k: int = 5,
            capacity: float | None = None,
            progress: Callable[[float], None] | None = None) -> SearchResult:

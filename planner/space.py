@@ -19,7 +19,7 @@ pick the trainers, or start from a preset (``PRESETS``), which is nothing but a 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from costmodel.config import FRAMEWORK_NAMES, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.frameworks import Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
+from costmodel.layercosts import LayerCosts
 from costmodel.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
 from costmodel.model import ModelSpec
 
@@ -51,6 +52,10 @@ RULES: dict[str, str] = {
     "tp_node": "tensor parallel stays inside a node: tp divides the GPUs per node",
     "tp_heads": "tp divides the attention heads and the KV heads",
     "tp_ffn": "tp divides the MLP (and expert MLP) hidden size",
+    "tp_traced": "a traced graph is costed at the TP degrees its blocks were sharded at",
+    "cp_traced": "context parallel is not costed for a traced graph yet",
+    "sp_traced": "a traced graph is costed with the sequence parallelism its blocks were "
+                 "sharded with (LayerCosts.sequence_parallel)",
     "pp_layers": "a pipeline stage holds at least one layer: pp <= layers",
     "cp_seq": "context parallel splits the sequence: cp divides seq_len",
     "mesh_nodes": "the tp x cp block tiles the nodes: it divides, or is a multiple of, the "
@@ -308,7 +313,7 @@ def positions(sizes: np.ndarray) -> np.ndarray:
     return np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
 
-def arrays(model: ModelSpec, table: np.ndarray) -> ConfigArrays:
+def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
     """The cost model's columns of rows of ``COLUMNS``, uniform stage split."""
     c = {name: table[:, i] for i, name in enumerate(COLUMNS)}
     index, count, layers, start = ConfigArrays.uniform_stages(model.num_layers, c["pp"])
@@ -432,20 +437,33 @@ def _recomputes(f: _Filter, chunk: int) -> np.ndarray:
     return np.array(out, dtype=np.int64).reshape(-1, 2)
 
 
-def build_space(model: ModelSpec, cluster: Cluster, job: Job,
+def _tp_rules(model: ModelSpec | LayerCosts) -> list[tuple[str, Callable[[int], bool]]]:
+    """What a TP degree must divide in a preset (the heads, the MLP); for a traced graph,
+    the degrees its blocks were sharded at."""
+    if isinstance(model, LayerCosts) and model.spec is None:
+        return [("tp_traced", lambda t: t in model.tp_degrees)]
+    spec = model.spec if isinstance(model, LayerCosts) else model
+    assert spec is not None
+    ffn = [spec.ffn_hidden_size or 0] + ([spec.moe_ffn_hidden_size or 0] if spec.is_moe
+                                         else [])
+    return [("tp_heads", lambda t: spec.num_heads % t == 0
+             and int(spec.num_kv_heads or spec.num_heads) % t == 0),
+            ("tp_ffn", lambda t: all(x % t == 0 for x in ffn))]
+
+
+def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                 constraints: Constraints | None = None) -> Space:
-    """Every valid configuration of ``job.framework`` on ``cluster`` under ``constraints``."""
+    """Every valid configuration of ``job.framework`` on ``cluster`` under ``constraints``
+    (``model``: a preset, or a traced graph's ``LayerCosts``: its TP degrees and sequence
+    parallelism, without context or expert parallelism)."""
     cons = constraints or Constraints()
     fw = framework(job.framework)
     rej = Rejections()
     f = _Filter(cons, rej)
     world, gpn, L = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
-    ffn = [model.ffn_hidden_size or 0] + ([model.moe_ffn_hidden_size or 0] if model.is_moe
-                                          else [])
-    tps = f.keep("tp", divisors(world), [
-        ("tp_node", lambda t: gpn % t == 0),
-        ("tp_heads", lambda t: model.num_heads % t == 0 and model.num_kv_heads % t == 0),
-        ("tp_ffn", lambda t: all(x % t == 0 for x in ffn))])
+    traced = isinstance(model, LayerCosts) and model.spec is None
+    tps = f.keep("tp", divisors(world), [("tp_node", lambda t: gpn % t == 0),
+                                         *_tp_rules(model)])
     cores: list[tuple[int, ...]] = []
     shard_of: list[int] = []
     rec_of: list[int] = []
@@ -460,6 +478,7 @@ def build_space(model: ModelSpec, cluster: Cluster, job: Job,
             scheds = _schedules(fw, f, L, pp)
             cps = f.keep("cp", divisors(world // (tp * pp)), [
                 ("cp_seq", lambda c: job.seq_len % c == 0),
+                ("cp_traced", lambda c: c == 1 or not traced),
                 ("mesh_nodes", lambda c, tp=tp: gpn % (tp * c) == 0 or (tp * c) % gpn == 0)],
                 show=lambda c, tp=tp, pp=pp: f"tp={tp} pp={pp} cp={c}")
             for cp in cps:
@@ -472,10 +491,13 @@ def build_space(model: ModelSpec, cluster: Cluster, job: Job,
                 sps = f.keep("sequence_parallel", [False, True] if tp > 1 else [False],
                              [("sp_seq", lambda s, cp=cp, tp=tp: not s
                                or (job.seq_len // cp) % tp == 0),
+                              ("sp_traced", lambda s: not traced
+                               or s == getattr(model, "sequence_parallel", False)),
                               ("sp_framework", lambda s: not s or fw.sequence_parallel)])
                 mbss = f.keep("micro_batch_size", divisors(job.global_batch_size // dp))
                 eps = f.keep("ep", divisors(dp * cp) if model.is_moe else [1], [
-                    ("ep_experts", lambda e: model.num_experts % e == 0)],
+                    ("ep_experts", lambda e: e == 1 or model.moe_routing()[1] % e == 0
+                     if isinstance(model, LayerCosts) else model.num_experts % e == 0)],
                     show=lambda e, tp=tp, pp=pp, cp=cp: f"tp={tp} pp={pp} cp={cp} ep={e}")
                 for ep in eps:
                     key = (dp, pp, cp, ep)
@@ -510,7 +532,7 @@ def build_space(model: ModelSpec, cluster: Cluster, job: Job,
                  rejected={k: (int(n), str(ex)) for k, (n, ex) in rej.counts.items()})
 
 
-def spaces(model: ModelSpec, cluster: Cluster, job: Job,
+def spaces(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
            constraints: Constraints | None = None) -> list[tuple[Job, Space]]:
     """One (job, space) per trainer the constraints name (default: the job's own)."""
     cons = constraints or Constraints()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from costmodel.config import Job, ParallelConfig, validate
 from costmodel.hardware import Cluster
+from costmodel.layercosts import LayerCosts
 from costmodel.memory import ConfigArrays, memory_table
 from costmodel.model import ModelSpec
 from costmodel.pipeline import Op, Timeline, simulate
@@ -20,7 +21,8 @@ from costmodel.steptime import time_table
 __all__ = ["Op", "Timeline", "simulate", "timeline"]
 
 
-def timeline(model: ModelSpec, cluster: Cluster, job: Job, config: ParallelConfig) -> Timeline:
+def timeline(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: ParallelConfig
+             ) -> Timeline:
     """The schedule of ``config``'s pipeline as the cost model times it: each rank's time per
     micro-batch (``time_table``'s stage times, communication included) split into forward and
     backward by their compute share."""

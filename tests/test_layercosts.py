@@ -272,3 +272,33 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
     assert int(tg.step_time.argmin()) == int(tw.step_time.argmin())
     ratio = tg.step_time / tw.step_time  # the eager kernels' share, about alike everywhere
     assert ratio.max() / ratio.min() < 1.5
+
+
+def test_a_traced_module_is_planned_by_the_one_search() -> None:
+    """``planner.plan`` of a traced module's LayerCosts: the search, the estimate, the why-not
+    table, the stage DP and the JSON round trip a preset gets; the reference transformer's
+    plan is the preset's configuration (its step time differs by the eager kernels)."""
+    import planner
+
+    traced, _, spec = _pair("llama-3.2-1b", False)
+    cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8)
+    job = Job(global_batch_size=64, seq_len=SEQ, framework="deepspeed")
+    got, want = planner.plan(traced, cluster, job), planner.plan(spec, cluster, job)
+    assert got.config == want.config
+    assert got.estimate.step_time_s == pytest.approx(want.estimate.step_time_s, rel=0.6)
+    assert "why not" in got.summary() and got.counts["space"] > 100
+    back = planner.Plan.from_json(got.to_json())
+    assert back.config == got.config and back.model == got.model
+    assert back.estimate.step_time_s == pytest.approx(got.estimate.step_time_s, rel=1e-12)
+    assert planner.explain(got).choices  # every other value of each choice, costed
+    with pytest.raises(SpecError, match="planner emit takes the plan of a preset"):
+        got.emit("torchtitan")
+    # What a traced graph is not costed with is refused by name, not guessed.
+    low = dataclasses.replace(traced, blocks=tuple(
+        dataclasses.replace(b, by_tp={t: c for t, c in b.by_tp.items() if t <= 2})
+        for b in traced.blocks))
+    with pytest.raises(SpecError, match="tp=8 is not among the degrees"):
+        planner.estimate(low, cluster, job, planner.ParallelConfig(dp=2, tp=8))
+    assert planner.plan(low, cluster, job).config.tp <= 2
+    with pytest.raises(SpecError, match="context parallelism is not costed"):
+        planner.estimate(traced, cluster, job, planner.ParallelConfig(dp=8, cp=2))

@@ -150,7 +150,13 @@ def test_plan_is_deterministic_and_round_trips(tmp_path) -> None:
     assert back.config == a.config
     assert back.estimate.to_dict() == a.estimate.to_dict()
     assert back.alternatives == a.alternatives
-    assert json.loads(path.read_text())["schema_version"] == 1
+    written = json.loads(path.read_text())
+    assert written["schema_version"] == 2 and written["layer_costs"] is None
+    # A version-1 file (a preset's plan, before module plans carried their layer costs)
+    # reads the same.
+    old = {k: v for k, v in written.items() if k != "layer_costs"}
+    old["schema_version"] = 1
+    assert Plan.from_json(json.dumps(old)).config == a.config
 
 
 def test_plan_json_errors() -> None:

@@ -107,7 +107,7 @@ def test_bf16_on_a_v100(llama: ModelSpec) -> None:
 
 
 def test_estimate_rejects_wrong_types(llama: ModelSpec, node: Cluster) -> None:
-    with pytest.raises(SpecError, match=r"model must be a ModelSpec, got dict"):
+    with pytest.raises(SpecError, match=r"model must be a ModelSpec or LayerCosts, got dict"):
         estimate(llama.to_dict(), node, job(), ParallelConfig(dp=8))  # type: ignore[arg-type]
     with pytest.raises(SpecError, match=r"config must be a ParallelConfig, got dict"):
         estimate(llama, node, job(), {"dp": 8})  # type: ignore[arg-type]

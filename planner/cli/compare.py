@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from costmodel import Job, ModelSpec, ParallelConfig, SpecError
 from costmodel.estimate import Estimate
+from costmodel.layercosts import LayerCosts
 from planner.cli.common import (
     EXIT_INFEASIBLE,
     EXIT_USAGE,
@@ -72,7 +73,7 @@ def add_parser(sub: Subparsers) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     """``planner compare``: configurations and clusters side by side."""
     candidates: list[Candidate] = []
-    model: ModelSpec | None = None
+    model: ModelSpec | LayerCosts | None = None
     if args.model or not args.plan:
         model = load_model(model_arg(args))
         job = training_job(args, model)
@@ -103,7 +104,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _saved_candidate(path: str, args: argparse.Namespace) -> tuple[Candidate, ModelSpec]:
+def _saved_candidate(path: str, args: argparse.Namespace
+                     ) -> tuple[Candidate, ModelSpec | LayerCosts]:
     """A saved training plan as a candidate, and its model."""
     p = load_saved_plan(path, args)
     job, config, est = p.job, p.config, p.estimate

@@ -110,7 +110,7 @@ def emit(plan: Plan, target: str, *, command: str | None = None,
                        estimate=plan.estimate)
     assert isinstance(plan.config, ParallelConfig) and isinstance(plan.estimate, Estimate)
     tgt = _target(target)
-    lowered: Lowered = tgt.lower(plan.model, plan.job, plan.config)
+    lowered: Lowered = tgt.lower(plan.preset("planner emit"), plan.job, plan.config)
     notes = list(lowered.warnings)
     job, cfg = lowered.job, lowered.config
     if job.framework != plan.job.framework:

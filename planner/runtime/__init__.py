@@ -100,7 +100,7 @@ def check(plan: Plan, reference: bool = True, force: bool = False) -> None:
         raise SpecError("this is a serving plan (an InferenceJob); planner.apply trains. Serve "
                         "it with 'planner emit PLAN --target vllm' (or tensorrt-llm)")
     job, cfg, est = plan.training()
-    problems = unsupported(plan.model, job, cfg, reference)
+    problems = unsupported(plan.preset("planner.apply"), job, cfg, reference)
     if problems:
         raise SpecError("planner.apply cannot run this plan: " + "; ".join(problems))
     if not (force or os.environ.get(FORCE_ENV) == "1") and not est.fits:

@@ -74,13 +74,14 @@ def train(plan: Plan, *, steps: int = 5, lr: float = LR, seed: int = 0,
     with a line per step."""
     if meta is None:
         meta = torch.cuda.is_available()
-    module = build_model(plan.model, device="meta" if meta else "cpu", seed=seed)
+    spec = plan.preset("planner run")
+    module = build_model(spec, device="meta" if meta else "cpu", seed=seed)
     run = apply(plan, module)
     job = plan.training()[0]  # apply refused a serving plan
     opt = run.optimizer(lr=lr)
     out = TrainResult(stage_ids=list(run.stage_ids))
     for step in range(steps):
-        x, y = synthetic_batch(job, plan.model.vocab_size, step, seed)
+        x, y = synthetic_batch(job, spec.vocab_size, step, seed)
         t0 = time.perf_counter()
         loss = run.step(run.local_batch(x), run.local_batch(y))
         opt.step()
