@@ -71,10 +71,12 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     for name, kind, members in graph_blocks(graph):
         by_tp = {t: _shard(members, tallies[t], kind == "layer") for t in degrees}
         blocks.append(BlockCosts(name, kind, members[0].repeat, members[-1].output_bytes, by_tp))
+    # One micro-batch is the traced batch of the job's sequences (tokens, or samples when
+    # the job's seq_len is 1).
     shape = graph.inputs[0] if graph.inputs else ()
-    return LayerCosts(graph.name, "graph", shape[0] if shape else 1,
-                      shape[1] if len(shape) > 1 else 1, sequence_parallel, tuple(blocks),
-                      layouts, element_bytes=compute_bytes(job.precision))
+    return LayerCosts(graph.name, "graph", shape[0] if shape else 1, job.seq_len,
+                      sequence_parallel, tuple(blocks), layouts,
+                      element_bytes=compute_bytes(job.precision))
 
 
 def graph_blocks(graph: LayerGraph) -> list[tuple[str, str, list[Layer]]]:

@@ -45,6 +45,7 @@ import numpy as np
 from costmodel.config import Job, ParallelConfig, validate
 from costmodel.errors import SpecError
 from costmodel.hardware import Cluster
+from costmodel.layercosts import LayerCosts
 from costmodel.memory import ConfigArrays, memory_table
 from costmodel.model import ModelSpec
 from costmodel.steptime import time_table
@@ -91,7 +92,7 @@ class Partition:
                        stage_recompute_layers=self.stage_recompute)
 
 
-def stage_costs(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig
+def stage_costs(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: ParallelConfig
                 ) -> StageCosts:
     """Cost of every (stage, first layer, layers, recomputed layers) candidate of ``cfg``."""
     if cfg.virtual_pipeline_stages > 1:

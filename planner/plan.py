@@ -439,7 +439,7 @@ def _constraints(value: Constraints | str | Mapping[str, Any] | None) -> Constra
                     f"{type(value).__name__}")
 
 
-def _infeasible(model: ModelSpec, cluster: Cluster, job: Job, cons: Constraints,
+def _infeasible(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cons: Constraints,
                 res: SearchResult) -> Infeasible:
     """What is missing when nothing fits (or nothing is valid)."""
     cap = plan_capacity(cluster, job)
@@ -490,11 +490,8 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     Raises ``Infeasible`` when nothing fits, naming the memory or GPUs that would.
     """
     if not isinstance(model, ModelSpec | LayerCosts):
-        spec = getattr(model, "spec", None)
-        if isinstance(spec, ModelSpec) and hasattr(model, "named_parameters"):
-            model = spec
-        else:
-            return _plan_graph(model, cluster, job, example_inputs, progress)
+        return _plan_module(model, cluster, job, example_inputs, progress, constraints,
+                            top_k, partition)
     for name, value, kind, what in (
             ("model", model, (ModelSpec, LayerCosts), "ModelSpec or LayerCosts"),
             ("cluster", cluster, Cluster, "Cluster"),
@@ -506,6 +503,9 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     if isinstance(job, InferenceJob):
         from planner.inference import constraints_from, plan_inference
 
+        if not isinstance(model, ModelSpec):
+            raise SpecError("serving (an InferenceJob) plans a preset, config.json or "
+                            "ModelSpec; a traced module is planned for training")
         return plan_inference(model, cluster, job, constraints=constraints_from(constraints),
                               top_k=top_k)
     cons = _constraints(constraints)
@@ -533,6 +533,84 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     return Plan(model=model, cluster=cluster, job=chosen_job, config=cfg, estimate=est,
                 alternatives=alternatives, counts=dict(res.counts), constraints=cons,
                 search_seconds=time.perf_counter() - t0)
+
+
+def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
+                 progress: Callable[[float], None] | None, constraints: Any, top_k: int,
+                 partition: bool) -> Any:
+    """A torch module (or its ``LayerGraph``): traced on one micro-batch, each distinct block
+    sharded per TP degree (``LayerCosts.from_graph``, with and without sequence
+    parallelism), then the one search (``plan`` of its ``LayerCosts``), the faster of the
+    two kept. A graph whose blocks the tables do not take (more than one kind of repeated
+    layer) is planned op by op on 2-D meshes (``planner.graphplan``, a ``GraphPlan``)."""
+    from costmodel.graph import LayerGraph
+
+    graph = _traced(model, cluster, job, example_inputs)
+    if graph is None:
+        return _plan_graph(model, cluster, job, example_inputs, progress)
+    best: Plan | None = None
+    failures: list[Infeasible] = []
+    for sp in (False, True):
+        costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel=sp)
+        if sp and max(costs.tp_degrees) == 1:
+            continue  # no TP degree to run sequence parallel with
+        try:
+            costs._sides()
+        except SpecError as e:
+            if _constraints(constraints) != Constraints():
+                raise SpecError(f"{e}: it is sharded op by op by the graph planner, which "
+                                "takes no constraints") from None
+            return _plan_graph(graph if isinstance(model, LayerGraph) else model, cluster, job,
+                               example_inputs, progress)
+        try:
+            found = plan(costs, cluster, job, constraints=constraints, top_k=top_k,
+                         partition=partition)
+        except Infeasible as e:
+            failures.append(e)
+            continue
+        if best is None or (found.training()[2].step_time_s or 0.0) \
+                < (best.training()[2].step_time_s or 0.0):
+            best = found
+        if progress is not None:
+            progress(0.5 * (1 + sp))
+    if best is None:
+        raise failures[0]
+    return best
+
+
+def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
+    """The ``LayerGraph`` ``plan`` reads for a module: ``model`` itself if it is one, else
+    the module traced on one micro-batch of ``example_inputs`` (called with 1 when it is a
+    function of the micro-batch size) in the job's precision; ``None`` when the graph path
+    must plan it (a function of the micro-batch size is searched there as well)."""
+    from costmodel.graph import LayerGraph
+
+    if not isinstance(cluster, Cluster):
+        raise SpecError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+    if not isinstance(job, Job):
+        raise SpecError(f"job must be a training Job for a torch module, got "
+                        f"{type(job).__name__}")
+    if isinstance(model, LayerGraph):
+        graph = model
+    else:
+        if not hasattr(model, "named_parameters"):
+            raise SpecError(f"model must be a ModelSpec, a LayerCosts, a LayerGraph or a "
+                            f"torch nn.Module, got {type(model).__name__}")
+        if example_inputs is None:
+            raise SpecError("planning a torch module needs example_inputs=: one micro-batch "
+                            "of what its forward takes, or a function of the micro-batch "
+                            "size returning one")
+        import torch
+
+        dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(job.precision,
+                                                                   torch.bfloat16)
+        inputs = example_inputs(1) if callable(example_inputs) else example_inputs
+        graph = LayerGraph.from_module(model, inputs, dtype=dtype)
+    shape = graph.inputs[0] if graph.inputs else ()
+    if len(shape) == 2 and job.seq_len > 1 and shape[1] != job.seq_len:
+        raise SpecError(f"the example inputs hold sequences of {shape[1]} tokens but the job "
+                        f"trains {job.seq_len}; trace the job's sequence length")
+    return graph
 
 
 def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
@@ -586,7 +664,7 @@ def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     return best
 
 
-def _refine(model: ModelSpec, cluster: Cluster, res: SearchResult, cfg: ParallelConfig,
+def _refine(model: ModelSpec | LayerCosts, cluster: Cluster, res: SearchResult, cfg: ParallelConfig,
             est: Estimate, job: Job, alternatives: tuple[Alternative, ...]
             ) -> tuple[ParallelConfig, Estimate, Job, tuple[Alternative, ...]]:
     """Give the pipelined configurations among the top ones a non-uniform stage partition

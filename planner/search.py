@@ -336,7 +336,7 @@ def nodes_of(gpus: int, gpus_per_node: int) -> str:
             f"GPU{'s' if gpus_per_node != 1 else ''} ({gpus} GPUs)")
 
 
-def least_gpus(model: ModelSpec, cluster: Cluster, job: Job,
+def least_gpus(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                constraints: Constraints | None = None, doublings: int = 6) -> int | None:
     """The fewest GPUs, doubling the nodes up to ``doublings`` times, on which some
     configuration with micro-batch 1 fits in memory; None if none does."""

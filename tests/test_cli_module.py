@@ -3,7 +3,6 @@ planned from its traced graph by ``planner plan`` and ``planner.plan``, and ever
 turned into one line with exit status 2 (3 when nothing fits)."""
 
 import json
-import math
 import sys
 import textwrap
 from pathlib import Path
@@ -97,20 +96,22 @@ def test_load_model_or_module_builds_on_meta(models_dir: Path) -> None:
 
 
 def test_cli_plans_a_module_as_the_api_does(models_dir: Path) -> None:
+    """A module of repeated blocks: traced, its blocks costed per TP degree, then the search
+    a preset gets; the CLI prints and writes the same plan as ``planner.plan``."""
     r = cli(models_dir, "--model", "mymodels:TinyLM", *NODE, "--global-batch-size", "64",
             "--seq-len", "512", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert d["kind"] == "graph"
+    assert d["model"] is None and d["layer_costs"]["source"] == "graph"
+    blocks = d["layer_costs"]["blocks"]
+    assert [b["kind"] for b in blocks] == ["embedding", "layer", "head"]
+    assert blocks[1]["repeat"] == 4 and blocks[1]["by_tp"]["1"]["kernels"]["gemms"]
     cfg, est = d["config"], d["estimate"]
-    assert cfg["pp"] * math.prod(cfg["mesh"]) == 8
-    # embed, 4 block instances, head, the loss and the top module's own ops, each once
-    assert sum(len(s) for s in cfg["stages"]) == 8
+    assert cfg["dp"] * cfg["tp"] * cfg["pp"] * cfg["cp"] == 8
     assert 0 < est["mfu"] < 1 and est["peak_memory_bytes"] > 0
     assert est["tokens_per_s"] == pytest.approx(64 * 512 / est["step_time_s"])
-    assert d["sharding"] and all(a["step_time_s"] is None or a["step_time_s"] > 0
-                                 for a in d["alternatives"])
-    # The API, given a function of the micro-batch size, tries the same sizes.
+    assert all(a["step_time_s"] is None or a["step_time_s"] > 0 for a in d["alternatives"])
+    # The API, given a function of the micro-batch size, plans the same.
     from mymodels import TinyLM
 
     with torch.device("meta"):
@@ -118,29 +119,32 @@ def test_cli_plans_a_module_as_the_api_does(models_dir: Path) -> None:
     found = plan(net, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8),
                  Job(global_batch_size=64, seq_len=512),
                  example_inputs=lambda b: torch.zeros(b, 512, dtype=torch.long))
-    assert found.step_time_s == pytest.approx(est["step_time_s"], rel=1e-6)
-    assert found.micro_batches == cfg["micro_batches"]
+    assert found.config.to_dict() == cfg
+    assert found.estimate.step_time_s == pytest.approx(est["step_time_s"], rel=1e-9)
 
     text = cli(models_dir, "--model", "mymodels:TinyLM", *NODE, "--global-batch-size", "64",
-               "--seq-len", "512", "--micro-batch-size", "4", "--why", "3")
+               "--seq-len", "512", "--tp", "2", "--why", "3")
     assert text.returncode == 0, text.stderr
-    assert "16 micro-batches" in text.stdout and "tokens/s" in text.stdout
-    assert "more nodes (--json lists them all)" in text.stdout
+    assert "(traced: 3 blocks, blocks.0 x4" in text.stdout
+    assert " tp=2 " in text.stdout.splitlines()[1] and "why not" in text.stdout
 
 
 def test_micro_batch_search_is_the_best_fixed_size(models_dir: Path) -> None:
     """Brute force over the micro-batch sizes: the search returns the fastest of them."""
     from mymodels import TinyLM
 
+    from planner.space import Constraints
+
     with torch.device("meta"):
         net = TinyLM()
     cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
     job = Job(global_batch_size=32, seq_len=256)
-    fixed = [plan(net, cluster, job, example_inputs=torch.zeros(b, 256, dtype=torch.long))
-             for b in (1, 2, 4, 8)]
-    searched = plan(net, cluster, job,
-                    example_inputs=lambda b: torch.zeros(b, 256, dtype=torch.long))
-    assert searched.step_time_s == pytest.approx(min(f.step_time_s for f in fixed))
+    ids = torch.zeros(1, 256, dtype=torch.long)
+    fixed = [plan(net, cluster, job, example_inputs=ids,
+                  constraints=Constraints(fixed={"micro_batch_size": b})) for b in (1, 2, 4)]
+    searched = plan(net, cluster, job, example_inputs=ids)
+    assert searched.estimate.step_time_s == pytest.approx(
+        min(f.estimate.step_time_s for f in fixed))
 
 
 def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
@@ -162,12 +166,14 @@ def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
       "8x3x32x32", "--micro-batch-size", "4"], 2, "differs"),
     (["--model", "mymodels:ConvNet", "--global-batch-size", "60", "--input-shape",
       "8x3x32x32"], 2, "not a multiple"),
+    (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape",
+      "8x3x32x32", "--tp", "2"], 2, "takes no constraints"),
     (["--model", "mymodels:TinyLM", "--global-batch-size", "64", "--seq-len", "8",
-      "--tp", "2"], 2, "--tp: only for presets"),
+      "--cp", "2"], 3, "context parallel is not costed for a traced graph"),
     (["--model", "mymodels:TinyLM", "--global-batch-size", "64", "--seq-len", "8",
       "--inference"], 2, "is a torch module"),
     (["--model", "mymodels:TinyLM", "--gpus", "1", "--gpu", "a100-40gb", "--global-batch-size",
-      "8", "--seq-len", "1000000", "--micro-batch-size", "8"], 3, "no plan fits"),
+      "8", "--seq-len", "1000000", "--micro-batch-size", "8"], 3, "nothing fits"),
 ])
 def test_cli_module_misuse(models_dir: Path, args: list[str], code: int, message: str) -> None:
     r = cli(models_dir, *args, *([] if "--gpus" in args else NODE))
@@ -176,13 +182,25 @@ def test_cli_module_misuse(models_dir: Path, args: list[str], code: int, message
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_graph_plan_file_is_not_taken_for_a_runnable_plan(models_dir: Path) -> None:
-    out = models_dir / "g.json"
+def test_module_plan_files(models_dir: Path) -> None:
+    """A module's plan file re-estimates and explains like a preset's; emitting it says that
+    the emitters take a preset's plan for now. A graph plan (a module the tables do not
+    take: here a conv net) is read as JSON only."""
+    out = models_dir / "m.json"
     r = cli(models_dir, "--model", "mymodels:tiny", *NODE, "--global-batch-size", "16",
-            "--seq-len", "128", "--micro-batch-size", "2", "-o", str(out))
+            "--seq-len", "128", "-o", str(out))
     assert r.returncode == 0, r.stderr
-    assert json.loads(out.read_text())["kind"] == "graph"
-    for command in (["explain", str(out)], ["emit", str(out), "--target", "torchtitan"]):
+    assert json.loads(out.read_text())["layer_costs"]["name"] == "TinyLM"
+    e = run_planner("explain", str(out), cwd=models_dir)
+    assert e.returncode == 0 and "why each choice" in e.stdout, e.stderr
+    e = run_planner("emit", str(out), "--target", "torchtitan", cwd=models_dir)
+    assert e.returncode == 2 and "takes the plan of a preset" in e.stderr
+    graph = models_dir / "g.json"
+    r = cli(models_dir, "--model", "mymodels:ConvNet", *NODE, "--global-batch-size", "64",
+            "--input-shape", "8x3x32x32", "-o", str(graph))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(graph.read_text())["kind"] == "graph"
+    for command in (["explain", str(graph)], ["emit", str(graph), "--target", "torchtitan"]):
         e = run_planner(*command, cwd=models_dir)
         assert e.returncode == 2 and "plan of a torch module" in e.stderr
     e = run_planner("estimate", "--model", "mymodels:TinyLM", "--gpus", "8",

@@ -57,8 +57,9 @@ PRINTS = {
     "plan": r"(?m)^plan +dp=\d+ tp=\d+ pp=\d+.*\n +step [\d.]+ s",
     "plan --inference": r"(?m)^serve +tp=\d+ pp=\d+ .*\n^latency +first token [\d.]+ ms",
     "plan --json": r'"config"',
-    # A torch module of the user's, planned from its traced graph: stages and step time.
-    "plan module": r"(?m)^\w+: pp=\d+ x mesh \d+x\d+, .*step [\d.]+ ms",
+    # A torch module of the user's, traced, then planned as a preset is.
+    "plan module": (r"(?m)^model +\w+: .*\(traced: .*\n"
+                    r"^plan +dp=\d+ tp=\d+ pp=\d+.*\n +step [\d.]+ s"),
     "estimate": r"step",
     "estimate --inference": r"(?m)^latency +first token [\d.]+ ms",
     "explain": r"(?m)^(plan|serve) ",
@@ -101,10 +102,12 @@ def _kind(words: list[str]) -> str:
 
 
 def _check_written(words: list[str], cwd: Path) -> None:
-    """A file the command wrote with ``-o`` exists and holds what its kind of file holds."""
-    if "-o" not in words:
+    """A file the command wrote with ``-o`` (or ``--dot``) exists and holds what its kind of
+    file holds."""
+    flag = "-o" if "-o" in words else "--dot" if "--dot" in words else None
+    if flag is None:
         return
-    path = cwd / words[words.index("-o") + 1]
+    path = cwd / words[words.index(flag) + 1]
     assert path.is_file() and path.stat().st_size > 0, words
     if path.suffix == ".png":
         return

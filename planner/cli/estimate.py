@@ -12,6 +12,7 @@ from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estima
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
 from costmodel.estimate import NEAR_CAPACITY, Estimate
 from costmodel.inference import InferenceConfig, InferenceJob, estimate_inference
+from costmodel.layercosts import LayerCosts
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
 from costmodel.units import GIB
@@ -154,14 +155,16 @@ def _fmt_gib(x: float) -> str:
     return f"{x / GIB:8.2f} GiB"
 
 
-def estimate_report(model: ModelSpec, cluster: Cluster, job: Job, est: Estimate) -> str:
+def estimate_report(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Estimate
+                    ) -> str:
     """``planner estimate``'s text: the problem, the configuration, memory per GPU by term
     (and pipeline stage) and the step time by term."""
     return "\n".join([*_header(model, cluster, job, est), "", *_memory_lines(est),
                       *_time_lines(cluster, est)])
 
 
-def _header(model: ModelSpec, cluster: Cluster, job: Job, est: Estimate) -> list[str]:
+def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Estimate
+            ) -> list[str]:
     """The model, cluster, job and configuration, a line each."""
     cfg = est.config
     return [

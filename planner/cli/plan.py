@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from costmodel import Cluster, Job, ModelSpec, SpecError
 from costmodel.inference import InferenceJob
+from costmodel.layercosts import LayerCosts
 from planner.cli.common import (
     add_command,
     add_common_args,
@@ -20,7 +21,7 @@ from planner.cli.common import (
 )
 from planner.cli.estimate import estimate_report
 from planner.cli.torchmodule import add_module_args, module_inputs
-from planner.plan import plan
+from planner.plan import Plan, plan
 from planner.progress import Progress
 from planner.space import Constraints
 
@@ -42,14 +43,10 @@ EPILOG = """examples:
   planner emit serve.json --target vllm -o serve.sh
   planner plan --model mymodels:Net --gpus 16 --global-batch-size 256 --seq-len 2048
       # a torch nn.Module (class, factory or instance in mymodels.py): traced on the
-      # meta device and sharded op by op (token ids in when its first layer is an
-      # nn.Embedding; otherwise give --input-shape, e.g. 8x3x224x224)
+      # meta device, each block sharded per TP degree, then the same search as a preset
+      # (token ids in when its first layer is an nn.Embedding; otherwise give
+      # --input-shape, e.g. 8x3x224x224)
 """
-
-#: ``planner plan`` flags that fix or cap a field of the analytic search; the graph planner
-#: of a torch module chooses its own sharding, so they do not apply to one.
-SEARCH_ONLY_FLAGS = ("dp", "tp", "pp", "cp", "ep", "zero", "schedule", "virtual_stages",
-                     "recompute", "offload", "sequence_parallel", "preset", "frameworks")
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -91,15 +88,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"\nplan written to {args.output}; serve it with 'planner emit "
                   f"{args.output} --target vllm'")
         return 0
-    print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters; "
+    _print_training(args, model, cluster, job, result)
+    return 0
+
+
+def _print_training(args: argparse.Namespace, model: ModelSpec | LayerCosts, cluster: Cluster,
+                    job: Job, result: Plan) -> None:
+    """A training plan's report: the model line, the plan with why the others lost, the
+    estimate; a traced module's model line says what was traced."""
+    traced = ""
+    if isinstance(model, LayerCosts) and model.spec is None:
+        layer = next(b for b in model.blocks if b.kind == "layer")
+        traced = (f" (traced: {len(model.blocks)} blocks, {layer.name} x{layer.repeat}; "
+                  f"{'with' if model.sequence_parallel else 'without'} sequence parallel)")
+    unit = "tokens" if job.seq_len > 1 else "samples"
+    print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters{traced}; "
           f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; "
-          f"{job.global_batch_size} x {job.seq_len} tokens, {job.precision}")
-    print(result.summary(rows=rows))
+          f"{job.global_batch_size} x {job.seq_len} {unit}, {job.precision}")
+    print(result.summary(rows=max(0, args.why)))
     print()
-    print(estimate_report(model, cluster, result.job, result.estimate))
+    print(estimate_report(model, cluster, result.training()[0], result.training()[2]))
     if args.output:
         print(f"\nplan written to {args.output}")
-    return 0
 
 
 def _saved_or_json(args: argparse.Namespace, result: Any) -> bool:
@@ -141,17 +151,17 @@ def search_problem(args: argparse.Namespace, model: ModelSpec, cluster: Cluster,
 
 def _plan_torch_module(args: argparse.Namespace, module: Any, cluster: Cluster,
                        job: Job) -> int:
-    """``planner plan`` of a torch module: its ``GraphPlan``, as text or JSON."""
-    fixed = [f"--{f.replace('_', '-')}" for f in SEARCH_ONLY_FLAGS
-             if getattr(args, f, None) is not None] + (["--max"] if args.max else [])
-    if fixed:
-        raise SpecError(f"{', '.join(fixed)}: only for presets, config.json and ModelSpec "
-                        "models; a torch module is sharded op by op by the graph planner (it "
-                        "takes --micro-batch-size and --input-shape)")
+    """``planner plan`` of a torch module: traced, its blocks costed per TP degree, then the
+    one search (a ``Plan``, reported as a preset's); a module whose blocks the tables do not
+    take yet gets the graph plan (a ``GraphPlan``, sharded op by op)."""
     inputs = module_inputs(args, module, job)
     with Progress("tracing and sharding") as bar:
-        found = plan(module, cluster, job, example_inputs=inputs, progress=bar)
+        found = plan(module, cluster, job, example_inputs=inputs, progress=bar,
+                     constraints=load_constraints(args), top_k=args.top_k)
     if _saved_or_json(args, found):
+        return 0
+    if isinstance(found, Plan):
+        _print_training(args, found.model, cluster, found.training()[0], found)
         return 0
     print(_graph_report(module, cluster, job, found, max(0, args.why)))
     if args.output:
