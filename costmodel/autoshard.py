@@ -41,11 +41,21 @@ With ``n_v`` the weight (repeat) of ``v``, ``M`` the micro-batches per step::
 ``brute_force`` enumerates every assignment of strategies and evaluates the same objective
 with ``ShardingProblem.evaluate``; ``tests/test_autoshard.py`` checks they agree.
 
-**Pipeline stages** (``plan_graph``): for every pipeline degree ``p`` and every mesh shape of
-the ``N / p`` devices of a stage, the ILP shards the graph (memory budget: ``p`` GPUs'
-worth, activations times the micro-batches a 1F1B stage holds), and a DP splits the layer
-sequence (blocks unrolled) into ``p`` contiguous stages minimising the slowest stage under
-each stage's memory::
+**Tensor-parallel mode** (``tensor_parallel=True``; ``LayerCosts.from_graph`` solves each
+block on a 1 x t mesh per degree t): the devices see the same tokens, so no strategy splits
+a loop that runs along the model inputs' dims (``ShardingProblem.token_dims``); every weight
+matrix that meets the tokens is split; partial sums are only all-reduced, the residual
+stream staying whole, unless ``sequence_parallel`` lets the memory-bound ops split the
+sequence (they must then) with all-gathers and reduce-scatters between the regions
+(Korthikanti et al. 2022, Sec. 4.2.2). ``tests/test_layercosts.py`` checks it against
+brute force and against Megatron-LM's formulas.
+
+**Pipeline stages** (``planner.graphplan.plan_graph``, the graph plan of a module the
+memory and step-time tables do not take yet): for every pipeline degree ``p`` and every
+mesh shape of the ``N / p`` devices of a stage, the ILP shards the graph (memory budget:
+``p`` GPUs' worth, activations times the micro-batches a 1F1B stage holds), and a DP splits
+the layer sequence (blocks unrolled) into ``p`` contiguous stages minimising the slowest
+stage under each stage's memory::
 
     T(0, j) = t(0, j)                         layers 0..j-1 on stage 0
     T(s, j) = min_i max(T(s-1, i), t(i, j))    over stage s holding layers i..j-1 that fit

@@ -426,10 +426,9 @@ def _check_experts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
         return
     if not model.is_moe:
         raise SpecError(f"ep={cfg.ep} needs a mixture-of-experts model; {model.name} is dense")
-    if not isinstance(model, ModelSpec):
-        model = model._analytic()
-    if model.num_experts % cfg.ep:
-        raise SpecError(f"ep={cfg.ep} does not divide num_experts={model.num_experts}")
+    experts = model.num_experts if isinstance(model, ModelSpec) else model.moe_routing()[1]
+    if experts % cfg.ep:
+        raise SpecError(f"ep={cfg.ep} does not divide num_experts={experts}")
     if (cfg.dp * cfg.cp) % cfg.ep:
         raise SpecError(
             f"ep={cfg.ep} must divide dp*cp = {cfg.dp * cfg.cp} (expert parallel reuses the "

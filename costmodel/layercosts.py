@@ -23,6 +23,16 @@ Two producers:
 For a preset the two agree (``tests/test_layercosts.py`` traces the reference transformer of
 every preset it builds and compares).
 
+The one consumer: the memory and step-time tables (``costmodel.memory``,
+``costmodel.steptime``) read a model only through the row functions below
+(``layer_compute``, ``head_compute``, ``layer_activations``, ``edge_activations``,
+``layer_params_per_gpu``, ``edge_params_per_gpu``, ``tp_seconds``, ...), evaluated per row
+of configurations: for a preset (``LayerCosts.of(spec)``, or ``from_spec``) by its formulas,
+unchanged; for a traced graph from its blocks, the activations and kernels scaled to each
+row's micro-batch (``costmodel.kernels``). A graph the tables take has one kind of repeated
+layer between an input and an output side, and is costed without context or expert
+parallelism.
+
 Model FLOPs follow PaLM (Chowdhery et al. 2022, App. B): ``2 m n k`` per matmul, the
 attention scores and weighted sum over all ``s`` keys (no causal halving), backward twice
 forward; the hardware's extra work (FlashAttention's recomputed scores, recompute) is the
@@ -223,13 +233,6 @@ class LayerCosts:
     # ---- what the memory and step-time tables read, per row of configurations ------------
     # A preset's rows are evaluated by its formulas (``spec``), exactly as the tables did
     # before this seam; a traced graph's from its blocks.
-
-    def _analytic(self) -> ModelSpec:
-        if self.spec is None:
-            raise SpecError(f"{self.name}: the step-time table does not read the costs of a "
-                            "traced graph yet; plan a torch module with planner.plan(module, "
-                            "..., example_inputs=...)")
-        return self.spec
 
     def _sides(self) -> tuple[BlockCosts | None, BlockCosts, BlockCosts | None]:
         """(input side, the repeated layer, output side) of a traced graph: the shape the

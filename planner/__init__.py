@@ -10,8 +10,10 @@ against memory); ``sweep`` re-plans over the number of GPUs, the inter-node band
 GPU; ``timeline`` plays out the pipeline schedule; ``load_model`` reads a preset, a Hugging
 Face config.json or ``module:attr``. ``apply(plan, module)`` splits a torch model across the
 processes of a torch.distributed job as the plan says (``planner run`` starts them;
-``check(plan)`` names what the runtime cannot execute). Serving: ``plan(model, cluster,
-InferenceJob(...))`` chooses tp, pp, replicas, weight format and batch;
+``check(plan)`` names what the runtime cannot execute). A torch module of one's own is
+planned by the same search: ``plan(module, cluster, job, example_inputs=...)`` traces it and
+costs each of its blocks per tensor-parallel degree (``LayerCosts``). Serving:
+``plan(model, cluster, InferenceJob(...))`` chooses tp, pp, replicas, weight format and batch;
 ``estimate_inference`` costs one ``InferenceConfig`` (latency, throughput, memory). Plots are
 in ``planner.plots`` (matplotlib, the ``plots`` extra). torch is not imported here:
 ``import planner`` and the CLI work without it.
@@ -38,6 +40,7 @@ from costmodel.inference import (
     InferenceMemory,
     estimate_inference,
 )
+from costmodel.layercosts import LayerCosts
 from planner.compare import Candidate, Comparison, compare, parse_config
 from planner.explain import Choice, Explanation, Option, explain
 from planner.explore import Frontier, SweepPoint, frontier, sweep
@@ -68,6 +71,7 @@ __all__ = [
     "InferenceJob",
     "InferenceMemory",
     "Job",
+    "LayerCosts",
     "Link",
     "MemoryBreakdown",
     "ModelSpec",

@@ -471,13 +471,13 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
          example_inputs: Any = None) -> Any:
     """The fastest configuration of ``job`` on ``cluster`` that fits in memory.
 
-    ``model``: a ``ModelSpec`` (the analytic search below, returning a ``Plan``), a
-    ``LayerGraph`` or a ``torch.nn.Module`` with ``example_inputs`` (one micro-batch, or a
-    function of the micro-batch size returning one, to search the micro-batch too): the
-    graph path, ``planner.graphplan.plan_graph``, returning a ``GraphPlan`` (per-op
-    sharding on a 2-D mesh per pipeline stage; ``Infeasible`` when nothing fits). A module built by
-    ``planner.runtime.build_model`` carries its ``ModelSpec`` and takes the analytic path,
-    whose answers the graph of such a module matches (``tests/test_graph.py``).
+    ``model``: a ``ModelSpec``, a ``LayerCosts``, a ``LayerGraph`` or a ``torch.nn.Module``
+    with ``example_inputs`` (one micro-batch of what its forward takes, or a function of the
+    micro-batch size returning one). A module is traced on the meta device, each of its
+    blocks costed per TP degree (``LayerCosts.from_graph``), and searched as a preset is,
+    returning a ``Plan``; a module whose blocks the tables do not take yet (several kinds of
+    repeated block, or none) gets the graph plan (``planner.graphplan.plan_graph``, a
+    ``GraphPlan``: per-op sharding on a 2-D mesh per pipeline stage).
 
     ``constraints``: a ``Constraints``, a preset name (``planner.space.PRESETS``) or its dict
     form; ``constraints.frameworks`` searches several trainers. ``top_k``: how many
@@ -543,11 +543,8 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     parallelism), then the one search (``plan`` of its ``LayerCosts``), the faster of the
     two kept. A graph whose blocks the tables do not take (more than one kind of repeated
     layer) is planned op by op on 2-D meshes (``planner.graphplan``, a ``GraphPlan``)."""
-    from costmodel.graph import LayerGraph
 
     graph = _traced(model, cluster, job, example_inputs)
-    if graph is None:
-        return _plan_graph(model, cluster, job, example_inputs, progress)
     best: Plan | None = None
     failures: list[Infeasible] = []
     for sp in (False, True):
@@ -560,8 +557,7 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
             if _constraints(constraints) != Constraints():
                 raise SpecError(f"{e}: it is sharded op by op by the graph planner, which "
                                 "takes no constraints") from None
-            return _plan_graph(graph if isinstance(model, LayerGraph) else model, cluster, job,
-                               example_inputs, progress)
+            return _plan_graph(model, graph, cluster, job, example_inputs, progress)
         try:
             found = plan(costs, cluster, job, constraints=constraints, top_k=top_k,
                          partition=partition)
@@ -581,8 +577,7 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
 def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
     """The ``LayerGraph`` ``plan`` reads for a module: ``model`` itself if it is one, else
     the module traced on one micro-batch of ``example_inputs`` (called with 1 when it is a
-    function of the micro-batch size) in the job's precision; ``None`` when the graph path
-    must plan it (a function of the micro-batch size is searched there as well)."""
+    function of the micro-batch size) in the job's precision."""
     from costmodel.graph import LayerGraph
 
     if not isinstance(cluster, Cluster):
@@ -600,12 +595,8 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
             raise SpecError("planning a torch module needs example_inputs=: one micro-batch "
                             "of what its forward takes, or a function of the micro-batch "
                             "size returning one")
-        import torch
-
-        dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(job.precision,
-                                                                   torch.bfloat16)
         inputs = example_inputs(1) if callable(example_inputs) else example_inputs
-        graph = LayerGraph.from_module(model, inputs, dtype=dtype)
+        graph = LayerGraph.from_module(model, inputs, dtype=_trace_dtype(job))
     shape = graph.inputs[0] if graph.inputs else ()
     if len(shape) == 2 and job.seq_len > 1 and shape[1] != job.seq_len:
         raise SpecError(f"the example inputs hold sequences of {shape[1]} tokens but the job "
@@ -613,45 +604,27 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
     return graph
 
 
-def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
+def _plan_graph(model: Any, graph: Any, cluster: Cluster, job: Job, example_inputs: Any,
                 progress: Callable[[float], None] | None = None) -> Any:
-    """The graph path of ``plan``: trace a module (in the job's precision) and plan it.
-
-    ``example_inputs`` may be a function of the micro-batch size returning one micro-batch:
-    then every power-of-two micro-batch that divides the global batch, up to the number of
-    GPUs (a micro-batch is split across its stage's mesh, so data parallelism over all the
-    GPUs needs that many samples), is traced and planned, and the fastest plan is kept
-    (ties: the smaller micro-batch)."""
+    """The graph plan (``planner.graphplan``) of a module the tables do not take yet, whose
+    ``graph`` ``_traced`` made. ``example_inputs`` may be a function of the micro-batch
+    size returning one micro-batch: then every power-of-two micro-batch that divides the
+    global batch, up to the number of GPUs (a micro-batch is split across its stage's mesh,
+    so data parallelism over all the GPUs needs that many samples), is traced and planned,
+    and the fastest plan is kept (ties: the smaller micro-batch)."""
     from costmodel.graph import LayerGraph
     from planner.graphplan import plan_graph
 
-    if not isinstance(cluster, Cluster):
-        raise SpecError(f"cluster must be a Cluster, got {type(cluster).__name__}")
-    if not isinstance(job, Job):
-        raise SpecError(f"job must be a training Job for a graph, got {type(job).__name__}")
-    if isinstance(model, LayerGraph):
-        return plan_graph(model, cluster, job)
-    if not hasattr(model, "named_parameters"):
-        raise SpecError(f"model must be a ModelSpec, a LayerGraph or a torch nn.Module, "
-                        f"got {type(model).__name__}")
-    if example_inputs is None:
-        raise SpecError("planning a torch module needs example_inputs=: one micro-batch "
-                        "of what its forward takes, or a function of the micro-batch size "
-                        "returning one")
-    import torch
-
-    dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(job.precision, torch.bfloat16)
-    if not callable(example_inputs):
-        return plan_graph(LayerGraph.from_module(model, example_inputs, dtype=dtype),
-                          cluster, job)
+    if isinstance(model, LayerGraph) or not callable(example_inputs):
+        return plan_graph(graph, cluster, job)
     sizes = [2**i for i in range(cluster.num_gpus.bit_length())
              if job.global_batch_size % 2**i == 0]
     best: Any = None
     errors: list[str] = []
     for i, b in enumerate(sizes):
-        graph = LayerGraph.from_module(model, example_inputs(b), dtype=dtype)
         try:
-            found = plan_graph(graph, cluster, job)
+            found = plan_graph(LayerGraph.from_module(model, example_inputs(b),
+                                                      dtype=_trace_dtype(job)), cluster, job)
         except Infeasible as e:
             errors.append(f"micro-batch {b}: {e}")
         else:
@@ -662,6 +635,14 @@ def _plan_graph(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     if best is None:
         raise Infeasible("; ".join(errors))
     return best
+
+
+def _trace_dtype(job: Job) -> Any:
+    """The torch dtype a module is traced in: the job's precision (fp8 runs its matmuls on
+    bf16 activations)."""
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16}.get(job.precision, torch.bfloat16)
 
 
 def _refine(model: ModelSpec | LayerCosts, cluster: Cluster, res: SearchResult, cfg: ParallelConfig,
