@@ -302,3 +302,35 @@ def test_a_traced_module_is_planned_by_the_one_search() -> None:
     assert planner.plan(low, cluster, job).config.tp <= 2
     with pytest.raises(SpecError, match="context parallelism is not costed"):
         planner.estimate(traced, cluster, job, planner.ParallelConfig(dp=8, cp=2))
+
+
+def test_search_of_a_traced_module_equals_brute_force() -> None:
+    """The combined search over a traced module's LayerCosts: on a constrained space, the
+    plan is the fastest of ``estimate()`` over every valid row that fits."""
+    import numpy as np
+
+    import planner
+    from costmodel.hardware import GPU
+    from costmodel.tables import evaluate
+    from planner.space import Constraints, arrays, build_space, row_config
+
+    traced, _, _ = _pair("gpt3-125m", False)
+    cluster = Cluster(gpu="a100-80gb", num_nodes=1, gpus_per_node=8)
+    job = Job(global_batch_size=32, seq_len=SEQ, framework="megatron")
+    cons = Constraints(max={"micro_batch_size": 2}, allowed={"recompute": ["none", "full"]},
+                       fixed={"offload": "none"})
+    space = build_space(traced, cluster, job, cons)
+    assert 20 < space.rows < 2000
+    peaks = evaluate(traced, cluster, job, arrays(traced, space.table)).peak_memory
+    gpu = dataclasses.replace(GPU.preset("a100-80gb"), memory_bytes=float(np.median(peaks)))
+    small = dataclasses.replace(cluster, gpu=gpu)
+    best = None
+    for r in space.table:
+        e = planner.estimate(traced, small, job, row_config(r))
+        if e.fits and e.within_reserve:  # what a plan keeps free (Job.memory_reserve)
+            k = (e.step_time_s, e.peak_memory_bytes, tuple(int(x) for x in r))
+            best = k if best is None or k < best else best
+    p = planner.plan(traced, small, job, constraints=cons, partition=False)
+    assert best is not None
+    assert p.estimate.step_time_s == best[0]
+    assert p.config == row_config(np.array(best[2]))
