@@ -183,6 +183,34 @@ def _kernel(sol: Solution, v: int, shards: int) -> Kernels:
                    memory_backward_kernels=1 if n.grad else 0)
 
 
+#: View-family ops that move data: dtype casts and copies (a kernel each, reading and
+#: writing the tensor; their backward casts or copies the gradient back).
+_COPIES = ("_to_copy", "clone", "contiguous", "copy_", "copy")
+
+
+def _copies(sol: Solution) -> list[tuple[str, Kernels]]:
+    """(layer, kernel) of every forward cast or copy: the sharding graph contracts
+    them as views, but each is a memory-bound kernel on the layout of the tensor it copies."""
+    p = sol.problem
+    graph = p.graph
+    out = []
+    for i in graph.graph.nodes:
+        n = graph.node(i)
+        if n.backward or n.family != "view" or not n.output_bytes \
+                or n.op.removeprefix("aten.").split(".")[0] not in _COPIES:
+            continue
+        src = n.inputs[0].source if n.inputs else -1
+        while src >= 0 and src not in p.layer and graph.node(src).family == "view" \
+                and graph.node(src).inputs:
+            src = graph.node(src).inputs[0].source
+        share = _share(sol, sol.strategy(src).out) if src in p.layer else 1
+        moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / share
+        out.append((n.layer, Kernels(memory_bytes=moved, memory_kernels=1,
+                                     memory_backward_bytes=moved if n.grad else 0.0,
+                                     memory_backward_kernels=1 if n.grad else 0)))
+    return out
+
+
 def _merge_gemms(k: Kernels) -> Kernels:
     """``k`` with identical matmuls counted once each, with their count."""
     counts: dict[tuple[float, float, float, bool, int], int] = {}
@@ -260,6 +288,16 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
                     m for m, q in zip(p.mesh.shape, lay, strict=True) if q >= 0))
     for (layer, _src), nbytes in held.items():
         out[layer].input_bytes += nbytes
+    for layer, kernel in _copies(sol):
+        if layer in out:
+            out[layer].kernels = out[layer].kernels.merged(kernel)
+    _add_conversions(sol, out)
+    return out
+
+
+def _add_conversions(sol: Solution, out: dict[str, _Tally]) -> None:
+    """The collectives of every layout conversion, to the layer whose output it converts."""
+    p = sol.problem
     for g, v, _slot, seconds in p.conversions(sol.choice):
         if seconds <= 0:
             continue
@@ -270,4 +308,3 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
         for name in names:
             kind = name.removeprefix("bwd:").split("@")[0]
             out.setdefault(layer, _Tally()).add(kind, per_instance * g.nbytes, per_instance)
-    return out

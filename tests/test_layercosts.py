@@ -243,8 +243,9 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
     """The step-time table of the traced reference transformer: its layer's hardware FLOPs
     and fused-attention times equal the preset's formulas, and over TP, PP, ZeRO,
     micro-batch and recompute the table ranks configurations as the preset's does and picks
-    the same fastest one. The step times differ by the memory-bound kernels: the traced
-    module runs eager PyTorch ops where the formulas follow the trainer's fused kernels."""
+    the same fastest one, with step times within 20 % (Llama 3.2 1B: 0.99-1.06x, GPT-3 350M:
+    1.03-1.17x; the formulas count eager PyTorch's memory-bound kernels by their bytes, the
+    trace op by op)."""
     from scipy.stats import spearmanr
 
     from costmodel import ParallelConfig
@@ -254,8 +255,11 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
 
     traced, _, spec = _pair(name, False)
     cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
-    job = Job(global_batch_size=64, seq_len=SEQ, precision="bf16", framework="deepspeed")
-    one = ConfigArrays.from_configs(spec, [ParallelConfig(dp=32, micro_batch_size=2)])
+    # torchtitan's conventions are the eager kernels the reference module runs; under FSDP
+    # (ZeRO 2, 3) it runs no autocast, which a module traced in bf16 does not model.
+    job = Job(global_batch_size=64, seq_len=SEQ, precision="bf16", framework="torchtitan")
+    one = ConfigArrays.from_configs(spec, [ParallelConfig(dp=32, zero_stage=2,
+                                                          micro_batch_size=2)])
     want = LayerCosts.of(spec).layer_compute(cluster.gpu, job, one, moe=False)
     got = traced.layer_compute(cluster.gpu, job, one, moe=False)
     for f in ("flops", "forward_flops", "core_forward", "core_backward"):
@@ -263,15 +267,15 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
                                                          rel=0.01), f
     configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z, micro_batch_size=b,
                               recompute=r)
-               for t in (1, 2, 4) for p in (1, 2) for z in (0, 1) for b in (1, 2)
+               for t in (1, 2, 4) for p in (1, 2) for z in (2, 3) for b in (1, 2)
                for r in ("none", "full")]
     a = ConfigArrays.from_configs(spec, configs)
     tw = time_table(spec, cluster, job, a, memory_table(spec, cluster, job, a))
     tg = time_table(traced, cluster, job, a, memory_table(traced, cluster, job, a))
     assert spearmanr(tw.step_time, tg.step_time).correlation > 0.95
     assert int(tg.step_time.argmin()) == int(tw.step_time.argmin())
-    ratio = tg.step_time / tw.step_time  # the eager kernels' share, about alike everywhere
-    assert ratio.max() / ratio.min() < 1.5
+    ratio = tg.step_time / tw.step_time
+    assert ratio.min() > 0.9 and ratio.max() < 1.2
 
 
 def test_a_traced_module_is_planned_by_the_one_search() -> None:
