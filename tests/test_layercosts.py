@@ -14,6 +14,7 @@ import dataclasses
 import math
 
 import pytest
+from brute import fastest_that_fits, half_fitting
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -314,9 +315,7 @@ def test_search_of_a_traced_module_equals_brute_force() -> None:
     import numpy as np
 
     import planner
-    from costmodel.hardware import GPU
-    from costmodel.tables import evaluate
-    from planner.space import Constraints, arrays, build_space, row_config
+    from planner.space import Constraints, build_space, row_config
 
     traced, _, _ = _pair("gpt3-125m", False)
     cluster = Cluster(gpu="a100-80gb", num_nodes=1, gpus_per_node=8)
@@ -325,15 +324,8 @@ def test_search_of_a_traced_module_equals_brute_force() -> None:
                        fixed={"offload": "none"})
     space = build_space(traced, cluster, job, cons)
     assert 20 < space.rows < 2000
-    peaks = evaluate(traced, cluster, job, arrays(traced, space.table)).peak_memory
-    gpu = dataclasses.replace(GPU.preset("a100-80gb"), memory_bytes=float(np.median(peaks)))
-    small = dataclasses.replace(cluster, gpu=gpu)
-    best = None
-    for r in space.table:
-        e = planner.estimate(traced, small, job, row_config(r))
-        if e.fits and e.within_reserve:  # what a plan keeps free (Job.memory_reserve)
-            k = (e.step_time_s, e.peak_memory_bytes, tuple(int(x) for x in r))
-            best = k if best is None or k < best else best
+    small = half_fitting(traced, cluster, job, space)
+    best = fastest_that_fits(traced, small, job, space)
     p = planner.plan(traced, small, job, constraints=cons, partition=False)
     assert best is not None
     assert p.estimate.step_time_s == best[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import re
@@ -11,9 +10,10 @@ import sys
 
 import numpy as np
 import pytest
+from brute import fastest_that_fits, half_fitting
 from inprocess import run_planner
 
-from costmodel import GPU, Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
+from costmodel import Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES, validate
 from costmodel.frameworks import framework
 from costmodel.tables import evaluate
@@ -120,17 +120,8 @@ def test_search_equals_brute_force_over_scalar_estimates() -> None:
     j = job("megatron")
     space = build_space(TINY, CLUSTER, j, cons)
     assert 50 < space.rows < 1000
-    # A GPU whose memory leaves about half of the space out.
-    peaks = evaluate(TINY, CLUSTER, j, arrays(TINY, space.table)).peak_memory
-    gpu = dataclasses.replace(GPU.preset("a100-80gb"), memory_bytes=float(np.median(peaks)))
-    small = dataclasses.replace(CLUSTER, gpu=gpu)
-    best = None
-    for r in space.table:
-        cfg = row_config(r)
-        e = estimate(TINY, small, j, cfg)
-        if e.fits:
-            k = (e.step_time_s, e.peak_memory_bytes, tuple(int(x) for x in r))
-            best = k if best is None or k < best else best
+    small = half_fitting(TINY, CLUSTER, j, space)
+    best = fastest_that_fits(TINY, small, j, space)
     p = plan(TINY, small, j, constraints=cons)
     assert best is not None
     assert p.estimate.step_time_s == best[0]
