@@ -234,9 +234,10 @@ class LayerCosts:
     # A preset's rows are evaluated by its formulas (``spec``), exactly as the tables did
     # before this seam; a traced graph's from its blocks.
 
-    def _sides(self) -> tuple[BlockCosts | None, BlockCosts, BlockCosts | None]:
+    def sides(self) -> tuple[BlockCosts | None, BlockCosts, BlockCosts | None]:
         """(input side, the repeated layer, output side) of a traced graph: the shape the
-        tables take (one kind of layer, repeated; a stage holds a run of them)."""
+        tables take (one kind of layer, repeated; a stage holds a run of them). Raises
+        ``SpecError`` naming the blocks of a graph of another shape."""
         layers = [b for b in self.blocks if b.kind == "layer"]
         if len(layers) != 1 or any(b.kind == "other" for b in self.blocks):
             kinds = ", ".join(f"{b.name} ({b.kind})" for b in self.blocks)
@@ -280,7 +281,7 @@ class LayerCosts:
         """Elements per token of the tensor passed between layers (the residual stream)."""
         if self.spec is not None:
             return self.spec.hidden_size
-        layer = self._sides()[1]
+        layer = self.sides()[1]
         return round(layer.output_bytes / self.element_bytes
                      / (self.micro_batch_size * self.seq_len))
 
@@ -292,7 +293,7 @@ class LayerCosts:
 
         if self.spec is not None:
             return layer_params_per_gpu(self.spec, tp, ep)
-        dense = self._by_tp(self._sides()[1], tp, lambda c: c.params)
+        dense = self._by_tp(self.sides()[1], tp, lambda c: c.params)
         return dense, dense, np.zeros_like(dense)
 
     def edge_params_per_gpu(self, tp: np.ndarray
@@ -303,7 +304,7 @@ class LayerCosts:
         projection replicated; the tied word embedding's share, which the last stage keeps
         a copy of when pp > 1 (Megatron-LM keeps both copies in sync by an all-reduce)."""
         if self.spec is None:
-            emb, _, head = self._sides()
+            emb, _, head = self.sides()
             return (self._by_tp(emb, tp, lambda c: c.params),
                     self._by_tp(head, tp, lambda c: c.params),
                     self._by_tp(head, tp, lambda c: c.shared_params))
@@ -323,7 +324,7 @@ class LayerCosts:
 
         if self.spec is not None:
             return layer_activations(self.spec, job, framework(job.framework), a, moe, ac)
-        layer, share = self._sides()[1], self._token_share(job, a)
+        layer, share = self.sides()[1], self._token_share(job, a)
         return {m: self._by_tp(layer, a.tp, partial(_saved, m)) * share
                 for m in RECOMPUTE_MODES}
 
@@ -336,7 +337,7 @@ class LayerCosts:
         logits 4sbv/t the cross entropy keeps, in all 4sbh/t (1 + v/h). Under autocast the
         final norm's input is fp32 (4 + e instead of 2e)."""
         if self.spec is None:
-            emb, _, head = self._sides()
+            emb, _, head = self.sides()
             share = self._token_share(job, a)
             return (self._by_tp(emb, a.tp, _kept) * share,
                     self._by_tp(head, a.tp, _kept) * share)
@@ -355,7 +356,7 @@ class LayerCosts:
         """Logits one GPU of the last stage holds per token (the vocabulary over tp; for a
         traced graph, the widest tensor of its output side)."""
         if self.spec is None:
-            return self._by_tp(self._sides()[2], tp, lambda c: c.widest_elements) \
+            return self._by_tp(self.sides()[2], tp, lambda c: c.widest_elements) \
                 / float(self.micro_batch_size * self.seq_len)
         return self.spec.vocab_size / tp
 
@@ -379,7 +380,7 @@ class LayerCosts:
         from costmodel.compute import layer_compute
 
         if self.spec is None:
-            return self._kernel_compute(self._sides()[1], gpu, job, a)
+            return self._kernel_compute(self.sides()[1], gpu, job, a)
         return layer_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
                              capacity_factor=capacity_factor, ep=a.ep if moe else None,
                              autocast=autocast)
@@ -391,7 +392,7 @@ class LayerCosts:
         from costmodel.compute import lm_head_compute
 
         if self.spec is None:
-            emb, _, head = self._sides()
+            emb, _, head = self.sides()
             return (self._kernel_compute(emb, gpu, job, a),
                     self._kernel_compute(head, gpu, job, a))
         return lm_head_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp,
@@ -421,7 +422,7 @@ class LayerCosts:
         """A traced graph's tensor-parallel collectives per micro-batch per row, seconds:
         (one layer, the input side, the output side), forward and backward, all exposed
         (inside a node; ``costmodel.sharding.reshard_time``'s costs)."""
-        emb, layer, head = self._sides()
+        emb, layer, head = self.sides()
         share = self._token_share(job, a)
 
         def seconds(block: BlockCosts | None) -> np.ndarray:

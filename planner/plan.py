@@ -552,7 +552,7 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
         if sp and max(costs.tp_degrees) == 1:
             continue  # no TP degree to run sequence parallel with
         try:
-            costs._sides()
+            costs.sides()
         except SpecError as e:
             if _constraints(constraints) != Constraints():
                 raise SpecError(f"{e}: it is sharded op by op by the graph planner, which "

@@ -1,0 +1,73 @@
+"""How close a traced module's plan is to its preset's: the reference transformer of a preset
+(``planner.runtime.build_model``), traced on the meta device, costed per block and TP degree
+(``LayerCosts.from_graph``), and put through the memory and step-time tables and the search,
+against the preset's formulas (``LayerCosts.of(spec)``) on the same grid of configurations.
+
+    python benchmarks/traced_vs_preset.py
+
+Prints, per model: the largest relative difference of any memory term, the range of the
+traced / preset step-time ratio, the Spearman rank correlation of the step times over the
+grid, and whether ``planner.plan`` picks the same configuration. torchtitan's conventions
+(eager kernels, which the reference module runs) under FSDP (ZeRO 2, 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+from torch.nn import functional as F
+
+import planner
+from costmodel import Cluster, Job, ModelSpec, ParallelConfig
+from costmodel.arrays import ConfigArrays
+from costmodel.graph import LayerGraph
+from costmodel.layercosts import LayerCosts
+from costmodel.memory import memory_table
+from costmodel.steptime import time_table
+from planner.runtime.model import build_model
+
+SEQ = 2048
+
+
+def _cross_entropy(logits: torch.Tensor) -> torch.Tensor:
+    flat = logits.float().flatten(0, 1)
+    return F.cross_entropy(flat, torch.zeros(flat.shape[0], dtype=torch.long,
+                                             device=flat.device))
+
+
+def main() -> None:
+    cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
+    job = Job(global_batch_size=64, seq_len=SEQ, framework="torchtitan")
+    print(f"{'model':<14s} {'memory max err':>15s} {'step ratio':>14s} {'spearman':>9s} "
+          f"{'same plan':>10s}")
+    for name in ("llama-3.2-1b", "llama-3-8b", "gpt3-350m", "gpt3-2.7b"):
+        spec = ModelSpec.preset(name)
+        if spec.vocab_size % 64:  # padded as trainers pad it (a vocabulary-parallel head)
+            spec = dataclasses.replace(spec, vocab_size=-(-spec.vocab_size // 64) * 64)
+        module = build_model(spec, device="meta", dropout=0.1 if spec.dropout else 0.0)
+        graph = LayerGraph.from_module(module, torch.zeros(1, SEQ, dtype=torch.long),
+                                       dtype=torch.bfloat16, loss_fn=_cross_entropy)
+        traced = LayerCosts.from_graph(graph, cluster, job)
+        configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z,
+                                  micro_batch_size=b, recompute=r)
+                   for t in (1, 2, 4, 8) for p in (1, 2) for z in (2, 3) for b in (1, 2)
+                   for r in ("none", "full")]
+        a = ConfigArrays.from_configs(spec, configs)
+        mw, mg = memory_table(spec, cluster, job, a), memory_table(traced, cluster, job, a)
+        err = max(float(np.max(np.abs(mg.terms[k] - mw.terms[k])
+                               / np.maximum(mw.terms[k], 1.0)))
+                  for k in ("weights", "gradients", "optimizer", "activations"))
+        tw, tg = time_table(spec, cluster, job, a, mw), time_table(traced, cluster, job, a, mg)
+        ratio = tg.step_time / tw.step_time
+        rho = spearmanr(tw.step_time, tg.step_time).correlation
+        same = planner.plan(traced, cluster, job).config == planner.plan(spec, cluster,
+                                                                          job).config
+        print(f"{name:<14s} {100 * err:>14.2f}% {ratio.min():>6.3f}-{ratio.max():.3f}x "
+              f"{rho:>9.3f} {'yes' if same else 'no':>10s}")
+
+
+if __name__ == "__main__":
+    main()
