@@ -193,6 +193,42 @@ class LayerCosts:
                          f"{c.collective_bytes / 2**20:>9.2f}")
         return "\n".join(lines)
 
+    def tp_plan(self, tp: int) -> dict[str, str]:
+        """The tensor-parallel plan the ILP chose at degree ``tp``, as DTensor styles by
+        module path (``planner.runtime.apply.TP_PLAN``'s form: ``*`` for the index of a
+        repeated block): a linear split by output features ``colwise`` (``head`` on the
+        output side, its logits gathered), by input features ``rowwise``; an embedding
+        table split by columns ``colwise``, by rows ``vocab``. Modules the ILP left whole
+        are not named. ``SpecError`` when the costs were not made at ``tp``, or with
+        sequence parallelism (whose norm and block-input styles a graph does not name)."""
+        if tp not in self.layouts:
+            raise SpecError(f"{self.name}: no layouts at tp={tp}; degrees: "
+                            f"{', '.join(map(str, sorted(self.layouts)))}")
+        if self.sequence_parallel:
+            raise SpecError(f"{self.name}: a sequence-parallel TP plan is not read off a "
+                            "graph's layouts yet; use the costs made without it")
+        runs = {b.name: b.name.rsplit(".", 1)[0] + ".*" for b in self.blocks
+                if b.repeat > 1 and "." in b.name}
+        head = {b.name for b in self.blocks if b.kind == "head"}
+        out: dict[str, str] = {}
+        for _v, module, op, label, _layout in self.layouts[tp]:
+            split = label.split("|")[-1]
+            name = op.removeprefix("aten.").split(".")[0]
+            if not module or split == "R":
+                continue
+            if name in ("mm", "addmm", "_scaled_mm") and split in ("n", "k"):
+                style = "rowwise" if split == "k" else \
+                    "head" if module.split(".")[0] in head else "colwise"
+            elif name == "embedding":
+                style = "vocab" if split == "sum" else "colwise"
+            else:
+                continue
+            for run, pattern in runs.items():
+                if module == run or module.startswith(run + "."):
+                    module = pattern + module[len(run):]
+            out[module] = style
+        return out
+
     def num_params(self) -> int:
         """Parameters of the whole model."""
         return self.spec.num_params() if self.spec is not None else round(self.params(1))

@@ -330,3 +330,25 @@ def test_search_of_a_traced_module_equals_brute_force() -> None:
     assert best is not None
     assert p.estimate.step_time_s == best[0]
     assert p.config == row_config(np.array(best[2]))
+
+
+def test_the_ilp_layouts_read_as_a_tp_plan_are_megatrons() -> None:
+    """``LayerCosts.tp_plan``: the layouts the ILP chose, as DTensor styles by module path.
+    For the reference transformer's blocks they are the runtime's Megatron-LM plan
+    (``planner.runtime.apply.TP_PLAN``: Q/K/V and the MLP's first linears column-wise, the
+    output projections row-wise); the embedding and head may be split either way."""
+    from planner.runtime.apply import TP_PLAN
+
+    spec = ModelSpec(name="tiny", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4,
+                     ffn_hidden_size=512, vocab_size=512, gated_mlp=True)
+    graph = LayerGraph.from_module(build_model(spec, device="meta"),
+                                   torch.zeros(1, 64, dtype=torch.long), dtype=torch.bfloat16)
+    job = Job(global_batch_size=8, seq_len=64)
+    plan = LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(2)
+    linears = {k: v for k, v in TP_PLAN.items() if v in ("colwise", "rowwise")}
+    assert {k: v for k, v in plan.items() if k.startswith("layers.")} == linears
+    assert plan["tok_embeddings"] in ("vocab", "colwise")
+    assert plan["output"] in ("head", "rowwise")
+    assert LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(1) == {}
+    with pytest.raises(SpecError, match="no layouts at tp=4"):
+        LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(4)
