@@ -1,7 +1,8 @@
 """Runs a list of plans in one set of processes (started by torchrun from test_runtime.py).
 
 ``python tests/runtime_worker.py CASES.json OUT.json``: CASES is a list of
-``{"name", "plan", "lr"}`` (plan JSON text, learning rate) for this world size; every case
+``{"name", "plan", "lr"}`` (plan JSON text, learning rate; ``"spec"``: the ModelSpec whose
+reference transformer a traced module's plan was traced from) for this world size; every case
 is trained with ``planner.runtime.train.train`` and OUT gets, per case, each rank's losses
 and state bytes (or the error). One process group serves all cases, so the processes start once.
 """
@@ -15,6 +16,7 @@ import traceback
 
 import torch.distributed as dist
 
+from costmodel import ModelSpec
 from planner.plan import Plan
 from planner.runtime.train import train
 
@@ -27,7 +29,8 @@ def main() -> None:
     results = {}
     for case in cases:
         try:
-            res = train(Plan.from_json(case["plan"]), steps=5, lr=case["lr"])
+            spec = ModelSpec(**case["spec"]) if case.get("spec") else None
+            res = train(Plan.from_json(case["plan"]), steps=5, lr=case["lr"], spec=spec)
             row: dict[str, object] = {"rank": dist.get_rank(), **res.__dict__}
         except Exception:  # recorded per case; the test shows the traceback
             row = {"rank": dist.get_rank(), "error": traceback.format_exc()}

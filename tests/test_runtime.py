@@ -76,6 +76,10 @@ CASES_4 = {
     "gpt_tp_dp_fsdp": ({"tp": 2, "dp": 2, "zero_stage": 3}, JOB, GPT),
     "gpt_tp_pp": ({"tp": 2, "pp": 2}, JOB, GPT),
     "fsdp_bf16": ({"dp": 4, "zero_stage": 3}, BF16),
+    # The plan of the traced module (its LayerCosts, not the preset), run on the module.
+    "module_fsdp_adamw": ({"dp": 4, "zero_stage": 3, "micro_batch_size": 2}, JOB),
+    "module_pp_zero2": ({"pp": 2, "dp": 2, "zero_stage": 2}, SGD),
+    "module_pp_full": ({"pp": 4, "recompute": "full"}, SGD),
 }
 CASES_8 = {
     "tp_pp_dp_fsdp": ({"dp": 2, "tp": 2, "pp": 2, "zero_stage": 3, "sequence_parallel": True},
@@ -85,7 +89,18 @@ CASES_8 = {
 ALL_CASES = {**CASES_4, **CASES_8}
 
 
-def make_plan(config: dict[str, Any], model: ModelSpec = SPEC, job: Job = JOB,
+def _traced(spec: ModelSpec, job: Job, tp_degrees: tuple[int, ...] = (1,)) -> Any:
+    """The LayerCosts of ``spec``'s reference transformer, traced (not its formulas)."""
+    from costmodel.graph import LayerGraph
+    from costmodel.layercosts import LayerCosts
+
+    graph = LayerGraph.from_module(build_model(spec, device="meta"),
+                                   torch.zeros(1, job.seq_len, dtype=torch.long))
+    return LayerCosts.from_graph(graph, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=4),
+                                 job, tp_degrees=tp_degrees)
+
+
+def make_plan(config: dict[str, Any], model: ModelSpec | Any = SPEC, job: Job = JOB,
               nodes: int = 1) -> Plan:
     """A plan of ``config`` (not searched) on a cluster of exactly its GPUs."""
     cfg = ParallelConfig(**config)
@@ -105,8 +120,12 @@ def _run_cases(cases: dict[str, tuple[Any, ...]], world: int, tmp: Path) -> dict
     rows = []
     for name in cases:
         config, job, model = _case(name)
-        rows.append({"name": name, "plan": make_plan(config, model, job).to_json(),
-                     "lr": LR[job.optimizer]})
+        row = {"name": name, "plan": make_plan(config, model, job).to_json(),
+               "lr": LR[job.optimizer]}
+        if name.startswith("module_"):
+            row["plan"] = make_plan(config, _traced(model, job), job).to_json()
+            row["spec"] = model.to_dict()
+        rows.append(row)
     path.write_text(json.dumps(rows))
     out = tmp / f"results{world}.json"
     proc = subprocess.run(
@@ -330,3 +349,12 @@ def test_multi_node_plan_writes_sbatch(tmp_path: Path) -> None:
     how = prepare(str(tmp_path / "plan.json"))
     assert how.command == () and how.sbatch is not None
     assert how.sbatch.splitlines()[-4:] == text.splitlines()[-4:]
+
+
+def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
+    """The runtime takes a traced module's plan (its LayerCosts) for data, pipeline, ZeRO
+    and recompute; tensor parallel of it is refused by name (its layouts are data so far)."""
+    traced = _traced(SPEC, SGD)
+    check(make_plan({"dp": 2, "pp": 2, "zero_stage": 2}, traced, SGD))
+    with pytest.raises(SpecError, match=r"tensor parallel .* of a traced module's plan"):
+        check(make_plan({"dp": 2, "tp": 2}, _traced(SPEC, SGD, (1, 2)), SGD))

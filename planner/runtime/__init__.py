@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
 from costmodel.frameworks import pipelining_problem
+from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from costmodel.units import GIB
 
@@ -34,12 +35,18 @@ if TYPE_CHECKING:
 __all__ = ["FORCE_ENV", "apply", "check", "unsupported"]
 
 
-def unsupported(model: ModelSpec, job: Job, cfg: ParallelConfig,
+def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
                 reference: bool = True) -> list[str]:
     """Each feature of (model, job, config) that ``apply`` cannot run, as a sentence saying
-    what to do instead; empty when it runs. ``reference``: the module is the project's
-    reference transformer (``planner.runtime.model``), whose limits apply too."""
+    what to do instead; empty when it runs. ``model``: a preset, or a traced module's
+    ``LayerCosts``. ``reference``: the module is the project's reference transformer
+    (``planner.runtime.model``), whose limits apply too."""
     out = []
+    if isinstance(model, LayerCosts):
+        if model.spec is None:
+            out += _traced_unsupported(model, cfg, reference)
+        else:
+            model = model.spec
     if cfg.cp > 1:
         out.append(f"context parallel (cp={cfg.cp}) is not run by planner.apply (torch's "
                    "context_parallel needs CUDA attention kernels); plan with --cp 1 or emit "
@@ -73,19 +80,39 @@ def unsupported(model: ModelSpec, job: Job, cfg: ParallelConfig,
     if job.optimizer not in ("adam", "adamw", "sgd"):
         out.append(f"optimizer {job.optimizer!r} is not in torch.optim; planner.apply builds "
                    "adam, adamw or sgd")
-    if reference:
-        if model.tied_embeddings and (cfg.pp > 1 or cfg.tp > 1):
-            out.append("tied input and output embeddings split over pipeline stages or "
-                       "tensor-parallel ranks are not run by the reference transformer; use "
-                       "pp = tp = 1 or an untied model")
-        if model.position_embedding == "learned" and cfg.sequence_parallel:
-            out.append("learned position embeddings with sequence parallel are not run by "
-                       "the reference transformer; plan without --sequence-parallel")
-        for bad, what in ((model.patch_size > 0, "vision patch embeddings"),
-                          (model.num_token_types > 0, "token-type embeddings"),
-                          (model.embedding_norm, "an embedding norm")):
-            if bad:
-                out.append(f"the reference transformer has no {what}; pass your own module")
+    if reference and isinstance(model, ModelSpec):
+        out += _reference_unsupported(model, cfg)
+    return out
+
+
+def _reference_unsupported(model: ModelSpec, cfg: ParallelConfig) -> list[str]:
+    """What the reference transformer (``planner.runtime.model``) does not build or split."""
+    out = []
+    if model.tied_embeddings and (cfg.pp > 1 or cfg.tp > 1):
+        out.append("tied input and output embeddings split over pipeline stages or "
+                   "tensor-parallel ranks are not run by the reference transformer; use "
+                   "pp = tp = 1 or an untied model")
+    if model.position_embedding == "learned" and cfg.sequence_parallel:
+        out.append("learned position embeddings with sequence parallel are not run by "
+                   "the reference transformer; plan without --sequence-parallel")
+    for bad, what in ((model.patch_size > 0, "vision patch embeddings"),
+                      (model.num_token_types > 0, "token-type embeddings"),
+                      (model.embedding_norm, "an embedding norm")):
+        if bad:
+            out.append(f"the reference transformer has no {what}; pass your own module")
+    return out
+
+
+def _traced_unsupported(costs: LayerCosts, cfg: ParallelConfig, reference: bool) -> list[str]:
+    """What ``apply`` does not run yet of a traced module's plan."""
+    out = []
+    if cfg.tp > 1:
+        out.append(f"tensor parallel (tp={cfg.tp}) of a traced module's plan is not run yet "
+                   "(its layouts are in LayerCosts.tp_plan); plan it with --tp 1")
+    tied = any(c.shared_params for b in costs.blocks for c in b.by_tp.values())
+    if reference and tied and cfg.pp > 1:
+        out.append("tied input and output embeddings split over pipeline stages are not run "
+                   "by the reference transformer; use pp = 1 or an untied model")
     return out
 
 
@@ -100,7 +127,7 @@ def check(plan: Plan, reference: bool = True, force: bool = False) -> None:
         raise SpecError("this is a serving plan (an InferenceJob); planner.apply trains. Serve "
                         "it with 'planner emit PLAN --target vllm' (or tensorrt-llm)")
     job, cfg, est = plan.training()
-    problems = unsupported(plan.preset("planner.apply"), job, cfg, reference)
+    problems = unsupported(plan.model, job, cfg, reference)
     if problems:
         raise SpecError("planner.apply cannot run this plan: " + "; ".join(problems))
     if not (force or os.environ.get(FORCE_ENV) == "1") and not est.fits:

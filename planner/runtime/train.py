@@ -65,16 +65,18 @@ class TrainResult:
 
 
 def train(plan: Plan, *, steps: int = 5, lr: float = LR, seed: int = 0,
-          meta: bool | None = None, log: Callable[[str], None] | None = None) -> TrainResult:
+          meta: bool | None = None, log: Callable[[str], None] | None = None,
+          spec: ModelSpec | None = None) -> TrainResult:
     """Train the reference transformer of ``plan.model`` for ``steps`` steps as the plan
     says, in this process (one rank of the job). ``meta``: build the model on the meta device
     and let each rank allocate and initialise only its shards (its random weights differ from
     a one-process run); ``False``: every rank builds the whole model on the CPU from ``seed``
     (what the equivalence tests need); ``None``: meta when CUDA is present. ``log``: called
-    with a line per step."""
+    with a line per step. ``spec``: the reference transformer to train (default the plan's
+    preset; the one a traced module's plan was traced from)."""
     if meta is None:
         meta = torch.cuda.is_available()
-    spec = plan.preset("planner run")
+    spec = spec or plan.preset("planner run")
     module = build_model(spec, device="meta" if meta else "cpu", seed=seed)
     run = apply(plan, module)
     job = plan.training()[0]  # apply refused a serving plan
