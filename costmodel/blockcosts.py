@@ -42,20 +42,20 @@ class _Tally:
     shared: float = 0.0
     kernels: Kernels = field(default_factory=Kernels)
     recomputed: Kernels = field(default_factory=Kernels)
+    collectives: dict[str, float] = field(default_factory=dict)
     calls: dict[str, float] = field(default_factory=dict)
 
     def add(self, kind: str, nbytes: float, calls: float) -> None:
         """Count ``calls`` collectives of ``kind`` moving ``nbytes`` in all."""
         self.collectives[kind] = self.collectives.get(kind, 0.0) + nbytes
         self.calls[kind] = self.calls.get(kind, 0.0) + calls
-    collectives: dict[str, float] = field(default_factory=dict)
 
 
 def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
                 tp_degrees: Sequence[int] | None = None, sequence_parallel: bool = False,
                 time_limit_s: float = 10.0) -> LayerCosts:
     """``LayerCosts`` of ``graph`` (traced on one micro-batch) at each of ``tp_degrees``
-    (default: 1 and every divisor of a node's GPUs); ``sequence_parallel``: the norm and
+    (default: every divisor of a node's GPUs); ``sequence_parallel``: the norm and
     elementwise regions may split the sequence (``ShardingProblem``)."""
     degrees = tuple(tp_degrees) if tp_degrees else tuple(divisors(cluster.gpus_per_node))
     tallies: dict[int, dict[str, _Tally]] = {}
