@@ -49,8 +49,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from costmodel.activations import layer_activations, layer_params_per_gpu
 from costmodel.arrays import ConfigArrays
-from costmodel.compute import LayerCompute
+from costmodel.compute import LayerCompute, autocast_rows, layer_compute, lm_head_compute
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.frameworks import framework
@@ -325,8 +326,6 @@ class LayerCosts:
                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Parameters one GPU holds of (a dense layer, a MoE layer's non-expert part, its
         routed experts) per row (``costmodel.activations.layer_params_per_gpu``)."""
-        from costmodel.activations import layer_params_per_gpu
-
         if self.spec is not None:
             return layer_params_per_gpu(self.spec, tp, ep)
         dense = self._by_tp(self.sides()[1], tp, lambda c: c.params)
@@ -356,8 +355,6 @@ class LayerCosts:
                           ) -> dict[str, np.ndarray]:
         """Bytes one layer saves for backward per micro-batch per recompute mode, per row
         (``costmodel.activations.layer_activations``)."""
-        from costmodel.activations import layer_activations
-
         if self.spec is not None:
             return layer_activations(self.spec, job, framework(job.framework), a, moe, ac)
         layer, share = self.sides()[1], self._token_share(job, a)
@@ -375,8 +372,8 @@ class LayerCosts:
         if self.spec is None:
             emb, _, head = self.sides()
             share = self._token_share(job, a)
-            return (self._by_tp(emb, a.tp, _kept) * share,
-                    self._by_tp(head, a.tp, _kept) * share)
+            kept = partial(_saved, "none")  # the embedding and head are not recomputed
+            return self._by_tp(emb, a.tp, kept) * share, self._by_tp(head, a.tp, kept) * share
         model = self.spec
         e = compute_bytes(job.precision)
         tp = a.tp.astype(float)
@@ -413,8 +410,6 @@ class LayerCosts:
                       ) -> LayerCompute:
         """One layer's compute per micro-batch per row (``costmodel.compute``; a traced
         graph's: its kernels, ``costmodel.kernels``)."""
-        from costmodel.compute import layer_compute
-
         if self.spec is None:
             return self._kernel_compute(self.sides()[1], gpu, job, a)
         return layer_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
@@ -425,8 +420,6 @@ class LayerCosts:
                      autocast: np.ndarray | None = None) -> tuple[LayerCompute, LayerCompute]:
         """(embedding, head) compute per micro-batch per row (``costmodel.compute``; a
         traced graph's: the kernels of its input and output sides)."""
-        from costmodel.compute import lm_head_compute
-
         if self.spec is None:
             emb, _, head = self.sides()
             return (self._kernel_compute(emb, gpu, job, a),
@@ -549,11 +542,6 @@ def _saved(mode: str, c: ShardCosts) -> float:
     return c.activation_bytes[mode]
 
 
-def _kept(c: ShardCosts) -> float:
-    """What a block keeps without recompute (the embedding and head are not recomputed)."""
-    return c.activation_bytes["none"]
-
-
 def default_tp_degrees(spec: ModelSpec, largest: int = 8) -> tuple[int, ...]:
     """Powers of two up to ``largest`` (a node's GPUs) dividing the heads and KV heads."""
     out, t = [], 1
@@ -567,13 +555,14 @@ def default_tp_degrees(spec: ModelSpec, largest: int = 8) -> tuple[int, ...]:
 
 def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
                  ) -> tuple[ShardCosts, ShardCosts, ShardCosts]:
-    """(embedding, layer, head) ``ShardCosts`` of ``spec`` at degree ``tp``."""
-    from costmodel.activations import layer_activations, layer_params_per_gpu
-
+    """(embedding, layer, head) ``ShardCosts`` of ``spec`` at degree ``tp``: parameters and
+    activations as the tables' row functions give them for a one-row table, FLOPs and
+    collectives by Megatron-LM's layout."""
     cfg = ParallelConfig(tp=tp, micro_batch_size=mbs, sequence_parallel=sp and tp > 1)
     a = ConfigArrays.from_configs(spec, [cfg])
-    fw = framework(job.framework)
-    acts = {k: float(v[0]) for k, v in layer_activations(spec, job, fw, a, moe=False).items()}
+    rows = LayerCosts.of(spec)
+    ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
+    acts = {k: float(v[0]) for k, v in rows.layer_activations(job, a, False, ac).items()}
     e = compute_bytes(job.precision)
     h, t = float(spec.hidden_size), float(tp)
     tokens = float(mbs * job.seq_len)
@@ -590,31 +579,26 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
     # backward (of the input gradients of the column-parallel inputs); with SP each is an
     # all-gather and a reduce-scatter (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5).
     coll = _tp_collectives(tp, cfg.sequence_parallel, 4 * one)
-    dense, _, _ = layer_params_per_gpu(spec, np.array([t]), np.array([1.0]))
+    dense, _, _ = rows.layer_params_per_gpu(np.array([t]), np.array([1.0]))
     layer = ShardCosts(params=float(dense[0]), forward_flops=fwd, backward_flops=2 * fwd,
                        activation_bytes=acts, input_bytes=one * rep, collectives=coll)
 
-    # Input side: vocabulary-parallel token embedding (V h / t), the rest replicated; its
-    # output all-reduced (SP: reduce-scattered) forward. Output side: final norm replicated,
-    # vocabulary-parallel head (V h / t) whose input gradient is all-reduced (SP: its input
-    # all-gathered forward, the gradient reduce-scattered); the vocabulary-parallel cross
-    # entropy all-reduces 3 fp32 values per token (Megatron-LM's
-    # _VocabParallelCrossEntropy: max, sum of exponentials, target logit).
-    word = float(spec.vocab_size * spec.hidden_size)
-    # Its dropout mask, 1 byte per element (Korthikanti et al. 2022, Sec. 4.3).
-    emb_act = (1.0 if spec.dropout else 0.0) * tokens * h * rep
-    emb = ShardCosts(params=word / t + spec.embedding_params() - word, forward_flops=0.0,
-                     backward_flops=0.0,
+    # Input side: its output all-reduced (SP: reduce-scattered) forward. Output side: the
+    # head's input gradient all-reduced (SP: its input all-gathered forward, the gradient
+    # reduce-scattered); the vocabulary-parallel cross entropy all-reduces 3 fp32 values per
+    # token (Megatron-LM's _VocabParallelCrossEntropy: max, sum of exponentials, target).
+    emb_params, head_params, _ = rows.edge_params_per_gpu(np.array([t]))
+    emb_act, head_act = (float(x[0]) for x in rows.edge_activations(job, a,
+                                                                     np.zeros(1, dtype=bool)))
+    emb = ShardCosts(params=float(emb_params[0]), forward_flops=0.0, backward_flops=0.0,
                      activation_bytes=dict.fromkeys(RECOMPUTE_MODES, emb_act),
                      input_bytes=0.0, collectives=_tp_collectives(tp, cfg.sequence_parallel, one))
-    norm = float(spec._norm_params() if spec.final_norm else 0)
     head_flops = 2 * tokens * h * spec.vocab_size / t
-    head_act = 2 * e * tokens * h * rep + 4.0 * tokens * spec.vocab_size / t
     head_coll = dict(_tp_collectives(tp, cfg.sequence_parallel, one))
     if tp > 1:
         head_coll["all-reduce"] = head_coll.get("all-reduce", 0.0) + 3 * 4.0 * tokens
-    head = ShardCosts(params=(spec.head_params() - norm) / t + norm,
-                      forward_flops=head_flops, backward_flops=2 * head_flops,
+    head = ShardCosts(params=float(head_params[0]), forward_flops=head_flops,
+                      backward_flops=2 * head_flops,
                       activation_bytes=dict.fromkeys(RECOMPUTE_MODES, head_act),
                       input_bytes=one * rep, collectives=head_coll)
     return emb, layer, head

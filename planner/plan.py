@@ -547,17 +547,17 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     graph = _traced(model, cluster, job, example_inputs)
     best: Plan | None = None
     failures: list[Infeasible] = []
-    for sp in (False, True):
+    # Sequence parallel needs a TP degree above 1 (the degrees: a node's divisors).
+    for sp in (False, True) if cluster.gpus_per_node > 1 else (False,):
         costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel=sp)
-        if sp and max(costs.tp_degrees) == 1:
-            continue  # no TP degree to run sequence parallel with
-        try:
-            costs.sides()
-        except SpecError as e:
-            if _constraints(constraints) != Constraints():
-                raise SpecError(f"{e}: it is sharded op by op by the graph planner, which "
-                                "takes no constraints") from None
-            return _plan_graph(model, graph, cluster, job, example_inputs, progress)
+        if not sp:  # the blocks are the same either way: ask the tables once
+            try:
+                costs.sides()
+            except SpecError as e:
+                if _constraints(constraints) != Constraints():
+                    raise SpecError(f"{e}: it is sharded op by op by the graph planner, "
+                                    "which takes no constraints") from None
+                return _plan_graph(model, graph, cluster, job, example_inputs, progress)
         try:
             found = plan(costs, cluster, job, constraints=constraints, top_k=top_k,
                          partition=partition)
