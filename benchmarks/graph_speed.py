@@ -1,12 +1,15 @@
 """How fast a torch model becomes a layer graph (``LayerGraph.from_module``), its
 ``LayerCosts`` (``LayerCosts.from_graph``: the sharding ILP of each distinct block at TP
-degrees 1, 2, 4 and 8) and a plan (``planner.graphplan.plan_graph``, the module path the
-single pipeline of issue 33 replaces: the sharding ILP on every pipeline degree's mesh,
-then the stage DP), and in how much memory: Llama-3-8B, Llama-3-70B, Llama-2-70B (the
-reference transformer of their presets) and a 1.3B ViT (26 pre-norm blocks of width 2048,
-16 heads, patch 14 on 224 x 224 images), traced in bf16 on the meta device with one
-sequence (4,096 tokens) or 8 images per micro-batch, planned on 512 H100s (64 nodes of 8,
-InfiniBand NDR) for a global batch of 512.
+degrees 1, 2, 4 and 8, with and without sequence parallelism) and a plan (the search over
+them, as ``planner.plan`` of a module runs it), and in how much memory: Llama-3-8B,
+Llama-3-70B, Llama-2-70B (the reference transformer of their presets), a 1.3B ViT (26
+pre-norm blocks of width 2048, 16 heads, patch 14 on 224 x 224 images), a T5-Large-sized
+encoder-decoder (24 + 24 blocks of width 1024, 16 heads, vocabulary 32,128: two kinds of
+layer and a norm between them) and Mixer-L/16 (24 Mixer layers of width 1024 on 224 x 224
+images), traced in bf16 on the meta device with one sequence (4,096 tokens; 512 for the
+encoder-decoder) or 8 images per traced batch, planned on 512 H100s (64 nodes of 8,
+InfiniBand NDR) for a global batch of 512. ``plan s`` is ``planner.plan(module, ...)`` end
+to end (trace, both LayerCosts, both searches, the stage DP of the pipelined top plans).
 
     python benchmarks/graph_speed.py
 
@@ -22,12 +25,12 @@ import time
 import numpy as np
 import torch
 
+import planner
 from costmodel import Cluster, Job, ModelSpec
 from costmodel.graph import LayerGraph
 from costmodel.layercosts import LayerCosts
 from planner.alternatives import describe
-from planner.examples import ViT
-from planner.graphplan import plan_graph
+from planner.examples import EncoderDecoder, MLPMixer, ViT
 from planner.runtime.model import build_model
 from planner.search import search
 from planner.space import Constraints, row_config
@@ -41,7 +44,12 @@ def main() -> None:
                       torch.randint(0, spec.vocab_size, (1, 4096))))
     with torch.device("meta"):
         vit = ViT(dim=2048, depth=26, heads=16, patch=14, image=224, classes=1000)
+        t5 = EncoderDecoder(vocab=32128, dim=1024, heads=16, encoder_layers=24,
+                            decoder_layers=24)
+        mixer = MLPMixer(dim=1024, depth=24, patch=16, image=224, classes=1000)
     cases.append(("vit-1.3b", lambda: vit, torch.randn(8, 3, 224, 224)))
+    cases.append(("t5-large-like", lambda: t5, torch.randint(0, 32128, (1, 512))))
+    cases.append(("mixer-l16", lambda: mixer, torch.randn(8, 3, 224, 224)))
     cluster = Cluster(gpu="h100-sxm", num_nodes=64, gpus_per_node=8, inter_node_link="ib-ndr")
     print(f"{'model':<14s} {'params':>8s} {'layers':>7s} {'nodes':>6s} {'extract s':>10s} "
           f"{'TFLOP/mb':>9s} {'costs s':>8s} {'search s':>9s} {'plan s':>7s}  plan")
@@ -63,15 +71,14 @@ def main() -> None:
         searched = "nothing fits" if top is None else \
             f"{describe(row_config(np.array(top.row)))}, {top.step_time:.2f} s/step"
         t1 = time.perf_counter()
-        plan = plan_graph(graph, cluster, job)
+        plan = planner.plan(module, cluster, job, example_inputs=x)
         ds = time.perf_counter() - t1
-        exact = "" if plan.solution.optimal else " (best in time limit)"
         print(f"{name:<14s} {graph.num_params() / 1e9:>7.2f}B {len(graph.layers):>7d} "
               f"{graph.graph.number_of_nodes():>6d} {dt:>10.3f} "
               f"{graph.model_flops() / 1e12:>9.2f} {dc:>8.2f} {dsearch:>9.2f} {ds:>7.2f}  "
-              f"search: {searched}; graph plan: pp={plan.pp} x "
-              f"{plan.mesh.shape[0]}x{plan.mesh.shape[1]}, "
-              f"{plan.step_time_s:.2f} s/step, {plan.peak_memory_bytes / 2**30:.1f} GiB{exact}")
+              f"{searched}; plan(): {describe(plan.config)}, "
+              f"{plan.estimate.step_time_s:.2f} s/step, "
+              f"{plan.estimate.peak_memory_bytes / 2**30:.1f} GiB")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     print(f"peak resident memory of this process: {peak:.2f} GiB")
 

@@ -17,16 +17,14 @@ from costmodel.config import ParallelConfig
 
 class Layers(Protocol):
     """What the stage columns read of a model (a ``ModelSpec`` or ``LayerCosts``): its
-    layers, and whether (and after how many dense ones) they route to experts."""
+    layers, and the kind of each in order (0, 1, ...: a preset's dense and MoE layers, a
+    traced graph's distinct blocks)."""
 
     @property
     def num_layers(self) -> int: ...
 
     @property
-    def is_moe(self) -> bool: ...
-
-    @property
-    def first_dense_layers(self) -> int: ...
+    def layer_kinds(self) -> tuple[int, ...]: ...
 
 __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Stages",
            "divisors", "even_split", "first_argmax"]
@@ -115,12 +113,31 @@ class ConfigArrays:
         return index, count, layers, start
 
     @staticmethod
+    def every_stage(num_layers: int, pp: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``uniform_stages``' columns with every stage its own, ``[rows, max(pp)]``
+        (padding beyond a row's stages has count 0): what a model whose layers are not
+        all of one kind needs (``classes_exact``)."""
+        p = np.asarray(pp, dtype=np.int64)[:, None]
+        width = int(p.max()) if p.size else 1
+        index = np.broadcast_to(np.arange(width), (p.shape[0], width)).copy()
+        count = (index < p).astype(np.int64)
+        base, rem = num_layers // p, num_layers % p
+        cut = p - rem
+        layers = np.where(count > 0, base + (index >= cut), 0)
+        return index, count, layers, np.cumsum(layers, axis=1) - layers
+
+    @staticmethod
     def classes_exact(model: Layers, pp: np.ndarray, v: np.ndarray) -> bool:
-        """Whether ``uniform_stages`` is exact for these rows: it is unless a MoE model's
-        leading dense layers reach past the first stage's first chunk (then middle stages of
-        one class differ)."""
+        """Whether ``uniform_stages`` is exact for these rows: it is when every layer after
+        the first stage's first chunk is of one kind (a MoE model's leading dense layers
+        within it); otherwise middle stages of one class may differ."""
+        kinds = model.layer_kinds
+        tail = max(len(kinds) - 1, 0)  # layers from ``tail`` on are of one kind
+        while tail > 0 and kinds[tail - 1] == kinds[-1]:
+            tail -= 1
         chunk = model.num_layers // (np.asarray(pp) * np.asarray(v))
-        return bool(np.all(model.first_dense_layers <= chunk)) if model.is_moe else True
+        return bool(np.all(tail <= chunk))
 
     @classmethod
     def from_configs(cls, model: Layers, configs: Sequence[ParallelConfig],
@@ -136,14 +153,12 @@ class ConfigArrays:
         explicit = any(c.stage_layers is not None for c in configs)
         per_stage_rec = None
         if all_stages or explicit or not cls.classes_exact(model, pps, vs):
-            width = int(pps.max())
-            index = np.broadcast_to(np.arange(width), (n, width)).copy()
-            count = (index < pps[:, None]).astype(np.int64)
-            layers = np.zeros((n, width), dtype=np.int64)
-            for r, c in enumerate(configs):
-                split = c.stage_layers or even_split(model.num_layers, c.pp)
-                layers[r, : c.pp] = split
-            start = np.cumsum(layers, axis=1) - layers
+            index, count, layers, start = cls.every_stage(model.num_layers, pps)
+            if explicit:
+                for r, c in enumerate(configs):
+                    layers[r, : c.pp] = c.stage_layers or even_split(model.num_layers, c.pp)
+                start = np.cumsum(layers, axis=1) - layers
+            width = index.shape[1]
             if any(c.stage_recompute_layers is not None for c in configs):
                 per_stage_rec = np.full((n, width), -1, dtype=np.int64)
                 for r, c in enumerate(configs):

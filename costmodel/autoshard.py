@@ -49,19 +49,6 @@ stream staying whole, unless ``sequence_parallel`` lets the memory-bound ops spl
 sequence (they must then) with all-gathers and reduce-scatters between the regions
 (Korthikanti et al. 2022, Sec. 4.2.2). ``tests/test_layercosts.py`` checks it against
 brute force and against Megatron-LM's formulas.
-
-**Pipeline stages** (``planner.graphplan.plan_graph``, the graph plan of a module the
-memory and step-time tables do not take yet): for every pipeline degree ``p`` and every
-mesh shape of the ``N / p`` devices of a stage, the ILP shards the graph (memory budget:
-``p`` GPUs' worth, activations times the micro-batches a 1F1B stage holds), and a DP splits
-the layer sequence (blocks unrolled) into ``p`` contiguous stages minimising the slowest
-stage under each stage's memory::
-
-    T(0, j) = t(0, j)                         layers 0..j-1 on stage 0
-    T(s, j) = min_i max(T(s-1, i), t(i, j))    over stage s holding layers i..j-1 that fit
-
-and the step takes ``(M + p - 1) T(p-1, L)`` plus the exposed gradient synchronisation
-(1F1B, Narayanan et al. 2021, Sec. 2.2).
 """
 
 from __future__ import annotations
@@ -615,23 +602,6 @@ class Solution:
                 out.append((g.producer, v, _collective_names(self.strategy(g.producer).out,
                                                              need, grad), t))
         return out
-
-    def layer_costs(self) -> dict[str, tuple[float, float, float, float, float]]:
-        """Per layer instance: (seconds per micro-batch, backward seconds, gradient
-        synchronisation seconds, parameter-state bytes, activation bytes per micro-batch)."""
-        p = self.problem
-        out: dict[str, list[float]] = {}
-        for v in p.nodes:
-            st = self.strategy(v)
-            row = out.setdefault(p.layer[v], [0.0] * 5)
-            row[0] += st.compute_s
-            row[1] += st.backward_s
-            row[2] += st.sync_s
-            row[3] += st.memory - st.activation_bytes * p.in_flight
-            row[4] += st.activation_bytes
-        for g, v, _slot, t in p.conversions(self.choice):  # per instance of the consumer's layer
-            out[p.layer[v]][0] += g.weight / p.repeat.get(p.layer[v], 1) * t
-        return {k: (v[0], v[1], v[2], v[3], v[4]) for k, v in out.items()}
 
 
 def _collective_names(src: Layout, need: Layout, grad: Layout | None) -> str:

@@ -168,6 +168,12 @@ class Job:
                             f"from 0 to below 0.9 (e.g. 0.05 for 5 %), got {r!r}")
 
     @property
+    def unit(self) -> str:
+        """What the throughput counts: ``tokens``, or ``samples`` for a job of one-token
+        sequences (an image model traced from a module: ``seq_len`` 1)."""
+        return "samples" if self.seq_len == 1 else "tokens"
+
+    @property
     def tokens_per_step(self) -> int:
         """Tokens processed per optimizer step: ``global_batch_size * seq_len``."""
         return self.global_batch_size * self.seq_len

@@ -403,6 +403,9 @@ class _Recorder:
         self.unsupported: list[tuple[str, str]] = []
         self.prefix = ""
         self.in_loss = False
+        # The module path of the forward op during which each autograd node was made, by
+        # the node's sequence number: a backward op runs the node of its forward op.
+        self.forward_path: dict[int, str] = {}
 
     def module_path(self) -> str:
         if self.in_loss:
@@ -422,6 +425,19 @@ class _Recorder:
         name = func._overloadpacket.__name__
         family = _FAMILY_OF.get(name, "unknown")
         path = self.module_path()
+        backward = bool(self.tracker.is_bw)
+        if not backward:
+            # Autograd made this op's node (if any) just before dispatching to it, taking the
+            # thread's sequence number and counting it up.
+            self.forward_path.setdefault(torch._C._autograd._get_sequence_nr() - 1, path)
+        else:
+            # The module tracker's backward stack is only as exact as its gradient hooks
+            # (an encoder's output read by every decoder block leaves the decoder's module
+            # on it while the encoder's backward runs); the node being run names its
+            # forward op.
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                path = self.forward_path.get(node._sequence_nr(), path)
         nid = len(self.nodes)
         ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -451,7 +467,6 @@ class _Recorder:
             self.producer[id(t)] = nid
             self.alive.append(t)
         shape = tuple(outs[0].shape) if outs else ()
-        backward = bool(self.tracker.is_bw)
         extra: dict[str, Any] = {}
         if not backward:
             refs = tuple(TensorRef(self.producer.get(id(t), -1), self.param_names.get(id(t), ""),

@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -158,10 +158,39 @@ class LayerCosts:
 
     @property
     def num_layers(self) -> int:
-        """Instances of repeated layers (the units a pipeline splits)."""
+        """Layers, the units a pipeline splits: a preset's; a traced graph's instances of
+        the blocks between its input and output sides."""
         if self.spec is not None:
             return self.spec.num_layers
-        return sum(b.repeat for b in self.blocks if b.kind == "layer")
+        return len(self.layer_kinds)
+
+    @cached_property
+    def layer_kinds(self) -> tuple[int, ...]:
+        """The kind of each layer in order (``costmodel.arrays.Layers``): a preset's 0 for
+        dense and 1 for MoE layers; a traced graph's index in ``layer_blocks``."""
+        if self.spec is not None:
+            return self.spec.layer_kinds
+        return tuple(k for k, b in enumerate(self.layer_blocks()) for _ in range(b.repeat))
+
+    @property
+    def kinds(self) -> int:
+        """Kinds of layer the row functions take (``kind`` 0 .. ``kinds - 1``)."""
+        if self.spec is not None:
+            return 2 if self.spec.is_moe else 1
+        return len(self.layer_blocks())
+
+    @cached_property
+    def kind_prefix(self) -> np.ndarray:
+        """``[kinds, num_layers + 1]``: layers of each kind before each position (a stage's
+        layers of kind k from layer i to j are ``kind_prefix[k, j] - kind_prefix[k, i]``)."""
+        kinds = np.asarray(self.layer_kinds, dtype=np.int64)
+        onehot = kinds[None, :] == np.arange(self.kinds)[:, None]
+        return np.concatenate([np.zeros((self.kinds, 1), np.int64),
+                               np.cumsum(onehot, axis=1)], axis=1)
+
+    def routed(self, kind: int) -> bool:
+        """Whether layers of ``kind`` route tokens to experts (a preset's MoE layers)."""
+        return self.spec is not None and self.spec.is_moe and kind == 1
 
     def _sum(self, tp: int, attr: str) -> float:
         return float(sum(b.repeat * getattr(b.at(tp), attr) for b in self.blocks))
@@ -271,18 +300,17 @@ class LayerCosts:
     # A preset's rows are evaluated by its formulas (``spec``), exactly as the tables did
     # before this seam; a traced graph's from its blocks.
 
-    def sides(self) -> tuple[BlockCosts | None, BlockCosts, BlockCosts | None]:
-        """(input side, the repeated layer, output side) of a traced graph: the shape the
-        tables take (one kind of layer, repeated; a stage holds a run of them). Raises
-        ``SpecError`` naming the blocks of a graph of another shape."""
-        layers = [b for b in self.blocks if b.kind == "layer"]
-        if len(layers) != 1 or any(b.kind == "other" for b in self.blocks):
-            kinds = ", ".join(f"{b.name} ({b.kind})" for b in self.blocks)
-            raise SpecError(f"{self.name}: the tables take one kind of repeated layer between "
-                            f"an input and an output side; this graph's blocks are {kinds}")
+    def layer_blocks(self) -> tuple[BlockCosts, ...]:
+        """A traced graph's blocks between its input and output sides, in order: each is a
+        kind of layer (``layer_kinds``), ``repeat`` layers in a row; a pipeline stage holds
+        a run of layers. A graph without repeated blocks has one layer per traced module."""
+        return tuple(b for b in self.blocks if b.kind not in ("embedding", "head"))
+
+    def edges(self) -> tuple[BlockCosts | None, BlockCosts | None]:
+        """A traced graph's (input side, output side), ``None`` where it has none."""
         emb = next((b for b in self.blocks if b.kind == "embedding"), None)
         head = next((b for b in self.blocks if b.kind == "head"), None)
-        return emb, layers[0], head
+        return emb, head
 
     @staticmethod
     def _by_tp(block: BlockCosts | None, tp: np.ndarray, figure: Callable[[ShardCosts], float]
@@ -309,27 +337,24 @@ class LayerCosts:
         return self.spec is not None and self.spec.is_moe
 
     @property
-    def first_dense_layers(self) -> int:
-        """Dense layers before the first MoE layer."""
-        return self.spec.first_dense_layers if self.spec is not None else 0
-
-    @property
     def hidden_size(self) -> int:
-        """Elements per token of the tensor passed between layers (the residual stream)."""
+        """Elements per token of the tensor passed between layers (the residual stream; a
+        traced graph's widest layer output, what the largest pipeline send carries)."""
         if self.spec is not None:
             return self.spec.hidden_size
-        layer = self.sides()[1]
-        return round(layer.output_bytes / self.element_bytes
-                     / (self.micro_batch_size * self.seq_len))
+        widest = max(b.output_bytes for b in self.layer_blocks())
+        return round(widest / self.element_bytes / (self.micro_batch_size * self.seq_len))
 
     def layer_params_per_gpu(self, tp: np.ndarray, ep: np.ndarray
-                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Parameters one GPU holds of (a dense layer, a MoE layer's non-expert part, its
-        routed experts) per row (``costmodel.activations.layer_params_per_gpu``)."""
+                             ) -> tuple[tuple[np.ndarray, np.ndarray | None], ...]:
+        """Per kind of layer, the parameters one GPU holds of one layer per row: (all but
+        routed experts, the routed experts or ``None`` for a kind without them)
+        (``costmodel.activations.layer_params_per_gpu``)."""
         if self.spec is not None:
-            return layer_params_per_gpu(self.spec, tp, ep)
-        dense = self._by_tp(self.sides()[1], tp, lambda c: c.params)
-        return dense, dense, np.zeros_like(dense)
+            dense, moe, experts = layer_params_per_gpu(self.spec, tp, ep)
+            return ((dense, None), (moe, experts)) if self.spec.is_moe else ((dense, None),)
+        return tuple((self._by_tp(b, tp, lambda c: c.params), None)
+                     for b in self.layer_blocks())
 
     def edge_params_per_gpu(self, tp: np.ndarray
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -339,7 +364,7 @@ class LayerCosts:
         projection replicated; the tied word embedding's share, which the last stage keeps
         a copy of when pp > 1 (Megatron-LM keeps both copies in sync by an all-reduce)."""
         if self.spec is None:
-            emb, _, head = self.sides()
+            emb, head = self.edges()
             return (self._by_tp(emb, tp, lambda c: c.params),
                     self._by_tp(head, tp, lambda c: c.params),
                     self._by_tp(head, tp, lambda c: c.shared_params))
@@ -351,13 +376,14 @@ class LayerCosts:
         head_local = (model.head_params() - final_norm) / tp + final_norm
         return emb_local, head_local, (word if model.tied_embeddings else 0) / tp
 
-    def layer_activations(self, job: Job, a: ConfigArrays, moe: bool, ac: np.ndarray
+    def layer_activations(self, job: Job, a: ConfigArrays, kind: int, ac: np.ndarray
                           ) -> dict[str, np.ndarray]:
-        """Bytes one layer saves for backward per micro-batch per recompute mode, per row
-        (``costmodel.activations.layer_activations``)."""
+        """Bytes one layer of ``kind`` saves for backward per micro-batch per recompute
+        mode, per row (``costmodel.activations.layer_activations``)."""
         if self.spec is not None:
-            return layer_activations(self.spec, job, framework(job.framework), a, moe, ac)
-        layer, share = self.sides()[1], self._token_share(job, a)
+            return layer_activations(self.spec, job, framework(job.framework), a,
+                                     self.routed(kind), ac)
+        layer, share = self.layer_blocks()[kind], self._token_share(job, a)
         return {m: self._by_tp(layer, a.tp, partial(_saved, m)) * share
                 for m in RECOMPUTE_MODES}
 
@@ -370,7 +396,7 @@ class LayerCosts:
         logits 4sbv/t the cross entropy keeps, in all 4sbh/t (1 + v/h). Under autocast the
         final norm's input is fp32 (4 + e instead of 2e)."""
         if self.spec is None:
-            emb, _, head = self.sides()
+            emb, head = self.edges()
             share = self._token_share(job, a)
             kept = partial(_saved, "none")  # the embedding and head are not recomputed
             return self._by_tp(emb, a.tp, kept) * share, self._by_tp(head, a.tp, kept) * share
@@ -389,7 +415,7 @@ class LayerCosts:
         """Logits one GPU of the last stage holds per token (the vocabulary over tp; for a
         traced graph, the widest tensor of its output side)."""
         if self.spec is None:
-            return self._by_tp(self.sides()[2], tp, lambda c: c.widest_elements) \
+            return self._by_tp(self.edges()[1], tp, lambda c: c.widest_elements) \
                 / float(self.micro_batch_size * self.seq_len)
         return self.spec.vocab_size / tp
 
@@ -405,13 +431,14 @@ class LayerCosts:
         (none for a traced graph, which is not costed with context parallelism)."""
         return self.spec.kv_dim if self.spec is not None else 0
 
-    def layer_compute(self, gpu: GPU, job: Job, a: ConfigArrays, moe: bool,
+    def layer_compute(self, gpu: GPU, job: Job, a: ConfigArrays, kind: int,
                       capacity_factor: float = 1.0, autocast: np.ndarray | None = None
                       ) -> LayerCompute:
-        """One layer's compute per micro-batch per row (``costmodel.compute``; a traced
-        graph's: its kernels, ``costmodel.kernels``)."""
+        """One layer of ``kind``'s compute per micro-batch per row (``costmodel.compute``;
+        a traced graph's: its kernels, ``costmodel.kernels``)."""
         if self.spec is None:
-            return self._kernel_compute(self.sides()[1], gpu, job, a)
+            return self._kernel_compute(self.layer_blocks()[kind], gpu, job, a)
+        moe = self.routed(kind)
         return layer_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
                              capacity_factor=capacity_factor, ep=a.ep if moe else None,
                              autocast=autocast)
@@ -421,7 +448,7 @@ class LayerCosts:
         """(embedding, head) compute per micro-batch per row (``costmodel.compute``; a
         traced graph's: the kernels of its input and output sides)."""
         if self.spec is None:
-            emb, _, head = self.sides()
+            emb, head = self.edges()
             return (self._kernel_compute(emb, gpu, job, a),
                     self._kernel_compute(head, gpu, job, a))
         return lm_head_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp,
@@ -447,11 +474,11 @@ class LayerCosts:
         return LayerCompute(**out)
 
     def tp_seconds(self, topo: Topology, a: ConfigArrays, job: Job
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   ) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
         """A traced graph's tensor-parallel collectives per micro-batch per row, seconds:
-        (one layer, the input side, the output side), forward and backward, all exposed
-        (inside a node; ``costmodel.sharding.reshard_time``'s costs)."""
-        emb, layer, head = self.sides()
+        (one layer of each kind, the input side, the output side), forward and backward,
+        all exposed (inside a node; ``costmodel.sharding.reshard_time``'s costs)."""
+        emb, head = self.edges()
         share = self._token_share(job, a)
 
         def seconds(block: BlockCosts | None) -> np.ndarray:
@@ -470,7 +497,7 @@ class LayerCosts:
                     out[rows] = out[rows] + n * cost
             return out
 
-        return seconds(layer), seconds(emb), seconds(head)
+        return tuple(seconds(b) for b in self.layer_blocks()), seconds(emb), seconds(head)
 
     def model_flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs per trained token, forward and backward: ``6 N + 12 L q s`` (PaLM,
@@ -562,7 +589,7 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
     a = ConfigArrays.from_configs(spec, [cfg])
     rows = LayerCosts.of(spec)
     ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
-    acts = {k: float(v[0]) for k, v in rows.layer_activations(job, a, False, ac).items()}
+    acts = {k: float(v[0]) for k, v in rows.layer_activations(job, a, 0, ac).items()}
     e = compute_bytes(job.precision)
     h, t = float(spec.hidden_size), float(tp)
     tokens = float(mbs * job.seq_len)
@@ -579,7 +606,7 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
     # backward (of the input gradients of the column-parallel inputs); with SP each is an
     # all-gather and a reduce-scatter (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5).
     coll = _tp_collectives(tp, cfg.sequence_parallel, 4 * one)
-    dense, _, _ = rows.layer_params_per_gpu(np.array([t]), np.array([1.0]))
+    ((dense, _),) = rows.layer_params_per_gpu(np.array([t]), np.array([1.0]))
     layer = ShardCosts(params=float(dense[0]), forward_flops=fwd, backward_flops=2 * fwd,
                        activation_bytes=acts, input_bytes=one * rep, collectives=coll)
 

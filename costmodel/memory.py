@@ -28,6 +28,7 @@ Terms (bytes per GPU):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -73,8 +74,9 @@ class MemoryTable:
     expert sharding, before ZeRO), ``in_flight`` the micro-batches its activations cover,
     ``layer_activations`` the part of the activations that the transformer layers save (the
     rest belongs to the embedding and output layers). ``expert_params``: the routed-expert
-    part of ``layer_params``; ``moe_layers``: the MoE layers among ``num_layers``;
-    ``recomputed_dense`` / ``recomputed_moe``: layers that full recompute re-runs.
+    part of ``layer_params``; ``kind_layers`` ``[kinds, P, rows]``: the layers of each kind
+    (``LayerCosts.layer_kinds``) among ``num_layers``; ``recomputed`` ``[kinds, P, rows]``:
+    those full recompute re-runs.
     ``resident_weights``: the stored (sharded) parameters alone, the part of the weights term
     a GPU holds between steps, without the low-precision and unsharded copies of forward and
     backward. ``resident_gradients``: all the gradients after the backward pass (what the
@@ -92,9 +94,8 @@ class MemoryTable:
     layer_activations: np.ndarray
     num_micro_batches: np.ndarray
     expert_params: np.ndarray
-    moe_layers: np.ndarray
-    recomputed_dense: np.ndarray
-    recomputed_moe: np.ndarray
+    kind_layers: np.ndarray
+    recomputed: np.ndarray
     resident_weights: np.ndarray
     resident_gradients: np.ndarray
 
@@ -155,29 +156,53 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
     return layers.astype(float), emb.astype(float), head.astype(float)
 
 
-def stage_layout(model: ModelSpec | LayerCosts, a: ConfigArrays, st: Stages
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Layers and MoE layers per pipeline rank ``[P, rows]``.
+def stage_layout(costs: LayerCosts, a: ConfigArrays, st: Stages) -> np.ndarray:
+    """Layers of each kind (``LayerCosts.layer_kinds``) per pipeline rank,
+    ``[kinds, P, rows]``.
 
     Rank i holds chunks i, i + p, ..., i + (v - 1)p of L/(pv) layers when interleaved, else a
-    contiguous run; the first ``first_dense_layers`` layers of the model are dense.
+    contiguous run of ``stage_layers`` from ``stage_start``.
     """
     layers = st.layers
-    if not model.is_moe:
-        return layers, np.zeros_like(layers)
-    kd = model.first_dense_layers
-    stage = st.index
-    start = st.start
-    dense_contig = np.clip(kd - start, 0, layers)
-    p = a.pp
-    v = a.v
-    chunk = np.where(v > 1, model.num_layers // (p * v), 0)
-    dense_il = np.zeros_like(layers)
-    for k in range(int(a.v.max())):
-        g = k * p + stage
-        dense_il = dense_il + np.where(k < v, np.clip(kd - g * chunk, 0, chunk), 0)
-    dense = np.where(v > 1, dense_il, dense_contig)
-    return layers, layers - dense
+    if costs.kinds == 1:
+        return layers[None]
+    prefix = costs.kind_prefix  # [kinds, L + 1]
+    L = costs.num_layers
+
+    def between(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        return prefix[:, np.clip(j, 0, L)] - prefix[:, np.clip(i, 0, L)]
+
+    contig = between(st.start, st.start + layers)
+    if not np.any(a.v > 1):
+        return contig
+    p, v = a.pp, a.v
+    chunk = np.where(v > 1, L // (p * v), 0)
+    il = np.zeros_like(contig)
+    for k in range(int(v.max())):
+        g = k * p + st.index
+        il = il + np.where(k < v, between(g * chunk, (g + 1) * chunk), 0)
+    return np.where(v > 1, il, contig)
+
+
+def _sum(xs: Iterable[np.ndarray], empty: np.ndarray | None = None) -> np.ndarray:
+    """The sum of ``xs`` in order, the first as it is (``empty`` when there is none)."""
+    out = None
+    for x in xs:
+        out = x if out is None else out + x
+    if out is None:
+        assert empty is not None, "a sum of no terms needs its empty value"
+        return empty
+    return out
+
+
+def _largest(on: Sequence[np.ndarray] | np.ndarray, value: Callable[[int], np.ndarray]
+             ) -> np.ndarray:
+    """Per stage and row, the largest ``value(k)`` over the kinds ``k`` with ``on[k] > 0``
+    (zero without any)."""
+    out = np.zeros(np.shape(on[0]))
+    for k, n in enumerate(on):
+        out = np.maximum(out, np.where(n > 0, value(k), 0.0))
+    return out
 
 
 def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: ConfigArrays
@@ -201,11 +226,13 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
     m = job.global_batch_size // (a.dp * a.mbs)
 
     # ---- parameters per GPU (tensor-parallel shards; norms stay replicated) -------------
-    layers, moe_layers = stage_layout(costs, a, st)
-    dense_layers = layers - moe_layers
-    dense_local, moe_local, expert_local = costs.layer_params_per_gpu(tp, ep)
-    layer_params = dense_layers * dense_local + moe_layers * moe_local
-    expert_params = moe_layers * expert_local
+    layers = st.layers
+    counts = stage_layout(costs, a, st)  # [kinds, P, rows]
+    kinds = range(costs.kinds)
+    per_layer = costs.layer_params_per_gpu(tp, ep)  # per kind: (local, routed experts)
+    layer_params = _sum(counts[k] * per_layer[k][0] for k in kinds)
+    expert_params = _sum((counts[k] * x for k in kinds
+                          if (x := per_layer[k][1]) is not None), np.zeros_like(layer_params))
     emb_local, head_local, tied = costs.edge_params_per_gpu(tp)
     head_local = head_local + np.where(p > 1, tied, 0.0)
     emb_params = np.where(first, emb_local, 0.0) + np.where(last, head_local, 0.0)
@@ -272,9 +299,7 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
 
     # ---- activations ------------------------------------------------------------------
     ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
-    dense_act = costs.layer_activations(job, a, moe=False, ac=ac)
-    moe_act = (costs.layer_activations(job, a, moe=True, ac=ac) if costs.is_moe
-               else {k: np.zeros_like(x) for k, x in dense_act.items()})
+    acts = [costs.layer_activations(job, a, k, ac) for k in kinds]
     mode = a.recompute
 
     def by_mode(acts: dict[str, np.ndarray]) -> np.ndarray:
@@ -282,18 +307,20 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
                         np.where(mode == 1, acts["selective"], acts["full"]))
 
     # Full recompute of only the first N layers of each chunk (Megatron --recompute-method
-    # block): the others keep everything; dense layers come first in a stage.
+    # block): the others keep everything; a stage's layers of the first kinds come first
+    # (a MoE model's dense layers).
     n_rec = np.where((mode == 2) & (a.recompute_layers > 0),
                      np.minimum(a.recompute_layers * a.v, layers), layers)
     n_rec = np.where(mode == 2, n_rec, layers)
     if st.recompute is not None:  # per-stage counts (a non-uniform plan)
         n_rec = np.where((mode == 2) & (st.recompute >= 0),
                          np.minimum(st.recompute, layers), n_rec)
-    rec_dense = np.minimum(n_rec, dense_layers)
-    rec_moe = n_rec - rec_dense
-    stage_act = (rec_dense * by_mode(dense_act) + rec_moe * by_mode(moe_act)
-                 + (dense_layers - rec_dense) * dense_act["none"]
-                 + (moe_layers - rec_moe) * moe_act["none"])
+    rec = []
+    for k in kinds:
+        rec.append(np.minimum(n_rec, counts[k]))
+        n_rec = n_rec - rec[-1]
+    stage_act = (_sum(rec[k] * by_mode(acts[k]) for k in kinds)
+                 + _sum((counts[k] - rec[k]) * acts[k]["none"] for k in kinds))
 
     e = compute_b
     tokens = job.seq_len / a.cp * a.mbs
@@ -308,23 +335,24 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
     # ---- buffers (transient working sets at the peak) ---------------------------------
     # One layer's parameters that ZeRO-3/FSDP gathers: only the parts that are sharded (the
     # experts are not when their data-parallel degree dp*cp/ep is 1).
-    exp_gathered = np.where(z_exp > 1, expert_local, 0.0)
     dense_gathered = np.where(z_dense > 1, 1.0, 0.0)
-    layer_max = np.maximum(np.where(dense_layers > 0, dense_local * dense_gathered, 0.0),
-                           np.where(moe_layers > 0, moe_local * dense_gathered + exp_gathered,
-                                    0.0))
+
+    def gathered_layer(k: int) -> np.ndarray:
+        local, experts = per_layer[k]
+        out = local * dense_gathered
+        return out if experts is None else out + np.where(z_exp > 1, experts, 0.0)
+
+    layer_max = _largest(counts, gathered_layer)
     buffers = np.zeros_like(weights)
     # Recompute re-materializes, for one layer and one micro-batch during backward, what it
     # did not keep: everything under full recompute, the attention scores under selective
     # (nothing extra with a fused attention kernel, which never stores them).
-    def rematerialized(kept: str, dense_on: np.ndarray, moe_on: np.ndarray) -> np.ndarray:
-        return np.maximum(
-            np.where(dense_on > 0, dense_act["none"] - dense_act[kept], 0.0),
-            np.where(moe_on > 0, moe_act["none"] - moe_act[kept], 0.0))
+    def rematerialized(kept: str, on: Sequence[np.ndarray] | np.ndarray) -> np.ndarray:
+        return _largest(on, lambda k: acts[k]["none"] - acts[k][kept])
 
     buffers = buffers + np.where(
-        mode == 2, rematerialized("full", rec_dense, rec_moe),
-        np.where(mode == 1, rematerialized("selective", dense_layers, moe_layers), 0.0))
+        mode == 2, rematerialized("full", rec),
+        np.where(mode == 1, rematerialized("selective", counts), 0.0))
     # The cross entropy's working set beside the fp32 logits it keeps (last stage, one
     # micro-batch): Megatron-LM's fused one, the low-precision logits it cast from; torch's
     # F.cross_entropy, at the start of backward, a dense fp32 NLL gradient and the fp32
@@ -337,7 +365,8 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
     # Expert-parallel all-to-all send and receive buffers of the routed tokens.
     if costs.is_moe:
         a2a = 2 * e * tokens * costs.moe_routing()[0] * h
-        buffers = buffers + np.where((a.ep > 1) & (moe_layers > 0), a2a, 0.0)
+        routed = _sum(counts[k] for k in kinds if costs.routed(k))
+        buffers = buffers + np.where((a.ep > 1) & (routed > 0), a2a, 0.0)
     if fw.name in ("torchtitan", "megatron"):
         # FSDP (torchtitan and Megatron's FSDP mode): about two blocks' parameters unsharded
         # (the current and the prefetched one) plus one block's unsharded gradients in the
@@ -413,9 +442,8 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
         layer_activations=on_stages(layer_activations),
         num_micro_batches=m,
         expert_params=on_stages(expert_params),
-        moe_layers=on_stages(moe_layers, 0),
-        recomputed_dense=on_stages(np.where(full_rec, rec_dense, 0), 0),
-        recomputed_moe=on_stages(np.where(full_rec, rec_moe, 0), 0),
+        kind_layers=np.stack([on_stages(c, 0) for c in counts]),
+        recomputed=np.stack([on_stages(np.where(full_rec, r, 0), 0) for r in rec]),
         resident_weights=on_stages(resident),
         resident_gradients=on_stages(resident_grads),
     )

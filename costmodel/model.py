@@ -181,6 +181,13 @@ class ModelSpec:
         return self.num_layers - self.first_dense_layers if self.is_moe else 0
 
     @property
+    def layer_kinds(self) -> tuple[int, ...]:
+        """The kind of each layer in order (``costmodel.arrays.Layers``): 0 for a dense
+        layer, 1 for a MoE layer (all but the first ``first_dense_layers``)."""
+        dense = self.num_layers - self.num_moe_layers
+        return (0,) * dense + (1,) * self.num_moe_layers
+
+    @property
     def q_dim(self) -> int:
         """Width of the query projection: ``num_heads * head_dim``."""
         return self.num_heads * int(self.head_dim or 0)

@@ -10,7 +10,7 @@ and the compute of one layer of each kind per micro-batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -77,8 +77,7 @@ class Rows:
     z: np.ndarray  # ZeRO/FSDP shard degree of the dense parameters (1 without ZeRO)
     sp: np.ndarray
     autocast: np.ndarray
-    dense: LayerCompute
-    moe: LayerCompute
+    layers: tuple[LayerCompute, ...]  # one layer of each kind (LayerCosts.layer_kinds)
     emb: LayerCompute
     head: LayerCompute
     dense_params: np.ndarray  # per GPU: the stage's non-expert parameters (embeddings too)
@@ -100,38 +99,47 @@ class Rows:
         return self.mem.num_layers.astype(float)
 
     @cached_property
-    def nm(self) -> np.ndarray:
-        """MoE layers of each stage."""
-        return self.mem.moe_layers.astype(float)
+    def counts(self) -> np.ndarray:
+        """Layers of each kind in each stage, ``[kinds, P, rows]``."""
+        return self.mem.kind_layers.astype(float)
 
     @cached_property
-    def rd(self) -> np.ndarray:
-        """Dense layers fully recomputed in each stage."""
-        return self.mem.recomputed_dense.astype(float)
-
-    @cached_property
-    def rm(self) -> np.ndarray:
-        """MoE layers fully recomputed in each stage."""
-        return self.mem.recomputed_moe.astype(float)
+    def recomputed(self) -> np.ndarray:
+        """Layers of each kind fully recomputed in each stage, ``[kinds, P, rows]``."""
+        return self.mem.recomputed.astype(float)
 
     @cached_property
     def rec_layers(self) -> np.ndarray:
         """Layers whose forward runs again in backward (full recompute)."""
-        return np.where(self.a.recompute == 2, self.rd + self.rm, 0.0)
+        return np.where(self.a.recompute == 2, self.recomputed.sum(axis=0), 0.0)
 
-    def per_stage(self, d: np.ndarray, mo: np.ndarray, e_: np.ndarray | float = 0.0,
+    def per_stage(self, per_kind: Sequence[np.ndarray], e_: np.ndarray | float = 0.0,
                   hd: np.ndarray | float = 0.0) -> np.ndarray:
-        """Sum over a stage's layers of a per-layer quantity (dense, MoE, embedding, head)."""
-        nl = self.nl
-        if self.costs.is_moe:
-            nm = self.nm
-            out = (nl - nm) * d + nm * mo
-        else:
-            out = nl * d
+        """Sum over a stage's layers of a per-layer quantity (one per kind of layer), plus
+        the embedding's on the first stage and the head's on the last."""
+        return self._over(self.counts, per_kind, e_, hd)
+
+    def recomputed_sum(self, per_kind: Sequence[np.ndarray]) -> np.ndarray:
+        """Sum over a stage's fully recomputed layers of a per-layer quantity."""
+        return self._over(self.recomputed, per_kind)
+
+    def routed_layers(self, counts: np.ndarray) -> np.ndarray:
+        """Of ``counts`` (per kind), the layers that route tokens to experts."""
+        out = np.zeros(counts.shape[1:])
+        for k in range(counts.shape[0]):
+            if self.costs.routed(k):
+                out = out + counts[k]
+        return out
+
+    def _over(self, counts: np.ndarray, per_kind: Sequence[np.ndarray],
+              e_: np.ndarray | float = 0.0, hd: np.ndarray | float = 0.0) -> np.ndarray:
+        out = counts[0] * per_kind[0]
+        for k in range(1, len(per_kind)):
+            out = out + counts[k] * per_kind[k]
         if not np.isscalar(e_) or e_ != 0.0:
-            out = out + np.where(self.first, np.broadcast_to(e_, d.shape), 0.0)
+            out = out + np.where(self.first, np.broadcast_to(e_, out.shape), 0.0)
         if not np.isscalar(hd) or hd != 0.0:
-            out = out + np.where(self.last, np.broadcast_to(hd, d.shape), 0.0)
+            out = out + np.where(self.last, np.broadcast_to(hd, out.shape), 0.0)
         return out
 
 
@@ -148,9 +156,8 @@ def table_rows(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     st = a.stage_major  # [P, rows], like mem's arrays
     cp = a.cp.astype(float)
     ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
-    dense = costs.layer_compute(gpu, job, a, moe=False, autocast=ac)
-    moe = (costs.layer_compute(gpu, job, a, moe=True, capacity_factor=cf, autocast=ac)
-           if costs.is_moe else dense)
+    layers = tuple(costs.layer_compute(gpu, job, a, k, capacity_factor=cf, autocast=ac)
+                   for k in range(costs.kinds))
     emb, head = costs.head_compute(gpu, job, a, autocast=ac)
     return Rows(
         costs=costs, cluster=cluster, job=job, a=a, mem=mem, topo=Topology.of(cluster),
@@ -160,7 +167,7 @@ def table_rows(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
         m=mem.num_micro_batches.astype(float), tp=a.tp.astype(float), cp=cp,
         dp=a.dp.astype(float), pp=a.pp.astype(float), ep=a.ep.astype(float),
         v=a.v.astype(float), tokens=job.seq_len / cp * a.mbs, sp=a.sp == 1, autocast=ac,
-        dense=dense, moe=moe, emb=emb, head=head,
+        layers=layers, emb=emb, head=head,
         dense_params=mem.layer_params - mem.expert_params + mem.embedding_params,
         exp_params=mem.expert_params)
 
@@ -187,10 +194,10 @@ class TensorParallel:
     """TP communication per micro-batch: ``exposed`` per stage (with the forward collectives
     full recompute runs again), and what ``detail`` adds up into its total: one layer's
     forward and backward collectives, the embedding's and the head's, and all that full
-    recompute adds per stage."""
+    recompute adds per stage (``layer_total`` per kind of layer)."""
 
     exposed: np.ndarray
-    layer_total: np.ndarray
+    layer_total: tuple[np.ndarray, ...]
     emb: np.ndarray
     head: np.ndarray
     rec_total: np.ndarray
@@ -242,18 +249,18 @@ def tensor_parallel(r: Rows) -> TensorParallel:
     if r.costs.spec is None:
         # A traced graph: the collectives its layouts insert (LayerCosts.tp_seconds), all
         # exposed; full recompute runs a layer's forward half of them again.
-        layer, emb, head = r.costs.tp_seconds(r.topo, r.a, r.job)
-        rec = r.rec_layers * layer / 2
-        return TensorParallel(exposed=r.per_stage(layer, layer, emb, head) + rec,
-                              layer_total=layer, emb=emb, head=head, rec_total=rec)
+        layers, emb, head = r.costs.tp_seconds(r.topo, r.a, r.job)
+        rec = r.recomputed_sum([x / 2 for x in layers])
+        return TensorParallel(exposed=r.per_stage(layers, emb, head) + rec,
+                              layer_total=layers, emb=emb, head=head, rec_total=rec)
     act = r.e * r.tokens * float(r.costs.hidden_size)  # one activation tensor, all of it
     ar = r.topo.all_reduce(act, r.tp, 1.0)
     ag = r.topo.all_gather(act, r.tp, 1.0)
     c = _TPCollectives(ar=ar, ag=ag, per_pass=np.where(r.sp, 2 * (ag + ag), 2 * ar),
                        pipelined=r.fw in ("megatron", "torchtitan") and r.job.tp_comm_overlap,
                        chunked=(r.tp - 1) / r.tp)
-    dense_f, moe_f = _tp_forward(c, r.sp, r.dense), _tp_forward(c, r.sp, r.moe)
-    dense_b, moe_b = _tp_backward(c, r, r.dense), _tp_backward(c, r, r.moe)
+    fwd = [_tp_forward(c, r.sp, lc) for lc in r.layers]
+    bwd = [_tp_backward(c, r, lc) for lc in r.layers]
     # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
     # all-gather of its input with SP, all-reduce of the input gradient without; the
     # vocabulary-parallel cross entropy all-reduces 3 fp32 values per token (max, sum, target).
@@ -262,14 +269,15 @@ def tensor_parallel(r: Rows) -> TensorParallel:
     # Full recompute runs each recomputed layer's forward collectives again, after gathering
     # the saved layer input when its TP ranks kept a slice each (distributed saved
     # activations, Job docstring; none with SP, whose input is already split).
-    rec = r.rd * dense_f + r.rm * moe_f if c.pipelined else r.rec_layers * c.per_pass
+    rec = r.recomputed_sum(fwd) if c.pipelined else r.rec_layers * c.per_pass
     gather: np.ndarray | float = 0.0
     if r.job.distribute_saved_activations:
         gather = r.rec_layers * np.where(r.sp, 0.0, ag)
         rec = rec + gather
+    total = 2 * c.per_pass + np.where(r.sp & (r.fw == "megatron"), 2 * ag, 0.0)
     return TensorParallel(
-        exposed=r.per_stage(dense_f + dense_b, moe_f + moe_b, emb, head) + rec,
-        layer_total=2 * c.per_pass + np.where(r.sp & (r.fw == "megatron"), 2 * ag, 0.0),
+        exposed=r.per_stage([f + b for f, b in zip(fwd, bwd, strict=True)], emb, head) + rec,
+        layer_total=(total,) * len(r.layers),
         emb=emb, head=head, rec_total=r.rec_layers * c.per_pass + gather)
 
 
@@ -286,7 +294,7 @@ def context_parallel(r: Rows) -> tuple[np.ndarray, np.ndarray]:
         return (cp - 1) * overlap(ring_step, lc.core_forward / cp) \
             + (cp - 1) * overlap(2 * ring_step, lc.core_backward / cp)
 
-    return r.per_stage(exposed(r.dense), exposed(r.moe)), (cp - 1) * 3 * ring_step
+    return r.per_stage([exposed(lc) for lc in r.layers]), (cp - 1) * 3 * ring_step
 
 
 def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
@@ -298,7 +306,8 @@ def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
     h = float(r.costs.hidden_size)
     top_k = r.costs.moe_routing()[0]
     a2a = 2 * r.topo.all_to_all(r.e * r.tokens * top_k * r.cf * h, r.ep, r.tp)
-    return r.nm * (2 * a2a) + r.rm * a2a * (r.a.recompute == 2)
+    return r.routed_layers(r.counts) * (2 * a2a) \
+        + r.routed_layers(r.recomputed) * a2a * (r.a.recompute == 2)
 
 
 # ---- ZeRO-3 / FSDP per-layer gathers and reduce-scatters ---------------------------------
@@ -376,26 +385,23 @@ def sharded(r: Rows) -> Sharded:
     # and are reduce-scattered once per step, like a data-parallel all-reduce.
     nosync = framework(fw).torch_pipelining & (r.a.pp > 1) & (zero >= 2)
     rs_each = rs_each & ~nosync
-    dense_local, moe_local, exp_local = r.costs.layer_params_per_gpu(r.tp, r.ep)
     tp, tp_ep = r.tp, r.tp * r.ep
-    ag_dense = np.where(ag_fwd, _gather(r, dense_local, z, tp), 0.0)
-    rs_dense = np.where(rs_each, _scatter(r, dense_local, z, tp), 0.0)
-    if r.costs.is_moe:
-        ag_moe = np.where(ag_fwd, _gather(r, moe_local, z, tp)
-                          + _gather(r, exp_local, z_exp, tp_ep), 0.0)
-        rs_moe = np.where(rs_each, _scatter(r, moe_local, z, tp)
-                          + _scatter(r, exp_local, z_exp, tp_ep), 0.0)
-    else:
-        ag_moe, rs_moe = ag_dense, rs_dense
+    ag, rs = [], []  # one layer of each kind: its gather, its gradients' reduce-scatter
+    for local, experts in r.costs.layer_params_per_gpu(r.tp, r.ep):
+        g, sc = _gather(r, local, z, tp), _scatter(r, local, z, tp)
+        if experts is not None:
+            g = g + _gather(r, experts, z_exp, tp_ep)
+            sc = sc + _scatter(r, experts, z_exp, tp_ep)
+        ag.append(np.where(ag_fwd, g, 0.0))
+        rs.append(np.where(rs_each, sc, 0.0))
     # Per-micro-batch reduce-scatters hide behind backward unless overlap is off (DeepSpeed
     # ZeRO-2 with overlap_comm false); ZeRO-3 prefetching always overlaps.
     hide = np.where(zero == 3, 1.0, 1.0 if r.job.overlap_grad_reduce else 0.0)
-    f_dense = overlap(ag_dense, r.dense.forward)
-    b_dense = overlap(np.where(ag_bwd, ag_dense, 0.0) + rs_dense, hide * r.dense.backward)
-    f_moe = overlap(ag_moe, r.moe.forward)
-    b_moe = overlap(np.where(ag_bwd, ag_moe, 0.0) + rs_moe, hide * r.moe.backward)
-    edges = ag_dense + rs_dense  # first gather and last reduce-scatter of a micro-batch
-    exposed = r.per_stage(f_dense + b_dense, f_moe + b_moe) + edges * r.valid
+    per_layer = [overlap(g, lc.forward)
+                 + overlap(np.where(ag_bwd, g, 0.0) + sc, hide * lc.backward)
+                 for g, sc, lc in zip(ag, rs, r.layers, strict=True)]
+    edges = ag[0] + rs[0]  # first gather and last reduce-scatter of a micro-batch
+    exposed = r.per_stage(per_layer) + edges * r.valid
     copy = _fsdp2_copies(r, ag_fwd, ag_bwd)
     exposed = exposed + copy
     # Communication hidden behind compute still slows it: NCCL's kernels take SMs and HBM
@@ -404,7 +410,7 @@ def sharded(r: Rows) -> Sharded:
     # step, FSDP's gathers and reduce-scatters (here) and the data-parallel gradient
     # reduction (_gradient_sync); applied to TP and CP too, the fit lost the Korthikanti et
     # al. 2022 runs (4 % instead of 2.5 %), whose overlap windows are single matmuls.
-    wire = r.per_stage(ag_dense * (1 + ag_bwd) + rs_dense, ag_moe * (1 + ag_bwd) + rs_moe)
+    wire = r.per_stage([g * (1 + ag_bwd) + sc for g, sc in zip(ag, rs, strict=True)])
     slow = r.cluster.gpu.efficiency.comm_slowdown
     if slow > 0:
         exposed = exposed + slow * np.maximum(wire - (exposed - copy), 0.0)
@@ -433,8 +439,8 @@ def accumulation_time(r: Rows, sh: Sharded) -> np.ndarray:
 def recompute_time(r: Rows) -> np.ndarray:
     """Seconds per micro-batch per stage that recompute adds to the backward."""
     mode = r.a.recompute
-    rec_full = r.rd * r.dense.forward + r.rm * r.moe.forward
-    rec_sel = r.per_stage(r.dense.selective, r.moe.selective)
+    rec_full = r.recomputed_sum([lc.forward for lc in r.layers])
+    rec_sel = r.per_stage([lc.selective for lc in r.layers])
     return np.where(mode == 2, rec_full, np.where(mode == 1, rec_sel, 0.0))
 
 

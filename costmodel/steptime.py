@@ -186,16 +186,16 @@ def _floor(r: Rows, bare: np.ndarray) -> np.ndarray:
     of a core leaves them out too: it then bounds the core's sharded configurations."""
     if r.autocast.any():
         costs, gpu, job, a = r.costs, r.cluster.gpu, r.job, r.a
-        d0 = costs.layer_compute(gpu, job, a, moe=False)
-        m0 = (costs.layer_compute(gpu, job, a, moe=True, capacity_factor=r.cf)
-              if costs.is_moe else d0)
+        bare_layers = [costs.layer_compute(gpu, job, a, k, capacity_factor=r.cf)
+                       for k in range(costs.kinds)]
         e0, h0 = costs.head_compute(gpu, job, a)
-        dense, moe, emb, head = r.dense, r.moe, r.emb, r.head
-        extra = r.per_stage(dense.forward + dense.backward - d0.forward - d0.backward,
-                            moe.forward + moe.backward - m0.forward - m0.backward,
+        emb, head = r.emb, r.head
+        extra = r.per_stage([lc.forward + lc.backward - l0.forward - l0.backward
+                             for lc, l0 in zip(r.layers, bare_layers, strict=True)],
                             emb.forward + emb.backward - e0.forward - e0.backward,
                             head.forward + head.backward - h0.forward - h0.backward) \
-            + (r.rd * (dense.forward - d0.forward) + r.rm * (moe.forward - m0.forward)) \
+            + r.recomputed_sum([lc.forward - l0.forward
+                                for lc, l0 in zip(r.layers, bare_layers, strict=True)]) \
             * (a.recompute == 2)
         bare = bare - extra
     bare = np.where(r.valid, bare, 0.0)
@@ -348,7 +348,7 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     step time is at most this (a search's current k-th best); the others keep the bound.
     """
     r = table_rows(model, cluster, job, a, mem)
-    d, mo, em, hd = r.dense, r.moe, r.emb, r.head
+    ls, em, hd = r.layers, r.emb, r.head
     tp = tensor_parallel(r)
     cp_comm, cp_layer = context_parallel(r)
     ep_comm = expert_parallel(r, cp_comm)
@@ -356,8 +356,8 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     accumulate = accumulation_time(r, sh)
 
     # ---- per stage, per micro-batch -------------------------------------------------------
-    fwd = r.per_stage(d.forward, mo.forward, em.forward, hd.forward)
-    bwd = r.per_stage(d.backward, mo.backward, em.backward, hd.backward) + accumulate
+    fwd = r.per_stage([lc.forward for lc in ls], em.forward, hd.forward)
+    bwd = r.per_stage([lc.backward for lc in ls], em.backward, hd.backward) + accumulate
     recompute = recompute_time(r)
     pp_comm, pp_total = p2p_time(r, fwd)
     stage_time = fwd + bwd + recompute + tp.exposed + cp_comm + ep_comm + sh.exposed + pp_comm
@@ -409,11 +409,11 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
         return TimeTable(step_time=step, terms=terms, comm_total={}, stage_time=stage_time,
                          bottleneck_stage=b, model_flops=mf, hardware_flops=None,
                          floor=floor, exact=exact)
-    tp_total = r.per_stage(tp.layer_total, tp.layer_total, tp.emb, tp.head) \
+    tp_total = r.per_stage(tp.layer_total, tp.emb, tp.head) \
         + tp.rec_total
     comm_total = {
         "tp": m * at(tp_total, b),
-        "cp": m * at(r.per_stage(cp_layer, cp_layer), b),
+        "cp": m * at(r.per_stage([cp_layer] * len(r.layers)), b),
         "ep": m * at(ep_comm, b),  # all of it is exposed
         "pp": m * at(pp_total, b),
         "fsdp": m * at(sh.wire + sh.copy, b),
@@ -427,7 +427,7 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
 def _recompute_flops(r: Rows) -> np.ndarray:
     """FLOPs recompute adds to the step over all GPUs: the forward of what it re-runs."""
     mode = r.a.recompute
-    rec = np.where(mode == 2, r.rd * r.dense.forward_flops + r.rm * r.moe.forward_flops,
-                   np.where(mode == 1, r.per_stage(r.dense.selective_flops,
-                                                   r.moe.selective_flops), 0.0))
+    rec = np.where(mode == 2, r.recomputed_sum([lc.forward_flops for lc in r.layers]),
+                   np.where(mode == 1, r.per_stage([lc.selective_flops for lc in r.layers]),
+                            0.0))
     return r.m * (rec * r.count).sum(axis=0) * r.tp * r.dp * r.cp

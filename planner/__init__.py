@@ -44,7 +44,6 @@ from costmodel.layercosts import LayerCosts
 from planner.compare import Candidate, Comparison, compare, parse_config
 from planner.explain import Choice, Explanation, Option, explain
 from planner.explore import Frontier, SweepPoint, frontier, sweep
-from planner.graphplan import GraphPlan, plan_graph
 from planner.models import load_model
 from planner.plan import Alternative, Plan, describe, plan
 from planner.progress import Progress
@@ -64,7 +63,6 @@ __all__ = [
     "Estimate",
     "Explanation",
     "Frontier",
-    "GraphPlan",
     "Infeasible",
     "InferenceConfig",
     "InferenceEstimate",
@@ -95,7 +93,6 @@ __all__ = [
     "load_model",
     "parse_config",
     "plan",
-    "plan_graph",
     "simulate",
     "sweep",
     "timeline",

@@ -62,7 +62,7 @@ class StageCosts:
     ``time[s, i, l, r]`` / ``memory[s, i, l, r]``: stage ``s`` holding layers ``i .. i+l-1`` and
     fully recomputing ``r`` of them (``r`` is 0 unless the configuration recomputes fully);
     ``inf`` where the candidate is impossible. ``starts_matter``: whether the first layer
-    changes the cost (MoE models with leading dense layers); otherwise only ``i = 0`` is filled
+    changes the cost (layers of several kinds); otherwise only ``i = 0`` is filled
     and stands for every start.
     """
 
@@ -100,10 +100,12 @@ def stage_costs(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: 
     validate(model, cluster, job, replace(cfg, stage_layers=None, stage_recompute_layers=None))
     p, L = cfg.pp, model.num_layers
     per_stage = cfg.recompute == "full"
-    kd = model.first_dense_layers if model.is_moe else 0
-    starts = range(L) if kd else range(1)
+    # Where the layers are not all of one kind (a MoE model's leading dense layers, a
+    # traced graph's distinct blocks) a stage's cost depends on its first layer too.
+    mixed = len(set(model.layer_kinds)) > 1
+    starts = range(L) if mixed else range(1)
     cand = [(s, i, n, r) for s in range(p) for i in starts for n in range(1, L - p + 2)
-            if i + n <= L or not kd for r in (range(n + 1) if per_stage else (0,))]
+            if i + n <= L or not mixed for r in (range(n + 1) if per_stage else (0,))]
     c = np.array(cand, dtype=np.int64)
     base = ConfigArrays.from_configs(model, [replace(cfg, stage_layers=None,
                                                      stage_recompute_layers=None)])
@@ -119,7 +121,7 @@ def stage_costs(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: 
     memory = np.full(shape, np.inf)
     time[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = tt.stage_time[0]
     memory[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = mem.total[0]
-    return StageCosts(time=time, memory=memory, starts_matter=bool(kd))
+    return StageCosts(time=time, memory=memory, starts_matter=mixed)
 
 
 def _best_options(costs: StageCosts, capacity: float) -> tuple[np.ndarray, np.ndarray]:

@@ -167,9 +167,10 @@ class Plan:
         except json.JSONDecodeError as e:
             raise SpecError(f"{where} is not valid JSON: {e}") from e
         if isinstance(d, dict) and d.get("kind") == "graph":
-            raise SpecError("this is the plan of a torch module, sharded op by op ('planner "
-                            "plan --model module:attr'); it is read as JSON, not re-estimated "
-                            "or emitted: plan a preset, config.json or ModelSpec for that")
+            raise SpecError("this is a graph plan of a torch module, written by an earlier "
+                            "planner (one sharding per op on 2-D meshes, now removed); plan "
+                            "the module again ('planner plan --model module:attr') for a plan "
+                            "that re-estimates, explains and runs")
         if not isinstance(d, dict):
             raise SpecError(f"{where} holds a JSON {type(d).__name__}, not a plan (a JSON "
                             "object written by 'planner plan -o')")
@@ -283,7 +284,7 @@ class Plan:
         c = self.counts
         lines = [
             f"plan     {describe(cfg)}  ({job.framework})",
-            f"         step {e.step_time_text}, {e.tokens_per_s:,.0f} tokens/s, MFU "
+            f"         step {e.step_time_text}, {e.tokens_per_s:,.0f} {job.unit}/s, MFU "
             f"{100 * (e.mfu or 0):.1f}%, peak memory {e.peak_memory_bytes / GIB:.1f} of "
             f"{e.memory_capacity_bytes / GIB:.1f} GiB per GPU (headroom "
             f"{e.headroom_bytes / GIB:.1f} GiB)",
@@ -315,7 +316,7 @@ class Plan:
         head = [("model", f"{self.model.name} ({self.model.num_params() / 1e9:.2f}B)"),
                 ("cluster", f"{self.cluster.num_nodes} x {self.cluster.gpus_per_node} "
                  f"{self.cluster.gpu.name}"),
-                ("job", f"{self.job.global_batch_size} x {self.job.seq_len} tokens, "
+                ("job", f"{self.job.global_batch_size} x {self.job.seq_len} {self.job.unit}, "
                  f"{self.job.precision}, {self.job.framework}"),
                 ("plan", describe(self.config)),
                 ("searched", f"{c.get('space', 0):,} configurations in "
@@ -475,9 +476,8 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     with ``example_inputs`` (one micro-batch of what its forward takes, or a function of the
     micro-batch size returning one). A module is traced on the meta device, each of its
     blocks costed per TP degree (``LayerCosts.from_graph``), and searched as a preset is,
-    returning a ``Plan``; a module whose blocks the tables do not take yet (several kinds of
-    repeated block, or none) gets the graph plan (``planner.graphplan.plan_graph``, a
-    ``GraphPlan``: per-op sharding on a 2-D mesh per pipeline stage).
+    returning a ``Plan``: a pipeline stage holds a run of its layers, whatever their kinds
+    (the blocks between its input and output sides, ``LayerCosts.layer_kinds``).
 
     ``constraints``: a ``Constraints``, a preset name (``planner.space.PRESETS``) or its dict
     form; ``constraints.frameworks`` searches several trainers. ``top_k``: how many
@@ -541,8 +541,7 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     """A torch module (or its ``LayerGraph``): traced on one micro-batch, each distinct block
     sharded per TP degree (``LayerCosts.from_graph``, with and without sequence
     parallelism), then the one search (``plan`` of its ``LayerCosts``), the faster of the
-    two kept. A graph whose blocks the tables do not take (more than one kind of repeated
-    layer) is planned op by op on 2-D meshes (``planner.graphplan``, a ``GraphPlan``)."""
+    two kept."""
 
     graph = _traced(model, cluster, job, example_inputs)
     best: Plan | None = None
@@ -550,14 +549,6 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     # Sequence parallel needs a TP degree above 1 (the degrees: a node's divisors).
     for sp in (False, True) if cluster.gpus_per_node > 1 else (False,):
         costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel=sp)
-        if not sp:  # the blocks are the same either way: ask the tables once
-            try:
-                costs.sides()
-            except SpecError as e:
-                if _constraints(constraints) != Constraints():
-                    raise SpecError(f"{e}: it is sharded op by op by the graph planner, "
-                                    "which takes no constraints") from None
-                return _plan_graph(model, graph, cluster, job, example_inputs, progress)
         try:
             found = plan(costs, cluster, job, constraints=constraints, top_k=top_k,
                          partition=partition)
@@ -602,39 +593,6 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
         raise SpecError(f"the example inputs hold sequences of {shape[1]} tokens but the job "
                         f"trains {job.seq_len}; trace the job's sequence length")
     return graph
-
-
-def _plan_graph(model: Any, graph: Any, cluster: Cluster, job: Job, example_inputs: Any,
-                progress: Callable[[float], None] | None = None) -> Any:
-    """The graph plan (``planner.graphplan``) of a module the tables do not take yet, whose
-    ``graph`` ``_traced`` made. ``example_inputs`` may be a function of the micro-batch
-    size returning one micro-batch: then every power-of-two micro-batch that divides the
-    global batch, up to the number of GPUs (a micro-batch is split across its stage's mesh,
-    so data parallelism over all the GPUs needs that many samples), is traced and planned,
-    and the fastest plan is kept (ties: the smaller micro-batch)."""
-    from costmodel.graph import LayerGraph
-    from planner.graphplan import plan_graph
-
-    if isinstance(model, LayerGraph) or not callable(example_inputs):
-        return plan_graph(graph, cluster, job)
-    sizes = [2**i for i in range(cluster.num_gpus.bit_length())
-             if job.global_batch_size % 2**i == 0]
-    best: Any = None
-    errors: list[str] = []
-    for i, b in enumerate(sizes):
-        try:
-            found = plan_graph(LayerGraph.from_module(model, example_inputs(b),
-                                                      dtype=_trace_dtype(job)), cluster, job)
-        except Infeasible as e:
-            errors.append(f"micro-batch {b}: {e}")
-        else:
-            if best is None or found.step_time_s < best.step_time_s:
-                best = found
-        if progress is not None:
-            progress((i + 1) / len(sizes))
-    if best is None:
-        raise Infeasible("; ".join(errors))
-    return best
 
 
 def _trace_dtype(job: Job) -> Any:

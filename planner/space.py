@@ -314,9 +314,12 @@ def positions(sizes: np.ndarray) -> np.ndarray:
 
 
 def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
-    """The cost model's columns of rows of ``COLUMNS``, uniform stage split."""
+    """The cost model's columns of rows of ``COLUMNS``, uniform stage split: four
+    representative stage columns where they are exact, else every stage its own."""
     c = {name: table[:, i] for i, name in enumerate(COLUMNS)}
-    index, count, layers, start = ConfigArrays.uniform_stages(model.num_layers, c["pp"])
+    exact = ConfigArrays.classes_exact(model, c["pp"], c["v"])
+    index, count, layers, start = (ConfigArrays.uniform_stages if exact else
+                                   ConfigArrays.every_stage)(model.num_layers, c["pp"])
     shard = np.where(c["zero"] > 0, c["group"] * c["cp"], 1)
     return ConfigArrays(
         dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero=c["zero"],

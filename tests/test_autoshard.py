@@ -19,7 +19,6 @@ from costmodel.autoshard import Mesh, ShardingProblem, brute_force, solve  # noq
 from costmodel.comm import Topology  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
 from costmodel.sharding import PARTIAL, REPLICATE, op_loops, reshard_time, view_map  # noqa: E402
-from planner.graphplan import _stage_dp, plan_graph  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 
 NODE = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
@@ -170,26 +169,9 @@ def test_pure_data_parallel_for_a_small_model_and_a_large_batch() -> None:
     assert all(c[2].startswith("all-reduce") for c in sol.collectives())  # only the loss
 
 
-def test_stage_dp_equals_brute_force_over_splits() -> None:
-    import itertools
-
-    times = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
-    mems = [2.0, 1.0, 1.0, 3.0, 1.0, 2.0, 2.0, 1.0]
-    acts = [0.5] * 8
-    for pp, cap in ((2, 100.0), (3, 100.0), (3, 8.0), (4, 6.0)):
-        found = _stage_dp(times, mems, pp, cap, acts, micro_batches=8)
-        best = math.inf
-        for cuts in itertools.combinations(range(1, 8), pp - 1):
-            b = [0, *cuts, 8]
-            if all(sum(mems[b[s]:b[s + 1]]) + (pp - s) * sum(acts[b[s]:b[s + 1]]) <= cap
-                   for s in range(pp)):
-                best = min(best, max(sum(times[b[s]:b[s + 1]]) for s in range(pp)))
-        assert (found[0] if found else math.inf) == best
-
-
-def test_plan_graph_and_plan_take_a_module() -> None:
-    """A module of repeated blocks goes through the one search (its LayerCosts); the graph
-    plan, sharding op by op on 2-D meshes, plans any graph (samples: seq_len 1)."""
+def test_plan_takes_a_module() -> None:
+    """A module of repeated blocks goes through the one search (its LayerCosts; samples:
+    seq_len 1)."""
     import planner
 
     cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8, inter_node_link="ib-ndr")
@@ -200,11 +182,6 @@ def test_plan_graph_and_plan_take_a_module() -> None:
     layer = next(b for b in plan.model.blocks if b.kind == "layer")
     assert layer.repeat == 8 and plan.model.num_layers == 8  # "0" traced once
     assert plan.estimate.fits and "why not" in plan.summary()
-    direct = plan_graph(LayerGraph.from_module(model, torch.randn(32, 128, 1024),
-                                               dtype=torch.bfloat16), cluster, job)
-    units = [u for stage in direct.stages for u in stage]
-    assert units.count("0") == 8 and "(loss)" in units and direct.step_time_s > 0
-    assert direct.peak_memory_bytes <= cluster.gpu.memory_bytes and "pp=" in direct.summary()
     with pytest.raises(SpecError, match="example_inputs"):
         planner.plan(model, cluster, job)
 
@@ -235,7 +212,9 @@ def test_nothing_fits_says_so() -> None:
     job = Job(global_batch_size=64, seq_len=1)
     with pytest.raises(SpecError, match="no sharding fits"):
         solve(ShardingProblem(graph, Mesh((1, 8)), NODE, job, budget=1024.0))
-    with pytest.raises(Infeasible, match="no plan fits"):
+    with pytest.raises(Infeasible, match="nothing fits"):
+        import planner
+
         tiny = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=1)
-        plan_graph(_transformer(8192, 64, 4096, layers=64), tiny,
-                   Job(global_batch_size=64, seq_len=4096))
+        planner.plan(_transformer(8192, 64, 4096, layers=512), tiny,
+                     Job(global_batch_size=64, seq_len=4096))

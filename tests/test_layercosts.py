@@ -261,8 +261,8 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
     job = Job(global_batch_size=64, seq_len=SEQ, precision="bf16", framework="torchtitan")
     one = ConfigArrays.from_configs(spec, [ParallelConfig(dp=32, zero_stage=2,
                                                           micro_batch_size=2)])
-    want = LayerCosts.of(spec).layer_compute(cluster.gpu, job, one, moe=False)
-    got = traced.layer_compute(cluster.gpu, job, one, moe=False)
+    want = LayerCosts.of(spec).layer_compute(cluster.gpu, job, one, 0)
+    got = traced.layer_compute(cluster.gpu, job, one, 0)
     for f in ("flops", "forward_flops", "core_forward", "core_backward"):
         assert float(getattr(got, f)[0]) == pytest.approx(float(getattr(want, f)[0]),
                                                          rel=0.01), f

@@ -160,7 +160,7 @@ def estimate_report(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, e
     """``planner estimate``'s text: the problem, the configuration, memory per GPU by term
     (and pipeline stage) and the step time by term."""
     return "\n".join([*_header(model, cluster, job, est), "", *_memory_lines(est),
-                      *_time_lines(cluster, est)])
+                      *_time_lines(cluster, job, est)])
 
 
 def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Estimate
@@ -173,7 +173,7 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {cluster.intra_link.name} "
         f"inside nodes, {cluster.nics_per_node} x {cluster.inter_link.name} per "
         "node",
-        f"job      {job.global_batch_size} x {job.seq_len} tokens, {job.precision}, "
+        f"job      {job.global_batch_size} x {job.seq_len} {job.unit}, {job.precision}, "
         f"{job.optimizer}, {job.framework} conventions"
         + (", TP collectives pipelined with matmuls (--tp-comm-overlap)"
            if job.tp_comm_overlap and job.framework != "deepspeed" else "")
@@ -219,7 +219,7 @@ def _memory_lines(est: Estimate) -> list[str]:
     return lines
 
 
-def _time_lines(cluster: Cluster, est: Estimate) -> list[str]:
+def _time_lines(cluster: Cluster, job: Job, est: Estimate) -> list[str]:
     """The step time of the bottleneck stage by term, throughput and, where the GPU profile
     has a price, the cost (none for an ``Estimate`` of memory only)."""
     step, mfu, hfu = est.step_time_s, est.mfu, est.hfu
@@ -237,11 +237,11 @@ def _time_lines(cluster: Cluster, est: Estimate) -> list[str]:
     band = f"   ± {100 * est.step_time_band:.0f} %: {est.step_time_band_basis}" \
         if est.step_time_band else ""
     lines.append(f"  {'step':<12s}{_fmt_s(step)}{band}")
-    lines.append(f"  {est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model "
+    lines.append(f"  {est.tokens_per_s:,.0f} {job.unit}/s, {est.model_tflops_per_gpu:.1f} model "
                  f"TFLOP/s per GPU, MFU {100 * mfu:.1f}%, HFU {100 * hfu:.1f}%")
     price = cluster.gpu.usd_per_gpu_hour
     if est.usd_per_million_tokens is not None and price is not None:
-        lines.append(f"  ${est.usd_per_million_tokens:.3f} per million tokens at "
+        lines.append(f"  ${est.usd_per_million_tokens:.3f} per million {job.unit} at "
                      f"${price:.2f} per GPU-hour "
                      f"(${price * cluster.num_gpus:,.0f}/h for the "
                      "cluster; the profile's on-demand price)")

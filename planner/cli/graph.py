@@ -127,13 +127,9 @@ def _trace(args: argparse.Namespace) -> tuple[LayerGraph, Job]:
     if args.seq_len is None and not args.input_shape:
         raise SpecError(f"{args.model}: give --seq-len for a model fed token ids, or "
                         "--input-shape, e.g. --input-shape 8x3x224x224 (micro-batch first)")
-    if args.input_shape:
-        args.micro_batch_size = None  # the first dimension of --input-shape
     job = Job(global_batch_size=1, seq_len=args.seq_len or 1, precision=args.precision,
               framework=args.framework)
-    inputs = module_inputs(args, model, job)
-    if callable(inputs):
-        inputs = inputs(1)
+    inputs = module_inputs(args, model, job, batch=args.micro_batch_size)
     dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(job.precision, torch.bfloat16)
     return LayerGraph.from_module(model, inputs, dtype=dtype), job
 

@@ -152,34 +152,11 @@ def search_problem(args: argparse.Namespace, model: ModelSpec, cluster: Cluster,
 def _plan_torch_module(args: argparse.Namespace, module: Any, cluster: Cluster,
                        job: Job) -> int:
     """``planner plan`` of a torch module: traced, its blocks costed per TP degree, then the
-    one search (a ``Plan``, reported as a preset's); a module whose blocks the tables do not
-    take yet gets the graph plan (a ``GraphPlan``, sharded op by op)."""
+    one search (a ``Plan``, reported as a preset's)."""
     inputs = module_inputs(args, module, job)
     with Progress("tracing and sharding") as bar:
         found = plan(module, cluster, job, example_inputs=inputs, progress=bar,
                      constraints=load_constraints(args), top_k=args.top_k)
-    if _saved_or_json(args, found):
-        return 0
-    if isinstance(found, Plan):
+    if not _saved_or_json(args, found):
         _print_training(args, found.model, cluster, found.training()[0], found)
-        return 0
-    print(_graph_report(module, cluster, job, found, max(0, args.why)))
-    if args.output:
-        print(f"\nplan written to {args.output}")
     return 0
-
-
-def _graph_report(model: Any, cluster: Cluster, job: Job, found: Any, rows: int) -> str:
-    """``planner plan``'s text for a torch module's ``GraphPlan``."""
-    graph = found.graph
-    unit = "tokens" if job.seq_len > 1 else "samples"
-    return "\n".join([
-        f"model    {graph.name}: {graph.num_params() / 1e9:.2f}B parameters, traced into "
-        f"{graph.graph.number_of_nodes()} ops in {len(graph.layers)} layers "
-        f"({type(model).__name__}); {cluster.num_nodes} x {cluster.gpus_per_node} "
-        f"{cluster.gpu.name}; global batch {job.global_batch_size}, {job.precision}",
-        found.summary(rows=rows),
-        f"throughput  {found.tokens_per_s:,.0f} {unit}/s "
-        f"({found.tokens_per_s / cluster.num_gpus:,.0f} per GPU)"
-        + (f", ${found.usd_per_million_tokens:.3f} per million {unit}"
-           if found.usd_per_million_tokens is not None else "")])

@@ -18,10 +18,10 @@ def add_module_args(p: argparse.ArgumentParser, title: str) -> None:
     """The ``--input-shape`` and ``--input-dtype`` flags, in a group named after ``title``."""
     tm = p.add_argument_group(f"torch module ({title})")
     tm.add_argument("--input-shape", metavar="DIMS",
-                    help="one micro-batch's inputs, micro-batch first: dimensions joined by x, "
-                    "inputs by commas, e.g. 8x3x224x224 (default for a module whose first "
-                    "layer is an nn.Embedding: micro-batch x --seq-len token ids, trying every "
-                    "power-of-two micro-batch up to the GPU count)")
+                    help="the inputs the module is traced with, batch first: dimensions joined "
+                    "by x, inputs by commas, e.g. 8x3x224x224 (the costs are scaled to each "
+                    "micro-batch the search tries; default for a module whose first layer is "
+                    "an nn.Embedding: one sequence of --seq-len token ids)")
     tm.add_argument("--input-dtype", choices=("int64", "float"),
                     help="element type of --input-shape tensors (default: int64 token ids "
                     "when the first layer is an nn.Embedding, else float in --precision)")
@@ -47,9 +47,9 @@ def input_shapes(text: str) -> list[tuple[int, ...]]:
     return shapes
 
 
-def module_inputs(args: argparse.Namespace, module: Any, job: Job) -> Any:
-    """One micro-batch for ``module`` (or a function of the micro-batch size returning
-    one): ``--input-shape`` tensors, else token ids when its first layer is an embedding."""
+def module_inputs(args: argparse.Namespace, module: Any, job: Job, batch: int = 1) -> Any:
+    """The inputs ``module`` is traced with: ``--input-shape`` tensors, else ``batch``
+    sequences of token ids when its first layer is an embedding."""
     try:
         import torch
     except ImportError:
@@ -59,12 +59,8 @@ def module_inputs(args: argparse.Namespace, module: Any, job: Job) -> Any:
     tokens = isinstance(first, torch.nn.Embedding)
     dtype = {"int64": torch.int64, "float": torch.float32}.get(
         args.input_dtype, torch.int64 if tokens else torch.float32)
-    mbs = args.micro_batch_size
     if args.input_shape:
         shapes = input_shapes(args.input_shape)
-        if mbs is not None and shapes[0][0] != mbs:
-            raise SpecError(f"--micro-batch-size {mbs} differs from the first dimension of "
-                            f"--input-shape {args.input_shape}; give one of them")
         return tuple(torch.empty(s, dtype=dtype, device="meta") for s in shapes)
     if not tokens:
         raise SpecError(f"--model {args.model}: its first layer is a "
@@ -72,7 +68,4 @@ def module_inputs(args: argparse.Namespace, module: Any, job: Job) -> Any:
                         ", not an nn.Embedding, so its input cannot be guessed; give "
                         "--input-shape, e.g. --input-shape 8x3x224x224 (micro-batch first)")
 
-    def ids(b: int) -> Any:
-        return torch.zeros((b, job.seq_len), dtype=dtype, device="meta")
-
-    return ids(mbs) if mbs is not None else ids
+    return torch.zeros((batch, job.seq_len), dtype=dtype, device="meta")
