@@ -152,9 +152,10 @@ def test_an_encoder_decoder_plan_round_trips_and_explains() -> None:
 def test_a_conv_net_without_repeated_blocks_is_planned_layer_by_layer() -> None:
     """A plain ``nn.Sequential`` conv net: each of its modules with work is a layer of its
     own kind, and the search weighs pipelining them as it does a transformer's layers."""
+    from torch import nn
+
     import planner
     from planner.space import COLUMNS, Constraints, build_space
-    from torch import nn
 
     net = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(),
                         nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
