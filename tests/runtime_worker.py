@@ -2,9 +2,11 @@
 
 ``python tests/runtime_worker.py CASES.json OUT.json``: CASES is a list of
 ``{"name", "plan", "lr"}`` (plan JSON text, learning rate; ``"spec"``: the ModelSpec whose
-reference transformer a traced module's plan was traced from) for this world size; every case
-is trained with ``planner.runtime.train.train`` and OUT gets, per case, each rank's losses
-and state bytes (or the error). One process group serves all cases, so the processes start once.
+reference transformer a traced module's plan was traced from; ``"module"``: the
+``planner.examples`` class, its arguments and the traced input's shape of a module's plan) for
+this world size; every case is trained with ``planner.runtime.train.train`` (a module's with
+``train_module``) and OUT gets, per case, each rank's losses and state bytes (or the error).
+One process group serves all cases, so the processes start once.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import json
 import sys
 import traceback
 
+import torch
 import torch.distributed as dist
 
+import planner.examples
 from costmodel import ModelSpec
 from planner.plan import Plan
-from planner.runtime.train import train
+from planner.runtime.train import train, train_module
 
 
 def main() -> None:
@@ -29,8 +33,16 @@ def main() -> None:
     results = {}
     for case in cases:
         try:
-            spec = ModelSpec(**case["spec"]) if case.get("spec") else None
-            res = train(Plan.from_json(case["plan"]), steps=5, lr=case["lr"], spec=spec)
+            plan = Plan.from_json(case["plan"])
+            if case.get("module"):
+                m = case["module"]
+                example = torch.zeros(m["shape"],
+                                      dtype=torch.long if m["tokens"] else torch.float32)
+                res = train_module(plan, lambda m=m: getattr(planner.examples, m["cls"])(
+                    **m["kwargs"]), example, steps=5, lr=case["lr"])
+            else:
+                spec = ModelSpec(**case["spec"]) if case.get("spec") else None
+                res = train(plan, steps=5, lr=case["lr"], spec=spec)
             row: dict[str, object] = {"rank": dist.get_rank(), **res.__dict__}
         except Exception:  # recorded per case; the test shows the traceback
             row = {"rank": dist.get_rank(), "error": traceback.format_exc()}

@@ -63,10 +63,12 @@ from torch.distributed.tensor.parallel import (
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
+from costmodel.layercosts import LayerCosts
 from costmodel.memory import even_split
 from planner.plan import Plan
 from planner.runtime import check
 from planner.runtime.model import Transformer
+from planner.runtime.modules import layer_paths, module_blocks, pipeline_stages, set_module
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining.stage import _PipelineStageBase
@@ -147,7 +149,12 @@ def stage_layer_ranges(num_layers: int, pp: int, v: int,
     return [(s, s + n) for s, n in zip(starts, sizes, strict=True)]
 
 
-def _blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
+def _blocks(module: nn.Module, paths: list[str] | None = None
+            ) -> list[tuple[str, nn.Module]]:
+    """The layers ``module`` (or a stage of it) holds: those at ``paths`` (a traced module's,
+    ``planner.runtime.modules.layer_paths``), else the entries of its ``layers`` list."""
+    if paths is not None:
+        return module_blocks(module, paths)
     layers = getattr(module, "layers", None)
     if isinstance(layers, nn.ModuleDict):
         return list(layers.items())
@@ -156,7 +163,10 @@ def _blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return []
 
 
-def _set_block(module: nn.Module, key: str, block: nn.Module) -> None:
+def _set_block(module: nn.Module, key: str, block: nn.Module, by_path: bool = False) -> None:
+    if by_path:
+        set_module(module, key, block)
+        return
     layers = module.layers
     if isinstance(layers, nn.ModuleDict):
         layers[key] = block
@@ -211,15 +221,16 @@ def _apply_tp(part: nn.Module, mesh: DeviceMesh, plan: Mapping[str, str | Parall
     return len(exact)
 
 
-def _apply_recompute(part: nn.Module, recompute: str, first_n: int | None) -> None:
+def _apply_recompute(part: nn.Module, recompute: str, first_n: int | None,
+                     paths: list[str] | None = None) -> None:
     """Activation checkpointing: ``full`` wraps the first ``first_n`` blocks (all when
     ``None``) in ``checkpoint_wrapper``; ``selective`` recomputes each block's attention core
     (the reference model's ``Attention.recompute_core``; other modules get their
     ``attention`` submodule checkpointed)."""
-    blocks = _blocks(part)
+    blocks = _blocks(part, paths)
     if recompute == "full":
         for key, block in blocks[: len(blocks) if first_n is None else first_n]:
-            _set_block(part, key, checkpoint_wrapper(block))
+            _set_block(part, key, checkpoint_wrapper(block), by_path=paths is not None)
     elif recompute == "selective":
         for _, block in blocks:
             attn = getattr(block, "attention", None)
@@ -458,16 +469,26 @@ def _schedule(name: str, stages: list[PipelineStage], m: int,
     return ScheduleInterleavedZeroBubble(chunks, m, loss_fn=loss_fn)
 
 
-def _check_module(plan: Plan, module: nn.Module, cfg: ParallelConfig) -> None:
+def _layer_paths(plan: Plan, module: nn.Module) -> list[str] | None:
+    """The module paths of a traced module's layers when the plan is a traced module's and
+    the module has no ``layers`` list (``planner.runtime.modules``); ``None`` otherwise."""
+    costs = plan.model
+    if isinstance(costs, LayerCosts) and costs.spec is None and not _blocks(module):
+        return layer_paths(costs, module)
+    return None
+
+
+def _check_module(plan: Plan, module: nn.Module, cfg: ParallelConfig,
+                  paths: list[str] | None) -> None:
     """Refuse a module ``apply`` cannot split as the plan says: not a torch module, a
     reference transformer of another depth, or, when the plan pipelines or recomputes, a
-    module whose ``layers`` does not hold the model's transformer blocks."""
+    module whose ``layers`` (or traced layer paths) do not hold the model's layers."""
     if not isinstance(module, nn.Module):
         raise SpecError(f"apply takes a torch nn.Module, got {type(module).__name__}")
     if isinstance(module, Transformer) and module.spec.num_layers != plan.model.num_layers:
         raise SpecError(f"the module has {module.spec.num_layers} layers but the plan's model "
                         f"{plan.model.name!r} has {plan.model.num_layers}")
-    blocks = _blocks(module)
+    blocks = _blocks(module, paths)
     needs_blocks = cfg.pp > 1 or cfg.recompute != "none"
     if needs_blocks and len(blocks) != plan.model.num_layers:
         raise SpecError(f"the plan cuts {plan.model.num_layers} transformer layers into stages "
@@ -503,11 +524,19 @@ def _offload_policy(cfg: ParallelConfig, dev: torch.device) -> OffloadPolicy:
 
 
 def _cut_stages(module: nn.Module, cfg: ParallelConfig, ranges: list[tuple[int, int]],
-                stage_ids: list[int], home: torch.device, meta: bool) -> list[nn.Module]:
+                stage_ids: list[int], home: torch.device, meta: bool,
+                paths: list[str] | None, example: Any) -> list[nn.Module]:
     """The pipeline chunks ``stage_ids`` this rank holds (layer ``ranges`` of every chunk,
-    ``stage_layer_ranges``), cut from ``module`` (the module itself when ``pp = 1``), moved
-    to ``home`` unless on the meta device."""
+    ``stage_layer_ranges``), cut from ``module`` (the module itself when ``pp = 1``; by
+    torch's pipeline tracer at the layer ``paths`` of a traced module, with ``example`` one
+    micro-batch of its inputs), moved to ``home`` unless on the meta device."""
     num_stages = cfg.pp * cfg.virtual_pipeline_stages
+    if paths is not None and cfg.pp > 1:
+        if example is None:
+            raise SpecError("pipelining a traced module's plan cuts it with torch's pipeline "
+                            "tracer: pass example_inputs= (one micro-batch of its inputs)")
+        parts = pipeline_stages(module, paths, ranges, stage_ids, example)
+        return parts if meta else [p.to(home) for p in parts]
     parts = []
     for sid in stage_ids:
         lo, hi = ranges[sid]
@@ -531,20 +560,22 @@ def _recomputed_layers(cfg: ParallelConfig, sid: int) -> int | None:
 
 
 def _fully_shard(part: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh, shard: int,
-                 mp: MixedPrecisionPolicy, offload: OffloadPolicy) -> None:
+                 mp: MixedPrecisionPolicy, offload: OffloadPolicy, paths: list[str] | None
+                 ) -> None:
     """ZeRO-2/3 as FSDP2, per block then the whole stage: parameters resharded after forward
     for ZeRO-3, kept to backward for ZeRO-2; HSDP (shard groups replicated) when the groups
     are smaller than ``dp``."""
     dp_mesh = mesh["dp_replicate", "dp_shard"] if cfg.dp > shard else mesh["dp_shard"]
     reshard = cfg.zero_stage == 3
-    for _, block in _blocks(part):
+    for _, block in _blocks(part, paths):
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
                     offload_policy=offload)
     fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
                 offload_policy=offload)
 
 
-def _replicate(part: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy) -> None:
+def _replicate(part: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy,
+               paths: list[str] | None) -> None:
     """ZeRO-0 beside tensor or pipeline parallel: DDP does not compose with DTensor (TP) or
     pipeline stages; FSDP2's replicate does, at the cost of an unsharded copy of the
     parameters from forward to backward, which the cost model counts."""
@@ -554,26 +585,26 @@ def _replicate(part: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy) -> N
         raise SpecError("zero_stage 0 with tensor or pipeline parallel needs FSDP2's "
                         "replicate (torch 2.13 has it); upgrade torch or use "
                         "zero_stage 2") from e
-    for _, block in _blocks(part):
+    for _, block in _blocks(part, paths):
         replicate(block, mesh=mesh["dp_replicate"], mp_policy=mp)
     replicate(part, mesh=mesh["dp_replicate"], mp_policy=mp)
 
 
 def _data_parallel(part: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh, shard: int,
                    mp: MixedPrecisionPolicy, offload: OffloadPolicy, dev: torch.device,
-                   meta: bool) -> None:
+                   meta: bool, paths: list[str] | None) -> None:
     """Data parallelism on one stage: FSDP2 for ZeRO-2/3; for plain data parallel DDP, as
     torchtitan runs it (its composable ``replicate``, bucketed all-reduce overlapping
     backward; parameters broadcast from rank 0 at wrap time, so they are materialised
     first), with autocast for mixed precision; otherwise FSDP2's replicate."""
     if cfg.zero_stage >= 2:
-        _fully_shard(part, cfg, mesh, shard, mp, offload)
+        _fully_shard(part, cfg, mesh, shard, mp, offload, paths)
     elif _pure_dp(cfg):
         if meta:
             _materialise(part, dev)
         ddp(part, device_mesh=mesh["dp_replicate"])
     else:
-        _replicate(part, mesh, mp)
+        _replicate(part, mesh, mp, paths)
 
 
 def _pure_dp(cfg: ParallelConfig) -> bool:
@@ -585,7 +616,7 @@ def _pure_dp(cfg: ParallelConfig) -> bool:
 def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = None,
           tp_plan: Mapping[str, str | ParallelStyle] | None = None,
           loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-          force: bool = False) -> Parallelized:
+          force: bool = False, example_inputs: Any = None) -> Parallelized:
     """Parallelize ``module`` as ``plan`` says, on this process; returns ``Parallelized``.
 
     Call it in every process of the job (``planner run`` starts them with torchrun); it
@@ -600,10 +631,14 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     pattern -> style name of ``tp_style`` or a torch ``ParallelStyle`` (default ``TP_PLAN``).
     ``loss_fn(logits, labels)``: default mean token cross entropy. ``force``: run a plan
     whose estimate does not fit the GPUs' memory (refused with ``Infeasible`` otherwise).
+    A traced module's plan runs on a module whose layers are not a ``layers`` list too: its
+    layers are the module paths the trace found, and its pipeline stages are cut by torch's
+    pipeline tracer, which needs ``example_inputs`` (one micro-batch of its inputs).
     """
     check(plan, reference=isinstance(module, Transformer), force=force)
     job, cfg, _ = plan.training()
-    _check_module(plan, module, cfg)
+    paths = _layer_paths(plan, module) if isinstance(module, nn.Module) else None
+    _check_module(plan, module, cfg, paths)
     dev = torch.device(device) if device is not None else _default_device()
     loss = loss_fn or cross_entropy
 
@@ -626,15 +661,15 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     home = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else dev
 
     meta = any(p.is_meta for p in module.parameters())
-    parts = _cut_stages(module, cfg, ranges, stage_ids, home, meta)
+    parts = _cut_stages(module, cfg, ranges, stage_ids, home, meta, paths, example_inputs)
     pure_dp = _pure_dp(cfg)
     for sid, part in zip(stage_ids, parts, strict=True):
         if cfg.tp > 1 and not _apply_tp(part, mesh["tp"], tp_plan or TP_PLAN,
                                         cfg.sequence_parallel):
             raise SpecError("the tensor-parallel plan matched no module of the model; pass "
                             "tp_plan={module path pattern: style} naming its linears")
-        _apply_recompute(part, cfg.recompute, _recomputed_layers(cfg, sid))
-        _data_parallel(part, cfg, mesh, shard, mp, offload, dev, meta)
+        _apply_recompute(part, cfg.recompute, _recomputed_layers(cfg, sid), paths)
+        _data_parallel(part, cfg, mesh, shard, mp, offload, dev, meta, paths)
         if meta and not pure_dp:
             _materialise(part, home)
 

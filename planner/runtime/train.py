@@ -29,7 +29,8 @@ from planner.plan import Plan
 from planner.runtime.apply import apply, cross_entropy, make_optimizer
 from planner.runtime.model import build_model
 
-__all__ = ["TrainResult", "main", "reference_losses", "synthetic_batch", "train"]
+__all__ = ["TrainResult", "main", "module_reference_losses", "reference_losses",
+           "synthetic_batch", "train", "train_module"]
 
 #: Learning rate of the examples (AdamW, Loshchilov & Hutter 2019, torch defaults otherwise).
 LR = 1e-3
@@ -95,6 +96,60 @@ def train(plan: Plan, *, steps: int = 5, lr: float = LR, seed: int = 0,
         if log is not None:
             log(f"step {step + 1:>3}  loss {loss:.6f}  ({out.step_times_s[-1]:.3f} s)")
     return out
+
+
+def train_module(plan: Plan, make: Callable[[], torch.nn.Module], example: torch.Tensor, *,
+                 steps: int = 5, lr: float = LR, seed: int = 0,
+                 log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train a traced module's plan on the module ``make()`` builds (its weights drawn after
+    ``torch.manual_seed(seed)``, the same on every rank) for ``steps`` steps of synthetic
+    data (``planner.runtime.modules.module_batch``, shaped like ``example``, the inputs it
+    was traced with), in this process (one rank of the job)."""
+    from planner.runtime.modules import module_batch, output_size
+
+    torch.manual_seed(seed)
+    module = make()
+    classes = output_size(module, example)
+    job, cfg, _ = plan.training()
+    micro = example[:1].expand(cfg.micro_batch_size, *example.shape[1:]).contiguous()
+    run = apply(plan, module, example_inputs=micro)
+    opt = run.optimizer(lr=lr)
+    out = TrainResult(stage_ids=list(run.stage_ids))
+    for step in range(steps):
+        x, y = module_batch(example, classes, job.global_batch_size, step, seed)
+        t0 = time.perf_counter()
+        loss = run.step(run.local_batch(x), run.local_batch(y))
+        opt.step()
+        if step == 0:
+            out.state_bytes = run.state_bytes(opt)
+        opt.zero_grad(set_to_none=True)
+        out.step_times_s.append(time.perf_counter() - t0)
+        out.losses.append(loss)
+        if log is not None:
+            log(f"step {step + 1:>3}  loss {loss:.6f}  ({out.step_times_s[-1]:.3f} s)")
+    return out
+
+
+def module_reference_losses(make: Callable[[], torch.nn.Module], example: torch.Tensor,
+                            job: Job, *, steps: int = 5, lr: float = LR, seed: int = 0
+                            ) -> list[float]:
+    """``train_module``'s training in one process with no parallelism: the full batch per
+    step, one forward and backward, the job's optimizer."""
+    from planner.runtime.modules import module_batch, output_size
+
+    torch.manual_seed(seed)
+    module = make()
+    classes = output_size(module, example)
+    opt = make_optimizer(job.optimizer, module.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        x, y = module_batch(example, classes, job.global_batch_size, step, seed)
+        loss = cross_entropy(module(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
 
 
 def reference_losses(model: ModelSpec, job: Job, *, steps: int = 5, lr: float = LR,
