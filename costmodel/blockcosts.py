@@ -70,7 +70,8 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     blocks = []
     for name, kind, members in graph_blocks(graph):
         by_tp = {t: _shard(members, tallies[t], kind == "layer") for t in degrees}
-        blocks.append(BlockCosts(name, kind, members[0].repeat, members[-1].output_bytes, by_tp))
+        blocks.append(BlockCosts(name, kind, members[0].repeat, members[-1].output_bytes, by_tp,
+                                 tuple(x.name for x in members)))
     # One micro-batch is the traced batch of the job's sequences (tokens, or samples when
     # the job's seq_len is 1).
     shape = graph.inputs[0] if graph.inputs else ()

@@ -111,13 +111,16 @@ class ShardCosts:
 class BlockCosts:
     """One distinct block: ``name`` (the traced module path, or the preset's part), ``kind``
     (``KINDS``), ``repeat`` instances in a row, ``output_bytes`` of one instance's output
-    per micro-batch (the pipeline send size), and its ``ShardCosts`` per TP degree."""
+    per micro-batch (the pipeline send size), its ``ShardCosts`` per TP degree, and a traced
+    block's ``members``: the traced layers (module paths) it groups, e.g. an output side's
+    final norm and head."""
 
     name: str
     kind: str
     repeat: int
     output_bytes: float
     by_tp: Mapping[int, ShardCosts]
+    members: tuple[str, ...] = ()
 
     def at(self, tp: int) -> ShardCosts:
         """The costs at tensor-parallel degree ``tp``; ``SpecError`` if it was not made."""
@@ -228,9 +231,12 @@ class LayerCosts:
         module path (``planner.runtime.apply.TP_PLAN``'s form: ``*`` for the index of a
         repeated block): a linear split by output features ``colwise`` (``head`` on the
         output side, its logits gathered), by input features ``rowwise``; an embedding
-        table split by columns ``colwise``, by rows ``vocab``. Modules the ILP left whole
-        are not named. ``SpecError`` when the costs were not made at ``tp``, or with
-        sequence parallelism (whose norm and block-input styles a graph does not name)."""
+        table split by columns ``colwise``, by rows ``vocab``; a module whose own matmuls
+        the ILP split differently (``nn.MultiheadAttention``'s packed input projection and
+        its output projection) ``custom``: it needs a parallel style written for it.
+        Modules the ILP left whole are not named. ``SpecError`` when the costs were not made
+        at ``tp``, or with sequence parallelism (whose norm and block-input styles a graph
+        does not name)."""
         if tp not in self.layouts:
             raise SpecError(f"{self.name}: no layouts at tp={tp}; degrees: "
                             f"{', '.join(map(str, sorted(self.layouts)))}")
@@ -256,7 +262,7 @@ class LayerCosts:
             for run, pattern in runs.items():
                 if module == run or module.startswith(run + "."):
                     module = pattern + module[len(run):]
-            out[module] = style
+            out[module] = style if out.get(module, style) == style else "custom"
         return out
 
     def num_params(self) -> int:
@@ -273,7 +279,7 @@ class LayerCosts:
                 "spec": self.spec.to_dict() if self.spec is not None else None,
                 "layouts": {str(t): [list(x) for x in ops] for t, ops in self.layouts.items()},
                 "blocks": [{"name": b.name, "kind": b.kind, "repeat": b.repeat,
-                            "output_bytes": b.output_bytes,
+                            "output_bytes": b.output_bytes, "members": list(b.members),
                             "by_tp": {str(t): shard_dict(c) for t, c in b.by_tp.items()}}
                            for b in self.blocks]}
 
@@ -283,7 +289,8 @@ class LayerCosts:
         try:
             blocks = tuple(BlockCosts(str(b["name"]), str(b["kind"]), int(b["repeat"]),
                                       float(b["output_bytes"]),
-                                      {int(t): _shard_from(c) for t, c in b["by_tp"].items()})
+                                      {int(t): _shard_from(c) for t, c in b["by_tp"].items()},
+                                      tuple(str(m) for m in b.get("members") or ()))
                            for b in d["blocks"])
             layouts = {int(t): tuple((int(v), str(m), str(op), str(st), str(lay))
                                      for v, m, op, st, lay in ops)
@@ -305,6 +312,23 @@ class LayerCosts:
         kind of layer (``layer_kinds``), ``repeat`` layers in a row; a pipeline stage holds
         a run of layers. A graph without repeated blocks has one layer per traced module."""
         return tuple(b for b in self.blocks if b.kind not in ("embedding", "head"))
+
+    def layer_names(self) -> list[str]:
+        """A traced graph's layers by module path, in order (``layer_kinds``' order): a block
+        repeated ``n`` times from ``blocks.0`` is ``blocks.0`` .. ``blocks.{n-1}``.
+        ``SpecError`` for a repeated block whose name is not an indexed path."""
+        out: list[str] = []
+        for b in self.layer_blocks():
+            base, _, first = b.name.rpartition(".")
+            if b.repeat == 1:
+                out.append(b.name)
+            elif first.isdigit():
+                out += [f"{base}.{int(first) + i}" if base else str(int(first) + i)
+                        for i in range(b.repeat)]
+            else:
+                raise SpecError(f"block {b.name!r} repeats {b.repeat} times but is not an "
+                                "indexed module path; trace the module again")
+        return out
 
     def edges(self) -> tuple[BlockCosts | None, BlockCosts | None]:
         """A traced graph's (input side, output side), ``None`` where it has none."""

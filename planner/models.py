@@ -23,7 +23,7 @@ from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
 from hardware_profiles.files import is_file
 
-__all__ = ["load_model", "load_model_or_module"]
+__all__ = ["build_module", "load_model", "load_model_or_module"]
 
 
 def load_model(spec: str | ModelSpec) -> ModelSpec:
@@ -62,8 +62,31 @@ def _is_module(obj: Any) -> bool:
         and hasattr(obj, "forward")
 
 
+def build_module(spec: str) -> Any:
+    """The torch ``nn.Module`` that ``module:attr`` names, built to train (not on the meta
+    device): an instance as it is, a class or function called with no arguments. What
+    ``planner run`` trains for the plan of a traced module."""
+    obj = _import_attr(spec)
+    if not _is_module(obj) and callable(obj):
+        try:
+            obj = obj()
+        except Exception as e:  # the user's constructor, as one line
+            raise SpecError(f"model {spec!r}: building it raised {type(e).__name__}: "
+                            f"{e}") from None
+    if not _is_module(obj):
+        raise SpecError(f"model {spec!r} is a {type(obj).__name__}, not a torch nn.Module "
+                        "(or a class or function taking no arguments that returns one)")
+    return obj
+
+
 def _from_code(spec: str, modules: bool) -> Any:
     """``module:attr`` (``attr`` may be dotted)."""
+    return _to_spec(_import_attr(spec), spec, depth=0, modules=modules)
+
+
+def _import_attr(spec: str) -> Any:
+    """The object ``module:attr`` names (``attr`` may be dotted), imported from the working
+    directory or the path."""
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise SpecError(f"model {spec!r}: write module:attr, e.g. mymodels:llama_small")
@@ -82,7 +105,7 @@ def _from_code(spec: str, modules: bool) -> Any:
         if not hasattr(obj, part):
             raise SpecError(f"model {spec!r}: {mod_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    return _to_spec(obj, spec, depth=0, modules=modules)
+    return obj
 
 
 def _to_spec(obj: Any, spec: str, depth: int, modules: bool) -> Any:

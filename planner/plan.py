@@ -47,13 +47,36 @@ from planner.search import SearchResult, least_gpus, nodes_of, search
 from planner.space import FIELDS, RULES, Constraints, row_config
 
 # Alternative, describe and the reasons live in planner.alternatives; re-exported here.
-__all__ = ["SCHEMA_VERSION", "TERM_LABELS", "Alternative", "Plan", "PlanInvalid", "describe",
-           "load_plan", "plan", "slower_reason"]
+__all__ = ["SCHEMA_VERSION", "TERM_LABELS", "Alternative", "ModuleSource", "Plan",
+           "PlanInvalid", "describe", "load_plan", "plan", "slower_reason"]
 
 #: 2: a plan of a traced torch module carries its ``layer_costs`` (``LayerCosts``) where a
 #: preset's carries its ``model``; version 1 files (presets only) read the same way.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
+
+
+@dataclass(frozen=True)
+class ModuleSource:
+    """Where a traced module's plan came from, so that ``planner run`` can build the module
+    again: ``model``, the ``module:attr`` that names it (``planner.models``), and the
+    ``input_shapes`` (batch first) and ``input_dtype`` (``int64`` token ids or ``float32``)
+    of the inputs it was traced with."""
+
+    model: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values."""
+        return {"model": self.model, "input_shapes": [list(s) for s in self.input_shapes],
+                "input_dtype": self.input_dtype}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModuleSource:
+        """The inverse of ``to_dict``."""
+        return cls(str(d["model"]), tuple(tuple(int(x) for x in s) for s in d["input_shapes"]),
+                   str(d["input_dtype"]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +89,8 @@ class Plan:
     that lost and why, then the validity rules that removed values; ``counts`` the
     configurations in the space, evaluated, fitting, not fitting, and skipped by the bound;
     ``search_seconds`` the wall time of the search. ``model``: a preset, or the
-    ``LayerCosts`` of a traced torch module (with each op's layout per TP degree).
+    ``LayerCosts`` of a traced torch module (with each op's layout per TP degree);
+    ``module``: where that module comes from, when it was named by ``module:attr``.
     """
 
     model: ModelSpec | LayerCosts
@@ -78,6 +102,7 @@ class Plan:
     counts: dict[str, int] = field(default_factory=dict)
     constraints: Constraints = field(default_factory=Constraints)
     search_seconds: float = 0.0
+    module: ModuleSource | None = None
 
     def preset(self, what: str) -> ModelSpec:
         """The plan's ``ModelSpec``; ``SpecError`` saying that ``what`` needs one when the
@@ -132,6 +157,7 @@ class Plan:
             else self.job.framework,
             "model": self.model.to_dict() if isinstance(self.model, ModelSpec) else None,
             "layer_costs": self.model.to_dict() if isinstance(self.model, LayerCosts) else None,
+            "module": self.module.to_dict() if self.module is not None else None,
             "cluster": self.cluster.to_dict(),
             "job": self.job.to_dict() if isinstance(self.job, InferenceJob)
             else dataclasses.asdict(self.job),
@@ -178,7 +204,8 @@ class Plan:
         if version not in READABLE_VERSIONS:
             raise SpecError(f"{where}: schema_version {version!r} is not {SCHEMA_VERSION}; "
                             "re-create the plan with this version of the planner")
-        for key, kind in (("model", dict), ("layer_costs", dict), ("cluster", dict),
+        for key, kind in (("model", dict), ("layer_costs", dict), ("module", dict),
+                          ("cluster", dict),
                           ("job", dict), ("config", dict),
                           ("alternatives", list), ("constraints", dict), ("counts", dict)):
             if key in d and d[key] is not None and not isinstance(d[key], kind):
@@ -197,6 +224,7 @@ class Plan:
             cons = Constraints.from_dict(d.get("constraints") or {})
             counts = {str(k): int(v) for k, v in (d.get("counts") or {}).items()}
             seconds = float(d.get("search_seconds") or 0.0)
+            module = ModuleSource.from_dict(d["module"]) if d.get("module") else None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise SpecError(f"{where} is missing or mangles a field ({type(e).__name__}: {e}); "
                             "re-create it with 'planner plan -o'") from e
@@ -214,7 +242,7 @@ class Plan:
                               f"{e}") from e
         return cls(model=model, cluster=cluster, job=job, config=cfg,
                    estimate=est, alternatives=alts,
-                   counts=counts, constraints=cons, search_seconds=seconds)
+                   counts=counts, constraints=cons, search_seconds=seconds, module=module)
 
     def emit(self, target: str, *, command: str | None = None, strict: bool = False) -> str:
         """The plan as a file for ``target`` (``planner.emit.TARGETS``: torchtitan, deepspeed,

@@ -3,8 +3,10 @@ planned from its traced graph by ``planner plan`` and ``planner.plan``, and ever
 turned into one line with exit status 2 (3 when nothing fits)."""
 
 import json
+import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -178,10 +180,12 @@ def test_cli_module_misuse(models_dir: Path, args: list[str], code: int, message
 
 
 def test_module_plan_files(models_dir: Path) -> None:
-    """A module's plan file re-estimates and explains like a preset's; emitting it says that
-    the emitters take a preset's plan for now. A conv net without repeated blocks is planned
-    the same way (each of its modules a layer a pipeline stage may hold); a graph plan file
-    of the planner that came before is refused by name."""
+    """A module's plan file re-estimates and explains like a preset's, records the module
+    it came from, and emits a torchtitan job config (the degrees, the stages' module paths,
+    the TP plan in its header); the trainers whose files describe their own models refuse
+    it by name. A conv net without repeated blocks is planned the same way (each of its
+    modules a layer a pipeline stage may hold); a graph plan file of the planner that came
+    before is refused by name."""
     out = models_dir / "m.json"
     r = cli(models_dir, "--model", "mymodels:tiny", *NODE, "--global-batch-size", "16",
             "--seq-len", "128", "-o", str(out))
@@ -189,7 +193,22 @@ def test_module_plan_files(models_dir: Path) -> None:
     assert json.loads(out.read_text())["layer_costs"]["name"] == "TinyLM"
     e = run_planner("explain", str(out), cwd=models_dir)
     assert e.returncode == 0 and "why each choice" in e.stdout, e.stderr
-    e = run_planner("emit", str(out), "--target", "torchtitan", cwd=models_dir)
+    assert json.loads(out.read_text())["module"] == {
+        "model": "mymodels:tiny", "input_shapes": [[1, 128]], "input_dtype": "int64"}
+    pp = models_dir / "pp.json"
+    r = cli(models_dir, "--model", "mymodels:tiny", *NODE, "--global-batch-size", "16",
+            "--seq-len", "128", "--pp", "2", "--tp", "2", "-o", str(pp))
+    assert r.returncode == 0, r.stderr
+    e = run_planner("emit", str(pp), "--target", "torchtitan", cwd=models_dir)
+    assert e.returncode == 0, e.stderr
+    toml = tomllib.loads(e.stdout)
+    assert toml["parallelism"]["pipeline_parallel_degree"] == 2
+    assert toml["parallelism"]["tensor_parallel_degree"] == 2
+    parts = toml["parallelism"]["module_fqns_per_model_part"]
+    assert parts[0][:2] == ["embed", "blocks.0"] and parts[-1][-2:] == ["blocks.1", "head"]
+    assert "#   blocks.*.mlp.0: colwise" in e.stdout and "#   blocks.*.mlp.2: rowwise" in e.stdout
+    assert "#   blocks.*.attn: custom" in e.stdout  # nn.MultiheadAttention: two splits
+    e = run_planner("emit", str(out), "--target", "deepspeed", cwd=models_dir)
     assert e.returncode == 2 and "takes the plan of a preset" in e.stderr
     graph = models_dir / "g.json"
     r = cli(models_dir, "--model", "mymodels:ConvNet", *NODE, "--global-batch-size", "64",
@@ -251,3 +270,21 @@ def test_graph_command_shows_blocks_costs_and_layouts(models_dir: Path) -> None:
 def test_graph_command_misuse(models_dir: Path, args: list[str], message: str) -> None:
     r = run_planner("graph", "mymodels:TinyLM", *args, *NODE)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_planner_run_trains_a_modules_plan(models_dir: Path) -> None:
+    """``planner run`` of a module's plan file: the processes build the module the plan
+    names (``mymodels:tiny``) and train it through the plan's pipeline on synthetic tokens
+    of its traced shape."""
+    out = models_dir / "run.json"
+    r = cli(models_dir, "--model", "mymodels:tiny", "--gpus", "2", "--gpu", "h100-sxm",
+            "--global-batch-size", "4", "--seq-len", "16", "--pp", "2", "--precision",
+            "fp32", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    proc = subprocess.run([sys.executable, "-m", "planner", "run", str(out), "--",
+                           "--steps", "2"], cwd=models_dir, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training TinyLM on 2 processes" in proc.stdout
+    assert "step   2  loss" in proc.stdout

@@ -296,8 +296,9 @@ def test_a_traced_module_is_planned_by_the_one_search() -> None:
     assert back.config == got.config and back.model == got.model
     assert back.estimate.step_time_s == pytest.approx(got.estimate.step_time_s, rel=1e-12)
     assert planner.explain(got).choices  # every other value of each choice, costed
-    with pytest.raises(SpecError, match="planner emit takes the plan of a preset"):
-        got.emit("torchtitan")
+    assert "[parallelism]" in got.emit("torchtitan")  # the user's train spec builds it
+    with pytest.raises(SpecError, match="target deepspeed takes the plan of a preset"):
+        got.emit("deepspeed")
     # What a traced graph is not costed with is refused by name, not guessed.
     low = dataclasses.replace(traced, blocks=tuple(
         dataclasses.replace(b, by_tp={t: c for t, c in b.by_tp.items() if t <= 2})

@@ -5,6 +5,7 @@ serving job with ``--inference``, or a torch ``nn.Module`` sharded op by op); al
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from costmodel import Cluster, Job, ModelSpec, SpecError
@@ -21,7 +22,7 @@ from planner.cli.common import (
 )
 from planner.cli.estimate import estimate_report
 from planner.cli.torchmodule import add_module_args, module_inputs
-from planner.plan import Plan, plan
+from planner.plan import ModuleSource, Plan, plan
 from planner.progress import Progress
 from planner.space import Constraints
 
@@ -65,8 +66,7 @@ def add_parser(sub: Subparsers) -> None:
     add_inference_args(pl, search=True)
     add_module_args(pl, "--model module:attr naming an nn.Module")
     pl.add_argument("--why", type=non_negative_int, default=12,
-                    help="rows of the why-not table (for a torch module: of the per-op "
-                    "sharding) shown")
+                    help="rows of the why-not table shown")
     pl.add_argument("-o", "--output", help="also write the plan as JSON to this file")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plan)
@@ -157,6 +157,10 @@ def _plan_torch_module(args: argparse.Namespace, module: Any, cluster: Cluster,
     with Progress("tracing and sharding") as bar:
         found = plan(module, cluster, job, example_inputs=inputs, progress=bar,
                      constraints=load_constraints(args), top_k=args.top_k)
+    tensors = inputs if isinstance(inputs, tuple) else (inputs,)
+    found = dataclasses.replace(found, module=ModuleSource(
+        args.model, tuple(tuple(t.shape) for t in tensors),
+        "float32" if tensors[0].is_floating_point() else "int64"))
     if not _saved_or_json(args, found):
         _print_training(args, found.model, cluster, found.training()[0], found)
     return 0

@@ -36,6 +36,7 @@ from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate, estimate
 from costmodel.inference import InferenceConfig, InferenceEstimate, InferenceJob
+from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from planner.emit import deepspeed, megatron, slurm, torchtitan
 from planner.emit.common import GIB, Lowered, ReadBack, Target
@@ -110,7 +111,12 @@ def emit(plan: Plan, target: str, *, command: str | None = None,
                        estimate=plan.estimate)
     assert isinstance(plan.config, ParallelConfig) and isinstance(plan.estimate, Estimate)
     tgt = _target(target)
-    lowered: Lowered = tgt.lower(plan.preset("planner emit"), plan.job, plan.config)
+    # torchtitan takes a traced module's plan too (the user's train spec builds the module);
+    # the other trainers' files describe their own models.
+    model = plan.model if (target == "torchtitan" and isinstance(plan.model, LayerCosts)
+                           and plan.model.spec is None) else plan.preset(
+        f"planner emit --target {target}")
+    lowered: Lowered = tgt.lower(model, plan.job, plan.config)
     notes = list(lowered.warnings)
     job, cfg = lowered.job, lowered.config
     if job.framework != plan.job.framework:

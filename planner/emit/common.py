@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from costmodel.config import Job, ParallelConfig
 from costmodel.estimate import Estimate
 from costmodel.frameworks import framework
+from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from costmodel.units import GIB
 
@@ -45,7 +46,7 @@ class Target:
 
     name: str
     filename: str
-    lower: Callable[[ModelSpec, Job, ParallelConfig], Lowered]
+    lower: Callable[[Any, Job, ParallelConfig], Lowered]
     render: Callable[..., str]
     read: Callable[[str, ModelSpec], ReadBack]
 
@@ -110,7 +111,7 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
     return ch
 
 
-def chunk_layers(model: ModelSpec, cfg: ParallelConfig) -> int:
+def chunk_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> int:
     """Transformer layers per pipeline chunk (stage, or virtual stage when interleaved);
     for explicit ``stage_layers``, the largest stage."""
     if cfg.stage_layers:

@@ -26,6 +26,7 @@ from typing import Any
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate
+from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from hardware_profiles.files import to_toml
 from planner.emit.common import (
@@ -60,13 +61,16 @@ def flavor(model: ModelSpec) -> tuple[str, str] | None:
     return (name, flv) if shape == own else None
 
 
-def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
-    """``cfg`` as torchtitan 0.2 runs it (see the module docstring)."""
-    if not model.causal or model.patch_size:
+def lower(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig) -> Lowered:
+    """``cfg`` as torchtitan 0.2 runs it (see the module docstring). A traced module's plan
+    (its ``LayerCosts``) is trained by the user's own train spec, whose parallelize function
+    applies the plan's TP layouts as they are (``render`` writes them)."""
+    builtin = isinstance(model, ModelSpec)
+    if isinstance(model, ModelSpec) and (not model.causal or model.patch_size):
         raise SpecError(f"torchtitan trains decoder-only language models; {model.name} is "
                         f"not one: emit it for deepspeed instead")
     ch = to_framework(cfg, job, "torchtitan", "torchtitan")
-    if ch.cfg.tp > 1 and not ch.cfg.sequence_parallel:
+    if builtin and ch.cfg.tp > 1 and not ch.cfg.sequence_parallel:
         ch.set("torchtitan 0.2 always shards norms and dropout over the sequence with tensor "
                "parallelism: emitted sequence parallel", sequence_parallel=True)
     if ch.cfg.pipeline_schedule == "zero-bubble" and (
@@ -108,29 +112,41 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
     return ch.result()
 
 
-def _parts(model: ModelSpec, cfg: ParallelConfig) -> list[list[str]]:
-    """Module names per pipeline model part, in model order."""
+def _parts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> list[list[str]]:
+    """Module names per pipeline model part, in model order (a traced module's: its layers'
+    paths, the input side's modules first and the output side's last)."""
     if cfg.stage_layers:
         sizes = list(cfg.stage_layers)
     else:
         chunks = cfg.pp * (2 if cfg.pipeline_schedule == "zero-bubble"
                            else cfg.virtual_pipeline_stages)
         sizes = [model.num_layers // chunks] * chunks
+    if isinstance(model, LayerCosts):
+        names = model.layer_names()
+        emb, head = model.edges()
+        first = [m for m in (emb.members if emb else ()) if not m.startswith("(")]
+        last = [m for m in (head.members if head else ()) if not m.startswith("(")]
+    else:
+        names = [f"layers.{j}" for j in range(model.num_layers)]
+        first, last = ["tok_embeddings"], ["norm", "output"]
     parts, start = [], 0
     for i, n in enumerate(sizes):
-        part = [f"layers.{j}" for j in range(start, start + n)]
+        part = names[start:start + n]
         start += n
         if i == 0:
-            part.insert(0, "tok_embeddings")
+            part = first + part
         if i == len(sizes) - 1:
-            part += ["norm", "output"]
+            part += last
         parts.append(part)
     return parts
 
 
-def sections(model: ModelSpec, job: Job, cfg: ParallelConfig) -> dict[str, dict[str, Any]]:
-    """The job config as TOML tables."""
-    name, flv = flavor(model) or ("llama3", model.name)
+def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
+             ) -> dict[str, dict[str, Any]]:
+    """The job config as TOML tables (a traced module's ``[model]`` names it: register a
+    train spec of that name)."""
+    name, flv = ((flavor(model) or ("llama3", model.name)) if isinstance(model, ModelSpec)
+                 else (model.name, model.name))
     shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage else 1
     mdl: dict[str, Any] = {"name": name, "flavor": flv}
     if job.precision == "fp8":
@@ -191,7 +207,9 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
     head.append(f"run: torchrun --nproc-per-node {c.gpus_per_node} --nnodes {c.num_nodes} "
                 '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" -m torchtitan.train '
                 "--job.config_file torchtitan.toml (or the slurm target)")
-    if flavor(plan.model) is None:
+    if isinstance(plan.model, LayerCosts):
+        head += _module_notes(plan, config)
+    elif flavor(plan.model) is None:
         m = plan.model
         head.append(f"{m.name} is not a torchtitan built-in flavor: register flavor "
                     f"{m.name!r} for model 'llama3' (TransformerModelArgs dim={m.hidden_size}, "
@@ -199,6 +217,28 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
                     f"{m.num_kv_heads}, vocab_size={m.vocab_size}, ffn hidden "
                     f"{m.ffn_hidden_size}) or set [model] to your own train spec")
     return commented(head) + "\n\n" + to_toml(_nested(sections(plan.model, job, config)))
+
+
+def _module_notes(plan: Any, config: ParallelConfig) -> list[str]:
+    """Header lines of a traced module's file: the train spec it needs, and the
+    tensor-parallel plan the ILP chose, as DTensor styles by module path, for its
+    parallelize function."""
+    costs: LayerCosts = plan.model
+    source = f" ({plan.module.model})" if getattr(plan, "module", None) else ""
+    out = [f"{costs.name}{source} is a traced torch module: register a torchtitan train spec "
+           f"named {costs.name!r} that builds it; [parallelism] holds the plan's degrees"]
+    if config.tp > 1:
+        try:
+            styles = costs.tp_plan(config.tp)
+        except SpecError as e:
+            out.append(f"tensor parallel: {e}")
+        else:
+            out.append("tensor-parallel plan for its parallelize function (module path -> "
+                       "DTensor style; colwise/rowwise: ColwiseParallel/RowwiseParallel, "
+                       "vocab: RowwiseParallel of the embedding, head: ColwiseParallel with "
+                       "the logits gathered):")
+            out += [f"  {path}: {style}" for path, style in sorted(styles.items())]
+    return out
 
 
 def _nested(tables: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -21,22 +21,11 @@ __all__ = ["layer_paths", "module_batch", "module_blocks", "output_size", "pipel
 
 
 def layer_paths(costs: LayerCosts, module: nn.Module) -> list[str]:
-    """The module path of each layer of ``costs`` (``LayerCosts.layer_kinds`` order): a
-    block repeated ``n`` times from ``blocks.0`` is ``blocks.0`` .. ``blocks.{n-1}``.
-    ``SpecError`` when ``module`` has no such submodule (not the module the plan was traced
-    from)."""
+    """The module path of each layer of ``costs`` (``LayerCosts.layer_names``), checked
+    against ``module``: ``SpecError`` when it has no such submodule (not the module the plan
+    was traced from)."""
     names = {name for name, _ in module.named_modules()}
-    out = []
-    for b in costs.layer_blocks():
-        if b.repeat > 1:
-            base, _, first = b.name.rpartition(".")
-            if not first.isdigit():
-                raise SpecError(f"block {b.name!r} repeats {b.repeat} times but is not an "
-                                "indexed module path; trace the module again")
-            out += [f"{base}.{int(first) + i}" if base else str(int(first) + i)
-                    for i in range(b.repeat)]
-        else:
-            out.append(b.name)
+    out = costs.layer_names()
     missing = [p for p in out if p not in names]
     if missing:
         raise SpecError(f"the plan's layers {', '.join(missing[:3])} are not modules of this "

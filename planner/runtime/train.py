@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from costmodel.config import Job
 from costmodel.errors import SpecError
+from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from planner.plan import Plan
 from planner.runtime.apply import apply, cross_entropy, make_optimizer
@@ -169,6 +170,27 @@ def reference_losses(model: ModelSpec, job: Job, *, steps: int = 5, lr: float = 
     return losses
 
 
+def _train_traced(plan: Plan, model: str | None, *, steps: int, lr: float, seed: int,
+                  log: Callable[[str], None] | None) -> TrainResult:
+    """``train_module`` of a traced module's plan: the module ``model`` names (default the
+    plan's ``module``), trained on synthetic data of its traced inputs' shape."""
+    from planner.models import build_module
+
+    source = plan.module
+    name = model or (source.model if source is not None else None)
+    if name is None:
+        raise SpecError(f"this plan is of a traced torch module ({plan.model.name}) and does "
+                        "not say which: give --model module:attr")
+    if source is None or len(source.input_shapes) != 1:
+        raise SpecError("the minimal loop trains a module of one input tensor whose traced "
+                        "shape the plan records ('planner plan --model module:attr "
+                        "--input-shape ...'); write a script calling planner.apply for others")
+    dtype = torch.int64 if source.input_dtype == "int64" else torch.float32
+    example = torch.zeros(source.input_shapes[0], dtype=dtype)
+    return train_module(plan, lambda: build_module(name), example, steps=steps, lr=lr,
+                        seed=seed, log=log)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m planner.runtime.train --plan plan.json [--steps N] [--json OUT]``."""
     p = argparse.ArgumentParser(prog="python -m planner.runtime.train",
@@ -184,6 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "(default: when CUDA is present); --no-meta builds it whole on the CPU")
     p.add_argument("--json", metavar="OUT", help="write every rank's measurements here "
                    "(rank 0 writes)")
+    p.add_argument("--model", metavar="MODULE:ATTR", help="the torch module a traced "
+                   "module's plan trains (default: the one the plan was made from, "
+                   "'planner plan --model module:attr'), on synthetic data of its traced "
+                   "inputs' shape")
     args = p.parse_args(argv)
     if not args.plan:
         p.error("give --plan plan.json (or set PLANNER_PLAN)")
@@ -194,10 +220,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if say:
             job = plan.training()[0]
             say(f"training {plan.model.name} on {plan.config.world_size} processes, "
-                f"{job.global_batch_size} x {job.seq_len} tokens per step "
+                f"{job.global_batch_size} x {job.seq_len} {job.unit} per step "
                 "(plan loaded, no search)")
-        res = train(plan, steps=args.steps, lr=args.lr, seed=args.seed, meta=args.meta,
-                    log=say)
+        if isinstance(plan.model, LayerCosts) and plan.model.spec is None:
+            res = _train_traced(plan, args.model, steps=args.steps, lr=args.lr,
+                                seed=args.seed, log=say)
+        else:
+            res = train(plan, steps=args.steps, lr=args.lr, seed=args.seed, meta=args.meta,
+                        log=say)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
