@@ -1,5 +1,5 @@
 """``planner plan``: search every configuration for the fastest that fits (a training job, a
-serving job with ``--inference``, or a torch ``nn.Module`` sharded op by op); also the search
+serving job with ``--inference``, or a traced torch ``nn.Module``); also the search
 ``planner explain`` runs when it is given flags instead of a saved plan."""
 
 from __future__ import annotations
