@@ -362,11 +362,14 @@ class LayerCosts:
 
     @property
     def hidden_size(self) -> int:
-        """Elements per token of the tensor passed between layers (the residual stream; a
-        traced graph's widest layer output, what the largest pipeline send carries)."""
+        """Elements per token of what passes between layers, what a pipeline send carries:
+        a preset's residual stream; a traced graph's widest, the larger of a layer's output
+        and all a layer reads from the layers before it (a decoder block's stream and the
+        encoder's output beside it)."""
         if self.spec is not None:
             return self.spec.hidden_size
-        widest = max(b.output_bytes for b in self.layer_blocks())
+        t = min(self.tp_degrees)
+        widest = max(max(b.output_bytes, b.at(t).input_bytes) for b in self.layer_blocks())
         return round(widest / self.element_bytes / (self.micro_batch_size * self.seq_len))
 
     def layer_params_per_gpu(self, tp: np.ndarray, ep: np.ndarray

@@ -28,9 +28,10 @@ Terms (bytes per GPU):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ from costmodel.arrays import (
 )
 from costmodel.compute import autocast_rows, fused_ce
 from costmodel.config import Job
-from costmodel.frameworks import framework
+from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
 from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
@@ -205,28 +206,68 @@ def _largest(on: Sequence[np.ndarray] | np.ndarray, value: Callable[[int], np.nd
     return out
 
 
-def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: ConfigArrays
-                 ) -> MemoryTable:
-    """Per-GPU memory by term for every configuration of ``a`` and every pipeline stage.
+@dataclass(frozen=True)
+class _Stage:
+    """What every term of ``memory_table`` reads: the model's costs and trainer, the table's
+    stage columns ``[P, rows]`` (``first``/``last`` stage, ``valid`` ones), the layers of each
+    kind a stage holds (``counts``, ``[kinds, P, rows]``) and the parameters one GPU of each
+    stage holds before ZeRO: of one layer of each kind (``per_layer``: all but routed
+    experts, and those), of its layers (``layer_params``, ``expert_params``) and of the
+    embedding and head (``emb_params``)."""
 
-    ``model``: a preset, or the ``LayerCosts`` the per-layer figures are read from. The
-    configurations are assumed valid (``costmodel.config.validate``).
-    """
-    costs = LayerCosts.of(model)
-    fw = framework(job.framework)
-    soft = hardware_profiles.load_software()
+    costs: LayerCosts
+    job: Job
+    a: ConfigArrays
+    fw: Framework
+    soft: Mapping[str, Any]
+    st: Stages
+    valid: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    tp: np.ndarray
+    ep: np.ndarray
+    m: np.ndarray
+    counts: np.ndarray
+    per_layer: tuple[tuple[np.ndarray, np.ndarray | None], ...]
+    layer_params: np.ndarray
+    expert_params: np.ndarray
+    emb_params: np.ndarray
+
+    @property
+    def kinds(self) -> range:
+        """The kinds of layer (``LayerCosts.layer_kinds``)."""
+        return range(self.costs.kinds)
+
+    @property
+    def dense_params(self) -> np.ndarray:
+        """Everything but routed experts."""
+        return self.layer_params + self.emb_params
+
+    @property
+    def all_params(self) -> np.ndarray:
+        """Every parameter one GPU of the stage holds before ZeRO."""
+        return self.dense_params + self.expert_params
+
+    @property
+    def z_dense(self) -> np.ndarray:
+        """ZeRO shard degree of the dense parameters."""
+        return self.a.shard.astype(float)
+
+    @property
+    def z_exp(self) -> np.ndarray:
+        """ZeRO shard degree of the routed experts (their data-parallel group is ep times
+        smaller)."""
+        return np.maximum(self.z_dense / self.ep, 1.0)
+
+
+def _stage(costs: LayerCosts, job: Job, a: ConfigArrays) -> _Stage:
+    """The stage columns and parameters per GPU (tensor-parallel shards; norms stay
+    replicated) every term reads."""
     st = a.stage_major
-    stage = st.index
-    p = a.pp
-    valid = st.count > 0
-    first = stage == 0
-    last = stage == p - 1
     tp = a.tp.astype(float)
     ep = a.ep.astype(float)
-    m = job.global_batch_size // (a.dp * a.mbs)
-
-    # ---- parameters per GPU (tensor-parallel shards; norms stay replicated) -------------
-    layers = st.layers
+    first = st.index == 0
+    last = st.index == a.pp - 1
     counts = stage_layout(costs, a, st)  # [kinds, P, rows]
     kinds = range(costs.kinds)
     per_layer = costs.layer_params_per_gpu(tp, ep)  # per kind: (local, routed experts)
@@ -234,15 +275,40 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
     expert_params = _sum((counts[k] * x for k in kinds
                           if (x := per_layer[k][1]) is not None), np.zeros_like(layer_params))
     emb_local, head_local, tied = costs.edge_params_per_gpu(tp)
-    head_local = head_local + np.where(p > 1, tied, 0.0)
+    head_local = head_local + np.where(a.pp > 1, tied, 0.0)
     emb_params = np.where(first, emb_local, 0.0) + np.where(last, head_local, 0.0)
-    dense_params = layer_params + emb_params  # everything but routed experts
+    return _Stage(costs=costs, job=job, a=a, fw=framework(job.framework),
+                  soft=hardware_profiles.load_software(), st=st, valid=st.count > 0,
+                  first=first, last=last, tp=tp, ep=ep,
+                  m=job.global_batch_size // (a.dp * a.mbs), counts=counts,
+                  per_layer=per_layer, layer_params=layer_params,
+                  expert_params=expert_params, emb_params=emb_params)
 
-    # ---- model states --------------------------------------------------------------------
-    w_b, g_b, o_b = state_bytes(job, costs)
+
+@dataclass(frozen=True)
+class _States:
+    """Model states per GPU (bytes): ``weights`` (with the low-precision and unsharded
+    copies), ``resident`` (the stored parameters alone), ``grads``, ``unsharded_grads``
+    (torch pipelining's no-sync accumulation), ``optim``, and what offload moved to the
+    host (``cpu``); ``w_sharded`` where ZeRO shards the parameters."""
+
+    weights: np.ndarray
+    resident: np.ndarray
+    grads: np.ndarray
+    unsharded_grads: np.ndarray
+    optim: np.ndarray
+    cpu: np.ndarray
+    w_sharded: np.ndarray
+    w_b: float
+
+
+def _model_states(s: _Stage) -> _States:
+    """Weights, gradients and optimizer states per GPU, sharded by ZeRO, moved by offload."""
+    job, a, fw = s.job, s.a, s.fw
+    dense_params, expert_params = s.dense_params, s.expert_params
+    z_dense, z_exp = s.z_dense, s.z_exp
+    w_b, g_b, o_b = state_bytes(job, s.costs)
     zero = a.zero
-    z_dense = a.shard.astype(float)
-    z_exp = np.maximum(z_dense / ep, 1.0)
     w_sharded = zero >= fw.param_shard_stage
     g_sharded = zero >= 2
     o_sharded = zero >= 1
@@ -251,7 +317,7 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
         return bytes_per_param * (dense_params / np.where(on, z_dense, 1.0)
                                   + expert_params / np.where(on, z_exp, 1.0))
 
-    all_params = dense_params + expert_params
+    all_params = s.all_params
     compute_b = compute_bytes(job.precision)
     weights = sharded(w_b, w_sharded)
     resident = weights  # the stored parameters alone, what a GPU holds between steps
@@ -277,7 +343,7 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
     # With --fp8-param-gather the parameters are those fp8 tensors (1 byte and the transpose,
     # what w_b counts), with no bf16 copy beside them.
     if fw.name == "megatron" and job.precision == "fp8" and not job.fp8_param_gather:
-        weights = weights + 2.0 * (layer_params + expert_params)
+        weights = weights + 2.0 * (s.layer_params + expert_params)
     grads = sharded(g_b, g_sharded)
     # With a pipeline, torch.distributed.pipelining turns FSDP's gradient sync off for every
     # backward but the last (stage.py, backward_maybe_with_nosync), and FSDP2 then accumulates
@@ -296,10 +362,31 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
     weights = np.where(off == 2, 0.0, weights)
     resident = np.where(off == 2, 0.0, resident)
     grads = np.where(off == 2, 0.0, grads)
+    return _States(weights=weights, resident=resident, grads=grads,
+                   unsharded_grads=unsharded_grads, optim=optim, cpu=cpu,
+                   w_sharded=w_sharded, w_b=w_b)
 
-    # ---- activations ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Activations:
+    """Activations per GPU (bytes): ``total``; ``layers``, the layers' share; ``in_flight``,
+    the micro-batches a stage's layers hold; ``per_kind``, one layer's saved bytes per
+    micro-batch per recompute mode of each kind; ``recomputed``, the layers of each kind that
+    full recompute re-runs."""
+
+    total: np.ndarray
+    layers: np.ndarray
+    in_flight: np.ndarray
+    per_kind: list[dict[str, np.ndarray]]
+    recomputed: list[np.ndarray]
+
+
+def _activations(s: _Stage) -> _Activations:
+    """What the stage saves for backward, over the micro-batches its schedule holds."""
+    job, a, st, counts, kinds = s.job, s.a, s.st, s.counts, s.kinds
+    layers = st.layers
     ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
-    acts = [costs.layer_activations(job, a, k, ac) for k in kinds]
+    acts = [s.costs.layer_activations(job, a, k, ac) for k in kinds]
     mode = a.recompute
 
     def by_mode(acts: dict[str, np.ndarray]) -> np.ndarray:
@@ -322,28 +409,33 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
     stage_act = (_sum(rec[k] * by_mode(acts[k]) for k in kinds)
                  + _sum((counts[k] - rec[k]) * acts[k]["none"] for k in kinds))
 
-    e = compute_b
-    tokens = job.seq_len / a.cp * a.mbs
-    rep = np.where(a.sp == 1, 1.0 / tp, 1.0)
-    h = float(costs.hidden_size)
-    emb_act, head_act = costs.edge_activations(job, a, ac)
-    layers_f, emb_f, head_f = _in_flight(a, stage, m)
+    emb_act, head_act = s.costs.edge_activations(job, a, ac)
+    layers_f, emb_f, head_f = _in_flight(a, st.index, s.m)
     layer_activations = stage_act * layers_f
-    activations = (layer_activations + np.where(first, emb_act * emb_f, 0.0)
-                   + np.where(last, head_act * head_f, 0.0))
+    activations = (layer_activations + np.where(s.first, emb_act * emb_f, 0.0)
+                   + np.where(s.last, head_act * head_f, 0.0))
+    return _Activations(total=activations, layers=layer_activations, in_flight=layers_f,
+                        per_kind=acts, recomputed=rec)
 
-    # ---- buffers (transient working sets at the peak) ---------------------------------
+
+def _buffers(s: _Stage, states: _States, act: _Activations) -> np.ndarray:
+    """Transient working sets at the peak: the layer recompute re-materializes, the loss's,
+    pipeline and all-to-all buffers, ZeRO-3/FSDP gathers, gradient buckets."""
+    job, a, fw, costs, counts, kinds = s.job, s.a, s.fw, s.costs, s.counts, s.kinds
+    mode, acts = a.recompute, act.per_kind
+    zero, z_dense, z_exp, w_sharded = a.zero, s.z_dense, s.z_exp, states.w_sharded
+    compute_b = compute_bytes(job.precision)
     # One layer's parameters that ZeRO-3/FSDP gathers: only the parts that are sharded (the
     # experts are not when their data-parallel degree dp*cp/ep is 1).
     dense_gathered = np.where(z_dense > 1, 1.0, 0.0)
 
     def gathered_layer(k: int) -> np.ndarray:
-        local, experts = per_layer[k]
+        local, experts = s.per_layer[k]
         out = local * dense_gathered
         return out if experts is None else out + np.where(z_exp > 1, experts, 0.0)
 
     layer_max = _largest(counts, gathered_layer)
-    buffers = np.zeros_like(weights)
+    buffers = np.zeros_like(states.weights)
     # Recompute re-materializes, for one layer and one micro-batch during backward, what it
     # did not keep: everything under full recompute, the attention scores under selective
     # (nothing extra with a fused attention kernel, which never stores them).
@@ -351,38 +443,45 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
         return _largest(on, lambda k: acts[k]["none"] - acts[k][kept])
 
     buffers = buffers + np.where(
-        mode == 2, rematerialized("full", rec),
+        mode == 2, rematerialized("full", act.recomputed),
         np.where(mode == 1, rematerialized("selective", counts), 0.0))
     # The cross entropy's working set beside the fp32 logits it keeps (last stage, one
     # micro-batch): Megatron-LM's fused one, the low-precision logits it cast from; torch's
     # F.cross_entropy, at the start of backward, a dense fp32 NLL gradient and the fp32
     # log-softmax gradient (measured with torch.cuda.memory snapshots on an H100: the peak
     # of a step is there, 12 bytes per logit with the kept 4).
+    e = compute_b
+    tokens = job.seq_len / a.cp * a.mbs
+    rep = np.where(a.sp == 1, 1.0 / s.tp, 1.0)
+    h = float(costs.hidden_size)
     ce = e if fused_ce(fw, job) else 8.0
-    buffers = buffers + np.where(last, ce * tokens * costs.logits_per_token(tp), 0.0)
+    buffers = buffers + np.where(s.last, ce * tokens * costs.logits_per_token(s.tp), 0.0)
     # Pipeline send and receive buffers of one activation tensor each.
-    buffers = buffers + np.where(p > 1, 2 * e * tokens * h * rep, 0.0)
+    buffers = buffers + np.where(a.pp > 1, 2 * e * tokens * h * rep, 0.0)
     # Expert-parallel all-to-all send and receive buffers of the routed tokens.
     if costs.is_moe:
         a2a = 2 * e * tokens * costs.moe_routing()[0] * h
         routed = _sum(counts[k] for k in kinds if costs.routed(k))
         buffers = buffers + np.where((a.ep > 1) & (routed > 0), a2a, 0.0)
+    all_params, w_b = s.all_params, states.w_b
     if fw.name in ("torchtitan", "megatron"):
         # FSDP (torchtitan and Megatron's FSDP mode): about two blocks' parameters unsharded
         # (the current and the prefetched one) plus one block's unsharded gradients in the
         # fp32 reduce dtype before its reduce-scatter (FSDP notes; software.toml).
-        tt = soft["torchtitan"]
+        tt = s.soft["torchtitan"]
         blocks = float(tt["unsharded_blocks_live"])
         gathered = np.where(w_sharded & (zero >= 3), blocks * compute_b * layer_max, 0.0)
         grad_full = np.where(w_sharded, float(tt["reduce_dtype_bytes"]) * layer_max, 0.0)
         buffers = buffers + gathered + grad_full
     if fw.name == "torchtitan":
         # DDP buckets hold a second copy of the gradients (gradient_as_bucket_view=False).
-        ddp = soft["torch_ddp"]
+        ddp = s.soft["torch_ddp"]
+        _, g_b, _ = state_bytes(job, costs)
         copy = 0.0 if ddp["gradient_as_bucket_view"] else g_b
         buffers = buffers + np.where((zero == 0) & (a.dp > 1), copy * all_params, 0.0)
     if fw.name == "deepspeed":
-        ds = soft["deepspeed"]
+        ds = s.soft["deepspeed"]
+        _, g_b, _ = state_bytes(job, costs)
         # Stages 0-2: the flat gradient bucket of reduce_bucket_size elements; stage 3 adds the
         # gathered parameters of the current module plus the prefetch bucket, capped by
         # stage3_max_live_parameters (deepspeed/runtime/zero/config.py defaults).
@@ -392,37 +491,59 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
         live = np.minimum(live, all_params)
         buffers = buffers + np.where(a.dp > 1, bucket, 0.0)
         buffers = buffers + np.where(zero == 3, w_b * live, 0.0)
+    return buffers
 
-    # ---- gradients that never meet the activations --------------------------------------
-    # torchtitan frees the gradients every step (optimizer.zero_grad(set_to_none=True)), and
-    # FSDP creates each layer's sharded gradient during backward as that layer's activations
-    # are freed. With one micro-batch per step no gradient exists in the forward pass, so the
-    # step's peak holds the larger of the two, not their sum: the gradients term counts what
-    # they exceed the activations by (measured on an H100 with torch.cuda.memory: Llama 3.2 1B
-    # under FSDP peaked at 19.7 GiB with recompute or without, the optimizer step's states).
-    # DDP's buckets, Megatron-LM's and DeepSpeed's gradient buffers stay allocated.
-    resident_grads = grads
-    grads = grads + unsharded_grads
-    if fw.name == "torchtitan":
-        apart = (zero >= 2) & (m == 1)
+
+def _gradients(s: _Stage, states: _States, activations: np.ndarray) -> np.ndarray:
+    """The gradients term: what the step's peak holds of them.
+
+    torchtitan frees the gradients every step (optimizer.zero_grad(set_to_none=True)), and
+    FSDP creates each layer's sharded gradient during backward as that layer's activations
+    are freed. With one micro-batch per step no gradient exists in the forward pass, so the
+    step's peak holds the larger of the two, not their sum: the gradients term counts what
+    they exceed the activations by (measured on an H100 with torch.cuda.memory: Llama 3.2 1B
+    under FSDP peaked at 19.7 GiB with recompute or without, the optimizer step's states).
+    DDP's buckets, Megatron-LM's and DeepSpeed's gradient buffers stay allocated."""
+    grads = states.grads + states.unsharded_grads
+    if s.fw.name == "torchtitan":
+        apart = (s.a.zero >= 2) & (s.m == 1)
         grads = np.where(apart, np.maximum(grads - activations, 0.0), grads)
+    return grads
 
-    # ---- overhead: CUDA context, cuBLAS workspace, NCCL buffers per communicator --------
-    rt = soft["runtime"]
+
+def _overhead(s: _Stage, like: np.ndarray) -> np.ndarray:
+    """CUDA context, cuBLAS workspace, NCCL buffers per communicator, shaped ``like``."""
+    a = s.a
+    rt = s.soft["runtime"]
     groups = ((a.tp > 1).astype(float) + (a.pp > 1) + (a.dp * a.cp > 1) + (a.cp > 1)
               + (a.ep > 1))
     nccl = groups * 2 * float(rt["nccl_max_channels"]) * float(rt["nccl_buffsize_mib"]) * MIB
     overhead = (float(rt["cuda_context_mib"]) + float(rt["cublas_workspace_mib"])) * MIB + nccl
-    overhead = np.broadcast_to(overhead, weights.shape).astype(float)
+    return np.broadcast_to(overhead, like.shape).astype(float)
 
+
+def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: ConfigArrays
+                 ) -> MemoryTable:
+    """Per-GPU memory by term for every configuration of ``a`` and every pipeline stage.
+
+    ``model``: a preset, or the ``LayerCosts`` the per-layer figures are read from. The
+    configurations are assumed valid (``costmodel.config.validate``). One function per
+    term: ``_model_states``, ``_activations``, ``_buffers``, ``_gradients``, ``_overhead``.
+    """
+    s = _stage(LayerCosts.of(model), job, a)
+    states = _model_states(s)
+    act = _activations(s)
+    buffers = _buffers(s, states, act)
+    grads = _gradients(s, states, act.total)
     terms = {
-        "weights": weights,
+        "weights": states.weights,
         "gradients": grads,
-        "optimizer": optim,
-        "activations": activations,
+        "optimizer": states.optim,
+        "activations": act.total,
         "buffers": buffers,
-        "overhead": overhead,
+        "overhead": _overhead(s, states.weights),
     }
+    valid = s.valid
     # Zero where a stage column does not exist; in a table cut to its rows' stage count (what
     # costmodel.tables.evaluate passes) every column exists, and the arrays are kept as they are.
     every = bool(valid.all())
@@ -430,20 +551,20 @@ def memory_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: C
     def on_stages(x: np.ndarray, fill: float = 0.0) -> np.ndarray:
         return x if every and np.shape(x) == valid.shape else np.where(valid, x, fill)
 
-    full_rec = mode == 2
+    full_rec = a.recompute == 2
     return MemoryTable(
         terms={k: on_stages(x) for k, x in terms.items()},
-        cpu=on_stages(cpu),
+        cpu=on_stages(states.cpu),
         valid=valid,
-        num_layers=on_stages(layers, 0),
-        layer_params=on_stages(layer_params + expert_params),
-        embedding_params=on_stages(emb_params),
-        in_flight=on_stages(layers_f),
-        layer_activations=on_stages(layer_activations),
-        num_micro_batches=m,
-        expert_params=on_stages(expert_params),
-        kind_layers=np.stack([on_stages(c, 0) for c in counts]),
-        recomputed=np.stack([on_stages(np.where(full_rec, r, 0), 0) for r in rec]),
-        resident_weights=on_stages(resident),
-        resident_gradients=on_stages(resident_grads),
+        num_layers=on_stages(s.st.layers, 0),
+        layer_params=on_stages(s.layer_params + s.expert_params),
+        embedding_params=on_stages(s.emb_params),
+        in_flight=on_stages(act.in_flight),
+        layer_activations=on_stages(act.layers),
+        num_micro_batches=s.m,
+        expert_params=on_stages(s.expert_params),
+        kind_layers=np.stack([on_stages(c, 0) for c in s.counts]),
+        recomputed=np.stack([on_stages(np.where(full_rec, r, 0), 0) for r in act.recomputed]),
+        resident_weights=on_stages(states.resident),
+        resident_gradients=on_stages(states.grads),
     )
