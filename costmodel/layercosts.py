@@ -230,10 +230,13 @@ class LayerCosts:
         """The tensor-parallel plan the ILP chose at degree ``tp``, as DTensor styles by
         module path (``planner.runtime.apply.TP_PLAN``'s form: ``*`` for the index of a
         repeated block): a linear split by output features ``colwise`` (``head`` on the
-        output side, its logits gathered), by input features ``rowwise``; an embedding
-        table split by columns ``colwise``, by rows ``vocab``; a module whose own matmuls
-        the ILP split differently (``nn.MultiheadAttention``'s packed input projection and
-        its output projection) ``custom``: it needs a parallel style written for it.
+        output side, its logits gathered), by input features ``rowwise`` where it follows
+        a column-split linear of its block (it reads their split features) and
+        ``rowwise_replicated`` where it reads a whole tensor (a head split over its
+        input features); an embedding table split by columns ``gathered`` (its output
+        all-gathered), by rows ``vocab``; a module that runs more than one matmul itself
+        (``nn.MultiheadAttention``: its packed input projection and its output projection)
+        ``custom``: no DTensor style for a linear fits it.
         Modules the ILP left whole are not named. ``SpecError`` when the costs were not made
         at ``tp``, or with sequence parallelism (whose norm and block-input styles a graph
         does not name)."""
@@ -246,23 +249,40 @@ class LayerCosts:
         runs = {b.name: b.name.rsplit(".", 1)[0] + ".*" for b in self.blocks
                 if b.repeat > 1 and "." in b.name}
         head = {b.name for b in self.blocks if b.kind == "head"}
+        matmuls = ("mm", "addmm", "_scaled_mm")
+        per_module: dict[str, int] = {}  # a module running two matmuls is not a Linear
+        for _v, module, op, _label, _layout in self.layouts[tp]:
+            if op.removeprefix("aten.").split(".")[0] in matmuls:
+                per_module[module] = per_module.get(module, 0) + 1
         out: dict[str, str] = {}
+        block, fed_split = "", False  # the block of the last matmul, and whether n-split
         for _v, module, op, label, _layout in self.layouts[tp]:
             split = label.split("|")[-1]
             name = op.removeprefix("aten.").split(".")[0]
-            if not module or split == "R":
+            if not module:
                 continue
-            if name in ("mm", "addmm", "_scaled_mm") and split in ("n", "k"):
-                style = "rowwise" if split == "k" else \
-                    "head" if module.split(".")[0] in head else "colwise"
-            elif name == "embedding":
-                style = "vocab" if split == "sum" else "colwise"
+            here = ".".join(module.split(".")[:2])
+            if name in matmuls:
+                fed = fed_split and here == block
+                block, fed_split = here, split == "n"
+                if per_module[module] > 1:
+                    style = "custom"
+                elif split == "R":
+                    continue
+                elif split == "k":
+                    style = "rowwise" if fed else "rowwise_replicated"
+                elif split == "n":
+                    style = "head" if module.split(".")[0] in head else "colwise"
+                else:
+                    continue
+            elif name == "embedding" and split != "R":
+                style = "vocab" if split == "sum" else "gathered"
             else:
                 continue
             for run, pattern in runs.items():
                 if module == run or module.startswith(run + "."):
                     module = pattern + module[len(run):]
-            out[module] = style if out.get(module, style) == style else "custom"
+            out[module] = style
         return out
 
     def num_params(self) -> int:

@@ -80,6 +80,9 @@ CASES_4 = {
     "module_fsdp_adamw": ({"dp": 4, "zero_stage": 3, "micro_batch_size": 2}, JOB),
     "module_pp_zero2": ({"pp": 2, "dp": 2, "zero_stage": 2}, SGD),
     "module_pp_full": ({"pp": 4, "recompute": "full"}, SGD),
+    # ... with the tensor-parallel layouts its ILP chose (LayerCosts.tp_plan).
+    "module_tp": ({"tp": 4}, SGD),
+    "module_tp_pp_zero2": ({"tp": 2, "pp": 2, "zero_stage": 2}, SGD),
 }
 CASES_8 = {
     "tp_pp_dp_fsdp": ({"dp": 2, "tp": 2, "pp": 2, "zero_stage": 3, "sequence_parallel": True},
@@ -170,7 +173,7 @@ def _run_cases(cases: dict[str, tuple[Any, ...]], world: int, tmp: Path) -> dict
         row = {"name": name, "plan": make_plan(config, model, job).to_json(),
                "lr": LR[job.optimizer]}
         if name.startswith("module_"):
-            row["plan"] = make_plan(config, _traced(model, job), job).to_json()
+            row["plan"] = make_plan(config, _traced(model, job, (1, 2, 4)), job).to_json()
             row["spec"] = model.to_dict()
         rows.append(row)
     for name in MODULE_CASES if world == 4 else ():
@@ -451,9 +454,26 @@ def test_multi_node_plan_writes_sbatch(tmp_path: Path) -> None:
 
 
 def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
-    """The runtime takes a traced module's plan (its LayerCosts) for data, pipeline, ZeRO
-    and recompute; tensor parallel of it is refused by name (its layouts are data so far)."""
-    traced = _traced(SPEC, SGD)
+    """The runtime takes a traced module's plan (its LayerCosts) for data, pipeline, ZeRO,
+    recompute and tensor parallel with the layouts its ILP chose; a layout no DTensor style
+    expresses (nn.MultiheadAttention's packed projection split two ways) is refused by
+    name, as is a sequence-parallel one (whose styles a graph does not name yet)."""
+    from costmodel.graph import LayerGraph
+    from costmodel.layercosts import LayerCosts
+
+    traced = _traced(SPEC, SGD, (1, 2))
     check(make_plan({"dp": 2, "pp": 2, "zero_stage": 2}, traced, SGD))
-    with pytest.raises(SpecError, match=r"tensor parallel .* of a traced module's plan"):
-        check(make_plan({"dp": 2, "tp": 2}, _traced(SPEC, SGD, (1, 2)), SGD))
+    check(make_plan({"dp": 2, "tp": 2}, traced, SGD))
+    assert traced.tp_plan(2)["layers.*.attention.wo"] == "rowwise"
+    make, example, job = _example_module("vit")
+    with torch.device("meta"):
+        vit = LayerGraph.from_module(make(), example)
+    cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=4)
+    costs = LayerCosts.from_graph(vit, cluster, job, tp_degrees=(1, 2))
+    with pytest.raises(SpecError, match=r"blocks\.\*\.self_attn runs more than one matmul"):
+        check(make_plan({"dp": 2, "tp": 2}, costs, job))
+    graph = LayerGraph.from_module(build_model(SPEC, device="meta"),
+                                   torch.zeros(1, SGD.seq_len, dtype=torch.long))
+    sp = LayerCosts.from_graph(graph, cluster, SGD, tp_degrees=(1, 2), sequence_parallel=True)
+    with pytest.raises(SpecError, match="sequence-parallel TP plan is not read"):
+        check(make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, sp, SGD))

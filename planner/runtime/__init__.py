@@ -107,8 +107,16 @@ def _traced_unsupported(costs: LayerCosts, cfg: ParallelConfig, reference: bool)
     """What ``apply`` does not run yet of a traced module's plan."""
     out = []
     if cfg.tp > 1:
-        out.append(f"tensor parallel (tp={cfg.tp}) of a traced module's plan is not run yet "
-                   "(its layouts are in LayerCosts.tp_plan); plan it with --tp 1")
+        try:
+            custom = sorted(k for k, v in costs.tp_plan(cfg.tp).items() if v == "custom")
+        except SpecError as e:
+            out.append(f"tensor parallel (tp={cfg.tp}) of this traced module's plan is not "
+                       f"run ({e}); plan it with --tp 1 or without sequence parallel")
+        else:
+            if custom:
+                out.append(f"tensor parallel (tp={cfg.tp}): {', '.join(custom[:3])} runs "
+                           "more than one matmul itself (as nn.MultiheadAttention does), "
+                           "which no DTensor style for a linear splits; plan it with --tp 1")
     tied = any(c.shared_params for b in costs.blocks for c in b.by_tp.values())
     if reference and tied and cfg.pp > 1:
         out.append("tied input and output embeddings split over pipeline stages are not run "

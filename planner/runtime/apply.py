@@ -113,7 +113,11 @@ def tp_style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
     sums all-reduced (or reduce-scattered over the sequence with SP); ``vocab``: embedding
     table split over the vocabulary; ``head``: LM head split over the vocabulary, logits
     gathered; ``norm``: sequence-parallel norm; ``block_input``: all-gather the sequence
-    before a block's first linears (SP).
+    before a block's first linears (SP). The styles a traced module's layouts also name
+    (``LayerCosts.tp_plan``): ``gathered``, split on the output dim with the output
+    all-gathered (an embedding split by columns); ``rowwise_replicated``, split on the
+    input dim of a whole input, each rank taking its slice (a head split over its input
+    features).
     """
     seq = Shard(1)
     out = seq if sequence_parallel else Replicate()
@@ -122,6 +126,9 @@ def tp_style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
         "rowwise": lambda: RowwiseParallel(output_layouts=out),
         "vocab": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=out),
         "head": lambda: ColwiseParallel(input_layouts=out, output_layouts=Replicate()),
+        "gathered": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_replicated": lambda: RowwiseParallel(input_layouts=Replicate(),
+                                                      output_layouts=out),
         "norm": lambda: SequenceParallel() if sequence_parallel else None,
         "block_input": lambda: (PrepareModuleInput(input_layouts=(seq,),
                                                    desired_input_layouts=(Replicate(),))
@@ -663,6 +670,9 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     meta = any(p.is_meta for p in module.parameters())
     parts = _cut_stages(module, cfg, ranges, stage_ids, home, meta, paths, example_inputs)
     pure_dp = _pure_dp(cfg)
+    if tp_plan is None and cfg.tp > 1 and isinstance(plan.model, LayerCosts) \
+            and plan.model.spec is None:
+        tp_plan = plan.model.tp_plan(cfg.tp)  # the layouts the ILP chose (check vetted them)
     for sid, part in zip(stage_ids, parts, strict=True):
         if cfg.tp > 1 and not _apply_tp(part, mesh["tp"], tp_plan or TP_PLAN,
                                         cfg.sequence_parallel):
