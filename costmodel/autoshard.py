@@ -284,6 +284,15 @@ class ShardingProblem:
                 return True
         return False
 
+    def mixes_tokens(self, v: int) -> bool:
+        """Whether node ``v`` reduces or contracts over the samples or tokens of the micro-batch
+        outside a fused attention kernel (an unfused attention's softmax and weighted sum,
+        a token-mixing MLP, a batch norm): what splitting the sequence over context-parallel
+        ranks would need more than ring attention for."""
+        n = self.graph.node(v)
+        return n.family != "attention" and any(
+            lp.out is None and self._on_tokens(v, lp, self.token_dims) for lp in n.loops)
+
     def _tensor_parallel_ok(self, v: int, loops: list[Loop | None],
                             lays: list[Layout]) -> bool:
         """Under ``tensor_parallel``: no loop on tokens, every weight matrix that meets the

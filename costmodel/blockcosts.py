@@ -35,6 +35,7 @@ class _Tally:
 
     params: float = 0.0
     forward_flops: float = 0.0
+    kv_bytes: float = 0.0
     saved: float = 0.0
     scores: float = 0.0
     input_bytes: float = 0.0
@@ -60,9 +61,11 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     degrees = tuple(tp_degrees) if tp_degrees else tuple(divisors(cluster.gpus_per_node))
     tallies: dict[int, dict[str, _Tally]] = {}
     layouts: dict[int, tuple[tuple[int, str, str, str, str], ...]] = {}
+    mixers: set[str] = set()
     for t in degrees:
         prob = ShardingProblem(graph, Mesh((1, t)), cluster, job, budget=math.inf,
                                tensor_parallel=True, sequence_parallel=sequence_parallel)
+        mixers |= {prob.layer[v] for v in prob.nodes if prob.mixes_tokens(v)}
         sol = solve(prob, time_limit_s=time_limit_s)
         tallies[t] = _tally(sol)
         layouts[t] = tuple((v, graph.node(v).module, op, label, out) for v, op, label, out
@@ -71,7 +74,8 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     for name, kind, members in graph_blocks(graph):
         by_tp = {t: _shard(members, tallies[t], kind == "layer") for t in degrees}
         blocks.append(BlockCosts(name, kind, members[0].repeat, members[-1].output_bytes, by_tp,
-                                 tuple(x.name for x in members)))
+                                 tuple(x.name for x in members),
+                                 mixes_tokens=any(x.name in mixers for x in members)))
     # One micro-batch is the traced batch of the job's sequences (tokens, or samples when
     # the job's seq_len is 1).
     shape = graph.inputs[0] if graph.inputs else ()
@@ -110,7 +114,7 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
     """The ``ShardCosts`` of a block made of ``members`` (one instance of each);
     ``is_layer``: recompute applies to it (to the layers, not to the embedding and head, as
     trainers checkpoint the layers)."""
-    params = forward = backward = saved = scores = inp = widest = shared = 0.0
+    params = forward = backward = saved = scores = inp = widest = shared = kv = 0.0
     kernels, recomputed = Kernels(), Kernels()
     coll: dict[str, float] = {}
     calls: dict[str, float] = {}
@@ -118,6 +122,7 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
         t = tally.get(x.name, _Tally())
         params += t.params
         forward += t.forward_flops
+        kv += t.kv_bytes
         if x.forward_flops:  # backward ops are split like the forward ops they mirror
             backward += x.backward_flops * t.forward_flops / x.forward_flops
         saved += t.saved
@@ -136,7 +141,8 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
     return ShardCosts(params=params, forward_flops=forward, backward_flops=backward,
                       activation_bytes=acts, input_bytes=inp, collectives=coll,
                       collective_calls=calls, widest_elements=widest, shared_params=shared,
-                      kernels=_merge_gemms(kernels), recomputed=_merge_gemms(recomputed))
+                      kernels=_merge_gemms(kernels), recomputed=_merge_gemms(recomputed),
+                      kv_bytes=kv)
 
 
 def _scores(sol: Solution, src: int) -> bool:
@@ -259,6 +265,8 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
         shards = math.prod(m for m, a in zip(p.mesh.shape, st.axes, strict=True)
                            if a is not None)
         t.forward_flops += n.model_flops / shards
+        if n.family == "attention" and n.model_flops and len(n.inputs) >= 3:
+            t.kv_bytes += (n.inputs[1].nbytes + n.inputs[2].nbytes) / shards  # K and V
         kernel = _kernel(sol, v, shards)
         t.kernels = t.kernels.merged(kernel)
         if _scores(sol, v):

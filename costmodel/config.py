@@ -376,7 +376,8 @@ def _check_placement(model: ModelSpec | LayerCosts, cluster: Cluster, cfg: Paral
 
 def _check_traced(costs: LayerCosts, cfg: ParallelConfig) -> None:
     """A traced graph's costs exist at the TP degrees and with the sequence parallelism its
-    blocks were sharded with, without context or expert parallelism."""
+    blocks were sharded with; context parallelism only where its layers mix tokens in fused
+    attention alone."""
     if cfg.tp not in costs.tp_degrees:
         raise SpecError(f"{costs.name}: tp={cfg.tp} is not among the degrees its blocks were "
                         f"sharded at ({', '.join(map(str, costs.tp_degrees))})")
@@ -384,9 +385,10 @@ def _check_traced(costs: LayerCosts, cfg: ParallelConfig) -> None:
         raise SpecError(f"{costs.name}: its blocks were sharded "
                         f"{'with' if costs.sequence_parallel else 'without'} sequence "
                         "parallelism; trace it the other way for the other")
-    if cfg.cp > 1:
-        raise SpecError(f"{costs.name}: context parallelism is not costed for a traced graph "
-                        "yet; use cp=1")
+    if cfg.cp > 1 and not costs.context_parallel_ok:
+        raise SpecError(f"{costs.name}: context parallelism splits the sequence, but "
+                        f"{costs.token_mixer} reduces over the tokens outside a fused "
+                        "attention; use cp=1")
 
 
 def _check_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:

@@ -87,7 +87,8 @@ class ShardCosts:
     ``shared_params``: parameters it reads that another block holds (a tied LM head's word
     embedding), which a pipeline stage without that block needs a copy of; a traced block's
     forward ``kernels`` on the rank (``costmodel.kernels``) and those selective recompute
-    re-runs (``recomputed``)."""
+    re-runs (``recomputed``); ``kv_bytes``: the keys and values its fused attention reads on
+    the rank (what ring attention passes around the context-parallel ranks)."""
 
     params: float
     forward_flops: float
@@ -100,6 +101,7 @@ class ShardCosts:
     shared_params: float = 0.0
     kernels: Kernels | None = None
     recomputed: Kernels | None = None
+    kv_bytes: float = 0.0
 
     @property
     def collective_bytes(self) -> float:
@@ -113,7 +115,8 @@ class BlockCosts:
     (``KINDS``), ``repeat`` instances in a row, ``output_bytes`` of one instance's output
     per micro-batch (the pipeline send size), its ``ShardCosts`` per TP degree, and a traced
     block's ``members``: the traced layers (module paths) it groups, e.g. an output side's
-    final norm and head."""
+    final norm and head; ``mixes_tokens``: whether it reduces over the tokens outside a fused
+    attention (``ShardingProblem.mixes_tokens``), which context parallelism cannot split."""
 
     name: str
     kind: str
@@ -121,6 +124,7 @@ class BlockCosts:
     output_bytes: float
     by_tp: Mapping[int, ShardCosts]
     members: tuple[str, ...] = ()
+    mixes_tokens: bool = False
 
     def at(self, tp: int) -> ShardCosts:
         """The costs at tensor-parallel degree ``tp``; ``SpecError`` if it was not made."""
@@ -300,6 +304,7 @@ class LayerCosts:
                 "layouts": {str(t): [list(x) for x in ops] for t, ops in self.layouts.items()},
                 "blocks": [{"name": b.name, "kind": b.kind, "repeat": b.repeat,
                             "output_bytes": b.output_bytes, "members": list(b.members),
+                            "mixes_tokens": b.mixes_tokens,
                             "by_tp": {str(t): shard_dict(c) for t, c in b.by_tp.items()}}
                            for b in self.blocks]}
 
@@ -310,7 +315,8 @@ class LayerCosts:
             blocks = tuple(BlockCosts(str(b["name"]), str(b["kind"]), int(b["repeat"]),
                                       float(b["output_bytes"]),
                                       {int(t): _shard_from(c) for t, c in b["by_tp"].items()},
-                                      tuple(str(m) for m in b.get("members") or ()))
+                                      tuple(str(m) for m in b.get("members") or ()),
+                                      bool(b.get("mixes_tokens", False)))
                            for b in d["blocks"])
             layouts = {int(t): tuple((int(v), str(m), str(op), str(st), str(lay))
                                      for v, m, op, st, lay in ops)
@@ -369,11 +375,40 @@ class LayerCosts:
         return out
 
     def _token_share(self, job: Job, a: ConfigArrays) -> np.ndarray:
-        """Each row's tokens per micro-batch per GPU over the traced micro-batch's."""
-        if np.any(a.cp != 1) or np.any(a.ep != 1):
-            raise SpecError(f"{self.name}: context and expert parallelism are not costed for "
-                            "a traced graph")
-        return job.seq_len * a.mbs / float(self.micro_batch_size * self.seq_len)
+        """Each row's tokens per micro-batch per GPU over the traced micro-batch's (a
+        context-parallel rank holds 1/cp of each sequence: its queries attend to all the
+        keys, so its attention FLOPs are 1/cp too)."""
+        if np.any(a.ep != 1):
+            raise SpecError(f"{self.name}: expert parallelism is not costed for a traced "
+                            "graph")
+        if np.any(a.cp != 1) and not self.context_parallel_ok:
+            raise SpecError(f"{self.name}: context parallelism splits the sequence, but "
+                            f"{self.token_mixer} reduces over the tokens outside a fused "
+                            "attention; use cp=1")
+        return job.seq_len / a.cp * a.mbs / float(self.micro_batch_size * self.seq_len)
+
+    @property
+    def token_mixer(self) -> str | None:
+        """The first layer block that mixes tokens outside a fused attention (``None``)."""
+        if self.spec is not None:
+            return None
+        return next((b.name for b in self.layer_blocks() if b.mixes_tokens), None)
+
+    @property
+    def context_parallel_ok(self) -> bool:
+        """Whether context parallelism is costed: a preset's layers; a traced graph's that
+        mix tokens only in fused attention (ring attention, Liu et al. 2023)."""
+        return self.token_mixer is None
+
+    def cp_kv_bytes(self, kind: int, job: Job, a: ConfigArrays) -> np.ndarray:
+        """Bytes of the keys and values of one layer of ``kind`` that a context-parallel
+        rank holds and passes on per ring step, per micro-batch, per row: a preset's
+        ``2 e (s / cp) b kv_dim / tp``; a traced block's attention inputs."""
+        if self.spec is not None:
+            tokens = job.seq_len / a.cp * a.mbs
+            return 2 * compute_bytes(job.precision) * tokens * self.spec.kv_dim / a.tp
+        share = self._token_share(job, a)
+        return self._by_tp(self.layer_blocks()[kind], a.tp, lambda c: c.kv_bytes) * share
 
     @property
     def is_moe(self) -> bool:
@@ -471,12 +506,6 @@ class LayerCosts:
         if self.spec is None:
             return 0, 0
         return self.spec.top_k, self.spec.num_experts
-
-    @property
-    def kv_dim(self) -> int:
-        """Elements per token of K (and of V) in a layer: what context parallel exchanges
-        (none for a traced graph, which is not costed with context parallelism)."""
-        return self.spec.kv_dim if self.spec is not None else 0
 
     def layer_compute(self, gpu: GPU, job: Job, a: ConfigArrays, kind: int,
                       capacity_factor: float = 1.0, autocast: np.ndarray | None = None
@@ -698,7 +727,7 @@ def shard_dict(c: ShardCosts) -> dict[str, Any]:
             "widest_elements": c.widest_elements, "shared_params": c.shared_params,
             "kernels": dataclasses.asdict(c.kernels) if c.kernels is not None else None,
             "recomputed": dataclasses.asdict(c.recomputed) if c.recomputed is not None
-            else None}
+            else None, "kv_bytes": c.kv_bytes}
 
 
 def _kernels_from(d: Mapping[str, Any] | None) -> Kernels | None:
@@ -721,4 +750,5 @@ def _shard_from(d: Mapping[str, Any]) -> ShardCosts:
                       widest_elements=float(d.get("widest_elements", 0.0)),
                       shared_params=float(d.get("shared_params", 0.0)),
                       kernels=_kernels_from(d.get("kernels")),
-                      recomputed=_kernels_from(d.get("recomputed")))
+                      recomputed=_kernels_from(d.get("recomputed")),
+                      kv_bytes=float(d.get("kv_bytes", 0.0)))

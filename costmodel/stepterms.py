@@ -281,20 +281,21 @@ def tensor_parallel(r: Rows) -> TensorParallel:
         emb=emb, head=head, rec_total=r.rec_layers * c.per_pass + gather)
 
 
-def context_parallel(r: Rows) -> tuple[np.ndarray, np.ndarray]:
-    """CP ring exchange of K and V per micro-batch: (exposed per stage, all of it per layer).
+def context_parallel(r: Rows) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """CP ring exchange of K and V per micro-batch: (exposed per stage, all of it for one
+    layer of each kind).
 
     Each KV block's transfer overlaps the attention on the previous block (Liu et al. 2023),
     forward one exchange per step, backward two (the KV blocks and their gradients)."""
     cp = r.cp
-    kv_block = 2 * r.e * r.tokens * r.costs.kv_dim / r.tp
-    ring_step = np.where(cp > 1, r.topo.ring_step(kv_block, cp, r.tp), 0.0)
-
-    def exposed(lc: LayerCompute) -> np.ndarray:
-        return (cp - 1) * overlap(ring_step, lc.core_forward / cp) \
-            + (cp - 1) * overlap(2 * ring_step, lc.core_backward / cp)
-
-    return r.per_stage([exposed(lc) for lc in r.layers]), (cp - 1) * 3 * ring_step
+    exposed, total = [], []
+    for k, lc in enumerate(r.layers):
+        kv_block = r.costs.cp_kv_bytes(k, r.job, r.a)
+        ring_step = np.where(cp > 1, r.topo.ring_step(kv_block, cp, r.tp), 0.0)
+        exposed.append((cp - 1) * overlap(ring_step, lc.core_forward / cp)
+                       + (cp - 1) * overlap(2 * ring_step, lc.core_backward / cp))
+        total.append((cp - 1) * 3 * ring_step)
+    return r.per_stage(exposed), tuple(total)
 
 
 def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:

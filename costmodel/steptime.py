@@ -413,7 +413,7 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
         + tp.rec_total
     comm_total = {
         "tp": m * at(tp_total, b),
-        "cp": m * at(r.per_stage([cp_layer] * len(r.layers)), b),
+        "cp": m * at(r.per_stage(cp_layer), b),
         "ep": m * at(ep_comm, b),  # all of it is exposed
         "pp": m * at(pp_total, b),
         "fsdp": m * at(sh.wire + sh.copy, b),

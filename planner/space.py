@@ -53,7 +53,8 @@ RULES: dict[str, str] = {
     "tp_heads": "tp divides the attention heads and the KV heads",
     "tp_ffn": "tp divides the MLP (and expert MLP) hidden size",
     "tp_traced": "a traced graph is costed at the TP degrees its blocks were sharded at",
-    "cp_traced": "context parallel is not costed for a traced graph yet",
+    "cp_traced": "context parallel splits a traced graph's sequences only where its layers "
+                 "mix tokens in fused attention alone (ring attention)",
     "sp_traced": "a traced graph is costed with the sequence parallelism its blocks were "
                  "sharded with (LayerCosts.sequence_parallel)",
     "pp_layers": "a pipeline stage holds at least one layer: pp <= layers",
@@ -481,7 +482,8 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
             scheds = _schedules(fw, f, L, pp)
             cps = f.keep("cp", divisors(world // (tp * pp)), [
                 ("cp_seq", lambda c: job.seq_len % c == 0),
-                ("cp_traced", lambda c: c == 1 or not traced),
+                ("cp_traced", lambda c: c == 1 or not traced
+                 or LayerCosts.of(model).context_parallel_ok),
                 ("mesh_nodes", lambda c, tp=tp: gpn % (tp * c) == 0 or (tp * c) % gpn == 0)],
                 show=lambda c, tp=tp, pp=pp: f"tp={tp} pp={pp} cp={c}")
             for cp in cps:

@@ -166,8 +166,6 @@ def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
     (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape", "0x3"],
      2, "positive"),
     (["--model", "mymodels:TinyLM", "--global-batch-size", "64", "--seq-len", "8",
-      "--cp", "2"], 3, "context parallel is not costed for a traced graph"),
-    (["--model", "mymodels:TinyLM", "--global-batch-size", "64", "--seq-len", "8",
       "--inference"], 2, "is a torch module"),
     (["--model", "mymodels:TinyLM", "--gpus", "1", "--gpu", "a100-40gb", "--global-batch-size",
       "8", "--seq-len", "1000000", "--micro-batch-size", "8"], 3, "nothing fits"),

@@ -306,8 +306,63 @@ def test_a_traced_module_is_planned_by_the_one_search() -> None:
     with pytest.raises(SpecError, match="tp=8 is not among the degrees"):
         planner.estimate(low, cluster, job, planner.ParallelConfig(dp=2, tp=8))
     assert planner.plan(low, cluster, job).config.tp <= 2
-    with pytest.raises(SpecError, match="context parallelism is not costed"):
-        planner.estimate(traced, cluster, job, planner.ParallelConfig(dp=8, cp=2))
+    with pytest.raises(SpecError, match="ep=2 needs a mixture-of-experts model"):
+        planner.estimate(traced, cluster, job, planner.ParallelConfig(dp=16, ep=2))
+
+
+def test_context_parallel_of_a_traced_graph_is_ring_attention() -> None:
+    """A traced graph whose layers mix tokens only in fused attention is costed with
+    context parallelism as the preset is (Liu et al. 2023's ring: each rank's keys and
+    values passed around, its attention and everything else on 1/cp of the tokens): the
+    same ring traffic and memory, the step time within the kernels' difference; one whose
+    layers mix tokens otherwise (an unfused attention's softmax) is refused by name."""
+    import planner
+
+    traced, _, spec = _pair("llama-3.2-1b", False)
+    assert traced.context_parallel_ok
+    cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8)
+    job = Job(global_batch_size=64, seq_len=SEQ, framework="torchtitan")
+    for cfg in (planner.ParallelConfig(dp=8, cp=2, zero_stage=3),
+                planner.ParallelConfig(dp=2, tp=2, cp=4, zero_stage=3)):
+        got, want = planner.estimate(traced, cluster, job, cfg), planner.estimate(spec, cluster,
+                                                                                   job, cfg)
+        assert got.time_breakdown_s["cp_comm_total"] == pytest.approx(
+            want.time_breakdown_s["cp_comm_total"], rel=1e-9)
+        assert got.time_breakdown_s["cp_comm_total"] > 0
+        assert got.peak_memory_bytes == pytest.approx(want.peak_memory_bytes, rel=1e-3)
+        assert got.step_time_s == pytest.approx(want.step_time_s, rel=0.05)
+    assert planner.plan(traced, cluster, job, constraints={"fixed": {"cp": 2}}).config.cp == 2
+
+    class Unfused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv, self.out = nn.Linear(64, 192), nn.Linear(64, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            return x + self.out((q @ k.transpose(1, 2)).softmax(-1) @ v)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(128, 64)
+            self.blocks = nn.ModuleList(Unfused() for _ in range(2))
+            self.head = nn.Linear(64, 128)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(x)
+
+    small = Job(global_batch_size=8, seq_len=32)
+    costs = LayerCosts.from_graph(LayerGraph.from_module(Net(), torch.zeros(1, 32,
+                                                                             dtype=torch.long)),
+                                  NODE, small, tp_degrees=[1])
+    assert not costs.context_parallel_ok and costs.token_mixer == "blocks.0"
+    with pytest.raises(SpecError, match="blocks.0 reduces over the tokens outside a fused"):
+        planner.estimate(costs, NODE, small, planner.ParallelConfig(dp=4, cp=2))
+    assert planner.plan(costs, NODE, small).config.cp == 1
 
 
 def test_search_of_a_traced_module_equals_brute_force() -> None:
