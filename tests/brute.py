@@ -35,3 +35,20 @@ def half_fitting(model: Any, cluster: Cluster, job: Job, space: Space) -> Cluste
     peaks = evaluate(model, cluster, job, arrays(model, space.table)).peak_memory
     gpu = dataclasses.replace(GPU.preset(cluster.gpu.name), memory_bytes=float(np.median(peaks)))
     return dataclasses.replace(cluster, gpu=gpu)
+
+
+def search_equals_brute_force(model: Any, cluster: Cluster, job: Job, cons: Any) -> Space:
+    """On GPUs with memory for about half of ``cons``' space (``half_fitting``), the plan
+    ``planner.plan`` finds (without the stage DP) is the fastest row that fits by
+    ``estimate()`` (``fastest_that_fits``), step time and configuration; returns the space."""
+    import planner
+    from planner.space import build_space
+
+    space = build_space(model, cluster, job, cons)
+    small = half_fitting(model, cluster, job, space)
+    best = fastest_that_fits(model, small, job, space)
+    p = planner.plan(model, small, job, constraints=cons, partition=False)
+    assert best is not None
+    assert p.estimate.step_time_s == best[0]
+    assert p.config == row_config(np.asarray(best[2]))
+    return space

@@ -27,7 +27,7 @@ from costmodel.errors import SpecError
 from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from planner.plan import Plan
-from planner.runtime.apply import apply, cross_entropy, make_optimizer
+from planner.runtime.apply import Parallelized, apply, cross_entropy, make_optimizer
 from planner.runtime.model import build_model
 
 __all__ = ["TrainResult", "main", "module_reference_losses", "reference_losses",
@@ -82,10 +82,18 @@ def train(plan: Plan, *, steps: int = 5, lr: float = LR, seed: int = 0,
     module = build_model(spec, device="meta" if meta else "cpu", seed=seed)
     run = apply(plan, module)
     job = plan.training()[0]  # apply refused a serving plan
+    vocab = spec.vocab_size
+    return _loop(run, lambda step: synthetic_batch(job, vocab, step, seed), steps, lr, log)
+
+
+def _loop(run: Parallelized, batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+          steps: int, lr: float, log: Callable[[str], None] | None) -> TrainResult:
+    """``steps`` steps of ``run`` on the global batches ``batch(step)``, with the plan's
+    optimizer: what ``train`` and ``train_module`` measure."""
     opt = run.optimizer(lr=lr)
     out = TrainResult(stage_ids=list(run.stage_ids))
     for step in range(steps):
-        x, y = synthetic_batch(job, spec.vocab_size, step, seed)
+        x, y = batch(step)
         t0 = time.perf_counter()
         loss = run.step(run.local_batch(x), run.local_batch(y))
         opt.step()
@@ -114,21 +122,8 @@ def train_module(plan: Plan, make: Callable[[], torch.nn.Module], example: torch
     job, cfg, _ = plan.training()
     micro = example[:1].expand(cfg.micro_batch_size, *example.shape[1:]).contiguous()
     run = apply(plan, module, example_inputs=micro)
-    opt = run.optimizer(lr=lr)
-    out = TrainResult(stage_ids=list(run.stage_ids))
-    for step in range(steps):
-        x, y = module_batch(example, classes, job.global_batch_size, step, seed)
-        t0 = time.perf_counter()
-        loss = run.step(run.local_batch(x), run.local_batch(y))
-        opt.step()
-        if step == 0:
-            out.state_bytes = run.state_bytes(opt)
-        opt.zero_grad(set_to_none=True)
-        out.step_times_s.append(time.perf_counter() - t0)
-        out.losses.append(loss)
-        if log is not None:
-            log(f"step {step + 1:>3}  loss {loss:.6f}  ({out.step_times_s[-1]:.3f} s)")
-    return out
+    return _loop(run, lambda step: module_batch(example, classes, job.global_batch_size, step,
+                                                seed), steps, lr, log)
 
 
 def module_reference_losses(make: Callable[[], torch.nn.Module], example: torch.Tensor,
@@ -141,27 +136,28 @@ def module_reference_losses(make: Callable[[], torch.nn.Module], example: torch.
     torch.manual_seed(seed)
     module = make()
     classes = output_size(module, example)
-    opt = make_optimizer(job.optimizer, module.parameters(), lr=lr)
-    losses = []
-    for step in range(steps):
-        x, y = module_batch(example, classes, job.global_batch_size, step, seed)
-        loss = cross_entropy(module(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    return _one_process(module, job, lambda step: module_batch(
+        example, classes, job.global_batch_size, step, seed), steps, lr)
 
 
 def reference_losses(model: ModelSpec, job: Job, *, steps: int = 5, lr: float = LR,
                      seed: int = 0) -> list[float]:
     """The same training in one process with no parallelism: the full batch per step, one
     forward and backward, the job's optimizer. The losses every plan must reproduce."""
-    module = build_model(model, seed=seed)
+    return _one_process(build_model(model, seed=seed), job,
+                        lambda step: synthetic_batch(job, model.vocab_size, step, seed),
+                        steps, lr)
+
+
+def _one_process(module: torch.nn.Module, job: Job,
+                 batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], steps: int,
+                 lr: float) -> list[float]:
+    """The loss of each of ``steps`` steps of ``module`` on the whole batches ``batch(step)``
+    in this process, one forward and backward each, with the job's optimizer."""
     opt = make_optimizer(job.optimizer, module.parameters(), lr=lr)
     losses = []
     for step in range(steps):
-        x, y = synthetic_batch(job, model.vocab_size, step, seed)
+        x, y = batch(step)
         loss = cross_entropy(module(x), y)
         loss.backward()
         opt.step()
