@@ -29,9 +29,10 @@ The one consumer: the memory and step-time tables (``costmodel.memory``,
 ``layer_params_per_gpu``, ``edge_params_per_gpu``, ``tp_seconds``, ...), evaluated per row
 of configurations: for a preset (``LayerCosts.of(spec)``, or ``from_spec``) by its formulas,
 unchanged; for a traced graph from its blocks, the activations and kernels scaled to each
-row's micro-batch (``costmodel.kernels``). A graph the tables take has one kind of repeated
-layer between an input and an output side, and is costed without context or expert
-parallelism.
+row's micro-batch (``costmodel.kernels``). A graph's layers are the blocks between its input
+and output sides, each distinct block a kind of layer (``layer_kinds``; a preset's kinds are
+its dense and MoE layers); it is costed with context parallelism where its layers mix
+tokens in fused attention alone, and without expert parallelism.
 
 Model FLOPs follow PaLM (Chowdhery et al. 2022, App. B): ``2 m n k`` per matmul, the
 attention scores and weighted sum over all ``s`` keys (no causal halving), backward twice
