@@ -178,6 +178,15 @@ def _kernel(sol: Solution, v: int, shards: int) -> Kernels:
             return Kernels(gemms=(Gemm(2 * m * nn * k * b, act, w,
                                        bool(aligned(nn, k, e)), back),))
     moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
+    if n.family == "embedding":
+        # A lookup reads the rows it gathers, not the table: the indices, then a row read
+        # and written per token; its backward adds each token's gradient row into the
+        # table's gradient, as many bytes (the dense gradient's zeroed table is left out,
+        # as the formulas leave it out: costmodel.compute.lm_head_compute).
+        rows = (sum(r.nbytes for r in n.inputs if not r.param) + 2 * n.output_bytes) / shards
+        return Kernels(memory_bytes=rows, memory_kernels=1,
+                       memory_backward_bytes=rows if n.grad else 0.0,
+                       memory_backward_kernels=1 if n.grad else 0)
     if n.family == "attention" and n.model_flops:
         flops = n.model_flops / shards * (0.5 if n.causal else 1.0)
         return Kernels(attention_flops=flops, attention_kernels=1, attention_backward=n.grad)
