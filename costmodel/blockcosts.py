@@ -194,9 +194,10 @@ def _kernel(sol: Solution, v: int, shards: int) -> Kernels:
         w = sum(r.nbytes for r in n.inputs if r.param) / shards
         return Kernels(gemms=(Gemm(n.model_flops / shards, moved - w, w, True,
                                    2 if n.grad else 0),))
+    back = n.grad or n.fused_grad  # a fused kernel's decomposition: its backward's bytes
     return Kernels(memory_bytes=moved, memory_kernels=1,
-                   memory_backward_bytes=BACKWARD_BYTES * moved if n.grad else 0.0,
-                   memory_backward_kernels=1 if n.grad else 0)
+                   memory_backward_bytes=BACKWARD_BYTES * moved if back else 0.0,
+                   memory_backward_kernels=1 if back else 0)
 
 
 #: View-family ops that move data: dtype casts and copies (a kernel each, reading and
@@ -222,8 +223,10 @@ def _copies(sol: Solution) -> list[tuple[str, Kernels]]:
         share = _share(sol, sol.strategy(src).out) if src in p.layer else 1
         moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / share
         out.append((n.layer, Kernels(memory_bytes=moved, memory_kernels=1,
-                                     memory_backward_bytes=moved if n.grad else 0.0,
-                                     memory_backward_kernels=1 if n.grad else 0)))
+                                     memory_backward_bytes=moved if n.grad or n.fused_grad
+                                     else 0.0,
+                                     memory_backward_kernels=1 if n.grad or n.fused_grad
+                                     else 0)))
     return out
 
 

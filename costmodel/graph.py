@@ -50,6 +50,7 @@ from costmodel.errors import SpecError
 from costmodel.sharding import Loop, op_loops, view_map
 from costmodel.trace_ops import (
     FUSED_ATTENTION,
+    IN_FUSED_FORWARD,
     dropout,
     fused_attention_flops,
     fused_sdpa,
@@ -172,7 +173,9 @@ class OpNode:
     names); ``shape``: its (first) output's shape; ``shardable_dims``: dims of that output
     it can produce split across devices without communication inside the op. Forward ops
     also keep their tensor ``inputs`` (``TensorRef``), whether their output needs a
-    gradient (``grad``), their ``loops`` (``costmodel.sharding``: the splitting rules) and,
+    gradient (``grad``; ``fused_grad``: it runs inside a fused kernel's forward whose
+    backward covers it, grad mode off there), their ``loops`` (``costmodel.sharding``: the
+    splitting rules) and,
     for views, ``view_map`` (the input dim of each output dim); a fused attention, whether
     it is ``causal``.
     """
@@ -193,6 +196,7 @@ class OpNode:
     shardable_dims: tuple[int, ...]
     inputs: tuple[TensorRef, ...] = ()
     grad: bool = False
+    fused_grad: bool = False
     causal: bool = False
     loops: tuple[Loop, ...] = ()
     view_map: tuple[int | None, ...] | None = None
@@ -478,7 +482,8 @@ class _Recorder:
             # Autograd marks an op's output as needing a gradient only after the op returns
             # (below it, in this mode, it does not yet): an output needs one when an input does.
             grad = bool(outs) and outs[0].is_floating_point() and any(r.grad for r in refs)
-            extra = dict(inputs=refs, grad=grad, causal=causal)
+            extra = dict(inputs=refs, grad=grad, causal=causal,
+                         fused_grad=IN_FUSED_FORWARD.get())
             if family == "view" and refs:
                 extra["view_map"] = view_map(name, plain, shapes[0], shape)
             else:

@@ -6,9 +6,16 @@ backward, and the model FLOPs of the fused attention kernel.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["FUSED_ATTENTION", "dropout", "fused_attention_flops", "fused_sdpa", "rms_norm"]
+__all__ = ["FUSED_ATTENTION", "IN_FUSED_FORWARD", "dropout", "fused_attention_flops",
+           "fused_sdpa", "rms_norm"]
+
+#: True while the ops of a fused kernel's forward run (the fused RMS norm's, inside an
+#: autograd function, where grad mode is off) and its inputs need a gradient: their backward
+#: runs as the kernel's (``OpNode.fused_grad``).
+IN_FUSED_FORWARD: ContextVar[bool] = ContextVar("IN_FUSED_FORWARD", default=False)
 
 
 #: The fused attention the trace runs ``F.scaled_dot_product_attention`` as (forward, backward).
@@ -51,11 +58,16 @@ def _fused_rms_norm() -> Any:
     class FusedRMSNorm(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: Any, weight: Any, dims: tuple[int, ...], eps: float) -> Any:
-            rstd = torch.rsqrt(x.float().pow(2).mean(dims, keepdim=True) + eps)
-            ctx.save_for_backward(x, weight, rstd)
-            ctx.dims = dims
-            out = (x * rstd).to(x.dtype)
-            return out * weight if weight is not None else out
+            token = IN_FUSED_FORWARD.set(bool(x.requires_grad or (
+                weight is not None and weight.requires_grad)))
+            try:
+                rstd = torch.rsqrt(x.float().pow(2).mean(dims, keepdim=True) + eps)
+                ctx.save_for_backward(x, weight, rstd)
+                ctx.dims = dims
+                out = (x * rstd).to(x.dtype)
+                return out * weight if weight is not None else out
+            finally:
+                IN_FUSED_FORWARD.reset(token)
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
