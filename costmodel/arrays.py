@@ -5,7 +5,7 @@ of the cost model shares (memory, step time, pipeline).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
@@ -27,7 +27,7 @@ class Layers(Protocol):
     def layer_kinds(self) -> tuple[int, ...]: ...
 
 __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Stages",
-           "divisors", "even_split", "first_argmax"]
+           "divisors", "even_split", "first_argmax", "ordered_sum"]
 
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
@@ -214,6 +214,17 @@ class Stages:
     layers: np.ndarray
     start: np.ndarray
     recompute: np.ndarray | None
+
+
+def ordered_sum(xs: Iterable[np.ndarray], empty: np.ndarray | None = None) -> np.ndarray:
+    """The sum of ``xs`` in order, the first as it is (``empty`` when there is none)."""
+    out = None
+    for x in xs:
+        out = x if out is None else out + x
+    if out is None:
+        assert empty is not None, "a sum of no terms needs its empty value"
+        return empty
+    return out
 
 
 def first_argmax(x: np.ndarray) -> np.ndarray:

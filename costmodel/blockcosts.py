@@ -65,7 +65,8 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     for t in degrees:
         prob = ShardingProblem(graph, Mesh((1, t)), cluster, job, budget=math.inf,
                                tensor_parallel=True, sequence_parallel=sequence_parallel)
-        mixers |= {prob.layer[v] for v in prob.nodes if prob.mixes_tokens(v)}
+        if t == degrees[0]:  # which layers mix tokens does not depend on the degree
+            mixers = {prob.layer[v] for v in prob.nodes if prob.mixes_tokens(v)}
         sol = solve(prob, time_limit_s=time_limit_s)
         tallies[t] = _tally(sol)
         layouts[t] = tuple((v, graph.node(v).module, op, label, out) for v, op, label, out

@@ -28,7 +28,7 @@ Terms (bytes per GPU):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -45,6 +45,7 @@ from costmodel.arrays import (
     Stages,
     even_split,
     first_argmax,
+    ordered_sum,
 )
 from costmodel.compute import autocast_rows, fused_ce
 from costmodel.config import Job
@@ -185,17 +186,6 @@ def stage_layout(costs: LayerCosts, a: ConfigArrays, st: Stages) -> np.ndarray:
     return np.where(v > 1, il, contig)
 
 
-def _sum(xs: Iterable[np.ndarray], empty: np.ndarray | None = None) -> np.ndarray:
-    """The sum of ``xs`` in order, the first as it is (``empty`` when there is none)."""
-    out = None
-    for x in xs:
-        out = x if out is None else out + x
-    if out is None:
-        assert empty is not None, "a sum of no terms needs its empty value"
-        return empty
-    return out
-
-
 def _largest(on: Sequence[np.ndarray] | np.ndarray, value: Callable[[int], np.ndarray]
              ) -> np.ndarray:
     """Per stage and row, the largest ``value(k)`` over the kinds ``k`` with ``on[k] > 0``
@@ -271,8 +261,8 @@ def _stage(costs: LayerCosts, job: Job, a: ConfigArrays) -> _Stage:
     counts = stage_layout(costs, a, st)  # [kinds, P, rows]
     kinds = range(costs.kinds)
     per_layer = costs.layer_params_per_gpu(tp, ep)  # per kind: (local, routed experts)
-    layer_params = _sum(counts[k] * per_layer[k][0] for k in kinds)
-    expert_params = _sum((counts[k] * x for k in kinds
+    layer_params = ordered_sum(counts[k] * per_layer[k][0] for k in kinds)
+    expert_params = ordered_sum((counts[k] * x for k in kinds
                           if (x := per_layer[k][1]) is not None), np.zeros_like(layer_params))
     emb_local, head_local, tied = costs.edge_params_per_gpu(tp)
     head_local = head_local + np.where(a.pp > 1, tied, 0.0)
@@ -290,7 +280,8 @@ class _States:
     """Model states per GPU (bytes): ``weights`` (with the low-precision and unsharded
     copies), ``resident`` (the stored parameters alone), ``grads``, ``unsharded_grads``
     (torch pipelining's no-sync accumulation), ``optim``, and what offload moved to the
-    host (``cpu``); ``w_sharded`` where ZeRO shards the parameters."""
+    host (``cpu``); ``w_sharded`` where ZeRO shards the parameters; ``w_b`` / ``g_b``: bytes
+    per weight and per gradient (``state_bytes``)."""
 
     weights: np.ndarray
     resident: np.ndarray
@@ -300,6 +291,7 @@ class _States:
     cpu: np.ndarray
     w_sharded: np.ndarray
     w_b: float
+    g_b: float
 
 
 def _model_states(s: _Stage) -> _States:
@@ -364,7 +356,7 @@ def _model_states(s: _Stage) -> _States:
     grads = np.where(off == 2, 0.0, grads)
     return _States(weights=weights, resident=resident, grads=grads,
                    unsharded_grads=unsharded_grads, optim=optim, cpu=cpu,
-                   w_sharded=w_sharded, w_b=w_b)
+                   w_sharded=w_sharded, w_b=w_b, g_b=g_b)
 
 
 @dataclass(frozen=True)
@@ -406,8 +398,8 @@ def _activations(s: _Stage) -> _Activations:
     for k in kinds:
         rec.append(np.minimum(n_rec, counts[k]))
         n_rec = n_rec - rec[-1]
-    stage_act = (_sum(rec[k] * by_mode(acts[k]) for k in kinds)
-                 + _sum((counts[k] - rec[k]) * acts[k]["none"] for k in kinds))
+    stage_act = (ordered_sum(rec[k] * by_mode(acts[k]) for k in kinds)
+                 + ordered_sum((counts[k] - rec[k]) * acts[k]["none"] for k in kinds))
 
     emb_act, head_act = s.costs.edge_activations(job, a, ac)
     layers_f, emb_f, head_f = _in_flight(a, st.index, s.m)
@@ -461,9 +453,9 @@ def _buffers(s: _Stage, states: _States, act: _Activations) -> np.ndarray:
     # Expert-parallel all-to-all send and receive buffers of the routed tokens.
     if costs.is_moe:
         a2a = 2 * e * tokens * costs.moe_routing()[0] * h
-        routed = _sum(counts[k] for k in kinds if costs.routed(k))
+        routed = ordered_sum(counts[k] for k in kinds if costs.routed(k))
         buffers = buffers + np.where((a.ep > 1) & (routed > 0), a2a, 0.0)
-    all_params, w_b = s.all_params, states.w_b
+    all_params, w_b, g_b = s.all_params, states.w_b, states.g_b
     if fw.name in ("torchtitan", "megatron"):
         # FSDP (torchtitan and Megatron's FSDP mode): about two blocks' parameters unsharded
         # (the current and the prefetched one) plus one block's unsharded gradients in the
@@ -476,12 +468,10 @@ def _buffers(s: _Stage, states: _States, act: _Activations) -> np.ndarray:
     if fw.name == "torchtitan":
         # DDP buckets hold a second copy of the gradients (gradient_as_bucket_view=False).
         ddp = s.soft["torch_ddp"]
-        _, g_b, _ = state_bytes(job, costs)
         copy = 0.0 if ddp["gradient_as_bucket_view"] else g_b
         buffers = buffers + np.where((zero == 0) & (a.dp > 1), copy * all_params, 0.0)
     if fw.name == "deepspeed":
         ds = s.soft["deepspeed"]
-        _, g_b, _ = state_bytes(job, costs)
         # Stages 0-2: the flat gradient bucket of reduce_bucket_size elements; stage 3 adds the
         # gathered parameters of the current module plus the prefetch bucket, capped by
         # stage3_max_live_parameters (deepspeed/runtime/zero/config.py defaults).

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import hardware_profiles
-from costmodel.arrays import ConfigArrays
+from costmodel.arrays import ConfigArrays, ordered_sum
 from costmodel.comm import Topology
 from costmodel.compute import (
     LayerCompute,
@@ -133,9 +133,7 @@ class Rows:
 
     def _over(self, counts: np.ndarray, per_kind: Sequence[np.ndarray],
               e_: np.ndarray | float = 0.0, hd: np.ndarray | float = 0.0) -> np.ndarray:
-        out = counts[0] * per_kind[0]
-        for k in range(1, len(per_kind)):
-            out = out + counts[k] * per_kind[k]
+        out = ordered_sum(c * x for c, x in zip(counts, per_kind, strict=True))
         if not np.isscalar(e_) or e_ != 0.0:
             out = out + np.where(self.first, np.broadcast_to(e_, out.shape), 0.0)
         if not np.isscalar(hd) or hd != 0.0:

@@ -158,28 +158,15 @@ def stage_layer_ranges(num_layers: int, pp: int, v: int,
 
 def _blocks(module: nn.Module, paths: list[str] | None = None
             ) -> list[tuple[str, nn.Module]]:
-    """The layers ``module`` (or a stage of it) holds: those at ``paths`` (a traced module's,
-    ``planner.runtime.modules.layer_paths``), else the entries of its ``layers`` list."""
-    if paths is not None:
-        return module_blocks(module, paths)
-    layers = getattr(module, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        return list(layers.items())
-    if isinstance(layers, nn.ModuleList):
-        return [(str(i), b) for i, b in enumerate(layers)]
-    return []
-
-
-def _set_block(module: nn.Module, key: str, block: nn.Module, by_path: bool = False) -> None:
-    if by_path:
-        set_module(module, key, block)
-        return
-    layers = module.layers
-    if isinstance(layers, nn.ModuleDict):
-        layers[key] = block
-    else:
-        assert isinstance(layers, nn.ModuleList)  # where _blocks found the key
-        layers[int(key)] = block
+    """(module path, module) of the layers ``module`` (or a stage of it) holds: those at
+    ``paths`` (a traced module's, ``planner.runtime.modules.layer_paths``), else the entries
+    of its ``layers`` list (``ModuleDict`` or ``ModuleList``)."""
+    if paths is None:
+        layers = getattr(module, "layers", None)
+        if not isinstance(layers, nn.ModuleDict | nn.ModuleList):
+            return []
+        paths = [f"layers.{key}" for key, _ in layers.named_children()]
+    return module_blocks(module, paths)
 
 
 def _cut_stage(module: nn.Module, lo: int, hi: int, first: bool, last: bool,
@@ -237,7 +224,7 @@ def _apply_recompute(part: nn.Module, recompute: str, first_n: int | None,
     blocks = _blocks(part, paths)
     if recompute == "full":
         for key, block in blocks[: len(blocks) if first_n is None else first_n]:
-            _set_block(part, key, checkpoint_wrapper(block), by_path=paths is not None)
+            set_module(part, key, checkpoint_wrapper(block))
     elif recompute == "selective":
         for _, block in blocks:
             attn = getattr(block, "attention", None)
