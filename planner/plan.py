@@ -615,7 +615,7 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
                             "of what its forward takes, or a function of the micro-batch "
                             "size returning one")
         inputs = example_inputs(1) if callable(example_inputs) else example_inputs
-        graph = LayerGraph.from_module(model, inputs, dtype=_trace_dtype(job))
+        graph = LayerGraph.from_module(model, inputs, dtype=trace_dtype(job))
     shape = graph.inputs[0] if graph.inputs else ()
     if len(shape) == 2 and job.seq_len > 1 and shape[1] != job.seq_len:
         raise SpecError(f"the example inputs hold sequences of {shape[1]} tokens but the job "
@@ -623,7 +623,7 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
     return graph
 
 
-def _trace_dtype(job: Job) -> Any:
+def trace_dtype(job: Job) -> Any:
     """The torch dtype a module is traced in: the job's precision (fp8 runs its matmuls on
     bf16 activations)."""
     import torch

@@ -5,10 +5,12 @@ graph with the layouts the sharding ILP chose, as DOT or GraphML."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from costmodel import Cluster, Job, ModelSpec, SpecError
 from costmodel.config import FRAMEWORK_NAMES, PRECISIONS
+from hardware_profiles.files import write_text
 from planner.cli.common import (
     _add_cluster_args,
     add_command,
@@ -18,6 +20,7 @@ from planner.cli.common import (
 )
 from planner.cli.torchmodule import add_module_args, module_inputs
 from planner.models import load_model_or_module
+from planner.plan import trace_dtype
 
 if TYPE_CHECKING:
     from costmodel.graph import LayerGraph
@@ -113,10 +116,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 def _trace(args: argparse.Namespace) -> tuple[LayerGraph, Job]:
     """The model's graph, traced on one micro-batch, and the job it was traced for."""
-    try:
-        import torch
-    except ImportError:
-        raise SpecError("planner graph traces with torch: pip install torch") from None
+    if importlib.util.find_spec("torch") is None:
+        raise SpecError("planner graph traces with torch: pip install torch")
     from costmodel.graph import LayerGraph
 
     model = load_model_or_module(args.model)
@@ -130,8 +131,7 @@ def _trace(args: argparse.Namespace) -> tuple[LayerGraph, Job]:
     job = Job(global_batch_size=1, seq_len=args.seq_len or 1, precision=args.precision,
               framework=args.framework)
     inputs = module_inputs(args, model, job, batch=args.micro_batch_size)
-    dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(job.precision, torch.bfloat16)
-    return LayerGraph.from_module(model, inputs, dtype=dtype), job
+    return LayerGraph.from_module(model, inputs, dtype=trace_dtype(job)), job
 
 
 def _degrees(text: str | None, cluster: Cluster) -> list[int]:
@@ -194,11 +194,7 @@ def _write(path: str, text: str) -> None:
     if path == "-":
         print(text, end="")
         return
-    try:
-        with open(path, "w") as f:
-            f.write(text)
-    except OSError as e:
-        raise SpecError(f"cannot write {path}: {e.strerror}") from None
+    write_text(path, text, "DOT file")
 
 
 def _write_graphml(path: str, graph: LayerGraph, costs: LayerCosts, tp: int) -> None:

@@ -224,7 +224,7 @@ def _module_notes(plan: Any, config: ParallelConfig) -> list[str]:
     tensor-parallel plan the ILP chose, as DTensor styles by module path, for its
     parallelize function."""
     costs: LayerCosts = plan.model
-    source = f" ({plan.module.model})" if getattr(plan, "module", None) else ""
+    source = f" ({plan.module.model})" if plan.module is not None else ""
     out = [f"{costs.name}{source} is a traced torch module: register a torchtitan train spec "
            f"named {costs.name!r} that builds it; [parallelism] holds the plan's degrees"]
     if config.tp > 1:
