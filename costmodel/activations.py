@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.arrays import ConfigArrays
-from costmodel.compute import autocast_rows, op_sac_saves_no_matmul
+from costmodel.compute import autocast_rows
 from costmodel.config import Job
 from costmodel.frameworks import Framework
 from costmodel.model import ModelSpec
@@ -28,11 +28,15 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     selective recompute drops the 5as^2b score terms; full recompute keeps the layer input.
     Generalized here to GQA (K and V of kv_heads * head_dim), gated MLPs, models without
     dropout, fused attention (saves Q, K, V, O and a fp32 log-sum-exp per query and head, Dao
-    et al. 2022, instead of the score matrix), fp8 linear inputs (1 byte), context parallel
-    (s/cp tokens per rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022).
+    et al. 2022, instead of the score matrix), Transformer Engine's fp8 linear inputs (1 byte),
+    context parallel (s/cp tokens per rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022).
     """
     e = compute_bytes(job.precision)
-    e_lin = 1.0 if job.precision == "fp8" else e
+    # Transformer Engine keeps a linear's fp8 input for backward; torchao's Float8Linear keeps
+    # the high-precision one (torchao/float8/float8_linear.py, matmul_with_hp_or_float8_args:
+    # save_for_backward(input_hp, weight_hp_t)), so float8 saves what bf16 saves (torchtitan
+    # published 61.8 GiB float8 vs 62.0 bf16, torchao 47.77 vs 47.65).
+    e_lin = 1.0 if job.precision == "fp8" and not fw.torchao_float8 else e
     h = float(model.hidden_size)
     tp = a.tp.astype(float)
     s_local = job.seq_len / a.cp.astype(float)
@@ -62,8 +66,14 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         scores = model.num_heads * a.mbs * s_local * job.seq_len / tp
         core_scores = scores * (e + drop * (1.0 + e))  # softmax out, mask, dropout out
     # MLP block: norm input, first-linear input, dropout mask replicated; inner tensors / tp.
+    # Compiled, an eager trainer's SwiGLU keeps the gate and up outputs and their product
+    # (silu is recomputed from the gate's output): 3 ffn-wide tensors, as fused kernels keep
+    # (measured on an H200, Llama 3 8B's layer without recompute: 1185 MiB compiled, 1665
+    # eager; benchmarks/op_sac_memory.py).
+    gated = 3 if fw.eager_kernels and job.compile else fw.gated_mlp_saved_widths
+
     def mlp_inner(ffn: float, tok: np.ndarray) -> np.ndarray:
-        widths = fw.gated_mlp_saved_widths if model.gated_mlp else 2
+        widths = gated if model.gated_mlp else 2
         return ((widths - 1) * e + e_lin) * tok * ffn / tp
 
     mlp_rep = (e_res + n_up * e_lin + drop) * tokens * h * rep
@@ -93,13 +103,12 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         if moe:
             mlp_op = mlp - mlp_rep
         else:
+            # Compiled, the partitioner keeps only what backward reads, and the second MLP
+            # matmul's output feeds nothing but the residual add: its h per token goes
+            # (measured on an H200, Llama 3 8B's layer: 497 MiB per layer eager, 433 MiB
+            # compiled, the difference one [s, h] bf16 tensor; benchmarks/op_sac_memory.py).
             ffn = float(model.ffn_hidden_size or 0)
-            mlp_op = e * tokens * (ffn + h) / tp
-        if op_sac_saves_no_matmul(fw, job):
-            # float8 linears are not on the save list: only the attention kernel's output
-            # and log-sum-exp stay (compute.op_sac_saves_no_matmul).
-            attn_op = (e * tokens * model.q_dim + 4.0 * tokens * model.num_heads) / tp
-            mlp_op = 0.0 if not moe else mlp_op
+            mlp_op = e * tokens * (ffn + (0.0 if job.compile else h)) / tp
         selective = np.minimum(full + attn_op + mlp_op, selective)
     return {"none": none, "selective": selective, "full": full}
 

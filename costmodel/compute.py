@@ -39,8 +39,8 @@ from costmodel.model import ModelSpec
 from costmodel.units import Num
 
 __all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "eager_bytes",
-           "flash_attention_time", "float8_cast_time", "fused_ce", "gemm_time", "layer_compute",
-           "lm_head_compute", "memory_time", "op_sac_saves_no_matmul"]
+           "flash_attention_time", "float8_cast_time", "gemm_time", "layer_compute",
+           "lm_head_compute", "loss_kind", "memory_time"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -307,13 +307,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     if fw.torchao_float8 and job.precision == "fp8":
         cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
-    if op_sac_saves_no_matmul(fw, job):
-        # Its save list names aten.mm, not the float8 linears' aten._scaled_mm: every linear
-        # of the block runs again in backward, with every memory-bound kernel.
-        selective = qkv_gemm + proj_gemm + mlp_f + ew_fwd \
-            + (0.0 if job.flash_attention else core_f)
-        selective_flops = f_flops - (core_flops if job.flash_attention else 0.0)
-    elif fw.selective_recompute == "op":
+    if fw.selective_recompute == "op":
         # torchtitan's per-op selective AC re-runs in backward every second matmul of the
         # block in call order (wq, wk, wv, wo, then w1, w3, w2 gated or fc1, fc2: wk, wo and
         # w3 or fc2) and every memory-bound kernel; a non-fused attention core too.
@@ -331,19 +325,16 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                         up_gemm=up_gemm, proj_gemm=proj_gemm, down_gemm=down_gemm)
 
 
-def fused_ce(fw: Framework, job: Job) -> bool:
-    """Whether the job's loss is a fused cross entropy (``Job.fused_cross_entropy``, else the
-    trainer's own)."""
-    return fw.fused_cross_entropy if job.fused_cross_entropy is None \
-        else job.fused_cross_entropy
-
-
-def op_sac_saves_no_matmul(fw: Framework, job: Job) -> bool:
-    """Whether torchtitan's per-op selective AC keeps no matmul output: its save list
-    (aten.mm, the fused attention kernels, reduce-scatter, max; torchtitan/models/llama3/
-    parallelize_llama.py ``_save_list``) does not name ``aten._scaled_mm``, which torchao's
-    float8 linears call, so under float8 every linear is recomputed."""
-    return fw.selective_recompute == "op" and fw.torchao_float8 and job.precision == "fp8"
+def loss_kind(fw: Framework, job: Job) -> str:
+    """The job's cross entropy: ``"fused"`` (``Job.fused_cross_entropy``, else the
+    trainer's own: one kernel on one fp32 copy of the logits), ``"compiled"`` (torch's
+    ``F.cross_entropy`` on an fp32 cast under ``torch.compile``, ``Job.compile_loss``, else
+    ``compile`` where the trainer compiles its loss) or ``"eager"`` (the same, eager)."""
+    if fw.fused_cross_entropy if job.fused_cross_entropy is None else job.fused_cross_entropy:
+        return "fused"
+    compiled = (job.compile and fw.compiles_loss) if job.compile_loss is None \
+        else job.compile_loss
+    return "compiled" if compiled else "eager"
 
 
 #: Bytes per element of torch's eager RMSNorm (the composite ``rms_norm`` of
@@ -415,7 +406,8 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     ``[T, h] x [h, V/tp]`` matmul (V padded as the trainer pads it, ``padded_vocab``), and the
     cross entropy over fp32 logits. Megatron-LM's fused vocabulary-parallel cross entropy
     casts the logits (read e, write 4), takes the softmax and loss in place (read and write
-    4) and, in backward, writes the logit gradient (read 4, write e). torch's
+    4) and, in backward, writes the logit gradient (read 4, write e); compiled
+    (``loss_kind``), torch's reads the logits once and writes their gradient. torch's
     ``F.cross_entropy`` on an fp32 copy (torchtitan, Hugging Face models) casts (read e,
     write 4), writes the log-softmax after a max and a sum pass (read 4 three times, write
     4); its backward writes a dense fp32 NLL gradient (4), the log-softmax gradient (read
@@ -445,8 +437,14 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     logits = tokens * v
     norm = 2 * e_act * tokens * h * rep
     cast = np.where(ac, CAST_BYTES * (tokens * h + v * h), 0.0)  # input and weight casts
-    if fused_ce(fw, job):
+    kind = loss_kind(fw, job)
+    if kind == "fused":
         ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 4.0 + 4.0) * logits, (4.0 + e) * logits, 2.0
+    elif kind == "compiled":
+        # Inductor fuses the cast, max, exponent sum and label gather into one reduction
+        # over the logits (read e) and the backward into one pointwise kernel (read e,
+        # write e).
+        ce_fwd, ce_bwd, ce_kernels = e * logits, 2 * e * logits, 1.0
     else:
         ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 16.0) * logits, (4.0 + 12.0 + 4.0 + e) \
             * logits, 4.0

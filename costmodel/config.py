@@ -102,6 +102,17 @@ class Job:
     ``loss_fn: fused_crossentropy``, flash-attn's Triton kernel,
     llmfoundry/models/mpt/modeling_mpt.py) rather than torch's ``F.cross_entropy``; None:
     the trainer's own (``Framework.fused_cross_entropy``).
+    ``grad_reduce_in_fp32``: whether Megatron-LM keeps and reduces its gradients in fp32
+    (``main_grad``; Megatron-LM forces it with bf16: megatron/training/arguments.py sets
+    ``accumulate_allreduce_grads_in_fp32`` for ``--bf16``; Megatron-Core's
+    ``DistributedDataParallelConfig.grad_reduce_in_fp32``) or in the 16-bit compute dtype
+    (NeMo's ``distributed_fused_adam`` with ``grad_sync_dtype: bf16``); None: the trainer's
+    own. Other trainers ignore it.
+    ``compile_loss``: whether the loss runs under ``torch.compile`` with the model (the
+    cast, log-softmax and NLL fused into one reduction over the low-precision logits, and
+    one pointwise kernel in backward); None: under ``compile`` where the trainer compiles
+    its loss (``Framework.compiles_loss``: torchtitan from April 2025). A fused cross
+    entropy (``fused_cross_entropy``) is its own kernel either way.
     ``distribute_saved_activations``: under full recompute without sequence parallel, each
     tensor-parallel rank keeps only its 1/tp slice of the layer input it saved and all-gathers
     it before recomputing the layer (Megatron-LM ``--distribute-saved-activations``,
@@ -136,6 +147,8 @@ class Job:
     compile: bool = False
     fp8_param_gather: bool = False
     fused_cross_entropy: bool | None = None
+    compile_loss: bool | None = None
+    grad_reduce_in_fp32: bool | None = None
     distribute_saved_activations: bool = False
 
     def __post_init__(self) -> None:
@@ -153,10 +166,10 @@ class Job:
                     "compile", "fp8_param_gather", "distribute_saved_activations"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
-        if self.fused_cross_entropy is not None and not isinstance(self.fused_cross_entropy,
-                                                                   bool):
-            raise SpecError(f"Job.fused_cross_entropy must be true, false or None (the "
-                            f"trainer's own), got {self.fused_cross_entropy!r}")
+        for key in ("fused_cross_entropy", "compile_loss", "grad_reduce_in_fp32"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), bool):
+                raise SpecError(f"Job.{key} must be true, false or None (the trainer's own), "
+                                f"got {getattr(self, key)!r}")
         cf = self.moe_capacity_factor
         if cf is not None and (isinstance(cf, bool) or not isinstance(cf, int | float)
                                or not 0 < cf < float("inf")):

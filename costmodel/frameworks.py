@@ -55,6 +55,11 @@ class Framework:
     # under DeepSpeed), whose backward holds the saved log-softmax output, a dense fp32 NLL
     # gradient and the fp32 log-softmax gradient at once.
     fused_cross_entropy: bool = False
+    # Whether the trainer compiles its loss function with the model under Job.compile:
+    # torchtitan's build_cross_entropy_loss does (torchtitan/components/loss.py, from
+    # pytorch/torchtitan@bbb1b616e, 2025-04-02; its train.py left the loss eager before:
+    # "compiling loss function causes CUDA errors, turning off for now", @9dec370).
+    compiles_loss: bool = False
     # The vocabulary padded to a multiple of this times tp (Megatron-LM
     # --make-vocab-size-divisible-by, default 128); 1: not padded.
     vocab_multiple: int = 1
@@ -185,6 +190,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         selective_recompute="op",
         eager_kernels=True,
         torchao_float8=True,
+        compiles_loss=True,
         # torchtitan 0.2.2 refuses a multi-stage schedule with one stage per rank
         # (torchtitan/distributed/pipeline_parallel.py), and zero bubble as estimated (ZB-H1,
         # torch's ScheduleInterleavedZeroBubble with one stage per rank) is one; it runs zero

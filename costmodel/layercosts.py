@@ -52,7 +52,13 @@ import numpy as np
 
 from costmodel.activations import layer_activations, layer_params_per_gpu
 from costmodel.arrays import ConfigArrays
-from costmodel.compute import LayerCompute, autocast_rows, layer_compute, lm_head_compute
+from costmodel.compute import (
+    LayerCompute,
+    autocast_rows,
+    layer_compute,
+    lm_head_compute,
+    loss_kind,
+)
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.frameworks import framework
@@ -477,7 +483,9 @@ class LayerCosts:
         Korthikanti et al. 2022, Sec. 4.3: the embedding's dropout mask sbh/t; on the last
         stage the final norm's input 2sbh/t, the output layer's input 2sbh/t and the fp32
         logits 4sbv/t the cross entropy keeps, in all 4sbh/t (1 + v/h). Under autocast the
-        final norm's input is fp32 (4 + e instead of 2e)."""
+        final norm's input is fp32 (4 + e instead of 2e). A compiled loss
+        (``costmodel.compute.loss_kind``) keeps the e-byte logits it was given instead of an
+        fp32 log-softmax (measured, benchmarks/op_sac_memory.py)."""
         if self.spec is None:
             emb, head = self.edges()
             share = self._token_share(job, a)
@@ -490,8 +498,9 @@ class LayerCosts:
         rep = np.where(a.sp == 1, 1.0 / tp, 1.0)
         h = float(model.hidden_size)
         emb_act = (1.0 if model.dropout else 0.0) * tokens * h * rep
+        logit_b = e if loss_kind(framework(job.framework), job) == "compiled" else 4.0
         head_act = (np.where(ac, 4.0 + e, 2 * e) * tokens * h * rep
-                    + 4.0 * tokens * model.vocab_size / tp)
+                    + logit_b * tokens * model.vocab_size / tp)
         return emb_act, head_act
 
     def logits_per_token(self, tp: np.ndarray) -> np.ndarray:

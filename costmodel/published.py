@@ -205,8 +205,8 @@ def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
 def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The Job inputs a run's ``flags`` set: ``compile`` (torch.compile), ``async_tp``
     (torchtitan's async TP, which the Job calls ``tp_comm_overlap``), ``fp8_param_gather``
-    (Megatron-LM's fp8 parameters), ``fused_cross_entropy`` and
-    ``distribute_saved_activations``."""
+    (Megatron-LM's fp8 parameters), ``fused_cross_entropy``, ``compile_loss``,
+    ``grad_reduce_in_fp32`` and ``distribute_saved_activations``."""
     out: dict[str, Any] = {}
     if "compile" in flags:
         out["compile"] = bool(flags["compile"])
@@ -216,6 +216,10 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
         out["fp8_param_gather"] = True
     if "fused_cross_entropy" in flags:
         out["fused_cross_entropy"] = bool(flags["fused_cross_entropy"])
+    if "compile_loss" in flags:
+        out["compile_loss"] = bool(flags["compile_loss"])
+    if "grad_reduce_in_fp32" in flags:
+        out["grad_reduce_in_fp32"] = bool(flags["grad_reduce_in_fp32"])
     if flags.get("distribute_saved_activations"):
         out["distribute_saved_activations"] = True
     return out

@@ -46,14 +46,17 @@ def state_bytes(job: Job, model: Widths) -> tuple[float, float, float]:
 
     See ``costmodel.frameworks`` for the facts: Megatron 2 + 4 + (4 + 8) = 18 in bf16 and
     2 + 2 + (4 + 4 + 8) = 20 in fp16; DeepSpeed 2 + 2 + 12 = 16 (Rajbhandari et al. 2020,
-    Fig. 1); torchtitan/FSDP2 4 + 4 + 8 = 16. fp8 keeps bf16 weights (Micikevicius et al. 2022)
-    so its states equal bf16's; in fp32 there is no master copy.
+    Fig. 1); torchtitan/FSDP2 4 + 4 + 8 = 16; Megatron's gradients as
+    ``Job.grad_reduce_in_fp32`` says where it is set. fp8 keeps bf16 weights (Micikevicius et
+    al. 2022) so its states equal bf16's; in fp32 there is no master copy.
     """
     states = optimizer_state_bytes(job, model)
     mixed = job.precision != "fp32"
     if job.framework == "megatron":
         weights = 2.0 if mixed else 4.0
         grads = 2.0 if job.precision == "fp16" else 4.0
+        if mixed and job.grad_reduce_in_fp32 is not None:
+            grads = 4.0 if job.grad_reduce_in_fp32 else 2.0
         optim = states + (4.0 if mixed else 0.0) + (4.0 if job.precision == "fp16" else 0.0)
         return weights, grads, optim
     if job.framework == "deepspeed":

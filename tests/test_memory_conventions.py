@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner import Cluster, Job, ModelSpec, ParallelConfig, estimate
+from planner import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
 
 MODEL = ModelSpec.preset("llama-3-8b")
 CLUSTER = Cluster.preset("dgx-h100", num_nodes=2)  # 16 GPUs
@@ -149,3 +149,110 @@ def test_distributed_saved_activations_keep_a_tp_slice_of_each_layer_input() -> 
     sp = ParallelConfig(dp=1, tp=8, recompute="full", micro_batch_size=2, sequence_parallel=True)
     assert estimate(MODEL, cluster, dist, sp).to_dict() == estimate(MODEL, cluster, plain,
                                                                     sp).to_dict()
+
+
+def _llama_layer_kept(compile: bool, recompute: str, precision: str = "bf16",
+                      mbs: int = 1) -> float:
+    """Bytes one Llama 3 8B layer keeps under torchtitan, one GPU, 8192 tokens a sequence."""
+    job = Job(global_batch_size=mbs, seq_len=8192, framework="torchtitan", compile=compile,
+              precision=precision)
+    cfg = ParallelConfig(dp=1, micro_batch_size=mbs, recompute=recompute, zero_stage=3)
+    est = estimate(MODEL, Cluster.preset("dgx-h100", num_nodes=1, gpus_per_node=1), job, cfg)
+    return est.stages[0].layer_activations_bytes / MODEL.num_layers
+
+
+def test_torchtitan_op_sac_keeps_what_was_measured() -> None:
+    # Measured on an H200 (benchmarks/data/op-sac-h200-2026-11-27.json, torch 2.11,
+    # benchmarks/op_sac_memory.py): torchtitan's per-op selective AC on Llama 3 8B's layer
+    # keeps 497.0 MiB per layer eager and 433.0 MiB compiled (the second MLP matmul's output
+    # is only read by the residual add, so the compiled graph does not keep it); full
+    # recompute 64.0 MiB; twice that at two sequences.
+    mib = 2.0 ** 20
+    assert _llama_layer_kept(False, "selective") / mib == pytest.approx(497.0, rel=1e-3)
+    assert _llama_layer_kept(True, "selective") / mib == pytest.approx(433.0, rel=1e-3)
+    assert _llama_layer_kept(True, "selective", mbs=2) / mib == pytest.approx(866.0, rel=1e-3)
+    assert _llama_layer_kept(True, "full") / mib == pytest.approx(64.0, rel=1e-3)
+
+
+def test_torchao_float8_keeps_what_bf16_keeps() -> None:
+    # torchtitan's per-op SAC policy sees a Float8Linear's matmul as aten.mm (the subclass
+    # dispatch runs below the policy's mode), and torchao keeps the bf16 input for backward:
+    # float8 and bf16 peaks were published equal (torchtitan benchmarks 202412: 61.8 vs 62.0
+    # GiB; torchao float8 README: 47.77 vs 47.65 GiB).
+    for compile in (False, True):
+        for rc in ("none", "selective", "full"):
+            assert _llama_layer_kept(compile, rc, "fp8") == _llama_layer_kept(compile, rc)
+
+
+def test_compiled_loss_keeps_the_bf16_logits() -> None:
+    # torchtitan compiles its loss with the model from April 2025 (loss_kind "compiled"):
+    # it keeps the 2-byte logits and holds 1.5 more bytes per logit at its peak (measured,
+    # software.toml [torch_compile]), where the eager F.cross_entropy(logits.float()) keeps
+    # its 4-byte log-softmax and holds 8 more.
+    cluster = Cluster.preset("dgx-h100", num_nodes=1)
+    cfg = ParallelConfig(dp=8, zero_stage=3, recompute="full")
+    peaks = {}
+    for compile_loss in (False, True):
+        job = Job(global_batch_size=8, seq_len=8192, framework="torchtitan", compile=True,
+                  compile_loss=compile_loss)
+        peaks[compile_loss] = estimate(MODEL, cluster, job, cfg).peak_memory_bytes
+    logits = 8192 * MODEL.vocab_size
+    assert peaks[False] - peaks[True] == pytest.approx((4 + 8 - 2 - 1.5) * logits, rel=1e-6)
+    default = Job(global_batch_size=8, seq_len=8192, framework="torchtitan", compile=True)
+    assert estimate(MODEL, cluster, default, cfg).peak_memory_bytes == peaks[True]
+
+
+def test_megatron_gradients_in_bf16_when_asked() -> None:
+    # NeMo's distributed_fused_adam with grad_sync_dtype bf16 keeps 2-byte gradients where
+    # Megatron-LM's bf16 default keeps fp32 main gradients (6 + 12/d with the distributed
+    # optimizer, Megatron-LM docs).
+    job = Job(global_batch_size=64, seq_len=1024, framework="megatron",
+              grad_reduce_in_fp32=False)
+    est = estimate(MODEL, CLUSTER, job, ParallelConfig(dp=16, zero_stage=1))
+    assert est.memory.model_states_bytes / MODEL.num_params() == pytest.approx(4 + 12 / 16)
+    with pytest.raises(SpecError, match="grad_reduce_in_fp32"):
+        Job(global_batch_size=64, seq_len=1024, grad_reduce_in_fp32="no")  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="compile_loss"):
+        Job(global_batch_size=64, seq_len=1024, compile_loss=1)  # type: ignore[arg-type]
+
+
+def test_sac_policy_sees_a_tensor_subclass_matmul_as_mm() -> None:
+    # The premise of test_torchao_float8_keeps_what_bf16_keeps: a selective-checkpoint
+    # policy (a dispatch mode) sees the matmul of a tensor subclass, such as torchao's float8
+    # tensors, as aten.mm, whatever kernel the subclass then runs for it.
+    torch = pytest.importorskip("torch")
+    from functools import partial
+
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    class Wrapped(torch.Tensor):
+        @staticmethod
+        def __new__(cls, data):  # type: ignore[no-untyped-def]
+            return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype)
+
+        def __init__(self, data):  # type: ignore[no-untyped-def]
+            self.data_ = data
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            a, b = args
+            return torch.ops.aten.addmm.default(torch.zeros(()), a.data_, b.data_)
+
+    seen: list[object] = []
+
+    def policy(ctx, func, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(func)
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def block(x, w):  # type: ignore[no-untyped-def]
+        return torch.mm(Wrapped(x.sin()), Wrapped(w)).cos()
+
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 3)
+    checkpoint(block, x, w, use_reentrant=False,
+               context_fn=partial(create_selective_checkpoint_contexts, policy))
+    assert torch.ops.aten.mm.default in seen
+    assert torch.ops.aten.addmm.default not in seen
