@@ -93,6 +93,11 @@ class Block(nn.Module):
         return x + self.w2(F.silu(self.w1(n)) * self.w3(n))
 
 
+#: The matmul-like ops the per-op policy was asked about, with counts (what it sees of a
+#: float8 linear: aten.mm on torchao's tensor subclass, or the _scaled_mm inside it).
+POLICY_SAW: dict[str, int] = defaultdict(int)
+
+
 def _op_sac_context() -> Any:
     """torchtitan's per-op selective AC: keep the outputs of the ops on its save list (the
     matmul, the fused attention kernels, reduce-scatter, abs and max), except every second
@@ -107,6 +112,8 @@ def _op_sac_context() -> Any:
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
         key = "recompute" if ctx.is_recompute else "forward"
+        if "mm" in str(func):
+            POLICY_SAW[str(func)] += 1
         if func == aten.mm.default:
             count[key] += 1
         keep = func in save and not (func == aten.mm.default and count[key] % 2 == 0)
@@ -147,14 +154,24 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _block(d: dict[str, int], device: str, float8: str | None) -> Block:
+    """A bf16 block; with ``float8`` its linears are torchao Float8Linears of that recipe
+    (``tensorwise``, ``rowwise``), as torchtitan's float8 converter makes them."""
+    block = Block(d).to(device=device, dtype=torch.bfloat16)
+    if float8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(float8))
+    return block
+
+
 def measure_layers(d: dict[str, int], mode: str, compiled: bool, mbs: int, device: str,
-                   iters: int) -> dict[str, float]:
+                   iters: int, float8: str | None = None) -> dict[str, float]:
     """Kept bytes per layer (forward of 3 layers less forward of 1, halved), the peak of a
     3-layer forward plus backward above the input, and the median time of one layer's
     forward plus backward."""
     torch.manual_seed(0)
     dt = torch.bfloat16
-    blocks = [Wrapped(Block(d).to(device=device, dtype=dt), mode) for _ in range(3)]
+    blocks = [Wrapped(_block(d, device, float8), mode) for _ in range(3)]
     if compiled:
         blocks = [torch.compile(b, fullgraph=True) for b in blocks]
     cos, sin = _rope(d, device)
@@ -249,11 +266,73 @@ CASES = [("none", False, 1), ("full", False, 1), ("op", False, 1), ("op", False,
          ("op", True, 1), ("op", True, 2), ("full", True, 1), ("none", True, 1)]
 
 
-def measure_all(tiny: bool, device: str, iters: int, loss_only: bool = False
-                ) -> dict[str, Any]:
+#: The cases of a float8 run (``--float8``): bf16 and float8 side by side.
+FLOAT8_CASES = [("op", True, 1, None), ("op", True, 1, "f8"), ("op", False, 1, "f8"),
+                ("none", True, 1, "f8"), ("full", True, 1, "f8")]
+
+
+def profile_layer(d: dict[str, int], mode: str, compiled: bool, device: str) -> dict[str, Any]:
+    """Kernel times of one layer's forward and backward (torch.profiler, 5 passes after
+    warm-up), summed by kind: matmul, attention, the rest; and the 30 longest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    block: Any = Wrapped(_block(d, device, None), mode)
+    if compiled:
+        block = torch.compile(block, fullgraph=True)
+    cos, sin = _rope(d, device)
+    x = torch.randn(1, d["seq"], d["hidden"], device=device, dtype=torch.bfloat16,
+                    requires_grad=True)
+    for _ in range(3):
+        block(x, cos, sin).sum().backward()
+    _sync(device)
+    cuda = device == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            block(x, cos, sin).sum().backward()
+        _sync(device)
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type.name == ("CUDA" if cuda else "CPU"):
+            k = kernels[ev.name]
+            # microseconds over 5 passes -> seconds per pass
+            k[0] += (ev.device_time if cuda else ev.self_cpu_time_total) / 5e6
+            k[1] += 1
+    kinds: dict[str, float] = defaultdict(float)
+    for name, (secs, _) in kernels.items():
+        low = name.lower()
+        kind = ("attention" if "flash" in low or "fmha" in low or "attention" in low
+                else "matmul" if any(t in low for t in ("gemm", "xmma", "cutlass", "nvjet",
+                                                          "sm90", "wgmma"))
+                else "other")
+        kinds[kind] += secs
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:30]
+    return {"mode": mode, "compiled": compiled, "by_kind_s": dict(kinds),
+            "top": [{"name": n[:160], "s_per_pass": v[0], "calls": v[1] / 5} for n, v in top]}
+
+
+def measure_all(tiny: bool, device: str, iters: int, loss_only: bool = False,
+                float8: str | None = None) -> dict[str, Any]:
     d = TINY if tiny else LLAMA3_8B
     layers: list[dict[str, Any]] = []
     losses = []
+    if float8:
+        # (run on 2026-11-27 without the flash-only context: SDPA picked cuDNN's attention,
+        # which is not on torchtitan's save list, so O was recomputed: 368 MiB per layer
+        # for bf16 and float8 alike.)
+        for mode, compiled, mbs, f8 in FLOAT8_CASES:
+            recipe = float8 if f8 else None
+            POLICY_SAW.clear()
+            try:
+                r = measure_layers(d, mode, compiled, mbs, device, iters, recipe)
+            except Exception as e:
+                print(f"layer {mode} compiled={compiled} float8={recipe}: {e!r}",
+                      file=sys.stderr)
+                continue
+            row = {"mode": mode, "compiled": compiled, "mbs": mbs, "float8": recipe, **r,
+                   "policy_saw": dict(POLICY_SAW)}
+            print(json.dumps(row), file=sys.stderr)
+            layers.append(row)
+        return {"shape": d, "layers": layers, "loss": []}
     if device == "cuda":
         from torch.nn.attention import SDPBackend, sdpa_kernel
         ctx: Any = sdpa_kernel(SDPBackend.FLASH_ATTENTION)
@@ -283,8 +362,8 @@ def measure_all(tiny: bool, device: str, iters: int, loss_only: bool = False
     return {"shape": d, "layers": layers, "loss": losses}
 
 
-def _predicted(shape: dict[str, int], mode: str, mbs: int, compiled: bool, gpu_name: str
-               ) -> tuple[float, float]:
+def _predicted(shape: dict[str, int], mode: str, mbs: int, compiled: bool, gpu_name: str,
+               precision: str = "bf16") -> tuple[float, float]:
     """The cost model's bytes kept per layer and forward+backward seconds of one layer, for a
     torchtitan job of ``shape`` on one GPU."""
     from costmodel import Job, ParallelConfig
@@ -300,7 +379,7 @@ def _predicted(shape: dict[str, int], mode: str, mbs: int, compiled: bool, gpu_n
                          "num_kv_heads": shape["kv_heads"], "vocab_size": shape["vocab"]})
     gpu = GPU.from_file(gpu_name) if gpu_name.endswith(".toml") else GPU.preset(gpu_name)
     recompute = {"op": "selective"}.get(mode, mode)
-    job = Job(global_batch_size=mbs, seq_len=shape["seq"], precision="bf16",
+    job = Job(global_batch_size=mbs, seq_len=shape["seq"], precision=precision,
               optimizer="adamw", framework="torchtitan", compile=compiled)
     cfg = ParallelConfig(dp=1, micro_batch_size=mbs, recompute=recompute, zero_stage=3)
     a = ConfigArrays.from_configs(model, [cfg])
@@ -348,8 +427,11 @@ def report(saved: dict[str, Any], gpu_name: str) -> None:
     print(f"{'layer':<22s} {'kept MiB':>9s} {'model':>9s} {'err':>7s} {'peak MiB':>9s} "
           f"{'ms':>7s} {'model':>7s} {'err':>7s}")
     for r in saved["layers"]:
-        kept, secs = _predicted(shape, r["mode"], r["mbs"], r["compiled"], gpu_name)
+        kept, secs = _predicted(shape, r["mode"], r["mbs"], r["compiled"], gpu_name,
+                                "fp8" if r.get("float8") else "bf16")
         name = f"{r['mode']} {'compiled' if r['compiled'] else 'eager'} mbs={r['mbs']}"
+        if r.get("float8"):
+            name += f" {r['float8']}"
         k = r["kept_per_layer_bytes"]
         print(f"{name:<22s} {k / 2**20:9.1f} {kept / 2**20:9.1f} {100 * (kept / k - 1):+6.1f}% "
               f"{r['peak_3_layers_bytes'] / 2**20:9.1f} {1e3 * r['layer_fwd_bwd_s']:7.2f} "
@@ -372,6 +454,10 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="a small shape (checks the script)")
     p.add_argument("--iters", type=int, default=5, help="timed passes per case")
     p.add_argument("--loss-only", action="store_true", help="measure the loss alone")
+    p.add_argument("--profile-layer", action="store_true",
+                   help="kernel times of one per-op-SAC layer, compiled and eager")
+    p.add_argument("--float8", choices=("tensorwise", "rowwise"),
+                   help="compare bf16 with torchao float8 linears of this recipe instead")
     p.add_argument("--save", help="write the measurements to this JSON file")
     p.add_argument("--rows", help="print measurements saved with --save")
     p.add_argument("--gpu", default="h200", help="GPU profile of the model's figures: a "
@@ -381,7 +467,22 @@ def main() -> int:
         with open(args.rows) as f:
             report(json.load(f), args.gpu)
         return 0
-    saved = measure_all(args.tiny, args.device, args.iters, args.loss_only)
+    if args.profile_layer:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        out = []
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            for compiled in (True, False):
+                r = profile_layer(TINY if args.tiny else LLAMA3_8B, "op", compiled,
+                                  args.device)
+                print(json.dumps(r, indent=1))
+                out.append(r)
+        if args.save:
+            with open(args.save, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                           "date": datetime.date.today().isoformat(), "profiles": out}, f,
+                          indent=1)
+        return 0
+    saved = measure_all(args.tiny, args.device, args.iters, args.loss_only, args.float8)
     saved.update({"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
                   "torch": torch.__version__, "date": datetime.date.today().isoformat()})
     if args.save:

@@ -29,7 +29,8 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     Generalized here to GQA (K and V of kv_heads * head_dim), gated MLPs, models without
     dropout, fused attention (saves Q, K, V, O and a fp32 log-sum-exp per query and head, Dao
     et al. 2022, instead of the score matrix), Transformer Engine's fp8 linear inputs (1 byte),
-    context parallel (s/cp tokens per rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022).
+    context parallel (s/cp tokens per rank) and MoE layers (routed tokens: top_k copies,
+    Fedus et al. 2022).
     """
     e = compute_bytes(job.precision)
     # Transformer Engine keeps a linear's fp8 input for backward; torchao's Float8Linear keeps

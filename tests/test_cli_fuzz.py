@@ -264,10 +264,10 @@ def test_negative_why_rows_are_refused() -> None:
 
 
 def test_a_batch_too_small_for_the_gpus_is_warned_with_the_batch_that_is_not() -> None:
-    """Three sequences on 64 GPUs: the plan is made, and says its GPUs mostly wait and which
-    global batch would keep them computing."""
+    """One sequence on 64 GPUs: the plan is made, and says its GPUs mostly wait (about a fifth
+    of the step computing) and which global batch would keep them computing."""
     code, out, _ = _invoke(["plan", "--model", "llama-3-8b", "--gpus", "64",
-                            "--global-batch-size", "3", "--seq-len", "8192", "--json"])
+                            "--global-batch-size", "1", "--seq-len", "8192", "--json"])
     assert code == 0
     warnings = json.loads(out)["warnings"]
     assert any("compute for" in w and "a global batch of" in w for w in warnings), warnings
