@@ -170,6 +170,38 @@ def test_a_fused_cross_entropy_keeps_less_and_the_emitter_says_when_it_differs()
         _job(fused_cross_entropy="yes")
 
 
+def test_the_emitter_says_when_the_loss_or_gradient_dtype_differs_from_the_trainers(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # torchtitan compiles its loss with the model (from April 2025): a plan that assumed an
+    # eager loss under compile is re-estimated with the compiled one; Megatron-LM keeps fp32
+    # main gradients with bf16, so a plan with bf16 gradients (NeMo's grad_sync_dtype) is
+    # re-estimated with fp32 ones, and one that says fp32 explicitly is left alone.
+    from planner.emit.common import to_framework
+
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2, recompute="selective")
+    ch = to_framework(cfg, _job(compile=True, compile_loss=False), "torchtitan", "torchtitan")
+    assert ch.job.compile_loss is None and any("its loss" in w for w in ch.warnings)
+    ch = to_framework(cfg, _job(compile=True, compile_loss=True), "torchtitan", "torchtitan")
+    assert ch.job.compile_loss is True and not any("its loss" in w for w in ch.warnings)
+    mcfg = ParallelConfig(dp=8, zero_stage=1)
+    ch = to_framework(mcfg, _job("megatron", grad_reduce_in_fp32=False), "megatron",
+                      "megatron")
+    assert ch.job.grad_reduce_in_fp32 is None and any("main gradients" in w
+                                                       for w in ch.warnings)
+    ch = to_framework(mcfg, _job("megatron", grad_reduce_in_fp32=True), "megatron", "megatron")
+    assert ch.job.grad_reduce_in_fp32 is True and not ch.warnings
+    # and the command line sets both
+    def peak(*flags: str) -> float:
+        assert main(["estimate", "--model", "llama-3-8b", "--gpus", "8",
+                     "--global-batch-size", "16", "--seq-len", "8192", "--json", *flags]) == 0
+        return float(json.loads(capsys.readouterr().out)["estimate"]["peak_memory_bytes"])
+
+    tt = ("--compile", "--zero", "3")
+    assert peak(*tt, "--no-compile-loss") > peak(*tt)
+    mg = ("--framework", "megatron", "--zero", "1")
+    assert peak(*mg, "--no-grad-reduce-in-fp32") < peak(*mg)
+
+
 def test_torchtitans_async_tp_is_emitted_compiled_and_estimated_so() -> None:
     # torchtitan runs async TP only under torch.compile: the emitted file compiles the model
     # and its header times the compiled model, not the eager one the job described.

@@ -158,6 +158,12 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     jb.add_argument("--fused-cross-entropy", action="store_true",
                     help="the loss is a fused cross entropy on one fp32 copy of the logits "
                     "(llm-foundry's default; Megatron-LM's always)")
+    jb.add_argument("--no-compile-loss", action="store_true",
+                    help="torchtitan with --compile: the loss stays eager (torchtitan before "
+                    "April 2025); by default it is compiled with the model")
+    jb.add_argument("--no-grad-reduce-in-fp32", action="store_true",
+                    help="Megatron: gradients kept and reduced in bf16 (NeMo's "
+                    "distributed_fused_adam with grad_sync_dtype bf16), not fp32 main_grad")
     jb.add_argument("--fp8-param-gather", action="store_true",
                     help="Megatron-LM fp8: parameters kept and gathered in fp8 (NeMo's fp8 "
                     "recipes set it)")
@@ -400,6 +406,8 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                fp8_param_gather=args.fp8_param_gather,
                distribute_saved_activations=args.distribute_saved_activations,
                fused_cross_entropy=True if args.fused_cross_entropy else None,
+               compile_loss=False if args.no_compile_loss else None,
+               grad_reduce_in_fp32=False if args.no_grad_reduce_in_fp32 else None,
                overlap_p2p_comm=not args.no_overlap_p2p_communication,
                moe_capacity_factor=args.moe_capacity_factor,
                memory_reserve=args.memory_reserve / 100)

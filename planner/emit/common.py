@@ -108,6 +108,15 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
                    f"({'fused' if fw.fused_cross_entropy else 'torch F.cross_entropy'}), not "
                    f"the {'fused' if job.fused_cross_entropy else 'unfused'} one the plan "
                    "assumed: re-estimated with it", fused_cross_entropy=None)
+    if job.compile_loss is not None and job.compile_loss != (job.compile and fw.compiles_loss):
+        ch.set_job(f"{trainer}'s file {'compiles' if fw.compiles_loss and job.compile else 'runs'}"
+                   f" its loss {'with the model' if fw.compiles_loss and job.compile else 'eager'}"
+                   ", not as the plan assumed: re-estimated with it", compile_loss=None)
+    own_fp32 = job.precision != "fp16"  # Megatron-LM forces fp32 main grads with bf16
+    if fw.name == "megatron" and job.grad_reduce_in_fp32 not in (None, own_fp32):
+        ch.set_job(f"{trainer} keeps {'fp32' if own_fp32 else 'fp16'} main gradients with "
+                   f"{job.precision} (megatron/training/arguments.py), not the plan's: "
+                   "re-estimated with them", grad_reduce_in_fp32=None)
     return ch
 
 
