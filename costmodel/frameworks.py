@@ -57,8 +57,9 @@ class Framework:
     fused_cross_entropy: bool = False
     # Whether the trainer compiles its loss function with the model under Job.compile:
     # torchtitan's build_cross_entropy_loss does (torchtitan/components/loss.py, from
-    # pytorch/torchtitan@bbb1b616e, 2025-04-02; its train.py left the loss eager before:
-    # "compiling loss function causes CUDA errors, turning off for now", @9dec370).
+    # pytorch/torchtitan@bbb1b616e, 2025-04-02); before, its train.py compiled it only from
+    # e10cb9494 (2024-10-22) to e8977b007 (2024-12-18, "turning off compile on loss
+    # function").
     compiles_loss: bool = False
     # The vocabulary padded to a multiple of this times tp (Megatron-LM
     # --make-vocab-size-divisible-by, default 128); 1: not padded.

@@ -132,6 +132,37 @@ def _add_cluster_args(p: argparse.ArgumentParser, *, many: bool) -> None:
                     "('planner profile -o FILE') instead of the shipped datasheet one")
 
 
+#: The job's on/off flags (``store_true``) and what each says.
+JOB_SWITCHES: tuple[tuple[str, str], ...] = (
+    ("--no-flash-attention", "attention saves its score matrix (no fused kernel)"),
+    ("--no-overlap-grad-reduce",
+     "gradients are reduced after the backward pass, not overlapped with it"),
+    ("--no-overlap-p2p-communication",
+     "Megatron-LM: interleaved pipelines wait for each send and receive (releases before "
+     "October 2023)"),
+    ("--tp-comm-overlap",
+     "pipeline tensor-parallel collectives with the linear layers' matmuls: Megatron-LM's "
+     "Transformer Engine userbuffers (sequence parallel rows), torchtitan's async TP"),
+    ("--compile",
+     "torchtitan: the model runs under torch.compile (fused memory-bound kernels; "
+     "torchtitan's default is eager)"),
+    ("--fused-cross-entropy",
+     "the loss is a fused cross entropy on one fp32 copy of the logits (llm-foundry's "
+     "default; Megatron-LM's always)"),
+    ("--no-compile-loss",
+     "torchtitan with --compile: the loss stays eager (torchtitan before April 2025); by "
+     "default it is compiled with the model"),
+    ("--no-grad-reduce-in-fp32",
+     "Megatron: gradients kept and reduced in bf16 (NeMo's distributed_fused_adam with "
+     "grad_sync_dtype bf16), not fp32 main_grad"),
+    ("--fp8-param-gather",
+     "Megatron-LM fp8: parameters kept and gathered in fp8 (NeMo's fp8 recipes set it)"),
+    ("--distribute-saved-activations",
+     "full recompute without SP: each TP rank keeps a 1/tp slice of the saved layer input "
+     "(Megatron-LM's --distribute-saved-activations)"),
+)
+
+
 def _add_job_args(p: argparse.ArgumentParser) -> None:
     """The training job flags."""
     jb = p.add_argument_group("job")
@@ -141,35 +172,8 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     jb.add_argument("--framework", default="torchtitan", choices=FRAMEWORK_NAMES,
                     help="trainer whose conventions to follow (default torchtitan)")
-    jb.add_argument("--no-flash-attention", action="store_true",
-                    help="attention saves its score matrix (no fused kernel)")
-    jb.add_argument("--no-overlap-grad-reduce", action="store_true",
-                    help="gradients are reduced after the backward pass, not overlapped with it")
-    jb.add_argument("--no-overlap-p2p-communication", action="store_true",
-                    help="Megatron-LM: interleaved pipelines wait for each send and receive "
-                    "(releases before October 2023)")
-    jb.add_argument("--tp-comm-overlap", action="store_true",
-                    help="pipeline tensor-parallel collectives with the linear layers' "
-                    "matmuls: Megatron-LM's Transformer Engine userbuffers (sequence parallel "
-                    "rows), torchtitan's async TP")
-    jb.add_argument("--compile", action="store_true",
-                    help="torchtitan: the model runs under torch.compile (fused memory-bound "
-                    "kernels; torchtitan's default is eager)")
-    jb.add_argument("--fused-cross-entropy", action="store_true",
-                    help="the loss is a fused cross entropy on one fp32 copy of the logits "
-                    "(llm-foundry's default; Megatron-LM's always)")
-    jb.add_argument("--no-compile-loss", action="store_true",
-                    help="torchtitan with --compile: the loss stays eager (torchtitan before "
-                    "April 2025); by default it is compiled with the model")
-    jb.add_argument("--no-grad-reduce-in-fp32", action="store_true",
-                    help="Megatron: gradients kept and reduced in bf16 (NeMo's "
-                    "distributed_fused_adam with grad_sync_dtype bf16), not fp32 main_grad")
-    jb.add_argument("--fp8-param-gather", action="store_true",
-                    help="Megatron-LM fp8: parameters kept and gathered in fp8 (NeMo's fp8 "
-                    "recipes set it)")
-    jb.add_argument("--distribute-saved-activations", action="store_true",
-                    help="full recompute without SP: each TP rank keeps a 1/tp slice of the "
-                    "saved layer input (Megatron-LM's --distribute-saved-activations)")
+    for flag, what in JOB_SWITCHES:
+        jb.add_argument(flag, action="store_true", help=what)
     jb.add_argument("--moe-capacity-factor", type=float,
                     help="expert capacity factor (default: dropless, even routing)")
     jb.add_argument("--memory-reserve", type=float, default=5.0, metavar="PERCENT",
