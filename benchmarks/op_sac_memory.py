@@ -7,17 +7,22 @@ selective: its ``_save_list`` policy, pytorch/torchtitan@9dec370
 torchtitan/parallelisms/parallelize_llama.py), eager and with each block compiled as
 torchtitan does (``torch.compile(block, fullgraph=True)``); the peak of forward plus backward
 above the kept bytes (what recompute re-materializes); the time of one layer's forward and
-backward; and the bytes per logit of the loss, eager (``F.cross_entropy(pred.float())``, as
-torchtitan ran it until 2025-04-02) and compiled (``build_cross_entropy_loss`` compiles it
-with the model from pytorch/torchtitan@bbb1b616e on). The block is written here after
-torchtitan's Llama (RMSNorm, rotary q and k, SDPA causal flash attention, SwiGLU), weights in
-bf16 as FSDP2's ``param_dtype`` gives them, no autocast.
+backward; and the bytes per logit and the time of the loss, eager
+(``F.cross_entropy(pred.float())``, as torchtitan's 2024 benchmarks ran it) and compiled
+(``build_cross_entropy_loss`` compiles it with the model from pytorch/torchtitan@bbb1b616e
+on). The block is written here after torchtitan's Llama (RMSNorm, rotary q and k, SDPA causal
+flash attention, SwiGLU), weights in bf16 as FSDP2's ``param_dtype`` gives them, no autocast.
 
     python benchmarks/op_sac_memory.py --save op_sac.json        # on a GPU, about 3 minutes
     python benchmarks/op_sac_memory.py --rows benchmarks/data/op-sac-h200-2026-11-27.json
+    python benchmarks/op_sac_memory.py --float8 tensorwise --save f8.json   # needs torchao
+    python benchmarks/op_sac_memory.py --profile-layer --save prof.json     # kernel times
 
-``--rows`` prints saved measurements next to the cost model's figures, no GPU needed.
-``--tiny`` runs a small shape (on a CPU it checks the script, without memory figures).
+``--rows`` prints saved measurements next to the cost model's figures, no GPU needed (with
+``--gpu PROFILE.toml`` against a measured profile). ``--float8`` compares bf16 with torchao's
+float8 linears (the policy's view of their matmuls is recorded per row); ``--loss-only``
+measures the loss alone; ``--tiny`` runs a small shape (on a CPU it checks the script,
+without memory figures).
 """
 
 from __future__ import annotations
