@@ -17,7 +17,7 @@ from costmodel.model import ModelSpec
 if TYPE_CHECKING:
     from costmodel.layercosts import LayerCosts
 
-__all__ = ["Job", "ParallelConfig", "validate"]
+__all__ = ["TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig", "validate"]
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
@@ -46,6 +46,10 @@ def _positive_int(owner: str, key: str, value: Any, most: int | None = None) -> 
 MAX_SEQ_LEN = 2**24
 MAX_GLOBAL_BATCH = 2**24
 MAX_TOKENS_PER_STEP = 2**36
+
+
+#: Job flags that are true, false or None (None: the trainer's own).
+TRI_STATE_JOB_FLAGS = ("fused_cross_entropy", "compile_loss", "grad_reduce_in_fp32")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +170,7 @@ class Job:
                     "compile", "fp8_param_gather", "distribute_saved_activations"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
-        for key in ("fused_cross_entropy", "compile_loss", "grad_reduce_in_fp32"):
+        for key in TRI_STATE_JOB_FLAGS:
             if getattr(self, key) is not None and not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true, false or None (the trainer's own), "
                                 f"got {getattr(self, key)!r}")

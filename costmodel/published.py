@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.config import Job, ParallelConfig
+from costmodel.config import TRI_STATE_JOB_FLAGS, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import GPU, Cluster, Link
@@ -214,12 +214,9 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
         out["tp_comm_overlap"] = True
     if flags.get("fp8_param_gather"):
         out["fp8_param_gather"] = True
-    if "fused_cross_entropy" in flags:
-        out["fused_cross_entropy"] = bool(flags["fused_cross_entropy"])
-    if "compile_loss" in flags:
-        out["compile_loss"] = bool(flags["compile_loss"])
-    if "grad_reduce_in_fp32" in flags:
-        out["grad_reduce_in_fp32"] = bool(flags["grad_reduce_in_fp32"])
+    for key in TRI_STATE_JOB_FLAGS:
+        if key in flags:
+            out[key] = bool(flags[key])
     if flags.get("distribute_saved_activations"):
         out["distribute_saved_activations"] = True
     return out

@@ -18,7 +18,7 @@ class Widths(Protocol):
     @property
     def hidden_size(self) -> int: ...
 
-__all__ = ["optimizer_state_bytes", "state_bytes"]
+__all__ = ["megatron_grad_bytes", "optimizer_state_bytes", "state_bytes"]
 
 
 def optimizer_state_bytes(job: Job, model: Widths) -> float:
@@ -41,6 +41,18 @@ def optimizer_state_bytes(job: Job, model: Widths) -> float:
     return 4.0 * 2.0 / model.hidden_size
 
 
+def megatron_grad_bytes(job: Job) -> float:
+    """Bytes per gradient element Megatron-LM keeps and reduces: fp32 ``main_grad`` with bf16
+    and fp8 (megatron/training/arguments.py sets ``accumulate_allreduce_grads_in_fp32`` for
+    ``--bf16``), the fp16 ones with fp16, 4 in fp32; ``Job.grad_reduce_in_fp32`` where it is
+    set on a mixed-precision job."""
+    if job.precision == "fp32":
+        return 4.0
+    if job.grad_reduce_in_fp32 is not None:
+        return 4.0 if job.grad_reduce_in_fp32 else 2.0
+    return 2.0 if job.precision == "fp16" else 4.0
+
+
 def state_bytes(job: Job, model: Widths) -> tuple[float, float, float]:
     """Bytes per parameter of (weights, gradients, optimizer incl. master copies), unsharded.
 
@@ -54,9 +66,7 @@ def state_bytes(job: Job, model: Widths) -> tuple[float, float, float]:
     mixed = job.precision != "fp32"
     if job.framework == "megatron":
         weights = 2.0 if mixed else 4.0
-        grads = 2.0 if job.precision == "fp16" else 4.0
-        if mixed and job.grad_reduce_in_fp32 is not None:
-            grads = 4.0 if job.grad_reduce_in_fp32 else 2.0
+        grads = megatron_grad_bytes(job)
         optim = states + (4.0 if mixed else 0.0) + (4.0 if job.precision == "fp16" else 0.0)
         return weights, grads, optim
     if job.framework == "deepspeed":

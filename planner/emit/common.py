@@ -7,11 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from costmodel.compute import loss_kind
 from costmodel.config import Job, ParallelConfig
 from costmodel.estimate import Estimate
 from costmodel.frameworks import framework
 from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
+from costmodel.states import megatron_grad_bytes
 from costmodel.units import GIB
 
 if TYPE_CHECKING:
@@ -108,14 +110,15 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
                    f"({'fused' if fw.fused_cross_entropy else 'torch F.cross_entropy'}), not "
                    f"the {'fused' if job.fused_cross_entropy else 'unfused'} one the plan "
                    "assumed: re-estimated with it", fused_cross_entropy=None)
-    if job.compile_loss is not None and job.compile_loss != (job.compile and fw.compiles_loss):
-        ch.set_job(f"{trainer}'s file {'compiles' if fw.compiles_loss and job.compile else 'runs'}"
-                   f" its loss {'with the model' if fw.compiles_loss and job.compile else 'eager'}"
-                   ", not as the plan assumed: re-estimated with it", compile_loss=None)
-    own_fp32 = job.precision != "fp16"  # Megatron-LM forces fp32 main grads with bf16
-    if fw.name == "megatron" and job.grad_reduce_in_fp32 not in (None, own_fp32):
-        ch.set_job(f"{trainer} keeps {'fp32' if own_fp32 else 'fp16'} main gradients with "
-                   f"{job.precision} (megatron/training/arguments.py), not the plan's: "
+    own_loss = loss_kind(fw, dataclasses.replace(job, compile_loss=None))
+    if job.compile_loss is not None and loss_kind(fw, job) != own_loss:
+        ch.set_job(f"{trainer}'s file runs its loss "
+                   f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
+                   "as the plan assumed: re-estimated with it", compile_loss=None)
+    own_grads = megatron_grad_bytes(dataclasses.replace(job, grad_reduce_in_fp32=None))
+    if fw.name == "megatron" and megatron_grad_bytes(job) != own_grads:
+        ch.set_job(f"{trainer} keeps {'fp32' if own_grads == 4 else '16-bit'} main gradients "
+                   f"with {job.precision} (megatron/training/arguments.py), not the plan's: "
                    "re-estimated with them", grad_reduce_in_fp32=None)
     return ch
 
