@@ -244,9 +244,9 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
     """The step-time table of the traced reference transformer: its layer's hardware FLOPs
     and fused-attention times equal the preset's formulas, and over TP, PP, ZeRO,
     micro-batch and recompute the table ranks configurations as the preset's does and picks
-    the same fastest one, with step times within 20 % (Llama 3.2 1B: 1.01-1.12x, GPT-3 350M:
-    1.03-1.17x; the formulas count eager PyTorch's memory-bound kernels by their bytes and
-    one fused QKV matmul, the trace op by op)."""
+    the same fastest one, with step times within 10 % for Llama 3.2 1B (1.01-1.09x) and 20 %
+    for GPT-3 350M (1.03-1.18x): the formulas count one fused QKV matmul, one fused
+    gate/up matmul and a fused bias-dropout-add, the trace each kernel the module runs."""
     from scipy.stats import spearmanr
 
     from costmodel import ParallelConfig
@@ -276,7 +276,7 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
     assert spearmanr(tw.step_time, tg.step_time).correlation > 0.95
     assert int(tg.step_time.argmin()) == int(tw.step_time.argmin())
     ratio = tg.step_time / tw.step_time
-    assert ratio.min() > 0.9 and ratio.max() < 1.2
+    assert ratio.min() > 0.9 and ratio.max() < (1.1 if name.startswith("llama") else 1.2)
 
 
 def test_a_traced_module_is_planned_by_the_one_search() -> None:

@@ -348,6 +348,37 @@ def test_reference_model_matches_the_spec() -> None:
             build_model(ModelSpec.preset(name), device="meta")
 
 
+def test_rotary_embedding_rotates_and_rotates_back() -> None:
+    """RoPE (Su et al. 2021, Eq. 34): the rotation keeps each vector's length, position 0 is
+    not turned, its hand-written backward is autograd's, and a layer given the model's angle
+    tables computes what it computes with its own."""
+    from planner.runtime.model import Attention, _Rotary, rope_tables
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = rope_tables(5, 8, "cpu", torch.float64)
+    y = _Rotary.apply(x, cos, sin)
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1))
+    assert torch.equal(y[:, 0], x[:, 0])
+    assert torch.autograd.gradcheck(lambda t: _Rotary.apply(t, cos, sin), (x,))
+    attn = Attention(ModelSpec.preset("llama-3.2-1b")).double()
+    h = torch.randn(1, 6, attn.wq.in_features, dtype=torch.float64)
+    tables = rope_tables(6, attn.head_dim, "cpu", torch.float64)
+    assert torch.allclose(attn(h), attn(h, rope=tables))
+
+
+def test_the_angle_tables_are_computed_once_per_model() -> None:
+    """The reference model computes RoPE's cos and sin once per forward, not in every layer
+    (as torchtitan computes its freqs_cis once): its layers, traced, run no cos kernel."""
+    from costmodel.graph import LayerGraph
+
+    spec = dataclasses.replace(ModelSpec.preset("llama-3.2-1b"), num_layers=2)
+    graph = LayerGraph.from_module(build_model(spec, device="meta"),
+                                   torch.zeros(1, 16, dtype=torch.long))
+    cos = [graph.node(i) for i in graph.graph.nodes if graph.node(i).op == "aten.cos.default"]
+    assert len(cos) == 1 and not cos[0].layer.startswith("layers")
+
+
 def test_synthetic_data_is_learnable_and_shared() -> None:
     x, y = synthetic_batch(JOB, 128, step=3)
     x2, _ = synthetic_batch(JOB, 128, step=3)

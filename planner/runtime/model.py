@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
 
-__all__ = ["Attention", "Block", "FeedForward", "Transformer", "build_model"]
+__all__ = ["Attention", "Block", "FeedForward", "Transformer", "build_model", "rope_tables"]
 
 #: Standard deviation of the normal initialisation of weights (GPT-2, Radford et al. 2019).
 INIT_STD = 0.02
@@ -45,36 +45,56 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden_size, eps=NORM_EPS)
 
 
-def _rotation(x: torch.Tensor, sign: float) -> torch.Tensor:
-    """``x`` [batch, seq, heads, head_dim] rotated by ``sign`` times the rotary angles of
-    positions 0..seq-1, the two halves of each head paired (Su et al. 2021, Eq. 34, in the
-    half-split layout of GPT-NeoX and Hugging Face Llama)."""
-    s, d = x.shape[1], x.shape[-1]
-    inv = ROPE_THETA ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    angles = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)
-    cos = angles.cos().repeat(1, 2)[None, :, None, :].to(x.dtype)
-    sin = (sign * angles.sin()).repeat(1, 2)[None, :, None, :].to(x.dtype)
+def rope_tables(seq: int, head_dim: int, device: torch.device | str,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [1, seq, 1, head_dim] of the rotary angles of positions 0..seq-1 (Su et
+    al. 2021, Eq. 34, the two halves of each head paired as in GPT-NeoX and Hugging Face
+    Llama), in ``dtype``. ``Transformer.forward`` computes them once for all its layers, as
+    torchtitan computes its ``freqs_cis`` once per model."""
+    d = head_dim
+    inv = ROPE_THETA ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv)
+    cos = angles.cos().repeat(1, 2)[None, :, None, :].to(dtype)
+    sin = angles.sin().repeat(1, 2)[None, :, None, :].to(dtype)
+    return cos, sin
+
+
+def _rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              inverse: bool) -> torch.Tensor:
+    """``x`` [batch, seq, heads, head_dim] rotated by the angles of ``cos`` and ``sin``
+    (``rope_tables``), or back by them where ``inverse``."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    turned = torch.cat([-x2, x1], dim=-1) * sin
+    return x * cos - turned if inverse else x * cos + turned
 
 
 class _Rotary(torch.autograd.Function):
-    """RoPE as one autograd node that saves nothing: a rotation is orthogonal, so the input
-    gradient is the output gradient rotated back (what fused RoPE kernels do; the cost
-    model counts no activations for it)."""
+    """RoPE as one autograd node that saves no activation: a rotation is orthogonal, so the
+    input gradient is the output gradient rotated back (what fused RoPE kernels do; the cost
+    model counts no activations for it). The angle tables are the model's, shared by every
+    layer, and kept on the node without being saved as the layer's."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return _rotation(x, 1.0)
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> torch.Tensor:
+        ctx.tables = (cos, sin)
+        return _rotation(x, cos, sin, inverse=False)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return _rotation(grad, -1.0)
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        cos, sin = ctx.tables
+        return _rotation(grad, cos, sin, inverse=True), None, None
 
 
-def _rotate(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of ``x`` [batch, seq, heads, head_dim]."""
-    return _Rotary.apply(x)
+def _rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor] | None
+            ) -> torch.Tensor:
+    """Rotary position embedding of ``x`` [batch, seq, heads, head_dim] with the model's
+    ``tables`` (computed here where none of ``x``'s length are given: a module run alone, or
+    a sequence-parallel rank whose model saw only its share of the tokens)."""
+    if tables is None or tables[0].shape[1] != x.shape[1]:
+        tables = rope_tables(x.shape[1], x.shape[-1], x.device, x.dtype)
+    return _Rotary.apply(x, *tables)
 
 
 class Attention(nn.Module):
@@ -99,9 +119,10 @@ class Attention(nn.Module):
         self.wv = nn.Linear(h, spec.kv_dim, bias=qkv_bias)
         self.wo = nn.Linear(spec.q_dim, h, bias=spec.bias)
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if self.rope:
-            q, k = _rotate(q), _rotate(k)
+            q, k = _rotate(q, rope), _rotate(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         # Grouped-query attention: each K/V head serves num_heads / num_kv_heads query heads,
         # without materialising repeated K and V.
@@ -109,16 +130,18 @@ class Attention(nn.Module):
                                              enable_gqa=q.shape[1] != k.shape[1])
         return out.transpose(1, 2).flatten(2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` [batch, seq, hidden] -> [batch, seq, hidden]."""
+    def forward(self, x: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``x`` [batch, seq, hidden] -> [batch, seq, hidden]; ``rope``: the model's RoPE
+        tables (``rope_tables``), else computed here."""
         b, s = x.shape[0], x.shape[1]
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.recompute_core and torch.is_grad_enabled():
-            out = checkpoint(self._core, q, k, v, use_reentrant=False)
+            out = checkpoint(self._core, q, k, v, rope, use_reentrant=False)
         else:
-            out = self._core(q, k, v)
+            out = self._core(q, k, v, rope)
         return self.wo(out)
 
 
@@ -152,9 +175,12 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(spec)
         self.dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` [batch, seq, hidden] -> [batch, seq, hidden]."""
-        a = self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``x`` [batch, seq, hidden] -> [batch, seq, hidden]; ``rope``: the model's RoPE
+        tables (``rope_tables``; passed by keyword, beside what tensor parallelism lays
+        out)."""
+        a = self.attention(self.attention_norm(x), rope=rope)
         x = x + (self.dropout(a) if self.dropout is not None else a)
         f = self.feed_forward(self.ffn_norm(x))
         return x + (self.dropout(f) if self.dropout is not None else f)
@@ -197,8 +223,11 @@ class Transformer(nn.Module):
                 x = x + self.pos_embeddings(pos)
             if self.emb_dropout is not None:
                 x = self.emb_dropout(x)
+        rope = None
+        if self.spec.position_embedding == "rope":
+            rope = rope_tables(x.shape[1], int(self.spec.head_dim or 0), x.device, x.dtype)
         for layer in self.layers.values():
-            x = layer(x)
+            x = layer(x, rope=rope)
         if self.norm is not None:
             x = self.norm(x)
         if self.output is not None:
