@@ -352,7 +352,7 @@ def test_rotary_embedding_rotates_and_rotates_back() -> None:
     """RoPE (Su et al. 2021, Eq. 34): the rotation keeps each vector's length, position 0 is
     not turned, its hand-written backward is autograd's, and a layer given the model's angle
     tables computes what it computes with its own."""
-    from planner.runtime.model import Attention, _Rotary, rope_tables
+    from planner.runtime.model import Attention, _Rotary, _rotate, rope_tables
 
     torch.manual_seed(0)
     x = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
@@ -365,6 +365,9 @@ def test_rotary_embedding_rotates_and_rotates_back() -> None:
     h = torch.randn(1, 6, attn.wq.in_features, dtype=torch.float64)
     tables = rope_tables(6, attn.head_dim, "cpu", torch.float64)
     assert torch.allclose(attn(h), attn(h, rope=tables))
+    # fp32 tables (an autocast model's stream) rotate a low-precision q in its own dtype.
+    z = torch.randn(1, 6, 2, attn.head_dim, dtype=torch.bfloat16)
+    assert _rotate(z, rope_tables(6, attn.head_dim, "cpu", torch.float32)).dtype == z.dtype
 
 
 def test_the_angle_tables_are_computed_once_per_model() -> None:

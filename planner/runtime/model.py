@@ -90,11 +90,13 @@ class _Rotary(torch.autograd.Function):
 def _rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor] | None
             ) -> torch.Tensor:
     """Rotary position embedding of ``x`` [batch, seq, heads, head_dim] with the model's
-    ``tables`` (computed here where none of ``x``'s length are given: a module run alone, or
-    a sequence-parallel rank whose model saw only its share of the tokens)."""
+    ``tables``, in ``x``'s dtype (under autocast the model's stream is fp32, the projections
+    bf16). Computed here when missing or of another length than ``x``'s: a module run alone,
+    or a sequence-parallel rank whose model saw only its share of the tokens."""
     if tables is None or tables[0].shape[1] != x.shape[1]:
         tables = rope_tables(x.shape[1], x.shape[-1], x.device, x.dtype)
-    return _Rotary.apply(x, *tables)
+    cos, sin = (t.to(x.dtype) for t in tables)
+    return _Rotary.apply(x, cos, sin)
 
 
 class Attention(nn.Module):
