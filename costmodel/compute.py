@@ -39,6 +39,7 @@ from costmodel.model import ModelSpec
 from costmodel.units import Num
 
 __all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "eager_bytes",
+           "eager_cast_bytes",
            "flash_attention_time", "float8_cast_time", "gemm_time", "layer_compute",
            "lm_head_compute", "loss_kind", "memory_time"]
 
@@ -168,7 +169,9 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     trained under ``torch.autocast`` (``autocast_rows``), whose norms and residual stream are
     fp32, whose linears each cast their input, and whose weights are cast to the compute
     dtype on every forward pass (measured kernel by kernel on an H100 with
-    ``torch.profiler``, benchmarks/single_gpu_accuracy.py).
+    ``torch.profiler``, benchmarks/single_gpu_accuracy.py). A trainer with
+    ``separate_projections`` (torchtitan) runs q, k and v, and a gated MLP's gate and up
+    projections, as separate matmuls: the same FLOPs in more kernels, each reading the input.
     """
     dtype, e, e_in = _dtypes(job)
     ac = np.zeros(np.shape(tp), dtype=bool) if autocast is None else np.asarray(autocast)
@@ -181,7 +184,15 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     rep = np.where(sp == 1, 1.0 / t, 1.0)  # norm/dropout regions: split by SP, else replicated
     drop = 1.0 if model.dropout else 0.0
 
-    qkv_gemm = gemm_time(gpu, dtype, tokens, (q + 2 * kv) / t, h, bytes_per_element=e_in)
+    fw = framework(job.framework)
+    apart = fw.separate_projections
+    # One K (or V) projection: what torchtitan's per-op selective AC re-runs of the three.
+    k_gemm = gemm_time(gpu, dtype, tokens, kv / t, h, bytes_per_element=e_in)
+    if apart:
+        qkv_gemm = gemm_time(gpu, dtype, tokens, q / t, h, bytes_per_element=e_in) + 2 * k_gemm
+    else:
+        qkv_gemm = gemm_time(gpu, dtype, tokens, (q + 2 * kv) / t, h, bytes_per_element=e_in)
+        k_gemm = kv / (q + 2 * kv) * qkv_gemm
     proj_gemm = gemm_time(gpu, dtype, tokens, h, q / t, bytes_per_element=e_in)
     fwd = qkv_gemm + proj_gemm
     f_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t
@@ -252,7 +263,11 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         n_up = ffn * (2 if model.gated_mlp else 1) / t
         m_shape = m_tokens if per_expert is None else per_expert
         count = 1.0 if per_expert is None else m_tokens / per_expert
-        up = gemm_time(gpu, dtype, m_shape, n_up, h, count=count, bytes_per_element=e_in)
+        if apart and model.gated_mlp:  # gate and up projections as two matmuls
+            up = 2 * gemm_time(gpu, dtype, m_shape, ffn / t, h, count=count,
+                               bytes_per_element=e_in)
+        else:
+            up = gemm_time(gpu, dtype, m_shape, n_up, h, count=count, bytes_per_element=e_in)
         down = gemm_time(gpu, dtype, m_shape, h, ffn / t, count=count, bytes_per_element=e_in)
         fl = 2 * m_tokens * h * n_up + 2 * m_tokens * ffn / t * h
         return up + down, fl, width * e * m_tokens * ffn / t, up, down
@@ -295,15 +310,16 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     n_mats = 4.0 + (3.0 if model.gated_mlp else 2.0)
     w_cast = np.where(ac, CAST_BYTES * weights, 0.0)
     w_kernels = np.where(ac, n_mats, 0.0)
-    fw = framework(job.framework)
+    casts = 0.0 * tokens  # dtype casts among them: their backward casts the gradient back
     if fw.eager_kernels and not job.compile:
         x_bytes, x_kernels = eager_bytes(model, tokens, rep, t, e)
         ew_bytes = ew_bytes + x_bytes
         ew_kernels = ew_kernels + x_kernels
+        casts = eager_cast_bytes(model, tokens, rep, t, e)
     ew_fwd = memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
     fwd = fwd + ew_fwd
-    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * ew_bytes + branch_sums + w_cast,
-                            ew_kernels + w_kernels)
+    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * ew_bytes - (BACKWARD_BYTES - 1) * casts
+                            + branch_sums + w_cast, ew_kernels + w_kernels)
     if fw.torchao_float8 and job.precision == "fp8":
         cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
@@ -311,11 +327,10 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         # torchtitan's per-op selective AC re-runs in backward every second matmul of the
         # block in call order (wq, wk, wv, wo, then w1, w3, w2 gated or fc1, fc2: wk, wo and
         # w3 or fc2) and every memory-bound kernel; a non-fused attention core too.
-        k_share = kv / (q + 2 * kv)
         re_mlp = (0.5 * up_gemm if model.gated_mlp else down_gemm)
         re_mlp_flops = (2 * tokens * h * float(model.ffn_hidden_size or 0) / t
                         if not moe else 0.0 * tokens)
-        selective = k_share * qkv_gemm + proj_gemm + re_mlp + ew_fwd \
+        selective = k_gemm + proj_gemm + re_mlp + ew_fwd \
             + (0.0 if job.flash_attention else core_f)
         selective_flops = 2 * tokens * h * kv / t + 2 * tokens * q * h / t + re_mlp_flops \
             + (0.0 if job.flash_attention else core_flops)
@@ -356,11 +371,17 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
     """(bytes, kernels) that one layer's memory-bound forward moves beyond the fused count
     when run as PyTorch eager kernels: RMSNorm decomposed (``EAGER_RMSNORM_BYTES`` + 2e, two
     norms), the complex rotary embedding (``EAGER_ROPE_BYTES``) and SwiGLU as ``silu`` then a
-    product (read e, write e; read 2e, write e: 2e per ffn element over the fused 3e). A
-    LayerNorm and GELU are single aten kernels eager too, so GPT-style layers add nothing."""
+    product (read e, write e; read 2e, write e: 2e per ffn element over the fused 3e), and
+    each residual's dropout before the add (``native_dropout``: read e, write e and a one-byte
+    mask; then the add: read 2e, write e: 2e per element over a fused bias-dropout-add's 3e
+    and mask, one kernel more). A LayerNorm and GELU are single aten kernels eager too, and a
+    linear's bias is added by its ``addmm``."""
     h = float(model.hidden_size)
     out = 0.0 * tokens
     kernels = 0.0
+    if model.dropout:
+        out = out + 2 * (2 * e) * tokens * h * rep
+        kernels += 2.0
     if model.norm == "rmsnorm":
         out = out + 2 * (EAGER_RMSNORM_BYTES + 2 * e) * tokens * h * rep
         kernels += 2 * EAGER_RMSNORM_KERNELS
@@ -371,6 +392,23 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
         out = out + 2 * e * tokens * float(model.ffn_hidden_size or 0) / t
         kernels += 1.0
     return out, kernels
+
+
+def eager_cast_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.ndarray,
+                     e: float) -> np.ndarray:
+    """The bytes of ``eager_bytes``'s kernels (and of the fused count they extend) that are
+    dtype casts: each eager RMSNorm's and each rotary embedding's cast to fp32 and back
+    (read e, write 4; read 4, write e). A cast's backward casts the gradient back, moving
+    what its forward moved, where other memory-bound kernels move ``BACKWARD_BYTES`` times
+    as much (the traced graph counts them so too: ``costmodel.blockcosts``)."""
+    h = float(model.hidden_size)
+    out = 0.0 * tokens
+    per = 2 * (4.0 + e)  # up to fp32 and back, bytes per element
+    if model.norm == "rmsnorm":
+        out = out + 2 * per * tokens * h * rep
+    if model.position_embedding == "rope":
+        out = out + per * tokens * (model.q_dim + model.kv_dim) / t
+    return out
 
 
 def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,

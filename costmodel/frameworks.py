@@ -88,6 +88,12 @@ class Framework:
     # Job.compile (torchtitan: plain torch modules), rather than the fused kernels of
     # Transformer Engine / Apex that Megatron-LM and Megatron-DeepSpeed call.
     eager_kernels: bool = False
+    # Whether the model's q, k and v projections, and a gated MLP's gate and up projections,
+    # are separate matmuls (torchtitan: Attention.wq, wk, wv and FeedForward.w1, w3 are
+    # separate nn.Linear modules, torchtitan/models/llama3/model/model.py, and its MoE's
+    # GroupedExperts separate w1 and w3 alike) rather than Megatron-LM's fused linear_qkv and
+    # linear_fc1. Compiled or not: torch.compile does not merge matmuls.
+    separate_projections: bool = False
     # float8 training by torchao's Float8Linear (dynamic scaling: an amax reduction and a cast
     # of each linear's input, and in backward of its output gradient, plus transposed fp8
     # copies for the weight-gradient matmul; torchao/float8/float8_linear.py), rather than
@@ -190,6 +196,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         autocast_ddp=True,
         selective_recompute="op",
         eager_kernels=True,
+        separate_projections=True,
         torchao_float8=True,
         compiles_loss=True,
         # torchtitan 0.2.2 refuses a multi-stage schedule with one stage per rank

@@ -110,7 +110,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
              "resolve_neg", "_local_scalar_dense", "empty", "empty_like", "empty_strided",
              "new_empty", "new_empty_strided", "zeros", "zeros_like", "ones", "ones_like",
              "full", "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor",
-             "arange", "fill_", "zero_", "fill", "_unsafe_index"),
+             "arange", "fill_", "zero_", "fill", "_unsafe_index", "view_as_real",
+             "view_as_complex"),
     "elementwise": (
         "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "pow", "neg", "exp", "exp2",
         "log", "log2", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "silu",
@@ -125,7 +126,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "abs", "sign", "erf",
         "erfinv", "reciprocal", "square", "exp_", "sqrt_", "rsub", "floor", "ceil", "round",
         "trunc", "frac", "fmod", "remainder", "isnan", "isinf", "nan_to_num", "polar",
-        "view_as_real", "view_as_complex", "_conj", "conj_physical", "sgn", "_foreach_add",
+        "_conj", "conj_physical", "sgn", "_foreach_add",
         "sin_", "cos_", "neg_", "div_", "pow_", "clamp_", "mul_", "add_"),
 }
 _FAMILY_OF = {name: fam for fam, names in FAMILIES.items() for name in names}
@@ -481,7 +482,8 @@ class _Recorder:
             shapes = [r.shape for r in refs]
             # Autograd marks an op's output as needing a gradient only after the op returns
             # (below it, in this mode, it does not yet): an output needs one when an input does.
-            grad = bool(outs) and outs[0].is_floating_point() and any(r.grad for r in refs)
+            grad = bool(outs) and (outs[0].is_floating_point() or outs[0].is_complex()) \
+                and any(r.grad for r in refs)
             extra = dict(inputs=refs, grad=grad, causal=causal,
                          fused_grad=IN_FUSED_FORWARD.get())
             if family == "view" and refs:

@@ -259,7 +259,7 @@ class LayerCosts:
                             "graph's layouts yet; use the costs made without it")
         runs = {b.name: b.name.rsplit(".", 1)[0] + ".*" for b in self.blocks
                 if b.repeat > 1 and "." in b.name}
-        head = {b.name for b in self.blocks if b.kind == "head"}
+        head = {m for b in self.blocks if b.kind == "head" for m in b.members}
         matmuls = ("mm", "addmm", "_scaled_mm")
         per_module: dict[str, int] = {}  # a module running two matmuls is not a Linear
         for _v, module, op, _label, _layout in self.layouts[tp]:

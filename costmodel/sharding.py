@@ -334,6 +334,10 @@ def view_map(name: str, args: Sequence[Any], x: tuple[int, ...], out: tuple[int,
     if name in ("select", "unbind") and len(x) == n + 1:
         d = _dim(args[0], len(x)) if args and isinstance(args[0], int) else 0
         return tuple(i if i < d else i + 1 for i in range(n))
+    if name == "view_as_complex" and len(x) == n + 1:
+        return tuple(range(n))  # the trailing (real, imaginary) pair becomes one element
+    if name == "view_as_real" and len(x) == n - 1:
+        return (*range(n - 1), None)
     if name in ("expand", "expand_as", "broadcast_to"):
         return tuple(_aligned([x], out, d)[0] for d in range(n))
     if len(x) == n and all(a == b for a, b in zip(x, out, strict=True)):

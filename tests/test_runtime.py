@@ -350,24 +350,23 @@ def test_reference_model_matches_the_spec() -> None:
 
 def test_rotary_embedding_rotates_and_rotates_back() -> None:
     """RoPE (Su et al. 2021, Eq. 34): the rotation keeps each vector's length, position 0 is
-    not turned, its hand-written backward is autograd's, and a layer given the model's angle
-    tables computes what it computes with its own."""
+    not turned, its hand-written backward is autograd's, a low-precision input comes back in
+    its dtype, and a layer given the model's angle table computes what it computes with its
+    own."""
     from planner.runtime.model import Attention, _Rotary, _rotate, rope_tables
 
     torch.manual_seed(0)
     x = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
-    cos, sin = rope_tables(5, 8, "cpu", torch.float64)
-    y = _Rotary.apply(x, cos, sin)
+    freqs = rope_tables(5, 8, "cpu")
+    y = _Rotary.apply(x, freqs)
     assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1))
     assert torch.equal(y[:, 0], x[:, 0])
-    assert torch.autograd.gradcheck(lambda t: _Rotary.apply(t, cos, sin), (x,))
+    assert torch.autograd.gradcheck(lambda t: _Rotary.apply(t, freqs), (x,))
+    z = torch.randn(1, 6, 2, 8, dtype=torch.bfloat16)
+    assert _rotate(z, rope_tables(6, 8, "cpu")).dtype == z.dtype
     attn = Attention(ModelSpec.preset("llama-3.2-1b")).double()
     h = torch.randn(1, 6, attn.wq.in_features, dtype=torch.float64)
-    tables = rope_tables(6, attn.head_dim, "cpu", torch.float64)
-    assert torch.allclose(attn(h), attn(h, rope=tables))
-    # fp32 tables (an autocast model's stream) rotate a low-precision q in its own dtype.
-    z = torch.randn(1, 6, 2, attn.head_dim, dtype=torch.bfloat16)
-    assert _rotate(z, rope_tables(6, attn.head_dim, "cpu", torch.float32)).dtype == z.dtype
+    assert torch.allclose(attn(h), attn(h, rope=rope_tables(6, attn.head_dim, "cpu")))
 
 
 def test_the_angle_tables_are_computed_once_per_model() -> None:
@@ -378,7 +377,7 @@ def test_the_angle_tables_are_computed_once_per_model() -> None:
     spec = dataclasses.replace(ModelSpec.preset("llama-3.2-1b"), num_layers=2)
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
                                    torch.zeros(1, 16, dtype=torch.long))
-    cos = [graph.node(i) for i in graph.graph.nodes if graph.node(i).op == "aten.cos.default"]
+    cos = [graph.node(i) for i in graph.graph.nodes if graph.node(i).op == "aten.polar.default"]
     assert len(cos) == 1 and not cos[0].layer.startswith("layers")
 
 

@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
+from costmodel.trace_ops import IN_FUSED_FORWARD
 
 __all__ = ["Attention", "Block", "FeedForward", "Transformer", "build_model", "rope_tables"]
 
@@ -45,58 +46,59 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden_size, eps=NORM_EPS)
 
 
-def rope_tables(seq: int, head_dim: int, device: torch.device | str,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [1, seq, 1, head_dim] of the rotary angles of positions 0..seq-1 (Su et
-    al. 2021, Eq. 34, the two halves of each head paired as in GPT-NeoX and Hugging Face
-    Llama), in ``dtype``. ``Transformer.forward`` computes them once for all its layers, as
-    torchtitan computes its ``freqs_cis`` once per model."""
+def rope_tables(seq: int, head_dim: int, device: torch.device | str) -> torch.Tensor:
+    """The rotary angles of positions 0..seq-1 as unit complex numbers, stored as their real
+    and imaginary parts [1, seq, 1, head_dim / 2, 2] (fp32; Su et al. 2021, Eq. 34,
+    consecutive pairs of each head rotated, as in Meta's Llama and torchtitan).
+    ``Transformer.forward`` computes them once for all its layers, as torchtitan computes its
+    ``freqs_cis`` once per model; real, they cross a pipeline stage's send as any
+    activation (gloo sends no complex tensor)."""
     d = head_dim
     inv = ROPE_THETA ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
     angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv)
-    cos = angles.cos().repeat(1, 2)[None, :, None, :].to(dtype)
-    sin = angles.sin().repeat(1, 2)[None, :, None, :].to(dtype)
-    return cos, sin
+    return torch.view_as_real(torch.polar(torch.ones_like(angles), angles))[None, :, None]
 
 
-def _rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              inverse: bool) -> torch.Tensor:
-    """``x`` [batch, seq, heads, head_dim] rotated by the angles of ``cos`` and ``sin``
-    (``rope_tables``), or back by them where ``inverse``."""
-    d = x.shape[-1]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    turned = torch.cat([-x2, x1], dim=-1) * sin
-    return x * cos - turned if inverse else x * cos + turned
+def _rotation(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """``x`` [batch, seq, heads, head_dim] rotated by the complex ``freqs`` [1, seq, 1,
+    head_dim / 2], as torchtitan's ``apply_rotary_emb``: upcast to fp32 (at least), each
+    consecutive pair taken as one complex number and multiplied, cast back: three kernels."""
+    wide = x if x.dtype == torch.float64 else x.float()
+    z = torch.view_as_complex(wide.reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(z * freqs).flatten(3).to(x.dtype)
 
 
 class _Rotary(torch.autograd.Function):
     """RoPE as one autograd node that saves no activation: a rotation is orthogonal, so the
     input gradient is the output gradient rotated back (what fused RoPE kernels do; the cost
-    model counts no activations for it). The angle tables are the model's, shared by every
+    model counts no activations for it). The angle table is the model's, shared by every
     layer, and kept on the node without being saved as the layer's."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> torch.Tensor:
-        ctx.tables = (cos, sin)
-        return _rotation(x, cos, sin, inverse=False)
+    def forward(ctx: Any, x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        ctx.freqs = torch.view_as_complex(table)
+        # Traced, its kernels each have a backward (the rotation back), which grad mode,
+        # off in here, would not show.
+        token = IN_FUSED_FORWARD.set(x.requires_grad)
+        try:
+            return _rotation(x, ctx.freqs)
+        finally:
+            IN_FUSED_FORWARD.reset(token)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        cos, sin = ctx.tables
-        return _rotation(grad, cos, sin, inverse=True), None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _rotation(grad, ctx.freqs.conj()), None
 
 
-def _rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor] | None
-            ) -> torch.Tensor:
+def _rotate(x: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
     """Rotary position embedding of ``x`` [batch, seq, heads, head_dim] with the model's
-    ``tables``, in ``x``'s dtype (under autocast the model's stream is fp32, the projections
-    bf16). Computed here when missing or of another length than ``x``'s: a module run alone,
-    or a sequence-parallel rank whose model saw only its share of the tokens."""
-    if tables is None or tables[0].shape[1] != x.shape[1]:
-        tables = rope_tables(x.shape[1], x.shape[-1], x.device, x.dtype)
-    cos, sin = (t.to(x.dtype) for t in tables)
-    return _Rotary.apply(x, cos, sin)
+    angle table (``rope_tables``), computed here when missing, of another length than
+    ``x``'s (a module run alone, or a sequence-parallel rank whose model saw only its share
+    of the tokens) or no longer fp32 (FSDP's mixed precision casts a block's floating-point
+    inputs to its parameter dtype)."""
+    if table is None or table.shape[1] != x.shape[1] or table.dtype != torch.float32:
+        table = rope_tables(x.shape[1], x.shape[-1], x.device)
+    return _Rotary.apply(x, table)
 
 
 class Attention(nn.Module):
@@ -122,7 +124,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(spec.q_dim, h, bias=spec.bias)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+              rope: torch.Tensor | None = None) -> torch.Tensor:
         if self.rope:
             q, k = _rotate(q, rope), _rotate(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -133,9 +135,9 @@ class Attention(nn.Module):
         return out.transpose(1, 2).flatten(2)
 
     def forward(self, x: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rope: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [batch, seq, hidden] -> [batch, seq, hidden]; ``rope``: the model's RoPE
-        tables (``rope_tables``), else computed here."""
+        angle table (``rope_tables``), else computed here."""
         b, s = x.shape[0], x.shape[1]
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
@@ -178,10 +180,10 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
 
     def forward(self, x: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rope: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [batch, seq, hidden] -> [batch, seq, hidden]; ``rope``: the model's RoPE
-        tables (``rope_tables``; passed by keyword, beside what tensor parallelism lays
-        out)."""
+        angle table (``rope_tables``; passed by keyword, beside what tensor parallelism
+        lays out)."""
         a = self.attention(self.attention_norm(x), rope=rope)
         x = x + (self.dropout(a) if self.dropout is not None else a)
         f = self.feed_forward(self.ffn_norm(x))
@@ -227,7 +229,7 @@ class Transformer(nn.Module):
                 x = self.emb_dropout(x)
         rope = None
         if self.spec.position_embedding == "rope":
-            rope = rope_tables(x.shape[1], int(self.spec.head_dim or 0), x.device, x.dtype)
+            rope = rope_tables(x.shape[1], int(self.spec.head_dim or 0), x.device)
         for layer in self.layers.values():
             x = layer(x, rope=rope)
         if self.norm is not None:
