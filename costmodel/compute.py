@@ -186,9 +186,9 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
 
     fw = framework(job.framework)
     apart = fw.separate_projections
-    # One K (or V) projection: what torchtitan's per-op selective AC re-runs of the three.
-    k_gemm = gemm_time(gpu, dtype, tokens, kv / t, h, bytes_per_element=e_in)
+    # k_gemm: the K projection's share, what torchtitan's per-op selective AC re-runs.
     if apart:
+        k_gemm = gemm_time(gpu, dtype, tokens, kv / t, h, bytes_per_element=e_in)
         qkv_gemm = gemm_time(gpu, dtype, tokens, q / t, h, bytes_per_element=e_in) + 2 * k_gemm
     else:
         qkv_gemm = gemm_time(gpu, dtype, tokens, (q + 2 * kv) / t, h, bytes_per_element=e_in)

@@ -353,32 +353,33 @@ def test_rotary_embedding_rotates_and_rotates_back() -> None:
     not turned, its hand-written backward is autograd's, a low-precision input comes back in
     its dtype, and a layer given the model's angle table computes what it computes with its
     own."""
-    from planner.runtime.model import Attention, _Rotary, _rotate, rope_tables
+    from planner.runtime.model import Attention, _Rotary, rope_table
 
     torch.manual_seed(0)
     x = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
-    freqs = rope_tables(5, 8, "cpu")
+    freqs = rope_table(5, 8, "cpu")
     y = _Rotary.apply(x, freqs)
     assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1))
     assert torch.equal(y[:, 0], x[:, 0])
     assert torch.autograd.gradcheck(lambda t: _Rotary.apply(t, freqs), (x,))
     z = torch.randn(1, 6, 2, 8, dtype=torch.bfloat16)
-    assert _rotate(z, rope_tables(6, 8, "cpu")).dtype == z.dtype
+    assert _Rotary.apply(z, rope_table(6, 8, "cpu")).dtype == z.dtype
     attn = Attention(ModelSpec.preset("llama-3.2-1b")).double()
     h = torch.randn(1, 6, attn.wq.in_features, dtype=torch.float64)
-    assert torch.allclose(attn(h), attn(h, rope=rope_tables(6, attn.head_dim, "cpu")))
+    assert torch.allclose(attn(h), attn(h, rope=rope_table(6, attn.head_dim, "cpu")))
 
 
 def test_the_angle_tables_are_computed_once_per_model() -> None:
-    """The reference model computes RoPE's cos and sin once per forward, not in every layer
-    (as torchtitan computes its freqs_cis once): its layers, traced, run no cos kernel."""
+    """The reference model computes RoPE's angle table once per forward, not in every layer
+    (as torchtitan computes its freqs_cis once): its layers, traced, take no polar."""
     from costmodel.graph import LayerGraph
 
     spec = dataclasses.replace(ModelSpec.preset("llama-3.2-1b"), num_layers=2)
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
                                    torch.zeros(1, 16, dtype=torch.long))
-    cos = [graph.node(i) for i in graph.graph.nodes if graph.node(i).op == "aten.polar.default"]
-    assert len(cos) == 1 and not cos[0].layer.startswith("layers")
+    polar = [graph.node(i) for i in graph.graph.nodes
+             if graph.node(i).op == "aten.polar.default"]
+    assert len(polar) == 1 and not polar[0].layer.startswith("layers")
 
 
 def test_synthetic_data_is_learnable_and_shared() -> None:

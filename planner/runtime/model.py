@@ -30,7 +30,7 @@ from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
 from costmodel.trace_ops import IN_FUSED_FORWARD
 
-__all__ = ["Attention", "Block", "FeedForward", "Transformer", "build_model", "rope_tables"]
+__all__ = ["Attention", "Block", "FeedForward", "Transformer", "build_model", "rope_table"]
 
 #: Standard deviation of the normal initialisation of weights (GPT-2, Radford et al. 2019).
 INIT_STD = 0.02
@@ -46,13 +46,13 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden_size, eps=NORM_EPS)
 
 
-def rope_tables(seq: int, head_dim: int, device: torch.device | str) -> torch.Tensor:
+def rope_table(seq: int, head_dim: int, device: torch.device | str) -> torch.Tensor:
     """The rotary angles of positions 0..seq-1 as unit complex numbers, stored as their real
     and imaginary parts [1, seq, 1, head_dim / 2, 2] (fp32; Su et al. 2021, Eq. 34,
     consecutive pairs of each head rotated, as in Meta's Llama and torchtitan).
-    ``Transformer.forward`` computes them once for all its layers, as torchtitan computes its
-    ``freqs_cis`` once per model; real, they cross a pipeline stage's send as any
-    activation (gloo sends no complex tensor)."""
+    ``Transformer.forward`` computes it once for all its layers, as torchtitan computes its
+    ``freqs_cis`` once per model; real, it crosses a pipeline stage's send as any
+    activation does (gloo sends no complex tensor)."""
     d = head_dim
     inv = ROPE_THETA ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
     angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv)
@@ -90,15 +90,14 @@ class _Rotary(torch.autograd.Function):
         return _rotation(grad, ctx.freqs.conj()), None
 
 
-def _rotate(x: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
-    """Rotary position embedding of ``x`` [batch, seq, heads, head_dim] with the model's
-    angle table (``rope_tables``), computed here when missing, of another length than
-    ``x``'s (a module run alone, or a sequence-parallel rank whose model saw only its share
-    of the tokens) or no longer fp32 (FSDP's mixed precision casts a block's floating-point
-    inputs to its parameter dtype)."""
+def _table_for(x: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
+    """The model's angle table (``rope_table``) for ``x`` [batch, seq, heads, head_dim],
+    computed here when missing, of another length than ``x``'s (a module run alone, or a
+    sequence-parallel rank whose model saw only its share of the tokens) or no longer fp32
+    (FSDP's mixed precision casts a block's floating-point inputs to its parameter dtype)."""
     if table is None or table.shape[1] != x.shape[1] or table.dtype != torch.float32:
-        table = rope_tables(x.shape[1], x.shape[-1], x.device)
-    return _Rotary.apply(x, table)
+        return rope_table(x.shape[1], x.shape[-1], x.device)
+    return table
 
 
 class Attention(nn.Module):
@@ -126,7 +125,8 @@ class Attention(nn.Module):
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               rope: torch.Tensor | None = None) -> torch.Tensor:
         if self.rope:
-            q, k = _rotate(q, rope), _rotate(k, rope)
+            table = _table_for(q, rope)
+            q, k = _Rotary.apply(q, table), _Rotary.apply(k, table)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         # Grouped-query attention: each K/V head serves num_heads / num_kv_heads query heads,
         # without materialising repeated K and V.
@@ -137,7 +137,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor,
                 rope: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [batch, seq, hidden] -> [batch, seq, hidden]; ``rope``: the model's RoPE
-        angle table (``rope_tables``), else computed here."""
+        angle table (``rope_table``), else computed here."""
         b, s = x.shape[0], x.shape[1]
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
@@ -182,7 +182,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor,
                 rope: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [batch, seq, hidden] -> [batch, seq, hidden]; ``rope``: the model's RoPE
-        angle table (``rope_tables``; passed by keyword, beside what tensor parallelism
+        angle table (``rope_table``; passed by keyword, beside what tensor parallelism
         lays out)."""
         a = self.attention(self.attention_norm(x), rope=rope)
         x = x + (self.dropout(a) if self.dropout is not None else a)
@@ -229,7 +229,7 @@ class Transformer(nn.Module):
                 x = self.emb_dropout(x)
         rope = None
         if self.spec.position_embedding == "rope":
-            rope = rope_tables(x.shape[1], int(self.spec.head_dim or 0), x.device)
+            rope = rope_table(x.shape[1], int(self.spec.head_dim or 0), x.device)
         for layer in self.layers.values():
             x = layer(x, rope=rope)
         if self.norm is not None:
