@@ -398,10 +398,11 @@ def _check_traced(costs: LayerCosts, cfg: ParallelConfig) -> None:
     if cfg.tp not in costs.tp_degrees:
         raise SpecError(f"{costs.name}: tp={cfg.tp} is not among the degrees its blocks were "
                         f"sharded at ({', '.join(map(str, costs.tp_degrees))})")
-    if cfg.tp > 1 and cfg.sequence_parallel != costs.sequence_parallel:
+    if cfg.tp > 1 and cfg.sequence_parallel not in costs.sp_options:
         raise SpecError(f"{costs.name}: its blocks were sharded "
                         f"{'with' if costs.sequence_parallel else 'without'} sequence "
-                        "parallelism; trace it the other way for the other")
+                        "parallelism; cost it the other way for the other (or both: "
+                        "LayerCosts.from_graph(..., sequence_parallel='both'))")
     if cfg.cp > 1 and not costs.context_parallel_ok:
         raise SpecError(f"{costs.name}: context parallelism splits the sequence, but "
                         f"{costs.token_mixer} reduces over the tokens outside a fused "

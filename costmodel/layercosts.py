@@ -46,7 +46,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -149,7 +149,9 @@ class LayerCosts:
     the figures are for; ``sequence_parallel``: whether the norm and dropout regions are
     split over the TP ranks along the sequence (Korthikanti et al. 2022, Sec. 4.2.2);
     ``layouts``: for a graph, per TP degree, (node id, module path, op, strategy, output
-    layout) of every op the ILP placed."""
+    layout) of every op the ILP placed; ``sp_costs``: the same model costed the other way
+    round (with sequence parallelism where ``sequence_parallel`` is false), which the rows
+    that choose it read (``variant``): one search then weighs both."""
 
     name: str
     source: str
@@ -161,6 +163,25 @@ class LayerCosts:
         default_factory=dict)
     spec: ModelSpec | None = None
     element_bytes: float = 2.0
+    sp_costs: LayerCosts | None = None
+
+    @property
+    def sp_options(self) -> tuple[bool, ...]:
+        """The sequence-parallel settings these costs answer for (a traced graph's: what its
+        blocks were sharded with, and ``sp_costs``')."""
+        if self.sp_costs is None:
+            return (self.sequence_parallel,)
+        return tuple(sorted({self.sequence_parallel, self.sp_costs.sequence_parallel}))
+
+    def variant(self, sequence_parallel: bool) -> LayerCosts:
+        """The costs of configurations with or without sequence parallelism: ``self``, or
+        ``sp_costs`` where it is the one sharded that way (``self`` when neither is: the
+        tables then read the blocks as they were sharded; ``costmodel.config.validate``
+        refuses such a configuration)."""
+        if self.sp_costs is not None and sequence_parallel != self.sequence_parallel \
+                and self.sp_costs.sequence_parallel == sequence_parallel:
+            return self.sp_costs
+        return self
 
     @property
     def tp_degrees(self) -> tuple[int, ...]:
@@ -313,7 +334,8 @@ class LayerCosts:
                             "output_bytes": b.output_bytes, "members": list(b.members),
                             "mixes_tokens": b.mixes_tokens,
                             "by_tp": {str(t): shard_dict(c) for t, c in b.by_tp.items()}}
-                           for b in self.blocks]}
+                           for b in self.blocks],
+                "sp_costs": self.sp_costs.to_dict() if self.sp_costs is not None else None}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LayerCosts:
@@ -329,9 +351,11 @@ class LayerCosts:
                                      for v, m, op, st, lay in ops)
                        for t, ops in (d.get("layouts") or {}).items()}
             spec = ModelSpec(**d["spec"]) if d.get("spec") else None
+            other = cls.from_dict(d["sp_costs"]) if d.get("sp_costs") else None
             return cls(str(d["name"]), str(d["source"]), int(d["micro_batch_size"]),
                        int(d["seq_len"]), bool(d["sequence_parallel"]), blocks, layouts,
-                       spec=spec, element_bytes=float(d.get("element_bytes", 2.0)))
+                       spec=spec, element_bytes=float(d.get("element_bytes", 2.0)),
+                       sp_costs=other)
         except (KeyError, TypeError, ValueError) as e:
             raise SpecError(f"layer costs are missing or mangle a field ({type(e).__name__}: "
                             f"{e}); re-create them with LayerCosts.from_graph") from e
@@ -369,16 +393,68 @@ class LayerCosts:
         head = next((b for b in self.blocks if b.kind == "head"), None)
         return emb, head
 
-    @staticmethod
-    def _by_tp(block: BlockCosts | None, tp: np.ndarray, figure: Callable[[ShardCosts], float]
+    @cached_property
+    def _twins(self) -> dict[int, BlockCosts]:
+        """``sp_costs``' block for each of these blocks (by ``id``; the same order)."""
+        if self.sp_costs is None:
+            return {}
+        return {id(b): t for b, t in zip(self.blocks, self.sp_costs.blocks, strict=True)}
+
+    def _by_tp(self, block: BlockCosts | None, tp: np.ndarray,
+               figure: Callable[[ShardCosts], float], sp: np.ndarray | None = None
                ) -> np.ndarray:
-        """``figure`` of a block's costs at each row's TP degree (0 without the block)."""
+        """``figure`` of a block's costs at each row's TP degree (0 without the block), and
+        with the row's sequence parallelism ``sp`` where ``sp_costs`` has the block sharded
+        so."""
         tp = np.asarray(tp)
-        out = np.zeros(np.shape(tp), dtype=float)
         if block is None:
-            return out
-        for t in np.unique(tp).astype(int):
-            out = np.where(tp == t, figure(block.at(int(t))), out)
+            return np.zeros(np.shape(tp), dtype=float)
+        twin = self._twins.get(id(block)) if sp is not None else None
+        # A lookup table by (degree, sequence parallel): no sort of the rows' degrees.
+        width = max(block.by_tp) + 1
+        if twin is not None:
+            width = max(width, max(twin.by_tp) + 1)
+        lut = np.full(2 * width, np.nan)
+        for t, c in block.by_tp.items():
+            lut[2 * t + int(self.sequence_parallel and twin is not None)] = figure(c)
+        if twin is not None:
+            for t, c in twin.by_tp.items():
+                lut[2 * t + int(not self.sequence_parallel)] = figure(c)
+        idx = 2 * tp.astype(np.int64)
+        if twin is not None:
+            idx = idx + np.asarray(sp).astype(np.int64)
+        out = lut[np.minimum(idx, len(lut) - 1)]
+        bad = np.isnan(out) | (idx >= len(lut))
+        if bad.any():
+            self._missing(block, idx[bad].flat[0])
+        return out
+
+    def _missing(self, block: BlockCosts, key: int) -> None:
+        """``SpecError``: ``block`` has no costs at TP degree ``key // 2`` with sequence
+        parallelism ``key % 2``."""
+        t, sp = int(key) // 2, bool(key % 2)
+        raise SpecError(f"block {block.name!r} has no costs at tp={t}"
+                        f"{' with sequence parallelism' if sp else ''}; degrees: "
+                        f"{', '.join(map(str, sorted(self.variant(sp).tp_degrees)))}")
+
+    def _degree_rows(self, block: BlockCosts, a: ConfigArrays
+                     ) -> list[tuple[int, ShardCosts, np.ndarray]]:
+        """(TP degree, the block's costs there, mask of the rows at it) per degree of the rows
+        of ``a`` (and per sequence parallelism where ``sp_costs`` holds the block sharded
+        the other way); ``SpecError`` for a degree the block has no costs at."""
+        twin = self._twins.get(id(block))
+        if twin is None:
+            out = [(t, c, a.tp == t) for t, c in block.by_tp.items()]
+        else:
+            other = a.sp.astype(bool) != self.sequence_parallel
+            out = [(t, c, (a.tp == t) & ~other) for t, c in block.by_tp.items()] \
+                + [(t, c, (a.tp == t) & other) for t, c in twin.by_tp.items()]
+        out = [x for x in out if x[2].any()]
+        if sum(int(x[2].sum()) for x in out) != a.rows:
+            covered = np.logical_or.reduce([x[2] for x in out]) if out \
+                else np.zeros(a.rows, bool)
+            r = int(np.flatnonzero(~covered)[0])
+            self._missing(block, 2 * int(a.tp[r]) + int(a.sp[r]))
         return out
 
     def _token_share(self, job: Job, a: ConfigArrays) -> np.ndarray:
@@ -415,7 +491,8 @@ class LayerCosts:
             tokens = job.seq_len / a.cp * a.mbs
             return 2 * compute_bytes(job.precision) * tokens * self.spec.kv_dim / a.tp
         share = self._token_share(job, a)
-        return self._by_tp(self.layer_blocks()[kind], a.tp, lambda c: c.kv_bytes) * share
+        return self._by_tp(self.layer_blocks()[kind], a.tp, lambda c: c.kv_bytes,
+                           a.sp) * share
 
     @property
     def is_moe(self) -> bool:
@@ -473,7 +550,7 @@ class LayerCosts:
             return layer_activations(self.spec, job, framework(job.framework), a,
                                      self.routed(kind), ac)
         layer, share = self.layer_blocks()[kind], self._token_share(job, a)
-        return {m: self._by_tp(layer, a.tp, partial(_saved, m)) * share
+        return {m: self._by_tp(layer, a.tp, partial(_saved, m), a.sp) * share
                 for m in RECOMPUTE_MODES}
 
     def edge_activations(self, job: Job, a: ConfigArrays, ac: np.ndarray
@@ -490,7 +567,8 @@ class LayerCosts:
             emb, head = self.edges()
             share = self._token_share(job, a)
             kept = partial(_saved, "none")  # the embedding and head are not recomputed
-            return self._by_tp(emb, a.tp, kept) * share, self._by_tp(head, a.tp, kept) * share
+            return (self._by_tp(emb, a.tp, kept, a.sp) * share,
+                    self._by_tp(head, a.tp, kept, a.sp) * share)
         model = self.spec
         e = compute_bytes(job.precision)
         tp = a.tp.astype(float)
@@ -550,9 +628,7 @@ class LayerCosts:
         out = {name: np.zeros(np.shape(a.tp)) for name in fields}
         if block is None:
             return LayerCompute(**out)
-        for t in np.unique(a.tp).astype(int):
-            c = block.at(int(t))
-            rows = a.tp == t
+        for _t, c, rows in self._degree_rows(block, a):
             lc = kernel_compute(gpu, dtype, c.kernels or Kernels(), share[rows],
                                 c.recomputed)
             for name in fields:
@@ -571,9 +647,7 @@ class LayerCosts:
             out = np.zeros(np.shape(a.tp))
             if block is None:
                 return out
-            for t in np.unique(a.tp).astype(int):
-                rows = a.tp == t
-                c = block.at(int(t))
+            for t, c, rows in self._degree_rows(block, a):
                 for kind, nbytes in c.collectives.items():
                     n = max(c.collective_calls.get(kind, 1.0), 1.0)
                     size = nbytes * share[rows] / n
@@ -602,7 +676,8 @@ class LayerCosts:
 
     @classmethod
     def of(cls, model: ModelSpec | LayerCosts) -> LayerCosts:
-        """``model``'s costs as the tables read them: a ``LayerCosts`` as it is; a preset's
+        """``model``'s costs as the tables read them: a ``LayerCosts`` as it is (each row
+        read with its own sequence parallelism where it has ``sp_costs``); a preset's
         formulas (no per-degree blocks are computed: the rows are evaluated directly)."""
         if isinstance(model, LayerCosts):
             return model
@@ -639,13 +714,29 @@ class LayerCosts:
 
     @classmethod
     def from_graph(cls, graph: LayerGraph, cluster: Cluster, job: Job, *,
-                   tp_degrees: Sequence[int] | None = None, sequence_parallel: bool = False,
+                   tp_degrees: Sequence[int] | None = None,
+                   sequence_parallel: bool | Literal["both"] = False,
                    time_limit_s: float = 10.0) -> LayerCosts:
         """The costs of a traced graph (one micro-batch: the batch it was traced with) at
         each TP degree (default: the divisors of a node's GPUs), each degree's layouts
-        chosen by the sharding ILP (``costmodel.blockcosts.block_costs``)."""
+        chosen by the sharding ILP (``costmodel.blockcosts.block_costs``), with or without
+        sequence parallelism, or ``"both"``: the costs without, carrying those with as
+        ``sp_costs`` (at the degrees above 1, the only ones it splits).
+        """
         from costmodel.blockcosts import block_costs
 
+        if sequence_parallel == "both":
+            plain = block_costs(graph, cluster, job, tp_degrees=tp_degrees,
+                                sequence_parallel=False, time_limit_s=time_limit_s)
+            split = tuple(t for t in plain.tp_degrees if t > 1)
+            if not split:
+                return plain
+            return dataclasses.replace(plain, sp_costs=block_costs(
+                graph, cluster, job, tp_degrees=split, sequence_parallel=True,
+                time_limit_s=time_limit_s))
+        if not isinstance(sequence_parallel, bool):
+            raise SpecError(f"sequence_parallel must be True, False or 'both', got "
+                            f"{sequence_parallel!r}")
         return block_costs(graph, cluster, job, tp_degrees=tp_degrees,
                            sequence_parallel=sequence_parallel, time_limit_s=time_limit_s)
 

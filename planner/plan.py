@@ -568,29 +568,12 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
                  partition: bool) -> Any:
     """A torch module (or its ``LayerGraph``): traced on one micro-batch, each distinct block
     sharded per TP degree (``LayerCosts.from_graph``, with and without sequence
-    parallelism), then the one search (``plan`` of its ``LayerCosts``), the faster of the
-    two kept."""
+    parallelism), then the one search (``plan`` of its ``LayerCosts``) over both."""
 
     graph = _traced(model, cluster, job, example_inputs)
-    best: Plan | None = None
-    failures: list[Infeasible] = []
-    # Sequence parallel needs a TP degree above 1 (the degrees: a node's divisors).
-    for sp in (False, True) if cluster.gpus_per_node > 1 else (False,):
-        costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel=sp)
-        try:
-            found = plan(costs, cluster, job, constraints=constraints, top_k=top_k,
-                         partition=partition)
-        except Infeasible as e:
-            failures.append(e)
-            continue
-        if best is None or (found.training()[2].step_time_s or 0.0) \
-                < (best.training()[2].step_time_s or 0.0):
-            best = found
-        if progress is not None:
-            progress(0.5 * (1 + sp))
-    if best is None:
-        raise failures[0]
-    return best
+    costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both")
+    return plan(costs, cluster, job, constraints=constraints, top_k=top_k,
+                partition=partition, progress=progress)
 
 
 def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:

@@ -56,7 +56,7 @@ RULES: dict[str, str] = {
     "cp_traced": "context parallel splits a traced graph's sequences only where its layers "
                  "mix tokens in fused attention alone (ring attention)",
     "sp_traced": "a traced graph is costed with the sequence parallelism its blocks were "
-                 "sharded with (LayerCosts.sequence_parallel)",
+                 "sharded with (LayerCosts.sp_options)",
     "pp_layers": "a pipeline stage holds at least one layer: pp <= layers",
     "cp_seq": "context parallel splits the sequence: cp divides seq_len",
     "mesh_nodes": "the tp x cp block tiles the nodes: it divides, or is a multiple of, the "
@@ -497,7 +497,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                              [("sp_seq", lambda s, cp=cp, tp=tp: not s
                                or (job.seq_len // cp) % tp == 0),
                               ("sp_traced", lambda s: not traced
-                               or s == getattr(model, "sequence_parallel", False)),
+                               or s in LayerCosts.of(model).sp_options),
                               ("sp_framework", lambda s: not s or fw.sequence_parallel)])
                 mbss = f.keep("micro_batch_size", divisors(job.global_batch_size // dp))
                 eps = f.keep("ep", divisors(dp * cp) if model.is_moe else [1], [

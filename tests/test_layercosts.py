@@ -49,20 +49,27 @@ def _cross_entropy(logits: torch.Tensor) -> torch.Tensor:
                                              device=flat.device))
 
 
-def _pair(name: str, sp: bool) -> tuple[LayerCosts, LayerCosts, ModelSpec]:
+def _graph(name: str) -> tuple[LayerGraph, ModelSpec, list[int]]:
+    """The reference transformer of preset ``name`` traced on one sequence of ``SEQ``
+    tokens, its preset and the TP degrees its heads allow."""
     spec = ModelSpec.preset(name)
     if spec.vocab_size % 64:
         # The reference module does not pad its vocabulary; trainers do (Megatron-LM's
         # --make-vocab-size-divisible-by, nanoGPT's 50304), and vocabulary-parallel layers
         # need it: pad GPT's 50257 as they do.
         spec = dataclasses.replace(spec, vocab_size=-(-spec.vocab_size // 64) * 64)
-    # DeepSpeed's conventions are eager PyTorch's (4 ffn-wide tensors saved by a gated MLP),
-    # as the reference module runs.
-    job = Job(global_batch_size=8, seq_len=SEQ, precision="bf16", framework="deepspeed")
     module = build_model(spec, device="meta", dropout=0.1 if spec.dropout else 0.0)
     graph = LayerGraph.from_module(module, torch.zeros(1, SEQ, dtype=torch.long),
                                    dtype=torch.bfloat16, loss_fn=_cross_entropy)
     degrees = [t for t in (1, 2, 4, 8) if spec.num_heads % t == 0 and spec.num_kv_heads % t == 0]
+    return graph, spec, degrees
+
+
+def _pair(name: str, sp: bool) -> tuple[LayerCosts, LayerCosts, ModelSpec]:
+    graph, spec, degrees = _graph(name)
+    # DeepSpeed's conventions are eager PyTorch's (4 ffn-wide tensors saved by a gated MLP),
+    # as the reference module runs.
+    job = Job(global_batch_size=8, seq_len=SEQ, precision="bf16", framework="deepspeed")
     traced = LayerCosts.from_graph(graph, NODE, job, tp_degrees=degrees, sequence_parallel=sp)
     analytic = LayerCosts.from_spec(spec, job, tp_degrees=degrees, sequence_parallel=sp)
     return traced, analytic, spec
@@ -394,6 +401,55 @@ def test_search_of_a_traced_module_equals_brute_force() -> None:
                        fixed={"offload": "none"})
     space = search_equals_brute_force(traced, cluster, job, cons)
     assert 20 < space.rows < 2000
+
+
+def test_one_search_weighs_a_traced_module_with_and_without_sequence_parallel() -> None:
+    """``LayerCosts.from_graph(..., sequence_parallel="both")``: one table holds rows with
+    and without sequence parallelism, each read exactly as the costs sharded that way alone
+    read it; the one search over both is the fastest row of the two by brute force; the
+    costs round-trip through JSON; ``planner.plan`` of a module weighs both."""
+    import numpy as np
+
+    import planner
+    from costmodel.tables import evaluate
+    from planner.space import COLUMNS, Constraints, arrays, build_space
+
+    graph, _spec, degrees = _graph("gpt3-125m")
+    cluster = Cluster(gpu="a100-80gb", num_nodes=1, gpus_per_node=8)
+    job = Job(global_batch_size=32, seq_len=SEQ, framework="megatron")
+    both = LayerCosts.from_graph(graph, cluster, job, tp_degrees=degrees,
+                                 sequence_parallel="both")
+    alone = {sp: LayerCosts.from_graph(graph, cluster, job, tp_degrees=degrees,
+                                       sequence_parallel=sp) for sp in (False, True)}
+    assert both.sp_options == (False, True) and both.sp_costs is not None
+    assert both.variant(True).sequence_parallel and not both.variant(False).sequence_parallel
+    cons = Constraints(max={"micro_batch_size": 2}, allowed={"recompute": ["none", "full"]},
+                       fixed={"offload": "none"})
+    table = build_space(both, cluster, job, cons).table
+    sp = table[:, COLUMNS.index("sp")].astype(bool)
+    assert sp.any() and (~sp).any()
+    got = evaluate(both, cluster, job, arrays(both, table))
+    for flag in (False, True):
+        rows = table[sp == flag]
+        want = evaluate(alone[flag], cluster, job, arrays(alone[flag], rows))
+        assert got.step_time[sp == flag] == pytest.approx(want.step_time, rel=1e-12)
+        assert got.peak_memory[sp == flag] == pytest.approx(want.peak_memory, rel=1e-12)
+    space = search_equals_brute_force(both, cluster, job, cons)
+    assert space.rows == len(table)
+    assert LayerCosts.from_dict(both.to_dict()) == both
+    # Costs sharded one way alone still refuse the other by name.
+    with pytest.raises(SpecError, match="sharded without sequence parallelism"):
+        planner.estimate(alone[False], cluster, job,
+                         planner.ParallelConfig(dp=4, tp=2, sequence_parallel=True))
+    with pytest.raises(SpecError, match="True, False or 'both'"):
+        LayerCosts.from_graph(graph, cluster, job, sequence_parallel="yes")  # type: ignore[arg-type]
+    # A module's plan is the better of the two: the one search over both.
+    best = min((planner.plan(alone[f], cluster, job, constraints=cons) for f in (False, True)),
+               key=lambda p: p.estimate.step_time_s)
+    module_plan = planner.plan(both, cluster, job, constraints=cons)
+    assert module_plan.estimate.step_time_s == pytest.approx(best.estimate.step_time_s,
+                                                              rel=1e-12)
+    assert np.isfinite(module_plan.estimate.step_time_s)
 
 
 def test_the_ilp_layouts_read_as_a_tp_plan_are_megatrons() -> None:

@@ -92,6 +92,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sp_note(costs: LayerCosts) -> str:
+    """How a traced module's blocks were costed for sequence parallelism."""
+    if len(costs.sp_options) > 1:
+        return "with and without sequence parallel"
+    return f"{'with' if costs.sequence_parallel else 'without'} sequence parallel"
+
+
 def _print_training(args: argparse.Namespace, model: ModelSpec | LayerCosts, cluster: Cluster,
                     job: Job, result: Plan) -> None:
     """A training plan's report: the model line, the plan with why the others lost, the
@@ -100,7 +107,7 @@ def _print_training(args: argparse.Namespace, model: ModelSpec | LayerCosts, clu
     if isinstance(model, LayerCosts) and model.spec is None:
         layer = next(b for b in model.blocks if b.kind == "layer")
         traced = (f" (traced: {len(model.blocks)} blocks, {layer.name} x{layer.repeat}; "
-                  f"{'with' if model.sequence_parallel else 'without'} sequence parallel)")
+                  f"{_sp_note(model)})")
     unit = "tokens" if job.seq_len > 1 else "samples"
     print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters{traced}; "
           f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; "

@@ -229,7 +229,7 @@ def _module_notes(plan: Any, config: ParallelConfig) -> list[str]:
            f"named {costs.name!r} that builds it; [parallelism] holds the plan's degrees"]
     if config.tp > 1:
         try:
-            styles = costs.tp_plan(config.tp)
+            styles = costs.variant(config.sequence_parallel).tp_plan(config.tp)
         except SpecError as e:
             out.append(f"tensor parallel: {e}")
         else:

@@ -108,7 +108,8 @@ def _traced_unsupported(costs: LayerCosts, cfg: ParallelConfig, reference: bool)
     out = []
     if cfg.tp > 1:
         try:
-            custom = sorted(k for k, v in costs.tp_plan(cfg.tp).items() if v == "custom")
+            styles = costs.variant(cfg.sequence_parallel).tp_plan(cfg.tp)
+            custom = sorted(k for k, v in styles.items() if v == "custom")
         except SpecError as e:
             out.append(f"tensor parallel (tp={cfg.tp}) of this traced module's plan is not "
                        f"run ({e}); plan it with --tp 1 or without sequence parallel")

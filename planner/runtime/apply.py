@@ -659,7 +659,8 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     pure_dp = _pure_dp(cfg)
     if tp_plan is None and cfg.tp > 1 and isinstance(plan.model, LayerCosts) \
             and plan.model.spec is None:
-        tp_plan = plan.model.tp_plan(cfg.tp)  # the layouts the ILP chose (check vetted them)
+        # The layouts the ILP chose (check vetted them).
+        tp_plan = plan.model.variant(cfg.sequence_parallel).tp_plan(cfg.tp)
     for sid, part in zip(stage_ids, parts, strict=True):
         if cfg.tp > 1 and not _apply_tp(part, mesh["tp"], tp_plan or TP_PLAN,
                                         cfg.sequence_parallel):
