@@ -269,17 +269,18 @@ class LayerCosts:
         all-gathered), by rows ``vocab``; a module that runs more than one matmul itself
         (``nn.MultiheadAttention``: its packed input projection and its output projection)
         ``custom``: no DTensor style for a linear fits it.
-        Modules the ILP left whole are not named. ``SpecError`` when the costs were not made
-        at ``tp``, or with sequence parallelism (whose norm and block-input styles a graph
-        does not name)."""
+        With sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) also: ``norm``, a leaf
+        module all of whose ops the ILP split along the sequence (its input and output
+        sequence-sharded); ``block_input``, the module holding column-split linears that
+        reads the sequence-sharded stream (its input all-gathered once for all of them);
+        the row-split linears then reduce-scatter over the sequence, and the input side
+        hands on, and the head reads, sequence shards. Modules the ILP left whole are not
+        named. ``SpecError`` when the costs were not made at ``tp``, or where the gather a
+        sequence-parallel layout needs falls inside a layer's own forward (no module
+        boundary to put it on)."""
         if tp not in self.layouts:
             raise SpecError(f"{self.name}: no layouts at tp={tp}; degrees: "
                             f"{', '.join(map(str, sorted(self.layouts)))}")
-        if self.sequence_parallel:
-            raise SpecError(f"{self.name}: a sequence-parallel TP plan is not read off a "
-                            "graph's layouts yet; use the costs made without it")
-        runs = {b.name: b.name.rsplit(".", 1)[0] + ".*" for b in self.blocks
-                if b.repeat > 1 and "." in b.name}
         head = {m for b in self.blocks if b.kind == "head" for m in b.members}
         matmuls = ("mm", "addmm", "_scaled_mm")
         per_module: dict[str, int] = {}  # a module running two matmuls is not a Linear
@@ -288,6 +289,8 @@ class LayerCosts:
                 per_module[module] = per_module.get(module, 0) + 1
         out: dict[str, str] = {}
         block, fed_split = "", False  # the block of the last matmul, and whether n-split
+        runs = {b.name: b.name.rsplit(".", 1)[0] + ".*" for b in self.blocks
+                if b.repeat > 1 and "." in b.name}
         for _v, module, op, label, _layout in self.layouts[tp]:
             split = label.split("|")[-1]
             name = op.removeprefix("aten.").split(".")[0]
@@ -311,10 +314,55 @@ class LayerCosts:
                 style = "vocab" if split == "sum" else "gathered"
             else:
                 continue
-            for run, pattern in runs.items():
-                if module == run or module.startswith(run + "."):
-                    module = pattern + module[len(run):]
             out[module] = style
+        if self.sequence_parallel:
+            out.update(self._sequence_styles(tp, out))
+        return {_pattern(m, runs): style for m, style in out.items()}
+
+    def _sequence_styles(self, tp: int, styles: Mapping[str, str]) -> dict[str, str]:
+        """The ``norm`` and ``block_input`` styles of a sequence-parallel layout at ``tp``
+        (``tp_plan``), by module path; ``styles``: the linears' and embeddings' styles."""
+        ops = self.layouts[tp]
+        seq = "d1"  # the strategy label of an op split along dim 1, the sequence
+        modules = [m for _v, m, _op, _label, _out in ops]
+        ancestors = {m: [".".join(m.split(".")[:i]) for i in range(m.count(".") + 1)]
+                     for m in set(modules) if m}
+        parents = {p for chain in ancestors.values() for p in chain[1:]} | {
+            m for m, chain in ancestors.items() if any(
+                o != m and o.startswith(m + ".") for o in ancestors)}
+        first: dict[str, int] = {}  # where each module's ops (its subtree's) begin
+        for i, m in enumerate(modules):
+            for p in ([m, *ancestors[m]] if m else []):
+                first.setdefault(p, i)
+        layers = {m for b in self.blocks for m in (b.name, *b.members)}
+        out: dict[str, str] = {}
+        own: dict[str, list[str]] = {}  # each module's ops' splits, a matmul's as "matmul"
+        for _v, m, op, label, _out in ops:
+            weighted = op.removeprefix("aten.").split(".")[0] in (
+                "mm", "addmm", "_scaled_mm", "embedding")
+            own.setdefault(m, []).append("matmul" if weighted else label.split("|")[-1])
+        for m, splits in own.items():
+            if m and m not in parents and m not in styles and all(x == seq for x in splits):
+                out[m] = "norm"
+            elif not m and any(x not in ("R", "matmul") for x in splits):
+                raise SpecError(
+                    f"{self.name}: with sequence parallelism, the model's own forward works on "
+                    "split tensors between its modules (as adding learned positions to the "
+                    "token embeddings does): no module boundary to scatter the sequence on; "
+                    "plan it without sequence parallel")
+        for m, style in styles.items():
+            if style != "colwise":
+                continue
+            holder = m.rsplit(".", 1)[0] if "." in m else ""
+            start = first.get(holder, first[m])
+            if start == 0 or ops[start - 1][3].split("|")[-1] != seq:
+                continue  # it reads a whole tensor
+            if not holder or holder in layers:
+                raise SpecError(
+                    f"{self.name}: with sequence parallelism, {m} reads the sequence-"
+                    f"sharded stream inside {holder or 'the model'}'s own forward: no module "
+                    "boundary to all-gather it on; plan it without sequence parallel")
+            out[holder] = "block_input"
         return out
 
     def num_params(self) -> int:
@@ -739,6 +787,15 @@ class LayerCosts:
                             f"{sequence_parallel!r}")
         return block_costs(graph, cluster, job, tp_degrees=tp_degrees,
                            sequence_parallel=sequence_parallel, time_limit_s=time_limit_s)
+
+
+def _pattern(module: str, runs: Mapping[str, str]) -> str:
+    """``module``'s path with the index of a repeated block replaced by ``*`` (``runs``:
+    the first instance's path -> its pattern)."""
+    for run, pat in runs.items():
+        if module == run or module.startswith(run + "."):
+            return pat + module[len(run):]
+    return module
 
 
 def _saved(mode: str, c: ShardCosts) -> float:

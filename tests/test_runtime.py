@@ -29,7 +29,7 @@ import planner  # noqa: E402
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.runtime import check, unsupported  # noqa: E402
-from planner.runtime.apply import stage_layer_ranges  # noqa: E402
+from planner.runtime.apply import TP_PLAN, stage_layer_ranges  # noqa: E402
 from planner.runtime.launch import prepare  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 from planner.runtime.train import reference_losses, synthetic_batch, train  # noqa: E402
@@ -83,6 +83,9 @@ CASES_4 = {
     # ... with the tensor-parallel layouts its ILP chose (LayerCosts.tp_plan).
     "module_tp": ({"tp": 4}, SGD),
     "module_tp_pp_zero2": ({"tp": 2, "pp": 2, "zero_stage": 2}, SGD),
+    # ... and with sequence parallelism: its norms, block inputs and embedding read off the
+    # layouts (LayerCosts.tp_plan of the sequence-parallel sharding).
+    "module_tp_sp_pp": ({"tp": 2, "pp": 2, "sequence_parallel": True}, SGD),
 }
 CASES_8 = {
     "tp_pp_dp_fsdp": ({"dp": 2, "tp": 2, "pp": 2, "zero_stage": 3, "sequence_parallel": True},
@@ -140,14 +143,15 @@ def _module_plan(name: str) -> Plan:
 
 
 def _traced(spec: ModelSpec, job: Job, tp_degrees: tuple[int, ...] = (1,)) -> Any:
-    """The LayerCosts of ``spec``'s reference transformer, traced (not its formulas)."""
+    """The LayerCosts of ``spec``'s reference transformer, traced (not its formulas), with
+    and without sequence parallelism."""
     from costmodel.graph import LayerGraph
     from costmodel.layercosts import LayerCosts
 
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
                                    torch.zeros(1, job.seq_len, dtype=torch.long))
     return LayerCosts.from_graph(graph, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=4),
-                                 job, tp_degrees=tp_degrees)
+                                 job, tp_degrees=tp_degrees, sequence_parallel="both")
 
 
 def make_plan(config: dict[str, Any], model: ModelSpec | Any = SPEC, job: Job = JOB,
@@ -489,9 +493,10 @@ def test_multi_node_plan_writes_sbatch(tmp_path: Path) -> None:
 
 def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     """The runtime takes a traced module's plan (its LayerCosts) for data, pipeline, ZeRO,
-    recompute and tensor parallel with the layouts its ILP chose; a layout no DTensor style
-    expresses (nn.MultiheadAttention's packed projection split two ways) is refused by
-    name, as is a sequence-parallel one (whose styles a graph does not name yet)."""
+    recompute and tensor parallel with the layouts its ILP chose, with or without sequence
+    parallelism; a layout no DTensor style expresses (nn.MultiheadAttention's packed
+    projection split two ways, a sequence split inside the model's own forward) is refused
+    by name."""
     from costmodel.graph import LayerGraph
     from costmodel.layercosts import LayerCosts
 
@@ -506,8 +511,14 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     costs = LayerCosts.from_graph(vit, cluster, job, tp_degrees=(1, 2))
     with pytest.raises(SpecError, match=r"blocks\.\*\.self_attn runs more than one matmul"):
         check(make_plan({"dp": 2, "tp": 2}, costs, job))
-    graph = LayerGraph.from_module(build_model(SPEC, device="meta"),
-                                   torch.zeros(1, SGD.seq_len, dtype=torch.long))
-    sp = LayerCosts.from_graph(graph, cluster, SGD, tp_degrees=(1, 2), sequence_parallel=True)
-    with pytest.raises(SpecError, match="sequence-parallel TP plan is not read"):
-        check(make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, sp, SGD))
+    # Sequence parallel: the preset's TP plan, read off the layouts (but the embedding, which
+    # the ILP splits by columns and hands on as sequence shards).
+    sp = make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, traced, SGD)
+    check(sp)
+    want = {**TP_PLAN, "tok_embeddings": "gathered"}
+    assert traced.variant(True).tp_plan(2) == want
+    # Learned positions added in the model's own forward have no module boundary to
+    # scatter the sequence on: refused by name.
+    gpt = _traced(GPT, SGD, (1, 2))
+    with pytest.raises(SpecError, match="no module boundary to scatter the sequence"):
+        check(make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, gpt, SGD))

@@ -115,7 +115,8 @@ def tp_style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
     gathered; ``norm``: sequence-parallel norm; ``block_input``: all-gather the sequence
     before a block's first linears (SP). The styles a traced module's layouts also name
     (``LayerCosts.tp_plan``): ``gathered``, split on the output dim with the output
-    all-gathered (an embedding split by columns); ``rowwise_replicated``, split on the
+    all-gathered (an embedding split by columns; with SP redistributed to sequence shards,
+    an all-to-all); ``rowwise_replicated``, split on the
     input dim of a whole input, each rank taking its slice (a head split over its input
     features).
     """
@@ -126,7 +127,7 @@ def tp_style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
         "rowwise": lambda: RowwiseParallel(output_layouts=out),
         "vocab": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=out),
         "head": lambda: ColwiseParallel(input_layouts=out, output_layouts=Replicate()),
-        "gathered": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "gathered": lambda: ColwiseParallel(output_layouts=out),
         "rowwise_replicated": lambda: RowwiseParallel(input_layouts=Replicate(),
                                                       output_layouts=out),
         "norm": lambda: SequenceParallel() if sequence_parallel else None,
