@@ -44,6 +44,8 @@ SPEC = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=64, num_heads=8, n
 GPT = ModelSpec(name="tiny-gpt", num_layers=2, hidden_size=64, num_heads=4, vocab_size=128,
                 position_embedding="learned", max_position_embeddings=16, norm="layernorm",
                 bias=True)
+#: Llama-style with the LM head tied to the token embedding (Llama 3.2 1B and 3B are).
+TIED = dataclasses.replace(SPEC, name="tiny-llama-tied", tied_embeddings=True)
 JOB = Job(global_batch_size=8, seq_len=16, precision="fp32", framework="torchtitan")
 SGD = dataclasses.replace(JOB, optimizer="sgd")
 BF16 = dataclasses.replace(JOB, precision="bf16")  # FSDP: bf16 compute, fp32 states
@@ -86,6 +88,11 @@ CASES_4 = {
     # ... and with sequence parallelism: its norms, block inputs and embedding read off the
     # layouts (LayerCosts.tp_plan of the sequence-parallel sharding).
     "module_tp_sp_pp": ({"tp": 2, "pp": 2, "sequence_parallel": True}, SGD),
+    # A tied word embedding over pipeline stages: the last stage's copy is its head, the
+    # copies' gradients summed each step (Megatron-LM's embedding group).
+    "tied_pp_fsdp": ({"pp": 2, "dp": 2, "zero_stage": 3}, SGD, TIED),
+    "tied_tp_pp_adamw": ({"pp": 2, "tp": 2}, JOB, TIED),
+    "module_tied_pp": ({"pp": 4}, SGD, TIED),
 }
 CASES_8 = {
     "tp_pp_dp_fsdp": ({"dp": 2, "tp": 2, "pp": 2, "zero_stage": 3, "sequence_parallel": True},
@@ -198,7 +205,7 @@ def _run_cases(cases: dict[str, tuple[Any, ...]], world: int, tmp: Path) -> dict
 @pytest.fixture(scope="module")
 def reference() -> dict[tuple[str, str], list[float]]:
     return {(m.name, j.optimizer): reference_losses(m, j, steps=5, lr=LR[j.optimizer])
-            for j in (JOB, SGD) for m in (SPEC, GPT)}
+            for j in (JOB, SGD) for m in (SPEC, GPT, TIED)}
 
 
 @pytest.fixture(scope="module")
@@ -408,13 +415,14 @@ def test_stage_ranges_follow_the_cost_model() -> None:
      "loss scaling"),
     ({"dp": 2, "zero_stage": 2, "offload": "optimizer"},
      Job(global_batch_size=8, seq_len=16, framework="deepspeed"), "ZeRO-Offload"),
+    ({"tp": 2}, JOB, "tied input and output embeddings split over tensor-parallel"),
     # Megatron's own schedule runs 2 micro-batches on 4 stages; torch's 1F1B does not.
     ({"pp": 4, "micro_batch_size": 4}, dataclasses.replace(JOB, framework="megatron"),
      "at least pp=4 micro-batches"),
 ])
 def test_unrunnable_features_are_refused(config: dict[str, Any], job: Job,
                                          needle: str) -> None:
-    p = make_plan(config, job=job)
+    p = make_plan(config, TIED if "tied" in needle else SPEC, job=job)
     with pytest.raises(SpecError, match=needle):
         check(p)
     assert unsupported(SPEC, JOB, ParallelConfig(dp=2, zero_stage=3)) == []

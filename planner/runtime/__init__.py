@@ -11,7 +11,7 @@ batch with the plan's micro-batches and pipeline schedule.
 
 ``check(plan)`` needs no torch and runs before any process starts: it raises ``SpecError``
 naming every feature of the plan the runtime cannot execute (context and expert parallel,
-ZeRO-1, fp16 and fp8, optimizer-only offload, tied embeddings across stages or TP shards,
+ZeRO-1, fp16 and fp8, optimizer-only offload, tied embeddings across TP shards,
 ...) and what to do instead. ``planner.runtime.launch`` starts the processes (``planner
 run``); ``planner.runtime.train`` is the minimal training loop the tests and examples use.
 """
@@ -88,10 +88,10 @@ def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
 def _reference_unsupported(model: ModelSpec, cfg: ParallelConfig) -> list[str]:
     """What the reference transformer (``planner.runtime.model``) does not build or split."""
     out = []
-    if model.tied_embeddings and (cfg.pp > 1 or cfg.tp > 1):
-        out.append("tied input and output embeddings split over pipeline stages or "
-                   "tensor-parallel ranks are not run by the reference transformer; use "
-                   "pp = tp = 1 or an untied model")
+    if model.tied_embeddings and cfg.tp > 1 and cfg.pp == 1:
+        out.append("tied input and output embeddings split over tensor-parallel ranks in "
+                   "one pipeline stage are not run by the reference transformer; use "
+                   "tp = 1, pp > 1 or an untied model")
     if model.position_embedding == "learned" and cfg.sequence_parallel:
         out.append("learned position embeddings with sequence parallel are not run by "
                    "the reference transformer; plan without --sequence-parallel")
@@ -119,9 +119,10 @@ def _traced_unsupported(costs: LayerCosts, cfg: ParallelConfig, reference: bool)
                            "more than one matmul itself (as nn.MultiheadAttention does), "
                            "which no DTensor style for a linear splits; plan it with --tp 1")
     tied = any(c.shared_params for b in costs.blocks for c in b.by_tp.values())
-    if reference and tied and cfg.pp > 1:
-        out.append("tied input and output embeddings split over pipeline stages are not run "
-                   "by the reference transformer; use pp = 1 or an untied model")
+    if reference and tied and cfg.tp > 1:
+        out.append("tied input and output embeddings split over tensor-parallel ranks are "
+                   "not run from a traced module's layouts (its head is the embedding's "
+                   "matmul in the model's own forward); use tp = 1 or an untied model")
     return out
 
 

@@ -25,10 +25,11 @@ materialised after sharding, each rank allocating only its shards, and initialis
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -175,6 +176,8 @@ def _cut_stage(module: nn.Module, lo: int, hi: int, first: bool, last: bool,
     """The pipeline stage holding layers [lo, hi) of ``module`` (and the embeddings when
     ``first``, the final norm and head when ``last``)."""
     part = copy.deepcopy(module) if copy_needed else module
+    tied = (part.tok_embeddings.weight if isinstance(part, Transformer) and part.tied
+            and part.tok_embeddings is not None else None)
     layers = part.layers
     if isinstance(layers, nn.ModuleDict):
         for key in list(layers.keys()):
@@ -193,7 +196,54 @@ def _cut_stage(module: nn.Module, lo: int, hi: int, first: bool, last: bool,
                 setattr(part, name, None)
         if isinstance(part, Transformer):
             part.has_head = False
+    elif not first and tied is not None:
+        # The last stage's copy of the tied word embedding, as its LM head (Megatron-LM's
+        # embedding group: the copies start equal and their gradients are summed each step,
+        # ``_tie_groups``).
+        head = nn.Linear(tied.shape[1], tied.shape[0], bias=False, device=tied.device)
+        head.weight = nn.Parameter(tied.detach().clone())
+        part.output = head
     return part
+
+
+#: The parameters each copy of a tied word embedding is at, on the first and the last
+#: pipeline stage of the reference transformer (``_cut_stage``).
+TIED = ("tok_embeddings.weight", "output.weight")
+
+
+def _tied_params(parts: list[nn.Module], stage_ids: list[int], num_stages: int
+                 ) -> list[nn.Parameter]:
+    """This rank's copies of a tied word embedding split over pipeline stages: the first
+    stage's embedding, the last stage's head."""
+    out = []
+    for sid, part in zip(stage_ids, parts, strict=True):
+        if not (isinstance(part, Transformer) and part.tied):
+            continue
+        for which, path in ((sid == 0, TIED[0]), (sid == num_stages - 1, TIED[1])):
+            if which:
+                out.append(part.get_parameter(path))
+    return out
+
+
+def _tie_groups(mesh: DeviceMesh, cfg: ParallelConfig) -> tuple[Any, int]:
+    """(the process group joining this rank to the rank holding the other copy of a tied
+    word embedding, the global rank of the first stage's copy in it): pipeline ranks 0 and
+    ``pp - 1`` at the same data, context and tensor coordinates. Every rank creates every
+    group, in one order, as ``new_group`` needs."""
+    ranks = mesh.mesh  # [pp, dp_replicate, dp_shard, cp, tp] -> global rank
+    mine, src = None, -1
+    me = dist.get_rank()
+    for rest in itertools.product(*(range(n) for n in ranks.shape[1:])):
+        pair = [int(ranks[(0, *rest)]), int(ranks[(cfg.pp - 1, *rest)])]
+        group = dist.new_group(pair)
+        if me in pair:
+            mine, src = group, pair[0]
+    return mine, src
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds of ``t`` (a DTensor's local shard)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _match(pattern: str, name: str) -> bool:
@@ -247,7 +297,9 @@ class Parallelized:
     device mesh over ``MESH_DIMS``; ``schedule`` the pipeline schedule (``None`` when
     ``pp = 1``); ``num_micro_batches`` per step and data-parallel rank; ``dp_rank`` /
     ``dp_size`` which share of the batch this rank trains; ``autocast``: forward under bf16
-    autocast (DDP in mixed precision; FSDP casts through its MixedPrecisionPolicy).
+    autocast (DDP in mixed precision; FSDP casts through its MixedPrecisionPolicy);
+    ``tied``: this rank's copies of a word embedding tied across pipeline stages, whose
+    gradients ``step`` sums over ``tie_group`` (the ranks holding the copies).
     """
 
     plan: Plan
@@ -261,6 +313,8 @@ class Parallelized:
     dp_size: int
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     autocast: bool = False
+    tied: list[nn.Parameter] = field(default_factory=list)
+    tie_group: Any = None
 
     @property
     def _job(self) -> Job:
@@ -355,6 +409,11 @@ class Parallelized:
             self.schedule.step(*args, **kwargs)
             local = (torch.stack([x.detach().float() for x in losses]).mean() if losses
                      else torch.zeros((), device=self.device))
+            # A tied embedding's gradient is the sum of its copies' (Megatron-LM's
+            # embedding-group all-reduce).
+            for p in self.tied:
+                if p.grad is not None:
+                    dist.all_reduce(_local(p.grad), group=self.tie_group)
         # The global mean: one rank per data-parallel index contributes (the one holding the
         # last stage, first TP and CP coordinate), all others add zero.
         coord = dict(zip(MESH_DIMS, self.mesh.get_coordinate() or [], strict=True))
@@ -369,9 +428,7 @@ class Parallelized:
         ``optimizer`` states (tensors of ``optimizer.state`` other than the scalar step
         count), what the memory estimator's model-state terms predict."""
 
-        def local(t: torch.Tensor) -> torch.Tensor:
-            return t.to_local() if isinstance(t, DTensor) else t
-
+        local = _local
         out = {"weights": 0, "gradients": 0, "optimizer": 0}
         for p in self.parameters():
             lp = local(p)
@@ -672,6 +729,13 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
         if meta and not pure_dp:
             _materialise(part, home)
 
+    tied = _tied_params(parts, stage_ids, num_stages) if cfg.pp > 1 else []
+    tie_group = None
+    if cfg.pp > 1 and isinstance(module, Transformer) and module.tied:
+        tie_group, src = _tie_groups(mesh, cfg)
+        with torch.no_grad():  # the copies start equal: the first stage's
+            for p in tied:
+                dist.broadcast(_local(p), src=src, group=tie_group)
     m = job.global_batch_size // (cfg.dp * cfg.micro_batch_size)
     schedule = None
     if cfg.pp > 1:
@@ -682,4 +746,5 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     return Parallelized(plan=plan, parts=parts, stage_ids=stage_ids, mesh=mesh, device=dev,
                         schedule=schedule, num_micro_batches=m, dp_rank=dp_rank,
                         dp_size=cfg.dp, loss_fn=loss,
-                        autocast=pure_dp and job.precision == "bf16")
+                        autocast=pure_dp and job.precision == "bf16", tied=tied,
+                        tie_group=tie_group)
