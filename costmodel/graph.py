@@ -710,13 +710,17 @@ def _assemble(module: Any, rec: _Recorder, params: dict[str, Any],
     graph = nx.DiGraph()
     layers: dict[str, Layer] = {}
     containers = _containers(module)
-    ran = {False: False, True: False}  # a repeated block has run (forward, backward)
-    for n in rec.nodes:
-        lname = _layer_of(n["module"], runs, containers)
-        ran[n["backward"]] |= lname in runs
-        # The root's own ops on the output side of the blocks (a tied LM head) are a layer
-        # of their own: after the blocks in forward, before them in backward.
-        if lname == ROOT and runs and ran[False] and not (n["backward"] and ran[True]):
+    names = [_layer_of(n["module"], runs, containers) for n in rec.nodes]
+    in_run = [i for i, lname in enumerate(names) if lname in runs]
+    # The root's own ops on the output side of the blocks (a tied LM head) are a layer of
+    # their own: after the last block in forward, before the first in backward. Its ops
+    # between two runs of blocks (an encoder-decoder's causal mask) stay the root's.
+    last_forward = max((i for i in in_run if not rec.nodes[i]["backward"]), default=None)
+    first_backward = min((i for i in in_run if rec.nodes[i]["backward"]), default=None)
+    for i, (n, lname) in enumerate(zip(rec.nodes, names, strict=True)):
+        if lname == ROOT and last_forward is not None and (
+                (not n["backward"] and i > last_forward)
+                or (n["backward"] and (first_backward is None or i < first_backward))):
             lname = ROOT_OUT
         n["layer"] = lname
     _attribute_saved(rec, runs, containers)

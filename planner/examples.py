@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 __all__ = ["EncoderDecoder", "MLPMixer", "ViT"]
 
@@ -41,15 +42,17 @@ class ViT(nn.Module):
 
 class EncoderDecoder(nn.Module):
     """A T5-style encoder-decoder (Raffel et al. 2020, Sec. 2.1): one token embedding shared
-    by both stacks and the output layer, ``encoder_layers`` pre-norm self-attention blocks and
-    a final norm, then ``decoder_layers`` pre-norm blocks of causal self-attention, attention
-    over the encoder's output and an MLP (width ``dim``, ``heads`` heads, a 4 x ``dim`` MLP,
-    no dropout), a final norm and the vocabulary projection. It reads one tensor of
+    by both stacks (and, with ``tied``, by the output layer, as the original T5 ties them),
+    ``encoder_layers`` pre-norm self-attention blocks and a final norm, then
+    ``decoder_layers`` pre-norm blocks of causal self-attention, attention over the
+    encoder's output and an MLP (width ``dim``, ``heads`` heads, a 4 x ``dim`` MLP, no
+    dropout), a final norm and the vocabulary projection. It reads one tensor of
     ``[batch, seq]`` token ids as the encoder's input and the decoder's (a denoising
     objective's corrupted and clean sequence are as long)."""
 
     def __init__(self, vocab: int = 256, dim: int = 64, heads: int = 4,
-                 encoder_layers: int = 2, decoder_layers: int = 2) -> None:
+                 encoder_layers: int = 2, decoder_layers: int = 2, tied: bool = False
+                 ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.encoder = nn.ModuleList([
@@ -60,7 +63,7 @@ class EncoderDecoder(nn.Module):
             nn.TransformerDecoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True,
                                        norm_first=True) for _ in range(decoder_layers)])
         self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head = None if tied else nn.Linear(dim, vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[batch, seq, vocab]`` of token ids ``[batch, seq]``."""
@@ -73,6 +76,8 @@ class EncoderDecoder(nn.Module):
         y = self.embed(tokens)
         for block in self.decoder:
             y = block(y, memory, tgt_mask=causal, tgt_is_causal=True)
+        if self.head is None:  # the output layer is the token embedding
+            return F.linear(self.norm(y), self.embed.weight)
         return self.head(self.norm(y))
 
 

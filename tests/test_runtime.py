@@ -111,6 +111,10 @@ MODULES = {
               [2, 3, 16, 16], False),
     "t5": ("EncoderDecoder", {"vocab": 64, "dim": 32, "heads": 4, "encoder_layers": 2,
                               "decoder_layers": 2}, [2, 8], True),
+    # ... its output layer the token embedding (T5's tied head): a weight two pipeline
+    # stages use, each holding a copy.
+    "t5_tied": ("EncoderDecoder", {"vocab": 64, "dim": 32, "heads": 4, "encoder_layers": 2,
+                                   "decoder_layers": 2, "tied": True}, [2, 8], True),
 }
 #: SGD's learning rate for them: their losses move visibly, none diverges in 5 steps.
 LR_MODULE = 0.05
@@ -121,6 +125,9 @@ MODULE_CASES = {
     "mixer_pp4_full": ("mixer", {"pp": 4, "recompute": "full"}),
     "mixer_fsdp_hsdp": ("mixer", {"dp": 4, "zero_stage": 3, "sharding_group": 2}),
     "t5_fsdp_full": ("t5", {"dp": 4, "zero_stage": 3, "recompute": "full"}),
+    # Cut between the stacks (the decoder's embedding in the first stage, which reads the
+    # tokens): the first stage holds the embedding twice over, the last its copy as head.
+    "t5_tied_pp_dp": ("t5_tied", {"pp": 2, "dp": 2, "stage_layers": [3, 2]}),
 }
 
 
@@ -274,20 +281,29 @@ def test_a_modules_plan_trains_as_one_process(results: dict[str, Any], name: str
         assert r["state_bytes"] == pytest.approx(want, rel=0.01), (r["rank"], want)
 
 
-def test_a_tied_module_is_not_pipelined(one_process: None) -> None:
-    """The encoder-decoder's token embedding feeds both stacks: cut between them, torch's
-    pipelining would copy it to both stages and let the copies drift apart, so apply
-    refuses by name (before any process group is needed)."""
+def test_a_weight_two_pipeline_stages_use_is_tied(one_process: None) -> None:
+    """Cut between its stacks, the encoder-decoder's token embedding, which both stacks
+    read, falls in the first stage twice, one parameter; tied to its output layer too,
+    torch's pipelining copies it into the last stage, and apply keeps the copies equal
+    (``Tie``). Cut before the decoder's embedding, the last stage would read the
+    model's input, which torch's pipelining does not pass on: refused by name."""
     from planner.runtime.apply import _cut_stages
     from planner.runtime.modules import layer_paths
 
-    make, example, job = _example_module("t5")
-    module = make()
-    plan = make_plan({"pp": 2}, _module_plan("t5_fsdp_full").model, job)
-    paths = layer_paths(plan.model, module)
-    assert paths == ["encoder.0", "encoder.1", "encoder_norm", "decoder.0", "decoder.1"]
-    with pytest.raises(SpecError, match="embed is used by more than one pipeline stage"):
-        _cut_stages(module, plan.config, [(0, 3), (3, 5)], [0], torch.device("cpu"), False,
+    tied = {0: ["embed.weight"], 1: ["embed.weight"]}
+    for name, ties in (("t5", []), ("t5_tied", [tied])):
+        make, example, job = _example_module(name)
+        module = make()
+        plan = make_plan({"pp": 2}, _module_plan("t5_fsdp_full").model, job)
+        paths = layer_paths(plan.model, module)
+        assert paths == ["encoder.0", "encoder.1", "encoder_norm", "decoder.0", "decoder.1"]
+        parts, got = _cut_stages(module, plan.config, [(0, 3), (3, 5)], [0], torch.device("cpu"),
+                                 False, paths, example[:1])
+        assert got == ties and len(parts) == 1
+        assert sum(n.startswith("embed") for n, _ in parts[0].named_parameters()) == 1
+    with pytest.raises(SpecError, match="stage 1 of EncoderDecoder, cut at encoder_norm, reads "
+                                        "the model's own input tokens"):
+        _cut_stages(make(), plan.config, [(0, 2), (2, 5)], [0], torch.device("cpu"), False,
                     paths, example[:1])
     with pytest.raises(SpecError, match="pass example_inputs="):
         _cut_stages(module, plan.config, [(0, 3), (3, 5)], [0], torch.device("cpu"), False,

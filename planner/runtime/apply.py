@@ -206,39 +206,76 @@ def _cut_stage(module: nn.Module, lo: int, hi: int, first: bool, last: bool,
     return part
 
 
-#: The parameters each copy of a tied word embedding is at, on the first and the last
-#: pipeline stage of the reference transformer (``_cut_stage``).
-TIED = ("tok_embeddings.weight", "output.weight")
+#: A weight held in several copies across pipeline stages: stage id -> the paths of its
+#: copies in that stage (``planner.runtime.modules.pipeline_stages``).
+Tie = dict[int, list[str]]
 
 
-def _tied_params(parts: list[nn.Module], stage_ids: list[int], num_stages: int
-                 ) -> list[nn.Parameter]:
-    """This rank's copies of a tied word embedding split over pipeline stages: the first
-    stage's embedding, the last stage's head."""
+def _reference_ties(module: nn.Module, num_stages: int) -> list[Tie]:
+    """The reference transformer's tied word embedding over pipeline stages: the first
+    stage's embedding and the last stage's head (``_cut_stage``)."""
+    if isinstance(module, Transformer) and module.tied and num_stages > 1:
+        return [{0: ["tok_embeddings.weight"], num_stages - 1: ["output.weight"]}]
+    return []
+
+
+def _tie_groups(mesh: DeviceMesh, cfg: ParallelConfig, ties: list[Tie]
+                ) -> list[tuple[Any, int]]:
+    """Per tie, (the process group joining this rank to the other ranks holding copies,
+    the global rank of the first stage's copy in it): the pipeline ranks of its stages at
+    the same data, context and tensor coordinates; ``None`` where one pipeline rank holds
+    every copy, or this rank none. Every rank creates every group, in one order, as
+    ``new_group`` needs."""
+    ranks = mesh.mesh  # [pp, dp_replicate, dp_shard, cp, tp] -> global rank
+    me = dist.get_rank()
+    made: dict[tuple[int, ...], dict[int, tuple[Any, int]]] = {}
     out = []
-    for sid, part in zip(stage_ids, parts, strict=True):
-        if not (isinstance(part, Transformer) and part.tied):
-            continue
-        for which, path in ((sid == 0, TIED[0]), (sid == num_stages - 1, TIED[1])):
-            if which:
-                out.append(part.get_parameter(path))
+    for tie in ties:
+        pps = tuple(sorted({sid % cfg.pp for sid in tie}))
+        if len(pps) > 1 and pps not in made:
+            made[pps] = {}
+            for rest in itertools.product(*(range(n) for n in ranks.shape[1:])):
+                members = [int(ranks[(pp, *rest)]) for pp in pps]
+                group = dist.new_group(members)
+                for r in members:
+                    made[pps][r] = (group, members[0])
+        out.append(made[pps].get(me, (None, -1)) if len(pps) > 1 else (None, -1))
     return out
 
 
-def _tie_groups(mesh: DeviceMesh, cfg: ParallelConfig) -> tuple[Any, int]:
-    """(the process group joining this rank to the rank holding the other copy of a tied
-    word embedding, the global rank of the first stage's copy in it): pipeline ranks 0 and
-    ``pp - 1`` at the same data, context and tensor coordinates. Every rank creates every
-    group, in one order, as ``new_group`` needs."""
-    ranks = mesh.mesh  # [pp, dp_replicate, dp_shard, cp, tp] -> global rank
-    mine, src = None, -1
-    me = dist.get_rank()
-    for rest in itertools.product(*(range(n) for n in ranks.shape[1:])):
-        pair = [int(ranks[(0, *rest)]), int(ranks[(cfg.pp - 1, *rest)])]
-        group = dist.new_group(pair)
-        if me in pair:
-            mine, src = group, pair[0]
-    return mine, src
+def _tied_copies(parts: list[nn.Module], stage_ids: list[int], ties: list[Tie],
+                 groups: list[tuple[Any, int]]
+                 ) -> list[tuple[list[nn.Parameter], Any, int]]:
+    """Per tie this rank holds copies of: (those copies, the group of the ranks holding the
+    others, the rank of the first copy in it)."""
+    out = []
+    for tie, (group, src) in zip(ties, groups, strict=True):
+        mine = [part.get_parameter(path) for sid, part in zip(stage_ids, parts, strict=True)
+                for path in tie.get(sid, [])]
+        if mine:
+            out.append((mine, group, src))
+    return out
+
+
+def _sync_tied(tied: list[tuple[list[nn.Parameter], Any, int]], grads: bool) -> None:
+    """Keep the copies of each tied weight equal: their gradients summed over every copy
+    (``grads``; Megatron-LM's embedding-group all-reduce), or their values set to the first
+    stage's copy (at the start)."""
+    with torch.no_grad():
+        for params, group, src in tied:
+            if grads:
+                local = [_local(p.grad) for p in params if p.grad is not None]
+                total = torch.stack(local).sum(0) if local else torch.zeros_like(_local(params[0]))
+                if group is not None:
+                    dist.all_reduce(total, group=group)
+                for g in local:
+                    g.copy_(total)
+            else:
+                first = _local(params[0])
+                if group is not None:
+                    dist.broadcast(first, src=src, group=group)
+                for p in params[1:]:
+                    _local(p).copy_(first)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -298,8 +335,9 @@ class Parallelized:
     ``pp = 1``); ``num_micro_batches`` per step and data-parallel rank; ``dp_rank`` /
     ``dp_size`` which share of the batch this rank trains; ``autocast``: forward under bf16
     autocast (DDP in mixed precision; FSDP casts through its MixedPrecisionPolicy);
-    ``tied``: this rank's copies of a word embedding tied across pipeline stages, whose
-    gradients ``step`` sums over ``tie_group`` (the ranks holding the copies).
+    ``tied``: this rank's copies of weights several pipeline stages use (a tied word
+    embedding), each with the group of the ranks holding its copies (``_tie_groups``),
+    whose gradients ``step`` sums.
     """
 
     plan: Plan
@@ -313,8 +351,7 @@ class Parallelized:
     dp_size: int
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     autocast: bool = False
-    tied: list[nn.Parameter] = field(default_factory=list)
-    tie_group: Any = None
+    tied: list[tuple[list[nn.Parameter], Any, int]] = field(default_factory=list)
 
     @property
     def _job(self) -> Job:
@@ -411,9 +448,7 @@ class Parallelized:
                      else torch.zeros((), device=self.device))
             # A tied embedding's gradient is the sum of its copies' (Megatron-LM's
             # embedding-group all-reduce).
-            for p in self.tied:
-                if p.grad is not None:
-                    dist.all_reduce(_local(p.grad), group=self.tie_group)
+            _sync_tied(self.tied, grads=True)
         # The global mean: one rank per data-parallel index contributes (the one holding the
         # last stage, first TP and CP coordinate), all others add zero.
         coord = dict(zip(MESH_DIMS, self.mesh.get_coordinate() or [], strict=True))
@@ -577,18 +612,21 @@ def _offload_policy(cfg: ParallelConfig, dev: torch.device) -> OffloadPolicy:
 
 def _cut_stages(module: nn.Module, cfg: ParallelConfig, ranges: list[tuple[int, int]],
                 stage_ids: list[int], home: torch.device, meta: bool,
-                paths: list[str] | None, example: Any) -> list[nn.Module]:
+                paths: list[str] | None, example: Any
+                ) -> tuple[list[nn.Module], list[Tie]]:
     """The pipeline chunks ``stage_ids`` this rank holds (layer ``ranges`` of every chunk,
     ``stage_layer_ranges``), cut from ``module`` (the module itself when ``pp = 1``; by
     torch's pipeline tracer at the layer ``paths`` of a traced module, with ``example`` one
-    micro-batch of its inputs), moved to ``home`` unless on the meta device."""
+    micro-batch of its inputs), moved to ``home`` unless on the meta device; and the weights
+    several chunks hold copies of (``Tie``)."""
     num_stages = cfg.pp * cfg.virtual_pipeline_stages
     if paths is not None and cfg.pp > 1:
         if example is None:
             raise SpecError("pipelining a traced module's plan cuts it with torch's pipeline "
                             "tracer: pass example_inputs= (one micro-batch of its inputs)")
-        parts = pipeline_stages(module, paths, ranges, stage_ids, example)
-        return parts if meta else [p.to(home) for p in parts]
+        parts, ties = pipeline_stages(module, paths, ranges, stage_ids, example)
+        return (parts if meta else [p.to(home) for p in parts]), ties
+    ties = _reference_ties(module, num_stages) if cfg.pp > 1 else []
     parts = []
     for sid in stage_ids:
         lo, hi = ranges[sid]
@@ -597,7 +635,7 @@ def _cut_stages(module: nn.Module, cfg: ParallelConfig, ranges: list[tuple[int, 
         if not meta:
             part.to(home)
         parts.append(part)
-    return parts
+    return parts, ties
 
 
 def _recomputed_layers(cfg: ParallelConfig, sid: int) -> int | None:
@@ -713,7 +751,8 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     home = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else dev
 
     meta = any(p.is_meta for p in module.parameters())
-    parts = _cut_stages(module, cfg, ranges, stage_ids, home, meta, paths, example_inputs)
+    parts, ties = _cut_stages(module, cfg, ranges, stage_ids, home, meta, paths,
+                              example_inputs)
     pure_dp = _pure_dp(cfg)
     if tp_plan is None and cfg.tp > 1 and isinstance(plan.model, LayerCosts) \
             and plan.model.spec is None:
@@ -729,13 +768,8 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
         if meta and not pure_dp:
             _materialise(part, home)
 
-    tied = _tied_params(parts, stage_ids, num_stages) if cfg.pp > 1 else []
-    tie_group = None
-    if cfg.pp > 1 and isinstance(module, Transformer) and module.tied:
-        tie_group, src = _tie_groups(mesh, cfg)
-        with torch.no_grad():  # the copies start equal: the first stage's
-            for p in tied:
-                dist.broadcast(_local(p), src=src, group=tie_group)
+    tied = _tied_copies(parts, stage_ids, ties, _tie_groups(mesh, cfg, ties)) if ties else []
+    _sync_tied(tied, grads=False)  # the copies start as the first stage's
     m = job.global_batch_size // (cfg.dp * cfg.micro_batch_size)
     schedule = None
     if cfg.pp > 1:
@@ -746,5 +780,4 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
     return Parallelized(plan=plan, parts=parts, stage_ids=stage_ids, mesh=mesh, device=dev,
                         schedule=schedule, num_micro_batches=m, dp_rank=dp_rank,
                         dp_size=cfg.dp, loss_fn=loss,
-                        autocast=pure_dp and job.precision == "bf16", tied=tied,
-                        tie_group=tie_group)
+                        autocast=pure_dp and job.precision == "bf16", tied=tied)

@@ -8,6 +8,8 @@ stages between.
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any
 
 import torch
@@ -47,12 +49,14 @@ def set_module(part: nn.Module, path: str, new: nn.Module) -> None:
 
 
 def pipeline_stages(module: nn.Module, paths: list[str], ranges: list[tuple[int, int]],
-                    stage_ids: list[int], example: Any) -> list[nn.Module]:
+                    stage_ids: list[int], example: Any
+                    ) -> tuple[list[nn.Module], list[dict[int, list[str]]]]:
     """The pipeline chunks ``stage_ids`` of ``module``: layer ``ranges`` (chunk order) cut by
     ``torch.distributed.pipelining.pipeline`` at the first layer of each chunk, traced with
-    ``example`` (one micro-batch of the module's inputs). ``SpecError`` when a parameter is
-    used by two stages (a tied embedding), which torch's pipelining copies without keeping
-    the copies' gradients in sync."""
+    ``example`` (one micro-batch of the module's inputs); and the weights used in more than
+    one place (a tied word embedding), which torch's pipelining copies into each: per
+    weight, chunk -> the paths of its copies there (``planner.runtime.apply`` keeps the
+    copies equal). ``SpecError`` where a later chunk reads the model's own input."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
     cuts = {paths[lo]: SplitPoint.BEGINNING for lo, _ in ranges[1:]}
@@ -66,15 +70,32 @@ def pipeline_stages(module: nn.Module, paths: list[str], ranges: list[tuple[int,
     if pipe.num_stages != len(ranges):
         raise SpecError(f"torch.distributed.pipelining cut {type(module).__name__} into "
                         f"{pipe.num_stages} stages, not {len(ranges)}")
-    parts = [_contiguous_outputs(pipe.get_stage_module(s)) for s in stage_ids]
+    inputs = set(inspect.signature(module.forward).parameters)
+    for s in range(1, pipe.num_stages):
+        stage = pipe.get_stage_module(s)
+        assert isinstance(stage, torch.fx.GraphModule)  # what pipeline() cuts
+        read = sorted(n.name for n in stage.graph.nodes
+                      if n.op == "placeholder" and n.name in inputs)
+        if read:
+            raise SpecError(f"pipeline stage {s} of {type(module).__name__}, cut at "
+                            f"{paths[ranges[s][0]]}, reads the model's own input "
+                            f"{', '.join(read)}, which torch's pipelining does not pass on; "
+                            "cut it elsewhere (stage_layers) or plan it with pp=1")
+    # torch's pipelining copies a weight into each chunk that uses it, under its path (and
+    # under 'module@k' where a chunk calls its module again, not always as the same
+    # parameter): one parameter per chunk, and the chunks' copies of one weight.
+    holders: dict[str, dict[int, str]] = {}
     for s in range(pipe.num_stages):
-        shared = sorted({n.split("@")[0] for n, _ in pipe.get_stage_module(s).named_modules()
-                         if "@" in n})
-        if shared:
-            raise SpecError(f"{', '.join(shared)} is used by more than one pipeline stage "
-                            "(tied weights); torch.distributed.pipelining copies it without "
-                            "keeping the copies in sync: untie it, or plan with pp=1")
-    return parts
+        stage = pipe.get_stage_module(s)
+        for name, _ in list(stage.named_parameters()):
+            original = re.sub(r"@\d+(?=\.|$)", "", name)
+            first = holders.setdefault(original, {}).setdefault(s, name)
+            if first != name:
+                path, _, attr = name.rpartition(".")
+                setattr(stage.get_submodule(path) if path else stage, attr,
+                        stage.get_parameter(first))
+    parts = [_contiguous_outputs(pipe.get_stage_module(s)) for s in stage_ids]
+    return parts, [{s: [n] for s, n in h.items()} for h in holders.values() if len(h) > 1]
 
 
 def _contiguous_outputs(stage: nn.Module) -> nn.Module:
