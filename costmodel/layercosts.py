@@ -327,9 +327,7 @@ class LayerCosts:
         modules = [m for _v, m, _op, _label, _out in ops]
         ancestors = {m: [".".join(m.split(".")[:i]) for i in range(m.count(".") + 1)]
                      for m in set(modules) if m}
-        parents = {p for chain in ancestors.values() for p in chain[1:]} | {
-            m for m, chain in ancestors.items() if any(
-                o != m and o.startswith(m + ".") for o in ancestors)}
+        parents = {p for chain in ancestors.values() for p in chain[1:]}  # not leaves
         first: dict[str, int] = {}  # where each module's ops (its subtree's) begin
         for i, m in enumerate(modules):
             for p in ([m, *ancestors[m]] if m else []):

@@ -222,7 +222,8 @@ def _reference_ties(module: nn.Module, num_stages: int) -> list[Tie]:
 def _tie_groups(mesh: DeviceMesh, cfg: ParallelConfig, ties: list[Tie]
                 ) -> list[tuple[Any, int]]:
     """Per tie, (the process group joining this rank to the other ranks holding copies,
-    the global rank of the first stage's copy in it): the pipeline ranks of its stages at
+    the global rank in it whose copy the others start from, the lowest pipeline rank's):
+    the pipeline ranks of its stages at
     the same data, context and tensor coordinates; ``None`` where one pipeline rank holds
     every copy, or this rank none. Every rank creates every group, in one order, as
     ``new_group`` needs."""
@@ -247,7 +248,7 @@ def _tied_copies(parts: list[nn.Module], stage_ids: list[int], ties: list[Tie],
                  groups: list[tuple[Any, int]]
                  ) -> list[tuple[list[nn.Parameter], Any, int]]:
     """Per tie this rank holds copies of: (those copies, the group of the ranks holding the
-    others, the rank of the first copy in it)."""
+    others, the rank in it whose copy they start from)."""
     out = []
     for tie, (group, src) in zip(ties, groups, strict=True):
         mine = [part.get_parameter(path) for sid, part in zip(stage_ids, parts, strict=True)
@@ -259,8 +260,8 @@ def _tied_copies(parts: list[nn.Module], stage_ids: list[int], ties: list[Tie],
 
 def _sync_tied(tied: list[tuple[list[nn.Parameter], Any, int]], grads: bool) -> None:
     """Keep the copies of each tied weight equal: their gradients summed over every copy
-    (``grads``; Megatron-LM's embedding-group all-reduce), or their values set to the first
-    stage's copy (at the start)."""
+    (``grads``; Megatron-LM's embedding-group all-reduce), or their values set to one copy's
+    (at the start)."""
     with torch.no_grad():
         for params, group, src in tied:
             if grads:
@@ -462,19 +463,17 @@ class Parallelized:
         """Bytes this rank holds of ``weights`` (its parameter shards), ``gradients`` and
         ``optimizer`` states (tensors of ``optimizer.state`` other than the scalar step
         count), what the memory estimator's model-state terms predict."""
-
-        local = _local
         out = {"weights": 0, "gradients": 0, "optimizer": 0}
         for p in self.parameters():
-            lp = local(p)
+            lp = _local(p)
             out["weights"] += lp.numel() * lp.element_size()
             if p.grad is not None:
-                g = local(p.grad)
+                g = _local(p.grad)
                 out["gradients"] += g.numel() * g.element_size()
             if optimizer is not None:
                 for key, value in optimizer.state.get(p, {}).items():
                     if key != "step" and torch.is_tensor(value):
-                        v = local(value)
+                        v = _local(value)
                         out["optimizer"] += v.numel() * v.element_size()
         return out
 
@@ -769,7 +768,7 @@ def apply(plan: Plan, module: nn.Module, *, device: torch.device | str | None = 
             _materialise(part, home)
 
     tied = _tied_copies(parts, stage_ids, ties, _tie_groups(mesh, cfg, ties)) if ties else []
-    _sync_tied(tied, grads=False)  # the copies start as the first stage's
+    _sync_tied(tied, grads=False)  # the copies start equal
     m = job.global_batch_size // (cfg.dp * cfg.micro_batch_size)
     schedule = None
     if cfg.pp > 1:
