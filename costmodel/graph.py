@@ -323,12 +323,16 @@ def _signature(mod: Any) -> tuple[Any, ...]:
 
 def _runs(module: Any) -> dict[str, tuple[str, list[str]]]:
     """Runs of identical consecutive children in containers: container path -> (name of the
-    block traced, names of the blocks it stands for), for runs of two or more."""
+    block traced, names of the blocks it stands for), for runs of two or more; the
+    outermost only (a block's own repeated parts, such as a MoE layer's shared experts,
+    are traced as part of it)."""
     from torch import nn
 
     out: dict[str, tuple[str, list[str]]] = {}
+    inside: list[str] = []  # the blocks of the runs found, whose contents are theirs
     for path, mod in module.named_modules():
-        if not isinstance(mod, nn.ModuleList | nn.ModuleDict | nn.Sequential):
+        if not isinstance(mod, nn.ModuleList | nn.ModuleDict | nn.Sequential) or any(
+                path.startswith(b + ".") for b in inside):
             continue
         names = list(mod._modules)
         i = 0
@@ -339,6 +343,7 @@ def _runs(module: Any) -> dict[str, tuple[str, list[str]]]:
                 j += 1
             if j - i >= 2 and sig[1]:  # parameterless runs (activations) are not blocks
                 out[f"{path}.{names[i]}" if path else names[i]] = (path, names[i:j])
+                inside += [f"{path}.{n}" if path else n for n in names[i:j]]
             i = j
     return out
 

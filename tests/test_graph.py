@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
 
 from costmodel import ModelSpec, SpecError  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
@@ -37,6 +38,61 @@ def test_reference_transformers_match_their_spec(name: str) -> None:
     assert not any(x.name.startswith("layers.1") for x in graph.layers)
     assert graph.unsupported == []
     assert block.saved_bytes > 0 and block.output_bytes == 2 * seq * spec.hidden_size * 4
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b"])
+def test_reference_moe_transformers_match_their_spec(name: str) -> None:
+    """The reference transformer's mixture-of-experts layers (``MoEFeedForward``): the
+    parameters equal the ModelSpec's; at capacity factor 1 the experts' batched matmuls do
+    the active experts' work, so the model FLOPs equal PaLM's 6 N_active + 12 L q s; the
+    MoE layers (after DeepSeekMoE's leading dense one) are one run traced once, their shared
+    experts inside it."""
+    spec = ModelSpec.preset(name)
+    seq = 1024  # seq * top_k is a multiple of the experts: no slot left empty
+    graph = LayerGraph.from_module(build_model(spec, device="meta"),
+                                   torch.randint(0, spec.vocab_size, (2, seq)))
+    assert graph.num_params() == spec.num_params()
+    analytic = model_flops_per_token(spec, seq) * 2 * seq
+    assert graph.model_flops() == pytest.approx(analytic, rel=1e-4)
+    runs = [x for x in graph.layers if x.repeat > 1]
+    assert [(x.name, x.repeat) for x in runs] == \
+        [(f"layers.{spec.first_dense_layers}", spec.num_moe_layers)]
+    assert graph.unsupported == []
+
+
+def test_moe_layer_routes_as_a_loop_over_tokens_does() -> None:
+    """``MoEFeedForward`` against a loop over tokens: each token's top-k experts (softmax
+    renormalised over them) plus the shared experts; with the capacity of every choice
+    (capacity factor = experts / top_k) nothing is dropped. At capacity factor 1 a
+    sequence's output does not depend on the batch it is in, and a token past its expert's
+    slots skips that expert."""
+    from planner.runtime.model import MoEFeedForward
+
+    spec = ModelSpec(name="tiny-moe", num_layers=2, hidden_size=16, num_heads=2,
+                     vocab_size=64, num_experts=4, top_k=2, moe_ffn_hidden_size=24,
+                     num_shared_experts=1, first_dense_layers=1, gated_mlp=True)
+    torch.manual_seed(0)
+    full = MoEFeedForward(spec, capacity_factor=spec.num_experts / spec.top_k)
+    for p in full.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(3, 10, 16)
+    want = torch.zeros_like(x)
+    for b in range(3):
+        for t in range(10):
+            tok = x[b, t]
+            probs = full.router(tok).softmax(-1)
+            w, idx = probs.topk(2)
+            for weight, e in zip(w / w.sum(), idx, strict=True):
+                inner = F.silu(tok @ full.w1[e]) * (tok @ full.w3[e])
+                want[b, t] += weight * (inner @ full.w2[e])
+            want[b, t] += full.shared[0](tok)
+    assert torch.allclose(full(x), want, atol=1e-5)
+    tight = MoEFeedForward(spec)  # capacity factor 1: 10 * 2 / 4 = 5 slots per expert
+    tight.load_state_dict(full.state_dict())
+    assert tight.capacity(10) == 5
+    alone = torch.cat([tight(x[b:b + 1]) for b in range(3)])
+    assert torch.allclose(tight(x), alone, atol=1e-6)
+    assert not torch.allclose(tight(x), want, atol=1e-3)  # some choices were over capacity
 
 
 @pytest.mark.parametrize("name, dropout", [("llama-3-8b", 0.0), ("llama-2-70b", 0.0),

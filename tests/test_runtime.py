@@ -46,6 +46,10 @@ GPT = ModelSpec(name="tiny-gpt", num_layers=2, hidden_size=64, num_heads=4, voca
                 bias=True)
 #: Llama-style with the LM head tied to the token embedding (Llama 3.2 1B and 3B are).
 TIED = dataclasses.replace(SPEC, name="tiny-llama-tied", tied_embeddings=True)
+#: DeepSeekMoE-style: a leading dense layer, then MoE layers of 4 routed experts (top 2) and
+#: a shared expert.
+MOE = dataclasses.replace(SPEC, name="tiny-moe", num_experts=4, top_k=2,
+                          moe_ffn_hidden_size=64, num_shared_experts=1, first_dense_layers=1)
 JOB = Job(global_batch_size=8, seq_len=16, precision="fp32", framework="torchtitan")
 SGD = dataclasses.replace(JOB, optimizer="sgd")
 BF16 = dataclasses.replace(JOB, precision="bf16")  # FSDP: bf16 compute, fp32 states
@@ -93,6 +97,8 @@ CASES_4 = {
     "tied_pp_fsdp": ({"pp": 2, "dp": 2, "zero_stage": 3}, SGD, TIED),
     "tied_tp_pp_adamw": ({"pp": 2, "tp": 2}, JOB, TIED),
     "module_tied_pp": ({"pp": 4}, SGD, TIED),
+    # Mixture-of-experts layers (expert parallel 1), over pipeline stages and FSDP.
+    "moe_pp_fsdp": ({"pp": 2, "dp": 2, "zero_stage": 3}, SGD, MOE),
 }
 CASES_8 = {
     "tp_pp_dp_fsdp": ({"dp": 2, "tp": 2, "pp": 2, "zero_stage": 3, "sequence_parallel": True},
@@ -212,7 +218,7 @@ def _run_cases(cases: dict[str, tuple[Any, ...]], world: int, tmp: Path) -> dict
 @pytest.fixture(scope="module")
 def reference() -> dict[tuple[str, str], list[float]]:
     return {(m.name, j.optimizer): reference_losses(m, j, steps=5, lr=LR[j.optimizer])
-            for j in (JOB, SGD) for m in (SPEC, GPT, TIED)}
+            for j in (JOB, SGD) for m in (SPEC, GPT, TIED, MOE)}
 
 
 @pytest.fixture(scope="module")
@@ -366,11 +372,12 @@ def test_meta_device_model_is_materialised(one_process: None) -> None:
 
 
 def test_reference_model_matches_the_spec() -> None:
-    for name in ("llama-2-7b", "llama-3-8b", "gpt3-125m", "llama-3.2-1b"):
+    for name in ("llama-2-7b", "llama-3-8b", "gpt3-125m", "llama-3.2-1b", "mixtral-8x7b",
+                 "deepseek-moe-16b"):
         spec = ModelSpec.preset(name)
         m = build_model(spec, device="meta")
         assert sum(p.numel() for p in m.parameters()) == spec.num_params(), name
-    for name in ("vit-large-16", "mixtral-8x7b", "bert-large"):
+    for name in ("vit-large-16", "bert-large"):
         with pytest.raises(SpecError, match="does not build"):
             build_model(ModelSpec.preset(name), device="meta")
 
@@ -432,13 +439,16 @@ def test_stage_ranges_follow_the_cost_model() -> None:
     ({"dp": 2, "zero_stage": 2, "offload": "optimizer"},
      Job(global_batch_size=8, seq_len=16, framework="deepspeed"), "ZeRO-Offload"),
     ({"tp": 2}, JOB, "tied input and output embeddings split over tensor-parallel"),
+    ({"tp": 2}, JOB, "tensor parallel of mixture-of-experts layers"),
+    ({"dp": 2, "ep": 2}, JOB, r"expert parallel \(ep=2\)"),
     # Megatron's own schedule runs 2 micro-batches on 4 stages; torch's 1F1B does not.
     ({"pp": 4, "micro_batch_size": 4}, dataclasses.replace(JOB, framework="megatron"),
      "at least pp=4 micro-batches"),
 ])
 def test_unrunnable_features_are_refused(config: dict[str, Any], job: Job,
                                          needle: str) -> None:
-    p = make_plan(config, TIED if "tied" in needle else SPEC, job=job)
+    model = TIED if "tied" in needle else MOE if "expert" in needle else SPEC
+    p = make_plan(config, model, job=job)
     with pytest.raises(SpecError, match=needle):
         check(p)
     assert unsupported(SPEC, JOB, ParallelConfig(dp=2, zero_stage=3)) == []

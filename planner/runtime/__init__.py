@@ -51,9 +51,13 @@ def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
         out.append(f"context parallel (cp={cfg.cp}) is not run by planner.apply (torch's "
                    "context_parallel needs CUDA attention kernels); plan with --cp 1 or emit "
                    "torchtitan, which runs it on GPUs")
-    if cfg.ep > 1 or model.is_moe:
-        out.append("mixture-of-experts layers and expert parallel are not run by "
-                   "planner.apply; emit torchtitan or megatron for MoE models")
+    if cfg.ep > 1:
+        out.append(f"expert parallel (ep={cfg.ep}) is not run by planner.apply; plan with "
+                   "--ep 1 or emit torchtitan or megatron, which run it")
+    if model.is_moe and cfg.tp > 1:
+        out.append("tensor parallel of mixture-of-experts layers is not run by planner.apply "
+                   "(the experts are batched weights, which no DTensor style for a linear "
+                   "splits); plan with --tp 1 or emit torchtitan or megatron")
     if cfg.zero_stage == 1:
         out.append("ZeRO-1 (optimizer states sharded, gradients whole) has no torch-native "
                    "composable form; use zero_stage 2 (FSDP keeping parameters through "

@@ -12,8 +12,10 @@ allocates nothing); ``init_weights`` initialises it after ``to_empty``. The para
 equals ``ModelSpec.num_params()`` for every spec it accepts (tested).
 
 Covers decoder and encoder token models: GPT (LayerNorm, learned positions, biases, GELU MLP),
-Llama (RMSNorm, RoPE, GQA, SwiGLU), tied or untied embeddings. Not vision (patch) models,
-token types, embedding norms or mixture-of-experts layers: ``build_model`` says so.
+Llama (RMSNorm, RoPE, GQA, SwiGLU), tied or untied embeddings, and mixture-of-experts layers
+(Mixtral, DeepSeekMoE: routed top-k experts with a fixed capacity, shared experts, leading
+dense layers; ``MoEFeedForward``). Not vision (patch) models, token types or embedding norms:
+``build_model`` says so.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
 from costmodel.trace_ops import IN_FUSED_FORWARD
 
-__all__ = ["Attention", "Block", "FeedForward", "Transformer", "build_model", "rope_table"]
+__all__ = ["Attention", "Block", "FeedForward", "MoEFeedForward", "Transformer", "build_model",
+           "rope_table"]
 
 #: Standard deviation of the normal initialisation of weights (GPT-2, Radford et al. 2019).
 INIT_STD = 0.02
@@ -151,11 +154,11 @@ class Attention(nn.Module):
 
 class FeedForward(nn.Module):
     """The MLP: ``w2(silu(w1 x) * w3 x)`` when gated (SwiGLU, Shazeer 2020), else
-    ``w2(gelu(w1 x))`` (GPT)."""
+    ``w2(gelu(w1 x))`` (GPT); ``ffn`` wide (default ``spec.ffn_hidden_size``)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, ffn: int | None = None) -> None:
         super().__init__()
-        h, f = spec.hidden_size, int(spec.ffn_hidden_size or 0)
+        h, f = spec.hidden_size, int(ffn or spec.ffn_hidden_size or 0)
         self.gated = spec.gated_mlp
         self.w1 = nn.Linear(h, f, bias=spec.bias)
         self.w3 = nn.Linear(h, f, bias=spec.bias) if spec.gated_mlp else None
@@ -168,15 +171,89 @@ class FeedForward(nn.Module):
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))
 
 
-class Block(nn.Module):
-    """One pre-norm transformer layer: ``x + attention(norm(x))``, then ``+ mlp(norm(.))``."""
+class MoEFeedForward(nn.Module):
+    """A mixture-of-experts MLP (Shazeer et al. 2017; Mixtral, Jiang et al. 2024): a linear
+    router scores the ``num_experts`` experts for each token; the ``top_k`` best (softmax
+    over all, renormalised over those k) each run the token through their MLP
+    (``moe_ffn_hidden_size`` wide, gated or not as the dense MLP), and their outputs,
+    weighted by those scores, are summed; plus ``num_shared_experts`` MLPs of the same width
+    that every token runs (DeepSeekMoE, Dai et al. 2024).
 
-    def __init__(self, spec: ModelSpec, dropout: float) -> None:
+    Tokens go to their experts through a fixed capacity (GShard, Lepikhin et al. 2020;
+    Switch, Fedus et al. 2022): ``ceil(capacity_factor * seq * top_k / num_experts)``
+    slots per expert and sequence, filled in token order; a token past its expert's
+    capacity skips that expert (its residual carries it on). Capacity per sequence keeps
+    a sequence's result independent of the batch it is in; static shapes let the layer
+    trace on the meta device, its experts running one batched matmul per projection of
+    ``experts x (batch * capacity)`` tokens: ``capacity_factor * tokens * top_k * 2 h f``
+    FLOPs each, the active experts' at capacity factor 1 (when ``seq * top_k`` is a
+    multiple of ``num_experts``)."""
+
+    def __init__(self, spec: ModelSpec, capacity_factor: float = 1.0) -> None:
+        super().__init__()
+        h, f, e = spec.hidden_size, int(spec.moe_ffn_hidden_size or 0), spec.num_experts
+        self.num_experts, self.top_k, self.capacity_factor = e, spec.top_k, capacity_factor
+        self.router = nn.Linear(h, e, bias=False)
+        self.w1 = nn.Parameter(torch.empty(e, h, f))
+        self.w3 = nn.Parameter(torch.empty(e, h, f)) if spec.gated_mlp else None
+        self.w2 = nn.Parameter(torch.empty(e, f, h))
+        self.b1 = nn.Parameter(torch.empty(e, 1, f)) if spec.bias else None
+        self.b3 = nn.Parameter(torch.empty(e, 1, f)) if spec.bias and spec.gated_mlp else None
+        self.b2 = nn.Parameter(torch.empty(e, 1, h)) if spec.bias else None
+        self.shared = nn.ModuleList([FeedForward(spec, f)
+                                     for _ in range(spec.num_shared_experts)])
+
+    def capacity(self, seq: int) -> int:
+        """Slots per expert for one sequence of ``seq`` tokens."""
+        return math.ceil(self.capacity_factor * seq * self.top_k / self.num_experts)
+
+    def _experts(self, x: torch.Tensor) -> torch.Tensor:
+        """Every expert's MLP on its slots ``x`` [experts, slots, hidden]."""
+        def proj(w: torch.Tensor, b: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+            return torch.bmm(t, w) if b is None else torch.baddbmm(b, t, w)
+
+        if self.w3 is not None:
+            inner = F.silu(proj(self.w1, self.b1, x)) * proj(self.w3, self.b3, x)
+        else:
+            inner = F.gelu(proj(self.w1, self.b1, x), approximate="tanh")
+        return proj(self.w2, self.b2, inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [batch, seq, hidden] -> [batch, seq, hidden]."""
+        b, s, h = x.shape
+        e, k, cap = self.num_experts, self.top_k, self.capacity(s)
+        probs = self.router(x).float().softmax(-1)
+        weight, expert = probs.topk(k, dim=-1)  # [b, s, k]
+        weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
+        expert = expert.reshape(b, s * k)  # each sequence's choices in token order
+        chosen = F.one_hot(expert, e)  # [b, s k, e]
+        position = ((chosen.cumsum(1) - 1) * chosen).sum(-1)  # within its expert's slots
+        kept = (position < cap).to(x.dtype).reshape(b * s * k, 1)
+        row = torch.arange(b, device=x.device).repeat_interleave(s * k)
+        # Slot (expert, sequence, position) of each choice in an [e, b * cap] layout.
+        slot = (expert.reshape(-1) * b + row) * cap + position.reshape(-1).clamp(max=cap - 1)
+        tokens = x.reshape(b * s, h).repeat_interleave(k, 0) * kept
+        slots = x.new_zeros(e * b * cap, h).index_add(0, slot, tokens)
+        out = self._experts(slots.view(e, b * cap, h)).reshape(e * b * cap, h)
+        mixed = out.index_select(0, slot) * (weight.reshape(-1, 1) * kept)
+        y = mixed.view(b, s, k, h).sum(2)
+        for mlp in self.shared:
+            y = y + mlp(x)
+        return y
+
+
+class Block(nn.Module):
+    """One pre-norm transformer layer: ``x + attention(norm(x))``, then ``+ mlp(norm(.))``
+    (a mixture of experts where ``moe``)."""
+
+    def __init__(self, spec: ModelSpec, dropout: float, moe: bool = False,
+                 capacity_factor: float = 1.0) -> None:
         super().__init__()
         self.attention_norm = _norm(spec)
         self.attention = Attention(spec)
         self.ffn_norm = _norm(spec)
-        self.feed_forward = FeedForward(spec)
+        self.feed_forward: nn.Module = (MoEFeedForward(spec, capacity_factor) if moe
+                                        else FeedForward(spec))
         self.dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
 
     def forward(self, x: torch.Tensor,
@@ -198,7 +275,8 @@ class Transformer(nn.Module):
     without ``output`` (and untied) returns hidden states.
     """
 
-    def __init__(self, spec: ModelSpec, *, dropout: float = 0.0) -> None:
+    def __init__(self, spec: ModelSpec, *, dropout: float = 0.0,
+                 capacity_factor: float = 1.0) -> None:
         super().__init__()
         self.spec = spec
         h = spec.hidden_size
@@ -208,8 +286,8 @@ class Transformer(nn.Module):
             if spec.position_embedding == "learned" else None)
         # GPT-2's embedding dropout (Radford et al. 2019; Megatron-LM's embedding dropout).
         self.emb_dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
-        self.layers = nn.ModuleDict({str(i): Block(spec, dropout)
-                                     for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, kind == 1, capacity_factor)
+                                     for i, kind in enumerate(spec.layer_kinds)})
         self.norm: nn.Module | None = _norm(spec) if spec.final_norm else None
         self.output: nn.Linear | None = (None if spec.tied_embeddings
                                          else nn.Linear(h, spec.vocab_size, bias=spec.bias))
@@ -251,36 +329,47 @@ class Transformer(nn.Module):
         deep = INIT_STD / math.sqrt(2 * self.spec.num_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear | nn.Embedding):
-                std = deep if name.endswith(("attention.wo", "feed_forward.w2")) else INIT_STD
+                std = deep if name.endswith(("attention.wo", ".w2")) \
+                    else INIT_STD
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 bias = getattr(module, "bias", None)
                 if bias is not None:
                     nn.init.zeros_(bias)
             elif isinstance(module, nn.RMSNorm | nn.LayerNorm):
                 module.reset_parameters()
+            elif isinstance(module, MoEFeedForward):
+                for w, std in ((module.w1, INIT_STD), (module.w3, INIT_STD), (module.w2, deep)):
+                    if w is not None:
+                        nn.init.normal_(w, mean=0.0, std=std)
+                for bias in (module.b1, module.b3, module.b2):
+                    if bias is not None:
+                        nn.init.zeros_(bias)
 
 
 def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int | None = 0,
-                dropout: float = 0.0) -> Transformer:
+                dropout: float = 0.0, capacity_factor: float = 1.0) -> Transformer:
     """The reference transformer of ``spec`` on ``device``, initialised with ``seed``.
 
     On ``device="meta"`` nothing is allocated and nothing is initialised (``seed`` is
     ignored): parallelize it with ``planner.apply``, which materialises each rank's shard.
     ``dropout``: the dropout probability where ``spec.dropout`` has dropout layers (0 keeps
-    runs deterministic). Raises ``SpecError`` for specs it does not build.
+    runs deterministic). ``capacity_factor``: expert slots over the tokens' choices of a
+    mixture-of-experts layer (``MoEFeedForward``). Raises ``SpecError`` for specs it does
+    not build.
     """
     unsupported = [(spec.patch_size > 0, "vision patch embeddings (ViT)"),
                    (spec.num_token_types > 0, "token-type embeddings (BERT)"),
-                   (spec.embedding_norm, "an embedding norm (BERT)"),
-                   (spec.is_moe, "mixture-of-experts layers")]
+                   (spec.embedding_norm, "an embedding norm (BERT)")]
     missing = [what for bad, what in unsupported if bad]
     if missing:
         raise SpecError(f"the reference transformer does not build {spec.name!r}: it has "
                         f"{', '.join(missing)}; pass your own torch module instead")
     if not 0.0 <= dropout < 1.0:
         raise SpecError(f"dropout must be in [0, 1), got {dropout!r}")
+    if not capacity_factor > 0:
+        raise SpecError(f"capacity_factor must be positive, got {capacity_factor!r}")
     with torch.device(device):
-        model = Transformer(spec, dropout=dropout)
+        model = Transformer(spec, dropout=dropout, capacity_factor=capacity_factor)
     if str(device) != "meta":
         model.init_weights(seed)
     return model
