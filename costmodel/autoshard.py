@@ -268,7 +268,17 @@ class ShardingProblem:
         output."""
         out: dict[int, frozenset[int]] = {}
         for v in self.nodes:
-            out[v] = frozenset(lp.out for lp in self.graph.node(v).loops
+            n = self.graph.node(v)
+            if not n.loops and any(
+                    (i.source >= 0 and out.get(i.source)) or (i.source < 0 and not i.param
+                                                              and not i.constant)
+                    for i in self.inputs[v]):
+                # An op without loops (routing: top-k, index_add, index_select) moves the
+                # tokens somewhere in its output: every dim may hold them (a MoE layer's
+                # expert slots hold its tokens, which its experts' matmuls then meet).
+                out[v] = frozenset(range(len(n.shape)))
+                continue
+            out[v] = frozenset(lp.out for lp in n.loops
                                if lp.out is not None and self._on_tokens(v, lp, out))
         return out
 

@@ -310,9 +310,12 @@ def test_a_traced_moe_module_plans_as_its_preset_at_ep_1() -> None:
     """The reference transformer with mixture-of-experts layers (``MoEFeedForward``: top-2
     of 8 experts, capacity factor 1), traced and planned through the one search without
     expert parallelism (a traced graph has none yet), picks the preset's configuration at
-    ep = 1. Its step time is 0.93x the formulas' here (1.04x for Mixtral-8x7B on 64 H100):
+    ep = 1, its experts split over TP as Megatron-LM splits them. Its step time is 0.93x
+    the formulas' here (1.04x for Mixtral-8x7B on 64 H100):
     the trace counts its dispatch kernels as they run, the formulas their own MoE terms;
     the issue's 1 % is not met yet, so the bound is loose."""
+    import numpy as np
+
     import planner
 
     spec = ModelSpec(name="small-moe", num_layers=8, hidden_size=1024, num_heads=16,
@@ -324,6 +327,14 @@ def test_a_traced_moe_module_plans_as_its_preset_at_ep_1() -> None:
                                    torch.zeros(1, SEQ, dtype=torch.long), dtype=torch.bfloat16)
     traced = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both")
     assert traced.num_params() == spec.num_params()
+    # Megatron-LM's expert tensor parallelism: each expert's MLP split column- then
+    # row-wise, as the formulas hold it (the routing between keeps the tokens' dims; the
+    # ILP may split a norm's weight too: a few hundred parameters).
+    (layer,) = traced.layer_blocks()
+    for t in (2, 4, 8):
+        _, (moe, experts) = LayerCosts.of(spec).layer_params_per_gpu(np.array([t]),
+                                                                      np.array([1.0]))
+        assert layer.at(t).params == pytest.approx(float(moe[0] + experts[0]), rel=1e-3)
     got = planner.plan(traced, cluster, job)
     want = planner.plan(spec, cluster, job, constraints={"fixed": {"ep": 1}})
     assert got.config == want.config
