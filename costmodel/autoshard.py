@@ -269,10 +269,7 @@ class ShardingProblem:
         out: dict[int, frozenset[int]] = {}
         for v in self.nodes:
             n = self.graph.node(v)
-            if not n.loops and any(
-                    (i.source >= 0 and out.get(i.source)) or (i.source < 0 and not i.param
-                                                              and not i.constant)
-                    for i in self.inputs[v]):
+            if not n.loops and self._meets_tokens(v, out):
                 # An op without loops (routing: top-k, index_add, index_select) moves the
                 # tokens somewhere in its output: every dim may hold them (a MoE layer's
                 # expert slots hold its tokens, which its experts' matmuls then meet).
@@ -281,6 +278,13 @@ class ShardingProblem:
             out[v] = frozenset(lp.out for lp in n.loops
                                if lp.out is not None and self._on_tokens(v, lp, out))
         return out
+
+    def _meets_tokens(self, v: int, tokens: dict[int, frozenset[int]]) -> bool:
+        """Whether an input of node ``v`` carries the micro-batch's samples or tokens: a model
+        input, or an output with token dims in ``tokens``."""
+        return any((i.source >= 0 and bool(tokens.get(i.source)))
+                   or (i.source < 0 and not i.param and not i.constant)
+                   for i in self.inputs[v])
 
     def _on_tokens(self, v: int, lp: Loop, tokens: dict[int, frozenset[int]]) -> bool:
         """Whether loop ``lp`` of node ``v`` runs along a token dim of one of its inputs."""
@@ -316,9 +320,7 @@ class ShardingProblem:
                 return False
             if size > 1 and lp is None and light:
                 return False  # sequence parallel: no memory-bound op runs replicated
-        if not any((inp.source >= 0 and self.token_dims[inp.source])
-                   or (inp.source < 0 and not inp.param and not inp.constant)
-                   for inp in self.inputs[v]):
+        if not self._meets_tokens(v, self.token_dims):
             return all(lp is None for lp in loops)
         refs = self.graph.node(v).inputs
         for axis, size in enumerate(self.mesh.shape):
