@@ -123,6 +123,16 @@ class Job:
     megatron/core/tensor_parallel/random.py ``CheckpointFunction``; metaseq's
     ``--distribute-checkpointed-activations``; DeepSpeed's ``partition_activations``).
     Rows with another recompute mode, with SP or with tp = 1 ignore it.
+    ``zero3_synchronous_gather``: DeepSpeed's ZeRO-3 as released from v0.3.12 (March 2021)
+    to v0.5.4: each parameter tensor is all-gathered by its own collective after a
+    ``torch.cuda.synchronize()``, so no gather runs beside compute, and through
+    ``torch.distributed.all_gather`` / ``reduce_scatter`` with a list of one tensor per rank,
+    which PyTorch copies out of (into) a flat buffer one tensor at a time
+    (deepspeed/runtime/zero/partition_parameters.py ``_allgather_param`` and
+    ``_reduce_scatter_gradient`` at commit c83e49f9e; DeepSpeed PR #1188, v0.5.5: 'the async
+    version is not async at all, because each all_gather calls torch.cuda.synchronize()' and
+    'torch.distributed.all_gather will do implicit memcpy'). ``False``: later DeepSpeed,
+    whose coalesced gathers overlap compute like FSDP's. Other trainers ignore it.
     ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
     (Fedus et al. 2022); ``None`` is dropless routing with an even load.
     ``memory_reserve``: the share of each GPU's memory a plan keeps free for what the estimate
@@ -154,6 +164,7 @@ class Job:
     compile_loss: bool | None = None
     grad_reduce_in_fp32: bool | None = None
     distribute_saved_activations: bool = False
+    zero3_synchronous_gather: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("Job", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)
@@ -167,7 +178,8 @@ class Job:
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
                     "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm",
-                    "compile", "fp8_param_gather", "distribute_saved_activations"):
+                    "compile", "fp8_param_gather", "distribute_saved_activations",
+                    "zero3_synchronous_gather"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         for key in TRI_STATE_JOB_FLAGS:

@@ -568,6 +568,30 @@ class LayerCosts:
         return tuple((self._by_tp(b, tp, lambda c: c.params), None)
                      for b in self.layer_blocks())
 
+    def layer_param_tensors(self, separate_projections: bool) -> tuple[tuple[int, int], ...]:
+        """Per kind of layer (as ``layer_params_per_gpu``), its parameter tensors: (weight
+        matrices, vectors: norm scales and shifts and biases), what a trainer that gathers
+        each parameter by its own collective issues (``Job.zero3_synchronous_gather``).
+        ``separate_projections``: q, k, v (and a gated MLP's gate and up) are separate
+        matrices (``Framework.separate_projections``) rather than fused ones. SpecError for
+        a traced module, whose layers do not list their tensors here, and for mixture of
+        experts, which that trainer's releases predate."""
+        model = self.spec
+        if model is None or model.is_moe:
+            what = "a traced module" if model is None else "a mixture-of-experts model"
+            raise SpecError(f"Job.zero3_synchronous_gather (DeepSpeed's per-parameter ZeRO-3 "
+                            f"gathers of 2021) is modelled for a dense preset model, not "
+                            f"{what}; turn it off")
+        qkv = 3 if separate_projections else 1
+        up = 2 if model.gated_mlp and separate_projections else 1
+        weights = qkv + 1 + up + 1
+        vectors = 2 * (2 if model.norm == "layernorm" else 1)
+        if model.bias:
+            vectors += weights
+        elif model.qkv_bias:
+            vectors += qkv
+        return ((weights, vectors),)
+
     def edge_params_per_gpu(self, tp: np.ndarray
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(input side, output side, tied) parameters one GPU of the first and of the last

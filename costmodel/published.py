@@ -206,7 +206,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The Job inputs a run's ``flags`` set: ``compile`` (torch.compile), ``async_tp``
     (torchtitan's async TP, which the Job calls ``tp_comm_overlap``), ``fp8_param_gather``
     (Megatron-LM's fp8 parameters), ``fused_cross_entropy``, ``compile_loss``,
-    ``grad_reduce_in_fp32`` and ``distribute_saved_activations``."""
+    ``grad_reduce_in_fp32``, ``distribute_saved_activations`` and
+    ``zero3_synchronous_gather`` (DeepSpeed's ZeRO-3 of 2021)."""
     out: dict[str, Any] = {}
     if "compile" in flags:
         out["compile"] = bool(flags["compile"])
@@ -219,6 +220,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
             out[key] = bool(flags[key])
     if flags.get("distribute_saved_activations"):
         out["distribute_saved_activations"] = True
+    if flags.get("zero3_synchronous_gather"):
+        out["zero3_synchronous_gather"] = True
     return out
 
 

@@ -347,6 +347,26 @@ def _scatter(r: Rows, params: np.ndarray, group: np.ndarray, stride: np.ndarray
     return t + np.where(r.a.offload == 2, r.g_b * params / group / r.host_bw, 0.0)
 
 
+def _per_tensor(r: Rows, params: np.ndarray, tensors: tuple[int, int], group: np.ndarray,
+                stride: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gather, reduce-scatter) seconds of one layer's ``params`` parameters (per GPU of the
+    TP group) as DeepSpeed's ZeRO-3 of 2021 moved them (``Job.zero3_synchronous_gather``):
+    one collective per parameter tensor (``tensors``: weight matrices, vectors of
+    ``hidden_size``), each paying its ring latency, and each copying its ``group`` per-rank
+    pieces out of (into) torch's flat buffer one copy kernel at a time
+    (ProcessGroupNCCL's list all_gather / reduce_scatter), at the fitted cost of one kernel."""
+    n_w, n_v = tensors
+    h = float(r.costs.hidden_size)
+    weight = np.maximum(params - n_v * h, 0.0) / n_w
+    copies = (n_w + n_v) * np.where(group > 1, group, 0.0) \
+        * r.cluster.gpu.efficiency.kernel_overhead_s
+    vector = np.full_like(weight, h)
+    gather = n_w * _gather(r, weight, group, stride) + n_v * _gather(r, vector, group, stride)
+    scatter = n_w * _scatter(r, weight, group, stride) \
+        + n_v * _scatter(r, vector, group, stride)
+    return gather + copies, scatter + copies
+
+
 def _fsdp2_copies(r: Rows, ag_fwd: np.ndarray, ag_bwd: np.ndarray) -> np.ndarray | float:
     """Seconds per micro-batch per stage of FSDP2's own copies on the compute stream
     (torchtitan; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each all-gather's
@@ -386,13 +406,21 @@ def sharded(r: Rows) -> Sharded:
     rs_each = rs_each & ~nosync
     tp, tp_ep = r.tp, r.tp * r.ep
     ag, rs = [], []  # one layer of each kind: its gather, its gradients' reduce-scatter
-    for local, experts in r.costs.layer_params_per_gpu(r.tp, r.ep):
+    # DeepSpeed's ZeRO-3 of 2021 (Job.zero3_synchronous_gather) on its ZeRO-3 rows.
+    synchronous = (zero == 3) & (fw == "deepspeed" and r.job.zero3_synchronous_gather)
+    tensors = r.costs.layer_param_tensors(framework(fw).separate_projections) \
+        if synchronous.any() else None
+    for i, (local, experts) in enumerate(r.costs.layer_params_per_gpu(r.tp, r.ep)):
         g, sc = _gather(r, local, z, tp), _scatter(r, local, z, tp)
+        if tensors is not None:
+            g_each, sc_each = _per_tensor(r, local, tensors[i], z, tp)
+            g, sc = np.where(synchronous, g_each, g), np.where(synchronous, sc_each, sc)
         if experts is not None:
             g = g + _gather(r, experts, z_exp, tp_ep)
             sc = sc + _scatter(r, experts, z_exp, tp_ep)
         ag.append(np.where(ag_fwd, g, 0.0))
         rs.append(np.where(rs_each, sc, 0.0))
+    wire = r.per_stage([g * (1 + ag_bwd) + sc for g, sc in zip(ag, rs, strict=True)])
     # Per-micro-batch reduce-scatters hide behind backward unless overlap is off (DeepSpeed
     # ZeRO-2 with overlap_comm false); ZeRO-3 prefetching always overlaps.
     hide = np.where(zero == 3, 1.0, 1.0 if r.job.overlap_grad_reduce else 0.0)
@@ -409,10 +437,12 @@ def sharded(r: Rows) -> Sharded:
     # step, FSDP's gathers and reduce-scatters (here) and the data-parallel gradient
     # reduction (_gradient_sync); applied to TP and CP too, the fit lost the Korthikanti et
     # al. 2022 runs (4 % instead of 2.5 %), whose overlap windows are single matmuls.
-    wire = r.per_stage([g * (1 + ag_bwd) + sc for g, sc in zip(ag, rs, strict=True)])
     slow = r.cluster.gpu.efficiency.comm_slowdown
     if slow > 0:
         exposed = exposed + slow * np.maximum(wire - (exposed - copy), 0.0)
+    # Synchronous gathers overlap nothing: each waits for all the work before it, and the
+    # reduce-scatters for the next gather's synchronize.
+    exposed = np.where(synchronous, wire, exposed)
     return Sharded(exposed=exposed, wire=wire, copy=copy, z=z, z_exp=z_exp, rs_each=rs_each,
                     nosync=nosync)
 

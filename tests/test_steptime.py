@@ -13,6 +13,7 @@ import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
 from costmodel.comm import Topology
 from costmodel.compute import layer_compute
+from costmodel.errors import SpecError
 from costmodel.hardware import Link
 from costmodel.memory import ConfigArrays, first_argmax, memory_table
 from costmodel.published import eq3_flops
@@ -505,3 +506,62 @@ def test_unfused_gradient_accumulation_adds_three_gradient_passes_per_later_micr
                                      - t1.time_breakdown_s["dp_comm"]) \
             - t4.time_breakdown_s["optimizer"] - t4.time_breakdown_s["dp_comm"] \
             == pytest.approx(extra, rel=1e-6)
+
+
+def test_deepspeed_2021_zero3_gathers_each_parameter_alone_and_overlaps_nothing() -> None:
+    # DeepSpeed v0.3.12-v0.5.4 (Job.zero3_synchronous_gather): each parameter tensor is
+    # gathered by its own all_gather after a torch.cuda.synchronize(), and each gradient
+    # reduce-scattered alone, through torch's list collectives, which copy the world size's
+    # per-rank pieces one kernel each (deepspeed/runtime/zero/partition_parameters.py at
+    # c83e49f9e; DeepSpeed PR #1188). A GPT layer has 4 weight matrices (fused qkv, output,
+    # fc1, fc2) and 8 vectors (2 layernorms' scale and shift, 4 biases). With full recompute
+    # the layer is gathered in forward and again in backward, then its gradients scattered.
+    model = ModelSpec.preset("gpt3-2.7b")
+    cluster = Cluster(gpu="a100-80gb", num_nodes=4, gpus_per_node=8, inter_node_link="ib-hdr")
+    job = Job(global_batch_size=32, seq_len=2048, precision="fp16", framework="deepspeed",
+              flash_attention=False, zero3_synchronous_gather=True)
+    cfg = ParallelConfig(dp=32, zero_stage=3, micro_batch_size=1, recompute="full")
+    est = estimate(model, cluster, job, cfg)
+    topo = Topology.of(cluster)
+    h, z = float(model.hidden_size), 32
+    weight = (model.dense_layer_params() - 8 * h) / 4
+    copies = 12 * z * cluster.gpu.efficiency.kernel_overhead_s
+    gather = 4 * topo.all_gather(2.0 * weight, z, 1) + 8 * topo.all_gather(2.0 * h, z, 1)
+    scatter = 4 * topo.reduce_scatter(2.0 * weight, z, 1) \
+        + 8 * topo.reduce_scatter(2.0 * h, z, 1)
+    per_layer = 2 * (gather + copies) + scatter + copies
+    expected = est.num_micro_batches * model.num_layers * float(per_layer)
+    assert est.time_breakdown_s["fsdp_comm"] == pytest.approx(expected, rel=1e-9)
+    # Nothing hides: the exposed time is all of it.
+    assert est.time_breakdown_s["fsdp_comm_total"] == pytest.approx(expected, rel=1e-9)
+    # Today's DeepSpeed gathers coalesced and prefetched, hidden behind compute but the edges.
+    now = estimate(model, cluster, dataclasses.replace(job, zero3_synchronous_gather=False),
+                   cfg)
+    assert now.time_breakdown_s["fsdp_comm"] < 0.5 * now.time_breakdown_s["fsdp_comm_total"]
+    assert now.step_time_s < est.step_time_s
+    # Twice the ranks at the same per-GPU batch: the per-rank copies alone add their cost.
+    big = Cluster(gpu="a100-80gb", num_nodes=8, gpus_per_node=8, inter_node_link="ib-hdr")
+    wide = estimate(model, big, dataclasses.replace(job, global_batch_size=64),
+                    dataclasses.replace(cfg, dp=64))
+    assert wide.time_breakdown_s["fsdp_comm"] - expected > \
+        est.num_micro_batches * model.num_layers * 3 * copies
+    # ZeRO-1/2 and other trainers ignore the flag.
+    z2 = dataclasses.replace(cfg, zero_stage=2)
+    assert est_of(model, cluster, job, z2) == est_of(
+        model, cluster, dataclasses.replace(job, zero3_synchronous_gather=False), z2)
+    tt = dataclasses.replace(job, framework="torchtitan", precision="bf16")
+    assert estimate(model, cluster, tt, cfg).step_time_s == estimate(
+        model, cluster, dataclasses.replace(tt, zero3_synchronous_gather=False), cfg).step_time_s
+
+
+def est_of(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) -> float:
+    step = estimate(model, cluster, job, cfg).step_time_s
+    assert step is not None
+    return step
+
+
+def test_per_parameter_zero3_gathers_are_refused_where_the_tensors_are_unknown() -> None:
+    job = Job(global_batch_size=64, seq_len=4096, framework="deepspeed",
+              zero3_synchronous_gather=True)
+    with pytest.raises(SpecError, match="zero3_synchronous_gather"):
+        estimate(MIXTRAL, H100, job, ParallelConfig(dp=32, zero_stage=3))

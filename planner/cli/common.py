@@ -160,6 +160,9 @@ JOB_SWITCHES: tuple[tuple[str, str], ...] = (
     ("--distribute-saved-activations",
      "full recompute without SP: each TP rank keeps a 1/tp slice of the saved layer input "
      "(Megatron-LM's --distribute-saved-activations)"),
+    ("--zero3-synchronous-gather",
+     "DeepSpeed v0.3.12-v0.5.4: ZeRO-3 gathers each parameter alone after a device "
+     "synchronize, overlapping nothing"),
 )
 
 
@@ -409,6 +412,7 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                tp_comm_overlap=args.tp_comm_overlap, compile=args.compile,
                fp8_param_gather=args.fp8_param_gather,
                distribute_saved_activations=args.distribute_saved_activations,
+               zero3_synchronous_gather=args.zero3_synchronous_gather,
                fused_cross_entropy=True if args.fused_cross_entropy else None,
                compile_loss=False if args.no_compile_loss else None,
                grad_reduce_in_fp32=False if args.no_grad_reduce_in_fp32 else None,
