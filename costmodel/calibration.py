@@ -9,7 +9,10 @@ the profiles by ``hardware_profiles.apply_transfer``:
   (``hardware_profiles/gpus/*.toml [efficiency]``, each with its source). An architecture
   with runs from fewer than ``ARCH_MIN_SOURCES`` sources takes the pooled ratio (the
   geometric mean of the fitted ones, weighted by their runs);
-- the same ratio for the fused-attention fractions, one for every architecture;
+- the same ratio for the fused-attention fractions, per architecture alike (each
+  architecture's profile quotes a different kind of attention figure: the A100's is
+  FlashAttention-2's best case, the Hopper parts' FlashAttention-2's typical one), pooled for
+  an architecture without runs;
 - the fixed cost of one kernel (launch and tail), the same for every GPU;
 - ``comm_slowdown``: the compute lost per second of communication overlapped with it.
 
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -82,46 +85,59 @@ def run_group(run: PublishedRun) -> str:
 
 @dataclass(frozen=True)
 class Fit:
-    """Fitted parameters: matmul ``ratios`` per architecture, ``pooled`` for the others, the
-    ``attention`` ratio, ``kernel_overhead_us`` and ``comm_slowdown``
-    (``KernelEfficiency``)."""
+    """Fitted parameters: matmul ``ratios`` per architecture, ``pooled`` for the others;
+    fused-attention ``attention_ratios`` per architecture, ``attention`` (pooled) for the
+    others; ``kernel_overhead_us`` and ``comm_slowdown`` (``KernelEfficiency``)."""
 
     ratios: dict[str, float]
     pooled: float
     kernel_overhead_us: float
     comm_slowdown: float = 0.0
     attention: float = 1.0
+    attention_ratios: dict[str, float] = field(default_factory=dict)
 
     def transfer_table(self) -> dict[str, Any]:
         """The fit as the ``[transfer]`` table of ``calibrated/transfer.toml``."""
         return {"gemm": self.pooled, "attention": self.attention, "memory": 1.0,
                 "kernel_overhead_us": self.kernel_overhead_us,
-                "comm_slowdown": self.comm_slowdown, "architecture": dict(self.ratios)}
+                "comm_slowdown": self.comm_slowdown, "architecture": dict(self.ratios),
+                "attention_architecture": dict(self.attention_ratios)}
 
     def vector(self, archs: Sequence[str]) -> np.ndarray:
-        """``[log ratio per arch..., log attention ratio, overhead, slowdown]``."""
+        """``[log matmul ratio per arch..., log attention ratio per arch..., overhead,
+        slowdown]``."""
         return np.array([math.log(self.ratios.get(a, self.pooled)) for a in archs]
-                        + [math.log(self.attention), self.kernel_overhead_us,
-                           self.comm_slowdown])
+                        + [math.log(self.attention_ratios.get(a, self.attention))
+                           for a in archs]
+                        + [self.kernel_overhead_us, self.comm_slowdown])
 
 
-N_SHARED = 3  # attention ratio, kernel overhead, comm slowdown (after the per-arch ratios)
+N_SHARED = 2  # kernel overhead, comm slowdown (after the per-arch matmul and attention ratios)
 
 
 def _bounds(n_archs: int) -> tuple[list[float], list[float]]:
-    lo = [math.log(RATIO_BOUNDS[0])] * (n_archs + 1) + [OVERHEAD_BOUNDS_US[0],
+    lo = [math.log(RATIO_BOUNDS[0])] * (2 * n_archs) + [OVERHEAD_BOUNDS_US[0],
                                                         SLOWDOWN_BOUNDS[0]]
-    hi = [math.log(RATIO_BOUNDS[1])] * (n_archs + 1) + [OVERHEAD_BOUNDS_US[1],
+    hi = [math.log(RATIO_BOUNDS[1])] * (2 * n_archs) + [OVERHEAD_BOUNDS_US[1],
                                                         SLOWDOWN_BOUNDS[1]]
     return lo, hi
 
 
+def _pooled(logs: np.ndarray, w: np.ndarray, default: float) -> float:
+    """The geometric mean of per-architecture ratios weighted by their runs."""
+    return float(np.exp((logs * w).sum() / w.sum())) if len(logs) and w.sum() > 0 else default
+
+
 def _fit_from(x: np.ndarray, archs: Sequence[str], weights: Sequence[float]) -> Fit:
-    logs = np.asarray(x[:-N_SHARED], dtype=float)
+    n = len(archs)
+    gemm = np.asarray(x[:n], dtype=float)
+    attn = np.asarray(x[n:2 * n], dtype=float)
     w = np.asarray(weights, dtype=float)
-    pooled = float(np.exp((logs * w).sum() / w.sum())) if len(archs) and w.sum() > 0 else 1.0
-    return Fit(ratios={str(a): float(np.exp(v)) for a, v in zip(archs, logs, strict=True)},
-               pooled=pooled, attention=float(np.exp(x[-3])), kernel_overhead_us=float(x[-2]),
+    return Fit(ratios={str(a): float(np.exp(v)) for a, v in zip(archs, gemm, strict=True)},
+               pooled=_pooled(gemm, w, 1.0),
+               attention_ratios={str(a): float(np.exp(v))
+                                 for a, v in zip(archs, attn, strict=True)},
+               attention=_pooled(attn, w, 1.0), kernel_overhead_us=float(x[-2]),
                comm_slowdown=float(x[-1]))
 
 
@@ -198,7 +214,7 @@ def fit_transfer(runs: Sequence[PublishedRun], start: Fit | None = None) -> tupl
     model = _Model(runs)
     archs = model.archs
     counts = model.counts(archs)
-    x0 = (start or Fit({}, 0.86, 5.0, 0.1, 0.86)).vector(archs)
+    x0 = (start or Fit({}, 0.86, 5.0, 0.1, 0.6)).vector(archs)
     lo, hi = _bounds(len(archs))
     x0 = np.clip(x0, lo, hi)
 
@@ -206,7 +222,7 @@ def fit_transfer(runs: Sequence[PublishedRun], start: Fit | None = None) -> tupl
         return model.root_w * model.log_errors(_fit_from(x, archs, counts))
 
     sol = least_squares(residuals, x0, bounds=(lo, hi),
-                        x_scale=[0.1] * (len(archs) + 1) + [5.0, 0.1],
+                        x_scale=[0.1] * (2 * len(archs)) + [5.0, 0.1],
                         diff_step=1e-3, loss=LOSS, f_scale=F_SCALE)
     fit = _fit_from(sol.x, archs, counts)
     return fit, model.log_errors(fit)
@@ -229,7 +245,7 @@ def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
 
     Default: one Gauss-Newton step from ``fit`` (the all-source fit) on the other sources'
     residuals, with the Jacobian at ``fit`` by forward differences; an architecture that no
-    other source ran on takes the pooled ratio of the rest, as a GPU without runs does.
+    other source ran on takes the pooled ratios of the rest, as a GPU without runs does.
     ``refit(runs, start)``: refit each fold from scratch instead (slow; for checking).
     ``only``: the sources to leave out (default: each in turn). ``log_errors``: the runs'
     log errors under ``fit``, where the caller has them.
@@ -241,7 +257,7 @@ def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
     if refit is None:
         x = fit.vector(archs)
         r0 = model.log_errors(fit) if log_errors is None else np.asarray(log_errors)
-        steps = np.array([1e-3] * (len(archs) + 1) + [0.05, 1e-3])
+        steps = np.array([1e-3] * (2 * len(archs)) + [0.05, 1e-3])
         jac = np.empty((len(runs), len(x)))
         counts = model.counts(archs)
         for j in range(len(x)):
@@ -258,8 +274,10 @@ def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
         else:
             seen = fitted_architectures([runs[int(i)] for i in train],
                                         [model.arch_of[i] for i in train])
+            n = len(archs)
             cols = np.array([archs.index(a) for a in seen]
-                            + [len(archs) + k for k in range(N_SHARED)], dtype=np.intp)
+                            + [n + archs.index(a) for a in seen]
+                            + [2 * n + k for k in range(N_SHARED)], dtype=np.intp)
             w = model.root_w[train]
             xs = _robust_step(jac[np.ix_(train, cols)] * w[:, None], r0[train] * w, x[cols],
                               *_bounds(len(seen)))
@@ -330,6 +348,8 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
             "kernel_overhead_us": round(fit.kernel_overhead_us, 3),
             "comm_slowdown": round(fit.comm_slowdown, 4),
             "architecture": {a: round(v, 4) for a, v in sorted(fit.ratios.items())},
+            "attention_architecture": {a: round(v, 4)
+                                       for a, v in sorted(fit.attention_ratios.items())},
         },
         "bands": {key: {"band": round(b["band"], 4), "runs": b["runs"],
                         "sources": b["sources"]}
@@ -340,11 +360,13 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
     }
     notes = {
         "transfer": "In-training over microbenchmark matmul fraction (gemm: the pooled ratio, for "
-                    "architectures\nwithout runs), fused attention kernels over theirs (every "
-                    "architecture), the fixed\ncost of one kernel, and the seconds of compute lost "
+                    "architectures\nwithout runs), fused attention kernels over theirs (attention: "
+                    "pooled alike), the fixed\ncost of one kernel, and the seconds of compute lost "
                     "per second of communication\nrunning beside it.",
         "transfer.architecture": "The matmul ratio of each architecture with runs from at least "
                                  "two sources.",
+        "transfer.attention_architecture": "The fused-attention ratio of the same "
+                                           "architectures.",
         "bands": "Relative uncertainty of a step-time estimate: the RMS leave-one-source-out "
                  "error\nof the published runs of its class (architecture/trainer/GPUs), broadest "
                  "last.",
@@ -365,10 +387,13 @@ def load_fit(path: str | Path | None = None) -> Fit:
     t: dict[str, Any] = found
     table = t.get("architecture")
     arch = table if isinstance(table, dict) else {}
+    table = t.get("attention_architecture")
+    attn = table if isinstance(table, dict) else {}
     return Fit(ratios={str(k): float(v) for k, v in arch.items()}, pooled=float(t["gemm"]),
                kernel_overhead_us=float(t["kernel_overhead_us"]),
                comm_slowdown=float(t.get("comm_slowdown", 0.0)),
-               attention=float(t.get("attention", t["gemm"])))
+               attention=float(t.get("attention", t["gemm"])),
+               attention_ratios={str(k): float(v) for k, v in attn.items()})
 
 
 @dataclass(frozen=True)

@@ -421,6 +421,12 @@ def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
     gradient for the weight-gradient matmul (read e, write 1 each)
     (torchao/float8/float8_linear.py, tensorwise and rowwise recipes). Inputs are counted per
     linear (q, k and v, and the MLP's gate and up projections, cast their shared input each).
+    The row-wise recipe (``Job.float8_recipe``) scales each operand along the other axis for
+    the weight-gradient matmul, which one pass cannot: its first kernel also writes a
+    transposed bf16 copy (write e more per element of the input and of the output gradient),
+    which a second kernel casts; torchao's roofline model of the recipes counts 8 bytes per
+    element row-wise against 6 tensor-wise (pytorch/ao@0598012,
+    torchao/testing/training/roofline_utils.py, get_tensor_memory_traffic_ovhd_s).
     """
     h = float(model.hidden_size)
     e = 2.0
@@ -430,8 +436,9 @@ def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
     outs = tokens * ((model.q_dim + 2 * model.kv_dim) / t + h + n_up * ffn / t + h * (ffn > 0))
     cast = (e + 1.0) if job.compile else (2 * e + 1.0)
     kernels = (5.0 + 2.0 * n_up) * (1.0 if job.compile else 2.0)
-    fwd = memory_time(gpu, cast * ins, kernels)
-    bwd = memory_time(gpu, cast * outs + (e + 1.0) * (ins + outs), 2 * kernels)
+    rowwise = e if job.float8_recipe == "rowwise" else 0.0
+    fwd = memory_time(gpu, (cast + rowwise) * ins, kernels)
+    bwd = memory_time(gpu, (cast + rowwise) * outs + (e + 1.0) * (ins + outs), 2 * kernels)
     return fwd, bwd
 
 

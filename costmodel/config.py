@@ -21,6 +21,8 @@ __all__ = ["TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig", "validate"]
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
+#: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -123,6 +125,10 @@ class Job:
     megatron/core/tensor_parallel/random.py ``CheckpointFunction``; metaseq's
     ``--distribute-checkpointed-activations``; DeepSpeed's ``partition_activations``).
     Rows with another recompute mode, with SP or with tp = 1 ignore it.
+    ``float8_recipe``: with fp8 under torchtitan, torchao's scaling recipe: ``tensorwise``
+    (one scale per tensor) or ``rowwise`` (one per row; its casts write a transposed bf16 copy
+    and cast it again along the other axis, ``costmodel.compute.float8_cast_time``). Other
+    trainers ignore it.
     ``zero3_synchronous_gather``: DeepSpeed's ZeRO-3 as released from v0.3.12 (March 2021)
     to v0.5.4: each parameter tensor is all-gathered by its own collective after a
     ``torch.cuda.synchronize()``, so no gather runs beside compute, and through
@@ -165,6 +171,7 @@ class Job:
     grad_reduce_in_fp32: bool | None = None
     distribute_saved_activations: bool = False
     zero3_synchronous_gather: bool = False
+    float8_recipe: str = "tensorwise"
 
     def __post_init__(self) -> None:
         _positive_int("Job", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)
@@ -176,6 +183,7 @@ class Job:
         _choice("Job", "precision", self.precision, PRECISIONS)
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
+        _choice("Job", "float8_recipe", self.float8_recipe, FLOAT8_RECIPES)
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
                     "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm",
                     "compile", "fp8_param_gather", "distribute_saved_activations",

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.config import TRI_STATE_JOB_FLAGS, Job, ParallelConfig
+from costmodel.config import FLOAT8_RECIPES, TRI_STATE_JOB_FLAGS, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate, estimate
 from costmodel.hardware import GPU, Cluster, Link
@@ -207,7 +207,7 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     (torchtitan's async TP, which the Job calls ``tp_comm_overlap``), ``fp8_param_gather``
     (Megatron-LM's fp8 parameters), ``fused_cross_entropy``, ``compile_loss``,
     ``grad_reduce_in_fp32``, ``distribute_saved_activations`` and
-    ``zero3_synchronous_gather`` (DeepSpeed's ZeRO-3 of 2021)."""
+    ``zero3_synchronous_gather`` (DeepSpeed's ZeRO-3 of 2021) and ``float8_recipe``."""
     out: dict[str, Any] = {}
     if "compile" in flags:
         out["compile"] = bool(flags["compile"])
@@ -222,6 +222,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
         out["distribute_saved_activations"] = True
     if flags.get("zero3_synchronous_gather"):
         out["zero3_synchronous_gather"] = True
+    if flags.get("float8_recipe") in FLOAT8_RECIPES:  # torchao's; Transformer Engine's differ
+        out["float8_recipe"] = str(flags["float8_recipe"])
     return out
 
 

@@ -143,7 +143,8 @@ def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True,
     The matmul fractions are scaled by the ratio ``planner calibrate`` fitted for the GPU's
     ``architecture`` on published runs (``[transfer.architecture]`` of ``transfer_path()``;
     the pooled ``[transfer] gemm`` for an architecture without runs), the fused-attention
-    fractions by ``[transfer] attention``, the memory fraction by ``[transfer] memory``; with
+    fractions alike by ``[transfer.attention_architecture]`` (pooled: ``[transfer]
+    attention``), the memory fraction by ``[transfer] memory``; with
     ``overhead``, the per-kernel overhead becomes the fitted one (a measured profile keeps
     its own: ``overhead=False``), and the slowdown of compute by concurrent communication
     the fitted ``comm_slowdown``. Unchanged when nothing is fitted.
@@ -178,9 +179,12 @@ def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture
     for k in ("gemm", "gemm_fp8", "gemm_unaligned"):
         if k in eff:
             eff[k] = min(1.0, float(eff[k]) * ratio)
+    attn_arch = t.get("attention_architecture")
+    attn_ratio = float((attn_arch if isinstance(attn_arch, Mapping) else {}).get(
+        architecture, t.get("attention", ratio)))
     for k in ("attention", "attention_backward"):
         if k in eff:
-            eff[k] = min(1.0, float(eff[k]) * float(t.get("attention", ratio)))
+            eff[k] = min(1.0, float(eff[k]) * attn_ratio)
     eff["memory"] = min(1.0, float(eff["memory"]) * float(t.get("memory", 1.0)))
     if overhead:
         eff["kernel_overhead_us"] = float(t["kernel_overhead_us"])

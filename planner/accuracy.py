@@ -121,8 +121,10 @@ def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: 
 def describe(fit: Fit) -> str:
     """The fitted parameters in one line."""
     ratios = ", ".join(f"{a} {v:.3f}" for a, v in sorted(fit.ratios.items()))
+    attn = ", ".join(f"{a} {v:.3f}" for a, v in sorted(fit.attention_ratios.items()))
     return (f"matmul in-training/microbenchmark ratio {ratios} (others {fit.pooled:.3f}); "
-            f"attention {fit.attention:.3f}; kernel overhead {fit.kernel_overhead_us:.2f} us; "
+            f"attention {attn} (others {fit.attention:.3f}); "
+            f"kernel overhead {fit.kernel_overhead_us:.2f} us; "
             f"compute slowdown per second of overlapped communication {fit.comm_slowdown:.3f}")
 
 

@@ -64,6 +64,9 @@ NATIVE = [
     ("tt-moe-cp-fp8", "mixtral-8x7b", 4, "torchtitan",
      PC(dp=8, tp=2, cp=2, ep=4, zero_stage=3, sequence_parallel=True, recompute="full"),
      {"precision": "fp8"}),
+    ("tt-fp8-rowwise", "llama-3-8b", 2, "torchtitan",
+     PC(dp=8, tp=2, zero_stage=3, sequence_parallel=True, recompute="selective"),
+     {"precision": "fp8", "float8_recipe": "rowwise", "compile": True}),
     ("mg-zero1-tp-pp", "llama-3-70b", 8, "megatron",
      PC(dp=4, tp=8, pp=2, zero_stage=1, sequence_parallel=True, recompute="selective"), {}),
     ("mg-tp-overlap", "llama-3-70b", 8, "megatron",
@@ -221,6 +224,13 @@ def test_distributed_saved_activations_reach_megatron_and_not_torchtitan() -> No
     assert any("no distributed saved activations" in str(w.message) for w in caught)
     plain = make_plan("llama-3-8b", 1, PC(dp=1, tp=8, recompute="full"), "megatron")
     assert "--distribute-saved-activations" not in plain.emit("megatron")
+
+
+def test_torchtitan_gets_the_jobs_float8_recipe() -> None:
+    for recipe in ("tensorwise", "rowwise"):
+        p = make_plan("llama-3-8b", 2, PC(dp=16, zero_stage=3), "torchtitan", precision="fp8",
+                      float8_recipe=recipe)
+        assert f'recipe_name = "{recipe}"' in p.emit("torchtitan")
 
 
 # ---- the trainers' own parsers --------------------------------------------------------------

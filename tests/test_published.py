@@ -116,6 +116,10 @@ def test_calibrate_fits_every_gpu_with_bands(tmp_path: Path, capsys) -> None:
     assert t["architecture"]["ampere"] == pytest.approx(report["fitted"]["ratios"]["ampere"],
                                                         abs=1e-4)
     assert 0.3 <= t["gemm"] <= 1.3 and 0 <= t["comm_slowdown"] <= 0.6
+    # The fused-attention ratio per architecture alike.
+    assert set(t["attention_architecture"]) == {"ampere"}
+    assert t["attention_architecture"]["ampere"] == pytest.approx(
+        report["fitted"]["attention_ratios"]["ampere"], abs=1e-4)
     # Two sources: each is left out once, and the bands come from those errors.
     assert "*" in fitted["bands"] and fitted["bands"]["*"]["runs"] == 12
     assert all("loso" in v for v in fitted["runs"].values())
@@ -129,7 +133,8 @@ def test_every_gpu_takes_its_architectures_fitted_ratio() -> None:
         raw = GPU.preset(name, calibrated=False).efficiency
         used = GPU.preset(name).efficiency
         assert used.gemm == pytest.approx(min(1.0, raw.gemm * ref["architecture"][arch]))
-        assert used.attention == pytest.approx(min(1.0, raw.attention * ref["attention"]))
+        assert used.attention == pytest.approx(
+            min(1.0, raw.attention * ref["attention_architecture"][arch]))
         assert used.memory == pytest.approx(raw.memory * ref["memory"])
         assert used.kernel_overhead_s == pytest.approx(ref["kernel_overhead_us"] * 1e-6)
         assert used.comm_slowdown == pytest.approx(ref["comm_slowdown"])
@@ -137,6 +142,8 @@ def test_every_gpu_takes_its_architectures_fitted_ratio() -> None:
     # An architecture without published runs (Ada) takes the pooled ratio.
     raw = GPU.preset("l40s", calibrated=False).efficiency
     assert GPU.preset("l40s").efficiency.gemm == pytest.approx(raw.gemm * ref["gemm"])
+    assert GPU.preset("l40s").efficiency.attention == pytest.approx(
+        min(1.0, raw.attention * ref["attention"]))
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -565,3 +565,36 @@ def test_per_parameter_zero3_gathers_are_refused_where_the_tensors_are_unknown()
               zero3_synchronous_gather=True)
     with pytest.raises(SpecError, match="zero3_synchronous_gather"):
         estimate(MIXTRAL, H100, job, ParallelConfig(dp=32, zero_stage=3))
+
+
+def test_float8_rowwise_casts_write_a_transposed_copy_more() -> None:
+    # torchao's roofline of its recipes (pytorch/ao@0598012, torchao/testing/training/
+    # roofline_utils.py): row-wise casting of an activation moves 8 bytes per element against
+    # tensor-wise's 6 (its first kernel also writes a transposed bf16 copy, 2 bytes more).
+    # So a layer's casts take e = 2 bytes more per element of each linear's input and of its
+    # output gradient, and nothing else changes.
+    from costmodel.compute import float8_cast_time
+
+    gpu = H100.gpu
+    job = Job(global_batch_size=8, seq_len=8192, precision="fp8", framework="torchtitan",
+              compile=True)
+    row = dataclasses.replace(job, float8_recipe="rowwise")
+    tokens, t = np.array([8192.0]), np.array([1.0])
+    tw_f, tw_b = float8_cast_time(LLAMA, gpu, job, tokens, t, moe=False)
+    rw_f, rw_b = float8_cast_time(LLAMA, gpu, row, tokens, t, moe=False)
+    h, q, kv, f = (float(LLAMA.hidden_size), float(LLAMA.q_dim), float(LLAMA.kv_dim),
+                   float(LLAMA.ffn_hidden_size or 0))
+    ins = 8192 * (3 * h + q + 2 * h + f)  # q, k, v; o; gate, up; down
+    outs = 8192 * (q + 2 * kv + h + 2 * f + h)
+    rate = gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory
+    assert (rw_f - tw_f)[0] == pytest.approx(2.0 * ins / rate, rel=1e-9)
+    assert (rw_b - tw_b)[0] == pytest.approx(2.0 * outs / rate, rel=1e-9)
+    # The step: slower row-wise, and the recipe is torchtitan's alone.
+    cfg = ParallelConfig(dp=8, tp=4, zero_stage=3, micro_batch_size=1, recompute="selective",
+                         sequence_parallel=True)
+    assert est_of(LLAMA, H100, row, cfg) > est_of(LLAMA, H100, job, cfg)
+    mg = dataclasses.replace(job, framework="megatron")
+    assert est_of(LLAMA, H100, mg, cfg) == est_of(
+        LLAMA, H100, dataclasses.replace(mg, float8_recipe="rowwise"), cfg)
+    with pytest.raises(SpecError, match="float8_recipe"):
+        Job(global_batch_size=8, seq_len=8192, float8_recipe="delayed")

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, SpecError
-from costmodel.config import FRAMEWORK_NAMES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES
+from costmodel.config import (
+    FLOAT8_RECIPES,
+    FRAMEWORK_NAMES,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+)
 from costmodel.hardware import GPU
 from costmodel.inference import KV_PRECISIONS, OBJECTIVES, WEIGHT_PRECISIONS, InferenceJob
 from planner.models import load_model, load_model_or_module
@@ -172,6 +180,8 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     jb.add_argument("--global-batch-size", type=positive_int, help="sequences per step (required)")
     jb.add_argument("--seq-len", type=positive_int, help="tokens per sequence (required)")
     jb.add_argument("--precision", default="bf16", choices=PRECISIONS)
+    jb.add_argument("--float8-recipe", default="tensorwise", choices=FLOAT8_RECIPES,
+                    help="torchtitan fp8: torchao's scaling recipe (default tensorwise)")
     jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     jb.add_argument("--framework", default="torchtitan", choices=FRAMEWORK_NAMES,
                     help="trainer whose conventions to follow (default torchtitan)")
@@ -413,6 +423,7 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                fp8_param_gather=args.fp8_param_gather,
                distribute_saved_activations=args.distribute_saved_activations,
                zero3_synchronous_gather=args.zero3_synchronous_gather,
+               float8_recipe=args.float8_recipe,
                fused_cross_entropy=True if args.fused_cross_entropy else None,
                compile_loss=False if args.no_compile_loss else None,
                grad_reduce_in_fp32=False if args.no_grad_reduce_in_fp32 else None,

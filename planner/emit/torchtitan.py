@@ -187,10 +187,9 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
         "activation_checkpoint": ac,
     }
     if job.precision == "fp8":
-        # Dynamic tensor-wise scaling: the recipe the cost model times (torchao's casts,
-        # costmodel.compute.float8_cast_time); row-wise ran 12-27 % slower in torchtitan's
-        # and torchao's published tables.
-        out["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
+        # torchao's dynamic scaling recipe the job names (Job.float8_recipe), whose casts
+        # the cost model times (costmodel.compute.float8_cast_time).
+        out["quantize.linear.float8"] = {"recipe_name": job.float8_recipe}
     if job.compile:
         # torch.compile of the blocks and the loss (Job.compile; lower turns it on for async TP).
         out["compile"] = {"enable": True, "components": ["model", "loss"]}
