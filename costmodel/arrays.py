@@ -27,7 +27,7 @@ class Layers(Protocol):
     def layer_kinds(self) -> tuple[int, ...]: ...
 
 __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Stages",
-           "divisors", "even_split", "first_argmax", "ordered_sum"]
+           "divisors", "even_split", "first_argmax", "input_split", "ordered_sum"]
 
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
@@ -203,6 +203,15 @@ def even_split(num_layers: int, pp: int) -> list[int]:
     """The even split of ``num_layers`` over ``pp`` stages, remainder to the last stages."""
     base, rem = divmod(num_layers, pp)
     return [base + (i >= pp - rem) for i in range(pp)]
+
+
+def input_split(num_layers: int, pp: int, first: int) -> list[int] | None:
+    """The split a pipeline of a traced graph whose first stage must hold ``first`` layers
+    (``LayerCosts.first_stage_layers``) runs by default: ``None`` where the even split
+    already gives it them, else ``first`` layers then the rest split evenly."""
+    if pp < 2 or num_layers // pp >= first or num_layers - first < pp - 1:
+        return None
+    return [first, *even_split(num_layers - first, pp - 1)]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from costmodel.kernels import Gemm, Kernels
 from costmodel.layercosts import RECOMPUTE_MODES, BlockCosts, LayerCosts, ShardCosts
 from costmodel.units import compute_bytes
 
-__all__ = ["block_costs", "graph_blocks"]
+__all__ = ["block_costs", "first_stage_layers", "graph_blocks"]
 
 
 @dataclass
@@ -82,7 +82,27 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     shape = graph.inputs[0] if graph.inputs else ()
     return LayerCosts(graph.name, "graph", shape[0] if shape else 1, job.seq_len,
                       sequence_parallel, tuple(blocks), layouts,
-                      element_bytes=compute_bytes(job.precision))
+                      element_bytes=compute_bytes(job.precision),
+                      first_stage_layers=first_stage_layers(graph))
+
+
+def first_stage_layers(graph: LayerGraph) -> int:
+    """The layers (pipeline units, ``LayerCosts.layer_kinds``) that run before the last
+    forward op reading one of the model's own inputs, or that contain it: a pipeline's first
+    stage must hold them, since torch.distributed.pipelining hands a later stage only the
+    previous stage's outputs (an encoder-decoder that embeds its decoder tokens after the
+    encoder: the encoder). A run of identical layers counts whole: its later instances, not
+    traced, run before anything traced after the first."""
+    readers = [v for v in graph.graph.nodes
+               if graph.node(v).reads_input and not graph.node(v).backward]
+    if not readers:
+        return 0
+    units = []  # (first forward op id, layers) of each unit block, in order
+    for _, kind, members in graph_blocks(graph):
+        ids = [v for x in members for v in x.nodes if not graph.node(v).backward]
+        if kind not in ("embedding", "head") and ids:
+            units.append((min(ids), members[0].repeat))
+    return max(sum(n for first, n in units if first <= v) for v in readers)
 
 
 def graph_blocks(graph: LayerGraph) -> list[tuple[str, str, list[Layer]]]:

@@ -375,6 +375,7 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
     the cluster and the job; SpecError names what is wrong."""
     _check_placement(model, cluster, cfg)
     _check_layers(model, cfg)
+    _check_first_stage(model, cfg)
     _check_batch(job, cfg)
     _check_experts(model, cfg)
     _check_framework(framework(job.framework), job, cfg)
@@ -447,6 +448,23 @@ def _check_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
             f"stage_layers {list(cfg.stage_layers)} sum to {sum(cfg.stage_layers)}, "
             f"not the model's {model.num_layers} layers"
         )
+
+
+def _check_first_stage(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
+    """A traced graph's first pipeline stage holds the layers before its last op that reads
+    the model's own inputs (``LayerCosts.first_stage_layers``)."""
+    need = 0 if isinstance(model, ModelSpec) else model.first_stage_layers
+    if cfg.pp == 1 or not need:
+        return
+    chunks = cfg.pp * cfg.virtual_pipeline_stages
+    first = cfg.stage_layers[0] if cfg.stage_layers is not None \
+        else model.num_layers // chunks
+    if first < need:
+        raise SpecError(
+            f"the first pipeline stage holds {first} layers, but {model.name} reads its own "
+            f"inputs until after its first {need} layers, and torch.distributed.pipelining "
+            f"gives a later stage only the previous stage's outputs; give the first stage at "
+            f"least {need} layers (stage_layers), or fewer stages")
 
 
 def _check_batch(job: Job, cfg: ParallelConfig) -> None:

@@ -178,7 +178,8 @@ class OpNode:
     backward covers it, grad mode off there), their ``loops`` (``costmodel.sharding``: the
     splitting rules) and,
     for views, ``view_map`` (the input dim of each output dim); a fused attention, whether
-    it is ``causal``.
+    it is ``causal``. ``reads_input``: a forward op that reads one of the model's own
+    input tensors (what only the first stage of torch's pipelining is given).
     """
 
     id: int
@@ -198,6 +199,7 @@ class OpNode:
     inputs: tuple[TensorRef, ...] = ()
     grad: bool = False
     fused_grad: bool = False
+    reads_input: bool = False
     causal: bool = False
     loops: tuple[Loop, ...] = ()
     view_map: tuple[int | None, ...] | None = None
@@ -408,6 +410,8 @@ class _Recorder:
         self.producer: dict[int, int] = {}
         self.alive: list[Any] = []
         self.saved_storages: set[int] = set()
+        #: ids of the model's own input tensors (set before the forward runs).
+        self.model_inputs: set[int] = set()
         # (last node recorded, producer, bytes, module path) of each saved storage
         self.saved_log: list[tuple[int, int, float, str]] = []
         self.unsupported: list[tuple[str, str]] = []
@@ -490,7 +494,8 @@ class _Recorder:
             grad = bool(outs) and (outs[0].is_floating_point() or outs[0].is_complex()) \
                 and any(r.grad for r in refs)
             extra = dict(inputs=refs, grad=grad, causal=causal,
-                         fused_grad=IN_FUSED_FORWARD.get())
+                         fused_grad=IN_FUSED_FORWARD.get(),
+                         reads_input=any(id(t) in self.model_inputs for t in ins))
             if family == "view" and refs:
                 extra["view_map"] = view_map(name, plain, shapes[0], shape)
             else:
@@ -592,6 +597,8 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
             rec = _Recorder(tracker, names, storages)
             rec.prefix = type(module).__name__
             inputs = _meta(example_inputs, dtype)
+            rec.model_inputs = {id(t) for t in tree_flatten(inputs)[0]
+                                if isinstance(t, torch.Tensor)}
             hooks = [module.get_submodule(first).register_forward_hook(_same_shape)
                      for first in cut]
             with tracker, _swapped(F, replacements), Fused(), Mode(rec), \

@@ -151,7 +151,10 @@ class LayerCosts:
     ``layouts``: for a graph, per TP degree, (node id, module path, op, strategy, output
     layout) of every op the ILP placed; ``sp_costs``: the same model costed the other way
     round (with sequence parallelism where ``sequence_parallel`` is false), which the rows
-    that choose it read (``variant``): one search then weighs both."""
+    that choose it read (``variant``): one search then weighs both. ``first_stage_layers``:
+    the layers a pipeline's first stage must hold, a graph's that run before (or contain)
+    its last op reading the model's own inputs (``costmodel.blockcosts.first_stage_layers``).
+    """
 
     name: str
     source: str
@@ -164,6 +167,7 @@ class LayerCosts:
     spec: ModelSpec | None = None
     element_bytes: float = 2.0
     sp_costs: LayerCosts | None = None
+    first_stage_layers: int = 0
 
     @property
     def sp_options(self) -> tuple[bool, ...]:
@@ -374,6 +378,7 @@ class LayerCosts:
                 "micro_batch_size": self.micro_batch_size, "seq_len": self.seq_len,
                 "sequence_parallel": self.sequence_parallel,
                 "element_bytes": self.element_bytes,
+                "first_stage_layers": self.first_stage_layers,
                 "spec": self.spec.to_dict() if self.spec is not None else None,
                 "layouts": {str(t): [list(x) for x in ops] for t, ops in self.layouts.items()},
                 "blocks": [{"name": b.name, "kind": b.kind, "repeat": b.repeat,
@@ -401,7 +406,8 @@ class LayerCosts:
             return cls(str(d["name"]), str(d["source"]), int(d["micro_batch_size"]),
                        int(d["seq_len"]), bool(d["sequence_parallel"]), blocks, layouts,
                        spec=spec, element_bytes=float(d.get("element_bytes", 2.0)),
-                       sp_costs=other)
+                       sp_costs=other,
+                       first_stage_layers=int(d.get("first_stage_layers", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise SpecError(f"layer costs are missing or mangle a field ({type(e).__name__}: "
                             f"{e}); re-create them with LayerCosts.from_graph") from e

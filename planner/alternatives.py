@@ -118,9 +118,9 @@ def alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
     out = []
     # One runner-up per configuration up to how many layers it recomputes: the variants of
     # recompute_num_layers lose for the same reason, by steps of one layer.
-    seen = {_but_layers(row_config(np.array(best.row)))}
+    seen = {_but_layers(row_config(np.array(best.row), res.model))}
     for f in res.top[1:]:
-        cfg = row_config(np.array(f.row))
+        cfg = row_config(np.array(f.row), res.model)
         if _but_layers(cfg) in seen:
             continue
         seen.add(_but_layers(cfg))
@@ -132,7 +132,7 @@ def alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
     for (fw, *degrees), o in res.meshes.items():
         if o.best is not None and o.best.row not in shown:
             rows.append((0, o.best.step_time, Alternative(
-                framework=fw, config=row_config(np.array(o.best.row)), verdict="slower",
+                framework=fw, config=row_config(np.array(o.best.row), res.model), verdict="slower",
                 reason=_slower(best, o.best), step_time_s=o.best.step_time,
                 peak_memory_bytes=o.best.peak_memory)))
         elif o.best is None and o.nearest is not None:
@@ -143,7 +143,7 @@ def alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
                    if n.peak_memory > capacity else
                    "does not fit: what it offloads exceeds the GPU's share of host memory")
             rows.append((1, n.peak_memory, Alternative(
-                framework=fw, config=row_config(np.array(n.row)), verdict="does not fit",
+                framework=fw, config=row_config(np.array(n.row), res.model), verdict="does not fit",
                 reason=why, peak_memory_bytes=n.peak_memory)))
         elif o.best is None and np.isfinite(o.floor):
             mesh = dict(zip(("dp", "tp", "pp", "cp", "ep"), degrees, strict=True))

@@ -288,7 +288,7 @@ def _outcome(plan: Plan, value: Any, cons: Constraints) -> Option:
         reason = slower_reason(e.step_time_s or 0.0, e.time_breakdown_s, e.peak_memory_bytes,
                                f.step_time, f.terms, f.peak_memory)
         return Option(value=value, verdict="slower", reason=reason, framework=f.framework,
-                      config=row_config(np.array(f.row)), step_time_s=f.step_time,
+                      config=row_config(np.array(f.row), plan.model), step_time_s=f.step_time,
                       peak_memory_bytes=f.peak_memory)
     low = res.least_memory
     if low is None:
@@ -303,4 +303,5 @@ def _outcome(plan: Plan, value: Any, cons: Constraints) -> Option:
     else:
         why = "what it offloads exceeds the GPU's share of host memory"
     return Option(value=value, verdict="does not fit", reason=why, framework=low.framework,
-                  config=row_config(np.array(low.row)), peak_memory_bytes=low.peak_memory)
+                  config=row_config(np.array(low.row), plan.model),
+                  peak_memory_bytes=low.peak_memory)

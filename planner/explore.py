@@ -119,7 +119,7 @@ def frontier(model: ModelSpec, cluster: Cluster, job: Job,
     cap = float(cluster.gpu.memory_bytes)
     return Frontier(step_time_s=step[shown], peak_memory_bytes=peak[shown],
                     fits=peak[shown] <= cap, pareto=where,
-                    pareto_configs=tuple(row_config(table[i]) for i in front),
+                    pareto_configs=tuple(row_config(table[i], model) for i in front),
                     tokens_per_step=job.tokens_per_step, capacity_bytes=cap, total=len(step))
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from costmodel.arrays import input_split
 from costmodel.config import Job, ParallelConfig, validate
 from costmodel.errors import SpecError
 from costmodel.hardware import Cluster
@@ -97,8 +98,13 @@ def stage_costs(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: 
     """Cost of every (stage, first layer, layers, recomputed layers) candidate of ``cfg``."""
     if cfg.virtual_pipeline_stages > 1:
         raise SpecError("non-uniform stages need a schedule without interleaving")
-    validate(model, cluster, job, replace(cfg, stage_layers=None, stage_recompute_layers=None))
     p, L = cfg.pp, model.num_layers
+    # A traced graph's first stage holds the layers before its last read of the model's
+    # inputs (LayerCosts.first_stage_layers): checked on a split that gives it them.
+    need = 0 if isinstance(model, ModelSpec) else model.first_stage_layers
+    split = input_split(L, p, need)
+    validate(model, cluster, job, replace(cfg, stage_layers=tuple(split) if split else None,
+                                          stage_recompute_layers=None))
     per_stage = cfg.recompute == "full"
     # Where the layers are not all of one kind (a MoE model's leading dense layers, a
     # traced graph's distinct blocks) a stage's cost depends on its first layer too.
@@ -121,6 +127,7 @@ def stage_costs(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: 
     memory = np.full(shape, np.inf)
     time[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = tt.stage_time[0]
     memory[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = mem.total[0]
+    time[0, :, :need] = np.inf  # the first stage holds at least the layers reading inputs
     return StageCosts(time=time, memory=memory, starts_matter=mixed)
 
 

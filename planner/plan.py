@@ -478,7 +478,7 @@ def _infeasible(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cons:
         return Infeasible(f"no valid configuration of {model.name} on {cluster.num_gpus} GPUs "
                           f"under these constraints: {rules or 'none'}")
     low = res.least_memory
-    cfg = row_config(np.array(low.row))
+    cfg = row_config(np.array(low.row), model)
     reserve = (f" ({cluster.gpu.memory_bytes / GIB:.1f} GiB less the "
                f"{100 * job.memory_reserve:.0f}% memory reserve)" if job.memory_reserve else "")
     msg = (f"nothing fits in {cap / GIB:.1f} GiB per GPU{reserve}: the least memory any "
@@ -552,7 +552,7 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
         raise _infeasible(model, cluster, job, cons, res)
     best = res.top[0]
     chosen_job = res.jobs[best.framework]
-    cfg = row_config(np.array(best.row))
+    cfg = row_config(np.array(best.row), model)
     est = estimate(model, cluster, chosen_job, cfg)
     alternatives = lost_alternatives(res, plan_capacity(cluster, job))
     if partition:
@@ -624,7 +624,7 @@ def _refine(model: ModelSpec | LayerCosts, cluster: Cluster, res: SearchResult, 
     assert uniform_s is not None  # estimate() always times the step
     best = (uniform_s, cfg, est, job)
     for f in res.top:
-        c = row_config(np.array(f.row))
+        c = row_config(np.array(f.row), model)
         if c.pp < 2 or c.virtual_pipeline_stages > 1:
             continue
         j = res.jobs[f.framework]

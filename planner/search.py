@@ -84,6 +84,8 @@ class SearchResult:
     rejected: dict[str, dict[str, tuple[int, str]]]
     least_memory: Found | None
     jobs: dict[str, Job] = field(default_factory=dict)
+    #: What was searched (``row_config`` reads a traced graph's stage split off it).
+    model: ModelSpec | LayerCosts | None = None
 
 
 def _first_per_mesh(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -326,7 +328,8 @@ def search(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
         jobs[space.framework] = j
     return SearchResult(top=[f for _, f in state.top], meshes=state.meshes,
                         counts=state.counts, rejected=rejected,
-                        least_memory=state.least[1] if state.least else None, jobs=jobs)
+                        least_memory=state.least[1] if state.least else None, jobs=jobs,
+                        model=model)
 
 
 def nodes_of(gpus: int, gpus_per_node: int) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.arrays import divisors
+from costmodel.arrays import divisors, input_split
 from costmodel.config import FRAMEWORK_NAMES, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.frameworks import Framework, framework, schedule_problem
@@ -58,6 +58,9 @@ RULES: dict[str, str] = {
     "sp_traced": "a traced graph is costed with the sequence parallelism its blocks were "
                  "sharded with (LayerCosts.sp_options)",
     "pp_layers": "a pipeline stage holds at least one layer: pp <= layers",
+    "pp_inputs": "the first pipeline stage (chunk) holds the layers before the model's last "
+                 "op that reads its own inputs: torch.distributed.pipelining gives a later "
+                 "stage only the previous stage's outputs (LayerCosts.first_stage_layers)",
     "cp_seq": "context parallel splits the sequence: cp divides seq_len",
     "mesh_nodes": "the tp x cp block tiles the nodes: it divides, or is a multiple of, the "
                   "GPUs per node",
@@ -315,12 +318,20 @@ def positions(sizes: np.ndarray) -> np.ndarray:
 
 
 def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
-    """The cost model's columns of rows of ``COLUMNS``, uniform stage split: four
+    """The cost model's columns of rows of ``COLUMNS``, uniform stage split (a traced
+    graph's first stage given the layers that read its inputs, ``input_split``): four
     representative stage columns where they are exact, else every stage its own."""
     c = {name: table[:, i] for i, name in enumerate(COLUMNS)}
-    exact = ConfigArrays.classes_exact(model, c["pp"], c["v"])
+    need = model.first_stage_layers if isinstance(model, LayerCosts) else 0
+    L = model.num_layers
+    heavy = {int(p): s for p in np.unique(c["pp"]) if (s := input_split(L, int(p), need))}
+    exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"])
     index, count, layers, start = (ConfigArrays.uniform_stages if exact else
-                                   ConfigArrays.every_stage)(model.num_layers, c["pp"])
+                                   ConfigArrays.every_stage)(L, c["pp"])
+    for p, split in heavy.items():
+        rows = (c["pp"] == p) & (c["v"] == 1)
+        layers[rows, :p] = split
+        start[rows, :p] = np.cumsum(split) - np.array(split)
     shard = np.where(c["zero"] > 0, c["group"] * c["cp"], 1)
     return ConfigArrays(
         dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero=c["zero"],
@@ -330,10 +341,15 @@ def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
         stage_start=start)
 
 
-def row_config(r: np.ndarray) -> ParallelConfig:
-    """One row of a space table (``COLUMNS``) as a ParallelConfig."""
+def row_config(r: np.ndarray, model: ModelSpec | LayerCosts | None = None) -> ParallelConfig:
+    """One row of a space table (``COLUMNS``) as a ParallelConfig; with ``model``, the stage
+    split the search costed it with where it is not the even one (``arrays``)."""
     c = dict(zip(COLUMNS, (int(x) for x in r), strict=True))
+    need = model.first_stage_layers if isinstance(model, LayerCosts) else 0
+    split = input_split(model.num_layers, c["pp"], need) \
+        if model is not None and c["v"] == 1 else None
     return ParallelConfig(
+        stage_layers=tuple(split) if split else None,
         dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero_stage=c["zero"],
         sharding_group=c["group"] if c["zero"] and c["group"] != c["dp"] else None,
         sequence_parallel=bool(c["sp"]), micro_batch_size=c["mbs"],
@@ -401,8 +417,10 @@ def _shardings(fw: Framework, f: _Filter, dp: int, pp: int, cp: int, ep: int
     return np.array(out, dtype=np.int64).reshape(-1, 3)
 
 
-def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int) -> list[tuple[int, int]]:
-    """(schedule, virtual stages) options of a pipeline degree."""
+def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int, need: int = 0
+               ) -> list[tuple[int, int]]:
+    """(schedule, virtual stages) options of a pipeline degree; ``need``: the layers the
+    first chunk must hold (``LayerCosts.first_stage_layers``)."""
     if pp == 1:
         # Without a pipeline the schedule means nothing; its canonical form is 1F1B, v = 1.
         if f.cons.allows("pipeline_schedule", "1f1b") and \
@@ -420,7 +438,8 @@ def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int) -> list[tupl
                 out.append((SCHEDULE_CODES[s], 1))
             continue
         vs = f.keep("virtual_pipeline_stages", range(2, num_layers // pp + 1), [
-            ("virtual_layers", lambda v: num_layers % (pp * v) == 0)],
+            ("virtual_layers", lambda v: num_layers % (pp * v) == 0),
+            ("pp_inputs", lambda v: num_layers // (pp * v) >= need)],
             show=lambda v: f"pp={pp} virtual_pipeline_stages={v}")
         out += [(SCHEDULE_CODES[s], v) for v in vs]
     return out
@@ -466,6 +485,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     f = _Filter(cons, rej)
     world, gpn, L = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
     traced = isinstance(model, LayerCosts) and model.spec is None
+    need = model.first_stage_layers if isinstance(model, LayerCosts) else 0
     tps = f.keep("tp", divisors(world), [("tp_node", lambda t: gpn % t == 0),
                                          *_tp_rules(model)])
     cores: list[tuple[int, ...]] = []
@@ -477,9 +497,11 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     r_tables: list[np.ndarray] = []
     for tp in tps:
         pps = f.keep("pp", divisors(world // tp), [
-            ("pp_layers", lambda p: p <= L)], show=lambda p, tp=tp: f"tp={tp} pp={p}")
+            ("pp_layers", lambda p: p <= L),
+            ("pp_inputs", lambda p: p == 1 or L - need >= p - 1)],
+            show=lambda p, tp=tp: f"tp={tp} pp={p}")
         for pp in pps:
-            scheds = _schedules(fw, f, L, pp)
+            scheds = _schedules(fw, f, L, pp, need)
             cps = f.keep("cp", divisors(world // (tp * pp)), [
                 ("cp_seq", lambda c: job.seq_len % c == 0),
                 ("cp_traced", lambda c: c == 1 or not traced

@@ -17,7 +17,7 @@ def fastest_that_fits(model: Any, cluster: Cluster, job: Job, space: Space
     the job's memory reserve, ties by memory then the row; ``None`` when none fits."""
     best = None
     for r in space.table:
-        e = estimate(model, cluster, job, row_config(np.asarray(r)))
+        e = estimate(model, cluster, job, row_config(np.asarray(r), model))
         if e.fits and e.within_reserve:  # what a plan keeps free (Job.memory_reserve)
             assert e.step_time_s is not None
             k = (e.step_time_s, e.peak_memory_bytes, tuple(int(x) for x in r))
@@ -50,5 +50,5 @@ def search_equals_brute_force(model: Any, cluster: Cluster, job: Job, cons: Any)
     p = planner.plan(model, small, job, constraints=cons, partition=False)
     assert best is not None
     assert p.estimate.step_time_s == best[0]
-    assert p.config == row_config(np.asarray(best[2]))
+    assert p.config == row_config(np.asarray(best[2]), model)
     return space

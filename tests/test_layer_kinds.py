@@ -18,6 +18,8 @@ torch = pytest.importorskip("torch")
 
 from costmodel import Cluster, Job, ParallelConfig  # noqa: E402
 from costmodel.arrays import ConfigArrays  # noqa: E402
+from costmodel.config import validate  # noqa: E402
+from costmodel.errors import SpecError  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
 from costmodel.layercosts import LayerCosts  # noqa: E402
 from costmodel.memory import memory_table  # noqa: E402
@@ -111,8 +113,12 @@ def test_search_and_stage_dp_of_an_encoder_decoder_equal_brute_force() -> None:
     cons = Constraints(max={"micro_batch_size": 2}, allowed={"recompute": ["none", "full"]},
                        fixed={"offload": "none"})
     space = search_equals_brute_force(costs, NODE, job, cons)
-    assert 20 < space.rows < 3000 and 4 in set(space.table[:, COLUMNS.index("pp")])
-    for cfg in (ParallelConfig(dp=4, pp=2), ParallelConfig(dp=2, pp=4, recompute="full")):
+    # The decoder embeds the tokens after the encoder (and its norm): the first stage holds
+    # those 4 layers, so 2 stages split [4, 2] and 4 would leave a stage without a layer.
+    assert costs.first_stage_layers == ENC + 1
+    assert 20 < space.rows < 3000 and set(space.table[:, COLUMNS.index("pp")]) == {1, 2}
+    assert "pp_inputs" in space.rejected
+    for cfg in (ParallelConfig(dp=4, pp=2), ParallelConfig(dp=4, pp=2, recompute="full")):
         sc = stage_costs(costs, NODE, job, cfg)
         assert sc.starts_matter
         cap = float(np.quantile(sc.memory[np.isfinite(sc.memory)], 0.8))
@@ -136,6 +142,12 @@ def test_an_encoder_decoder_plan_round_trips_and_explains() -> None:
                      constraints={"fixed": {"pp": 2}})
     assert isinstance(p, planner.Plan) and p.config.pp == 2
     assert sum(s.num_layers for s in p.estimate.stages) == ENC + 1 + DEC
+    # The second stage starts at the decoder: a cut inside the encoder would leave the
+    # decoder's embedding of the tokens, which torch's pipelining gives only the first
+    # stage, to a later one (planner.runtime refuses such a cut), and validate says so.
+    assert p.config.stage_layers == (ENC + 1, DEC)
+    with pytest.raises(SpecError, match="first pipeline stage holds 3 layers"):
+        validate(p.model, NODE, job, dataclasses.replace(p.config, stage_layers=(3, 3)))
     back = planner.Plan.from_json(p.to_json())
     assert back.model == p.model and back.config == p.config
     assert back.estimate.step_time_s == pytest.approx(p.estimate.step_time_s, rel=1e-12)

@@ -300,7 +300,8 @@ def test_a_weight_two_pipeline_stages_use_is_tied(one_process: None) -> None:
     for name, ties in (("t5", []), ("t5_tied", [tied])):
         make, example, job = _example_module(name)
         module = make()
-        plan = make_plan({"pp": 2}, _module_plan("t5_fsdp_full").model, job)
+        plan = make_plan({"pp": 2, "stage_layers": [3, 2]}, _module_plan("t5_fsdp_full").model,
+                         job)
         paths = layer_paths(plan.model, module)
         assert paths == ["encoder.0", "encoder.1", "encoder_norm", "decoder.0", "decoder.1"]
         parts, got = _cut_stages(module, plan.config, [(0, 3), (3, 5)], [0], torch.device("cpu"),
