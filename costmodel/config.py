@@ -453,7 +453,7 @@ def _check_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
 def _check_first_stage(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
     """A traced graph's first pipeline stage holds the layers before its last op that reads
     the model's own inputs (``LayerCosts.first_stage_layers``)."""
-    need = 0 if isinstance(model, ModelSpec) else model.first_stage_layers
+    need = model.first_stage_layers
     if cfg.pp == 1 or not need:
         return
     chunks = cfg.pp * cfg.virtual_pipeline_stages

@@ -188,6 +188,13 @@ class ModelSpec:
         return (0,) * dense + (1,) * self.num_moe_layers
 
     @property
+    def first_stage_layers(self) -> int:
+        """Layers a pipeline's first stage must hold because they read the model's own
+        inputs (``LayerCosts.first_stage_layers``): a preset reads them in its embedding
+        alone, so none."""
+        return 0
+
+    @property
     def q_dim(self) -> int:
         """Width of the query projection: ``num_heads * head_dim``."""
         return self.num_heads * int(self.head_dim or 0)

@@ -101,8 +101,7 @@ def stage_costs(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: 
     p, L = cfg.pp, model.num_layers
     # A traced graph's first stage holds the layers before its last read of the model's
     # inputs (LayerCosts.first_stage_layers): checked on a split that gives it them.
-    need = 0 if isinstance(model, ModelSpec) else model.first_stage_layers
-    split = input_split(L, p, need)
+    split = input_split(L, p, model.first_stage_layers)
     validate(model, cluster, job, replace(cfg, stage_layers=tuple(split) if split else None,
                                           stage_recompute_layers=None))
     per_stage = cfg.recompute == "full"
@@ -127,7 +126,8 @@ def stage_costs(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: 
     memory = np.full(shape, np.inf)
     time[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = tt.stage_time[0]
     memory[c[:, 0], c[:, 1], c[:, 2], c[:, 3]] = mem.total[0]
-    time[0, :, :need] = np.inf  # the first stage holds at least the layers reading inputs
+    # The first stage holds at least the layers that read the model's inputs.
+    time[0, :, :model.first_stage_layers] = np.inf
     return StageCosts(time=time, memory=memory, starts_matter=mixed)
 
 

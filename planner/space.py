@@ -322,9 +322,9 @@ def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
     graph's first stage given the layers that read its inputs, ``input_split``): four
     representative stage columns where they are exact, else every stage its own."""
     c = {name: table[:, i] for i, name in enumerate(COLUMNS)}
-    need = model.first_stage_layers if isinstance(model, LayerCosts) else 0
-    L = model.num_layers
-    heavy = {int(p): s for p in np.unique(c["pp"]) if (s := input_split(L, int(p), need))}
+    L, need = model.num_layers, model.first_stage_layers
+    heavy = {int(p): s for p in np.unique(c["pp"])
+             if (s := input_split(L, int(p), need))} if need else {}
     exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"])
     index, count, layers, start = (ConfigArrays.uniform_stages if exact else
                                    ConfigArrays.every_stage)(L, c["pp"])
@@ -345,8 +345,7 @@ def row_config(r: np.ndarray, model: ModelSpec | LayerCosts | None = None) -> Pa
     """One row of a space table (``COLUMNS``) as a ParallelConfig; with ``model``, the stage
     split the search costed it with where it is not the even one (``arrays``)."""
     c = dict(zip(COLUMNS, (int(x) for x in r), strict=True))
-    need = model.first_stage_layers if isinstance(model, LayerCosts) else 0
-    split = input_split(model.num_layers, c["pp"], need) \
+    split = input_split(model.num_layers, c["pp"], model.first_stage_layers) \
         if model is not None and c["v"] == 1 else None
     return ParallelConfig(
         stage_layers=tuple(split) if split else None,
@@ -485,7 +484,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     f = _Filter(cons, rej)
     world, gpn, L = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
     traced = isinstance(model, LayerCosts) and model.spec is None
-    need = model.first_stage_layers if isinstance(model, LayerCosts) else 0
+    need = model.first_stage_layers
     tps = f.keep("tp", divisors(world), [("tp_node", lambda t: gpn % t == 0),
                                          *_tp_rules(model)])
     cores: list[tuple[int, ...]] = []

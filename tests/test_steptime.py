@@ -547,14 +547,14 @@ def test_deepspeed_2021_zero3_gathers_each_parameter_alone_and_overlaps_nothing(
         est.num_micro_batches * model.num_layers * 3 * copies
     # ZeRO-1/2 and other trainers ignore the flag.
     z2 = dataclasses.replace(cfg, zero_stage=2)
-    assert est_of(model, cluster, job, z2) == est_of(
+    assert _step_s(model, cluster, job, z2) == _step_s(
         model, cluster, dataclasses.replace(job, zero3_synchronous_gather=False), z2)
     tt = dataclasses.replace(job, framework="torchtitan", precision="bf16")
     assert estimate(model, cluster, tt, cfg).step_time_s == estimate(
         model, cluster, dataclasses.replace(tt, zero3_synchronous_gather=False), cfg).step_time_s
 
 
-def est_of(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) -> float:
+def _step_s(model: ModelSpec, cluster: Cluster, job: Job, cfg: ParallelConfig) -> float:
     step = estimate(model, cluster, job, cfg).step_time_s
     assert step is not None
     return step
@@ -592,9 +592,9 @@ def test_float8_rowwise_casts_write_a_transposed_copy_more() -> None:
     # The step: slower row-wise, and the recipe is torchtitan's alone.
     cfg = ParallelConfig(dp=8, tp=4, zero_stage=3, micro_batch_size=1, recompute="selective",
                          sequence_parallel=True)
-    assert est_of(LLAMA, H100, row, cfg) > est_of(LLAMA, H100, job, cfg)
+    assert _step_s(LLAMA, H100, row, cfg) > _step_s(LLAMA, H100, job, cfg)
     mg = dataclasses.replace(job, framework="megatron")
-    assert est_of(LLAMA, H100, mg, cfg) == est_of(
+    assert _step_s(LLAMA, H100, mg, cfg) == _step_s(
         LLAMA, H100, dataclasses.replace(mg, float8_recipe="rowwise"), cfg)
     with pytest.raises(SpecError, match="float8_recipe"):
         Job(global_batch_size=8, seq_len=8192, float8_recipe="delayed")

@@ -329,8 +329,7 @@ class Transformer(nn.Module):
         deep = INIT_STD / math.sqrt(2 * self.spec.num_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear | nn.Embedding):
-                std = deep if name.endswith(("attention.wo", ".w2")) \
-                    else INIT_STD
+                std = deep if name.endswith(("attention.wo", ".w2")) else INIT_STD
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 bias = getattr(module, "bias", None)
                 if bias is not None:
