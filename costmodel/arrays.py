@@ -225,6 +225,16 @@ class Stages:
     recompute: np.ndarray | None
 
 
+def stage_cumsum(x: np.ndarray) -> np.ndarray:
+    """``np.cumsum(x, axis=0)`` of a stage-major array ``[W, rows]`` (the same additions in the
+    same order), a row of stages at a time: numpy's cumsum along a short leading axis runs
+    element by element, 10-20x slower than a few whole-row additions."""
+    out = np.array(x, dtype=np.int64 if x.dtype == bool else x.dtype)
+    for i in range(1, out.shape[0]):
+        out[i] += out[i - 1]
+    return out
+
+
 def ordered_sum(xs: Iterable[np.ndarray], empty: np.ndarray | None = None) -> np.ndarray:
     """The sum of ``xs`` in order, the first as it is (``empty`` when there is none)."""
     out = None

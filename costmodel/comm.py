@@ -40,7 +40,9 @@ share, ``k * nics_per_node * B_nic / g`` (each GPU drives its own NIC rail).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +50,29 @@ import hardware_profiles
 from costmodel.hardware import Cluster
 from costmodel.units import Num
 
-__all__ = ["Topology"]
+__all__ = ["Group", "Topology"]
+
+#: Groups whose size and stride arrays have fewer elements are computed afresh (a scalar
+#: collective of the sharding ILP or the inference model).
+_CACHE_MIN = 64
+#: Distinct groups a ``Topology`` keeps (a table has a handful).
+_CACHE_GROUPS = 64
+
+
+@dataclass(frozen=True)
+class _Lines:
+    """One algorithm's cost ``nbytes -> min(ll + wire / ll_share, simple + wire)`` with
+    ``wire = beta * nbytes`` (s): the faster of NCCL's LL and Simple protocols, ``ll`` and
+    ``simple`` their latencies (s), ``beta`` the seconds per byte at the full bandwidth."""
+
+    ll: np.ndarray
+    simple: np.ndarray
+    beta: np.ndarray
+    ll_share: float
+
+    def __call__(self, nbytes: Num) -> np.ndarray:
+        wire = self.beta * nbytes
+        return np.minimum(self.ll + wire / self.ll_share, self.simple + wire)
 
 
 @dataclass(frozen=True)
@@ -71,6 +95,9 @@ class Topology:
     intra_lat_simple: float | None = None
     inter_lat_simple: float | None = None
     ll_share: float = 1.0
+    #: ``group``'s cache (per instance: a table builds its own ``Topology``).
+    _groups: dict[tuple[Any, ...], list[Group]] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
     def of(cls, cluster: Cluster) -> Topology:
@@ -103,6 +130,17 @@ class Topology:
             else self.inter_lat
         return np.asarray(intra) * a + np.asarray(inter) * b
 
+    def _lines(self, intra: np.ndarray | float, inter: np.ndarray | float,
+               beta: np.ndarray, live: np.ndarray) -> _Lines:
+        """The transfer of ``beta * nbytes`` seconds at the full achieved bandwidth over
+        ``intra`` + ``inter`` sequential hops in each of NCCL's LL and Simple protocols (base
+        latency included); free where not ``live`` (a group of one rank)."""
+        ll = self.base_lat + self._hops(intra, inter, False)
+        base = self.base_lat if self.base_lat_simple is None else self.base_lat_simple
+        simple = base + self._hops(intra, inter, True)
+        return _Lines(np.where(live, ll, 0.0), np.where(live, simple, 0.0),
+                      np.where(live, beta, 0.0), self.ll_share)
+
     def _fastest(self, intra: np.ndarray | float, inter: np.ndarray | float,
                  wire: np.ndarray) -> np.ndarray:
         """Seconds of a transfer of ``wire`` seconds at the full achieved bandwidth over
@@ -131,36 +169,35 @@ class Topology:
         multi = nodes > 1
         return np.where(multi, 0.0, steps), np.where(multi, steps, 0.0)
 
-    def all_reduce(self, nbytes: Num, size: Num, stride: Num) -> np.ndarray:
-        """Seconds to all-reduce ``nbytes`` over the group (fastest of ring, tree, 2-level,
-        each in the faster protocol).
+    def group(self, size: Num, stride: Num) -> Group:
+        """The communicator of ``size`` ranks ``stride`` apart, its collectives' coefficients
+        computed once: a table of configurations issues several collectives over each of its
+        few groups (tensor-parallel, data-parallel, shard, replica), and the coefficients
+        depend on the group alone. Arrays of at least ``_CACHE_MIN`` elements are cached on
+        this instance by value."""
+        size = np.asarray(size, dtype=float)
+        stride = np.asarray(stride, dtype=float)
+        if size.size + stride.size < _CACHE_MIN:
+            return Group(self, size, stride)
+        # A cheap key, every hit confirmed element by element.
+        key = (size.shape, stride.shape, float(size.sum()), float(stride.sum()))
+        cache = self._groups
+        for g in cache.get(key, ()):
+            if np.array_equal(g.size, size) and np.array_equal(g.stride, stride):
+                return g
+        g = Group(self, size, stride)
+        if len(cache) >= _CACHE_GROUPS:  # a long-lived topology: forget the old groups
+            cache.clear()
+        cache.setdefault(key, []).append(g)
+        return g
 
-        Each algorithm costs ``alpha + beta * nbytes``; the coefficients are computed on the
-        group's (usually per-row) shape and applied to the (usually per-stage) bytes.
-        """
-        n = np.asarray(size, dtype=float)
-        k, nodes = self.place(n, stride)
-        bw = self._ring_bw(k, nodes)
-        ri, rx = self._ring_hops(n, nodes)
-        ring = self._fastest(2 * ri, 2 * rx, 2 * (n - 1) / n / bw * nbytes)
-        # Tree depth ceil(log2(nodes)), exactly: the binary exponent of nodes - 1.
-        depth = np.frexp(np.maximum(nodes - 1.0, 0.0))[1].astype(float)
-        tree = self._fastest(2 * (k - 1), 2 * depth, 2 / bw * nbytes)
-        multi = nodes > 1
-        b_two = 2 * (nodes - 1) / nodes / (k * self.nic_bw_per_gpu) \
-            + 2 * (k - 1) / k / self.intra_bw
-        two = np.where(multi, self._fastest(2 * (k - 1), 2 * (nodes - 1), b_two * nbytes),
-                       np.inf)
-        best = np.minimum(np.minimum(ring, tree), two)
-        return np.where(n > 1, best, 0.0)
+    def all_reduce(self, nbytes: Num, size: Num, stride: Num) -> np.ndarray:
+        """Seconds to all-reduce ``nbytes`` over the group (``Group.all_reduce``)."""
+        return self.group(size, stride).all_reduce(nbytes)
 
     def all_gather(self, nbytes: Num, size: Num, stride: Num) -> np.ndarray:
         """Seconds to all-gather a buffer of ``nbytes`` in all (ring); reduce-scatter alike."""
-        n = np.asarray(size, dtype=float)
-        k, nodes = self.place(n, stride)
-        t = self._fastest(*self._ring_hops(n, nodes),
-                          (n - 1) / n * nbytes / self._ring_bw(k, nodes))
-        return np.where(n > 1, t, 0.0)
+        return self.group(size, stride).all_gather(nbytes)
 
     reduce_scatter = all_gather
 
@@ -199,3 +236,54 @@ class Topology:
         """``_fastest`` of a transfer over one hop, between nodes where ``across``."""
         across = np.asarray(across)
         return self._fastest(np.where(across, 0.0, 1.0), np.where(across, 1.0, 0.0), wire)
+
+
+class Group:
+    """A communicator of ``size`` ranks ``stride`` apart on a ``Topology`` (arrays of the same
+    broadcastable shape), with the coefficients of its collectives (``Topology.group``)."""
+
+    def __init__(self, topo: Topology, size: np.ndarray, stride: np.ndarray) -> None:
+        self.topo, self.size, self.stride = topo, size, stride
+        self.k, self.nodes = topo.place(size, stride)
+
+    @cached_property
+    def _all_reduce(self) -> tuple[_Lines, _Lines, _Lines]:
+        """Ring, tree and two-level all-reduce (the module docstring's formulas)."""
+        topo, n, k, nodes = self.topo, self.size, self.k, self.nodes
+        live = n > 1
+        bw = topo._ring_bw(k, nodes)
+        ri, rx = topo._ring_hops(n, nodes)
+        ring = topo._lines(2 * ri, 2 * rx, 2 * (n - 1) / n / bw, live)
+        # Tree depth ceil(log2(nodes)), exactly: the binary exponent of nodes - 1.
+        depth = np.frexp(np.maximum(nodes - 1.0, 0.0))[1].astype(float)
+        tree = topo._lines(2 * (k - 1), 2 * depth, 2 / bw, live)
+        # Two-level: only across nodes (infinite latency within one).
+        multi = nodes > 1
+        b_two = 2 * (nodes - 1) / nodes / (k * topo.nic_bw_per_gpu) \
+            + 2 * (k - 1) / k / topo.intra_bw
+        two = topo._lines(2 * (k - 1), 2 * (nodes - 1), b_two, live)
+        two = _Lines(np.where(multi | ~live, two.ll, np.inf),
+                     np.where(multi | ~live, two.simple, np.inf), two.beta, two.ll_share)
+        return ring, tree, two
+
+    @cached_property
+    def _ring(self) -> _Lines:
+        """All-gather (reduce-scatter) over a ring."""
+        n = self.size
+        return self.topo._lines(*self.topo._ring_hops(n, self.nodes),
+                                (n - 1) / n / self.topo._ring_bw(self.k, self.nodes), n > 1)
+
+    def all_reduce(self, nbytes: Num) -> np.ndarray:
+        """Seconds to all-reduce ``nbytes`` over the group (fastest of ring, tree, 2-level,
+        each in the faster protocol; 0 for one rank). Each algorithm costs ``alpha + beta *
+        nbytes``; the coefficients are the group's (usually per row), applied to the (usually
+        per-stage) bytes."""
+        ring, tree, two = self._all_reduce
+        return np.minimum(np.minimum(ring(nbytes), tree(nbytes)), two(nbytes))
+
+    def all_gather(self, nbytes: Num) -> np.ndarray:
+        """Seconds to all-gather a buffer of ``nbytes`` in all (ring; 0 for one rank);
+        reduce-scatter alike."""
+        return self._ring(nbytes)
+
+    reduce_scatter = all_gather

@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from costmodel.arrays import SCHEDULE_CODES
+from costmodel.arrays import SCHEDULE_CODES, stage_cumsum
 from costmodel.config import SCHEDULES
 from costmodel.errors import SpecError
 
@@ -386,7 +386,7 @@ def makespan(forward: np.ndarray, backward: np.ndarray, num_micro_batches: int,
 
 def _before(x: np.ndarray, count: np.ndarray) -> np.ndarray:
     """Per column, ``x`` summed over every rank before the column's last rank."""
-    return np.cumsum(count * x, axis=0) - np.where(count > 0, x, 0.0)
+    return stage_cumsum(count * x) - np.where(count > 0, x, 0.0)
 
 
 def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np.ndarray,
@@ -417,7 +417,7 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
         # Zero bubble: rank r's last input gradient (micro-batch m - 1) is followed by
         # min(r + 1, m) weight gradients of its own, and the ranks before it then run that
         # input gradient in turn and rank 0 its weight gradient.
-        r = np.cumsum(count, axis=0) - 1
+        r = stage_cumsum(count) - 1
         tail = _before(half, count) - np.minimum(r + 1, m) * half + np.where(r > 0, half[0], 0)
         head = np.where(zb, _before(f, count) + np.maximum(tail, 0.0), head)
         path = np.where(zb, (count * (f + half)).sum(axis=0) + half[0], path)

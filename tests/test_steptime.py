@@ -93,6 +93,26 @@ def test_ring_collectives_inside_a_node_follow_the_textbook_formula() -> None:
     assert float(topo.all_reduce(s, 8, 1)) == pytest.approx(ring, rel=1e-12)
 
 
+def test_a_table_of_groups_costs_each_row_as_its_group_alone() -> None:
+    """``Topology.group`` caches a table's groups by value: every row of a table costs what
+    its group costs alone (scalars are never cached), and two tables whose sizes sum alike
+    (the cache's key) but differ are not confused."""
+    topo = Topology.of(Cluster.preset("dgx-h100", num_nodes=8))
+    rng = np.random.default_rng(0)
+    size = rng.choice([1.0, 2.0, 4.0, 8.0, 16.0, 64.0], 200)
+    stride = rng.choice([1.0, 2.0, 8.0, 16.0], 200)
+    nbytes = rng.choice([0.0, 4096.0, 1e6, 1e9], (3, 200))
+    swapped = size[::-1].copy()  # the same sum, other rows
+    for _ in range(2):  # the second pass reads the cache
+        for f in (topo.all_reduce, topo.all_gather, topo.reduce_scatter):
+            for sz in (size, swapped):
+                got = f(nbytes, sz, stride)
+                alone = [[float(f(nbytes[i, j], sz[j], stride[j])) for j in range(200)]
+                         for i in range(3)]
+                np.testing.assert_allclose(got, alone, rtol=1e-12)
+    assert 0 < len(topo._groups) <= 4
+
+
 def test_nvlink3_all_reduce_follows_the_published_nccl_tests_curves() -> None:
     # nccl-tests all_reduce_perf, one node of 8 A100 SXM4 (benchmarks/data/nccl-tests-a100-8gpu
     # .json: Azure/AI-benchmarking-guide ND A100 v4 with NCCL 2.18.5, busbw 166.63 GB/s at
