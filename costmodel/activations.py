@@ -81,8 +81,15 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     if moe:
         f_moe = float(model.moe_ffn_hidden_size or 0)
         routed = tokens * model.top_k
+        # The experts' outputs are weighted by the router's probabilities as they are
+        # combined, and that product keeps them for the probabilities' gradient: Megatron-
+        # Core's unpermute multiplies the permuted tokens by the probs
+        # (megatron/core/transformer/moe/moe_utils.py), torchtitan's MoE its routed output
+        # by top_scores, GShard's combine einsum its expert outputs. Before the TP reduction
+        # (a partial sum on each rank).
         mlp = (mlp_rep + 4.0 * tokens * model.num_experts * rep  # fp32 router probabilities
                + e_lin * routed * h  # permuted expert inputs (tokens gathered over TP)
+               + e * routed * h  # expert outputs kept by the probability-weighted combine
                + mlp_inner(f_moe, routed)
                + mlp_inner(f_moe * model.num_shared_experts, tokens))
     else:

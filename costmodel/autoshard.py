@@ -212,6 +212,11 @@ class ShardingProblem:
         self.sequence_parallel = sequence_parallel
         self.nodes, self.inputs, self.saved = self._contract()
         self.token_dims = self._token_dims()
+        #: The token dims loops carry from the model's inputs (a routing op's output, whose
+        #: every dim may hold tokens in ``token_dims``, has none): where attention scores,
+        #: queries by keys, are told apart from a MoE layer's routed tokens [tokens x top-k,
+        #: hidden] (``costmodel.blockcosts``).
+        self.score_dims = self._token_dims(certain=True)
         self.repeat = {x.name: x.repeat for x in graph.layers}
         self.layer = {v: graph.node(v).layer for v in self.nodes}
         self.weight = {v: self.repeat.get(self.layer[v], 1) for v in self.nodes}
@@ -262,10 +267,11 @@ class ShardingProblem:
             raise SpecError(f"{g.name}: the graph has no forward ops to shard")
         return real, inputs, saved
 
-    def _token_dims(self) -> dict[int, frozenset[int]]:
+    def _token_dims(self, certain: bool = False) -> dict[int, frozenset[int]]:
         """The dims of each node's output that run along the model inputs' dims (the
         samples and tokens of the micro-batch): a loop carries them from an input to the
-        output."""
+        output. ``certain``: only the dims loops carry, none of a routing op's output
+        (``score_dims``)."""
         out: dict[int, frozenset[int]] = {}
         for v in self.nodes:
             n = self.graph.node(v)
@@ -273,7 +279,7 @@ class ShardingProblem:
                 # An op without loops (routing: top-k, index_add, index_select) moves the
                 # tokens somewhere in its output: every dim may hold them (a MoE layer's
                 # expert slots hold its tokens, which its experts' matmuls then meet).
-                out[v] = frozenset(range(len(n.shape)))
+                out[v] = frozenset() if certain else frozenset(range(len(n.shape)))
                 continue
             out[v] = frozenset(lp.out for lp in n.loops
                                if lp.out is not None and self._on_tokens(v, lp, out))

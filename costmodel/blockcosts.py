@@ -121,14 +121,27 @@ def graph_blocks(graph: LayerGraph) -> list[tuple[str, str, list[Layer]]]:
     out = []
     start = 0
     for i in runs:
-        if i > start:
+        # Layers of the run's own list that are not part of the run (DeepSeekMoE's leading
+        # dense layer before its MoE layers) are layers of their own, one block each.
+        j = i
+        while j > start and _siblings(ops[j - 1].name, ops[i].name):
+            j -= 1
+        if j > start:
             kind = "embedding" if start == 0 else "other"
-            out.append((ops[start].name, kind, ops[start:i]))
-        out.append((ops[i].name, "layer", [ops[i]]))
+            out.append((ops[start].name, kind, ops[start:j]))
+        out += [(x.name, "layer", [x]) for x in ops[j:i + 1]]
         start = i + 1
     if start < len(ops):
         out.append((ops[start].name, "head", ops[start:]))
     return out
+
+
+def _siblings(a: str, b: str) -> bool:
+    """Whether module paths ``a`` and ``b`` are items of the same module list
+    (``layers.0``, ``layers.1``)."""
+    pa, _, ia = a.rpartition(".")
+    pb, _, ib = b.rpartition(".")
+    return bool(pa) and pa == pb and ia.isdigit() and ib.isdigit()
 
 
 def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> ShardCosts:
@@ -169,9 +182,10 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
 def _scores(sol: Solution, src: int) -> bool:
     """Whether node ``src`` makes an attention-score tensor: its last two dims both run
     along the tokens (queries by keys: the scores, their softmax and dropout of an unfused
-    attention)."""
+    attention), as loops carry them (``ShardingProblem.score_dims``: not a MoE layer's
+    routed tokens)."""
     rank = len(sol.problem.graph.node(src).shape)
-    return rank >= 2 and {rank - 1, rank - 2} <= sol.problem.token_dims.get(src, frozenset())
+    return rank >= 2 and {rank - 1, rank - 2} <= sol.problem.score_dims.get(src, frozenset())
 
 
 def _kernel(sol: Solution, v: int, shards: int) -> Kernels:

@@ -767,9 +767,6 @@ class LayerCosts:
         """The analytic costs of ``spec`` for ``job`` (precision, sequence length, attention
         kernel, trainer conventions) at each of ``tp_degrees`` (default:
         ``default_tp_degrees``)."""
-        if spec.is_moe:
-            raise SpecError(f"{spec.name}: LayerCosts.from_spec does not cover mixture-of-"
-                            "experts layers yet")
         degrees = tuple(tp_degrees or default_tp_degrees(spec))
         kv = int(spec.num_kv_heads or spec.num_heads)
         for t in degrees:
@@ -780,11 +777,15 @@ class LayerCosts:
                  for t in degrees]
         tokens = micro_batch_size * job.seq_len
         out = compute_bytes(job.precision) * tokens * spec.hidden_size
-        names = (("embedding", "embedding", 1, out), ("layers", "layer", spec.num_layers, out),
-                 ("head", "head", 1, 0.0))
+        # (name, kind, repeat, output bytes, index in _spec_shards' tuple) of each block; a
+        # MoE preset's leading dense layers (DeepSeekMoE), then its MoE layers.
+        moe = spec.num_moe_layers if spec.is_moe else 0
+        layers = [(name, "layer", n, out, i) for name, n, i in
+                  (("layers", spec.num_layers - moe, 1), ("moe layers", moe, 2)) if n > 0]
+        names = [("embedding", "embedding", 1, out, 0), *layers, ("head", "head", 1, 0.0, 3)]
         blocks = tuple(BlockCosts(name, kind, repeat, out_bytes,
                                   {t: p[i] for t, p in zip(degrees, parts, strict=True)})
-                       for i, (name, kind, repeat, out_bytes) in enumerate(names))
+                       for name, kind, repeat, out_bytes, i in names)
         return cls(spec.name, "spec", micro_batch_size, job.seq_len, sequence_parallel, blocks,
                    spec=spec)
 
@@ -843,10 +844,12 @@ def default_tp_degrees(spec: ModelSpec, largest: int = 8) -> tuple[int, ...]:
 
 
 def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
-                 ) -> tuple[ShardCosts, ShardCosts, ShardCosts]:
-    """(embedding, layer, head) ``ShardCosts`` of ``spec`` at degree ``tp``: parameters and
-    activations as the tables' row functions give them for a one-row table, FLOPs and
-    collectives by Megatron-LM's layout."""
+                 ) -> tuple[ShardCosts, ShardCosts, ShardCosts, ShardCosts]:
+    """(embedding, dense layer, MoE layer, head) ``ShardCosts`` of ``spec`` at degree ``tp``
+    (the MoE layer as the dense one for a dense model): parameters and activations as the
+    tables' row functions give them for a one-row table, FLOPs and collectives by
+    Megatron-LM's layout, the routed experts split over TP as Megatron-LM's expert tensor
+    parallelism splits them (no expert parallelism)."""
     cfg = ParallelConfig(tp=tp, micro_batch_size=mbs, sequence_parallel=sp and tp > 1)
     a = ConfigArrays.from_configs(spec, [cfg])
     rows = LayerCosts.of(spec)
@@ -860,17 +863,33 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
 
     # Layer: Megatron-LM's column-parallel QKV and MLP input, row-parallel outputs (Shoeybi
     # et al. 2019, Sec. 3): model FLOPs 2 T h (q + 2 kv) + 2 T q h + 4 T s q + MLP, over t.
-    ffn = float(spec.ffn_hidden_size or 0)
-    mlp = 2 * tokens * h * ffn * (3 if spec.gated_mlp else 2)
-    fwd = (2 * tokens * h * (spec.q_dim + 2 * spec.kv_dim) + 2 * tokens * spec.q_dim * h
-           + 4 * tokens * job.seq_len * spec.q_dim + mlp) / t
+    # A MoE layer's MLP: the router (2 T h experts), each token's top-k routed experts and
+    # the shared ones, their MLPs split as the dense one; model FLOPs, shared evenly by the
+    # t ranks (Megatron-LM runs the small router whole on each: hardware FLOPs).
+    attn = (2 * tokens * h * (spec.q_dim + 2 * spec.kv_dim) + 2 * tokens * spec.q_dim * h
+            + 4 * tokens * job.seq_len * spec.q_dim) / t
+    widths = 3 if spec.gated_mlp else 2
+    mlp = 2 * tokens * h * float(spec.ffn_hidden_size or 0) * widths / t
     # Two all-reduces forward (after the attention and MLP output projections) and two
     # backward (of the input gradients of the column-parallel inputs); with SP each is an
     # all-gather and a reduce-scatter (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5).
     coll = _tp_collectives(tp, cfg.sequence_parallel, 4 * one)
-    ((dense, _),) = rows.layer_params_per_gpu(np.array([t]), np.array([1.0]))
-    layer = ShardCosts(params=float(dense[0]), forward_flops=fwd, backward_flops=2 * fwd,
-                       activation_bytes=acts, input_bytes=one * rep, collectives=coll)
+    per_layer = rows.layer_params_per_gpu(np.array([t]), np.array([1.0]))
+    fwd = attn + mlp
+    layer = ShardCosts(params=float(per_layer[0][0][0]), forward_flops=fwd,
+                       backward_flops=2 * fwd, activation_bytes=acts, input_bytes=one * rep,
+                       collectives=coll)
+    moe_layer = layer
+    if spec.is_moe:
+        (moe, experts) = per_layer[1]
+        assert experts is not None
+        f_moe = float(spec.moe_ffn_hidden_size or 0)
+        active = spec.top_k + spec.num_shared_experts
+        fwd = attn + 2 * tokens * h * (spec.num_experts + f_moe * widths * active) / t
+        moe_acts = {k: float(v[0]) for k, v in rows.layer_activations(job, a, 1, ac).items()}
+        moe_layer = ShardCosts(params=float(moe[0] + experts[0]), forward_flops=fwd,
+                               backward_flops=2 * fwd, activation_bytes=moe_acts,
+                               input_bytes=one * rep, collectives=coll)
 
     # Input side: its output all-reduced (SP: reduce-scattered) forward. Output side: the
     # head's input gradient all-reduced (SP: its input all-gathered forward, the gradient
@@ -890,7 +909,7 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
                       backward_flops=2 * head_flops,
                       activation_bytes=dict.fromkeys(RECOMPUTE_MODES, head_act),
                       input_bytes=one * rep, collectives=head_coll)
-    return emb, layer, head
+    return emb, layer, moe_layer, head
 
 
 def _tp_collectives(tp: int, sp: bool, nbytes: float) -> dict[str, float]:

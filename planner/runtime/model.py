@@ -228,12 +228,23 @@ class MoEFeedForward(nn.Module):
         expert = expert.reshape(b, s * k)  # each sequence's choices in token order
         chosen = F.one_hot(expert, e)  # [b, s k, e]
         position = ((chosen.cumsum(1) - 1) * chosen).sum(-1)  # within its expert's slots
-        kept = (position < cap).to(x.dtype).reshape(b * s * k, 1)
+        fits = (position < cap).reshape(-1)
+        kept = fits.to(x.dtype).reshape(b * s * k, 1)
         row = torch.arange(b, device=x.device).repeat_interleave(s * k)
         # Slot (expert, sequence, position) of each choice in an [e, b * cap] layout.
         slot = (expert.reshape(-1) * b + row) * cap + position.reshape(-1).clamp(max=cap - 1)
-        tokens = x.reshape(b * s, h).repeat_interleave(k, 0) * kept
-        slots = x.new_zeros(e * b * cap, h).index_add(0, slot, tokens)
+        # Each slot reads the token of the choice that fills it (static shapes: a choice past
+        # its expert's capacity writes to one spare slot, dropped). Gathering by index saves
+        # only the index for backward, as a trainer's token permutation does; scattering the
+        # tokens with index_add would save a copy of them.
+        spare = e * b * cap
+        target = torch.where(fits, slot, spare)
+        token = torch.arange(b * s, device=x.device).repeat_interleave(k)  # of each choice
+        source = torch.zeros(spare + 1, dtype=torch.long, device=x.device).scatter(
+            0, target, token)[:spare]
+        filled = torch.zeros(spare + 1, dtype=x.dtype, device=x.device).scatter(
+            0, target, torch.ones_like(kept.reshape(-1)))[:spare]
+        slots = x.reshape(b * s, h).index_select(0, source) * filled.unsqueeze(1)
         out = self._experts(slots.view(e, b * cap, h)).reshape(e * b * cap, h)
         mixed = out.index_select(0, slot) * (weight.reshape(-1, 1) * kept)
         y = mixed.view(b, s, k, h).sum(2)
