@@ -321,10 +321,11 @@ def test_a_traced_moe_module_plans_as_its_preset_at_ep_1() -> None:
     """The reference transformer with mixture-of-experts layers (``MoEFeedForward``: top-2
     of 8 experts, capacity factor 1), traced and planned through the one search without
     expert parallelism (a traced graph has none yet), picks the preset's configuration at
-    ep = 1, its experts split over TP as Megatron-LM splits them. Its step time is 0.93x
-    the formulas' here (1.04x for Mixtral-8x7B on 64 H100):
-    the trace counts its dispatch kernels as they run, the formulas their own MoE terms;
-    the issue's 1 % is not met yet, so the bound is loose."""
+    ep = 1, its experts split over TP as Megatron-LM splits them. Its step time is 0.95x
+    the formulas' here: the formulas cost the routed experts' MLP as one GEMM per expert
+    (each paying its launch), the trace the module's batched matmul (one kernel per
+    projection for all experts) and its own dispatch kernels; the issue's 1 % is not met
+    yet, so the bound is 6 %."""
     import numpy as np
 
     import planner
@@ -335,7 +336,8 @@ def test_a_traced_moe_module_plans_as_its_preset_at_ep_1() -> None:
     cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8)
     job = Job(global_batch_size=64, seq_len=SEQ, framework="torchtitan")
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
-                                   torch.zeros(1, SEQ, dtype=torch.long), dtype=torch.bfloat16)
+                                   torch.zeros(1, SEQ, dtype=torch.long), dtype=torch.bfloat16,
+                                   loss_fn=_cross_entropy)
     traced = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both")
     assert traced.num_params() == spec.num_params()
     # Megatron-LM's expert tensor parallelism: each expert's MLP split column- then
@@ -349,7 +351,7 @@ def test_a_traced_moe_module_plans_as_its_preset_at_ep_1() -> None:
     got = planner.plan(traced, cluster, job)
     want = planner.plan(spec, cluster, job, constraints={"fixed": {"ep": 1}})
     assert got.config == want.config
-    assert got.estimate.step_time_s == pytest.approx(want.estimate.step_time_s, rel=0.1)
+    assert got.estimate.step_time_s == pytest.approx(want.estimate.step_time_s, rel=0.06)
 
 
 def test_a_traced_module_is_planned_by_the_one_search() -> None:
