@@ -130,14 +130,20 @@ class Topology:
             else self.inter_lat
         return np.asarray(intra) * a + np.asarray(inter) * b
 
+    def _latencies(self, intra: np.ndarray | float, inter: np.ndarray | float
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """(LL, Simple) latency of a transfer over ``intra`` + ``inter`` sequential hops,
+        NCCL's base latency included."""
+        base = self.base_lat if self.base_lat_simple is None else self.base_lat_simple
+        return (self.base_lat + self._hops(intra, inter, False),
+                base + self._hops(intra, inter, True))
+
     def _lines(self, intra: np.ndarray | float, inter: np.ndarray | float,
                beta: np.ndarray, live: np.ndarray) -> _Lines:
         """The transfer of ``beta * nbytes`` seconds at the full achieved bandwidth over
         ``intra`` + ``inter`` sequential hops in each of NCCL's LL and Simple protocols (base
         latency included); free where not ``live`` (a group of one rank)."""
-        ll = self.base_lat + self._hops(intra, inter, False)
-        base = self.base_lat if self.base_lat_simple is None else self.base_lat_simple
-        simple = base + self._hops(intra, inter, True)
+        ll, simple = self._latencies(intra, inter)
         return _Lines(np.where(live, ll, 0.0), np.where(live, simple, 0.0),
                       np.where(live, beta, 0.0), self.ll_share)
 
@@ -146,9 +152,8 @@ class Topology:
         """Seconds of a transfer of ``wire`` seconds at the full achieved bandwidth over
         ``intra`` + ``inter`` sequential hops, in the faster of NCCL's LL and Simple protocols
         (base latency included)."""
-        ll = self.base_lat + self._hops(intra, inter, False) + wire / self.ll_share
-        base = self.base_lat if self.base_lat_simple is None else self.base_lat_simple
-        return np.minimum(ll, base + self._hops(intra, inter, True) + wire)
+        ll, simple = self._latencies(intra, inter)
+        return np.minimum(ll + wire / self.ll_share, simple + wire)
 
     def place(self, size: Num, stride: Num) -> tuple[np.ndarray, np.ndarray]:
         """(ranks per node, nodes) of a group of ``size`` ranks ``stride`` apart."""
