@@ -3,10 +3,11 @@
 For each choice the search made (tensor, pipeline, context and expert parallel degrees, ZeRO
 stage, sequence parallel, micro-batch, pipeline schedule and virtual stages, recompute,
 offload, and the trainer when several were searched), every other value the space allows is
-searched again with that value fixed and everything else free. The fastest configuration
-with that value either loses on time (by how much, and which step-time term grew most), or
-nothing with that value fits (and the least memory it needs), or the value is never valid.
-The answers are exact under the cost model: each is a full search (``planner.search``).
+searched with that value fixed and everything else free. The fastest configuration with that
+value either loses on time (by how much, and which step-time term grew most), or nothing with
+that value fits (and the least memory it needs), or the value is never valid. The answers are
+exact under the cost model: one branch-and-bound pass (``planner.search`` with ``by``) keeps
+the best of every value, as a search per value with it fixed would find.
 """
 
 from __future__ import annotations
@@ -28,15 +29,12 @@ from costmodel.memory import TERMS
 from costmodel.model import ModelSpec
 from costmodel.steptime import TIME_TERMS
 from planner.plan import GIB, TERM_LABELS, Plan, describe, slower_reason
-from planner.search import search
+from planner.search import Found, search
 from planner.space import (
     _OFFLOAD_NAMES,
     _RECOMPUTE_NAMES,
     _SCHEDULE_NAMES,
-    CORE,
-    RECOMPUTATION,
-    SHARDING,
-    Constraints,
+    column_values,
     row_config,
     spaces,
 )
@@ -184,23 +182,21 @@ def _label(field: str, value: Any) -> str:
     return f"{_SHORT.get(field, field)}={value}"
 
 
-def _values(plan: Plan) -> dict[str, list[Any]]:
-    """The values each explained field takes anywhere in the plan's searched space."""
-    found: dict[str, set[Any]] = {f: set() for f in CHOICES}
+def _values(plan: Plan) -> dict[str, list[tuple[Any, int]]]:
+    """(value, its code in the search space's column) of each explained field, for every
+    value the field takes anywhere in the plan's searched space."""
     job = plan.training()[0]
+    found: dict[str, set[int]] = {f: set() for f in CHOICES}
     for _, space in spaces(plan.model, plan.cluster, job, plan.constraints):
         for f, col in CHOICES.items():
-            if col in CORE:
-                codes = space.cores[:, CORE.index(col)]
-            elif col in SHARDING:
-                codes = np.concatenate([t[:, SHARDING.index(col)] for t in space.shardings])
-            else:
-                codes = np.concatenate([t[:, RECOMPUTATION.index(col)]
-                                        for t in space.recomputes])
-            decode = _DECODE.get(col, int)
-            found[f] |= {decode(int(x)) for x in np.unique(codes)}
-    return {f: sorted(v, key=str) if f in ("pipeline_schedule", "recompute", "offload")
-            else sorted(v) for f, v in found.items()}
+            found[f] |= {int(x) for x in column_values(space, col)}
+    out = {}
+    for f, codes in found.items():
+        decode = _DECODE.get(CHOICES[f], int)
+        pairs = [(decode(c), c) for c in codes]
+        out[f] = sorted(pairs, key=lambda p: str(p[0]) if f in (
+            "pipeline_schedule", "recompute", "offload") else p[0])
+    return out
 
 
 def explain(plan: Plan, *, fields: Sequence[str] | None = None,
@@ -209,9 +205,9 @@ def explain(plan: Plan, *, fields: Sequence[str] | None = None,
     """Why ``plan`` won, choice by choice: for each field in ``fields`` (default: every
     field of ``CHOICES`` that varies in the searched space, the pipeline schedule and virtual
     stages only when the plan pipelines, plus ``framework`` when several trainers were
-    searched), the fastest configuration for every other value, searched again under the
-    plan's constraints with that value fixed. ``progress``: called with the fraction done.
-    A serving plan is explained by ``planner.inference.explain_inference``."""
+    searched), the fastest configuration for every other value under the plan's constraints
+    with that value fixed (one pass of ``search(by=...)``). ``progress``: called with the
+    fraction done. A serving plan is explained by ``planner.inference.explain_inference``."""
     if plan.is_inference:
         from planner.inference import explain_inference
 
@@ -228,22 +224,27 @@ def explain(plan: Plan, *, fields: Sequence[str] | None = None,
         if f not in CHOICES:
             raise SpecError(f"cannot explain field {f!r}; choose from {', '.join(CHOICES)}")
     frameworks = cons.frameworks or (job.framework,)
-    work: list[tuple[str, Any, Constraints]] = []
-    for f in names:
-        if f in cons.fixed:
-            continue
-        for v in values[f]:
-            if v != getattr(cfg, f):
-                work.append((f, v, cons.merge(Constraints(fixed={f: v}))))
-    if len(frameworks) > 1:
-        for fw in frameworks:
-            if fw != job.framework:
-                work.append(("framework", fw, replace(cons, frameworks=(fw,))))
+    asked = [f for f in names if f not in cons.fixed]
+    others = [fw for fw in frameworks if fw != job.framework] if len(frameworks) > 1 else []
+    steps = 1 + len(others)
+    # One pass finds the fastest configuration (and the least memory) of every value of
+    # every field asked: the same as one search per value with that value fixed.
+    res = search(plan.model, plan.cluster, job, cons, top_k=1,
+                 by=[CHOICES[f] for f in asked],
+                 progress=None if progress is None else lambda x: progress(x / steps))
     outcomes: dict[str, list[Option]] = {}
-    for i, (f, v, c) in enumerate(work):
-        outcomes.setdefault(f, []).append(_outcome(plan, v, c))
+    for f in asked:
+        col = CHOICES[f]
+        for v, code in values[f]:
+            if v != getattr(cfg, f):
+                outcomes.setdefault(f, []).append(_option(
+                    plan, v, res.best_by[col].get(code), res.least_by[col].get(code)))
+    for i, fw in enumerate(others):
+        one = search(plan.model, plan.cluster, job, replace(cons, frameworks=(fw,)), top_k=1)
+        outcomes.setdefault("framework", []).append(_option(
+            plan, fw, one.top[0] if one.top else None, one.least_memory))
         if progress is not None:
-            progress((i + 1) / len(work))
+            progress((i + 2) / steps)
     choices = []
     for f in [*names, *(["framework"] if len(frameworks) > 1 else [])]:
         chosen = job.framework if f == "framework" else getattr(cfg, f)
@@ -279,18 +280,16 @@ def notes(plan: Plan) -> tuple[str, ...]:
             f"{fast.step_time_s:.3f} s instead of {est.step_time_s:.3f} s",)
 
 
-def _outcome(plan: Plan, value: Any, cons: Constraints) -> Option:
-    """The fastest configuration under ``cons`` (one value fixed), against the plan."""
+def _option(plan: Plan, value: Any, best: Found | None, low: Found | None) -> Option:
+    """The outcome of one value of a choice: ``best``, the fastest configuration with it that
+    fits, else ``low``, the one with it needing the least memory (None: no valid one)."""
     job, _, e = plan.training()
-    res = search(plan.model, plan.cluster, job, cons, top_k=1)
-    if res.top:
-        f = res.top[0]
+    if best is not None:
         reason = slower_reason(e.step_time_s or 0.0, e.time_breakdown_s, e.peak_memory_bytes,
-                               f.step_time, f.terms, f.peak_memory)
-        return Option(value=value, verdict="slower", reason=reason, framework=f.framework,
-                      config=row_config(np.array(f.row), plan.model), step_time_s=f.step_time,
-                      peak_memory_bytes=f.peak_memory)
-    low = res.least_memory
+                               best.step_time, best.terms, best.peak_memory)
+        return Option(value=value, verdict="slower", reason=reason, framework=best.framework,
+                      config=row_config(np.array(best.row), plan.model),
+                      step_time_s=best.step_time, peak_memory_bytes=best.peak_memory)
     if low is None:
         return Option(value=value, verdict="invalid",
                       reason="no valid configuration has it under these constraints")

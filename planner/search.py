@@ -24,7 +24,7 @@ so smaller degrees and simpler options win ties.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -36,7 +36,17 @@ from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from costmodel.steptime import TIME_TERMS
 from costmodel.tables import CostTable, evaluate
-from planner.space import COLUMNS, Constraints, Space, arrays, positions, spaces
+from planner.space import (
+    COLUMNS,
+    CORE,
+    RECOMPUTATION,
+    Constraints,
+    Space,
+    arrays,
+    column_values,
+    positions,
+    spaces,
+)
 
 __all__ = ["Found", "MeshOutcome", "SearchResult", "least_gpus", "nodes_of", "search"]
 
@@ -86,22 +96,74 @@ class SearchResult:
     jobs: dict[str, Job] = field(default_factory=dict)
     #: What was searched (``row_config`` reads a traced graph's stage split off it).
     model: ModelSpec | LayerCosts | None = None
+    #: With ``search(by=...)``: column -> value code -> the fastest configuration that fits
+    #: with that value (the search's order breaks ties), exactly as a search with the value
+    #: fixed would return it.
+    best_by: dict[str, dict[int, Found]] = field(default_factory=dict)
+    #: Column -> value code -> the configuration with that value needing the least GPU memory
+    #: (as ``least_memory``); exact for every value that ``best_by`` lacks.
+    least_by: dict[str, dict[int, Found]] = field(default_factory=dict)
 
 
 def _first_per_mesh(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
     """The first index of ``order`` for each mesh (``MESH`` columns) among ``rows``."""
-    mesh = rows[order][:, _MESH_COLS]
     # One integer per mesh (np.unique over rows sorts them lexicographically, far slower).
-    key = np.ravel_multi_index(mesh.T, tuple(int(x) + 1 for x in mesh.max(axis=0))) \
-        if len(mesh) else np.zeros(0, dtype=np.int64)
-    _, idx = np.unique(key, return_index=True)
+    _, idx = np.unique(_mesh_key(rows[order]), return_index=True)
     return order[np.sort(idx)]
 
 
-class _State:
-    """The running top-k and per-mesh outcomes while spaces are searched."""
+def _order(rows: np.ndarray, *keys: np.ndarray) -> np.ndarray:
+    """The order of ``rows`` by ``keys`` (most significant first), then by the columns
+    ascending: sorting by every column is slow (a 16-key lexsort), so only rows that tie on
+    all ``keys`` are sorted by their columns."""
+    o = np.lexsort(keys[::-1]) if keys else np.arange(len(rows))
+    if len(o) < 2:
+        return o
+    same = np.ones(len(o) - 1, dtype=bool)
+    for k in keys:
+        ks = k[o]
+        same &= ks[1:] == ks[:-1]
+    if not same.any():
+        return o
+    group = np.cumsum(np.r_[True, ~same])  # runs of rows tied on every key
+    tied = np.flatnonzero(np.r_[same, False] | np.r_[False, same])
+    sub = o[tied]
+    o[tied] = sub[np.lexsort((*rows[sub].T[::-1], group[tied]))]
+    return o
 
-    def __init__(self, top_k: int, capacity: float, host_capacity: float) -> None:
+
+def _mesh_key(rows: np.ndarray) -> np.ndarray:
+    """One integer per mesh (``MESH`` columns) of each row."""
+    mesh = rows[:, _MESH_COLS]
+    if not len(mesh):
+        return np.zeros(0, dtype=np.int64)
+    return np.ravel_multi_index(mesh.T, tuple(int(x) + 1 for x in mesh.max(axis=0)))
+
+
+def _firsts(group: np.ndarray, rows: np.ndarray, *keys: np.ndarray) -> np.ndarray:
+    """For each distinct value of ``group``, the index of its first row in the order of
+    ``keys`` (most significant first) then the columns ascending; in order of the groups.
+    No sort of every row: each key keeps only the rows at their group's minimum."""
+    if not len(group):
+        return np.zeros(0, dtype=np.int64)
+    _, inv = np.unique(group, return_inverse=True)
+    cand = np.arange(len(group))
+    for k in keys:
+        kc = np.asarray(k, dtype=float)[cand]
+        low = np.full(int(inv.max()) + 1, np.inf)
+        np.minimum.at(low, inv[cand], kc)
+        cand = cand[kc == low[inv[cand]]]
+    o = cand[np.lexsort((*rows[cand].T[::-1], inv[cand]))]
+    return o[np.r_[True, inv[o][1:] != inv[o][:-1]]]
+
+
+class _State:
+    """The running top-k and per-mesh outcomes while spaces are searched; with ``by``
+    (columns of ``COLUMNS``), also the fastest configuration per value of each, and the one
+    with the least memory. ``values``: column -> every value code the spaces hold."""
+
+    def __init__(self, top_k: int, capacity: float, host_capacity: float,
+                 by: dict[str, np.ndarray] | None = None) -> None:
         self.k = top_k
         self.capacity = capacity
         self.host_capacity = host_capacity
@@ -109,9 +171,44 @@ class _State:
         self.meshes: dict[tuple[str, int, int, int, int, int], MeshOutcome] = {}
         self.counts = {"space": 0, "evaluated": 0, "fit": 0, "did_not_fit": 0, "bounded": 0}
         self.least: tuple[tuple[float, ...], Found] | None = None
+        self.values = {COLUMNS.index(c): np.unique(v) for c, v in (by or {}).items()}
+        self.best_by: dict[int, dict[int, tuple[tuple[float, ...], Found]]] = \
+            {c: {} for c in self.values}
+        self.least_by: dict[int, dict[int, tuple[tuple[float, ...], Found]]] = \
+            {c: {} for c in self.values}
 
     def bound(self) -> float:
+        """The k-th best step time (s) found so far (infinite before k are found)."""
         return self.top[-1][0][0] if len(self.top) >= self.k else np.inf
+
+    def _slot(self, col: int) -> np.ndarray:
+        """Per value of column ``col`` (``self.values``): the step time (s) of the fastest
+        configuration found with it, infinite where none was found yet."""
+        best = self.best_by[col]
+        return np.array([best[int(v)][0][0] if int(v) in best else np.inf
+                         for v in self.values[col]])
+
+    def loosest(self) -> float:
+        """A step time (s) beyond which a configuration improves nothing the search keeps:
+        not the top k, nor the fastest of any value ``by`` tracks."""
+        out = self.bound()
+        for col in self.values:
+            out = max(out, float(self._slot(col).max(initial=-np.inf)))
+        return out
+
+    def bounds(self, rows: np.ndarray, known: Sequence[str] = COLUMNS) -> np.ndarray:
+        """Per row of ``COLUMNS``: the step time (s) beyond which it improves nothing kept,
+        reading only the ``known`` columns (for the others, any value the spaces hold)."""
+        out = np.full(len(rows), self.bound())
+        for col in self.values:
+            slot = self._slot(col)
+            if COLUMNS[col] in known:
+                vals = self.values[col]
+                at = np.minimum(np.searchsorted(vals, rows[:, col]), len(vals) - 1)
+                out = np.maximum(out, np.where(vals[at] == rows[:, col], slot[at], np.inf))
+            else:
+                out = np.maximum(out, slot.max(initial=-np.inf))
+        return out
 
     def mesh(self, fw: str, row: np.ndarray) -> MeshOutcome:
         dp, tp, pp, cp, ep = (int(row[c]) for c in _MESH_COLS)
@@ -142,12 +239,13 @@ class _State:
         def key(i: int) -> tuple[float, ...]:
             return (float(step[i]), float(peak[i]), fw_rank, *(float(x) for x in rows[i]))
 
-        # Rows in the search's order: step time, peak memory, columns ascending.
-        order = np.lexsort((*rows.T[::-1], peak, step))
-        fits = order[fit[order]]
+        # The rows that fit in the search's order: step time, peak memory, columns ascending.
+        fits = np.flatnonzero(fit)
+        fits = fits[_order(rows[fits], step[fits], peak[fits])]
         self._merge_top(fits, step, peak, key, found)
+        self._by_value(self.best_by, rows, fits, key, found)
         self._mesh_best(fw, fw_rank, rows, fits, key, found)
-        self._mesh_nearest(fw, rows, order[~timed[order]], peak, found)
+        self._mesh_nearest(fw, rows, np.flatnonzero(~timed), peak, found)
         self._least(fw_rank, rows, peak, res.cpu_memory, found)
 
     def _count(self, fw: str, rows: np.ndarray, res: CostTable, timed: np.ndarray
@@ -204,8 +302,7 @@ class _State:
         among ``missed``, the rows that did not fit."""
         if not len(missed):
             return
-        missed = missed[np.lexsort((*rows[missed].T[::-1], peak[missed]))]
-        for i in _first_per_mesh(rows, missed):
+        for i in missed[_firsts(_mesh_key(rows[missed]), rows[missed], peak[missed])]:
             out = self.mesh(fw, rows[i])
             cur = out.nearest
             if cur is None or (float(peak[i]), *rows[i]) < (cur.peak_memory, *cur.row):
@@ -216,11 +313,37 @@ class _State:
         """The least GPU memory (bytes) among rows whose offloaded part (``cpu`` bytes) fits
         the host (else any row)."""
         host_ok = cpu <= self.host_capacity
-        low = int(np.lexsort((*rows.T[::-1], peak, ~host_ok))[0])
-        lkey = (float(not host_ok[low]), float(peak[low]), fw_rank,
-                *(float(x) for x in rows[low]))
-        if self.least is None or lkey < self.least[0]:
-            self.least = (lkey, found(low))
+
+        def lkey(i: int) -> tuple[float, ...]:
+            return (float(not host_ok[i]), float(peak[i]), fw_rank, *(float(x) for x in rows[i]))
+
+        low = int(_firsts(np.zeros(len(rows), dtype=np.int64), rows, ~host_ok, peak)[0])
+        if self.least is None or lkey(low) < self.least[0]:
+            self.least = (lkey(low), found(low))
+        for col, slot in self.least_by.items():
+            self._keep(slot, rows, _firsts(rows[:, col], rows, ~host_ok, peak), col, lkey,
+                       found)
+
+    def _by_value(self, slots: dict[int, dict[int, tuple[tuple[float, ...], Found]]],
+                  rows: np.ndarray, order: np.ndarray, key: Callable[[int], tuple[float, ...]],
+                  found: Callable[[int], Found]) -> None:
+        """Per tracked column and value: keep the first row of ``order`` with that value
+        where its ``key`` is below the one kept."""
+        for col, slot in slots.items():
+            _, first = np.unique(rows[order, col], return_index=True)
+            self._keep(slot, rows, order[first], col, key, found)
+
+    @staticmethod
+    def _keep(slot: dict[int, tuple[tuple[float, ...], Found]], rows: np.ndarray,
+              firsts: np.ndarray, col: int, key: Callable[[int], tuple[float, ...]],
+              found: Callable[[int], Found]) -> None:
+        """Keep each row of ``firsts`` (one per value of column ``col``) in ``slot`` where its
+        ``key`` is below the one kept for its value."""
+        for i in firsts.tolist():
+            v = int(rows[i, col])
+            cur = slot.get(v)
+            if cur is None or key(i) < cur[0]:
+                slot[v] = (key(i), found(i))
 
 
 def _timed(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, rows: np.ndarray,
@@ -235,9 +358,9 @@ def _timed(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, rows: np.n
     cand = np.flatnonzero(lazy)
     cand = cand[np.argsort(res.step_time[cand], kind="stable")]
     pos, batch = 0, FIRST_BATCH
-    while pos < len(cand) and res.step_time[cand[pos]] <= state.bound():
+    while pos < len(cand) and res.step_time[cand[pos]] <= state.loosest():
         take = cand[pos:pos + batch]
-        take = take[res.step_time[take] <= state.bound()]
+        take = take[res.step_time[take] <= state.bounds(rows[take])]
         state.counts["bounded"] -= len(take)
         state.add(fw, rank, rows[take], evaluate(model, cluster, job, arrays(model, rows[take])))
         pos += batch
@@ -256,15 +379,14 @@ def _search_one(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, space
     f0 = evaluate(model, cluster, job, arrays(model, base), exact_below=-np.inf).floor
     order = np.lexsort((np.arange(n), f0))
     pos, batch = 0, FIRST_BATCH
-    while pos < n and f0[order[pos]] <= state.bound():
-        bound = state.bound()
+    while pos < n and f0[order[pos]] <= state.loosest():
         chunk = order[pos:pos + batch]
-        # The cores of this batch whose floor already exceeds the bound (f0 is sorted, so the
-        # batch's tail) are bounded too.
-        over = chunk[f0[chunk] > bound]
+        # The cores of this batch whose floor already exceeds their bound are bounded too.
+        above = f0[chunk] > state.bounds(base[chunk], CORE)
+        over = chunk[above]
         state.counts["bounded"] += int((nz[over] * nr[over]).sum())
         state.floors(fw, base[over], f0[over])
-        chunk = chunk[f0[chunk] <= bound]
+        chunk = chunk[~above]
         pos += batch
         batch = min(2 * batch, MAX_BATCH)
         # Level 1: (core, recompute) without ZeRO; and (core, sharding) without recompute,
@@ -274,7 +396,7 @@ def _search_one(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, space
         rec = positions(nr[chunk])
         bare = space.core_rows(core, rec)
         f1 = evaluate(model, cluster, job, arrays(model, bare), exact_below=-np.inf).floor
-        keep = f1 <= bound
+        keep = f1 <= state.bounds(bare, CORE + RECOMPUTATION)
         state.counts["bounded"] += int(nz[core[~keep]].sum())
         state.floors(fw, bare[~keep], f1[~keep])
         if not keep.any():
@@ -289,7 +411,7 @@ def _search_one(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, space
         loc[chunk] = np.cumsum(nz[chunk]) - nz[chunk]  # where each core's shardings start
         kept = core[keep]
         zpos = np.repeat(loc[kept], nz[kept]) + positions(nz[kept])
-        ok = pipe[zpos] <= bound
+        ok = pipe[zpos] <= state.bounds(rows)
         state.counts["bounded"] += int((~ok).sum())
         state.floors(fw, rows[~ok], pipe[zpos][~ok])
         rows = rows[ok]
@@ -306,17 +428,28 @@ def _search_one(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, space
 def search(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
            constraints: Constraints | None = None, top_k: int = 5,
            capacity: float | None = None,
-           progress: Callable[[float], None] | None = None) -> SearchResult:
+           progress: Callable[[float], None] | None = None,
+           by: Sequence[str] = ()) -> SearchResult:
     """The ``top_k`` fastest configurations that fit ``capacity`` bytes per GPU (default: the
     GPU's memory) and the node's host memory, over every trainer the constraints name
     (default: ``job.framework``); the default capacity keeps ``job.memory_reserve`` of the
     GPU free (``costmodel.estimate.plan_capacity``). ``progress`` is called with the fraction
-    of the cores (ordered by bound) passed so far, from 0 to 1."""
+    of the cores (ordered by bound) passed so far, from 0 to 1.
+
+    ``by``: columns of ``COLUMNS``; for each value of each, the search also finds the fastest
+    configuration that fits and the one with the least memory (``SearchResult.best_by``,
+    ``least_by``), as one search per value with that value fixed would, in one pass: a
+    configuration is pruned only when its bound exceeds the k-th best and the best found
+    for every value it has."""
     cap = float(plan_capacity(cluster, job) if capacity is None else capacity)
-    state = _State(max(1, top_k), cap, cluster.host_memory_bytes_per_gpu)
+    todo = spaces(model, cluster, job, constraints)
+    for c in by:
+        if c not in COLUMNS:
+            raise ValueError(f"search(by=...): {c!r} is not a column; use {COLUMNS}")
+    values = {c: np.concatenate([column_values(s, c) for _, s in todo]) for c in by}
+    state = _State(max(1, top_k), cap, cluster.host_memory_bytes_per_gpu, values)
     rejected = {}
     jobs = {}
-    todo = spaces(model, cluster, job, constraints)
     for rank, (j, space) in enumerate(todo):
         def tick(frac: float, rank: int = rank) -> None:
             if progress is not None:
@@ -329,7 +462,11 @@ def search(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     return SearchResult(top=[f for _, f in state.top], meshes=state.meshes,
                         counts=state.counts, rejected=rejected,
                         least_memory=state.least[1] if state.least else None, jobs=jobs,
-                        model=model)
+                        model=model,
+                        best_by={COLUMNS[c]: {v: f for v, (_, f) in d.items()}
+                                 for c, d in state.best_by.items()},
+                        least_by={COLUMNS[c]: {v: f for v, (_, f) in d.items()}
+                                  for c, d in state.least_by.items()})
 
 
 def nodes_of(gpus: int, gpus_per_node: int) -> str:

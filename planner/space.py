@@ -302,6 +302,19 @@ class Space:
                     and np.any(np.all(self.recomputes[self.recompute_of[i]] == r, axis=1)))
 
 
+def column_values(space: Space, column: str) -> np.ndarray:
+    """The value codes column ``column`` (of ``COLUMNS``) takes anywhere in ``space``,
+    sorted."""
+    if column in CORE:
+        codes = space.cores[:, CORE.index(column)]
+    else:
+        names, tables, used = (SHARDING, space.shardings, space.shard_of) \
+            if column in SHARDING else (RECOMPUTATION, space.recomputes, space.recompute_of)
+        codes = np.concatenate([tables[i][:, names.index(column)] for i in np.unique(used)]
+                               or [np.zeros(0, dtype=np.int64)])
+    return np.unique(codes)
+
+
 def _fill(out: np.ndarray, which: np.ndarray, tables: tuple[np.ndarray, ...], pick: np.ndarray,
           names: tuple[str, ...]) -> None:
     """Write into the ``names`` columns of ``out`` row ``pick[j]`` of table ``which[j]``."""

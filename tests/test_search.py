@@ -112,6 +112,44 @@ def test_search_equals_a_full_pass(fw: str) -> None:
     assert res.counts["bounded"] > 0  # the bound did prune
 
 
+@pytest.mark.parametrize("fw", ["torchtitan", "megatron"])
+def test_search_by_value_equals_a_full_pass_per_value(fw: str) -> None:
+    """``search(by=...)``: for every value of every column asked, the fastest row with it that
+    fits (the search's order breaking ties) and, where none fits, the row with it needing the
+    least memory, both as the fully evaluated space gives them; and it still prunes."""
+    j = job(fw)
+    table = build_space(TINY, CLUSTER, j).table
+    full = evaluate(TINY, CLUSTER, j, arrays(TINY, table))
+    cols = ["tp", "pp", "zero", "mbs", "v", "recompute", "offload"]
+    # A capacity under which some values fit nowhere: the median of each value's least need.
+    needs = [full.peak_memory[table[:, COLUMNS.index(c)] == v].min()
+             for c in cols for v in np.unique(table[:, COLUMNS.index(c)])]
+    cap = float(np.median(needs))
+    fit = full.peak_memory <= cap
+    res = search(TINY, CLUSTER, j, top_k=1, capacity=cap, by=cols)
+    fastest = [i for i in _key(full.peak_memory, full.step_time, table) if fit[i]]
+    least = np.lexsort((*table.T[::-1], full.peak_memory))
+    missing = 0
+    for c in cols:
+        col = table[:, COLUMNS.index(c)]
+        assert set(res.best_by[c]) | set(res.least_by[c]) == {int(v) for v in np.unique(col)}
+        for v in np.unique(col):
+            want = next((i for i in fastest if col[i] == v), None)
+            got = res.best_by[c].get(int(v))
+            if want is None:
+                missing += 1
+                assert got is None
+                low = next(i for i in least if col[i] == v)
+                assert res.least_by[c][int(v)].row == tuple(int(x) for x in table[low])
+            else:
+                assert got is not None and got.row == tuple(int(x) for x in table[want])
+                assert got.step_time == full.step_time[want]
+    assert missing > 0  # some value fits nowhere
+    assert res.counts["bounded"] > 0
+    with pytest.raises(ValueError, match="not a column"):
+        search(TINY, CLUSTER, j, by=["colour"])
+
+
 @pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
 def test_search_equals_brute_force_over_scalar_estimates() -> None:
     """On a constrained space, the plan is the fastest of estimate() over every row."""
