@@ -127,11 +127,15 @@ def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
     experts): matrices split over tp (Megatron-LM column/row parallel), experts further split
     over ep. Replicated over tp: the two norms, and the biases of the row-parallel output
     projections (attention output, MLP down), added after the all-reduce (Shoeybi et al.
-    2019, Sec. 3; Megatron-LM RowParallelLinear, torch RowwiseParallel)."""
+    2019, Sec. 3; Megatron-LM RowParallelLinear, torch RowwiseParallel), and a MoE layer's
+    router, whose ``experts x hidden`` weight every rank holds whole (Megatron-Core
+    ``megatron/core/transformer/moe/router.py``: a plain parameter, its gradient all-reduced
+    over tp under sequence parallelism)."""
     norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
     row_bias = model.hidden_size if model.bias else 0
     rep_dense = 2 * norm + 2 * row_bias
-    rep_moe = 2 * norm + row_bias  # the routed experts' own biases are split with them
+    # (The routed experts' own biases are split with them.)
+    rep_moe = 2 * norm + row_bias + model.hidden_size * model.num_experts
     dense = (model.dense_layer_params() - rep_dense) / tp + rep_dense
     moe = (model.moe_layer_non_expert_params() - rep_moe) / tp + rep_moe
     return dense, moe, model.routed_expert_params() / (tp * ep)

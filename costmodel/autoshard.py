@@ -17,6 +17,13 @@ all-reduce), a backward time ``b[v, k]`` it may overlap with, and memory ``m[v, 
 (parameter + gradient + optimizer bytes of the shard, and the activations it saves times
 the micro-batches in flight).
 
+**Partial sums carried.** An op linear in some of its inputs (a gather, the first input of
+a sum, either factor of a product, an add of partial sums) also has strategies that take a
+partial sum on one axis and hand it on unreduced, or that take its output's gradient as a
+partial sum and hand partial gradients back (``ShardingProblem._carries``), so one reduction
+may serve several ops: a MoE layer's experts are reduced once after the weighted combine, as
+Megatron-LM's row-parallel experts are, not once per routed copy.
+
 **Resharding.** Where a producer's output layout differs from the layout a consumer needs,
 the collective that converts it is inserted (``costmodel.sharding.reshard_time``), forward,
 and its gradient's conversion backward. Consumers that need the same layout of one tensor
@@ -107,7 +114,9 @@ class Strategy:
     tensor the input comes from) and of each input's gradient (``grads``); seconds of
     compute (forward + backward), of its backward alone and of gradient synchronisation;
     bytes of memory (parameter state and activations in flight) and of the activations
-    one micro-batch saves."""
+    one micro-batch saves. ``out_grad``: the layout it takes its output's gradient in
+    (default: the output's, a partial sum's whole), partial where it hands a partial
+    gradient on unreduced (``ShardingProblem._carries``)."""
 
     axes: tuple[int | None, ...]
     label: str
@@ -119,6 +128,12 @@ class Strategy:
     sync_s: float
     memory: float
     activation_bytes: float
+    out_grad: Layout | None = None
+
+    @property
+    def grad_layout(self) -> Layout:
+        """The layout its output's gradient must arrive in."""
+        return _rify(self.out) if self.out_grad is None else self.out_grad
 
 
 @dataclass(frozen=True)
@@ -171,6 +186,17 @@ def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef) 
 #: Seconds charged for a conversion ``tensor_parallel`` bars (a cost no layout approaches,
 #: so the ILP never picks it while any other layout exists).
 _BARRED_S = 1e3
+#: Ops linear in one tensor input alone, which a partial sum passes through unreduced: the
+#: first input of a gather or a sum; either factor of a product of two tensors computed
+#: from the inputs (not a constant's scaling, such as rotary embeddings' sines and cosines,
+#: which would let a layer's projections leave their partial sums for later). A sum of
+#: partial sums is itself partial: ``add`` with every input partial.
+_LINEAR_FIRST = ("index_select", "gather", "sum")
+_LINEAR_EITHER = ("mul",)
+_LINEAR_ALL = ("add", "sub")
+#: Seconds added to a strategy that carries a partial sum on: where reducing first costs the
+#: same, the reduction stays where it was (next to the matmul that made the sum).
+_CARRY_S = 1e-9
 
 
 def _scatters(src: Layout, need: Layout) -> bool:
@@ -179,6 +205,13 @@ def _scatters(src: Layout, need: Layout) -> bool:
     residual stream whole on every rank (Megatron-LM's ``g`` operator, Shoeybi et al. 2019,
     Fig. 3)."""
     return any(a == PARTIAL and b >= 0 for a, b in zip(src, need, strict=True))
+
+
+def _taking(src: Layout, dst: Layout) -> Layout:
+    """``dst`` with ``src``'s placement on each axis where ``dst`` takes a partial sum: a
+    partial sum can be made of anything locally (one rank keeps its part, the others add
+    zeros), so nothing is converted there."""
+    return tuple(a if b == PARTIAL else b for a, b in zip(src, dst, strict=True))
 
 
 def _rify(layout: Layout) -> Layout:
@@ -227,6 +260,7 @@ class ShardingProblem:
             mine = {i.param for i in self.inputs[v] if i.param and i.param not in seen}
             self.charged[v] = mine
             seen |= mine
+        self.routers = self._routers()
         self.strategies = {v: self._strategies(v) for v in self.nodes}
         self.follow = self._followers()
         self.groups = self._groups()
@@ -313,6 +347,29 @@ class ShardingProblem:
         return n.family != "attention" and any(
             lp.out is None and self._on_tokens(v, lp, self.token_dims) for lp in n.loops)
 
+    def _routers(self) -> set[int]:
+        """The matmuls whose output only chooses experts: a top-k reads it through memory-
+        bound ops (a softmax, a cast). Megatron-LM keeps a router's small weight whole on
+        every tensor-parallel rank (``megatron/core/transformer/moe/router.py``), so
+        ``tensor_parallel`` need not split it."""
+        out: set[int] = set()
+        for v in self.nodes:
+            if self.graph.node(v).op.removeprefix("aten.").split(".")[0] != "topk":
+                continue
+            stack, seen = [v], {v}
+            while stack:
+                for inp in self.inputs[stack.pop()]:
+                    u = inp.source
+                    if u < 0 or u in seen:
+                        continue
+                    seen.add(u)
+                    family = self.graph.node(u).family
+                    if family == "matmul":
+                        out.add(u)
+                    elif family in _LIGHT:
+                        stack.append(u)
+        return out
+
     def _tensor_parallel_ok(self, v: int, loops: list[Loop | None],
                             lays: list[Layout]) -> bool:
         """Under ``tensor_parallel``: no loop on tokens, every weight matrix that meets the
@@ -328,6 +385,8 @@ class ShardingProblem:
                 return False  # sequence parallel: no memory-bound op runs replicated
         if not self._meets_tokens(v, self.token_dims):
             return all(lp is None for lp in loops)
+        if v in self.routers:
+            return True  # whole or split, the ILP's to choose
         refs = self.graph.node(v).inputs
         for axis, size in enumerate(self.mesh.shape):
             if size == 1:
@@ -346,8 +405,9 @@ class ShardingProblem:
         for v in self.nodes:
             n = self.graph.node(v)
             sources = {i.source for i in self.inputs[v] if i.source >= 0}
-            if n.family not in _LIGHT or len(sources) != 1:
-                continue
+            if n.family not in _LIGHT or len(sources) != 1 or any(
+                    st.label in ("P", "bwd:P") for st in self.strategies[v]):
+                continue  # (an op that may carry a partial sum is the ILP's to choose)
             u = sources.pop()
             if self.layer[u] != self.layer[v]:
                 continue  # a block's entry: the traced instance's source stands for one only
@@ -438,8 +498,71 @@ class ShardingProblem:
             out.append(Strategy(axes, label, o, tuple(lays), tuple(grads), compute, backward,
                                 sync, mem, act))
         if not out:  # nothing satisfies tensor_parallel's rules: replicated, as it must be
-            return [st for st in self._strategies(v, rules=False)
-                    if all(a is None for a in st.axes)]
+            out = [st for st in self._strategies(v, rules=False)
+                   if all(a is None for a in st.axes)]
+        if rules:  # (sequence parallel leaves a memory-bound op no replicated strategy)
+            plain = [st for st in out if all(a is None for a in st.axes)] or [
+                st for st in self._strategies(v, rules=False) if all(a is None for a in st.axes)]
+            out += self._carries(v, plain)
+        return out
+
+    def _carries(self, v: int, plain: list[Strategy]) -> list[Strategy]:
+        """Strategies of node ``v`` that take a partial sum on one mesh axis and hand it on
+        unreduced, where ``v`` is linear in the inputs that take it (``_LINEAR_FIRST``,
+        ``_LINEAR_EITHER``, ``_LINEAR_ALL``): a MoE layer's expert outputs, partial over
+        tensor parallel, are then gathered back to their tokens, weighted and summed
+        before one reduction of the tokens' size, as Megatron-LM's row-parallel experts do
+        (not of the top-k times larger routed copies). ``plain``: ``v``'s replicated
+        strategies, each of which the new ones copy. The gradient of a factor multiplied by
+        a partial sum is partial too. Nothing is carried through an op reading a
+        parameter (its gradient would be partial), nor through one reading a tensor from
+        outside its layer."""
+        name = self.graph.node(v).op.removeprefix("aten.").split(".")[0]
+        ins = self.inputs[v]
+        tensors = [i for i, inp in enumerate(ins) if not inp.constant]
+        if any(ins[i].source < 0 or self.layer.get(ins[i].source) != self.layer[v]
+               for i in tensors):
+            # A partial sum stays inside its layer: blocks are costed one by one
+            # (``costmodel.blockcosts``), each taking and handing on whole tensors.
+            return []
+        if any(inp.param for inp in ins) or not tensors or not plain:
+            return []
+        sets: list[tuple[int, ...]]
+        if name in _LINEAR_FIRST:
+            sets = [(0,)] if 0 in tensors else []
+        elif name in _LINEAR_EITHER and len(tensors) > 1:
+            sets = [(i,) for i in tensors]
+        elif name in _LINEAR_ALL and len(tensors) > 1:
+            sets = [tuple(tensors)]
+        else:
+            return []
+        out = []
+        for st in plain:
+            for a, size in enumerate(self.mesh.shape):
+                if size == 1:
+                    continue
+
+                def put(lay: Layout, a: int = a) -> Layout:
+                    return tuple(PARTIAL if b == a else x for b, x in enumerate(lay))
+
+                cost = st.compute_s + _CARRY_S
+                for carried in sets:
+                    # Forward: the carried inputs are partial, so is the output; the gradient
+                    # of any other factor (a product's weights) is partial as well.
+                    lays = tuple(put(lay) if i in carried else lay
+                                 for i, lay in enumerate(st.ins))
+                    grads = tuple(put(g) if i not in carried and ins[i].grad and i in tensors
+                                  else g for i, g in enumerate(st.grads))
+                    out.append(Strategy(st.axes, "P", put(st.out), lays, grads, cost,
+                                        st.backward_s, st.sync_s, st.memory,
+                                        st.activation_bytes))
+                # Backward: a partial gradient of the output gives partial gradients of
+                # every input (the backward of a linear op is linear in that gradient).
+                grads = tuple(put(g) if ins[i].grad and i in tensors else g
+                              for i, g in enumerate(st.grads))
+                out.append(Strategy(st.axes, "bwd:P", st.out, st.ins, grads, cost,
+                                    st.backward_s, st.sync_s, st.memory, st.activation_bytes,
+                                    out_grad=put(st.grad_layout)))
         return out
 
     def _statistics(self, loops: list[Loop | None]) -> float:
@@ -537,14 +660,24 @@ class ShardingProblem:
                             break
         return list(groups.values())
 
-    def _convert(self, out: Layout, need: Layout, grad: Layout | None, nbytes: float) -> float:
+    def _convert(self, src: Strategy, need: Layout, grad: Layout | None, nbytes: float
+                 ) -> float:
+        """Seconds to convert producer strategy ``src``'s output into the layout ``need``
+        and, backward, the gradient from ``grad`` into the one ``src`` takes. A partial
+        gradient may be taken from any layout at no cost (one rank keeps its part, the
+        others add zeros); a partial forward input only from a partial output."""
+        out = src.out
+        if any(b == PARTIAL and a != PARTIAL for a, b in zip(out, need, strict=True)):
+            return _BARRED_S
+        back = None if grad is None else _taking(grad, src.grad_layout)
         if self.tensor_parallel and not self.sequence_parallel and (_scatters(out, need) or (
-                grad is not None and _scatters(grad, _rify(out)))):
+                grad is not None and back is not None and _scatters(grad, back))):
+            # (tensor parallel without SP only all-reduces partial sums)
             return _BARRED_S
         m, s = self.mesh.shape, self.mesh.strides
         t = reshard_time(self.topo, m, s, out, need, nbytes)
-        if grad is not None:
-            t += reshard_time(self.topo, m, s, grad, _rify(out), nbytes)
+        if grad is not None and back is not None:
+            t += reshard_time(self.topo, m, s, grad, back, nbytes)
         return t
 
     def _group_classes(self, g: _Group) -> tuple[dict[tuple[Layout, Layout | None], int],
@@ -555,7 +688,7 @@ class ShardingProblem:
         for v, slot in g.consumers:
             for st in self.strategies[v]:
                 classes.setdefault(g.need(st, slot), len(classes))
-        cost = np.array([[self._convert(st.out, need, grad, g.nbytes) for need, grad in classes]
+        cost = np.array([[self._convert(st, need, grad, g.nbytes) for need, grad in classes]
                          for st in self.strategies[g.producer]])
         return classes, cost
 
@@ -626,12 +759,14 @@ class Solution:
         for g, v, slot, t in self.problem.conversions(self.choice):
             if t > 0:
                 need, grad = g.need(self.strategy(v), slot)
-                out.append((g.producer, v, _collective_names(self.strategy(g.producer).out,
+                out.append((g.producer, v, _collective_names(self.strategy(g.producer),
                                                              need, grad), t))
         return out
 
 
-def _collective_names(src: Layout, need: Layout, grad: Layout | None) -> str:
+def _collective_names(src: Strategy, need: Layout, grad: Layout | None) -> str:
+    """The collectives converting producer strategy ``src``'s output into ``need`` and,
+    backward, the gradient ``grad`` into the layout ``src`` takes it in."""
     def one(a: Layout, b: Layout) -> list[str]:
         names = []
         for axis, (s, d) in enumerate(zip(a, b, strict=True)):
@@ -642,8 +777,8 @@ def _collective_names(src: Layout, need: Layout, grad: Layout | None) -> str:
             names.append(f"{kind}@{axis}")
         return names
 
-    fwd = one(src, need)
-    bwd = one(grad, _rify(src)) if grad is not None else []
+    fwd = one(src.out, need)
+    bwd = one(grad, _taking(grad, src.grad_layout)) if grad is not None else []
     return " ".join(fwd + [f"bwd:{x}" for x in bwd])
 
 

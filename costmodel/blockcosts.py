@@ -311,7 +311,9 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
         t = out.setdefault(p.layer[v], _Tally())
         shards = math.prod(m for m, a in zip(p.mesh.shape, st.axes, strict=True)
                            if a is not None)
-        t.forward_flops += n.model_flops / shards
+        # Each rank's share of the model FLOPs: an op left whole (a MoE router, which
+        # Megatron-LM runs whole on every rank) is the group's once, shared evenly.
+        t.forward_flops += n.model_flops / p.mesh.size
         if n.family == "attention" and n.model_flops and len(n.inputs) >= 3:
             t.kv_bytes += (n.inputs[1].nbytes + n.inputs[2].nbytes) / shards  # K and V
         kernel = _kernel(sol, v, shards)
@@ -360,7 +362,7 @@ def _add_conversions(sol: Solution, out: dict[str, _Tally]) -> None:
         layer = p.layer[g.producer]  # a conversion belongs to the block whose output it is
         need, grad = g.need(sol.strategy(v), _slot)
         per_instance = g.weight / p.repeat.get(layer, 1)
-        names = _collective_names(sol.strategy(g.producer).out, need, grad).split()
+        names = _collective_names(sol.strategy(g.producer), need, grad).split()
         for name in names:
             kind = name.removeprefix("bwd:").split("@")[0]
             out.setdefault(layer, _Tally()).add(kind, per_instance * g.nbytes, per_instance)

@@ -126,6 +126,45 @@ def test_the_ilp_equals_brute_force(case: str) -> None:
     assert ilp.memory_bytes <= problem.budget
 
 
+class _Combine(nn.Module):
+    """A MoE layer's shape in miniature: a router's two scores per token, the tokens sent
+    to a row-split MLP in the router's order, its output gathered back, weighted by the
+    scores and summed."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.router = nn.Linear(h, 2, bias=False)
+        self.up = nn.Linear(h, 4 * h, bias=False)
+        self.down = nn.Linear(4 * h, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.router(x).softmax(-1)
+        pick = torch.cat([w[:, 0].argsort(), w[:, 1].argsort()])
+        y = self.down(torch.nn.functional.gelu(self.up(x.index_select(0, pick))))
+        back = y.index_select(0, pick.argsort()).view(2, -1, x.shape[1])
+        return (back * w.t().unsqueeze(-1)).sum(0)
+
+
+def test_a_partial_sum_is_carried_to_after_the_weighted_sum() -> None:
+    """Under tensor parallelism the down projection's partial sums pass unreduced through
+    the gather, the weighting and the sum (ops linear in them), and are all-reduced once,
+    on half the bytes (two routed copies per token); the router stays whole; the ILP equals
+    brute force over every assignment, the carrying strategies included."""
+    graph = LayerGraph.from_module(nn.Sequential(_Combine(1024)), torch.randn(4096, 1024),
+                                   dtype=torch.bfloat16)
+    problem = ShardingProblem(graph, Mesh((1, 4)), NODE, Job(global_batch_size=64, seq_len=1),
+                              micro_batches=4, tensor_parallel=True)
+    sol, brute = solve(problem), brute_force(problem)
+    assert sol.objective_s == pytest.approx(brute.objective_s, rel=1e-6)
+    ops = {v: op.split(".")[1] for v, op, _label, _out in sol.layouts()}
+    mm = [label for v, _op, label, _out in sol.layouts() if ops[v] == "mm"]
+    assert mm == ["R|R", "R|n", "R|k"]  # the router whole; the MLP column- then row-split
+    reduced = [(ops[u], ops[v], kinds) for u, v, kinds, _s in sol.collectives()
+               if "all-reduce" in kinds and not kinds.startswith("bwd")]
+    assert reduced == [("sum", "sum", "all-reduce@1")]  # the weighted sum, into the loss
+    assert sum(sol.strategy(v).label == "P" for v in ops) == 3  # gather, weight, sum
+
+
 def _transformer(h: int, batch: int, seq: int, layers: int = 4) -> LayerGraph:
     spec = ModelSpec(name="block", num_layers=layers, hidden_size=h, num_heads=h // 128,
                      num_kv_heads=h // 128, ffn_hidden_size=4 * h, vocab_size=32000,
