@@ -400,7 +400,9 @@ class ShardingProblem:
         """Light ops whose tensor inputs all come from one node follow its layout (Alpa's
         merging of simple operators into their operand, Zheng et al. 2022, Sec. 4.2):
         follower -> (leader, the follower's strategy for each of the leader's strategies:
-        the cheapest that takes the leader's output as it is, else replicated)."""
+        of those that take the leader's output as it is, one that keeps its layout (a
+        follower splitting a whole tensor for free would leave its consumers a gather to
+        pay), else the cheapest; else replicated)."""
         out: dict[int, tuple[int, list[int]]] = {}
         for v in self.nodes:
             n = self.graph.node(v)
@@ -419,7 +421,8 @@ class ShardingProblem:
             for st in self.strategies[u]:
                 want = _rify(st.out)
                 fits = [k for k, t in enumerate(mine) if t.ins[slot] == want]
-                f.append(min(fits, key=lambda k: (mine[k].compute_s, k)) if fits else plain)
+                f.append(min(fits, key=lambda k: (mine[k].out != want, mine[k].compute_s, k))
+                         if fits else plain)
             out[v] = (u, f)
         return out
 

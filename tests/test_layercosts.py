@@ -102,12 +102,11 @@ def _check(traced: LayerCosts, analytic: LayerCosts) -> None:
             assert _close(x.params, y.params), where
             assert _close(x.forward_flops, y.forward_flops), where
             assert _close(x.backward_flops, y.backward_flops), where
-            # A MoE layer split over TP: the formulas follow Megatron-LM (the router reads
-            # the whole hidden state, each rank dispatches every token to its slice of each
-            # expert); the ILP may instead keep the router's input split and gather only
-            # what the experts read: never more memory (at tp = 1 they agree).
+            # A MoE layer split over TP: the formulas follow Megatron-LM (the router whole on
+            # every rank, reading the whole hidden state; each rank dispatches every token
+            # to its slice of each expert); so does the ILP, activations within 1 %.
             moe_tp = a.name == "moe layers" and t > 1
-            lean = a.kind == "embedding" or moe_tp
+            lean = a.kind == "embedding"
             for mode in RECOMPUTE_MODES:
                 if lean:
                     # The ILP may keep the embedding's output (and its dropout) split by
@@ -118,25 +117,22 @@ def _check(traced: LayerCosts, analytic: LayerCosts) -> None:
                 else:
                     assert _close(x.activation_bytes[mode], y.activation_bytes[mode]), \
                         (where, mode)
-            if moe_tp:
-                # The ILP carries the experts' partial sums through the routing ops and
-                # reduces them once after the probability-weighted combine, as the formulas
-                # (Megatron-LM's row-parallel experts) do: the reductions within 1 %. It may
-                # also split some of the routing's small index arithmetic over the experts
-                # and gather it (each token's position in its expert's slots), and with SP
-                # keeps the layer's gathered input for backward where Megatron-LM gathers
-                # it again: the other collectives, at most a quarter of the formulas' bytes
-                # more than theirs.
-                # With SP it may instead reduce-scatter the routed copies before the
-                # combine, which then runs on sequence shards: at most top-k times more.
-                red = "reduce-scatter" if traced.sequence_parallel else "all-reduce"
-                if traced.sequence_parallel:
-                    assert y.collectives[red] * 0.99 <= x.collectives[red] \
-                        <= y.collectives[red] * analytic.spec.top_k, where
-                else:
-                    assert _close(x.collectives[red], y.collectives[red]), where
-                rest = sum(b for k, b in x.collectives.items() if k != red)
-                theirs = sum(b for k, b in y.collectives.items() if k != red)
+            if moe_tp and traced.sequence_parallel:
+                # Without SP the ILP carries the experts' partial sums through the routing
+                # ops and reduces them once after the probability-weighted combine, as the
+                # formulas (Megatron-LM's row-parallel experts) do: the checks below. With
+                # SP it may instead reduce-scatter the routed copies before the combine,
+                # which then runs on sequence shards (at most top-k times the bytes), and
+                # keep the layer's gathered input for backward where Megatron-LM gathers it
+                # again; SP splitting every memory-bound op, it also gathers the routing's
+                # small index tensors: its other collectives are at most a quarter of the
+                # formulas' bytes more than theirs.
+                assert analytic.spec is not None
+                red = y.collectives["reduce-scatter"]
+                assert red * 0.99 <= x.collectives["reduce-scatter"] \
+                    <= red * analytic.spec.top_k, where
+                rest = sum(b for k, b in x.collectives.items() if k != "reduce-scatter")
+                theirs = sum(b for k, b in y.collectives.items() if k != "reduce-scatter")
                 assert rest <= theirs + 0.25 * sum(y.collectives.values()), where
                 continue
             if lean:
