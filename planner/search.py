@@ -105,11 +105,17 @@ class SearchResult:
     least_by: dict[str, dict[int, Found]] = field(default_factory=dict)
 
 
+def _first_per(keys: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """The first index of ``order`` for each distinct value of ``keys`` (one per element of
+    ``order``), in ``order``'s order."""
+    _, idx = np.unique(keys, return_index=True)
+    return order[np.sort(idx)]
+
+
 def _first_per_mesh(rows: np.ndarray, order: np.ndarray) -> np.ndarray:
     """The first index of ``order`` for each mesh (``MESH`` columns) among ``rows``."""
     # One integer per mesh (np.unique over rows sorts them lexicographically, far slower).
-    _, idx = np.unique(_mesh_key(rows[order]), return_index=True)
-    return order[np.sort(idx)]
+    return _first_per(_mesh_key(rows[order]), order)
 
 
 def _order(rows: np.ndarray, *keys: np.ndarray) -> np.ndarray:
@@ -330,8 +336,7 @@ class _State:
         """Per tracked column and value: keep the first row of ``order`` with that value
         where its ``key`` is below the one kept."""
         for col, slot in slots.items():
-            _, first = np.unique(rows[order, col], return_index=True)
-            self._keep(slot, rows, order[first], col, key, found)
+            self._keep(slot, rows, _first_per(rows[order, col], order), col, key, found)
 
     @staticmethod
     def _keep(slot: dict[int, tuple[tuple[float, ...], Found]], rows: np.ndarray,
