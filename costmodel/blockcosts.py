@@ -45,6 +45,7 @@ class _Tally:
     recomputed: Kernels = field(default_factory=Kernels)
     collectives: dict[str, float] = field(default_factory=dict)
     calls: dict[str, float] = field(default_factory=dict)
+    expert_params: float = 0.0
 
     def add(self, kind: str, nbytes: float, calls: float) -> None:
         """Count ``calls`` collectives of ``kind`` moving ``nbytes`` in all."""
@@ -62,13 +63,15 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     tallies: dict[int, dict[str, _Tally]] = {}
     layouts: dict[int, tuple[tuple[int, str, str, str, str], ...]] = {}
     mixers: set[str] = set()
+    routing: dict[str, tuple[int, int]] = {}
     for t in degrees:
         prob = ShardingProblem(graph, Mesh((1, t)), cluster, job, budget=math.inf,
                                tensor_parallel=True, sequence_parallel=sequence_parallel)
-        if t == degrees[0]:  # which layers mix tokens does not depend on the degree
+        if t == degrees[0]:  # which layers mix tokens or route does not depend on the degree
             mixers = {prob.layer[v] for v in prob.nodes if prob.mixes_tokens(v)}
+            routing = _routing(prob)
         sol = solve(prob, time_limit_s=time_limit_s)
-        tallies[t] = _tally(sol)
+        tallies[t] = _tally(sol, routing)
         layouts[t] = tuple((v, graph.node(v).module, op, label, out) for v, op, label, out
                            in sol.layouts())
     blocks = []
@@ -80,10 +83,40 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     # One micro-batch is the traced batch of the job's sequences (tokens, or samples when
     # the job's seq_len is 1).
     shape = graph.inputs[0] if graph.inputs else ()
+    top_k, experts = max(routing.values(), default=(0, 0))
     return LayerCosts(graph.name, "graph", shape[0] if shape else 1, job.seq_len,
                       sequence_parallel, tuple(blocks), layouts,
                       element_bytes=compute_bytes(job.precision),
-                      first_stage_layers=first_stage_layers(graph))
+                      first_stage_layers=first_stage_layers(graph), top_k=top_k,
+                      num_experts=experts)
+
+
+def _routing(p: ShardingProblem) -> dict[str, tuple[int, int]]:
+    """Per layer that routes tokens to experts, (experts each token goes to, experts): a
+    ``topk`` over the router's scores, its k the last dim of its output, the experts that of
+    its input. Its batched matmuls with a weight operand are the routed experts'
+    (``_expert``)."""
+    out: dict[str, tuple[int, int]] = {}
+    for v in p.nodes:
+        n = p.graph.node(v)
+        if n.backward or n.op.removeprefix("aten.").split(".")[0] != "topk" or not n.shape:
+            continue
+        src = p.inputs[v][0].source if p.inputs[v] else -1
+        scores = p.graph.node(src).shape if src >= 0 else ()
+        if scores and n.shape[-1] < scores[-1]:
+            out[p.layer[v]] = max(out.get(p.layer[v], (0, 0)), (n.shape[-1], scores[-1]))
+    return out
+
+
+def _expert(p: ShardingProblem, v: int, routing: dict[str, tuple[int, int]]) -> bool:
+    """Whether node ``v`` is a routed experts' matmul: in a layer that routes, a matmul
+    batched over as many experts as the router chooses from, reading a weight (an
+    ``experts x in x out`` parameter, ``torch.bmm``; or torch._grouped_mm's)."""
+    n = p.graph.node(v)
+    experts = routing.get(p.layer[v], (0, 0))[1]
+    return n.family == "matmul" and experts > 1 \
+        and any(lp.role == "b" and lp.size == experts for lp in n.loops) \
+        and any(inp.param for inp in p.inputs[v])
 
 
 def first_stage_layers(graph: LayerGraph) -> int:
@@ -148,13 +181,14 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
     """The ``ShardCosts`` of a block made of ``members`` (one instance of each);
     ``is_layer``: recompute applies to it (to the layers, not to the embedding and head, as
     trainers checkpoint the layers)."""
-    params = forward = backward = saved = scores = inp = widest = shared = kv = 0.0
+    params = forward = backward = saved = scores = inp = widest = shared = kv = experts = 0.0
     kernels, recomputed = Kernels(), Kernels()
     coll: dict[str, float] = {}
     calls: dict[str, float] = {}
     for x in members:
         t = tally.get(x.name, _Tally())
         params += t.params
+        experts += t.expert_params
         forward += t.forward_flops
         kv += t.kv_bytes
         if x.forward_flops:  # backward ops are split like the forward ops they mirror
@@ -176,7 +210,7 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
                       activation_bytes=acts, input_bytes=inp, collectives=coll,
                       collective_calls=calls, widest_elements=widest, shared_params=shared,
                       kernels=_merge_gemms(kernels), recomputed=_merge_gemms(recomputed),
-                      kv_bytes=kv)
+                      kv_bytes=kv, expert_params=experts)
 
 
 def _scores(sol: Solution, src: int) -> bool:
@@ -188,9 +222,10 @@ def _scores(sol: Solution, src: int) -> bool:
     return rank >= 2 and {rank - 1, rank - 2} <= sol.problem.score_dims.get(src, frozenset())
 
 
-def _kernel(sol: Solution, v: int, shards: int) -> Kernels:
+def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels:
     """Node ``v``'s forward kernel on one rank as the ILP placed it (``costmodel.kernels``;
-    the same costs as ``ShardingProblem``'s compute terms)."""
+    the same costs as ``ShardingProblem``'s compute terms); ``expert``: a routed experts'
+    matmul (``Gemm.expert``)."""
     p = sol.problem
     n = p.graph.node(v)
     st = sol.strategy(v)
@@ -211,7 +246,7 @@ def _kernel(sol: Solution, v: int, shards: int) -> Kernels:
             needs = [r.grad for r in n.inputs]
             back = int(len(needs) >= 2 and needs[-2]) + int(bool(needs and needs[-1]))
             return Kernels(gemms=(Gemm(2 * m * nn * k * b, act, w,
-                                       bool(aligned(nn, k, e)), back),))
+                                       bool(aligned(nn, k, e)), back, expert=expert),))
     moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
     if n.family == "embedding":
         # A lookup reads the rows it gathers, not the table: the indices, then a row read
@@ -267,11 +302,12 @@ def _copies(sol: Solution) -> list[tuple[str, Kernels]]:
 
 def _merge_gemms(k: Kernels) -> Kernels:
     """``k`` with identical matmuls counted once each, with their count."""
-    counts: dict[tuple[float, float, float, bool, int], int] = {}
+    counts: dict[tuple[float, float, float, bool, int, bool], int] = {}
     for g in k.gemms:
-        key = (g.flops, g.activation_bytes, g.weight_bytes, g.aligned, g.backward)
+        key = (g.flops, g.activation_bytes, g.weight_bytes, g.aligned, g.backward, g.expert)
         counts[key] = counts.get(key, 0) + g.count
-    return dataclasses.replace(k, gemms=tuple(Gemm(*key, count=c) for key, c in counts.items()))
+    return dataclasses.replace(k, gemms=tuple(Gemm(*key[:5], count=c, expert=key[5])
+                                              for key, c in counts.items()))
 
 
 def _share(sol: Solution, layout: tuple[int, ...]) -> int:
@@ -298,8 +334,9 @@ def _holders(sol: Solution, v: int, src: int) -> int:
     return min(reads, default=made)
 
 
-def _tally(sol: Solution) -> dict[str, _Tally]:
-    """Per layer instance, the figures of one rank under ``sol``'s layouts."""
+def _tally(sol: Solution, routing: dict[str, tuple[int, int]]) -> dict[str, _Tally]:
+    """Per layer instance, the figures of one rank under ``sol``'s layouts (``routing``:
+    the layers that route tokens to experts, ``_routing``)."""
     p = sol.problem
     out: dict[str, _Tally] = {}
     owner = {name: p.layer[v] for v in p.nodes for name in p.charged[v]}
@@ -316,7 +353,8 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
         t.forward_flops += n.model_flops / p.mesh.size
         if n.family == "attention" and n.model_flops and len(n.inputs) >= 3:
             t.kv_bytes += (n.inputs[1].nbytes + n.inputs[2].nbytes) / shards  # K and V
-        kernel = _kernel(sol, v, shards)
+        expert = _expert(p, v, routing)
+        kernel = _kernel(sol, v, shards, expert)
         t.kernels = t.kernels.merged(kernel)
         if _scores(sol, v):
             t.recomputed = t.recomputed.merged(kernel)
@@ -331,12 +369,13 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
             if src >= 0 and _scores(sol, src):
                 t.scores += kept
         for inp, lay in zip(p.inputs[v], st.ins, strict=True):
-            if inp.param in p.charged[v]:
-                t.params += inp.numel / _share(sol, lay)
-            elif inp.param and owner.get(inp.param) != p.layer[v] \
-                    and (p.layer[v], inp.param) not in shared:
-                shared.add((p.layer[v], inp.param))  # a tied weight another layer holds
-                t.shared += inp.numel / _share(sol, lay)
+            if inp.param and (inp.param in p.charged[v] or (
+                    owner.get(inp.param) != p.layer[v]
+                    and (p.layer[v], inp.param) not in shared)):
+                _count_param(t, inp.numel / _share(sol, lay), inp.param in p.charged[v],
+                             expert)
+                if inp.param not in p.charged[v]:
+                    shared.add((p.layer[v], inp.param))  # a tied weight another layer holds
             outside = inp.source >= 0 and p.layer[inp.source] != p.layer[v]
             model_input = inp.source < 0 and not inp.param and not inp.constant
             if outside or model_input:
@@ -351,6 +390,17 @@ def _tally(sol: Solution) -> dict[str, _Tally]:
             out[layer].kernels = out[layer].kernels.merged(kernel)
     _add_conversions(sol, out)
     return out
+
+
+def _count_param(t: _Tally, numel: float, held: bool, expert: bool) -> None:
+    """Count a parameter's ``numel`` elements on the rank: one the layer holds (a routed
+    experts' where ``expert``), or one it reads from another layer (a tied weight)."""
+    if not held:
+        t.shared += numel
+        return
+    t.params += numel
+    if expert:
+        t.expert_params += numel
 
 
 def _add_conversions(sol: Solution, out: dict[str, _Tally]) -> None:

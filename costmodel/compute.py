@@ -61,15 +61,17 @@ def aligned(n: Num, k: Num, bytes_per_element: float) -> np.ndarray:
 
 
 def gemm_time(gpu: GPU, dtype: str, m: Num, n: Num, k: Num, count: Num = 1.0,
-              bytes_per_element: float = 2.0, weight_bytes_per_element: Num | None = None
-              ) -> np.ndarray:
+              bytes_per_element: float = 2.0, weight_bytes_per_element: Num | None = None,
+              grouped: bool = False) -> np.ndarray:
     """Seconds for ``count`` matmuls of shape ``[m, k] x [k, n]`` on ``gpu`` (roofline).
 
     Compute: ``2 m n k / (peak * gemm)``; memory: reading both operands and writing the
     result once, ``bytes_per_element * (m k + m n) + weight_bytes_per_element * k n`` over
-    ``hbm * memory``; plus the fixed ``kernel_overhead_s``. ``weight_bytes_per_element``: the
-    bytes of one element of the ``[k, n]`` operand when it is stored narrower than the
-    activations (a quantized weight, scales included); default ``bytes_per_element``.
+    ``hbm * memory``; plus the fixed ``kernel_overhead_s`` per launch: one per matmul, or one
+    for all ``count`` where ``grouped`` (a grouped GEMM, torch._grouped_mm).
+    ``weight_bytes_per_element``: the bytes of one element of the ``[k, n]`` operand when it
+    is stored narrower than the activations (a quantized weight, scales included); default
+    ``bytes_per_element``.
     """
     eff = gpu.efficiency
     flops = 2.0 * m * n * k
@@ -79,7 +81,8 @@ def gemm_time(gpu: GPU, dtype: str, m: Num, n: Num, k: Num, count: Num = 1.0,
     w = bytes_per_element if weight_bytes_per_element is None else weight_bytes_per_element
     traffic = bytes_per_element * (m * k + m * n) + w * k * n
     memory = traffic / (gpu.memory_bandwidth_bytes_per_s * eff.memory)
-    return count * (np.maximum(compute, memory) + eff.kernel_overhead_s)
+    launches = 1.0 if grouped else count
+    return count * np.maximum(compute, memory) + launches * eff.kernel_overhead_s
 
 
 def flash_attention_time(gpu: GPU, dtype: str, flops: Num) -> tuple[np.ndarray, np.ndarray]:
@@ -263,12 +266,16 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         n_up = ffn * (2 if model.gated_mlp else 1) / t
         m_shape = m_tokens if per_expert is None else per_expert
         count = 1.0 if per_expert is None else m_tokens / per_expert
+        # Local experts' matmuls as one grouped kernel per projection, or one each.
+        grouped = per_expert is not None and fw.grouped_experts
         if apart and model.gated_mlp:  # gate and up projections as two matmuls
             up = 2 * gemm_time(gpu, dtype, m_shape, ffn / t, h, count=count,
-                               bytes_per_element=e_in)
+                               bytes_per_element=e_in, grouped=grouped)
         else:
-            up = gemm_time(gpu, dtype, m_shape, n_up, h, count=count, bytes_per_element=e_in)
-        down = gemm_time(gpu, dtype, m_shape, h, ffn / t, count=count, bytes_per_element=e_in)
+            up = gemm_time(gpu, dtype, m_shape, n_up, h, count=count, bytes_per_element=e_in,
+                           grouped=grouped)
+        down = gemm_time(gpu, dtype, m_shape, h, ffn / t, count=count, bytes_per_element=e_in,
+                         grouped=grouped)
         fl = 2 * m_tokens * h * n_up + 2 * m_tokens * ffn / t * h
         return up + down, fl, width * e * m_tokens * ffn / t, up, down
 
@@ -311,15 +318,21 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     w_cast = np.where(ac, CAST_BYTES * weights, 0.0)
     w_kernels = np.where(ac, n_mats, 0.0)
     casts = 0.0 * tokens  # dtype casts among them: their backward casts the gradient back
+    nograd, nograd_bytes = 0.0, 0.0 * tokens  # kernels among them without a backward
     if fw.eager_kernels and not job.compile:
         x_bytes, x_kernels = eager_bytes(model, tokens, rep, t, e)
+        casts = eager_cast_bytes(model, tokens, rep, t, e)
+        if moe:
+            m_bytes, m_kernels, m_casts, nograd_bytes = eager_moe_bytes(model, routed, t, e)
+            x_bytes, x_kernels, casts = x_bytes + m_bytes, x_kernels + m_kernels, casts + m_casts
+            nograd = EAGER_MOE_NOGRAD_KERNELS
         ew_bytes = ew_bytes + x_bytes
         ew_kernels = ew_kernels + x_kernels
-        casts = eager_cast_bytes(model, tokens, rep, t, e)
     ew_fwd = memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
     fwd = fwd + ew_fwd
-    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * ew_bytes - (BACKWARD_BYTES - 1) * casts
-                            + branch_sums + w_cast, ew_kernels + w_kernels)
+    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * (ew_bytes - nograd_bytes)
+                            - (BACKWARD_BYTES - 1) * casts + branch_sums + w_cast,
+                            ew_kernels - nograd + w_kernels)
     if fw.torchao_float8 and job.precision == "fp8":
         cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
@@ -392,6 +405,43 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
         out = out + 2 * e * tokens * float(model.ffn_hidden_size or 0) / t
         kernels += 1.0
     return out, kernels
+
+
+#: torchtitan's MoE layer run as eager kernels (torchtitan/models/moe/moe.py and utils.py
+#: @08dc75ae, MoEArgs defaults: sigmoid scores, an expert bias, scores applied before the
+#: experts, grouped matmuls over padded indices), beyond the permutation and un-permutation
+#: (a copy each) and the router's softmax the fused count holds: the router's fp32 cast,
+#: bias add, top-k, gather and scaling of the scores, two histograms, the expert-load
+#: update, an argsort and the scores' reorder, the token index's division (11 kernels on
+#: [tokens, experts] or smaller tensors); the routed tokens scaled by their scores in fp32
+#: (cast up, multiply, cast down: 16 + 2e bytes per element), padded for the grouped
+#: matmuls and permuted again (a concatenation and an index_select) and put back
+#: (index_copy_): 6e; the un-permutation buffer zeroed (e) and the k copies summed (read e);
+#: the permutation indices (3 small kernels): 22 kernels; SwiGLU as silu then a product (2e
+#: per ffn element over the fused 3e, as a dense layer's: one kernel more).
+#: Of those kernels, the ones without a backward: bias add and top-k (only the indices are
+#: used), the histograms, the load update, the argsort, the index division, the permutation
+#: indices and the zeroed buffer.
+EAGER_MOE_BYTES = 16.0
+EAGER_MOE_BYTES_PER_E = 10.0
+EAGER_MOE_KERNELS = 22.0
+EAGER_MOE_NOGRAD_KERNELS = 11.0
+
+
+def eager_moe_bytes(model: ModelSpec, routed: np.ndarray, t: np.ndarray, e: float
+                    ) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+    """(bytes, kernels, cast bytes among them, bytes of kernels without a backward among
+    them) that a MoE layer's routing and experts move beyond the fused count when run as
+    torchtitan's eager kernels (``EAGER_MOE_BYTES``), ``routed`` the tokens times their
+    experts on the rank: the casts of the scaling by the scores (their backward casts the
+    gradient back, moving as much) and the zeroed buffer (no backward)."""
+    h = float(model.hidden_size)
+    out = (EAGER_MOE_BYTES + EAGER_MOE_BYTES_PER_E * e) * routed * h
+    kernels = EAGER_MOE_KERNELS
+    if model.gated_mlp:
+        out = out + 2 * e * routed * float(model.moe_ffn_hidden_size or 0) / t
+        kernels += 1.0
+    return out, kernels, 2 * (4.0 + e) * routed * h, e * routed * h
 
 
 def eager_cast_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.ndarray,

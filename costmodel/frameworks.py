@@ -94,6 +94,12 @@ class Framework:
     # GroupedExperts separate w1 and w3 alike) rather than Megatron-LM's fused linear_qkv and
     # linear_fc1. Compiled or not: torch.compile does not merge matmuls.
     separate_projections: bool = False
+    # Whether a MoE layer runs each projection of its local experts as one grouped matmul
+    # (one kernel for all of them) rather than one matmul per expert: torchtitan's
+    # GroupedExperts calls torch._grouped_mm once per projection (MoEArgs.use_grouped_mm,
+    # default True; torchtitan/models/moe/moe.py @08dc75ae). Megatron-LM's default
+    # SequentialMLP loops over its local experts (--moe-grouped-gemm switches it).
+    grouped_experts: bool = False
     # float8 training by torchao's Float8Linear (dynamic scaling: an amax reduction and a cast
     # of each linear's input, and in backward of its output gradient, plus transposed fp8
     # copies for the weight-gradient matmul; torchao/float8/float8_linear.py), rather than
@@ -197,6 +203,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         selective_recompute="op",
         eager_kernels=True,
         separate_projections=True,
+        grouped_experts=True,
         torchao_float8=True,
         compiles_loss=True,
         # torchtitan 0.2.2 refuses a multi-stage schedule with one stage per rank

@@ -40,7 +40,10 @@ class Gemm:
     """One matmul (or convolution) kind of a block: ``flops``, ``activation_bytes`` (its
     activation operands and output) and ``weight_bytes`` on the rank for the traced
     micro-batch; ``aligned`` (cuBLAS's fast kernels); ``backward``: matmuls its backward runs
-    (0-2); ``count``: how many such matmuls the block runs."""
+    (0-2); ``count``: how many such matmuls the block runs; ``expert``: a batched matmul of
+    a MoE layer's routed experts, whose weights expert parallelism splits (each of ``ep``
+    ranks holds 1/ep of the experts and runs ep times their tokens: the same FLOPs and
+    activations, 1/ep of the weights)."""
 
     flops: float
     activation_bytes: float
@@ -48,6 +51,7 @@ class Gemm:
     aligned: bool
     backward: int
     count: int = 1
+    expert: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,27 +82,30 @@ class Kernels:
                        self.memory_backward_kernels + other.memory_backward_kernels)
 
 
-def _gemm(gpu: GPU, dtype: str, g: Gemm, r: np.ndarray) -> np.ndarray:
-    """Seconds of one matmul of kind ``g`` at ``r`` times the traced tokens."""
+def _gemm(gpu: GPU, dtype: str, g: Gemm, r: np.ndarray, ep: np.ndarray) -> np.ndarray:
+    """Seconds of one matmul of kind ``g`` at ``r`` times the traced tokens, ``ep`` the
+    expert-parallel degree (``Gemm.expert``)."""
     eff = gpu.efficiency
     frac = eff.gemm_for(dtype) if g.aligned else eff.gemm_unaligned_for(dtype)
     compute = r * g.flops / (gpu.peak_flops(dtype) * frac)
-    memory = (r * g.activation_bytes + g.weight_bytes) \
+    weights = g.weight_bytes / ep if g.expert else g.weight_bytes
+    memory = (r * g.activation_bytes + weights) \
         / (gpu.memory_bandwidth_bytes_per_s * eff.memory)
     return np.maximum(compute, memory) + eff.kernel_overhead_s
 
 
 def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
-                   recomputed: Kernels | None = None) -> LayerCompute:
-    """The ``LayerCompute`` of kernels ``k`` at ``r`` (per row) times the traced tokens;
-    ``recomputed``: the kernels selective recompute re-runs in backward (an unfused
-    attention's score ops). The matmul roles Megatron-LM overlaps tensor-parallel
-    collectives with are not told apart in a graph (zero)."""
+                   recomputed: Kernels | None = None, ep: Num = 1.0) -> LayerCompute:
+    """The ``LayerCompute`` of kernels ``k`` at ``r`` (per row) times the traced tokens and
+    expert-parallel degree ``ep`` (per row); ``recomputed``: the kernels selective recompute
+    re-runs in backward (an unfused attention's score ops). The matmul roles Megatron-LM
+    overlaps tensor-parallel collectives with are not told apart in a graph (zero)."""
     r = np.asarray(r, dtype=float)
+    ep = np.asarray(ep, dtype=float)
     zero = 0.0 * r
     fwd, bwd, gemm_flops, bwd_flops = zero, zero, zero, zero
     for g in k.gemms:
-        t = g.count * _gemm(gpu, dtype, g, r)
+        t = g.count * _gemm(gpu, dtype, g, r, ep)
         fwd, bwd = fwd + t, bwd + g.backward * t
         gemm_flops = gemm_flops + g.count * g.flops * r
         bwd_flops = bwd_flops + g.backward * g.count * g.flops * r
@@ -114,7 +121,7 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
     mem_f = memory_time(gpu, k.memory_bytes * r, k.memory_kernels)
     mem_b = memory_time(gpu, k.memory_backward_bytes * r, k.memory_backward_kernels)
     fwd_flops = gemm_flops + k.attention_flops * r
-    selective = kernel_compute(gpu, dtype, recomputed, r).forward \
+    selective = kernel_compute(gpu, dtype, recomputed, r, ep=ep).forward \
         if recomputed is not None else zero
     sel_flops = (recomputed.attention_flops + sum(g.count * g.flops for g in recomputed.gemms)) \
         * r if recomputed is not None else zero

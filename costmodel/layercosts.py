@@ -32,7 +32,9 @@ unchanged; for a traced graph from its blocks, the activations and kernels scale
 row's micro-batch (``costmodel.kernels``). A graph's layers are the blocks between its input
 and output sides, each distinct block a kind of layer (``layer_kinds``; a preset's kinds are
 its dense and MoE layers); it is costed with context parallelism where its layers mix
-tokens in fused attention alone, and without expert parallelism.
+tokens in fused attention alone, and with expert parallelism where its layers route tokens
+to experts (``costmodel.blockcosts``: a ``topk`` over a router's scores and the batched
+matmuls of the experts' weights).
 
 Model FLOPs follow PaLM (Chowdhery et al. 2022, App. B): ``2 m n k`` per matmul, the
 attention scores and weighted sum over all ``s`` keys (no causal halving), backward twice
@@ -95,7 +97,9 @@ class ShardCosts:
     embedding), which a pipeline stage without that block needs a copy of; a traced block's
     forward ``kernels`` on the rank (``costmodel.kernels``) and those selective recompute
     re-runs (``recomputed``); ``kv_bytes``: the keys and values its fused attention reads on
-    the rank (what ring attention passes around the context-parallel ranks)."""
+    the rank (what ring attention passes around the context-parallel ranks);
+    ``expert_params``: of ``params``, a MoE layer's routed experts' (what expert parallelism
+    splits further)."""
 
     params: float
     forward_flops: float
@@ -109,6 +113,7 @@ class ShardCosts:
     kernels: Kernels | None = None
     recomputed: Kernels | None = None
     kv_bytes: float = 0.0
+    expert_params: float = 0.0
 
     @property
     def collective_bytes(self) -> float:
@@ -154,6 +159,8 @@ class LayerCosts:
     that choose it read (``variant``): one search then weighs both. ``first_stage_layers``:
     the layers a pipeline's first stage must hold, a graph's that run before (or contain)
     its last op reading the model's own inputs (``costmodel.blockcosts.first_stage_layers``).
+    ``top_k`` and ``num_experts``: a traced graph's routing, the experts each token goes to
+    and the experts of a MoE layer (0 for a dense graph; a preset's are its spec's).
     """
 
     name: str
@@ -168,6 +175,8 @@ class LayerCosts:
     element_bytes: float = 2.0
     sp_costs: LayerCosts | None = None
     first_stage_layers: int = 0
+    top_k: int = 0
+    num_experts: int = 0
 
     @property
     def sp_options(self) -> tuple[bool, ...]:
@@ -228,8 +237,14 @@ class LayerCosts:
                                np.cumsum(onehot, axis=1)], axis=1)
 
     def routed(self, kind: int) -> bool:
-        """Whether layers of ``kind`` route tokens to experts (a preset's MoE layers)."""
-        return self.spec is not None and self.spec.is_moe and kind == 1
+        """Whether layers of ``kind`` route tokens to experts (a preset's MoE layers; a
+        traced graph's layers holding routed experts' parameters)."""
+        if self.spec is not None:
+            return self.spec.is_moe and kind == 1
+        if not self.num_experts:
+            return False
+        block = self.layer_blocks()[kind]
+        return block.at(min(block.by_tp)).expert_params > 0
 
     def _sum(self, tp: int, attr: str) -> float:
         return float(sum(b.repeat * getattr(b.at(tp), attr) for b in self.blocks))
@@ -379,6 +394,7 @@ class LayerCosts:
                 "sequence_parallel": self.sequence_parallel,
                 "element_bytes": self.element_bytes,
                 "first_stage_layers": self.first_stage_layers,
+                "top_k": self.top_k, "num_experts": self.num_experts,
                 "spec": self.spec.to_dict() if self.spec is not None else None,
                 "layouts": {str(t): [list(x) for x in ops] for t, ops in self.layouts.items()},
                 "blocks": [{"name": b.name, "kind": b.kind, "repeat": b.repeat,
@@ -407,7 +423,8 @@ class LayerCosts:
                        int(d["seq_len"]), bool(d["sequence_parallel"]), blocks, layouts,
                        spec=spec, element_bytes=float(d.get("element_bytes", 2.0)),
                        sp_costs=other,
-                       first_stage_layers=int(d.get("first_stage_layers", 0)))
+                       first_stage_layers=int(d.get("first_stage_layers", 0)),
+                       top_k=int(d.get("top_k", 0)), num_experts=int(d.get("num_experts", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise SpecError(f"layer costs are missing or mangle a field ({type(e).__name__}: "
                             f"{e}); re-create them with LayerCosts.from_graph") from e
@@ -513,9 +530,6 @@ class LayerCosts:
         """Each row's tokens per micro-batch per GPU over the traced micro-batch's (a
         context-parallel rank holds 1/cp of each sequence: its queries attend to all the
         keys, so its attention FLOPs are 1/cp too)."""
-        if np.any(a.ep != 1):
-            raise SpecError(f"{self.name}: expert parallelism is not costed for a traced "
-                            "graph")
         if np.any(a.cp != 1) and not self.context_parallel_ok:
             raise SpecError(f"{self.name}: context parallelism splits the sequence, but "
                             f"{self.token_mixer} reduces over the tokens outside a fused "
@@ -546,10 +560,12 @@ class LayerCosts:
         return self._by_tp(self.layer_blocks()[kind], a.tp, lambda c: c.kv_bytes,
                            a.sp) * share
 
-    @property
+    @cached_property
     def is_moe(self) -> bool:
         """Whether some layers route tokens to experts."""
-        return self.spec is not None and self.spec.is_moe
+        if self.spec is not None:
+            return self.spec.is_moe
+        return any(self.routed(k) for k in range(self.kinds))
 
     @property
     def hidden_size(self) -> int:
@@ -571,8 +587,15 @@ class LayerCosts:
         if self.spec is not None:
             dense, moe, experts = layer_params_per_gpu(self.spec, tp, ep)
             return ((dense, None), (moe, experts)) if self.spec.is_moe else ((dense, None),)
-        return tuple((self._by_tp(b, tp, lambda c: c.params), None)
-                     for b in self.layer_blocks())
+        out: list[tuple[np.ndarray, np.ndarray | None]] = []
+        for k, b in enumerate(self.layer_blocks()):
+            held = self._by_tp(b, tp, lambda c: c.params)
+            if not self.routed(k):
+                out.append((held, None))
+                continue
+            experts = self._by_tp(b, tp, lambda c: c.expert_params)
+            out.append((held - experts, experts / ep))
+        return tuple(out)
 
     def layer_param_tensors(self, separate_projections: bool) -> tuple[tuple[int, int], ...]:
         """Per kind of layer (as ``layer_params_per_gpu``), its parameter tensors: (weight
@@ -668,7 +691,7 @@ class LayerCosts:
     def moe_routing(self) -> tuple[int, int]:
         """(experts each token goes to, experts in a MoE layer)."""
         if self.spec is None:
-            return 0, 0
+            return (self.top_k, self.num_experts) if self.is_moe else (0, 0)
         return self.spec.top_k, self.spec.num_experts
 
     def layer_compute(self, gpu: GPU, job: Job, a: ConfigArrays, kind: int,
@@ -706,7 +729,7 @@ class LayerCosts:
             return LayerCompute(**out)
         for _t, c, rows in self._degree_rows(block, a):
             lc = kernel_compute(gpu, dtype, c.kernels or Kernels(), share[rows],
-                                c.recomputed)
+                                c.recomputed, ep=a.ep[rows])
             for name in fields:
                 out[name][rows] = getattr(lc, name)
         return LayerCompute(**out)
@@ -849,7 +872,8 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
     (the MoE layer as the dense one for a dense model): parameters and activations as the
     tables' row functions give them for a one-row table, FLOPs and collectives by
     Megatron-LM's layout, the routed experts split over TP as Megatron-LM's expert tensor
-    parallelism splits them (no expert parallelism)."""
+    parallelism splits them (``expert_params`` at ep = 1: the tables split them further
+    over ep)."""
     cfg = ParallelConfig(tp=tp, micro_batch_size=mbs, sequence_parallel=sp and tp > 1)
     a = ConfigArrays.from_configs(spec, [cfg])
     rows = LayerCosts.of(spec)
@@ -889,7 +913,8 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
         moe_acts = {k: float(v[0]) for k, v in rows.layer_activations(job, a, 1, ac).items()}
         moe_layer = ShardCosts(params=float(moe[0] + experts[0]), forward_flops=fwd,
                                backward_flops=2 * fwd, activation_bytes=moe_acts,
-                               input_bytes=one * rep, collectives=coll)
+                               input_bytes=one * rep, collectives=coll,
+                               expert_params=float(experts[0]))
 
     # Input side: its output all-reduced (SP: reduce-scattered) forward. Output side: the
     # head's input gradient all-reduced (SP: its input all-gathered forward, the gradient
@@ -932,7 +957,7 @@ def shard_dict(c: ShardCosts) -> dict[str, Any]:
             "widest_elements": c.widest_elements, "shared_params": c.shared_params,
             "kernels": dataclasses.asdict(c.kernels) if c.kernels is not None else None,
             "recomputed": dataclasses.asdict(c.recomputed) if c.recomputed is not None
-            else None, "kv_bytes": c.kv_bytes}
+            else None, "kv_bytes": c.kv_bytes, "expert_params": c.expert_params}
 
 
 def _kernels_from(d: Mapping[str, Any] | None) -> Kernels | None:
@@ -956,4 +981,5 @@ def _shard_from(d: Mapping[str, Any]) -> ShardCosts:
                       shared_params=float(d.get("shared_params", 0.0)),
                       kernels=_kernels_from(d.get("kernels")),
                       recomputed=_kernels_from(d.get("recomputed")),
-                      kv_bytes=float(d.get("kv_bytes", 0.0)))
+                      kv_bytes=float(d.get("kv_bytes", 0.0)),
+                      expert_params=float(d.get("expert_params", 0.0)))

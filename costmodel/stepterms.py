@@ -427,7 +427,9 @@ def sharded(r: Rows) -> Sharded:
     per_layer = [overlap(g, lc.forward)
                  + overlap(np.where(ag_bwd, g, 0.0) + sc, hide * lc.backward)
                  for g, sc, lc in zip(ag, rs, r.layers, strict=True)]
-    edges = ag[0] + rs[0]  # first gather and last reduce-scatter of a micro-batch
+    # The first gather and the last reduce-scatter of a micro-batch: the stage's first
+    # layer's (the backward ends on it).
+    edges = _first_layer(r, [g + sc for g, sc in zip(ag, rs, strict=True)])
     exposed = r.per_stage(per_layer) + edges * r.valid
     copy = _fsdp2_copies(r, ag_fwd, ag_bwd)
     exposed = exposed + copy
@@ -445,6 +447,15 @@ def sharded(r: Rows) -> Sharded:
     exposed = np.where(synchronous, wire, exposed)
     return Sharded(exposed=exposed, wire=wire, copy=copy, z=z, z_exp=z_exp, rs_each=rs_each,
                     nosync=nosync)
+
+
+def _first_layer(r: Rows, per_kind: Sequence[np.ndarray]) -> np.ndarray:
+    """A per-layer quantity (one per kind of layer) of each stage's first layer."""
+    if len(per_kind) == 1:
+        return per_kind[0]
+    kinds = np.asarray(r.costs.layer_kinds)
+    first = np.take(kinds, np.minimum(r.a.stage_major.start, len(kinds) - 1))
+    return ordered_sum(np.where(first == k, x, 0.0) for k, x in enumerate(per_kind))
 
 
 def accumulation_time(r: Rows, sh: Sharded) -> np.ndarray:

@@ -490,7 +490,8 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                 constraints: Constraints | None = None) -> Space:
     """Every valid configuration of ``job.framework`` on ``cluster`` under ``constraints``
     (``model``: a preset, or a traced graph's ``LayerCosts``: its TP degrees and sequence
-    parallelism, without context or expert parallelism)."""
+    parallelism, context parallelism where its layers allow it, expert parallelism where
+    they route tokens to experts)."""
     cons = constraints or Constraints()
     fw = framework(job.framework)
     rej = Rejections()

@@ -42,6 +42,7 @@ def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
     ``LayerCosts``. ``reference``: the module is the project's reference transformer
     (``planner.runtime.model``), whose limits apply too."""
     out = []
+    traced = isinstance(model, LayerCosts) and model.spec is None
     if isinstance(model, LayerCosts):
         if model.spec is None:
             out += _traced_unsupported(model, cfg, reference)
@@ -53,7 +54,9 @@ def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
                    "torchtitan, which runs it on GPUs")
     if cfg.ep > 1:
         out.append(f"expert parallel (ep={cfg.ep}) is not run by planner.apply; plan with "
-                   "--ep 1 or emit torchtitan or megatron, which run it")
+                   "--ep 1 or " + ("emit torchtitan, whose train spec for the module applies "
+                                   "it" if traced else "emit torchtitan or megatron, which "
+                                   "run it"))
     if model.is_moe and cfg.tp > 1:
         out.append("tensor parallel of mixture-of-experts layers is not run by planner.apply "
                    "(the experts are batched weights, which no DTensor style for a linear "
