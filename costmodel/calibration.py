@@ -203,6 +203,19 @@ class _Model:
         return np.array([math.log(predict_run(self.runs[i], est) / self.runs[i].measured)
                          for i, est in zip(ids, self.estimates(fit, ids), strict=True)])
 
+    def log_errors_near(self, fit: Fit, base: Fit, base_errors: np.ndarray) -> np.ndarray:
+        """``log_errors(fit)``, given the runs' ``base_errors`` under ``base``: a fit reaches
+        a run only through its GPU's profile, so only the runs whose GPU ``fit`` changes are
+        estimated again (a change to one architecture's ratios leaves the others' runs
+        alone); the others keep their base errors, exactly what they would get."""
+        old, new = self.gpus(base), self.gpus(fit)
+        changed = [i for i, r in enumerate(self.runs)
+                   if new[r.cluster.gpu.name] != old[r.cluster.gpu.name]]
+        out = np.array(base_errors, dtype=float)
+        if changed:
+            out[changed] = self.log_errors(fit, changed)
+        return out
+
 
 def fit_transfer(runs: Sequence[PublishedRun], start: Fit | None = None) -> tuple[Fit, np.ndarray]:
     """Fit the parameters (``Fit``) to ``runs``, from ``start`` where given; returns the fit
@@ -263,7 +276,8 @@ def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
         for j in range(len(x)):
             xj = x.copy()
             xj[j] += steps[j]
-            jac[:, j] = (model.log_errors(_fit_from(xj, archs, counts)) - r0) / steps[j]
+            jac[:, j] = (model.log_errors_near(_fit_from(xj, archs, counts), fit, r0) - r0) \
+                / steps[j]
     for g in dict.fromkeys(groups):
         if only is not None and g not in only:
             continue
