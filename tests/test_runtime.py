@@ -68,41 +68,46 @@ CASES_4 = {
     "zero2": ({"dp": 4, "zero_stage": 2}, SGD),
     "fsdp_adamw": ({"dp": 4, "zero_stage": 3, "micro_batch_size": 2}, JOB),
     "hsdp": ({"dp": 4, "zero_stage": 3, "sharding_group": 2}, SGD),
-    "tp": ({"tp": 4}, SGD),
-    "tp_sp_selective": ({"tp": 4, "sequence_parallel": True, "recompute": "selective"}, SGD),
+    # Tensor-parallel cases run few micro-batches: every DTensor collective costs milliseconds
+    # on gloo, and a micro-batch issues dozens (gradient accumulation is tested without TP).
+    "tp": ({"tp": 4, "micro_batch_size": 4}, SGD),
+    "tp_sp_selective": ({"tp": 4, "sequence_parallel": True, "recompute": "selective",
+                         "micro_batch_size": 4}, SGD),
     "pp_1f1b": ({"pp": 4}, SGD),
     "pp_gpipe": ({"pp": 4, "pipeline_schedule": "gpipe"}, SGD),
     "pp_interleaved_dp_zero2": ({"pp": 2, "dp": 2, "virtual_pipeline_stages": 2,
                                  "zero_stage": 2}, SGD),
     "pp_zero_bubble_tp_full": ({"pp": 2, "tp": 2, "pipeline_schedule": "zero-bubble",
-                                "recompute": "full"}, SGD),
+                                "recompute": "full", "micro_batch_size": 2}, SGD),
     "pp_uneven_dp": ({"pp": 2, "dp": 2, "stage_layers": [1, 3], "recompute": "full",
                       "stage_recompute_layers": [1, 2]}, SGD),
-    "tp_sp_pp_adamw": ({"tp": 2, "pp": 2, "sequence_parallel": True}, JOB),
-    "gpt_tp_dp_fsdp": ({"tp": 2, "dp": 2, "zero_stage": 3}, JOB, GPT),
-    "gpt_tp_pp": ({"tp": 2, "pp": 2}, JOB, GPT),
+    "tp_sp_pp_adamw": ({"tp": 2, "pp": 2, "sequence_parallel": True, "micro_batch_size": 2},
+                       JOB),
+    "gpt_tp_dp_fsdp": ({"tp": 2, "dp": 2, "zero_stage": 3, "micro_batch_size": 2}, JOB, GPT),
+    "gpt_tp_pp": ({"tp": 2, "pp": 2, "micro_batch_size": 2}, JOB, GPT),
     "fsdp_bf16": ({"dp": 4, "zero_stage": 3}, BF16),
     # The plan of the traced module (its LayerCosts, not the preset), run on the module.
     "module_fsdp_adamw": ({"dp": 4, "zero_stage": 3, "micro_batch_size": 2}, JOB),
     "module_pp_zero2": ({"pp": 2, "dp": 2, "zero_stage": 2}, SGD),
     "module_pp_full": ({"pp": 4, "recompute": "full"}, SGD),
     # ... with the tensor-parallel layouts its ILP chose (LayerCosts.tp_plan).
-    "module_tp": ({"tp": 4}, SGD),
-    "module_tp_pp_zero2": ({"tp": 2, "pp": 2, "zero_stage": 2}, SGD),
+    "module_tp": ({"tp": 4, "micro_batch_size": 4}, SGD),
+    "module_tp_pp_zero2": ({"tp": 2, "pp": 2, "zero_stage": 2, "micro_batch_size": 2}, SGD),
     # ... and with sequence parallelism: its norms, block inputs and embedding read off the
     # layouts (LayerCosts.tp_plan of the sequence-parallel sharding).
-    "module_tp_sp_pp": ({"tp": 2, "pp": 2, "sequence_parallel": True}, SGD),
+    "module_tp_sp_pp": ({"tp": 2, "pp": 2, "sequence_parallel": True, "micro_batch_size": 2},
+                        SGD),
     # A tied word embedding over pipeline stages: the last stage's copy is its head, the
     # copies' gradients summed each step (Megatron-LM's embedding group).
     "tied_pp_fsdp": ({"pp": 2, "dp": 2, "zero_stage": 3}, SGD, TIED),
-    "tied_tp_pp_adamw": ({"pp": 2, "tp": 2}, JOB, TIED),
+    "tied_tp_pp_adamw": ({"pp": 2, "tp": 2, "micro_batch_size": 2}, JOB, TIED),
     "module_tied_pp": ({"pp": 4}, SGD, TIED),
     # Mixture-of-experts layers (expert parallel 1), over pipeline stages and FSDP.
     "moe_pp_fsdp": ({"pp": 2, "dp": 2, "zero_stage": 3}, SGD, MOE),
 }
 CASES_8 = {
-    "tp_pp_dp_fsdp": ({"dp": 2, "tp": 2, "pp": 2, "zero_stage": 3, "sequence_parallel": True},
-                      SGD),
+    "tp_pp_dp_fsdp": ({"dp": 2, "tp": 2, "pp": 2, "zero_stage": 3, "sequence_parallel": True,
+                       "micro_batch_size": 2}, SGD),
     "tp_pp_dp_ddp_adamw": ({"dp": 2, "tp": 2, "pp": 2, "micro_batch_size": 2}, JOB),
 }
 ALL_CASES = {**CASES_4, **CASES_8}
