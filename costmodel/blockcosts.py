@@ -369,13 +369,14 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]]) -> dict[str, _Tal
             if src >= 0 and _scores(sol, src):
                 t.scores += kept
         for inp, lay in zip(p.inputs[v], st.ins, strict=True):
-            if inp.param and (inp.param in p.charged[v] or (
-                    owner.get(inp.param) != p.layer[v]
-                    and (p.layer[v], inp.param) not in shared)):
-                _count_param(t, inp.numel / _share(sol, lay), inp.param in p.charged[v],
-                             expert)
-                if inp.param not in p.charged[v]:
-                    shared.add((p.layer[v], inp.param))  # a tied weight another layer holds
+            if inp.param in p.charged[v]:
+                on_rank = inp.numel / _share(sol, lay)
+                t.params += on_rank
+                t.expert_params += on_rank * expert  # a routed experts' weight
+            elif inp.param and owner.get(inp.param) != p.layer[v] \
+                    and (p.layer[v], inp.param) not in shared:
+                shared.add((p.layer[v], inp.param))  # a tied weight another layer holds
+                t.shared += inp.numel / _share(sol, lay)
             outside = inp.source >= 0 and p.layer[inp.source] != p.layer[v]
             model_input = inp.source < 0 and not inp.param and not inp.constant
             if outside or model_input:
@@ -390,17 +391,6 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]]) -> dict[str, _Tal
             out[layer].kernels = out[layer].kernels.merged(kernel)
     _add_conversions(sol, out)
     return out
-
-
-def _count_param(t: _Tally, numel: float, held: bool, expert: bool) -> None:
-    """Count a parameter's ``numel`` elements on the rank: one the layer holds (a routed
-    experts' where ``expert``), or one it reads from another layer (a tied weight)."""
-    if not held:
-        t.shared += numel
-        return
-    t.params += numel
-    if expert:
-        t.expert_params += numel
 
 
 def _add_conversions(sol: Solution, out: dict[str, _Tally]) -> None:

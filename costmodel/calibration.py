@@ -203,18 +203,30 @@ class _Model:
         return np.array([math.log(predict_run(self.runs[i], est) / self.runs[i].measured)
                          for i, est in zip(ids, self.estimates(fit, ids), strict=True)])
 
-    def log_errors_near(self, fit: Fit, base: Fit, base_errors: np.ndarray) -> np.ndarray:
-        """``log_errors(fit)``, given the runs' ``base_errors`` under ``base``: a fit reaches
-        a run only through its GPU's profile, so only the runs whose GPU ``fit`` changes are
-        estimated again (a change to one architecture's ratios leaves the others' runs
-        alone); the others keep their base errors, exactly what they would get."""
-        old, new = self.gpus(base), self.gpus(fit)
-        changed = [i for i, r in enumerate(self.runs)
-                   if new[r.cluster.gpu.name] != old[r.cluster.gpu.name]]
-        out = np.array(base_errors, dtype=float)
-        if changed:
-            out[changed] = self.log_errors(fit, changed)
-        return out
+    def differences(self, x: np.ndarray, h: np.ndarray, archs: Sequence[str],
+                    counts: Sequence[float], base: Fit, base_errors: np.ndarray,
+                    weights: np.ndarray | float = 1.0) -> np.ndarray:
+        """Forward differences of ``weights * log_errors`` at the parameter vector ``x``
+        (the fit ``base``, under which the runs' log errors are ``base_errors``), one
+        column per step ``h[j]`` of ``x[j]``. A fit reaches a run only through its GPU's
+        profile, so a column estimates again only the runs whose GPU its step changes (a
+        step in one architecture's ratios leaves the others' runs alone); the others keep
+        their base errors, exactly what they would get."""
+        old = self.gpus(base)
+        f0 = weights * base_errors
+        jac = np.empty((len(self.runs), len(x)))
+        for j in range(len(x)):
+            xj = x.copy()
+            xj[j] = x[j] + h[j]
+            fit = _fit_from(xj, archs, counts)
+            new = self.gpus(fit)
+            changed = [i for i, r in enumerate(self.runs)
+                       if new[r.cluster.gpu.name] != old[r.cluster.gpu.name]]
+            errors = np.array(base_errors, dtype=float)
+            if changed:
+                errors[changed] = self.log_errors(fit, changed)
+            jac[:, j] = (weights * errors - f0) / (xj[j] - x[j])
+        return jac
 
 
 def fit_transfer(runs: Sequence[PublishedRun], start: Fit | None = None) -> tuple[Fit, np.ndarray]:
@@ -246,25 +258,16 @@ def fit_transfer(runs: Sequence[PublishedRun], start: Fit | None = None) -> tupl
 
     def jacobian(x: np.ndarray) -> np.ndarray:
         # scipy's forward differences ('2-point', diff_step 1e-3, turned back at a bound),
-        # each column estimating again only the runs whose GPU the step changes
-        # (_Model.log_errors_near): the same numbers, a fraction of the estimates.
+        # each column estimating again only the runs its step reaches
+        # (_Model.differences): the same numbers, a fraction of the estimates.
         x = np.asarray(x, dtype=float)
-        fit, errors = at(x)
-        f0 = model.root_w * errors
         sign = (x >= 0).astype(float) * 2 - 1
         h = 1e-3 * sign * np.abs(x)
         h = np.where((x + h) - x == 0, np.finfo(float).eps ** 0.5 * sign
                      * np.maximum(1.0, np.abs(x)), h)
         out_of = ((x + h) < lo) | ((x + h) > hi)
         h = np.where(out_of & (np.abs(h) <= np.maximum(x - lo, hi - x)), -h, h)
-        jac = np.empty((len(f0), len(x)))
-        for j in range(len(x)):
-            xj = x.copy()
-            xj[j] = x[j] + h[j]
-            fj = model.root_w * model.log_errors_near(_fit_from(xj, archs, counts), fit,
-                                                      errors)
-            jac[:, j] = (fj - f0) / (xj[j] - x[j])
-        return jac
+        return model.differences(x, h, archs, counts, *at(x), weights=model.root_w)
 
     sol = least_squares(residuals, x0, jac=jacobian, bounds=(lo, hi),
                         x_scale=[0.1] * (2 * len(archs)) + [5.0, 0.1],
@@ -303,13 +306,8 @@ def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
         x = fit.vector(archs)
         r0 = model.log_errors(fit) if log_errors is None else np.asarray(log_errors)
         steps = np.array([1e-3] * (2 * len(archs)) + [0.05, 1e-3])
-        jac = np.empty((len(runs), len(x)))
-        counts = model.counts(archs)
-        for j in range(len(x)):
-            xj = x.copy()
-            xj[j] += steps[j]
-            jac[:, j] = (model.log_errors_near(_fit_from(xj, archs, counts), fit, r0) - r0) \
-                / steps[j]
+        jac = model.differences(x, steps, archs, counts=model.counts(archs), base=fit,
+                                base_errors=r0)
     for g in dict.fromkeys(groups):
         if only is not None and g not in only:
             continue
