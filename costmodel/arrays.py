@@ -6,7 +6,7 @@ of the cost model shares (memory, step time, pipeline).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Protocol
 
@@ -26,8 +26,9 @@ class Layers(Protocol):
     @property
     def layer_kinds(self) -> tuple[int, ...]: ...
 
-__all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Stages",
-           "divisors", "even_split", "first_argmax", "input_split", "ordered_sum"]
+__all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Distinct",
+           "Stages", "distinct_rows", "divisors", "even_split", "first_argmax", "input_split",
+           "ordered_sum"]
 
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
@@ -87,6 +88,41 @@ class ConfigArrays:
         return Stages(index=t(self.stage_index), count=t(self.stage_count),
                       layers=t(self.stage_layers), start=t(self.stage_start),
                       recompute=None if rec is None else t(rec))
+
+    @cached_property
+    def kernel_groups(self) -> Distinct:
+        """The rows grouped by all that one layer's kernels and saved activations per
+        micro-batch depend on: ``tp, cp, mbs, sp, ep``, and whether ``torch.autocast`` may
+        apply (ZeRO 0 and ``pp`` 1, ``costmodel.compute.autocast_rows``). A search's table
+        has a few dozen such groups in thousands of rows: ``LayerCosts`` computes each once."""
+        return distinct_rows(self.tp, self.cp, self.mbs, self.sp, self.ep,
+                             (self.zero == 0) & (self.pp == 1))
+
+    @cached_property
+    def mesh_groups(self) -> Distinct:
+        """The rows grouped by their device mesh: ``dp, tp, cp, ep`` and the shard degree,
+        all that the ranks and stride of a communicator a row forms depend on
+        (``costmodel.comm.Topology.rows``)."""
+        return distinct_rows(self.dp, self.tp, self.cp, self.ep, self.shard)
+
+    @cached_property
+    def kernel_rows(self) -> ConfigArrays:
+        """The table of one row per ``kernel_groups`` group (its ``first``)."""
+        return self.take(self.kernel_groups.first)
+
+    def take(self, rows: np.ndarray, width: int | None = None) -> ConfigArrays:
+        """The sub-table of ``rows``, its stage columns cut to the first ``width`` (which
+        must hold every existing stage column of those rows)."""
+        # np.take along the first axis: numpy's fancy indexing of the (rows, stages) columns
+        # copies element by element, an order of magnitude slower.
+        cols: dict[str, np.ndarray] = {f.name: np.take(getattr(self, f.name), rows, axis=0)
+                                       for f in fields(self) if getattr(self, f.name) is not None}
+        if width is not None:
+            for key in ("stage_layers", "stage_index", "stage_count", "stage_start",
+                        "stage_recompute"):
+                if key in cols:
+                    cols[key] = cols[key][:, :width]
+        return ConfigArrays(**cols)
 
     @staticmethod
     def uniform_stages(num_layers: int, pp: np.ndarray
@@ -212,6 +248,66 @@ def input_split(num_layers: int, pp: int, first: int) -> list[int] | None:
     if pp < 2 or num_layers // pp >= first or num_layers - first < pp - 1:
         return None
     return [first, *even_split(num_layers - first, pp - 1)]
+
+
+@dataclass(frozen=True)
+class Distinct:
+    """Rows grouped by equal values of some columns (``distinct_rows``): ``first`` one row of
+    each group, ``inverse`` each row's group (``x[inverse]`` spreads a per-group ``x`` over
+    the rows)."""
+
+    first: np.ndarray
+    inverse: np.ndarray
+
+    def spread(self, x: np.ndarray) -> np.ndarray:
+        """A per-group array (groups on its last axis) per row."""
+        return np.take(x, self.inverse, axis=-1)
+
+
+#: Most combinations ``distinct_rows`` counts with ``np.bincount``; past it, it sorts.
+_DENSE_CODES = 1 << 16
+#: Columns whose values all lie below this are their own digits; others are ranked first.
+_RAW_DIGITS = 64
+
+
+def distinct_rows(*cols: np.ndarray) -> Distinct:
+    """The rows grouped by equal values of the non-negative integer (or bool) ``cols``.
+
+    The columns make one mixed-radix key per row, each column's digit its value (or, past
+    ``_RAW_DIGITS``, the rank of its value among those present), and the
+    keys present are the groups, in increasing order; no sort unless the combinations
+    outnumber ``_DENSE_CODES``."""
+    n = len(cols[0])
+    if not n:
+        return Distinct(first=np.zeros(0, dtype=np.int64), inverse=np.zeros(0, dtype=np.int64))
+    key = np.zeros(n, dtype=np.int64)
+    span = 1
+    for c in cols:
+        x = np.asarray(c)
+        top = int(x.max()) + 1
+        if x.dtype != bool and (top > _RAW_DIGITS or int(x.min()) < 0):
+            x, top = _codes(x)
+        span *= top
+        if span > _DENSE_CODES:  # too many combinations to count: sort instead
+            _, first, inverse = np.unique(np.stack([np.asarray(y, dtype=np.int64)
+                                                    for y in cols]), axis=1,
+                                          return_index=True, return_inverse=True)
+            return Distinct(first=first, inverse=inverse.reshape(n))
+        key = key * top + x
+    inverse, k = _codes(key)
+    first = np.empty(k, dtype=np.int64)
+    first[inverse] = np.arange(n)
+    return Distinct(first=first, inverse=inverse)
+
+
+def _codes(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """(the rank of each value of ``x`` among the distinct values present, how many are)."""
+    if int(x.max()) >= _DENSE_CODES or int(x.min()) < 0:
+        values, inverse = np.unique(x, return_inverse=True)
+        return inverse.reshape(x.shape), len(values)
+    present = np.bincount(x) > 0
+    rank = np.cumsum(present) - 1
+    return np.take(rank, x), int(rank[-1]) + 1
 
 
 @dataclass(frozen=True)

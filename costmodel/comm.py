@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 import hardware_profiles
+from costmodel.arrays import Distinct
 from costmodel.hardware import Cluster
 from costmodel.units import Num
 
@@ -74,6 +75,13 @@ class _Lines:
         wire = self.beta * nbytes
         return np.minimum(self.ll + wire / self.ll_share, self.simple + wire)
 
+    def spread(self, rows: Distinct | None) -> _Lines:
+        """These lines of per-group coefficients, per row of ``rows`` (as they are: None)."""
+        if rows is None:
+            return self
+        return _Lines(rows.spread(self.ll), rows.spread(self.simple), rows.spread(self.beta),
+                      self.ll_share)
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -95,13 +103,18 @@ class Topology:
     intra_lat_simple: float | None = None
     inter_lat_simple: float | None = None
     ll_share: float = 1.0
+    #: A table's rows grouped so that every communicator it forms is the same within a group
+    #: (``ConfigArrays.mesh_groups``): ``group`` computes a new communicator's coefficients
+    #: once per group, after checking that its ranks and stride are.
+    rows: Distinct | None = field(default=None, compare=False, repr=False)
     #: ``group``'s cache (per instance: a table builds its own ``Topology``).
     _groups: dict[tuple[Any, ...], list[Group]] = field(
         default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
-    def of(cls, cluster: Cluster) -> Topology:
-        """The topology of ``cluster`` (achieved bandwidths, per-hop latencies)."""
+    def of(cls, cluster: Cluster, rows: Distinct | None = None) -> Topology:
+        """The topology of ``cluster`` (achieved bandwidths, per-hop latencies); ``rows``:
+        see the field."""
         intra = cluster.intra_link
         inter = cluster.inter_link
         g = cluster.gpus_per_node
@@ -119,6 +132,7 @@ class Topology:
             intra_lat_simple=intra.simple_latency_s,
             inter_lat_simple=inter.simple_latency_s,
             ll_share=float(nccl["ll_bandwidth_share"]),
+            rows=rows,
         )
 
     def _hops(self, intra: np.ndarray | float, inter: np.ndarray | float, simple: bool
@@ -190,11 +204,23 @@ class Topology:
         for g in cache.get(key, ()):
             if np.array_equal(g.size, size) and np.array_equal(g.stride, stride):
                 return g
-        g = Group(self, size, stride)
+        g = self._new_group(size, stride)
         if len(cache) >= _CACHE_GROUPS:  # a long-lived topology: forget the old groups
             cache.clear()
         cache.setdefault(key, []).append(g)
         return g
+
+    def _new_group(self, size: np.ndarray, stride: np.ndarray) -> Group:
+        """A ``Group`` of per-row ``size`` and ``stride``, its coefficients computed once per
+        group of ``rows`` where both are the same throughout each group."""
+        rows = self.rows
+        if rows is None or size.shape != rows.inverse.shape \
+                or stride.shape not in (size.shape, ()):
+            return Group(self, size, stride)
+        for x in (size, stride):
+            if x.ndim and not np.array_equal(rows.spread(np.take(x, rows.first)), x):
+                return Group(self, size, stride)
+        return Group(self, size, stride, rows)
 
     def all_reduce(self, nbytes: Num, size: Num, stride: Num) -> np.ndarray:
         """Seconds to all-reduce ``nbytes`` over the group (``Group.all_reduce``)."""
@@ -245,16 +271,23 @@ class Topology:
 
 class Group:
     """A communicator of ``size`` ranks ``stride`` apart on a ``Topology`` (arrays of the same
-    broadcastable shape), with the coefficients of its collectives (``Topology.group``)."""
+    broadcastable shape), with the coefficients of its collectives (``Topology.group``).
+    ``rows``: ``size`` and ``stride`` (per row) are the same throughout each group of these
+    rows, so the coefficients are computed once per group and spread over the rows."""
 
-    def __init__(self, topo: Topology, size: np.ndarray, stride: np.ndarray) -> None:
-        self.topo, self.size, self.stride = topo, size, stride
+    def __init__(self, topo: Topology, size: np.ndarray, stride: np.ndarray,
+                 rows: Distinct | None = None) -> None:
+        self.topo, self.size, self.stride, self.rows = topo, size, stride, rows
+        if rows is not None:
+            size = np.take(size, rows.first)
+            stride = stride if stride.ndim == 0 else np.take(stride, rows.first)
+        self._size = size
         self.k, self.nodes = topo.place(size, stride)
 
     @cached_property
     def _all_reduce(self) -> tuple[_Lines, _Lines, _Lines]:
         """Ring, tree and two-level all-reduce (the module docstring's formulas)."""
-        topo, n, k, nodes = self.topo, self.size, self.k, self.nodes
+        topo, n, k, nodes = self.topo, self._size, self.k, self.nodes
         live = n > 1
         bw = topo._ring_bw(k, nodes)
         ri, rx = topo._ring_hops(n, nodes)
@@ -269,14 +302,15 @@ class Group:
         two = topo._lines(2 * (k - 1), 2 * (nodes - 1), b_two, live)
         two = _Lines(np.where(multi | ~live, two.ll, np.inf),
                      np.where(multi | ~live, two.simple, np.inf), two.beta, two.ll_share)
-        return ring, tree, two
+        return ring.spread(self.rows), tree.spread(self.rows), two.spread(self.rows)
 
     @cached_property
     def _ring(self) -> _Lines:
         """All-gather (reduce-scatter) over a ring."""
-        n = self.size
+        n = self._size
         return self.topo._lines(*self.topo._ring_hops(n, self.nodes),
-                                (n - 1) / n / self.topo._ring_bw(self.k, self.nodes), n > 1)
+                                (n - 1) / n / self.topo._ring_bw(self.k, self.nodes),
+                                n > 1).spread(self.rows)
 
     def all_reduce(self, nbytes: Num) -> np.ndarray:
         """Seconds to all-reduce ``nbytes`` over the group (fastest of ring, tree, 2-level,

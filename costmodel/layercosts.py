@@ -48,12 +48,12 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
 from costmodel.activations import layer_activations, layer_params_per_gpu
-from costmodel.arrays import ConfigArrays
+from costmodel.arrays import ConfigArrays, Distinct
 from costmodel.compute import (
     LayerCompute,
     autocast_rows,
@@ -645,6 +645,10 @@ class LayerCosts:
                           ) -> dict[str, np.ndarray]:
         """Bytes one layer of ``kind`` saves for backward per micro-batch per recompute
         mode, per row (``costmodel.activations.layer_activations``)."""
+        return _per_group(a, ac, lambda g, g_ac: self._layer_activations(job, g, kind, g_ac))
+
+    def _layer_activations(self, job: Job, a: ConfigArrays, kind: int, ac: np.ndarray | None
+                           ) -> dict[str, np.ndarray]:
         if self.spec is not None:
             return layer_activations(self.spec, job, framework(job.framework), a,
                                      self.routed(kind), ac)
@@ -662,6 +666,10 @@ class LayerCosts:
         final norm's input is fp32 (4 + e instead of 2e). A compiled loss
         (``costmodel.compute.loss_kind``) keeps the e-byte logits it was given instead of an
         fp32 log-softmax (measured, benchmarks/op_sac_memory.py)."""
+        return _per_group(a, ac, lambda g, g_ac: self._edge_activations(job, g, g_ac))
+
+    def _edge_activations(self, job: Job, a: ConfigArrays, ac: np.ndarray | None
+                          ) -> tuple[np.ndarray, np.ndarray]:
         if self.spec is None:
             emb, head = self.edges()
             share = self._token_share(job, a)
@@ -676,6 +684,8 @@ class LayerCosts:
         h = float(model.hidden_size)
         emb_act = (1.0 if model.dropout else 0.0) * tokens * h * rep
         logit_b = e if loss_kind(framework(job.framework), job) == "compiled" else 4.0
+        if ac is None:
+            ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
         head_act = (np.where(ac, 4.0 + e, 2 * e) * tokens * h * rep
                     + logit_b * tokens * model.vocab_size / tp)
         return emb_act, head_act
@@ -699,6 +709,11 @@ class LayerCosts:
                       ) -> LayerCompute:
         """One layer of ``kind``'s compute per micro-batch per row (``costmodel.compute``;
         a traced graph's: its kernels, ``costmodel.kernels``)."""
+        return _per_group(a, autocast, lambda g, g_ac: self._layer_compute(
+            gpu, job, g, kind, capacity_factor, g_ac))
+
+    def _layer_compute(self, gpu: GPU, job: Job, a: ConfigArrays, kind: int,
+                       capacity_factor: float, autocast: np.ndarray | None) -> LayerCompute:
         if self.spec is None:
             return self._kernel_compute(self.layer_blocks()[kind], gpu, job, a)
         moe = self.routed(kind)
@@ -710,6 +725,10 @@ class LayerCosts:
                      autocast: np.ndarray | None = None) -> tuple[LayerCompute, LayerCompute]:
         """(embedding, head) compute per micro-batch per row (``costmodel.compute``; a
         traced graph's: the kernels of its input and output sides)."""
+        return _per_group(a, autocast, lambda g, g_ac: self._head_compute(gpu, job, g, g_ac))
+
+    def _head_compute(self, gpu: GPU, job: Job, a: ConfigArrays, autocast: np.ndarray | None
+                      ) -> tuple[LayerCompute, LayerCompute]:
         if self.spec is None:
             emb, head = self.edges()
             return (self._kernel_compute(emb, gpu, job, a),
@@ -839,6 +858,50 @@ class LayerCosts:
                             f"{sequence_parallel!r}")
         return block_costs(graph, cluster, job, tp_degrees=tp_degrees,
                            sequence_parallel=sequence_parallel, time_limit_s=time_limit_s)
+
+
+_Out = TypeVar("_Out")
+
+
+def _per_group(a: ConfigArrays, ac: np.ndarray | None,
+               fn: Callable[[ConfigArrays, np.ndarray | None], _Out]) -> _Out:
+    """``fn(a, ac)`` (a layer's per-row compute or saved bytes, which depend on
+    ``ConfigArrays.kernel_groups``' columns alone) computed once per group, on one row of
+    each, and spread over the rows: the same values, for a few dozen rows' arithmetic."""
+    groups = a.kernel_groups
+    if len(groups.first) == a.rows:
+        return fn(a, ac)
+    out = fn(a.kernel_rows, None if ac is None else np.take(ac, groups.first))
+    return _spread(out, groups)
+
+
+def _spread(x: Any, groups: Distinct) -> Any:
+    """``x``'s per-group arrays (in a ``LayerCompute``, dict or tuple) spread over the rows
+    (a ``LayerCompute``'s each when first read)."""
+    if isinstance(x, LayerCompute):
+        return _SpreadCompute(x, groups)
+    if isinstance(x, dict):
+        return {k: _spread(v, groups) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(_spread(v, groups) for v in x)
+    return groups.spread(x) if np.ndim(x) else x
+
+
+class _SpreadCompute(LayerCompute):
+    """A ``LayerCompute`` per row from one per group, each field spread over the rows when
+    first read (a search reads half of them, depending on the job's overlap switches)."""
+
+    def __init__(self, per_group: LayerCompute, groups: Distinct) -> None:
+        object.__setattr__(self, "_per_group", per_group)
+        object.__setattr__(self, "_groups", groups)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for attributes not yet in the instance: the dataclass fields, once each.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        value = _spread(getattr(self._per_group, name), self._groups)
+        object.__setattr__(self, name, value)
+        return value
 
 
 def _pattern(module: str, runs: Mapping[str, str]) -> str:

@@ -158,7 +158,8 @@ def table_rows(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
                    for k in range(costs.kinds))
     emb, head = costs.head_compute(gpu, job, a, autocast=ac)
     return Rows(
-        costs=costs, cluster=cluster, job=job, a=a, mem=mem, topo=Topology.of(cluster),
+        costs=costs, cluster=cluster, job=job, a=a, mem=mem,
+        topo=Topology.of(cluster, a.mesh_groups),
         soft=soft, e=compute_bytes(job.precision), w_b=w_b, g_b=g_b, cf=cf,
         host_bw=gpu.host().achieved_bytes_per_s, z=a.shard.astype(float),
         stage=st.index, count=st.count, first=(st.index == 0), last=(st.index == a.pp - 1),

@@ -56,19 +56,9 @@ class CostTable:
 
 
 def take(a: ConfigArrays, rows: np.ndarray, width: int | None = None) -> ConfigArrays:
-    """The sub-table of ``rows``, its stage columns cut to the first ``width`` (which must
-    hold every existing stage column of those rows)."""
-    # Every column is an array but the optional ``stage_recompute``, left to its default None.
-    # np.take along the first axis: numpy's fancy indexing of the (rows, stages) columns
-    # copies element by element, an order of magnitude slower.
-    cols: dict[str, np.ndarray] = {f.name: np.take(getattr(a, f.name), rows, axis=0)
-                                   for f in fields(a) if getattr(a, f.name) is not None}
-    if width is not None:
-        for key in ("stage_layers", "stage_index", "stage_count", "stage_start",
-                    "stage_recompute"):
-            if key in cols:
-                cols[key] = cols[key][:, :width]
-    return ConfigArrays(**cols)
+    """The sub-table of ``rows``, its stage columns cut to the first ``width``
+    (``ConfigArrays.take``)."""
+    return a.take(rows, width)
 
 
 def _take_memory(mem: MemoryTable, rows: np.ndarray) -> MemoryTable:

@@ -113,6 +113,79 @@ def test_a_table_of_groups_costs_each_row_as_its_group_alone() -> None:
     assert 0 < len(topo._groups) <= 4
 
 
+def test_a_tables_communicators_are_costed_once_per_mesh_and_exactly_as_per_row() -> None:
+    """``Topology.rows``: a communicator whose ranks and stride are the same throughout each
+    group of rows is costed once per group and spread, with exactly the per-row values; one
+    whose ranks vary within a group is costed per row all the same."""
+    from costmodel.arrays import distinct_rows
+
+    cluster = Cluster.preset("dgx-h100", num_nodes=8)
+    rng = np.random.default_rng(1)
+    tp = rng.choice([1, 2, 4, 8], 300)
+    dp = rng.choice([1, 2, 8, 16], 300)
+    mbs = rng.choice([1, 2, 4], 300)  # not a mesh column
+    mesh = distinct_rows(tp, dp)
+    assert len(mesh.first) <= 16
+    nbytes = rng.choice([0.0, 4096.0, 1e6, 1e9], (3, 300))
+    per_row, grouped = Topology.of(cluster), Topology.of(cluster, mesh)
+    for size, stride in ((dp.astype(float), tp.astype(float)), (tp.astype(float), 1.0),
+                         ((dp * mbs).astype(float), tp.astype(float))):
+        for f in ("all_reduce", "all_gather", "reduce_scatter"):
+            want = getattr(per_row, f)(nbytes, size, stride)
+            assert np.array_equal(getattr(grouped, f)(nbytes, size, stride), want)
+    spread = [g for gs in grouped._groups.values() for g in gs if g.rows is not None]
+    assert len(spread) == 2  # (dp, tp) and (tp, 1); dp * mbs varies within a mesh
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([1, 8, 512, 70000]),
+                          st.booleans(), st.integers(-2, 2)), min_size=1, max_size=60),
+       st.integers(1, 4))
+def test_distinct_rows_groups_rows_by_their_values(rows: list, ncols: int) -> None:
+    """``distinct_rows``: one group per distinct combination of the columns' values, whatever
+    they are (small digits, values ranked first, negative values, bools), each row's group
+    holding its values."""
+    from costmodel.arrays import distinct_rows
+
+    cols = [np.array([r[i] for r in rows]) for i in range(ncols)]
+    d = distinct_rows(*cols)
+    combos = sorted({tuple(int(c[i]) for c in cols) for i in range(len(rows))})
+    assert len(d.first) == len(combos)
+    for c in cols:
+        assert np.array_equal(c[d.first][d.inverse], c)
+    # Rows of one group are equal; rows of different groups differ.
+    firsts = [tuple(int(c[j]) for c in cols) for j in d.first]
+    assert sorted(firsts) == combos
+
+
+def test_a_many_rowed_table_costs_each_row_as_it_costs_alone() -> None:
+    """``evaluate`` computes each layer's kernels and saved bytes once per group of rows that
+    share them (``ConfigArrays.kernel_groups``) and each communicator once per mesh: every
+    row of a table of a few hundred configurations has exactly its own table's step time,
+    terms and peak memory."""
+    from costmodel.arrays import ConfigArrays as Columns
+
+    for model, job in ((LLAMA, Job(global_batch_size=256, seq_len=4096, framework="megatron")),
+                       (MIXTRAL, Job(global_batch_size=256, seq_len=4096,
+                                     framework="torchtitan"))):
+        cfgs = [ParallelConfig(dp=32 // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=ep,
+                               zero_stage=zero, micro_batch_size=mbs,
+                               sequence_parallel=sp and tp > 1, recompute=rec)
+                for tp in (1, 2, 4) for pp in (1, 2) for cp in (1, 2) for ep in (1, 2)
+                for zero in (0, 1, 3) for mbs in (1, 2) for sp in (False, True)
+                for rec in ("none", "full")
+                if (ep == 1 or model.num_experts) and (32 // (tp * pp * cp)) * cp % ep == 0
+                and not (sp and tp == 1)]
+        table = evaluate(model, H100, job, Columns.from_configs(model, cfgs, all_stages=False))
+        assert len(table.step_time) > 100
+        for i in range(0, len(cfgs), 7):
+            one = evaluate(model, H100, job,
+                           Columns.from_configs(model, [cfgs[i]], all_stages=False))
+            assert table.step_time[i] == one.step_time[0]
+            assert table.peak_memory[i] == one.peak_memory[0]
+            assert {t: table.terms[t][i] for t in TIME_TERMS} == \
+                {t: one.terms[t][0] for t in TIME_TERMS}
+
+
 def test_nvlink3_all_reduce_follows_the_published_nccl_tests_curves() -> None:
     # nccl-tests all_reduce_perf, one node of 8 A100 SXM4 (benchmarks/data/nccl-tests-a100-8gpu
     # .json: Azure/AI-benchmarking-guide ND A100 v4 with NCCL 2.18.5, busbw 166.63 GB/s at
