@@ -241,16 +241,22 @@ def _grad_sync(r: Rows, sh: Sharded) -> np.ndarray:
     topo, g_b, tp, ep = r.topo, r.g_b, r.tp, r.ep
     dense, exp, z, z_exp = r.dense_params, r.exp_params, sh.z, sh.z_exp
     dpcp = r.dp * r.cp
-    all_reduce = topo.all_reduce(g_b * dense, dpcp, tp)
+    zero = r.a.zero
+    once = (zero == 1) | ((zero == 2) & (r.fw == "megatron")) | sh.nosync
     rs_then_ar = (topo.reduce_scatter(g_b * dense, z, tp)
                   + topo.all_reduce(g_b * dense / z, dpcp / z, tp * z))
     if r.costs.is_moe:
-        all_reduce = all_reduce + topo.all_reduce(g_b * exp, dpcp / ep, tp * ep)
         rs_then_ar = (rs_then_ar + topo.reduce_scatter(g_b * exp, z_exp, tp * ep)
                       + topo.all_reduce(g_b * exp / z_exp, dpcp / ep / z_exp,
                                         tp * ep * z_exp))
-    zero = r.a.zero
-    once = (zero == 1) | ((zero == 2) & (r.fw == "megatron")) | sh.nosync
+    if not np.any((zero == 0) & (z != 1)):
+        # Without ZeRO the shard degree is 1 (ParallelConfig.shard_degree): the reduce-
+        # scatter over one rank is free and the all-reduce is over all the replicas, the
+        # plain all-reduce to the last bit.
+        return np.where((zero == 0) | once, rs_then_ar, 0.0)
+    all_reduce = topo.all_reduce(g_b * dense, dpcp, tp)
+    if r.costs.is_moe:
+        all_reduce = all_reduce + topo.all_reduce(g_b * exp, dpcp / ep, tp * ep)
     return np.where(zero == 0, all_reduce, np.where(once, rs_then_ar, 0.0))
 
 
@@ -314,6 +320,8 @@ def _optimizer_offload(r: Rows, sh: Sharded, last_backward: np.ndarray
                                 else "torch_cpu_adam_params_per_s"]) / r.cluster.gpus_per_node
     host_bw = r.host_bw
     off = r.a.offload
+    if not off.any():  # nothing offloaded (a search without offload in its space)
+        return gpu_opt, np.zeros_like(gpu_opt)
     cpu_opt = local / rate
     d2h = r.g_b * local / host_bw
     h2d = r.w_b * local / host_bw
