@@ -93,8 +93,9 @@ class ConfigArrays:
     def kernel_groups(self) -> Distinct:
         """The rows grouped by all that one layer's kernels and saved activations per
         micro-batch depend on: ``tp, cp, mbs, sp, ep``, and whether ``torch.autocast`` may
-        apply (ZeRO 0 and ``pp`` 1, ``costmodel.compute.autocast_rows``). A search's table
-        has a few dozen such groups in thousands of rows: ``LayerCosts`` computes each once."""
+        apply (ZeRO 0 and ``pp`` 1, ``costmodel.compute.autocast_rows``); their TP and CP
+        collectives too. A search's chunk of tens of thousands of rows has a hundred or two
+        such groups: ``LayerCosts`` and ``costmodel.stepterms`` compute each once."""
         return distinct_rows(self.tp, self.cp, self.mbs, self.sp, self.ep,
                              (self.zero == 0) & (self.pp == 1))
 

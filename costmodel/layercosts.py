@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from costmodel.hardware import GPU, Cluster
 
 __all__ = ["KINDS", "RECOMPUTE_MODES", "BlockCosts", "LayerCosts", "ShardCosts",
-           "default_tp_degrees"]
+           "SpreadCompute", "default_tp_degrees"]
 
 #: Recompute modes an activation figure is given for (``ParallelConfig.recompute``).
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -879,7 +879,7 @@ def _spread(x: Any, groups: Distinct) -> Any:
     """``x``'s per-group arrays (in a ``LayerCompute``, dict or tuple) spread over the rows
     (a ``LayerCompute``'s each when first read)."""
     if isinstance(x, LayerCompute):
-        return _SpreadCompute(x, groups)
+        return SpreadCompute(x, groups)
     if isinstance(x, dict):
         return {k: _spread(v, groups) for k, v in x.items()}
     if isinstance(x, tuple):
@@ -887,19 +887,24 @@ def _spread(x: Any, groups: Distinct) -> Any:
     return groups.spread(x) if np.ndim(x) else x
 
 
-class _SpreadCompute(LayerCompute):
-    """A ``LayerCompute`` per row from one per group, each field spread over the rows when
-    first read (a search reads half of them, depending on the job's overlap switches)."""
+class SpreadCompute(LayerCompute):
+    """A ``LayerCompute`` per row made from ``per_group``, one per group of ``groups``: each
+    field is spread over the rows when first read (a search reads half of them, depending on
+    the job's overlap switches). What depends on a layer's compute and the kernel groups'
+    columns alone can be computed from ``per_group`` too (``costmodel.stepterms``' TP)."""
+
+    per_group: LayerCompute
+    groups: Distinct
 
     def __init__(self, per_group: LayerCompute, groups: Distinct) -> None:
-        object.__setattr__(self, "_per_group", per_group)
-        object.__setattr__(self, "_groups", groups)
+        object.__setattr__(self, "per_group", per_group)
+        object.__setattr__(self, "groups", groups)
 
     def __getattr__(self, name: str) -> Any:
         # Only for attributes not yet in the instance: the dataclass fields, once each.
-        if name.startswith("_"):
+        if name.startswith("_") or name in ("per_group", "groups"):
             raise AttributeError(name)
-        value = _spread(getattr(self._per_group, name), self._groups)
+        value = _spread(getattr(self.per_group, name), self.groups)
         object.__setattr__(self, name, value)
         return value
 

@@ -413,14 +413,21 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
     # bubble: the input gradients, and rank 0's weight gradient after its own).
     path = (count * t).sum(axis=0)
     if f is not None:
-        half = (t - f) / 2  # zero bubble's B and W
-        # Zero bubble: rank r's last input gradient (micro-batch m - 1) is followed by
-        # min(r + 1, m) weight gradients of its own, and the ranks before it then run that
-        # input gradient in turn and rank 0 its weight gradient.
-        r = stage_cumsum(count) - 1
-        tail = _before(half, count) - np.minimum(r + 1, m) * half + np.where(r > 0, half[0], 0)
-        head = np.where(zb, _before(f, count) + np.maximum(tail, 0.0), head)
-        path = np.where(zb, (count * (f + half)).sum(axis=0) + half[0], path)
+        # Zero bubble's rows alone (a few of a search's), written into theirs.
+        rows = np.flatnonzero(zb)
+        if rows.size:
+            def of(x: np.ndarray) -> np.ndarray:
+                return x if np.ndim(x) == 0 else np.take(x, rows, axis=-1)
+            t_z, f_z, c_z = of(t), of(f), of(count)
+            half = (t_z - f_z) / 2  # zero bubble's B and W
+            # Rank r's last input gradient (micro-batch m - 1) is followed by min(r + 1, m)
+            # weight gradients of its own, and the ranks before it then run that input
+            # gradient in turn and rank 0 its weight gradient.
+            r = stage_cumsum(c_z) - 1
+            tail = _before(half, c_z) - np.minimum(r + 1, of(m)) * half \
+                + np.where(r > 0, half[0], 0)
+            head[:, rows] = _before(f_z, c_z) + np.maximum(tail, 0.0)
+            path[rows] = (c_z * (f_z + half)).sum(axis=0) + half[0]
     else:
         head = np.where(zb, 0.0, head)
         path = np.where(zb, 0.0, path)

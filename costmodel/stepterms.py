@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import hardware_profiles
-from costmodel.arrays import ConfigArrays, ordered_sum
+from costmodel.arrays import ConfigArrays, Distinct, ordered_sum
 from costmodel.comm import Topology
 from costmodel.compute import (
     LayerCompute,
@@ -28,7 +28,7 @@ from costmodel.compute import (
 from costmodel.config import Job
 from costmodel.frameworks import framework
 from costmodel.hardware import Cluster
-from costmodel.layercosts import LayerCosts
+from costmodel.layercosts import LayerCosts, SpreadCompute
 from costmodel.memory import MemoryTable
 from costmodel.model import ModelSpec
 from costmodel.states import state_bytes
@@ -215,7 +215,7 @@ def _tp_forward(c: _TPCollectives, sp: np.ndarray, lc: LayerCompute) -> np.ndarr
     return np.where(sp, sum(overlap(c.ag, c.chunked * w) for w in gemms), c.per_pass)
 
 
-def _tp_backward(c: _TPCollectives, r: Rows, lc: LayerCompute) -> np.ndarray:
+def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute) -> np.ndarray:
     """Exposed TP communication of one layer's backward pass.
 
     Megatron-LM's column-parallel linears (QKV, MLP input) launch their input-gradient
@@ -231,7 +231,7 @@ def _tp_backward(c: _TPCollectives, r: Rows, lc: LayerCompute) -> np.ndarray:
     if r.fw == "torchtitan":
         # Async TP micro-pipelines the backward's matmul + collective pairs as it does the
         # forward's (Job.tp_comm_overlap).
-        return _tp_forward(c, r.sp, lc)
+        return _tp_forward(c, sp, lc)
     if r.fw != "megatron":
         return c.per_pass
     windows = (lc.qkv_gemm, lc.up_gemm)
@@ -240,7 +240,7 @@ def _tp_backward(c: _TPCollectives, r: Rows, lc: LayerCompute) -> np.ndarray:
     exposed_sp = gathers + sum(2 * overlap(c.ag, w) for w in windows)
     exposed_ar = sum(overlap(c.ar, w) for w in windows) if r.job.overlap_tp_grad_comm \
         else 2 * c.ar
-    return np.where(r.sp, exposed_sp, exposed_ar)
+    return np.where(sp, exposed_sp, exposed_ar)
 
 
 def tensor_parallel(r: Rows) -> TensorParallel:
@@ -252,32 +252,80 @@ def tensor_parallel(r: Rows) -> TensorParallel:
         rec = r.recomputed_sum([x / 2 for x in layers])
         return TensorParallel(exposed=r.per_stage(layers, emb, head) + rec,
                               layer_total=layers, emb=emb, head=head, rec_total=rec)
-    act = r.e * r.tokens * float(r.costs.hidden_size)  # one activation tensor, all of it
-    ar = r.topo.all_reduce(act, r.tp, 1.0)
-    ag = r.topo.all_gather(act, r.tp, 1.0)
-    c = _TPCollectives(ar=ar, ag=ag, per_pass=np.where(r.sp, 2 * (ag + ag), 2 * ar),
-                       pipelined=r.fw in ("megatron", "torchtitan") and r.job.tp_comm_overlap,
-                       chunked=(r.tp - 1) / r.tp)
-    fwd = [_tp_forward(c, r.sp, lc) for lc in r.layers]
-    bwd = [_tp_backward(c, r, lc) for lc in r.layers]
-    # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
-    # all-gather of its input with SP, all-reduce of the input gradient without; the
-    # vocabulary-parallel cross entropy all-reduces 3 fp32 values per token (max, sum, target).
-    emb = np.where(r.sp, ag, ar)
-    head = np.where(r.sp, 2 * ag, ar) + 3 * r.topo.all_reduce(4.0 * r.tokens, r.tp, 1.0)
+    # One layer's collectives depend on its kernel group alone (tp, sp, tokens and the
+    # layer's matmuls): computed once per group where the layers are, and spread.
+    grouped = _layer_groups(r)
+    if grouped is None:
+        per = _tp_layers(r, r.layers, None)
+    else:
+        g, per_group = grouped
+        per = _tp_layers(r, per_group, g.first).spread(g)
     # Full recompute runs each recomputed layer's forward collectives again, after gathering
     # the saved layer input when its TP ranks kept a slice each (distributed saved
     # activations, Job docstring; none with SP, whose input is already split).
-    rec = r.recomputed_sum(fwd) if c.pipelined else r.rec_layers * c.per_pass
+    rec = r.recomputed_sum(per.fwd) if _tp_pipelined(r) else r.rec_layers * per.per_pass
     gather: np.ndarray | float = 0.0
     if r.job.distribute_saved_activations:
-        gather = r.rec_layers * np.where(r.sp, 0.0, ag)
+        gather = r.rec_layers * np.where(r.sp, 0.0, per.ag)
         rec = rec + gather
-    total = 2 * c.per_pass + np.where(r.sp & (r.fw == "megatron"), 2 * ag, 0.0)
     return TensorParallel(
-        exposed=r.per_stage([f + b for f, b in zip(fwd, bwd, strict=True)], emb, head) + rec,
-        layer_total=(total,) * len(r.layers),
-        emb=emb, head=head, rec_total=r.rec_layers * c.per_pass + gather)
+        exposed=r.per_stage([f + b for f, b in zip(per.fwd, per.bwd, strict=True)], per.emb,
+                            per.head) + rec,
+        layer_total=(per.total,) * len(r.layers),
+        emb=per.emb, head=per.head, rec_total=r.rec_layers * per.per_pass + gather)
+
+
+@dataclass(frozen=True)
+class _TPLayers:
+    """One layer's TP collectives per micro-batch, seconds: exposed in forward and in
+    backward (per kind of layer), the embedding's and the head's, one forward pass's, one
+    all-gather, and a layer's in all."""
+
+    fwd: list[np.ndarray]
+    bwd: list[np.ndarray]
+    emb: np.ndarray
+    head: np.ndarray
+    per_pass: np.ndarray
+    ag: np.ndarray
+    total: np.ndarray
+
+    def spread(self, groups: Distinct) -> _TPLayers:
+        """These, per group of ``groups``, per row."""
+        return _TPLayers(fwd=[groups.spread(x) for x in self.fwd],
+                         bwd=[groups.spread(x) for x in self.bwd],
+                         **{k: groups.spread(getattr(self, k))
+                            for k in ("emb", "head", "per_pass", "ag", "total")})
+
+
+def _tp_pipelined(r: Rows) -> bool:
+    """Whether Megatron-LM's userbuffers or torchtitan's async TP pipeline the TP collectives
+    with their matmuls (``Job.tp_comm_overlap``)."""
+    return r.fw in ("megatron", "torchtitan") and r.job.tp_comm_overlap
+
+
+def _tp_layers(r: Rows, layers: Sequence[LayerCompute], idx: np.ndarray | None
+               ) -> _TPLayers:
+    """One layer's TP collectives per micro-batch (``_TPLayers``), of the rows ``idx``
+    (``None``: all), whose layer computes are ``layers``."""
+    def pick(x: np.ndarray) -> np.ndarray:
+        return x if idx is None else np.take(x, idx)
+
+    tokens, tp, sp = pick(r.tokens), pick(r.tp), pick(r.sp)
+    act = r.e * tokens * float(r.costs.hidden_size)  # one activation tensor, all of it
+    ar = r.topo.all_reduce(act, tp, 1.0)
+    ag = r.topo.all_gather(act, tp, 1.0)
+    c = _TPCollectives(ar=ar, ag=ag, per_pass=np.where(sp, 2 * (ag + ag), 2 * ar),
+                       pipelined=_tp_pipelined(r), chunked=(tp - 1) / tp)
+    fwd = [_tp_forward(c, sp, lc) for lc in layers]
+    bwd = [_tp_backward(c, r, sp, lc) for lc in layers]
+    # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
+    # all-gather of its input with SP, all-reduce of the input gradient without; the
+    # vocabulary-parallel cross entropy all-reduces 3 fp32 values per token (max, sum, target).
+    emb = np.where(sp, ag, ar)
+    head = np.where(sp, 2 * ag, ar) + 3 * r.topo.all_reduce(4.0 * tokens, tp, 1.0)
+    total = 2 * c.per_pass + np.where(sp & (r.fw == "megatron"), 2 * ag, 0.0)
+    return _TPLayers(fwd=fwd, bwd=bwd, emb=emb, head=head, per_pass=c.per_pass, ag=ag,
+                     total=total)
 
 
 def context_parallel(r: Rows) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
@@ -286,15 +334,39 @@ def context_parallel(r: Rows) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
 
     Each KV block's transfer overlaps the attention on the previous block (Liu et al. 2023),
     forward one exchange per step, backward two (the KV blocks and their gradients)."""
-    cp = r.cp
+    grouped = _layer_groups(r)
+    if grouped is None:
+        exposed, total = _cp_layers(r, r.a, r.layers)
+    else:  # once per kernel group, as TP's
+        g, layers = grouped
+        exposed, total = _cp_layers(r, r.a.kernel_rows, layers)
+        exposed, total = [g.spread(x) for x in exposed], [g.spread(x) for x in total]
+    return r.per_stage(exposed), tuple(total)
+
+
+def _cp_layers(r: Rows, a: ConfigArrays, layers: Sequence[LayerCompute]
+               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """One layer's ring exchange per micro-batch of each kind, of the rows of ``a`` whose
+    layer computes are ``layers``: (exposed, all of it)."""
+    cp, tp = a.cp.astype(float), a.tp.astype(float)
     exposed, total = [], []
-    for k, lc in enumerate(r.layers):
-        kv_block = r.costs.cp_kv_bytes(k, r.job, r.a)
-        ring_step = np.where(cp > 1, r.topo.ring_step(kv_block, cp, r.tp), 0.0)
+    for k, lc in enumerate(layers):
+        kv_block = r.costs.cp_kv_bytes(k, r.job, a)
+        ring_step = np.where(cp > 1, r.topo.ring_step(kv_block, cp, tp), 0.0)
         exposed.append((cp - 1) * overlap(ring_step, lc.core_forward / cp)
                        + (cp - 1) * overlap(2 * ring_step, lc.core_backward / cp))
         total.append((cp - 1) * 3 * ring_step)
-    return r.per_stage(exposed), tuple(total)
+    return exposed, total
+
+
+def _layer_groups(r: Rows) -> tuple[Distinct, list[LayerCompute]] | None:
+    """(the kernel groups, each kind's layer compute per group) where the table's layer
+    computes were made once per ``ConfigArrays.kernel_groups`` group (``SpreadCompute``);
+    ``None`` where they were made per row."""
+    groups = r.a.kernel_groups
+    layers = [lc.per_group for lc in r.layers
+              if isinstance(lc, SpreadCompute) and lc.groups is groups]
+    return (groups, layers) if len(layers) == len(r.layers) else None
 
 
 def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:

@@ -158,13 +158,15 @@ def test_distinct_rows_groups_rows_by_their_values(rows: list, ncols: int) -> No
 
 
 def test_a_many_rowed_table_costs_each_row_as_it_costs_alone() -> None:
-    """``evaluate`` computes each layer's kernels and saved bytes once per group of rows that
-    share them (``ConfigArrays.kernel_groups``) and each communicator once per mesh: every
-    row of a table of a few hundred configurations has exactly its own table's step time,
-    terms and peak memory."""
+    """``evaluate`` computes each layer's kernels, saved bytes and TP and CP collectives once
+    per group of rows that share them (``ConfigArrays.kernel_groups``) and each communicator
+    once per mesh: every row of a table of a few hundred configurations has exactly its own
+    table's step time, terms and peak memory (Megatron-LM's TP overlap switches too)."""
     from costmodel.arrays import ConfigArrays as Columns
 
     for model, job in ((LLAMA, Job(global_batch_size=256, seq_len=4096, framework="megatron")),
+                       (LLAMA, Job(global_batch_size=256, seq_len=4096, framework="megatron",
+                                   tp_comm_overlap=True, distribute_saved_activations=True)),
                        (MIXTRAL, Job(global_batch_size=256, seq_len=4096,
                                      framework="torchtitan"))):
         cfgs = [ParallelConfig(dp=32 // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=ep,
