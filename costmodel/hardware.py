@@ -7,6 +7,7 @@ bytes/s, FLOP/s and seconds. GB here is decimal (1e9) for bandwidths, GiB binary
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,11 @@ class GPU:
     def host(self) -> Link:
         """The GPU-to-host link offload crosses: a shipped link profile by name, or the
         link a measured profile carries (``planner profile``)."""
+        return self._host
+
+    @cached_property
+    def _host(self) -> Link:
+        # Read once per GPU: the cost model asks for every chunk of a search's table.
         return self.host_link if isinstance(self.host_link, Link) else Link.preset(self.host_link)
 
 
