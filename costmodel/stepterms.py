@@ -254,12 +254,10 @@ def tensor_parallel(r: Rows) -> TensorParallel:
                               layer_total=layers, emb=emb, head=head, rec_total=rec)
     # One layer's collectives depend on its kernel group alone (tp, sp, tokens and the
     # layer's matmuls): computed once per group where the layers are, and spread.
-    grouped = _layer_groups(r)
-    if grouped is None:
-        per = _tp_layers(r, r.layers, None)
-    else:
-        g, per_group = grouped
-        per = _tp_layers(r, per_group, g.first).spread(g)
+    groups, computes = _layer_groups(r)
+    per = _tp_layers(r, computes, groups)
+    if groups is not None:
+        per = per.spread(groups)
     # Full recompute runs each recomputed layer's forward collectives again, after gathering
     # the saved layer input when its TP ranks kept a slice each (distributed saved
     # activations, Job docstring; none with SP, whose input is already split).
@@ -303,14 +301,11 @@ def _tp_pipelined(r: Rows) -> bool:
     return r.fw in ("megatron", "torchtitan") and r.job.tp_comm_overlap
 
 
-def _tp_layers(r: Rows, layers: Sequence[LayerCompute], idx: np.ndarray | None
+def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
                ) -> _TPLayers:
-    """One layer's TP collectives per micro-batch (``_TPLayers``), of the rows ``idx``
-    (``None``: all), whose layer computes are ``layers``."""
-    def pick(x: np.ndarray) -> np.ndarray:
-        return x if idx is None else np.take(x, idx)
-
-    tokens, tp, sp = pick(r.tokens), pick(r.tp), pick(r.sp)
+    """One layer's TP collectives per micro-batch (``_TPLayers``) per kernel group (per row
+    for ``None``; ``_layer_groups``), whose layer computes are ``layers``."""
+    tokens, tp, sp = (_pick(x, groups) for x in (r.tokens, r.tp, r.sp))
     act = r.e * tokens * float(r.costs.hidden_size)  # one activation tensor, all of it
     ar = r.topo.all_reduce(act, tp, 1.0)
     ag = r.topo.all_gather(act, tp, 1.0)
@@ -334,21 +329,19 @@ def context_parallel(r: Rows) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
 
     Each KV block's transfer overlaps the attention on the previous block (Liu et al. 2023),
     forward one exchange per step, backward two (the KV blocks and their gradients)."""
-    grouped = _layer_groups(r)
-    if grouped is None:
-        exposed, total = _cp_layers(r, r.a, r.layers)
-    else:  # once per kernel group, as TP's
-        g, layers = grouped
-        exposed, total = _cp_layers(r, r.a.kernel_rows, layers)
-        exposed, total = [g.spread(x) for x in exposed], [g.spread(x) for x in total]
+    groups, computes = _layer_groups(r)  # once per kernel group, as TP's
+    exposed, total = _cp_layers(r, computes, groups)
+    if groups is not None:
+        exposed, total = [groups.spread(x) for x in exposed], [groups.spread(x) for x in total]
     return r.per_stage(exposed), tuple(total)
 
 
-def _cp_layers(r: Rows, a: ConfigArrays, layers: Sequence[LayerCompute]
+def _cp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """One layer's ring exchange per micro-batch of each kind, of the rows of ``a`` whose
-    layer computes are ``layers``: (exposed, all of it)."""
-    cp, tp = a.cp.astype(float), a.tp.astype(float)
+    """One layer's ring exchange per micro-batch of each kind per kernel group (per row for
+    ``None``), whose layer computes are ``layers``: (exposed, all of it)."""
+    a = r.a if groups is None else r.a.kernel_rows  # the groups' first rows
+    cp, tp = _pick(r.cp, groups), _pick(r.tp, groups)
     exposed, total = [], []
     for k, lc in enumerate(layers):
         kv_block = r.costs.cp_kv_bytes(k, r.job, a)
@@ -359,14 +352,19 @@ def _cp_layers(r: Rows, a: ConfigArrays, layers: Sequence[LayerCompute]
     return exposed, total
 
 
-def _layer_groups(r: Rows) -> tuple[Distinct, list[LayerCompute]] | None:
+def _layer_groups(r: Rows) -> tuple[Distinct | None, Sequence[LayerCompute]]:
     """(the kernel groups, each kind's layer compute per group) where the table's layer
     computes were made once per ``ConfigArrays.kernel_groups`` group (``SpreadCompute``);
-    ``None`` where they were made per row."""
+    ``(None, r.layers)`` where they were made per row."""
     groups = r.a.kernel_groups
     layers = [lc.per_group for lc in r.layers
               if isinstance(lc, SpreadCompute) and lc.groups is groups]
-    return (groups, layers) if len(layers) == len(r.layers) else None
+    return (groups, layers) if len(layers) == len(r.layers) else (None, r.layers)
+
+
+def _pick(x: np.ndarray, groups: Distinct | None) -> np.ndarray:
+    """A per-row column at each group's first row (all of it for ``None``)."""
+    return x if groups is None else np.take(x, groups.first)
 
 
 def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
