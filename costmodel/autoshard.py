@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +140,8 @@ class Strategy:
 class _Input:
     """A consumer's input traced back through views: ``source`` the real node it comes
     from (-1: a parameter, model input or constant, free to take any layout), ``dims`` the
-    source dim of each of the consumer's input dims."""
+    source dim of each of the consumer's input dims (a split of that dim splits it),
+    ``spans`` the source dims each runs along (``costmodel.sharding.view_spans``)."""
 
     source: int
     param: str
@@ -149,6 +150,7 @@ class _Input:
     numel: float
     grad: bool
     constant: bool = False
+    spans: tuple[frozenset[int], ...] = ()
 
 
 @dataclass
@@ -172,15 +174,99 @@ def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef) 
     node (or parameter, model input or constant: source -1), with the dims mapped."""
     dims: tuple[int | None, ...] = tuple(range(len(ref.shape)))
     src, param, nbytes, numel = ref.source, ref.param, ref.nbytes, ref.numel
+    chain: list[OpNode] = []
+    fresh = False
     while src >= 0 and src not in constant and node[src].family == "view":
         vm = node[src].view_map or ()
         dims = tuple(vm[d] if d is not None and d < len(vm) else None for d in dims)
+        chain.append(node[src])
         if not node[src].inputs:  # a view of nothing (a fresh tensor): a constant
-            return _Input(-1, param, dims, nbytes, numel, ref.grad, True)
+            fresh = True
+            break
         up = node[src].inputs[0]
         src, param, nbytes, numel = up.source, up.param or param, up.nbytes, up.numel
+    spans = _spans(chain, ref.shape)
+    if fresh:
+        return _Input(-1, param, dims, nbytes, numel, ref.grad, True, spans)
     return _Input(-1 if src in constant else src, param, dims, nbytes, numel, ref.grad,
-                  src in constant)
+                  src in constant, spans)
+
+
+#: A piece of one dim of a tensor: ``(source dim, size, inner)``, ``size`` consecutive
+#: factors of that dim of the tensor a chain of views starts from (``inner``: the product of
+#: its factors inside the piece); size 0: which of its factors is not known.
+_Piece = tuple[int, int, int]
+
+
+def _spans(chain: Sequence[OpNode], shape: tuple[int, ...]) -> tuple[frozenset[int], ...]:
+    """The dims of the tensor the views ``chain`` (the consumer's side first) start from
+    that each dim of their result (of ``shape``) runs along: a reshape's dims are followed
+    factor by factor (``[seq, batch, heads * head_dim]`` viewed as ``[seq, batch * heads,
+    head_dim]`` and then as ``[batch, heads, seq, head_dim]``: the heads run along the
+    first tensor's last dim only)."""
+    base = chain[-1].inputs[0].shape if chain and chain[-1].inputs else shape
+    pieces: list[tuple[_Piece, ...]] = [((d, n, 1),) for d, n in enumerate(base)]
+    for n in reversed(chain):
+        if not n.inputs:
+            pieces = [() for _ in n.shape]
+            continue
+        pieces = _view_pieces(n, pieces, n.inputs[0].shape)
+    return tuple(frozenset(p[0] for p in ps if p[1] != 1) for ps in pieces)
+
+
+def _view_pieces(n: OpNode, pieces: list[tuple[_Piece, ...]], x: tuple[int, ...]
+                 ) -> list[tuple[_Piece, ...]]:
+    """The pieces each output dim of view ``n`` holds, from its input's ``pieces`` (input
+    shape ``x``)."""
+    out = n.shape
+    if n.view_groups is None:  # a permutation, selection, broadcast or slice
+        spans = n.view_spans if n.view_spans is not None else tuple(
+            () if d is None else (d,) for d in (n.view_map or ()))
+        res: list[tuple[_Piece, ...]] = []
+        for d in range(len(out)):
+            span = spans[d] if d < len(spans) else ()
+            got = [p for e in span if e < len(pieces) for p in pieces[e]]
+            if len(span) == 1 and span[0] < len(x) and x[span[0]] != out[d]:
+                got = [(p[0], 0, 0) for p in got]  # a slice: which factors it keeps is unknown
+            res.append(tuple(got))
+        return res
+    res = [() for _ in out]
+    for gi, gj in n.view_groups:
+        queue = [p for d in gi if d < len(pieces) for p in pieces[d] if p[1] != 1]
+        for d, part in zip(gj, _cut(queue, [out[d] for d in gj]), strict=True):
+            res[d] = part
+    return res
+
+
+def _cut(queue: list[_Piece], sizes: list[int]) -> list[tuple[_Piece, ...]]:
+    """The pieces ``queue`` (outermost first) cut into dims of ``sizes``, splitting a piece
+    where a dim takes part of its factors; where the sizes do not fall on the pieces' factors
+    (or those are unknown), every dim holds some of each piece's source dim, unknown which."""
+    q = list(queue)
+    parts: list[tuple[_Piece, ...]] = []
+    known = all(p[1] > 0 for p in q)
+    for size in sizes:
+        part: list[_Piece] = []
+        need = size
+        while known and need > 1:
+            if not q:
+                known = False
+                break
+            dim, k, inner = q[0]
+            if need % k == 0:
+                part.append(q.pop(0))
+                need //= k
+            elif k % need == 0:
+                part.append((dim, need, inner * (k // need)))
+                q[0] = (dim, k // need, inner)
+                need = 1
+            else:
+                known = False
+        parts.append(tuple(part))
+    if known:
+        return parts
+    dims = sorted({p[0] for p in queue})
+    return [tuple((d, 0, 0) for d in dims) if size > 1 else () for size in sizes]
 
 
 #: Seconds charged for a conversion ``tensor_parallel`` bars (a cost no layout approaches,
@@ -317,7 +403,33 @@ class ShardingProblem:
                 continue
             out[v] = frozenset(lp.out for lp in n.loops
                                if lp.out is not None and self._on_tokens(v, lp, out))
+            if n.op.removeprefix("aten.").split(".")[0] == "cat":
+                out[v] |= self._joined_tokens(v, out)
+            elif n.family in ("conv", "pool") and self._meets_tokens(v, out):
+                # A convolution's or pooling's output positions run along its input's (no
+                # loop splits them: ``costmodel.sharding``): an image's pixels, a ViT's
+                # patches, are its tokens.
+                out[v] |= frozenset(d for d in range(2, len(n.shape)) if n.shape[d] > 1)
         return out
+
+    def _joined_tokens(self, v: int, tokens: dict[int, frozenset[int]]) -> frozenset[int]:
+        """The dims of a concatenation's output along which some input holds tokens (a
+        concatenation has no loop along the dim it joins: a ViT's class token joined to its
+        patches along the sequence leaves a sequence of tokens)."""
+        shape = self.graph.node(v).shape
+        out: set[int] = set()
+        for inp in self.inputs[v]:
+            if len(inp.spans) != len(shape):
+                continue
+            for d, span in enumerate(inp.spans):
+                if shape[d] <= 1:
+                    continue
+                if inp.source < 0:
+                    if not inp.param and not inp.constant and span:
+                        out.add(d)  # a model input: all its dims are samples and tokens
+                elif not span.isdisjoint(tokens.get(inp.source, ())):
+                    out.add(d)
+        return frozenset(out)
 
     def _meets_tokens(self, v: int, tokens: dict[int, frozenset[int]]) -> bool:
         """Whether an input of node ``v`` carries the micro-batch's samples or tokens: a model
@@ -327,14 +439,16 @@ class ShardingProblem:
                    for i in self.inputs[v])
 
     def _on_tokens(self, v: int, lp: Loop, tokens: dict[int, frozenset[int]]) -> bool:
-        """Whether loop ``lp`` of node ``v`` runs along a token dim of one of its inputs."""
+        """Whether loop ``lp`` of node ``v`` runs along a token dim of one of its inputs (through
+        views, along any dim its input dim runs along: ``[batch * seq]`` viewed as ``[batch,
+        seq]`` has tokens on both)."""
         for inp, d in zip(self.inputs[v], lp.ins, strict=False):
             if d is None or d >= len(inp.dims):
                 continue
             if inp.source < 0:
                 if not inp.param and not inp.constant:
                     return True  # a model input: all its dims are samples and tokens
-            elif inp.dims[d] in tokens.get(inp.source, ()):
+            elif not inp.spans[d].isdisjoint(tokens.get(inp.source, ())):
                 return True
         return False
 

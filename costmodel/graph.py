@@ -47,7 +47,7 @@ from typing import Any
 import networkx as nx
 
 from costmodel.errors import SpecError
-from costmodel.sharding import Loop, op_loops, view_map
+from costmodel.sharding import Loop, op_loops, view_groups, view_map, view_spans
 from costmodel.trace_ops import (
     FUSED_ATTENTION,
     IN_FUSED_FORWARD,
@@ -177,7 +177,9 @@ class OpNode:
     gradient (``grad``; ``fused_grad``: it runs inside a fused kernel's forward whose
     backward covers it, grad mode off there), their ``loops`` (``costmodel.sharding``: the
     splitting rules) and,
-    for views, ``view_map`` (the input dim of each output dim); a fused attention, whether
+    for views, ``view_map`` (the input dim of each output dim), ``view_spans`` (the input
+    dims each output dim runs along) and, for a reshape, ``view_groups`` (its input and
+    output dims grouped by equal products); a fused attention, whether
     it is ``causal``. ``reads_input``: a forward op that reads one of the model's own
     input tensors (what only the first stage of torch's pipelining is given).
     """
@@ -203,6 +205,8 @@ class OpNode:
     causal: bool = False
     loops: tuple[Loop, ...] = ()
     view_map: tuple[int | None, ...] | None = None
+    view_spans: tuple[tuple[int, ...], ...] | None = None
+    view_groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] | None = None
 
 
 @dataclass
@@ -498,6 +502,8 @@ class _Recorder:
                          reads_input=any(id(t) in self.model_inputs for t in ins))
             if family == "view" and refs:
                 extra["view_map"] = view_map(name, plain, shapes[0], shape)
+                extra["view_spans"] = view_spans(name, plain, shapes[0], shape)
+                extra["view_groups"] = view_groups(name, plain, shapes[0], shape)
             else:
                 extra["loops"] = op_loops(name, family, plain, shapes, shape)
         self.nodes.append(dict(

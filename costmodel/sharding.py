@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["PARTIAL", "REPLICATE", "Loop", "describe", "op_loops", "reshard_time",
-           "view_map"]
+           "view_groups", "view_map", "view_spans"]
 
 #: Placement of a tensor on one mesh axis: every device holds all of it.
 REPLICATE = -1
@@ -316,42 +316,55 @@ def _index(name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
                  if out[d] > 1 and d not in skip and all(s[d] == out[d] for s in same))
 
 
+#: View-like ops that keep the rank and take part of (or all of) each dim.
+_SLICING = ("slice", "narrow", "split", "split_with_sizes", "chunk", "as_strided", "_to_copy",
+            "clone", "contiguous")
+
+
 def view_map(name: str, args: Sequence[Any], x: tuple[int, ...], out: tuple[int, ...]
              ) -> tuple[int | None, ...]:
     """For a view-like op from shape ``x`` to ``out``: the input dim each output dim comes
     from, ``None`` where a split of the output dim is not a split of one input dim (a
     trailing factor of a reshape, a new or broadcast dim)."""
+    return _view(name, args, x, out)[0]
+
+
+def _view(name: str, args: Sequence[Any], x: tuple[int, ...], out: tuple[int, ...]
+          ) -> tuple[tuple[int | None, ...], list[tuple[list[int], list[int]]] | None]:
+    """(``view_map``, the reshape's dim groups (``_reshape_groups``) where the op is taken
+    for a reshape, else ``None``)."""
     n = len(out)
     if name == "permute" and args:
-        return tuple(_dim(d, len(x)) for d in args[0])
+        return tuple(_dim(d, len(x)) for d in args[0]), None
     if name in ("transpose", "t", "swapaxes"):
         if name == "t":
-            return tuple(reversed(range(len(x))))
+            return tuple(reversed(range(len(x)))), None
         a, b = _dim(args[0], len(x)), _dim(args[1], len(x))
         perm = list(range(len(x)))
         perm[a], perm[b] = perm[b], perm[a]
-        return tuple(perm)
+        return tuple(perm), None
     if name in ("select", "unbind") and len(x) == n + 1:
         d = _dim(args[0], len(x)) if args and isinstance(args[0], int) else 0
-        return tuple(i if i < d else i + 1 for i in range(n))
+        return tuple(i if i < d else i + 1 for i in range(n)), None
     if name == "view_as_complex" and len(x) == n + 1:
-        return tuple(range(n))  # the trailing (real, imaginary) pair becomes one element
+        return tuple(range(n)), None  # the trailing (real, imaginary) pair becomes one element
     if name == "view_as_real" and len(x) == n - 1:
-        return (*range(n - 1), None)
+        return (*range(n - 1), None), None
     if name in ("expand", "expand_as", "broadcast_to"):
-        return tuple(_aligned([x], out, d)[0] for d in range(n))
+        return tuple(_aligned([x], out, d)[0] for d in range(n)), None
     if len(x) == n and all(a == b for a, b in zip(x, out, strict=True)):
-        return tuple(range(n))
-    if len(x) == n and name in ("slice", "narrow", "split", "split_with_sizes", "chunk",
-                                "as_strided", "_to_copy", "clone", "contiguous"):
-        return tuple(d if x[d] == out[d] else None for d in range(n))
-    return _reshape_map(x, out)
+        return tuple(range(n)), None
+    if len(x) == n and name in _SLICING:
+        return tuple(d if x[d] == out[d] else None for d in range(n)), None
+    groups = _reshape_groups(x, out)
+    return _reshape_map(x, out, groups), groups
 
 
-def _reshape_map(x: tuple[int, ...], out: tuple[int, ...]) -> tuple[int | None, ...]:
-    """Reshape: group input and output dims with equal products; the leading non-unit dim
-    of an output group comes from the leading non-unit dim of its input group."""
-    m: list[int | None] = [None] * len(out)
+def _reshape_groups(x: tuple[int, ...], out: tuple[int, ...]
+                    ) -> list[tuple[list[int], list[int]]] | None:
+    """Reshape: the input and output dims grouped by equal products, in order, as
+    (input dims, output dims) pairs; ``None`` for a shape change that is not a reshape."""
+    groups = []
     i = j = 0
     while i < len(x) or j < len(out):
         gi, gj = [], []
@@ -370,12 +383,54 @@ def _reshape_map(x: tuple[int, ...], out: tuple[int, ...]) -> tuple[int | None, 
             if pi == pj and (i == len(x) or x[i] != 1 or j == len(out)) and gj:
                 break
         if pi != pj:
-            return tuple([None] * len(out))  # not a reshape we understand
+            return None
+        groups.append((gi, gj))
+    return groups
+
+
+def _reshape_map(x: tuple[int, ...], out: tuple[int, ...],
+                 groups: list[tuple[list[int], list[int]]] | None
+                 ) -> tuple[int | None, ...]:
+    """Reshape: the leading non-unit dim of an output group (``_reshape_groups``) comes from
+    the leading non-unit dim of its input group; nothing of a reshape not understood."""
+    m: list[int | None] = [None] * len(out)
+    for gi, gj in groups or ():
         lead_in = next((d for d in gi if x[d] > 1), None)
         lead_out = next((d for d in gj if out[d] > 1), None)
         if lead_in is not None and lead_out is not None:
             m[lead_out] = lead_in
     return tuple(m)
+
+
+def view_groups(name: str, args: Sequence[Any], x: tuple[int, ...], out: tuple[int, ...]
+                ) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] | None:
+    """For a view-like op taken for a reshape (``view_map``'s last case): its input and
+    output dims grouped by equal products, as (input dims, output dims) pairs; ``None`` for
+    any other view, or a reshape not understood."""
+    groups = _view(name, args, x, out)[1]
+    return None if groups is None else tuple((tuple(a), tuple(b)) for a, b in groups)
+
+
+def view_spans(name: str, args: Sequence[Any], x: tuple[int, ...], out: tuple[int, ...]
+               ) -> tuple[tuple[int, ...], ...]:
+    """For a view-like op from shape ``x`` to ``out``: the input dims each output dim runs
+    along (its elements lie at different positions of them), where ``view_map`` gives the
+    one input dim that a split of the output dim splits. A reshape's output dim runs along
+    every non-unit input dim of its group (``[batch * seq]`` viewed as ``[batch, seq]``:
+    both run along the merged dim); a slice along the dim it slices; a new or broadcast
+    dim along none."""
+    m, groups = _view(name, args, x, out)
+    if len(x) == len(out) and name in _SLICING:
+        return tuple((d,) for d in range(len(out)))
+    if groups is None:
+        return tuple(() if d is None else (d,) for d in m)
+    spans: list[tuple[int, ...]] = [()] * len(out)
+    for gi, gj in groups:
+        ins = tuple(d for d in gi if x[d] > 1)
+        for d in gj:
+            if out[d] > 1:
+                spans[d] = ins
+    return tuple(spans)
 
 
 def reshard_time(topo: Any, mesh: tuple[int, ...], strides: tuple[int, ...],

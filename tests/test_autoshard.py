@@ -18,7 +18,15 @@ from costmodel import Cluster, Infeasible, Job, ModelSpec, SpecError  # noqa: E4
 from costmodel.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
 from costmodel.comm import Topology  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
-from costmodel.sharding import PARTIAL, REPLICATE, op_loops, reshard_time, view_map  # noqa: E402
+from costmodel.sharding import (  # noqa: E402
+    PARTIAL,
+    REPLICATE,
+    op_loops,
+    reshard_time,
+    view_groups,
+    view_map,
+    view_spans,
+)
 from planner.runtime.model import build_model  # noqa: E402
 
 NODE = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
@@ -62,6 +70,84 @@ def test_view_maps_follow_dims_through_reshapes_and_transposes() -> None:
     assert view_map("permute", [[2, 0, 1]], (2, 3, 4), (4, 2, 3)) == (2, 0, 1)
     assert view_map("t", [], (3, 4), (4, 3)) == (1, 0)
     assert view_map("expand", [[5, 3, 4]], (1, 4), (5, 3, 4)) == (None, None, 1)
+
+
+def test_view_spans_say_which_dims_a_reshape_runs_along() -> None:
+    # [batch * seq] split into [batch, seq]: both run along the merged dim (where view_map
+    # gives the leading one only, the dim a split of the first output dim splits).
+    assert view_spans("_unsafe_view", [[2, 16, 64]], (32, 64), (2, 16, 64)) == ((0,), (0,), (1,))
+    assert view_groups("_unsafe_view", [[2, 16, 64]], (32, 64), (2, 16, 64)) == (
+        ((0,), (0, 1)), ((1,), (2,)))
+    # A slice runs along the dim it slices; a broadcast dim along none; a permutation moves.
+    assert view_spans("slice", [1, 0, 8], (2, 16, 64), (2, 8, 64)) == ((0,), (1,), (2,))
+    assert view_spans("expand", [[5, 3, 4]], (1, 4), (5, 3, 4)) == ((), (), (1,))
+    assert view_spans("permute", [[2, 0, 1]], (2, 3, 4), (4, 2, 3)) == ((2,), (0,), (1,))
+    assert view_groups("permute", [[2, 0, 1]], (2, 3, 4), (4, 2, 3)) is None
+
+
+def test_tokens_are_followed_through_reshapes_factor_by_factor() -> None:
+    """A model fed features rather than token ids (``[batch, seq, features]`` into a linear,
+    as a ViT's patches are): nn.MultiheadAttention views its ``[seq * batch, 3 * hidden]``
+    projection as ``[seq, batch * heads, head_dim]`` and then ``[batch, heads, seq,
+    head_dim]``. Followed factor by factor, the attention's batch and sequence dims run
+    along the tokens and its heads do not, so tensor parallelism may split the heads:
+    Megatron-LM's split of the attention (Shoeybi et al. 2019, Sec. 3), which the ILP
+    picks; followed by the leading dim alone, the sequence was lost at the first linear's
+    output and no op of the attention met the tokens (each had to stay whole)."""
+
+    class Encoder(nn.Module):
+        def __init__(self, d: int = 256, heads: int = 4) -> None:
+            super().__init__()
+            self.inp = nn.Linear(16, d)
+            self.blocks = nn.ModuleList([nn.TransformerEncoderLayer(
+                d, heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+                for _ in range(2)])
+            self.head = nn.Linear(d, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.inp(x)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(x[:, 0])
+
+    with torch.device("meta"):
+        graph = LayerGraph.from_module(Encoder(), torch.zeros(4, 8, 16), dtype=torch.bfloat16)
+    job = Job(global_batch_size=64, seq_len=1)
+    problem = ShardingProblem(graph, Mesh((1, 2)), NODE, job, budget=math.inf,
+                              tensor_parallel=True)
+    attn = [v for v in problem.nodes if graph.node(v).layer == "blocks.0"
+            and graph.node(v).op.startswith("aten._scaled_dot_product")]
+    assert len(attn) == 1 and graph.node(attn[0]).shape == (4, 4, 8, 64)
+    assert problem.token_dims[attn[0]] == frozenset({0, 2})  # batch and sequence, not heads
+    sol = solve(problem)
+    ops = [(graph.node(v).op.split(".")[1][:12], sol.strategy(v).label) for v in problem.nodes
+           if graph.node(v).module == "blocks.0.self_attn"]
+    assert ops == [("mm", "R|n"), ("add", "R|d2"), ("_scaled_dot_", "R|h"), ("addmm", "R|k")]
+
+
+def test_an_images_pixels_are_its_tokens() -> None:
+    """A ViT traced on one image (``planner.examples.ViT``, ViT-L/16's widths): its patch
+    convolution's output positions and the class token joined to them along the sequence
+    are tokens, as a language model's positions are, so tensor parallelism splits its
+    blocks as Megatron-LM splits a decoder's (heads, then the MLP column- then row-wise)
+    and divides their compute. Without it nothing in the blocks met a token dim (batch 1,
+    no loop along a convolution's positions or a concatenation's joined dim): every op
+    stayed whole on every rank and TP only added its ranks' idle time."""
+    from costmodel.layercosts import LayerCosts
+    from planner.examples import ViT
+
+    with torch.device("meta"):
+        vit = ViT(dim=1024, depth=2, heads=16, patch=16, image=224, classes=1000)
+    graph = LayerGraph.from_module(vit, torch.zeros(1, 3, 224, 224), dtype=torch.bfloat16)
+    job = Job(global_batch_size=256, seq_len=1, framework="torchtitan")
+    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1, 2))
+    plan = costs.tp_plan(2)
+    assert plan["blocks.*.linear1"] == "colwise" and plan["blocks.*.linear2"] == "rowwise"
+    attn = [label for _v, module, _op, label, _lay in costs.layouts[2]
+            if module == "blocks.0.self_attn"]
+    assert attn == ["R|n", "R|h", "R|k"]
+    (block,) = costs.layer_blocks()
+    assert block.at(2).forward_flops < 0.6 * block.at(1).forward_flops
 
 
 def test_resharding_costs_are_the_collectives() -> None:
