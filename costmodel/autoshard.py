@@ -186,6 +186,12 @@ def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef) 
         up = node[src].inputs[0]
         src, param, nbytes, numel = up.source, up.param or param, up.nbytes, up.numel
     spans = _spans(chain, ref.shape)
+    if src < 0 and param and not fresh:
+        # A parameter takes any layout: a slice of it (a packed projection's query rows) is
+        # split along the dim it slices as the parameter is (``view_map`` leaves a sliced
+        # dim unmapped: a slice of a split activation is not a split of the slice).
+        dims = tuple(next(iter(s)) if d is None and len(s) == 1 and next(iter(s)) not in dims
+                     else d for d, s in zip(dims, spans, strict=True))
     if fresh:
         return _Input(-1, param, dims, nbytes, numel, ref.grad, True, spans)
     return _Input(-1 if src in constant else src, param, dims, nbytes, numel, ref.grad,

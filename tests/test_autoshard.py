@@ -150,6 +150,27 @@ def test_an_images_pixels_are_its_tokens() -> None:
     assert block.at(2).forward_flops < 0.6 * block.at(1).forward_flops
 
 
+def test_cross_attention_splits_the_heads_of_its_packed_projection() -> None:
+    """nn.MultiheadAttention attending to another sequence (a T5-style decoder's attention
+    over the encoder's output, ``planner.examples.EncoderDecoder``) slices its packed input
+    projection's weight into the query rows and the key and value rows: each slice is
+    split by its output features (the heads) as the whole projection is in self-attention,
+    and the attention and output projection follow (Megatron-LM's split). Before, a slice
+    of a weight kept no dim to split along its rows, so the ILP split the projections by
+    their input features and all-reduced the queries, keys and values."""
+    from costmodel.layercosts import LayerCosts
+    from planner.examples import EncoderDecoder
+
+    with torch.device("meta"):
+        t5 = EncoderDecoder(vocab=64, dim=32, heads=4, encoder_layers=1, decoder_layers=1)
+    graph = LayerGraph.from_module(t5, torch.zeros(2, 8, dtype=torch.long))
+    job = Job(global_batch_size=8, seq_len=8)
+    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1, 2))
+    cross = [label for _v, module, _op, label, _lay in costs.layouts[2]
+             if module == "decoder.0.multihead_attn"]
+    assert cross == ["R|n", "R|d2", "R|n", "R|d2", "R|h", "R|k"]
+
+
 def test_resharding_costs_are_the_collectives() -> None:
     cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8, inter_node_link="ib-ndr")
     topo = Topology.of(cluster)
