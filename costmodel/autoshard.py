@@ -495,7 +495,12 @@ class ShardingProblem:
         """Under ``tensor_parallel``: no loop on tokens, every weight matrix that meets the
         tokens split on every axis of more than one device, and what does not meet them
         whole (a table looked up by constant positions, as Megatron-LM keeps its position
-        embeddings)."""
+        embeddings); a convolution whole."""
+        if self.graph.node(v).family == "conv":
+            # A convolution stays whole on every tensor-parallel rank, as a ViT's patch
+            # embedding does in Megatron-LM and torchtitan: no TP style of the runtime
+            # (``planner.runtime.apply.tp_style``) splits one.
+            return all(lp is None for lp in loops)
         light = self.sequence_parallel and self.graph.node(v).family in _LIGHT
         for size, lp in zip(self.mesh.shape, loops, strict=True):
             if size > 1 and lp is not None and not light \

@@ -287,7 +287,10 @@ class LayerCosts:
         input features); an embedding table split by columns ``gathered`` (its output
         all-gathered), by rows ``vocab``; a module that runs more than one matmul itself
         (``nn.MultiheadAttention``: its packed input projection and its output projection)
-        ``custom``: no DTensor style for a linear fits it.
+        ``heads`` where the ILP split it as Megatron-LM splits attention (its input
+        projections by output features, its attention by heads, its last projection by
+        input features: ``planner.runtime.attention``), none where it left it whole, else
+        ``custom``: no style runs it.
         With sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) also: ``norm``, a leaf
         module all of whose ops the ILP split along the sequence (its input and output
         sequence-sharded); ``block_input``, the module holding column-split linears that
@@ -307,6 +310,7 @@ class LayerCosts:
             if op.removeprefix("aten.").split(".")[0] in matmuls:
                 per_module[module] = per_module.get(module, 0) + 1
         out: dict[str, str] = {}
+        own: dict[str, list[tuple[str, str]]] = {}  # a multi-matmul module's (op, split)s
         block, fed_split = "", False  # the block of the last matmul, and whether n-split
         runs = {b.name: b.name.rsplit(".", 1)[0] + ".*" for b in self.blocks
                 if b.repeat > 1 and "." in b.name}
@@ -316,24 +320,26 @@ class LayerCosts:
             if not module:
                 continue
             here = ".".join(module.split(".")[:2])
+            if per_module.get(module, 0) > 1:
+                own.setdefault(module, []).append((name, split))
             if name in matmuls:
                 fed = fed_split and here == block
                 block, fed_split = here, split == "n"
                 if per_module[module] > 1:
-                    style = "custom"
-                elif split == "R":
-                    continue
-                elif split == "k":
-                    style = "rowwise" if fed else "rowwise_replicated"
-                elif split == "n":
-                    style = "head" if module.split(".")[0] in head else "colwise"
-                else:
-                    continue
+                    continue  # (below, from all of its ops)
+                style = {"k": "rowwise" if fed else "rowwise_replicated",
+                         "n": "head" if module.split(".")[0] in head else "colwise"
+                         }.get(split, "")
             elif name == "embedding" and split != "R":
                 style = "vocab" if split == "sum" else "gathered"
             else:
                 continue
-            out[module] = style
+            if style:
+                out[module] = style
+        for module, ops in own.items():
+            style = _multi_matmul_style(ops, matmuls)
+            if style:
+                out[module] = style
         if self.sequence_parallel:
             out.update(self._sequence_styles(tp, out))
         return {_pattern(m, runs): style for m, style in out.items()}
@@ -907,6 +913,21 @@ class SpreadCompute(LayerCompute):
         value = _spread(getattr(self.per_group, name), self.groups)
         object.__setattr__(self, name, value)
         return value
+
+
+def _multi_matmul_style(ops: Sequence[tuple[str, str]], matmuls: Sequence[str]) -> str:
+    """The TP style of a module running several matmuls itself, from its ops' (name, split)
+    in order (``LayerCosts.tp_plan``): ``heads`` for Megatron-LM's split of attention (every
+    matmul but the last split by output features, the last by input features, an attention
+    split by heads), ``""`` where all its matmuls are whole, else ``custom``."""
+    splits = [split for name, split in ops if name in matmuls]
+    if all(x == "R" for x in splits):
+        return ""
+    attention = [split for name, split in ops if "attention" in name]
+    if len(splits) >= 2 and all(x == "n" for x in splits[:-1]) and splits[-1] == "k" \
+            and attention and all(x == "h" for x in attention):
+        return "heads"
+    return "custom"
 
 
 def _pattern(module: str, runs: Mapping[str, str]) -> str:

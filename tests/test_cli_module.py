@@ -205,7 +205,7 @@ def test_module_plan_files(models_dir: Path) -> None:
     parts = toml["parallelism"]["module_fqns_per_model_part"]
     assert parts[0][:2] == ["embed", "blocks.0"] and parts[-1][-2:] == ["blocks.1", "head"]
     assert "#   blocks.*.mlp.0: colwise" in e.stdout and "#   blocks.*.mlp.2: rowwise" in e.stdout
-    assert "#   blocks.*.attn: custom" in e.stdout  # nn.MultiheadAttention: two splits
+    assert "#   blocks.*.attn: heads" in e.stdout  # nn.MultiheadAttention split by heads
     e = run_planner("emit", str(out), "--target", "deepspeed", cwd=models_dir)
     assert e.returncode == 2 and "takes the plan of a preset" in e.stderr
     graph = models_dir / "g.json"

@@ -554,3 +554,25 @@ def test_the_ilp_layouts_read_as_a_tp_plan_are_megatrons() -> None:
     assert LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(1) == {}
     with pytest.raises(SpecError, match="no layouts at tp=4"):
         LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(4)
+
+
+def test_a_module_running_several_matmuls_is_styled_by_its_splits() -> None:
+    """``LayerCosts.tp_plan`` of a module that runs several matmuls itself (as
+    nn.MultiheadAttention does): ``heads`` for Megatron-LM's split of attention (input
+    projections by output features, attention by heads, output projection by input
+    features), nothing where the ILP left it whole, ``custom`` (refused by the runtime)
+    for any other split."""
+    from costmodel.layercosts import _multi_matmul_style
+
+    mm = ("mm", "addmm", "_scaled_mm")
+    sdpa = "_scaled_dot_product_flash_attention"
+    assert _multi_matmul_style([("mm", "n"), ("add", "d2"), (sdpa, "h"), ("addmm", "k")],
+                               mm) == "heads"
+    assert _multi_matmul_style([("mm", "n"), ("mm", "n"), (sdpa, "h"), ("addmm", "k")],
+                               mm) == "heads"
+    assert _multi_matmul_style([("mm", "R"), (sdpa, "R"), ("addmm", "R")], mm) == ""
+    assert _multi_matmul_style([("mm", "k"), ("add", "R"), (sdpa, "h"), ("addmm", "k")],
+                               mm) == "custom"
+    assert _multi_matmul_style([("mm", "n"), ("add", "R"), (sdpa, "R"), ("addmm", "R")],
+                               mm) == "custom"
+    assert _multi_matmul_style([("mm", "n"), ("addmm", "k")], mm) == "custom"  # no attention

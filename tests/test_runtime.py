@@ -139,6 +139,11 @@ MODULE_CASES = {
     # Cut between the stacks (the decoder's embedding in the first stage, which reads the
     # tokens): the first stage holds the embedding twice over, the last its copy as head.
     "t5_tied_pp_dp": ("t5_tied", {"pp": 2, "dp": 2, "stage_layers": [3, 2]}),
+    # Tensor parallel with the layouts the ILP chose: nn.MultiheadAttention split by heads
+    # (self-attention, and the decoder's attention over the encoder with its causal mask),
+    # the MLPs column- then row-wise, the embedding and head split.
+    "vit_tp_dp": ("vit", {"tp": 2, "dp": 2, "micro_batch_size": 2}),
+    "t5_tp": ("t5", {"tp": 4, "micro_batch_size": 4}),
 }
 
 
@@ -164,7 +169,8 @@ def _module_plan(name: str) -> Plan:
     graph = LayerGraph.from_module(module, example, dtype=torch.float32)
     cfg = ParallelConfig(**config)
     cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=cfg.world_size)
-    return make_plan(config, LayerCosts.from_graph(graph, cluster, job, tp_degrees=(1,)), job)
+    costs = LayerCosts.from_graph(graph, cluster, job, tp_degrees=sorted({1, cfg.tp}))
+    return make_plan(config, costs, job)
 
 
 def _traced(spec: ModelSpec, job: Job, tp_degrees: tuple[int, ...] = (1,)) -> Any:
@@ -290,6 +296,44 @@ def test_a_modules_plan_trains_as_one_process(results: dict[str, Any], name: str
                 "gradients": stage.resident_gradients_bytes,
                 "optimizer": stage.memory.optimizer_bytes}
         assert r["state_bytes"] == pytest.approx(want, rel=0.01), (r["rank"], want)
+
+
+@pytest.mark.slow
+def test_multihead_attention_split_by_heads_equals_the_module(tmp_path: Path) -> None:
+    """nn.MultiheadAttention split by heads over 2 processes (``HeadParallel``: the layout
+    the ILP chooses for it, the ``heads`` style of a traced module's TP plan) computes what
+    the module computes whole: output, attention weights and every gradient within 1e-5,
+    for self- and cross-attention, batch first or not, with a causal or boolean mask and a
+    key padding mask (``attention_worker.py``)."""
+    out = tmp_path / "attention.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         str(HERE / "attention_worker.py"), str(out)], capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    diffs = json.loads(out.read_text())
+    assert len(diffs) == 24
+    assert max(diffs.values()) < 1e-5, diffs
+
+
+def test_heads_style_refuses_what_it_does_not_split() -> None:
+    """The ``heads`` style splits an nn.MultiheadAttention whose key and value have its own
+    width and whose heads the ranks divide; anything else is refused by name."""
+    from torch import nn
+
+    from planner.runtime.attention import HeadParallel
+
+    class TwoRanks:
+        def size(self) -> int:
+            return 2
+
+    mesh: Any = TwoRanks()
+    with pytest.raises(SpecError, match=r"splits an nn\.MultiheadAttention, not a Linear"):
+        HeadParallel()._apply(nn.Linear(4, 4), mesh)
+    with pytest.raises(SpecError, match=r"key and value widths of their own"):
+        HeadParallel()._apply(nn.MultiheadAttention(8, 2, kdim=4, vdim=4), mesh)
+    with pytest.raises(SpecError, match="3 heads over 2 ranks"):
+        HeadParallel()._apply(nn.MultiheadAttention(12, 3), mesh)
 
 
 def test_a_weight_two_pipeline_stages_use_is_tied(one_process: None) -> None:
@@ -534,9 +578,9 @@ def test_multi_node_plan_writes_sbatch(tmp_path: Path) -> None:
 def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     """The runtime takes a traced module's plan (its LayerCosts) for data, pipeline, ZeRO,
     recompute and tensor parallel with the layouts its ILP chose, with or without sequence
-    parallelism; a layout no DTensor style expresses (nn.MultiheadAttention's packed
-    projection split two ways, a sequence split inside the model's own forward) is refused
-    by name."""
+    parallelism (nn.MultiheadAttention split by heads: ``planner.runtime.attention``); a
+    layout no style runs (a sequence split inside the model's own forward, a split
+    attention with sequence parallelism) is refused by name."""
     from costmodel.graph import LayerGraph
     from costmodel.layercosts import LayerCosts
 
@@ -549,8 +593,17 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
         vit = LayerGraph.from_module(make(), example)
     cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=4)
     costs = LayerCosts.from_graph(vit, cluster, job, tp_degrees=(1, 2))
-    with pytest.raises(SpecError, match=r"blocks\.\*\.self_attn runs more than one matmul"):
-        check(make_plan({"dp": 2, "tp": 2}, costs, job))
+    assert costs.tp_plan(2)["blocks.*.self_attn"] == "heads"
+    check(make_plan({"dp": 2, "tp": 2}, costs, job))
+    make, example, job = _example_module("t5")
+    with torch.device("meta"):
+        t5 = LayerGraph.from_module(make(), example)
+    costs = LayerCosts.from_graph(t5, cluster, job, tp_degrees=(1, 2), sequence_parallel="both")
+    check(make_plan({"dp": 2, "tp": 2}, costs, job))
+    with pytest.raises(SpecError, match=r"decoder\.\*\.multihead_attn, decoder\.\*\.self_attn, "
+                       r"encoder\.\*\.self_attn \(nn.MultiheadAttention split by heads\) is run "
+                       "without it only"):
+        check(make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, costs, job))
     # Sequence parallel: the preset's TP plan, read off the layouts (but the embedding, which
     # the ILP splits by columns and hands on as sequence shards).
     sp = make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, traced, SGD)

@@ -52,7 +52,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -68,6 +68,7 @@ from costmodel.layercosts import LayerCosts
 from costmodel.memory import even_split
 from planner.plan import Plan
 from planner.runtime import check
+from planner.runtime.attention import HeadParallel, local_shard
 from planner.runtime.model import Transformer
 from planner.runtime.modules import layer_paths, module_blocks, pipeline_stages, set_module
 
@@ -119,7 +120,8 @@ def tp_style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
     all-gathered (an embedding split by columns; with SP redistributed to sequence shards,
     an all-to-all); ``rowwise_replicated``, split on the
     input dim of a whole input, each rank taking its slice (a head split over its input
-    features).
+    features); ``heads``, an ``nn.MultiheadAttention`` split by heads
+    (``planner.runtime.attention.HeadParallel``, without sequence parallel).
     """
     seq = Shard(1)
     out = seq if sequence_parallel else Replicate()
@@ -131,6 +133,7 @@ def tp_style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
         "gathered": lambda: ColwiseParallel(output_layouts=out),
         "rowwise_replicated": lambda: RowwiseParallel(input_layouts=Replicate(),
                                                       output_layouts=out),
+        "heads": HeadParallel,
         "norm": lambda: SequenceParallel() if sequence_parallel else None,
         "block_input": lambda: (PrepareModuleInput(input_layouts=(seq,),
                                                    desired_input_layouts=(Replicate(),))
@@ -265,23 +268,19 @@ def _sync_tied(tied: list[tuple[list[nn.Parameter], Any, int]], grads: bool) -> 
     with torch.no_grad():
         for params, group, src in tied:
             if grads:
-                local = [_local(p.grad) for p in params if p.grad is not None]
-                total = torch.stack(local).sum(0) if local else torch.zeros_like(_local(params[0]))
+                local = [local_shard(p.grad) for p in params if p.grad is not None]
+                total = torch.stack(local).sum(0) if local \
+                    else torch.zeros_like(local_shard(params[0]))
                 if group is not None:
                     dist.all_reduce(total, group=group)
                 for g in local:
                     g.copy_(total)
             else:
-                first = _local(params[0])
+                first = local_shard(params[0])
                 if group is not None:
                     dist.broadcast(first, src=src, group=group)
                 for p in params[1:]:
-                    _local(p).copy_(first)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank holds of ``t`` (a DTensor's local shard)."""
-    return t.to_local() if isinstance(t, DTensor) else t
+                    local_shard(p).copy_(first)
 
 
 def _match(pattern: str, name: str) -> bool:
@@ -465,15 +464,15 @@ class Parallelized:
         count), what the memory estimator's model-state terms predict."""
         out = {"weights": 0, "gradients": 0, "optimizer": 0}
         for p in self.parameters():
-            lp = _local(p)
+            lp = local_shard(p)
             out["weights"] += lp.numel() * lp.element_size()
             if p.grad is not None:
-                g = _local(p.grad)
+                g = local_shard(p.grad)
                 out["gradients"] += g.numel() * g.element_size()
             if optimizer is not None:
                 for key, value in optimizer.state.get(p, {}).items():
                     if key != "step" and torch.is_tensor(value):
-                        v = _local(value)
+                        v = local_shard(value)
                         out["optimizer"] += v.numel() * v.element_size()
         return out
 
