@@ -3,7 +3,8 @@ each rank of a torchrun job, ``nn.MultiheadAttention`` split by heads over all r
 (``planner.runtime.attention.HeadParallel``) against the module whole, on the same weights and
 inputs: self- and cross-attention, batch first or not, with and without masks (a causal float
 mask or a random boolean one, and a key padding mask), returning the attention weights
-averaged over heads or per head or not at all. Rank 0 writes, per case, the largest
+averaged over heads or per head or not at all, its inputs whole on every rank or (sequence
+parallel) each rank's shard of the sequence. Rank 0 writes, per case, the largest
 difference of the output, the returned weights and every gradient (inputs and parameters,
 the split ones gathered back to the module's order) to the JSON file given."""
 
@@ -27,13 +28,16 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def case(mesh: object, batch_first: bool, cross: bool, weights: str, masks: bool) -> float:
+def case(mesh: object, batch_first: bool, cross: bool, weights: str, masks: bool,
+         sp: bool) -> float:
     torch.manual_seed(0)
     whole = nn.MultiheadAttention(16, 4, batch_first=batch_first)
     split = nn.MultiheadAttention(16, 4, batch_first=batch_first)
     split.load_state_dict(whole.state_dict())
-    parallelize_module(split, mesh, HeadParallel())
-    b, q_len, k_len = 3, 5, (7 if cross else 5)
+    parallelize_module(split, mesh, HeadParallel(sequence_parallel=sp))
+    tp, rank = mesh.size(), mesh.get_local_rank()
+    seq = 1 if batch_first else 0
+    b, q_len, k_len = 3, 6, (8 if cross else 6)
     shape = (lambda n: (b, n, 16)) if batch_first else (lambda n: (n, b, 16))
     x = torch.randn(shape(q_len))
     mem = torch.randn(shape(k_len)) if cross else x
@@ -45,14 +49,21 @@ def case(mesh: object, batch_first: bool, cross: bool, weights: str, masks: bool
         pad = torch.zeros(b, k_len, dtype=torch.bool)
         pad[0, -1] = True
         kw["key_padding_mask"] = pad
+    def mine(t: torch.Tensor) -> torch.Tensor:  # this rank's shard of the sequence
+        return t.chunk(tp, seq)[rank] if sp else t
+
     diffs = []
     grads = []
     for module in (whole, split):
-        xi = x.clone().requires_grad_()
-        mi = mem.clone().requires_grad_() if cross else xi
+        xi = (mine(x) if module is split else x).clone().requires_grad_()
+        mi = (mine(mem) if module is split else mem).clone().requires_grad_() if cross else xi
         out, w = module(xi, mi, mi, **kw)
+        # Sequence parallel: each rank's loss is its shard's, their sum the module's (the
+        # output's gradient is all-gathered in backward); the weights are whole.
         (out.square().sum() + (w.sum() if w is not None else 0)).backward()
-        grads.append((out.detach(), None if w is None else w.detach(), xi.grad, mi.grad))
+        got = (out.detach(), None if w is None else w.detach(), xi.grad, mi.grad)
+        grads.append(got if module is split else tuple(
+            mine(t) if t is not None and i != 1 else t for i, t in enumerate(got)))
     for a, c in zip(grads[0], grads[1], strict=True):
         if a is not None:
             diffs.append((a - c).abs().max().item())
@@ -70,10 +81,11 @@ def main() -> None:
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     out = {}
-    for bf, cross, weights, masks in itertools.product((True, False), (False, True),
-                                                       ("none", "mean", "heads"), (False, True)):
-        out[f"batch_first={bf} cross={cross} weights={weights} masks={masks}"] = case(
-            mesh, bf, cross, weights, masks)
+    for bf, cross, weights, masks, sp in itertools.product(
+            (True, False), (False, True), ("none", "mean", "heads"), (False, True),
+            (False, True)):
+        out[f"batch_first={bf} cross={cross} weights={weights} masks={masks} sp={sp}"] = case(
+            mesh, bf, cross, weights, masks, sp)
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)

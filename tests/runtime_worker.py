@@ -3,7 +3,8 @@
 ``python tests/runtime_worker.py CASES.json OUT.json``: CASES is a list of
 ``{"name", "plan", "lr"}`` (plan JSON text, learning rate; ``"spec"``: the ModelSpec whose
 reference transformer a traced module's plan was traced from; ``"module"``: the
-``planner.examples`` class, its arguments and the traced input's shape of a module's plan) for
+``planner.examples`` class (or ``runtime_models``', named ``runtime_models:Class``), its
+arguments and the traced input's shape of a module's plan) for
 this world size; every case is trained with ``planner.runtime.train.train`` (a module's with
 ``train_module``) and OUT gets, per case, each rank's losses and state bytes (or the error).
 One process group serves all cases, so the processes start once.
@@ -16,6 +17,7 @@ import json
 import sys
 import traceback
 
+import runtime_models
 import torch
 import torch.distributed as dist
 
@@ -23,6 +25,13 @@ import planner.examples
 from costmodel import ModelSpec
 from planner.plan import Plan
 from planner.runtime.train import train, train_module
+
+
+def module_class(name: str) -> type[torch.nn.Module]:
+    """A ``planner.examples`` class by name, or ``runtime_models:Class``."""
+    if name.startswith("runtime_models:"):
+        return getattr(runtime_models, name.split(":", 1)[1])
+    return getattr(planner.examples, name)
 
 
 def main() -> None:
@@ -38,8 +47,8 @@ def main() -> None:
                 m = case["module"]
                 example = torch.zeros(m["shape"],
                                       dtype=torch.long if m["tokens"] else torch.float32)
-                res = train_module(plan, lambda m=m: getattr(planner.examples, m["cls"])(
-                    **m["kwargs"]), example, steps=5, lr=case["lr"])
+                res = train_module(plan, lambda m=m: module_class(m["cls"])(**m["kwargs"]),
+                                   example, steps=5, lr=case["lr"])
             else:
                 spec = ModelSpec(**case["spec"]) if case.get("spec") else None
                 res = train(plan, steps=5, lr=case["lr"], spec=spec)

@@ -111,10 +111,11 @@ CASES_8 = {
     "tp_pp_dp_ddp_adamw": ({"dp": 2, "tp": 2, "pp": 2, "micro_batch_size": 2}, JOB),
 }
 ALL_CASES = {**CASES_4, **CASES_8}
-#: Traced modules that are not a decoder (issue 33), from ``planner.examples``: (class,
-#: arguments, traced input shape, token ids or not). Their layers are the module paths the
-#: trace found (``blocks.*``; the encoder-decoder's ``encoder.*``, ``encoder_norm``,
-#: ``decoder.*``), their pipeline stages cut by torch's pipeline tracer.
+#: Traced modules that are not a decoder (issue 33), from ``planner.examples`` (or
+#: ``runtime_models.py``): (class, arguments, traced input shape, token ids or not). Their
+#: layers are the module paths the trace found (``blocks.*``; the encoder-decoder's
+#: ``encoder.*``, ``encoder_norm``, ``decoder.*``), their pipeline stages cut by torch's
+#: pipeline tracer.
 MODULES = {
     "vit": ("ViT", {"dim": 32, "depth": 4, "heads": 4, "patch": 8, "image": 16, "classes": 10},
             [2, 3, 16, 16], False),
@@ -126,6 +127,9 @@ MODULES = {
     # stages use, each holding a copy.
     "t5_tied": ("EncoderDecoder", {"vocab": 64, "dim": 32, "heads": 4, "encoder_layers": 2,
                                    "decoder_layers": 2, "tied": True}, [2, 8], True),
+    # nn.MultiheadAttention and an MLP module per block: sequence parallel runs on it.
+    "attention_lm": ("runtime_models:AttentionLM", {"vocab": 64, "dim": 32, "heads": 4,
+                                                    "layers": 2}, [2, 8], True),
 }
 #: SGD's learning rate for them: their losses move visibly, none diverges in 5 steps.
 LR_MODULE = 0.05
@@ -144,17 +148,21 @@ MODULE_CASES = {
     # the MLPs column- then row-wise, the embedding and head split.
     "vit_tp_dp": ("vit", {"tp": 2, "dp": 2, "micro_batch_size": 2}),
     "t5_tp": ("t5", {"tp": 4, "micro_batch_size": 4}),
+    # ... with sequence parallelism: the attention gathers the sequence and reduce-scatters
+    # its output, the norms split along it.
+    "attention_lm_tp_sp_dp": ("attention_lm", {"tp": 2, "dp": 2, "sequence_parallel": True,
+                                               "micro_batch_size": 2}),
 }
 
 
 def _example_module(name: str) -> tuple[Any, Any, Job]:
     """(a function building the module, its traced input, the job) of ``MODULES[name]``."""
-    import planner.examples
+    from runtime_worker import module_class
 
     cls, kwargs, shape, tokens = MODULES[name]
     example = torch.zeros(shape, dtype=torch.long if tokens else torch.float32)
     job = dataclasses.replace(SGD, seq_len=shape[1] if tokens else 1)
-    return (lambda: getattr(planner.examples, cls)(**kwargs)), example, job
+    return (lambda: module_class(cls)(**kwargs)), example, job
 
 
 def _module_plan(name: str) -> Plan:
@@ -169,7 +177,8 @@ def _module_plan(name: str) -> Plan:
     graph = LayerGraph.from_module(module, example, dtype=torch.float32)
     cfg = ParallelConfig(**config)
     cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=cfg.world_size)
-    costs = LayerCosts.from_graph(graph, cluster, job, tp_degrees=sorted({1, cfg.tp}))
+    costs = LayerCosts.from_graph(graph, cluster, job, tp_degrees=sorted({1, cfg.tp}),
+                                  sequence_parallel=cfg.sequence_parallel)
     return make_plan(config, costs, job)
 
 
@@ -304,7 +313,8 @@ def test_multihead_attention_split_by_heads_equals_the_module(tmp_path: Path) ->
     the ILP chooses for it, the ``heads`` style of a traced module's TP plan) computes what
     the module computes whole: output, attention weights and every gradient within 1e-5,
     for self- and cross-attention, batch first or not, with a causal or boolean mask and a
-    key padding mask (``attention_worker.py``)."""
+    key padding mask, its inputs whole or split along the sequence (sequence parallel:
+    gathered in, the output reduce-scattered; ``attention_worker.py``)."""
     out = tmp_path / "attention.json"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -312,7 +322,7 @@ def test_multihead_attention_split_by_heads_equals_the_module(tmp_path: Path) ->
         timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     diffs = json.loads(out.read_text())
-    assert len(diffs) == 24
+    assert len(diffs) == 48
     assert max(diffs.values()) < 1e-5, diffs
 
 
@@ -579,8 +589,8 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     """The runtime takes a traced module's plan (its LayerCosts) for data, pipeline, ZeRO,
     recompute and tensor parallel with the layouts its ILP chose, with or without sequence
     parallelism (nn.MultiheadAttention split by heads: ``planner.runtime.attention``); a
-    layout no style runs (a sequence split inside the model's own forward, a split
-    attention with sequence parallelism) is refused by name."""
+    layout no style runs (a sequence split inside the model's own forward) is refused by
+    name."""
     from costmodel.graph import LayerGraph
     from costmodel.layercosts import LayerCosts
 
@@ -598,12 +608,10 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     make, example, job = _example_module("t5")
     with torch.device("meta"):
         t5 = LayerGraph.from_module(make(), example)
-    costs = LayerCosts.from_graph(t5, cluster, job, tp_degrees=(1, 2), sequence_parallel="both")
+    costs = LayerCosts.from_graph(t5, cluster, job, tp_degrees=(1, 2))
+    assert {costs.tp_plan(2)[m] for m in (
+        "encoder.*.self_attn", "decoder.*.self_attn", "decoder.*.multihead_attn")} == {"heads"}
     check(make_plan({"dp": 2, "tp": 2}, costs, job))
-    with pytest.raises(SpecError, match=r"decoder\.\*\.multihead_attn, decoder\.\*\.self_attn, "
-                       r"encoder\.\*\.self_attn \(nn.MultiheadAttention split by heads\) is run "
-                       "without it only"):
-        check(make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, costs, job))
     # Sequence parallel: the preset's TP plan, read off the layouts (but the embedding, which
     # the ILP splits by columns and hands on as sequence shards).
     sp = make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, traced, SGD)

@@ -125,11 +125,6 @@ def _traced_unsupported(costs: LayerCosts, cfg: ParallelConfig, reference: bool)
                 out.append(f"tensor parallel (tp={cfg.tp}): {', '.join(custom[:3])} runs "
                            "more than one matmul itself, split in a layout no style runs "
                            "(nn.MultiheadAttention runs split by heads); plan it with --tp 1")
-            heads = sorted(k for k, v in styles.items() if v == "heads")
-            if heads and cfg.sequence_parallel:
-                out.append(f"tensor parallel (tp={cfg.tp}) with sequence parallelism: "
-                           f"{', '.join(heads[:3])} (nn.MultiheadAttention split by heads) "
-                           "is run without it only; plan it without --sequence-parallel")
     tied = any(c.shared_params for b in costs.blocks for c in b.by_tp.values())
     if reference and tied and cfg.tp > 1:
         out.append("tied input and output embeddings split over tensor-parallel ranks are "

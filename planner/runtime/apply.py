@@ -121,7 +121,7 @@ def tp_style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
     an all-to-all); ``rowwise_replicated``, split on the
     input dim of a whole input, each rank taking its slice (a head split over its input
     features); ``heads``, an ``nn.MultiheadAttention`` split by heads
-    (``planner.runtime.attention.HeadParallel``, without sequence parallel).
+    (``planner.runtime.attention.HeadParallel``).
     """
     seq = Shard(1)
     out = seq if sequence_parallel else Replicate()
@@ -133,7 +133,7 @@ def tp_style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
         "gathered": lambda: ColwiseParallel(output_layouts=out),
         "rowwise_replicated": lambda: RowwiseParallel(input_layouts=Replicate(),
                                                       output_layouts=out),
-        "heads": HeadParallel,
+        "heads": lambda: HeadParallel(sequence_parallel),
         "norm": lambda: SequenceParallel() if sequence_parallel else None,
         "block_input": lambda: (PrepareModuleInput(input_layouts=(seq,),
                                                    desired_input_layouts=(Replicate(),))

@@ -13,7 +13,9 @@ features, the attention by heads, the output projection by input features), and 
 contiguous shard holds its heads' query, key and value rows (``Shard(0)`` of the reordered
 weight; the module's state dict keeps that order), the output projection's weight is split
 by columns (``Shard(1)``) and its bias replicated, and the module's forward is replaced by
-one over the local heads with ``nn.MultiheadAttention``'s arguments and masks.
+one over the local heads with ``nn.MultiheadAttention``'s arguments and masks. With sequence
+parallelism (Korthikanti et al. 2022, Sec. 4.2.2) its inputs arrive split along the sequence
+and are all-gathered, and its output is reduce-scattered back to sequence shards.
 """
 
 from __future__ import annotations
@@ -50,9 +52,16 @@ def _rows_by_rank(embed_dim: int, tp: int) -> torch.Tensor:
 
 class HeadParallel(ParallelStyle):
     """Split an ``nn.MultiheadAttention`` over the mesh's ranks by heads (module docstring).
-    ``SpecError`` for a module it does not split: not an ``nn.MultiheadAttention``, key
-    and value widths of their own (``kdim``, ``vdim``), ``add_bias_kv`` or ``add_zero_attn``,
-    or heads that the ranks do not divide."""
+    ``sequence_parallel``: its inputs arrive split along the sequence (Korthikanti et al.
+    2022, Sec. 4.2.2) and are all-gathered, and its output is reduce-scattered back to
+    sequence shards (in backward: a reduce-scatter of the inputs' gradients, an all-gather
+    of the output's). ``SpecError`` for a module it does not split: not an
+    ``nn.MultiheadAttention``, key and value widths of their own (``kdim``, ``vdim``),
+    ``add_bias_kv`` or ``add_zero_attn``, or heads that the ranks do not divide."""
+
+    def __init__(self, sequence_parallel: bool = False) -> None:
+        super().__init__()
+        self.sequence_parallel = sequence_parallel
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, nn.MultiheadAttention):
@@ -85,15 +94,20 @@ class HeadParallel(ParallelStyle):
         if out.bias is not None:
             out.bias = put(out.bias, Replicate())
         module._tp_mesh = device_mesh  # type: ignore[assignment]
+        module._tp_sequence = self.sequence_parallel  # type: ignore[assignment]
         module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
         return module
 
 
-def _enter(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """``x``, the same on every rank, as this rank's input to its heads: its gradient, each
-    rank's part, is all-reduced in backward (Megatron's ``f``)."""
-    return DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(
-        grad_placements=[Partial()])
+def _enter(x: torch.Tensor, mesh: DeviceMesh, seq: int | None) -> torch.Tensor:
+    """``x`` whole, as this rank's input to its heads: the same on every rank (``seq``
+    None), or this rank's shard of the sequence along dim ``seq``, all-gathered (a DTensor
+    as it is laid out). Its gradient, each rank's part, is all-reduced in backward
+    (Megatron's ``f``), or reduce-scattered to the shards."""
+    if not isinstance(x, DTensor):
+        x = DTensor.from_local(x, mesh, [Replicate() if seq is None else Shard(seq)],
+                               run_check=False)
+    return x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
 
 
 def _local_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None,
@@ -130,10 +144,12 @@ def _forward(self: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor
     local = self.num_heads // tp
     rank = mesh.get_local_rank()
     unbatched = query.dim() == 2
-    entered: dict[int, torch.Tensor] = {}  # one input, one all-reduce of its gradient
+    seq = 1 if self.batch_first and not unbatched else 0  # the inputs' sequence dim
+    sharded = seq if self._tp_sequence else None
+    entered: dict[int, torch.Tensor] = {}  # one input, one reduction of its gradient
     for t in (query, key, value):
         if id(t) not in entered:
-            entered[id(t)] = _enter(t, mesh)
+            entered[id(t)] = _enter(t, mesh, sharded)
     q_in, k_in, v_in = (entered[id(t)] for t in (query, key, value))
     if unbatched:
         q_in, k_in, v_in = (t.unsqueeze(0) for t in (q_in, k_in, v_in))
@@ -178,10 +194,14 @@ def _forward(self: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                              is_causal=causal)
     out = out.transpose(1, 2).reshape(batch, q_len, local * d)
-    y = F.linear(out, local_shard(self.out_proj.weight))
-    y = DTensor.from_local(y, mesh, [Partial()], run_check=False).full_tensor()
+    y = F.linear(out, local_shard(self.out_proj.weight))  # [batch, q_len, embed]: partial
+    whole: torch.Tensor = DTensor.from_local(y, mesh, [Partial()], run_check=False).redistribute(
+        mesh, [Shard(1) if self._tp_sequence else Replicate()])
     if self.out_proj.bias is not None:
-        y = y + local_shard(self.out_proj.bias)
+        # (as DTensors: with sequence parallelism each rank adds the bias to its shard, and
+        # the bias's gradient is summed over the shards)
+        whole = whole + self.out_proj.bias
+    y = local_shard(whole)
     if unbatched:
         y = y.squeeze(0)
     elif not self.batch_first:
