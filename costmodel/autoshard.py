@@ -141,7 +141,8 @@ class _Input:
     """A consumer's input traced back through views: ``source`` the real node it comes
     from (-1: a parameter, model input or constant, free to take any layout), ``dims`` the
     source dim of each of the consumer's input dims (a split of that dim splits it),
-    ``spans`` the source dims each runs along (``costmodel.sharding.view_spans``)."""
+    ``spans`` the source dims each runs along (``_spans``: through reshapes factor by
+    factor)."""
 
     source: int
     param: str
@@ -497,9 +498,10 @@ class ShardingProblem:
         whole (a table looked up by constant positions, as Megatron-LM keeps its position
         embeddings); a convolution whole."""
         if self.graph.node(v).family == "conv":
-            # A convolution stays whole on every tensor-parallel rank, as a ViT's patch
-            # embedding does in Megatron-LM and torchtitan: no TP style of the runtime
-            # (``planner.runtime.apply.tp_style``) splits one.
+            # A convolution stays whole on every tensor-parallel rank: no TP style of the
+            # runtime (``planner.runtime.apply.tp_style``) splits one, and Megatron-LM keeps
+            # a ViT's patch embedding whole too (a plain torch.nn.Linear on every rank,
+            # megatron/legacy/model/vision/vit_backbone.py).
             return all(lp is None for lp in loops)
         light = self.sequence_parallel and self.graph.node(v).family in _LIGHT
         for size, lp in zip(self.mesh.shape, loops, strict=True):

@@ -1,12 +1,12 @@
 """Worker of ``test_runtime.test_multihead_attention_split_by_heads_equals_the_module``: on
 each rank of a torchrun job, ``nn.MultiheadAttention`` split by heads over all ranks
 (``planner.runtime.attention.HeadParallel``) against the module whole, on the same weights and
-inputs: self- and cross-attention, batch first or not, with and without masks (a causal float
-mask or a random boolean one, and a key padding mask), returning the attention weights
-averaged over heads or per head or not at all, its inputs whole on every rank or (sequence
-parallel) each rank's shard of the sequence. Rank 0 writes, per case, the largest
-difference of the output, the returned weights and every gradient (inputs and parameters,
-the split ones gathered back to the module's order) to the JSON file given."""
+inputs: self- and cross-attention, batch first or not, with and without masks (a causal
+float mask, or a random boolean one per batch and head, and a key padding mask), returning
+the attention weights averaged over heads or per head or not at all, its inputs whole on
+every rank or (sequence parallel) each rank's shard of the sequence. Rank 0 writes, per
+case, the largest difference of the output, the returned weights and every gradient (inputs
+and parameters, the split ones gathered back to the module's order) to the JSON file given."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def case(mesh: object, batch_first: bool, cross: bool, weights: str, masks: bool
     kw: dict[str, object] = {"need_weights": weights != "none",
                              "average_attn_weights": weights == "mean"}
     if masks:
-        kw["attn_mask"] = (torch.rand(q_len, k_len) > 0.8) if cross else torch.full(
+        # Cross-attention: a boolean mask per batch and head ([batch * heads, q, k]).
+        kw["attn_mask"] = (torch.rand(b * 4, q_len, k_len) > 0.8) if cross else torch.full(
             (q_len, k_len), float("-inf")).triu(1)
         pad = torch.zeros(b, k_len, dtype=torch.bool)
         pad[0, -1] = True

@@ -312,9 +312,9 @@ def test_multihead_attention_split_by_heads_equals_the_module(tmp_path: Path) ->
     """nn.MultiheadAttention split by heads over 2 processes (``HeadParallel``: the layout
     the ILP chooses for it, the ``heads`` style of a traced module's TP plan) computes what
     the module computes whole: output, attention weights and every gradient within 1e-5,
-    for self- and cross-attention, batch first or not, with a causal or boolean mask and a
-    key padding mask, its inputs whole or split along the sequence (sequence parallel:
-    gathered in, the output reduce-scattered; ``attention_worker.py``)."""
+    for self- and cross-attention, batch first or not, with a causal mask or a boolean one
+    per batch and head, and a key padding mask, its inputs whole or split along the sequence
+    (sequence parallel: gathered in, the output reduce-scattered; ``attention_worker.py``)."""
     out = tmp_path / "attention.json"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
