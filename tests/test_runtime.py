@@ -589,8 +589,8 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     """The runtime takes a traced module's plan (its LayerCosts) for data, pipeline, ZeRO,
     recompute and tensor parallel with the layouts its ILP chose, with or without sequence
     parallelism (nn.MultiheadAttention split by heads: ``planner.runtime.attention``); a
-    layout no style runs (a sequence split inside the model's own forward) is refused by
-    name."""
+    layout no style runs (a sequence split inside the model's own forward, an unfused
+    nn.MultiheadAttention's split) is refused by name."""
     from costmodel.graph import LayerGraph
     from costmodel.layercosts import LayerCosts
 
@@ -612,6 +612,21 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     assert {costs.tp_plan(2)[m] for m in (
         "encoder.*.self_attn", "decoder.*.self_attn", "decoder.*.multihead_attn")} == {"heads"}
     check(make_plan({"dp": 2, "tp": 2}, costs, job))
+    # Asked for its weights, nn.MultiheadAttention runs its attention unfused, which the ILP
+    # splits in a layout no style runs: refused by name.
+    from runtime_models import AttentionLM
+
+    tokens = torch.zeros(2, 8, dtype=torch.long)
+    for need_weights, refused in ((False, False), (True, True)):
+        with torch.device("meta"):
+            lm = LayerGraph.from_module(AttentionLM(need_weights=need_weights), tokens)
+        costs = LayerCosts.from_graph(lm, cluster, job, tp_degrees=(1, 2))
+        if refused:
+            with pytest.raises(SpecError, match=r"blocks\.\*\.attn runs more than one matmul "
+                               r"itself.*need_weights=False"):
+                check(make_plan({"dp": 2, "tp": 2}, costs, job))
+        else:
+            check(make_plan({"dp": 2, "tp": 2}, costs, job))
     # Sequence parallel: the preset's TP plan, read off the layouts (but the embedding, which
     # the ILP splits by columns and hands on as sequence shards).
     sp = make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, traced, SGD)
