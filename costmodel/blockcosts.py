@@ -88,7 +88,7 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
                       sequence_parallel, tuple(blocks), layouts,
                       element_bytes=compute_bytes(job.precision),
                       first_stage_layers=first_stage_layers(graph), top_k=top_k,
-                      num_experts=experts)
+                      num_experts=experts, multihead_attention=graph.multihead_attention)
 
 
 def _routing(p: ShardingProblem) -> dict[str, tuple[int, int]]:

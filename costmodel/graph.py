@@ -235,13 +235,16 @@ class Layer:
 class LayerGraph:
     """Op-level DiGraph (node id -> ``OpNode`` attributes in ``graph.nodes[i]["node"]``) and
     its layers in execution order. ``inputs``: the shapes traced; ``unsupported``: (op,
-    module path) of each op whose family is unknown."""
+    module path) of each op whose family is unknown; ``multihead_attention``: the module
+    paths of the model's ``nn.MultiheadAttention``s (what ``planner.runtime.attention``
+    splits by heads)."""
 
     name: str
     graph: nx.DiGraph
     layers: list[Layer]
     inputs: tuple[tuple[int, ...], ...] = ()
     unsupported: list[tuple[str, str]] = field(default_factory=list)
+    multihead_attention: tuple[str, ...] = ()
 
     def node(self, i: int) -> OpNode:
         """The ``OpNode`` of node id ``i``."""
@@ -773,6 +776,8 @@ def _assemble(module: Any, rec: _Recorder, params: dict[str, Any],
         layers[lname].param_bytes += float(p.numel() * p.element_size())
     shapes = tuple(tuple(t.shape) for t in tree_flatten(example_inputs)[0]
                    if isinstance(t, torch.Tensor))
+    attention = tuple(path for path, sub in module.named_modules()
+                      if isinstance(sub, torch.nn.MultiheadAttention))
     return LayerGraph(name=name or type(module).__name__, graph=graph,
                       layers=list(layers.values()), inputs=shapes,
-                      unsupported=rec.unsupported)
+                      unsupported=rec.unsupported, multihead_attention=attention)

@@ -161,6 +161,8 @@ class LayerCosts:
     its last op reading the model's own inputs (``costmodel.blockcosts.first_stage_layers``).
     ``top_k`` and ``num_experts``: a traced graph's routing, the experts each token goes to
     and the experts of a MoE layer (0 for a dense graph; a preset's are its spec's).
+    ``multihead_attention``: a traced module's ``nn.MultiheadAttention`` paths (``None``:
+    not recorded, costs saved before they were).
     """
 
     name: str
@@ -177,6 +179,7 @@ class LayerCosts:
     first_stage_layers: int = 0
     top_k: int = 0
     num_experts: int = 0
+    multihead_attention: tuple[str, ...] | None = None
 
     @property
     def sp_options(self) -> tuple[bool, ...]:
@@ -287,10 +290,10 @@ class LayerCosts:
         input features); an embedding table split by columns ``gathered`` (its output
         all-gathered), by rows ``vocab``; a module that runs more than one matmul itself
         (``nn.MultiheadAttention``: its packed input projection and its output projection)
-        ``heads`` where the ILP split it as Megatron-LM splits attention (its input
-        projections by output features, its attention by heads, its last projection by
-        input features: ``planner.runtime.attention``), none where it left it whole, else
-        ``custom``: no style runs it.
+        ``heads`` where it is an ``nn.MultiheadAttention`` the ILP split as Megatron-LM
+        splits attention (its input projections by output features, its attention by heads,
+        its last projection by input features: ``planner.runtime.attention``), none where it
+        left it whole, else ``custom``: no style runs it.
         With sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) also: ``norm``, a leaf
         module all of whose ops the ILP split along the sequence (its input and output
         sequence-sharded); ``block_input``, the module holding column-split linears that
@@ -336,8 +339,11 @@ class LayerCosts:
                 continue
             if style:
                 out[module] = style
+        attention = self.multihead_attention
         for module, ops in own.items():
             style = _multi_matmul_style(ops, matmuls)
+            if style == "heads" and attention is not None and module not in attention:
+                style = "custom"  # split by heads, but not an nn.MultiheadAttention
             if style:
                 out[module] = style
         if self.sequence_parallel:
@@ -401,6 +407,8 @@ class LayerCosts:
                 "element_bytes": self.element_bytes,
                 "first_stage_layers": self.first_stage_layers,
                 "top_k": self.top_k, "num_experts": self.num_experts,
+                "multihead_attention": (None if self.multihead_attention is None
+                                        else list(self.multihead_attention)),
                 "spec": self.spec.to_dict() if self.spec is not None else None,
                 "layouts": {str(t): [list(x) for x in ops] for t, ops in self.layouts.items()},
                 "blocks": [{"name": b.name, "kind": b.kind, "repeat": b.repeat,
@@ -430,7 +438,9 @@ class LayerCosts:
                        spec=spec, element_bytes=float(d.get("element_bytes", 2.0)),
                        sp_costs=other,
                        first_stage_layers=int(d.get("first_stage_layers", 0)),
-                       top_k=int(d.get("top_k", 0)), num_experts=int(d.get("num_experts", 0)))
+                       top_k=int(d.get("top_k", 0)), num_experts=int(d.get("num_experts", 0)),
+                       multihead_attention=None if d.get("multihead_attention") is None
+                       else tuple(str(m) for m in d["multihead_attention"]))
         except (KeyError, TypeError, ValueError) as e:
             raise SpecError(f"layer costs are missing or mangle a field ({type(e).__name__}: "
                             f"{e}); re-create them with LayerCosts.from_graph") from e

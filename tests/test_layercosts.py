@@ -576,3 +576,24 @@ def test_a_module_running_several_matmuls_is_styled_by_its_splits() -> None:
     assert _multi_matmul_style([("mm", "n"), ("add", "R"), (sdpa, "R"), ("addmm", "R")],
                                mm) == "custom"
     assert _multi_matmul_style([("mm", "n"), ("addmm", "k")], mm) == "custom"  # no attention
+
+
+def test_only_an_nn_multihead_attention_is_split_by_heads() -> None:
+    """The trace records which modules are ``nn.MultiheadAttention`` (what
+    ``planner.runtime.attention.HeadParallel`` splits); a module the ILP split the same way
+    that is not one is ``custom`` (refused before any process starts). The record survives
+    the JSON round trip; costs saved without it keep the layout's reading."""
+    from runtime_models import AttentionLM
+
+    graph = LayerGraph.from_module(AttentionLM().to("meta"), torch.zeros(2, 8, dtype=torch.long))
+    assert graph.multihead_attention == ("blocks.0.attn", "blocks.1.attn")
+    costs = LayerCosts.from_graph(graph, NODE, Job(global_batch_size=8, seq_len=8),
+                                  tp_degrees=(1, 2))
+    assert costs.tp_plan(2)["blocks.*.attn"] == "heads"
+    back = LayerCosts.from_dict(costs.to_dict())
+    assert back.multihead_attention == graph.multihead_attention
+    assert back.tp_plan(2)["blocks.*.attn"] == "heads"
+    other = dataclasses.replace(costs, multihead_attention=())
+    assert other.tp_plan(2)["blocks.*.attn"] == "custom"
+    unknown = dict(costs.to_dict(), multihead_attention=None)
+    assert LayerCosts.from_dict(unknown).tp_plan(2)["blocks.*.attn"] == "heads"
