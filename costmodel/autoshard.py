@@ -496,14 +496,23 @@ class ShardingProblem:
         """Under ``tensor_parallel``: no loop on tokens, every weight matrix that meets the
         tokens split on every axis of more than one device, and what does not meet them
         whole (a table looked up by constant positions, as Megatron-LM keeps its position
-        embeddings); a convolution whole."""
-        if self.graph.node(v).family == "conv":
+        embeddings); a convolution, and (without sequence parallelism) an op of the model's
+        own forward outside its modules other than a matmul or lookup, whole."""
+        node = self.graph.node(v)
+        if not node.module and not self.sequence_parallel \
+                and node.family not in ("matmul", "embedding"):
+            # An op of the model's own forward, outside its modules (a ViT's class token
+            # joined to its patches, positions added): no module boundary to put a style on,
+            # so it runs whole on every rank (with sequence parallelism, a split there is
+            # refused by name: ``LayerCosts.tp_plan``).
+            return all(lp is None for lp in loops)
+        if node.family == "conv":
             # A convolution stays whole on every tensor-parallel rank: no TP style of the
             # runtime (``planner.runtime.apply.tp_style``) splits one, and Megatron-LM keeps
             # a ViT's patch embedding whole too (a plain torch.nn.Linear on every rank,
             # megatron/legacy/model/vision/vit_backbone.py).
             return all(lp is None for lp in loops)
-        light = self.sequence_parallel and self.graph.node(v).family in _LIGHT
+        light = self.sequence_parallel and node.family in _LIGHT
         for size, lp in zip(self.mesh.shape, loops, strict=True):
             if size > 1 and lp is not None and not light \
                     and self._on_tokens(v, lp, self.token_dims):

@@ -146,6 +146,11 @@ def test_an_images_pixels_are_its_tokens() -> None:
     attn = [label for _v, module, _op, label, _lay in costs.layouts[2]
             if module == "blocks.0.self_attn"]
     assert attn == ["R|n", "R|h", "R|k"]
+    # Its patch convolution, and the class token and positions its own forward adds, stay
+    # whole: no module boundary (or TP style) to split them on, as planner.apply runs them.
+    stem = [(op.split(".")[1], label) for _v, module, op, label, _lay in costs.layouts[2]
+            if module in ("", "patch")]
+    assert stem == [("convolution", "R|R"), ("cat", "R|R"), ("add", "R|R")]
     (block,) = costs.layer_blocks()
     assert block.at(2).forward_flops < 0.6 * block.at(1).forward_flops
 
