@@ -276,6 +276,14 @@ def _cut(queue: list[_Piece], sizes: list[int]) -> list[tuple[_Piece, ...]]:
     return [tuple((d, 0, 0) for d in dims) if size > 1 else () for size in sizes]
 
 
+def _holds_tokens(inp: _Input, d: int, tokens: dict[int, frozenset[int]]) -> bool:
+    """Whether dim ``d`` of a consumer's input ``inp`` runs along a token dim of its source
+    (``tokens``, per node); every dim of a model input does (its samples and tokens)."""
+    if inp.source < 0:
+        return not inp.param and not inp.constant
+    return not inp.spans[d].isdisjoint(tokens.get(inp.source, ()))
+
+
 #: Seconds charged for a conversion ``tensor_parallel`` bars (a cost no layout approaches,
 #: so the ILP never picks it while any other layout exists).
 _BARRED_S = 1e3
@@ -424,19 +432,9 @@ class ShardingProblem:
         concatenation has no loop along the dim it joins: a ViT's class token joined to its
         patches along the sequence leaves a sequence of tokens)."""
         shape = self.graph.node(v).shape
-        out: set[int] = set()
-        for inp in self.inputs[v]:
-            if len(inp.spans) != len(shape):
-                continue
-            for d, span in enumerate(inp.spans):
-                if shape[d] <= 1:
-                    continue
-                if inp.source < 0:
-                    if not inp.param and not inp.constant and span:
-                        out.add(d)  # a model input: all its dims are samples and tokens
-                elif not span.isdisjoint(tokens.get(inp.source, ())):
-                    out.add(d)
-        return frozenset(out)
+        return frozenset(d for inp in self.inputs[v] if len(inp.spans) == len(shape)
+                         for d, span in enumerate(inp.spans)
+                         if shape[d] > 1 and span and _holds_tokens(inp, d, tokens))
 
     def _meets_tokens(self, v: int, tokens: dict[int, frozenset[int]]) -> bool:
         """Whether an input of node ``v`` carries the micro-batch's samples or tokens: a model
@@ -449,15 +447,8 @@ class ShardingProblem:
         """Whether loop ``lp`` of node ``v`` runs along a token dim of one of its inputs (through
         views, along any dim its input dim runs along: ``[batch * seq]`` viewed as ``[batch,
         seq]`` has tokens on both)."""
-        for inp, d in zip(self.inputs[v], lp.ins, strict=False):
-            if d is None or d >= len(inp.dims):
-                continue
-            if inp.source < 0:
-                if not inp.param and not inp.constant:
-                    return True  # a model input: all its dims are samples and tokens
-            elif not inp.spans[d].isdisjoint(tokens.get(inp.source, ())):
-                return True
-        return False
+        return any(d is not None and d < len(inp.dims) and _holds_tokens(inp, d, tokens)
+                   for inp, d in zip(self.inputs[v], lp.ins, strict=False))
 
     def mixes_tokens(self, v: int) -> bool:
         """Whether node ``v`` reduces or contracts over the samples or tokens of the micro-batch
