@@ -179,13 +179,18 @@ class _TPCollectives:
     (reduce-scatter alike) of one activation, one forward pass's (``per_pass``: without SP two
     all-reduces, with SP two all-gathers and two reduce-scatters), whether Megatron-LM's
     userbuffers or torchtitan's async TP pipeline them with their matmuls (``pipelined``) and
-    the share of a matmul that hides a chunk (``chunked``, ``(tp - 1) / tp``)."""
+    the share of a matmul that hides a chunk (``chunked``, ``(tp - 1) / tp``).
+    ``gather``: one SP all-gather feeding a matmul (``_float8_gather``; ``ag`` but where it
+    moves float8); ``fused_gather``: whether async TP fuses those all-gathers with their
+    matmuls (``_float8_gather``)."""
 
     ar: np.ndarray
     ag: np.ndarray
     per_pass: np.ndarray
     pipelined: bool
     chunked: np.ndarray
+    gather: np.ndarray
+    fused_gather: bool = True
 
 
 @dataclass(frozen=True)
@@ -211,8 +216,14 @@ def _tp_forward(c: _TPCollectives, sp: np.ndarray, lc: LayerCompute) -> np.ndarr
     (megatron/core/model_parallel_config.py: tp_comm_overlap, tp_comm_overlap_ag/_rs)."""
     if not c.pipelined:
         return c.per_pass
-    gemms = (lc.qkv_gemm, lc.proj_gemm, lc.up_gemm, lc.down_gemm)
-    return np.where(sp, sum(overlap(c.ag, c.chunked * w) for w in gemms), c.per_pass)
+    # All-gathers into the column-parallel matmuls (QKV, MLP input; in backward, the output
+    # gradients' into the row-parallel ones), reduce-scatters out of the others.
+    if c.fused_gather:
+        gathers = sum(overlap(c.gather, c.chunked * w) for w in (lc.qkv_gemm, lc.up_gemm))
+    else:
+        gathers = 2 * c.gather
+    scatters = sum(overlap(c.ag, c.chunked * w) for w in (lc.proj_gemm, lc.down_gemm))
+    return np.where(sp, gathers + scatters, c.per_pass)
 
 
 def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute) -> np.ndarray:
@@ -301,6 +312,28 @@ def _tp_pipelined(r: Rows) -> bool:
     return r.fw in ("megatron", "torchtitan") and r.job.tp_comm_overlap
 
 
+def _float8_gather(r: Rows) -> tuple[float, bool]:
+    """(bytes per element of the SP all-gathers that feed matmuls, whether async TP fuses
+    them with their matmuls).
+
+    torchtitan with torchao's tensorwise float8 puts ``Float8ColwiseParallel``,
+    ``Float8RowwiseParallel`` and ``PrepareFloat8ModuleInput`` on its TP linears: a linear's
+    input is cast to float8 before its forward all-gather, and a row-parallel output's
+    gradient before the all-gather that is its reduce-scatter's backward, so every SP
+    all-gather moves one byte per element; the reduce-scatters stay bf16 (torchao/float8/
+    float8_tensor_parallel.py; torchtitan's parallelize ``apply_tp`` takes those styles for
+    the tensorwise recipe only: rowwise, its all-gathers move bf16). With the rowwise
+    recipe, async TP's pattern match of all-gather then matmul misses the row-scaled matmul,
+    so those all-gathers run unfused (pytorch/pytorch#149990, March 2025; torchtitan
+    benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md: async TP adds 4-6 % rowwise
+    against 9-16 % tensorwise and bf16)."""
+    if r.fw != "torchtitan" or r.job.precision != "fp8":
+        return r.e, True
+    if r.job.float8_recipe == "rowwise":
+        return r.e, False
+    return 1.0, True
+
+
 def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
                ) -> _TPLayers:
     """One layer's TP collectives per micro-batch (``_TPLayers``) per kernel group (per row
@@ -309,8 +342,11 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
     act = r.e * tokens * float(r.costs.hidden_size)  # one activation tensor, all of it
     ar = r.topo.all_reduce(act, tp, 1.0)
     ag = r.topo.all_gather(act, tp, 1.0)
-    c = _TPCollectives(ar=ar, ag=ag, per_pass=np.where(sp, 2 * (ag + ag), 2 * ar),
-                       pipelined=_tp_pipelined(r), chunked=(tp - 1) / tp)
+    width, fused = _float8_gather(r)
+    gather = ag if width == r.e else r.topo.all_gather(act * width / r.e, tp, 1.0)
+    c = _TPCollectives(ar=ar, ag=ag, per_pass=np.where(sp, 2 * (gather + ag), 2 * ar),
+                       pipelined=_tp_pipelined(r), chunked=(tp - 1) / tp, gather=gather,
+                       fused_gather=fused)
     fwd = [_tp_forward(c, sp, lc) for lc in layers]
     bwd = [_tp_backward(c, r, sp, lc) for lc in layers]
     # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:

@@ -693,3 +693,34 @@ def test_float8_rowwise_casts_write_a_transposed_copy_more() -> None:
         LLAMA, H100, dataclasses.replace(mg, float8_recipe="rowwise"), cfg)
     with pytest.raises(SpecError, match="float8_recipe"):
         Job(global_batch_size=8, seq_len=8192, float8_recipe="delayed")
+
+
+def test_torchtitan_float8_tensorwise_gathers_float8_and_rowwise_async_tp_gathers_unfused(
+        ) -> None:
+    # torchao's Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput
+    # (torchao/float8/float8_tensor_parallel.py), which torchtitan's apply_tp takes for the
+    # tensorwise recipe only, cast before each SP all-gather: an all-gather moves 1 byte per
+    # element, a reduce-scatter 2. Per layer and pass: 2 of each.
+    def tp(job: Job, cfg: ParallelConfig) -> tuple[float, float]:
+        t = estimate(LLAMA, H100, job, cfg).time_breakdown_s
+        return t["tp_comm"], t["tp_comm_total"]
+
+    cfg = ParallelConfig(dp=4, tp=8, zero_stage=3, micro_batch_size=2, sequence_parallel=True)
+    job = Job(global_batch_size=64, seq_len=8192, precision="fp8", framework="torchtitan",
+              compile=True)
+    row, bf16 = (dataclasses.replace(job, float8_recipe="rowwise"),
+                 dataclasses.replace(job, precision="bf16"))
+    (tw_exp, tw_all), (rw_exp, rw_all), (bf_exp, bf_all) = (tp(j, cfg) for j in (job, row, bf16))
+    assert rw_all == pytest.approx(bf_all, rel=1e-12)
+    # (1 + 2) / (2 + 2) in the layers; the embedding's and the LM head's collectives (no
+    # float8 linears there) and the latencies stay.
+    assert 0.75 < tw_all / rw_all < 0.8
+    # Megatron-LM's fp8 (Transformer Engine) is left as it was: bf16 gathers.
+    mg = [tp(dataclasses.replace(j, framework="megatron"), cfg)[1] for j in (job, bf16)]
+    assert mg[0] == pytest.approx(mg[1], rel=1e-12)
+    # Async TP hides gathers and scatters behind their matmuls, but its all-gather-matmul
+    # pattern misses the row-scaled matmul (pytorch/pytorch#149990): rowwise, only the
+    # reduce-scatters hide, so at least the two gathers per pass stay exposed.
+    on = [tp(dataclasses.replace(j, tp_comm_overlap=True), cfg)[0] for j in (job, row, bf16)]
+    assert on[0] < tw_exp and on[2] < bf_exp and on[1] < rw_exp
+    assert on[1] > on[2] and on[1] >= 0.5 * rw_exp * (1 - 1e-9)
