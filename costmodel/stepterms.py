@@ -277,10 +277,14 @@ def tensor_parallel(r: Rows) -> TensorParallel:
     if r.job.distribute_saved_activations:
         gather = r.rec_layers * np.where(r.sp, 0.0, per.ag)
         rec = rec + gather
+    # Per-op selective AC gathers again in backward (_op_sac_regathers).
+    op_sac = r.a.recompute == 1
+    regather = [np.where(op_sac, x, 0.0) for x in per.regather]
     return TensorParallel(
-        exposed=r.per_stage([f + b for f, b in zip(per.fwd, per.bwd, strict=True)], per.emb,
+        exposed=r.per_stage([f + b + g for f, b, g in zip(per.fwd, per.bwd, regather,
+                                                           strict=True)], per.emb,
                             per.head) + rec,
-        layer_total=(per.total,) * len(r.layers),
+        layer_total=tuple(per.total + np.where(op_sac, x, 0.0) for x in per.regather_total),
         emb=per.emb, head=per.head, rec_total=r.rec_layers * per.per_pass + gather)
 
 
@@ -288,7 +292,8 @@ def tensor_parallel(r: Rows) -> TensorParallel:
 class _TPLayers:
     """One layer's TP collectives per micro-batch, seconds: exposed in forward and in
     backward (per kind of layer), the embedding's and the head's, one forward pass's, one
-    all-gather, and a layer's in all."""
+    all-gather, and a layer's in all; what per-op selective AC gathers again in backward
+    (per kind: exposed, all of it; ``_op_sac_regathers``)."""
 
     fwd: list[np.ndarray]
     bwd: list[np.ndarray]
@@ -297,11 +302,13 @@ class _TPLayers:
     per_pass: np.ndarray
     ag: np.ndarray
     total: np.ndarray
+    regather: list[np.ndarray]
+    regather_total: list[np.ndarray]
 
     def spread(self, groups: Distinct) -> _TPLayers:
         """These, per group of ``groups``, per row."""
-        return _TPLayers(fwd=[groups.spread(x) for x in self.fwd],
-                         bwd=[groups.spread(x) for x in self.bwd],
+        return _TPLayers(**{k: [groups.spread(x) for x in getattr(self, k)]
+                            for k in ("fwd", "bwd", "regather", "regather_total")},
                          **{k: groups.spread(getattr(self, k))
                             for k in ("emb", "head", "per_pass", "ag", "total")})
 
@@ -349,6 +356,7 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
                        fused_gather=fused)
     fwd = [_tp_forward(c, sp, lc) for lc in layers]
     bwd = [_tp_backward(c, r, sp, lc) for lc in layers]
+    regather = [_op_sac_regathers(r, c, sp, lc, k) for k, lc in enumerate(layers)]
     # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
     # all-gather of its input with SP, all-reduce of the input gradient without; the
     # vocabulary-parallel cross entropy all-reduces 3 fp32 values per token (max, sum, target).
@@ -356,7 +364,37 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
     head = np.where(sp, 2 * ag, ar) + 3 * r.topo.all_reduce(4.0 * tokens, tp, 1.0)
     total = 2 * c.per_pass + np.where(sp & (r.fw == "megatron"), 2 * ag, 0.0)
     return _TPLayers(fwd=fwd, bwd=bwd, emb=emb, head=head, per_pass=c.per_pass, ag=ag,
-                     total=total)
+                     total=total, regather=[x for x, _ in regather],
+                     regather_total=[x for _, x in regather])
+
+
+def _op_sac_regathers(r: Rows, c: _TPCollectives, sp: np.ndarray, lc: LayerCompute,
+                      kind: int) -> tuple[np.ndarray, np.ndarray]:
+    """What torchtitan's per-op selective AC (``Framework.selective_recompute`` "op") adds
+    to one layer's backward under TP with SP, seconds per micro-batch: (exposed, all of it).
+
+    Its policy saves the outputs of matmuls (but every second), of the attention kernel and
+    of reduce-scatters and all-to-alls, not of all-gathers (torchtitan's
+    ``_apply_ac_to_transformer_block`` ``_save_list``; its later ``_COMM_OPS``, the
+    collectives saved "to avoid re-communication"). The all-gathered inputs of the attention
+    and MLP projections are read again by their weight-gradient matmuls, so backward
+    recomputes the norm and gathers them again: two all-gathers more per layer (one for a
+    MoE layer, whose expert block it keeps as without recompute). Under async TP a gather
+    hides behind the recomputed matmul it feeds (the K projection; the gated MLP's w3; a
+    plain MLP's fc1 is saved, so nothing)."""
+    zero = 0.0 * sp
+    if framework(r.job.framework).selective_recompute != "op":
+        return zero, zero
+    model = r.costs.spec
+    assert model is not None
+    mlp = 0.0 if r.costs.routed(kind) else 1.0
+    if c.pipelined and c.fused_gather:
+        k_share = model.kv_dim / (model.q_dim + 2.0 * model.kv_dim)
+        exposed = overlap(c.gather, c.chunked * k_share * lc.qkv_gemm) + mlp * (
+            overlap(c.gather, c.chunked * 0.5 * lc.up_gemm) if model.gated_mlp else c.gather)
+    else:
+        exposed = (1.0 + mlp) * c.gather
+    return np.where(sp, exposed, zero), np.where(sp, (1.0 + mlp) * c.gather, zero)
 
 
 def context_parallel(r: Rows) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:

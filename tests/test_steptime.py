@@ -695,6 +695,33 @@ def test_float8_rowwise_casts_write_a_transposed_copy_more() -> None:
         Job(global_batch_size=8, seq_len=8192, float8_recipe="delayed")
 
 
+def test_torchtitans_per_op_sac_gathers_again_in_backward() -> None:
+    # torchtitan's per-op selective AC saves matmul, attention and reduce-scatter outputs,
+    # not all-gathers (torchtitan _apply_ac_to_transformer_block's _save_list): under TP with
+    # SP, backward gathers the attention and MLP inputs again, 2 all-gathers per layer more.
+    cfg = ParallelConfig(dp=4, tp=8, zero_stage=3, micro_batch_size=2, sequence_parallel=True)
+    job = Job(global_batch_size=64, seq_len=8192, framework="torchtitan", compile=True)
+    sel = dataclasses.replace(cfg, recompute="selective")
+
+    def tp(j: Job, c: ParallelConfig) -> tuple[float, float]:
+        t = estimate(LLAMA, H100, j, c).time_breakdown_s
+        return t["tp_comm"], t["tp_comm_total"]
+
+    act = 2.0 * 2 * 8192 * LLAMA.hidden_size  # bf16, micro-batch 2
+    gather = Topology.of(H100, {"tp": 8}).all_gather(np.array([act]), np.array([8.0]), 1.0)
+    extra = 8 * LLAMA.num_layers * 2 * float(gather[0])  # 8 micro-batches a step
+    (e0, t0), (e1, t1) = tp(job, cfg), tp(job, sel)
+    assert t1 - t0 == pytest.approx(extra, rel=1e-6)
+    assert e1 - e0 == pytest.approx(extra, rel=1e-6)  # all exposed without async TP
+    # Async TP hides them behind the recomputed matmuls they feed (K projection, w3).
+    on = dataclasses.replace(job, tp_comm_overlap=True)
+    (a0, _), (a1, _) = tp(on, cfg), tp(on, sel)
+    assert 0 < a1 - a0 < extra
+    # Megatron-LM's selective recompute (the attention core) gathers nothing more.
+    mg = dataclasses.replace(job, framework="megatron", compile=False)
+    assert tp(mg, sel)[1] == pytest.approx(tp(mg, cfg)[1], rel=1e-12)
+
+
 def test_torchtitan_float8_tensorwise_gathers_float8_and_rowwise_async_tp_gathers_unfused(
         ) -> None:
     # torchao's Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput
