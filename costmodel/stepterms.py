@@ -307,10 +307,14 @@ class _TPLayers:
 
     def spread(self, groups: Distinct) -> _TPLayers:
         """These, per group of ``groups``, per row."""
-        return _TPLayers(**{k: [groups.spread(x) for x in getattr(self, k)]
-                            for k in ("fwd", "bwd", "regather", "regather_total")},
-                         **{k: groups.spread(getattr(self, k))
-                            for k in ("emb", "head", "per_pass", "ag", "total")})
+        def each(xs: list[np.ndarray]) -> list[np.ndarray]:
+            return [groups.spread(x) for x in xs]
+
+        return _TPLayers(fwd=each(self.fwd), bwd=each(self.bwd), emb=groups.spread(self.emb),
+                         head=groups.spread(self.head), per_pass=groups.spread(self.per_pass),
+                         ag=groups.spread(self.ag), total=groups.spread(self.total),
+                         regather=each(self.regather),
+                         regather_total=each(self.regather_total))
 
 
 def _tp_pipelined(r: Rows) -> bool:
