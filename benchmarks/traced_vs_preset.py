@@ -7,8 +7,10 @@ against the preset's formulas (``LayerCosts.of(spec)``) on the same grid of conf
 
 Prints, per model: the largest relative difference of any memory term, the range of the
 traced / preset step-time ratio, the Spearman rank correlation of the step times over the
-grid, and whether ``planner.plan`` picks the same configuration. torchtitan's conventions
-(eager kernels, which the reference module runs) under FSDP (ZeRO 2, 3).
+grid, whether ``planner.plan`` picks the same configuration, and the ratio of the two plans'
+step times. torchtitan's conventions (eager kernels, which the reference module runs) under
+FSDP (ZeRO 2, 3). The four dense presets, and the small mixture of experts of the traced MoE
+test (``tests/test_layercosts.py``).
 """
 
 from __future__ import annotations
@@ -42,9 +44,15 @@ def main() -> None:
     cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
     job = Job(global_batch_size=64, seq_len=SEQ, framework="torchtitan")
     print(f"{'model':<14s} {'memory max err':>15s} {'step ratio':>14s} {'spearman':>9s} "
-          f"{'same plan':>10s}")
-    for name in ("llama-3.2-1b", "llama-3-8b", "gpt3-350m", "gpt3-2.7b"):
-        spec = ModelSpec.preset(name)
+          f"{'same plan':>10s} {'plan step':>10s}")
+    # The four dense presets, and a small mixture of experts (top-2 of 8), whose reference
+    # module dispatches through fixed capacities where the formulas count torchtitan's
+    # eager routing kernels (tests/test_layercosts.py, the traced MoE test).
+    moe = ModelSpec(name="small-moe", num_layers=8, hidden_size=1024, num_heads=16,
+                    num_kv_heads=8, vocab_size=32000, ffn_hidden_size=2816, gated_mlp=True,
+                    num_experts=8, top_k=2, moe_ffn_hidden_size=1408)
+    for name in ("llama-3.2-1b", "llama-3-8b", "gpt3-350m", "gpt3-2.7b", moe.name):
+        spec = moe if name == moe.name else ModelSpec.preset(name)
         if spec.vocab_size % 64:  # padded as trainers pad it (a vocabulary-parallel head)
             spec = dataclasses.replace(spec, vocab_size=-(-spec.vocab_size // 64) * 64)
         module = build_model(spec, device="meta", dropout=0.1 if spec.dropout else 0.0)
@@ -63,10 +71,11 @@ def main() -> None:
         tw, tg = time_table(spec, cluster, job, a, mw), time_table(traced, cluster, job, a, mg)
         ratio = tg.step_time / tw.step_time
         rho = spearmanr(tw.step_time, tg.step_time).correlation
-        same = planner.plan(traced, cluster, job).config == planner.plan(spec, cluster,
-                                                                          job).config
+        got, want = planner.plan(traced, cluster, job), planner.plan(spec, cluster, job)
+        plan_ratio = (got.estimate.step_time_s or 0.0) / (want.estimate.step_time_s or 1.0)
         print(f"{name:<14s} {100 * err:>14.2f}% {ratio.min():>6.3f}-{ratio.max():.3f}x "
-              f"{rho:>9.3f} {'yes' if same else 'no':>10s}")
+              f"{rho:>9.3f} {'yes' if got.config == want.config else 'no':>10s} "
+              f"{plan_ratio:>9.3f}x")
 
 
 if __name__ == "__main__":
