@@ -341,7 +341,7 @@ class LayerCosts:
                 out[module] = style
         attention = self.multihead_attention
         for module, ops in own.items():
-            style = _multi_matmul_style(ops, matmuls)
+            style = _multi_matmul_style(ops, matmuls, self.micro_batch_size == 1)
             if style == "heads" and attention is not None and module not in attention:
                 style = "custom"  # split by heads, but not an nn.MultiheadAttention
             if style:
@@ -925,17 +925,29 @@ class SpreadCompute(LayerCompute):
         return value
 
 
-def _multi_matmul_style(ops: Sequence[tuple[str, str]], matmuls: Sequence[str]) -> str:
+#: Batched matmuls: an unfused attention's scores and weighted sum over ``[batch * heads]``.
+BATCHED_MATMULS = ("bmm", "baddbmm")
+
+
+def _multi_matmul_style(ops: Sequence[tuple[str, str]], matmuls: Sequence[str],
+                        one_sequence: bool = False) -> str:
     """The TP style of a module running several matmuls itself, from its ops' (name, split)
     in order (``LayerCosts.tp_plan``): ``heads`` for Megatron-LM's split of attention (every
-    matmul but the last split by output features, the last by input features, an attention
-    split by heads), ``""`` where all its matmuls are whole, else ``custom``."""
+    matmul but the last split by output features, the last by input features, its core
+    split by heads), ``""`` where all its matmuls are whole, else ``custom``. The core is a
+    fused attention split by heads (``h``), or an unfused one (``nn.MultiheadAttention``
+    asked for its weights) whose batched matmuls are split along their batch loop, which
+    runs over the sequences and the heads: the heads where the module was traced on one
+    sequence (``one_sequence``), else unknown (``custom``)."""
     splits = [split for name, split in ops if name in matmuls]
     if all(x == "R" for x in splits):
         return ""
-    attention = [split for name, split in ops if "attention" in name]
+    fused = [split for name, split in ops if "attention" in name]
+    unfused = [split for name, split in ops if name in BATCHED_MATMULS]
+    core = all(x == "h" for x in fused) and bool(fused or unfused) and (
+        not unfused or (one_sequence and all(x == "b" for x in unfused)))
     if len(splits) >= 2 and all(x == "n" for x in splits[:-1]) and splits[-1] == "k" \
-            and attention and all(x == "h" for x in attention):
+            and core:
         return "heads"
     return "custom"
 

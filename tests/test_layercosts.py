@@ -576,6 +576,15 @@ def test_a_module_running_several_matmuls_is_styled_by_its_splits() -> None:
     assert _multi_matmul_style([("mm", "n"), ("add", "R"), (sdpa, "R"), ("addmm", "R")],
                                mm) == "custom"
     assert _multi_matmul_style([("mm", "n"), ("addmm", "k")], mm) == "custom"  # no attention
+    # nn.MultiheadAttention asked for its weights: its attention unfused, batched matmuls
+    # over [sequences x heads] split along that loop, the heads' only where the module was
+    # traced on one sequence.
+    unfused = [("addmm", "n"), ("mul", "R"), ("bmm", "b"), ("_softmax", "d0"), ("bmm", "b"),
+               ("addmm", "k"), ("mean", "sum")]
+    assert _multi_matmul_style(unfused, mm, one_sequence=True) == "heads"
+    assert _multi_matmul_style(unfused, mm, one_sequence=False) == "custom"
+    whole_core = [(n, "R" if n == "bmm" else x) for n, x in unfused]
+    assert _multi_matmul_style(whole_core, mm, one_sequence=True) == "custom"
 
 
 def test_only_an_nn_multihead_attention_is_split_by_heads() -> None:

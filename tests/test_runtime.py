@@ -130,6 +130,10 @@ MODULES = {
     # nn.MultiheadAttention and an MLP module per block: sequence parallel runs on it.
     "attention_lm": ("runtime_models:AttentionLM", {"vocab": 64, "dim": 32, "heads": 4,
                                                     "layers": 2}, [2, 8], True),
+    # ... its attention asked for its weights, so run unfused; traced on one sequence, where
+    # the batched matmuls' batch loop is the heads.
+    "attention_lm_weights": ("runtime_models:AttentionLM", {
+        "vocab": 64, "dim": 32, "heads": 4, "layers": 2, "need_weights": True}, [1, 8], True),
 }
 #: SGD's learning rate for them: their losses move visibly, none diverges in 5 steps.
 LR_MODULE = 0.05
@@ -152,6 +156,9 @@ MODULE_CASES = {
     # its output, the norms split along it.
     "attention_lm_tp_sp_dp": ("attention_lm", {"tp": 2, "dp": 2, "sequence_parallel": True,
                                                "micro_batch_size": 2}),
+    # nn.MultiheadAttention unfused (need_weights=True), split by heads all the same.
+    "attention_lm_weights_tp_dp": ("attention_lm_weights", {"tp": 2, "dp": 2,
+                                                            "micro_batch_size": 2}),
 }
 
 
@@ -612,20 +619,24 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     assert {costs.tp_plan(2)[m] for m in (
         "encoder.*.self_attn", "decoder.*.self_attn", "decoder.*.multihead_attn")} == {"heads"}
     check(make_plan({"dp": 2, "tp": 2}, costs, job))
-    # Asked for its weights, nn.MultiheadAttention runs its attention unfused, which the ILP
-    # splits in a layout no style runs: refused by name.
+    # Asked for its weights, nn.MultiheadAttention runs its attention unfused: batched
+    # matmuls over [sequences x heads], which the ILP splits by heads where it was traced on
+    # one sequence (runs: attention_lm_weights_tp_dp); traced on two, its split is not known
+    # to be the heads': refused by name.
     from runtime_models import AttentionLM
 
-    tokens = torch.zeros(2, 8, dtype=torch.long)
-    for need_weights, refused in ((False, False), (True, True)):
+    for need_weights, batch, refused in ((False, 2, False), (True, 1, False), (True, 2, True)):
+        tokens = torch.zeros(batch, 8, dtype=torch.long)
         with torch.device("meta"):
             lm = LayerGraph.from_module(AttentionLM(need_weights=need_weights), tokens)
-        costs = LayerCosts.from_graph(lm, cluster, job, tp_degrees=(1, 2))
+        costs = LayerCosts.from_graph(lm, cluster, dataclasses.replace(job, seq_len=8),
+                                      tp_degrees=(1, 2))
         if refused:
             with pytest.raises(SpecError, match=r"blocks\.\*\.attn runs more than one matmul "
-                               r"itself.*need_weights=False"):
+                               r"itself.*one sequence"):
                 check(make_plan({"dp": 2, "tp": 2}, costs, job))
         else:
+            assert costs.tp_plan(2)["blocks.*.attn"] == "heads"
             check(make_plan({"dp": 2, "tp": 2}, costs, job))
     # Sequence parallel: the preset's TP plan, read off the layouts (but the embedding, which
     # the ILP splits by columns and hands on as sequence shards).

@@ -124,9 +124,11 @@ def _traced_unsupported(costs: LayerCosts, cfg: ParallelConfig, reference: bool)
             if custom:
                 out.append(f"tensor parallel (tp={cfg.tp}): {', '.join(custom[:3])} runs "
                            "more than one matmul itself, split in a layout no style runs "
-                           "(nn.MultiheadAttention runs split by heads where its attention "
-                           "is fused: called with need_weights=False, as "
-                           "nn.TransformerEncoderLayer calls it); plan it with --tp 1")
+                           "(nn.MultiheadAttention runs split by heads; asked for its "
+                           "weights it runs its attention unfused, whose split is known to "
+                           "be by heads only where the module was traced on one sequence: "
+                           "trace it so, or call it with need_weights=False); plan it with "
+                           "--tp 1")
     tied = any(c.shared_params for b in costs.blocks for c in b.by_tp.values())
     if reference and tied and cfg.tp > 1:
         out.append("tied input and output embeddings split over tensor-parallel ranks are "
