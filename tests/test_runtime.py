@@ -58,6 +58,11 @@ BF16 = dataclasses.replace(JOB, precision="bf16")  # FSDP: bf16 compute, fp32 st
 #: belongs), SGD's is not; AdamW cases check its sharded states.
 LR = {"adamw": 1e-2, "sgd": 0.3}
 TOL = 1e-5
+#: fp32 AdamW: its update divides by the root of the second moment, so the last bits in which
+#: a split run's gradients differ (TP's and PP's other order of summation) grow step by step:
+#: tied_tp_pp_adamw measured 5e-7 at step 1 and 1.0e-5 at step 5 on one machine, under
+#: 1e-5 on another. A wrong gradient moves the loss by 1e-2 and more.
+TOL_ADAMW = 3e-5
 #: bf16 against the fp32 run: 8 bits of mantissa in every op of the forward (FSDP's
 #: param_dtype) drift the loss by a few hundredths over 5 AdamW steps at this rate.
 TOL_BF16 = 5e-2
@@ -270,7 +275,8 @@ def test_loss_matches_one_process(results: dict[str, Any],
     _, job, model = _case(name)
     ref = reference[model.name, job.optimizer]
     assert ref[-1] < ref[0] - 0.1  # the reference does learn
-    tol = TOL_BF16 if job.precision == "bf16" else TOL
+    tol = TOL_BF16 if job.precision == "bf16" else TOL_ADAMW if job.optimizer == "adamw" \
+        else TOL
     for r in rows:  # every rank reports the same global loss
         assert r["losses"] == pytest.approx(ref, abs=tol), (r["rank"], r["losses"])
         assert r["losses"] == rows[0]["losses"]
