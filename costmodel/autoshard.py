@@ -170,9 +170,14 @@ class _Group:
         return st.ins[slot], st.grads[slot] if self.grad else None
 
 
-def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef) -> _Input:
+def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef,
+                   packed: frozenset[int] = frozenset()) -> _Input:
     """Input ``ref`` of an op traced back through the views that produced it to the real
-    node (or parameter, model input or constant: source -1), with the dims mapped."""
+    node (or parameter, model input or constant: source -1), with the dims mapped.
+    ``packed``: the matmuls whose output features may be split in any order, an
+    ``nn.MultiheadAttention``'s projections of packed weight rows, which its split by heads
+    reorders so that each rank holds its heads' query, key and value rows
+    (``planner.runtime.attention``): a view's heads are a split of those features."""
     dims: tuple[int | None, ...] = tuple(range(len(ref.shape)))
     src, param, nbytes, numel = ref.source, ref.param, ref.nbytes, ref.numel
     chain: list[OpNode] = []
@@ -186,7 +191,10 @@ def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef) 
             break
         up = node[src].inputs[0]
         src, param, nbytes, numel = up.source, up.param or param, up.nbytes, up.numel
-    spans = _spans(chain, ref.shape)
+    pieces = _pieces(chain, ref.shape)
+    spans = tuple(frozenset(p[0] for p in ps) for ps in pieces)
+    if src in packed:
+        dims = _packed_heads(dims, pieces, len(node[src].shape) - 1)
     if src < 0 and param and not fresh:
         # A parameter takes any layout: a slice of it (a packed projection's query rows) is
         # split along the dim it slices as the parameter is (``view_map`` leaves a sliced
@@ -211,6 +219,12 @@ def _spans(chain: Sequence[OpNode], shape: tuple[int, ...]) -> tuple[frozenset[i
     factor by factor (``[seq, batch, heads * head_dim]`` viewed as ``[seq, batch * heads,
     head_dim]`` and then as ``[batch, heads, seq, head_dim]``: the heads run along the
     first tensor's last dim only)."""
+    return tuple(frozenset(p[0] for p in ps) for ps in _pieces(chain, shape))
+
+
+def _pieces(chain: Sequence[OpNode], shape: tuple[int, ...]) -> list[tuple[_Piece, ...]]:
+    """The pieces of the start tensor's dims that each dim of the views ``chain``'s result
+    holds (``_spans``), unit pieces left out."""
     base = chain[-1].inputs[0].shape if chain and chain[-1].inputs else shape
     pieces: list[tuple[_Piece, ...]] = [((d, n, 1),) for d, n in enumerate(base)]
     for n in reversed(chain):
@@ -218,7 +232,23 @@ def _spans(chain: Sequence[OpNode], shape: tuple[int, ...]) -> tuple[frozenset[i
             pieces = [() for _ in n.shape]
             continue
         pieces = _view_pieces(n, pieces, n.inputs[0].shape)
-    return tuple(frozenset(p[0] for p in ps if p[1] != 1) for ps in pieces)
+    return [tuple(p for p in ps if p[1] != 1) for ps in pieces]
+
+
+def _packed_heads(dims: tuple[int | None, ...], pieces: Sequence[tuple[_Piece, ...]],
+                  features: int) -> tuple[int | None, ...]:
+    """``dims`` with the heads of a packed projection mapped to its output features
+    (``_through_views``): of the dims a view left unmapped that hold one piece of the
+    features dim, the outermost (``[batch, heads, seq, head_dim]`` of ``[tokens, 3 *
+    heads * head_dim]``: the heads, not the head's width)."""
+    if features in dims:
+        return dims
+    held = [(ps[0][2], d) for d, ps in enumerate(pieces)
+            if dims[d] is None and len(ps) == 1 and ps[0][0] == features and ps[0][1] > 1]
+    if not held:
+        return dims
+    d = max(held)[1]
+    return (*dims[:d], features, *dims[d + 1:])
 
 
 def _view_pieces(n: OpNode, pieces: list[tuple[_Piece, ...]], x: tuple[int, ...]
@@ -397,7 +427,13 @@ class ShardingProblem:
             at = i if i in saved else origin(i)
             if at in saved:
                 saved[at] += [(origin(src), nbytes) for src, nbytes in node[i].saved_from]
-        inputs = {v: [_through_views(node, constant, r) for r in node[v].inputs] for v in real}
+        # An nn.MultiheadAttention's projections of its packed weight (``_through_views``).
+        attention = set(g.multihead_attention)
+        packed = frozenset(v for v in real if node[v].family == "matmul"
+                           and node[v].module in attention
+                           and any(r.param for r in node[v].inputs))
+        inputs = {v: [_through_views(node, constant, r, packed) for r in node[v].inputs]
+                  for v in real}
         if not real:
             raise SpecError(f"{g.name}: the graph has no forward ops to shard")
         return real, inputs, saved

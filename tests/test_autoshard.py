@@ -153,6 +153,16 @@ def test_an_images_pixels_are_its_tokens() -> None:
     assert stem == [("convolution", "R|R"), ("cat", "R|R"), ("add", "R|R")]
     (block,) = costs.layer_blocks()
     assert block.at(2).forward_flops < 0.6 * block.at(1).forward_flops
+    # Its TP traffic is Megatron-LM's: the attention's and the MLP's output all-reduced
+    # forward, their input gradients backward, one activation each. The packed projection's
+    # query, key and value rows are split by heads (planner.runtime.attention reorders them
+    # so), so nothing gathers them; before, the views that pick a head out of the packed
+    # features left the heads unmapped and the ILP all-gathered the projection's output
+    # (three activations a layer).
+    act = 197 * 1024 * 2  # 196 patches and the class token, bf16
+    tp2 = block.at(2).collectives
+    assert tp2["all-reduce"] == pytest.approx(4 * act, rel=1e-9)
+    assert tp2.get("all-gather", 0.0) * block.repeat <= act * (1 + 1e-9)  # one in the stack
 
 
 def test_cross_attention_splits_the_heads_of_its_packed_projection() -> None:
