@@ -239,12 +239,14 @@ def _packed_heads(dims: tuple[int | None, ...], pieces: Sequence[tuple[_Piece, .
                   features: int) -> tuple[int | None, ...]:
     """``dims`` with the heads of a packed projection mapped to its output features
     (``_through_views``): of the dims a view left unmapped that hold one piece of the
-    features dim, the outermost (``[batch, heads, seq, head_dim]`` of ``[tokens, 3 *
-    heads * head_dim]``: the heads, not the head's width)."""
+    features dim, not its innermost (a head's width), the outermost (``[batch, heads, seq,
+    head_dim]`` of ``[tokens, 3 * heads * head_dim]``: the heads). Heads merged with the
+    sequences (``[batch * heads, seq, head_dim]``, batch > 1) hold two pieces: none."""
     if features in dims:
         return dims
     held = [(ps[0][2], d) for d, ps in enumerate(pieces)
-            if dims[d] is None and len(ps) == 1 and ps[0][0] == features and ps[0][1] > 1]
+            if dims[d] is None and len(ps) == 1 and ps[0][0] == features and ps[0][1] > 1
+            and ps[0][2] > 1]
     if not held:
         return dims
     d = max(held)[1]

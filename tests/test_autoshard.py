@@ -165,6 +165,27 @@ def test_an_images_pixels_are_its_tokens() -> None:
     assert tp2.get("all-gather", 0.0) * block.repeat <= act * (1 + 1e-9)  # one in the stack
 
 
+def test_a_packed_projections_heads_map_to_its_features() -> None:
+    """``_packed_heads``: a view's dim holding the heads of an nn.MultiheadAttention's packed
+    projection output ``[tokens, 3 * heads * head_dim]`` (source dim 1; pieces are (source
+    dim, size, inner)) maps to its features, which HeadParallel's row order splits by
+    heads; a head's width (the innermost piece) never does, nor heads merged with the
+    sequences."""
+    from costmodel.autoshard import _packed_heads
+
+    heads, width = (1, 16, 64), (1, 64, 1)
+    # [batch, heads, seq, head_dim], the batch and sequence mapped to the tokens (dim 0).
+    assert _packed_heads((0, None, 0, None), [((0, 2, 1),), (heads,), ((0, 8, 2),), (width,)],
+                         1) == (0, 1, 0, None)
+    # [heads, seq, head_dim] of one sequence: the heads.
+    assert _packed_heads((None, 0, None), [(heads,), ((0, 8, 1),), (width,)], 1) == (1, 0, None)
+    # [batch * heads, seq, head_dim] of two sequences: not the heads alone, not the width.
+    assert _packed_heads((None, 0, None), [((0, 2, 8), heads), ((0, 8, 1),), (width,)],
+                         1) == (None, 0, None)
+    # Already mapped: unchanged.
+    assert _packed_heads((0, 1), [((0, 8, 1),), ((1, 3072, 1),)], 1) == (0, 1)
+
+
 def test_cross_attention_splits_the_heads_of_its_packed_projection() -> None:
     """nn.MultiheadAttention attending to another sequence (a T5-style decoder's attention
     over the encoder's output, ``planner.examples.EncoderDecoder``) slices its packed input
