@@ -350,6 +350,29 @@ class LayerCosts:
             out.update(self._sequence_styles(tp, out))
         return {_pattern(m, runs): style for m, style in out.items()}
 
+    def tp_refusal(self, tp: int, sequence_parallel: bool) -> str:
+        """Why ``planner.apply`` would not run this traced graph's layout at TP degree ``tp``
+        (with or without sequence parallelism); ``""`` where it would, and always for tp 1
+        and a preset's formulas. Refused: a module that runs more than one matmul itself,
+        split in a layout no style runs (``tp_plan``'s ``custom``), and a sequence split the
+        model's own forward would have to make (``tp_plan``'s ``SpecError``)."""
+        if tp == 1 or self.spec is not None:
+            return ""
+        try:
+            styles = self.variant(sequence_parallel).tp_plan(tp)
+        except SpecError as e:
+            return (f"tensor parallel (tp={tp}) of this traced module's plan is not run "
+                    f"({e}); plan it with --tp 1 or without sequence parallel")
+        custom = sorted(k for k, v in styles.items() if v == "custom")
+        if not custom:
+            return ""
+        return (f"tensor parallel (tp={tp}): {', '.join(custom[:3])} runs more than one "
+                "matmul itself, split in a layout no style runs (nn.MultiheadAttention runs "
+                "split by heads; asked for its weights it runs its attention unfused, whose "
+                "split is known to be by heads only where the module was traced on one "
+                "sequence: trace it so, or call it with need_weights=False); plan it with "
+                "--tp 1")
+
     def _sequence_styles(self, tp: int, styles: Mapping[str, str]) -> dict[str, str]:
         """The ``norm`` and ``block_input`` styles of a sequence-parallel layout at ``tp``
         (``tp_plan``), by module path; ``styles``: the linears' and embeddings' styles."""

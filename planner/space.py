@@ -57,6 +57,9 @@ RULES: dict[str, str] = {
                  "mix tokens in fused attention alone (ring attention)",
     "sp_traced": "a traced graph is costed with the sequence parallelism its blocks were "
                  "sharded with (LayerCosts.sp_options)",
+    "tp_runs": "a traced graph's TP layout runs: no module split in a layout no TP style "
+               "runs, no sequence split inside the model's own forward "
+               "(LayerCosts.tp_refusal)",
     "pp_layers": "a pipeline stage holds at least one layer: pp <= layers",
     "pp_inputs": "the first pipeline stage (chunk) holds the layers before the model's last "
                  "op that reads its own inputs: torch.distributed.pipelining gives a later "
@@ -499,6 +502,14 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     world, gpn, L = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
     traced = isinstance(model, LayerCosts) and model.spec is None
     need = model.first_stage_layers
+    refused: dict[tuple[int, bool], bool] = {}
+
+    def runs(tp: int, sp: bool) -> bool:
+        """Whether planner.apply runs the traced layout at ``tp`` (``tp_runs``)."""
+        if (tp, sp) not in refused:
+            refused[tp, sp] = bool(LayerCosts.of(model).tp_refusal(tp, sp))
+        return not refused[tp, sp]
+
     tps = f.keep("tp", divisors(world), [("tp_node", lambda t: gpn % t == 0),
                                          *_tp_rules(model)])
     cores: list[tuple[int, ...]] = []
@@ -533,6 +544,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                                or (job.seq_len // cp) % tp == 0),
                               ("sp_traced", lambda s: not traced
                                or s in LayerCosts.of(model).sp_options),
+                              ("tp_runs", lambda s, tp=tp: not traced or runs(tp, s)),
                               ("sp_framework", lambda s: not s or fw.sequence_parallel)])
                 mbss = f.keep("micro_batch_size", divisors(job.global_batch_size // dp))
                 eps = f.keep("ep", divisors(dp * cp) if model.is_moe else [1], [

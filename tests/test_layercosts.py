@@ -496,7 +496,10 @@ def test_one_search_weighs_a_traced_module_with_and_without_sequence_parallel() 
     from costmodel.tables import evaluate
     from planner.space import COLUMNS, Constraints, arrays, build_space
 
-    graph, _spec, degrees = _graph("gpt3-125m")
+    # A decoder with rotary positions (GPT's learned ones, added in the model's own forward,
+    # have no module boundary to split the sequence on: its SP layouts are not searched,
+    # rule tp_runs).
+    graph, _spec, degrees = _graph("llama-3.2-1b")
     cluster = Cluster(gpu="a100-80gb", num_nodes=1, gpus_per_node=8)
     job = Job(global_batch_size=32, seq_len=SEQ, framework="megatron")
     both = LayerCosts.from_graph(graph, cluster, job, tp_degrees=degrees,

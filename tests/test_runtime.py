@@ -631,6 +631,8 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     # to be the heads': refused by name.
     from runtime_models import AttentionLM
 
+    from planner.space import CORE, build_space
+
     for need_weights, batch, refused in ((False, 2, False), (True, 1, False), (True, 2, True)):
         tokens = torch.zeros(batch, 8, dtype=torch.long)
         with torch.device("meta"):
@@ -644,6 +646,11 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
         else:
             assert costs.tp_plan(2)["blocks.*.attn"] == "heads"
             check(make_plan({"dp": 2, "tp": 2}, costs, job))
+        # The search offers only the TP layouts planner.apply runs.
+        space = build_space(costs, cluster, dataclasses.replace(job, seq_len=8))
+        tps = set(space.cores[:, CORE.index("tp")].tolist())
+        assert tps == ({1} if refused else {1, 2})
+        assert ("tp_runs" in space.rejected) == refused
     # Sequence parallel: the preset's TP plan, read off the layouts (but the embedding, which
     # the ILP splits by columns and hands on as sequence shards).
     sp = make_plan({"dp": 2, "tp": 2, "sequence_parallel": True}, traced, SGD)

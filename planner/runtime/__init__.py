@@ -113,22 +113,9 @@ def _reference_unsupported(model: ModelSpec, cfg: ParallelConfig) -> list[str]:
 def _traced_unsupported(costs: LayerCosts, cfg: ParallelConfig, reference: bool) -> list[str]:
     """What ``apply`` does not run yet of a traced module's plan."""
     out = []
-    if cfg.tp > 1:
-        try:
-            styles = costs.variant(cfg.sequence_parallel).tp_plan(cfg.tp)
-            custom = sorted(k for k, v in styles.items() if v == "custom")
-        except SpecError as e:
-            out.append(f"tensor parallel (tp={cfg.tp}) of this traced module's plan is not "
-                       f"run ({e}); plan it with --tp 1 or without sequence parallel")
-        else:
-            if custom:
-                out.append(f"tensor parallel (tp={cfg.tp}): {', '.join(custom[:3])} runs "
-                           "more than one matmul itself, split in a layout no style runs "
-                           "(nn.MultiheadAttention runs split by heads; asked for its "
-                           "weights it runs its attention unfused, whose split is known to "
-                           "be by heads only where the module was traced on one sequence: "
-                           "trace it so, or call it with need_weights=False); plan it with "
-                           "--tp 1")
+    refusal = costs.tp_refusal(cfg.tp, cfg.sequence_parallel)
+    if refusal:
+        out.append(refusal)
     tied = any(c.shared_params for b in costs.blocks for c in b.by_tp.values())
     if reference and tied and cfg.tp > 1:
         out.append("tied input and output embeddings split over tensor-parallel ranks are "
