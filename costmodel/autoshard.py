@@ -141,7 +141,7 @@ class _Input:
     """A consumer's input traced back through views: ``source`` the real node it comes
     from (-1: a parameter, model input or constant, free to take any layout), ``dims`` the
     source dim of each of the consumer's input dims (a split of that dim splits it),
-    ``spans`` the source dims each runs along (``_spans``: through reshapes factor by
+    ``spans`` the source dims each runs along (``_pieces``: through reshapes factor by
     factor)."""
 
     source: int
@@ -213,18 +213,12 @@ def _through_views(node: dict[int, OpNode], constant: set[int], ref: TensorRef,
 _Piece = tuple[int, int, int]
 
 
-def _spans(chain: Sequence[OpNode], shape: tuple[int, ...]) -> tuple[frozenset[int], ...]:
-    """The dims of the tensor the views ``chain`` (the consumer's side first) start from
-    that each dim of their result (of ``shape``) runs along: a reshape's dims are followed
-    factor by factor (``[seq, batch, heads * head_dim]`` viewed as ``[seq, batch * heads,
-    head_dim]`` and then as ``[batch, heads, seq, head_dim]``: the heads run along the
-    first tensor's last dim only)."""
-    return tuple(frozenset(p[0] for p in ps) for ps in _pieces(chain, shape))
-
-
 def _pieces(chain: Sequence[OpNode], shape: tuple[int, ...]) -> list[tuple[_Piece, ...]]:
-    """The pieces of the start tensor's dims that each dim of the views ``chain``'s result
-    holds (``_spans``), unit pieces left out."""
+    """The pieces of the dims of the tensor the views ``chain`` (the consumer's side first)
+    start from that each dim of their result (of ``shape``) holds, unit pieces left out: a
+    reshape's dims are followed factor by factor (``[seq, batch, heads * head_dim]`` viewed
+    as ``[seq, batch * heads, head_dim]`` and then as ``[batch, heads, seq, head_dim]``: the
+    heads run along the first tensor's last dim only)."""
     base = chain[-1].inputs[0].shape if chain and chain[-1].inputs else shape
     pieces: list[tuple[_Piece, ...]] = [((d, n, 1),) for d, n in enumerate(base)]
     for n in reversed(chain):
