@@ -240,9 +240,7 @@ def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute) -
     (tp_comm_bulk_wgrad/_dgrad keep the column-parallel ones bulk-overlapped).
     """
     if r.fw == "torchtitan":
-        # Async TP micro-pipelines the backward's matmul + collective pairs as it does the
-        # forward's (Job.tp_comm_overlap).
-        return _tp_forward(c, sp, lc)
+        return _async_tp_backward(c, sp, lc) if c.pipelined else c.per_pass
     if r.fw != "megatron":
         return c.per_pass
     windows = (lc.qkv_gemm, lc.up_gemm)
@@ -252,6 +250,25 @@ def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute) -
     exposed_ar = sum(overlap(c.ar, w) for w in windows) if r.job.overlap_tp_grad_comm \
         else 2 * c.ar
     return np.where(sp, exposed_sp, exposed_ar)
+
+
+def _async_tp_backward(c: _TPCollectives, sp: np.ndarray, lc: LayerCompute) -> np.ndarray:
+    """Exposed TP communication of one layer's backward pass under torchtitan's async TP.
+
+    Inductor's micro-pipeline pass fuses an all-gather with the matmul that reads it and a
+    matmul with the reduce-scatter of its output, in the backward graph as in the forward
+    one (torch/_inductor/fx_passes/micro_pipeline_tp.py, ``micro_pipeline_tp_pass``). In
+    backward the row-parallel outputs' gradients are all-gathered into their input-gradient
+    matmuls (``wo``, ``w2``): fused, each chunk hidden as in forward. The column-parallel
+    inputs' gradients are the sum of their linears' input-gradient matmuls (q, k and v; the
+    MLP's w1 and w3, or its one fc1 with the residual's gradient): the reduce-scatter reads
+    an add, not a matmul (``_find_producer_matmul``), so those two run unfused, exposed as
+    without async TP."""
+    if c.fused_gather:
+        gathers = sum(overlap(c.gather, c.chunked * w) for w in (lc.proj_gemm, lc.down_gemm))
+    else:
+        gathers = 2 * c.gather
+    return np.where(sp, gathers + 2 * c.ag, c.per_pass)
 
 
 def tensor_parallel(r: Rows) -> TensorParallel:
