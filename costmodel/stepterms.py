@@ -226,7 +226,8 @@ def _tp_forward(c: _TPCollectives, sp: np.ndarray, lc: LayerCompute) -> np.ndarr
     return np.where(sp, gathers + scatters, c.per_pass)
 
 
-def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute) -> np.ndarray:
+def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute, kind: int
+                 ) -> np.ndarray:
     """Exposed TP communication of one layer's backward pass.
 
     Megatron-LM's column-parallel linears (QKV, MLP input) launch their input-gradient
@@ -240,7 +241,7 @@ def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute) -
     (tp_comm_bulk_wgrad/_dgrad keep the column-parallel ones bulk-overlapped).
     """
     if r.fw == "torchtitan":
-        return _async_tp_backward(c, sp, lc) if c.pipelined else c.per_pass
+        return _async_tp_backward(c, r, sp, lc, kind) if c.pipelined else c.per_pass
     if r.fw != "megatron":
         return c.per_pass
     windows = (lc.qkv_gemm, lc.up_gemm)
@@ -252,23 +253,29 @@ def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute) -
     return np.where(sp, exposed_sp, exposed_ar)
 
 
-def _async_tp_backward(c: _TPCollectives, sp: np.ndarray, lc: LayerCompute) -> np.ndarray:
-    """Exposed TP communication of one layer's backward pass under torchtitan's async TP.
+def _async_tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute,
+                       kind: int) -> np.ndarray:
+    """Exposed TP communication of one layer (of ``kind``)'s backward pass under torchtitan's
+    async TP.
 
     Inductor's micro-pipeline pass fuses an all-gather with the matmul that reads it and a
     matmul with the reduce-scatter of its output, in the backward graph as in the forward
     one (torch/_inductor/fx_passes/micro_pipeline_tp.py, ``micro_pipeline_tp_pass``). In
     backward the row-parallel outputs' gradients are all-gathered into their input-gradient
-    matmuls (``wo``, ``w2``): fused, each chunk hidden as in forward. The column-parallel
-    inputs' gradients are the sum of their linears' input-gradient matmuls (q, k and v; the
-    MLP's w1 and w3, or its one fc1 with the residual's gradient): the reduce-scatter reads
-    an add, not a matmul (``_find_producer_matmul``), so those two run unfused, exposed as
-    without async TP."""
+    matmuls (``wo``, ``w2``): fused, each chunk hidden as in forward. A column-parallel
+    input's gradient is reduce-scattered: fused where one matmul made it, unfused (exposed,
+    as without async TP) where it is the sum of several (``_find_producer_matmul`` takes a
+    matmul, not an add): the attention's q, k and v; a gated MLP's w1 and w3; a MoE layer's
+    router and experts. A plain MLP's fc1 alone makes its input's gradient."""
     if c.fused_gather:
         gathers = sum(overlap(c.gather, c.chunked * w) for w in (lc.proj_gemm, lc.down_gemm))
     else:
         gathers = 2 * c.gather
-    return np.where(sp, gathers + 2 * c.ag, c.per_pass)
+    model = r.costs.spec
+    assert model is not None
+    summed = model.gated_mlp or r.costs.routed(kind)
+    scatters = c.ag + (c.ag if summed else overlap(c.ag, c.chunked * lc.up_gemm))
+    return np.where(sp, gathers + scatters, c.per_pass)
 
 
 def tensor_parallel(r: Rows) -> TensorParallel:
@@ -376,7 +383,7 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
                        pipelined=_tp_pipelined(r), chunked=(tp - 1) / tp, gather=gather,
                        fused_gather=fused)
     fwd = [_tp_forward(c, sp, lc) for lc in layers]
-    bwd = [_tp_backward(c, r, sp, lc) for lc in layers]
+    bwd = [_tp_backward(c, r, sp, lc, k) for k, lc in enumerate(layers)]
     regather = [_op_sac_regathers(r, c, sp, lc, k) for k, lc in enumerate(layers)]
     # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
     # all-gather of its input with SP, all-reduce of the input gradient without; the

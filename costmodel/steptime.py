@@ -56,8 +56,9 @@ Overlap rules (what each trainer hides behind compute; the rest is exposed):
   off until each stage's last backward, so the gradients are reduce-scattered once per
   step, after it, like the data-parallel reduction. torchtitan's async TP
   (``Job.tp_comm_overlap``) chunks each TP collective with its matmul in forward, and in
-  backward the output-gradient all-gathers; the input-gradient reduce-scatters read a sum
-  of matmuls, which inductor's micro-pipeline pass does not fuse: exposed.
+  backward the output-gradient all-gathers; an input-gradient reduce-scatter reading a sum
+  of matmuls (q, k and v; w1 and w3) is not fused by inductor's micro-pipeline pass:
+  exposed.
 - Hidden FSDP and data-parallel communication still slows the compute beside it by
   ``GPU.efficiency.comm_slowdown`` seconds per second (fitted).
 - Optimizer step: memory-bound over the GPU's shard of the states. With CPU offload: gradients

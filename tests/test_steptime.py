@@ -543,17 +543,21 @@ def test_userbuffers_pipeline_each_tp_collective_with_its_matmul() -> None:
                     plain).step_time_s == estimate(LLAMA, one_node, ds, plain).step_time_s
     # torchtitan's async TP (inductor's micro-pipeline pass) fuses the forward's four
     # collectives with their matmuls, and in backward the two output-gradient all-gathers
-    # into the input-gradient matmuls of wo and w2. The two input-gradient reduce-scatters
-    # read the sum of q, k and v's (w1 and w3's) matmuls, not one matmul: unfused, exposed.
+    # into the input-gradient matmuls of wo and w2. An input-gradient reduce-scatter fuses
+    # only where one matmul made that gradient: not the sum of q, k and v's, nor of a gated
+    # MLP's w1 and w3 (exposed), but a plain MLP's fc1 (GPT-3: hidden behind it).
     tt = dataclasses.replace(job, framework="torchtitan")
-    tt_off = estimate(LLAMA, one_node, tt, cfg)
-    tt_on = estimate(LLAMA, one_node, dataclasses.replace(tt, tp_comm_overlap=True), cfg)
-    lc_tt = layer_compute(LLAMA, one_node.gpu, tt, np.array([8]), np.array([1]), np.array([1]),
-                          np.array([1]), moe=False)
-    hidden_tt = [min(ag, 7 / 8 * float(getattr(lc_tt, g)[0]))
-                 for g in ("qkv_gemm", "proj_gemm", "up_gemm", "down_gemm")]
-    assert tt_off.step_time_s - tt_on.step_time_s == pytest.approx(
-        m * LLAMA.num_layers * (sum(hidden_tt) + hidden_tt[1] + hidden_tt[3]), rel=1e-9)
+    for model, plain_mlp in ((LLAMA, False), (GPT3, True)):
+        tt_off = estimate(model, one_node, tt, cfg)
+        tt_on = estimate(model, one_node, dataclasses.replace(tt, tp_comm_overlap=True), cfg)
+        lc_tt = layer_compute(model, one_node.gpu, tt, np.array([8]), np.array([1]),
+                              np.array([1]), np.array([1]), moe=False)
+        ag_m = float(Topology.of(one_node).all_gather(2.0 * tokens * model.hidden_size, 8, 1.0))
+        h = [min(ag_m, 7 / 8 * float(getattr(lc_tt, g)[0]))
+             for g in ("qkv_gemm", "proj_gemm", "up_gemm", "down_gemm")]
+        backward = h[1] + h[3] + (h[2] if plain_mlp else 0.0)
+        assert tt_off.step_time_s - tt_on.step_time_s == pytest.approx(
+            m * model.num_layers * (sum(h) + backward), rel=1e-9), model.name
 
 
 def test_interleaved_megatron_hides_pipeline_transfers_behind_the_next_chunk() -> None:
