@@ -156,7 +156,8 @@ class _Input:
 
 @dataclass
 class _Group:
-    """The consumers of one producer's output that are charged ``weight`` times."""
+    """The consumers of one producer's output, or of one part of it (``nbytes``), that are
+    charged ``weight`` times."""
 
     producer: int
     weight: int
@@ -786,6 +787,21 @@ class ShardingProblem:
         bwd = BACKWARD_BYTES * fwd if n.grad else 0.0
         return fwd + bwd, bwd
 
+    def _moved(self, v: int, slot: int, inp: _Input) -> float:
+        """Bytes a conversion of the tensor that node ``v`` reads at ``slot`` moves: the
+        tensor its producer made (``inp``, traced back through views), or where ``v`` reads
+        a select of it (fewer dims, fewer elements: ``x[:, 0]``), that part. A ViT's class
+        token, picked from the last block's output, is gathered alone, and in backward its
+        gradient is gathered before the select's backward scatters it into zeros on each
+        rank (``torch.select_backward``). A slice keeps the producer's bytes: the slices of
+        an ``nn.MultiheadAttention``'s packed projection are split by heads with it (a
+        layout of part of it alone is one no TP style runs)."""
+        ref = self.graph.node(v).inputs[slot]
+        source = self.graph.node(inp.source).shape if inp.source >= 0 else ref.shape
+        if len(ref.shape) < len(source) and ref.nbytes < inp.nbytes:
+            return float(ref.nbytes)
+        return inp.nbytes
+
     def _groups(self) -> list[_Group]:
         groups: dict[tuple[int, int], _Group] = {}
         for v in self.nodes:
@@ -795,9 +811,10 @@ class ShardingProblem:
                     continue
                 same = self.layer[u] == self.layer[v]
                 w = self.weight[v] if same else 1
-                key = (u, w)
+                nbytes = self._moved(v, slot, inp)
+                key = (u, w, nbytes)
                 if key not in groups:
-                    groups[key] = _Group(u, w, inp.nbytes, inp.grad)
+                    groups[key] = _Group(u, w, nbytes, inp.grad)
                 groups[key].consumers.append((v, slot))
         # The block after a repeated block reads its input from that block's output: one
         # pseudo-edge per entry into the block, charged repeat - 1 times.
@@ -815,9 +832,10 @@ class ShardingProblem:
                     shape = self.graph.node(inp.source).shape
                     for u in leaving:
                         if self.graph.node(u).shape == shape:
-                            key = (u, -(r - 1))
+                            nbytes = self._moved(v, slot, inp)
+                            key = (u, -(r - 1), nbytes)
                             if key not in groups:
-                                groups[key] = _Group(u, r - 1, inp.nbytes, inp.grad)
+                                groups[key] = _Group(u, r - 1, nbytes, inp.grad)
                             groups[key].consumers.append((v, slot))
                             break
         return list(groups.values())
