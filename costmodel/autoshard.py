@@ -803,7 +803,7 @@ class ShardingProblem:
         return inp.nbytes
 
     def _groups(self) -> list[_Group]:
-        groups: dict[tuple[int, int], _Group] = {}
+        groups: dict[tuple[int, int, float], _Group] = {}
         for v in self.nodes:
             for slot, inp in enumerate(self.inputs[v]):
                 u = inp.source
