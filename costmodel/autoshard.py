@@ -521,7 +521,9 @@ class ShardingProblem:
         tokens split on every axis of more than one device, and what does not meet them
         whole (a table looked up by constant positions, as Megatron-LM keeps its position
         embeddings); a convolution, and (without sequence parallelism) an op of the model's
-        own forward outside its modules other than a matmul or lookup, whole."""
+        own forward outside its modules other than a matmul or lookup, whole; an
+        ``nn.MultiheadAttention``'s projections split as its heads style splits them
+        (``_attention_role``)."""
         node = self.graph.node(v)
         if not node.module and not self.sequence_parallel \
                 and node.family not in ("matmul", "embedding"):
@@ -547,6 +549,10 @@ class ShardingProblem:
             return all(lp is None for lp in loops)
         if v in self.routers:
             return True  # whole or split, the ILP's to choose
+        want = self._attention_role(v)
+        if want is not None and any(size > 1 and (lp is None or lp.role != want)
+                                    for size, lp in zip(self.mesh.shape, loops, strict=True)):
+            return False
         refs = self.graph.node(v).inputs
         for axis, size in enumerate(self.mesh.shape):
             if size == 1:
@@ -555,6 +561,26 @@ class ShardingProblem:
                 if inp.param and len(ref.shape) >= 2 and lay[axis] == REPLICATE:
                     return False
         return True
+
+    def _attention_role(self, v: int) -> str | None:
+        """The loop an ``nn.MultiheadAttention``'s projection ``v`` splits over TP, as the one
+        style that runs the module split (``HeadParallel``, Megatron-LM's attention) splits
+        it: its packed input projection (or the separate query, key and value ones) by output
+        features, the heads (``"n"``); its output projection by input features (``"k"``).
+        ``None`` for any other op. Another split (a cross-attention's key and value
+        projection split by its input features, say) is a layout no style runs, which the
+        search would then refuse for the whole degree (``LayerCosts.tp_refusal``)."""
+        n = self.graph.node(v)
+        if n.family != "matmul" or n.module not in self.graph.multihead_attention:
+            return None
+        for inp in self.inputs[v]:
+            name = inp.param.rsplit(".", 2)
+            if name[-1] == "weight" and len(name) > 1 and name[-2] == "out_proj":
+                return "k"
+            if name[-1] in ("in_proj_weight", "q_proj_weight", "k_proj_weight",
+                            "v_proj_weight"):
+                return "n"
+        return None
 
     def _followers(self) -> dict[int, tuple[int, list[int]]]:
         """Light ops whose tensor inputs all come from one node follow its layout (Alpa's

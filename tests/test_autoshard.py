@@ -210,6 +210,28 @@ def test_cross_attention_splits_the_heads_of_its_packed_projection() -> None:
     assert cross == ["R|n", "R|d2", "R|n", "R|d2", "R|h", "R|k"]
 
 
+def test_multihead_attention_projections_split_only_as_its_heads_style_runs() -> None:
+    """Under sequence parallelism at tp = 8, the ILP split a T5-style decoder's cross-attention
+    key and value projection by its input features (its partial sums reduced after), a
+    layout no TP style runs: the search then refused sequence parallelism at that degree for
+    the whole model. An ``nn.MultiheadAttention``'s projections may only split as
+    ``HeadParallel`` splits them: the packed input projection by its output features (the
+    heads), the output projection by its input features."""
+    from costmodel.layercosts import LayerCosts
+    from planner.examples import EncoderDecoder
+
+    with torch.device("meta"):
+        t5 = EncoderDecoder(vocab=512, dim=128, heads=8, encoder_layers=1, decoder_layers=1)
+    graph = LayerGraph.from_module(t5, torch.zeros(1, 64, dtype=torch.long),
+                                   dtype=torch.bfloat16)
+    job = Job(global_batch_size=256, seq_len=64, framework="torchtitan")
+    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1, 8), sequence_parallel=True)
+    assert costs.tp_refusal(8, True) == ""
+    for module in ("decoder.0.multihead_attn", "decoder.0.self_attn", "encoder.0.self_attn"):
+        labels = [label for _v, m, _op, label, _lay in costs.layouts[8] if m == module]
+        assert labels[-2:] == ["R|h", "R|k"] and set(labels[:-2]) == {"R|n"}, (module, labels)
+
+
 def test_resharding_costs_are_the_collectives() -> None:
     cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8, inter_node_link="ib-ndr")
     topo = Topology.of(cluster)
