@@ -368,7 +368,8 @@ class LayerCosts:
             return ""
         return (f"tensor parallel (tp={tp}): {', '.join(custom[:3])} runs more than one "
                 "matmul itself, split in a layout no style runs (nn.MultiheadAttention runs "
-                "split by heads; asked for its weights it runs its attention unfused, whose "
+                "split by heads, as many on each rank, so tp must divide its heads; asked "
+                "for its weights it runs its attention unfused, whose "
                 "split is known to be by heads only where the module was traced on one "
                 "sequence: trace it so, or call it with need_weights=False); plan it with "
                 "--tp 1")

@@ -468,6 +468,18 @@ def _constraints(value: Constraints | str | Mapping[str, Any] | None) -> Constra
                     f"{type(value).__name__}")
 
 
+def _tp_refusals(model: ModelSpec | LayerCosts, res: SearchResult) -> str:
+    """Where the search refused a traced module's TP layouts (rule ``tp_runs``), why, per
+    degree it refused: the modules split in a layout no style runs, or the sequence split
+    its own forward would make (``LayerCosts.tp_refusal``); ``""`` otherwise."""
+    if not isinstance(model, LayerCosts) or not any("tp_runs" in rej
+                                                    for rej in res.rejected.values()):
+        return ""
+    why = dict.fromkeys(model.tp_refusal(t, sp) for t in model.tp_degrees
+                        for sp in (False, True))
+    return "".join(f". {w}" for w in why if w)
+
+
 def _infeasible(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cons: Constraints,
                 res: SearchResult) -> Infeasible:
     """What is missing when nothing fits (or nothing is valid)."""
@@ -476,7 +488,8 @@ def _infeasible(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cons:
         rules = "; ".join(f"{RULES[r]} (rejected {ex})" for rej in res.rejected.values()
                           for r, (_, ex) in sorted(rej.items()))
         return Infeasible(f"no valid configuration of {model.name} on {cluster.num_gpus} GPUs "
-                          f"under these constraints: {rules or 'none'}")
+                          f"under these constraints: {rules or 'none'}"
+                          + _tp_refusals(model, res))
     low = res.least_memory
     cfg = row_config(np.array(low.row), model)
     reserve = (f" ({cluster.gpu.memory_bytes / GIB:.1f} GiB less the "

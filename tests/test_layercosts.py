@@ -609,3 +609,24 @@ def test_only_an_nn_multihead_attention_is_split_by_heads() -> None:
     assert other.tp_plan(2)["blocks.*.attn"] == "custom"
     unknown = dict(costs.to_dict(), multihead_attention=None)
     assert LayerCosts.from_dict(unknown).tp_plan(2)["blocks.*.attn"] == "heads"
+
+
+def test_a_traced_module_refused_at_its_tp_degree_says_why() -> None:
+    """A search left with no configuration because the traced layouts at the TP degree asked
+    for run in no style (rule ``tp_runs``) says why, per degree: a T5-style model of 4 heads
+    cannot split them 8 ways (``LayerCosts.tp_refusal``), where it used to name the rule
+    alone."""
+    import planner
+    from costmodel.errors import Infeasible
+    from planner.examples import EncoderDecoder
+
+    with torch.device("meta"):
+        t5 = EncoderDecoder()  # 4 heads
+    cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
+    job = Job(global_batch_size=64, seq_len=32, framework="torchtitan")
+    tokens = torch.zeros(1, 32, dtype=torch.long)
+    with pytest.raises(Infeasible, match=r"tp_refusal.*tensor parallel \(tp=8\): .*self_attn"
+                       r".*tp must divide its heads"):
+        planner.plan(t5, cluster, job, example_inputs=tokens, constraints={"fixed": {"tp": 8}})
+    assert planner.plan(t5, cluster, job, example_inputs=tokens,
+                        constraints={"fixed": {"tp": 4}}).config.tp == 4
