@@ -165,6 +165,9 @@ def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
      2, "joined by x"),
     (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape", "0x3"],
      2, "positive"),
+    # Images are no token sequences: a sequence length would only relabel the throughput.
+    (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape",
+      "8x3x32x32", "--seq-len", "8"], 2, "not sequences of token ids"),
     (["--model", "mymodels:TinyLM", "--global-batch-size", "64", "--seq-len", "8",
       "--inference"], 2, "is a torch module"),
     (["--model", "mymodels:TinyLM", "--gpus", "1", "--gpu", "a100-40gb", "--global-batch-size",
