@@ -130,7 +130,7 @@ class Explanation:
         step = e.step_time_s or 0.0
         lines = [
             f"plan     {describe(cfg)}  ({job.framework})",
-            f"         step {e.step_time_text}, {e.tokens_per_s:,.0f} tokens/s, MFU "
+            f"         step {e.step_time_text}, {e.tokens_per_s:,.0f} {job.unit}/s, MFU "
             f"{100 * (e.mfu or 0):.1f}%",
             "step     " + ", ".join(f"{TERM_LABELS[t]} {100 * v / step:.0f}%"
                                     for t, v in self.step_shares()),

@@ -155,6 +155,13 @@ def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "samples/s" in r.stdout and "256 x 1 samples" in r.stdout
     assert "tokens" not in r.stdout.split("why not")[0]
+    # Its saved plan is explained in samples too.
+    r = cli(models_dir, "--model", "mymodels:ConvNet", *NODE, "--global-batch-size", "256",
+            "--input-shape", "32x3x32x32", "-o", "conv.json")
+    assert r.returncode == 0, r.stderr
+    r = run_planner("explain", "conv.json", cwd=models_dir)
+    assert r.returncode == 0, r.stderr
+    assert "samples/s" in r.stdout and "tokens/s" not in r.stdout
 
 
 @pytest.mark.parametrize("args, code, message", [
