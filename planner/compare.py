@@ -173,9 +173,15 @@ class Comparison:
     def rows(self) -> list[dict[str, str]]:
         """One dict of formatted cells per candidate (what the text and HTML tables show);
         the ``$/Mtok`` column (US dollars per million tokens) appears when a GPU profile of
-        the comparison has a price."""
+        the comparison has a price. A comparison of samples jobs (``Job.unit``) counts
+        samples: ``samples/s``, ``smp/s/GPU``, ``$/Msmp``."""
         ref = next((c.estimate for c in self.candidates if c.estimate is not None), None)
         priced = any(c.cluster.gpu.usd_per_gpu_hour is not None for c in self.candidates)
+        # What the throughput counts: samples where every candidate's job does (an image
+        # model traced from a module, Job.unit), else tokens.
+        samples = all(c.job.unit == "samples" for c in self.candidates)
+        per_s, per_gpu, per_usd = (("samples/s", "smp/s/GPU", "$/Msmp") if samples
+                                   else ("tokens/s", "tok/s/GPU", "$/Mtok"))
         out = []
         for c in self.candidates:
             e, cl = c.estimate, c.cluster
@@ -183,7 +189,7 @@ class Comparison:
                    "GPUs": f"{cl.num_gpus} {cl.gpu.name}",
                    "inter-node": f"{cl.nics_per_node}x {cl.inter_link.name}"}
             if e is None:
-                row.update({"step": "-", "tokens/s": "-", "tok/s/GPU": "-", "MFU": "-",
+                row.update({"step": "-", per_s: "-", per_gpu: "-", "MFU": "-",
                             "memory": "-", "vs first": "-", "config": c.error or ""})
             else:
                 assert e.step_time_s is not None and ref is not None \
@@ -191,8 +197,8 @@ class Comparison:
                 close = e is not ref and e.within_band(ref)
                 row.update({
                     "step": e.step_time_text,
-                    "tokens/s": f"{e.tokens_per_s:,.0f}",
-                    "tok/s/GPU": f"{(e.tokens_per_s or 0) / cl.num_gpus:,.0f}",
+                    per_s: f"{e.tokens_per_s:,.0f}",
+                    per_gpu: f"{(e.tokens_per_s or 0) / cl.num_gpus:,.0f}",
                     "MFU": f"{100 * (e.mfu or 0):.1f}%",
                     "memory": f"{e.peak_memory_bytes / GIB:.1f}/"
                               f"{e.memory_capacity_bytes / GIB:.1f} GiB"
@@ -203,7 +209,7 @@ class Comparison:
                               + f" ({c.job.framework})"})
             if priced:
                 cost = e.usd_per_million_tokens if e is not None else None
-                row["$/Mtok"] = "-" if cost is None else f"{cost:.3f}"
+                row[per_usd] = "-" if cost is None else f"{cost:.3f}"
                 row["config"] = row.pop("config")  # keeps the config last
             out.append(row)
         return out

@@ -162,6 +162,9 @@ def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
     r = run_planner("explain", "conv.json", cwd=models_dir)
     assert r.returncode == 0, r.stderr
     assert "samples/s" in r.stdout and "tokens/s" not in r.stdout
+    r = run_planner("compare", "--plan", "conv.json", "--plan", "conv.json", cwd=models_dir)
+    assert r.returncode == 0, r.stderr
+    assert "samples/s" in r.stdout and "smp/s/GPU" in r.stdout and "tok" not in r.stdout
 
 
 @pytest.mark.parametrize("args, code, message", [
