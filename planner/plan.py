@@ -612,6 +612,9 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
                             "size returning one")
         inputs = example_inputs(1) if callable(example_inputs) else example_inputs
         graph = LayerGraph.from_module(model, inputs, dtype=trace_dtype(job))
+    if not graph.num_params():
+        raise SpecError(f"{graph.name} has no parameters: training it has nothing to update "
+                        "and nothing to split; plan the module that holds its weights")
     shape = graph.inputs[0] if graph.inputs else ()
     if len(shape) == 2 and job.seq_len > 1 and shape[1] != job.seq_len:
         raise SpecError(f"the example inputs hold sequences of {shape[1]} tokens but the job "

@@ -68,6 +68,11 @@ MODELS = textwrap.dedent('''
 
         def forward(self, x):
             return self.body(x)
+
+
+    class Doubler(nn.Module):
+        def forward(self, x):
+            return 2 * x
 ''')
 NODE = ["--gpus", "8", "--gpu", "h100-sxm"]
 
@@ -175,6 +180,8 @@ def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
      2, "joined by x"),
     (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape", "0x3"],
      2, "positive"),
+    (["--model", "mymodels:Doubler", "--global-batch-size", "64", "--input-shape", "8x16"],
+     2, "has no parameters"),
     # Images are no token sequences: a sequence length would only relabel the throughput.
     (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape",
       "8x3x32x32", "--seq-len", "8"], 2, "not sequences of token ids"),
