@@ -145,10 +145,13 @@ class Estimate:
 
     @property
     def step_time_text(self) -> str:
-        """``"1.923 s (± 9 %)"``: the step time with its band."""
+        """``"1.923 s (± 9 %)"``: the step time with its band (in milliseconds, three
+        significant digits, under 0.1 s: a small model's ``0.000 s`` would say nothing)."""
         if self.step_time_s is None:
             return "-"
         band = f" (± {100 * self.step_time_band:.0f} %)" if self.step_time_band else ""
+        if self.step_time_s < 0.1:
+            return f"{1e3 * self.step_time_s:.3g} ms{band}"
         return f"{self.step_time_s:.3f} s{band}"
 
     def within_band(self, other: Estimate) -> bool:

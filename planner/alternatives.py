@@ -97,8 +97,16 @@ def slower_reason(best_time: float, best_terms: Mapping[str, float], best_peak: 
     if pct < 0.05:
         return (f"as fast within 0.05% ({other_time:.3f} s); ranked after the plan by "
                 + ("peak memory" if other_peak > best_peak else "the stated tie order"))
-    return (f"slower by {pct:.1f}% ({1e3 * (other_time - best_time):.0f} ms), "
-            f"mostly from {TERM_LABELS[worst]} (+{1e3 * diff[worst]:.0f} ms)")
+    return (f"slower by {pct:.1f}% ({_duration(other_time - best_time)}), "
+            f"mostly from {TERM_LABELS[worst]} (+{_duration(diff[worst])})")
+
+
+def _duration(seconds: float) -> str:
+    """A step-time difference in whole milliseconds, or microseconds under one (a small
+    model's steps differ by less than a millisecond: '0 ms' would say nothing)."""
+    if abs(seconds) < 1e-3:
+        return f"{1e6 * seconds:.0f} us"
+    return f"{1e3 * seconds:.0f} ms"
 
 
 def _slower(best: Found, other: Found) -> str:

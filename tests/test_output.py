@@ -139,3 +139,24 @@ def test_a_config_above_95_percent_is_flagged_in_text_and_json(tmp_path: Path) -
     saved.to_json(path)
     code, _, err = _run(["emit", str(path), "--target", "torchtitan"])
     assert code == 0 and "fills 97% of the GPU's memory" in err
+
+
+def test_a_small_models_times_are_read_in_milliseconds_and_microseconds() -> None:
+    # A step under 0.1 s in milliseconds (3 significant digits), and a runner-up's loss
+    # under a millisecond in microseconds: '0.000 s' and '0 ms' said nothing.
+    from planner.alternatives import slower_reason
+
+    small = ModelSpec.preset("gpt3-125m")
+    cluster = Cluster.preset("dgx-h100", num_nodes=1)
+    est = estimate(small, cluster, Job(global_batch_size=8, seq_len=512),
+                   ParallelConfig(dp=8, micro_batch_size=1))
+    assert est.step_time_s is not None and est.step_time_s < 0.1
+    assert re.fullmatch(rf"{1e3 * est.step_time_s:.3g} ms \(± \d+ %\)", est.step_time_text)
+    big = estimate(ModelSpec.preset("llama-3-8b"), cluster,
+                   Job(global_batch_size=64, seq_len=8192), ParallelConfig(dp=8))
+    assert re.fullmatch(r"\d+\.\d{3} s \(± \d+ %\)", big.step_time_text)
+    terms = {"compute": 1e-3}
+    why = slower_reason(1e-3, terms, 1.0, 1.02e-3, {"compute": 1.02e-3}, 1.0)
+    assert why == "slower by 2.0% (20 us), mostly from compute (+20 us)"
+    why = slower_reason(1.0, {"compute": 1.0}, 1.0, 1.5, {"compute": 1.5}, 1.0)
+    assert why == "slower by 50.0% (500 ms), mostly from compute (+500 ms)"
