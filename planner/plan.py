@@ -619,12 +619,13 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
     if len(shape) == 2 and job.seq_len > 1 and shape[1] != job.seq_len:
         raise SpecError(f"the example inputs hold sequences of {shape[1]} tokens but the job "
                         f"trains {job.seq_len}; trace the job's sequence length")
-    if len(shape) != 2 and job.seq_len > 1:
-        # The costs come from the trace alone; a sequence length would only relabel the
-        # throughput (samples x seq_len "tokens"), a number nothing measured.
+    if len(shape) != 2 and job.seq_len > 1 and (len(shape) < 3 or shape[1] != job.seq_len):
+        # The costs come from the trace alone; a sequence length other than the inputs' own
+        # would only relabel the throughput (samples x seq_len "tokens"), a number nothing
+        # measured. Sequences of vectors [batch, seq, ...] count their seq tokens.
         raise SpecError(f"the example inputs ({'x'.join(map(str, shape)) or 'none'}) are not "
-                        f"sequences of token ids [batch, seq], but the job trains sequences "
-                        f"of {job.seq_len} tokens: a module fed other inputs is costed from "
+                        f"sequences of {job.seq_len} tokens ([batch, seq] token ids or "
+                        "[batch, seq, ...] vectors): a module fed other inputs is costed from "
                         "its trace; leave the sequence length at 1 (seq_len=1; on the "
                         "command line, no --seq-len) and its throughput counts samples")
     return graph

@@ -172,6 +172,14 @@ def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
     assert "samples/s" in r.stdout and "smp/s/GPU" in r.stdout and "tok" not in r.stdout
 
 
+def test_cli_module_fed_sequences_of_vectors_counts_their_tokens(models_dir: Path) -> None:
+    # [batch, seq, hidden] inputs (a stack of blocks fed embeddings): --seq-len is their seq.
+    r = cli(models_dir, "--model", "mymodels:Block", *NODE, "--global-batch-size", "64",
+            "--input-shape", "2x16x256", "--seq-len", "16")
+    assert r.returncode == 0, r.stderr
+    assert "64 x 16 tokens" in r.stdout and "tokens/s" in r.stdout
+
+
 @pytest.mark.parametrize("args, code, message", [
     (["--model", "mymodels:ConvNet", "--global-batch-size", "64"], 2, "--input-shape"),
     (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--seq-len", "8"], 2,
@@ -184,7 +192,7 @@ def test_cli_module_inputs_by_shape(models_dir: Path) -> None:
      2, "has no parameters"),
     # Images are no token sequences: a sequence length would only relabel the throughput.
     (["--model", "mymodels:ConvNet", "--global-batch-size", "64", "--input-shape",
-      "8x3x32x32", "--seq-len", "8"], 2, "not sequences of token ids"),
+      "8x3x32x32", "--seq-len", "8"], 2, "not sequences of 8 tokens"),
     (["--model", "mymodels:TinyLM", "--global-batch-size", "64", "--seq-len", "8",
       "--inference"], 2, "is a torch module"),
     (["--model", "mymodels:TinyLM", "--gpus", "1", "--gpu", "a100-40gb", "--global-batch-size",
