@@ -54,12 +54,12 @@ def _cuda() -> bool:
 
 #: What each subcommand prints (a regex its stdout must match), beyond exiting 0.
 PRINTS = {
-    "plan": r"(?m)^plan +dp=\d+ tp=\d+ pp=\d+.*\n +step [\d.]+ s",
+    "plan": r"(?m)^plan +dp=\d+ tp=\d+ pp=\d+.*\n +step [\d.]+ m?s",
     "plan --inference": r"(?m)^serve +tp=\d+ pp=\d+ .*\n^latency +first token [\d.]+ ms",
     "plan --json": r'"config"',
     # A torch module of the user's, traced, then planned as a preset is.
     "plan module": (r"(?m)^model +\w+: .*\(traced: .*\n"
-                    r"^plan +dp=\d+ tp=\d+ pp=\d+.*\n +step [\d.]+ s"),
+                    r"^plan +dp=\d+ tp=\d+ pp=\d+.*\n +step [\d.]+ m?s"),
     "estimate": r"step",
     "estimate --inference": r"(?m)^latency +first token [\d.]+ ms",
     "explain": r"(?m)^(plan|serve) ",
