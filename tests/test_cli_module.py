@@ -236,6 +236,11 @@ def test_module_plan_files(models_dir: Path) -> None:
     assert "#   blocks.*.attn: heads" in e.stdout  # nn.MultiheadAttention split by heads
     e = run_planner("emit", str(out), "--target", "deepspeed", cwd=models_dir)
     assert e.returncode == 2 and "takes the plan of a preset" in e.stderr
+    # A Slurm script of a torchtitan plan starts torchtitan on that same job config.
+    e = run_planner("emit", str(pp), "--target", "slurm", cwd=models_dir)
+    assert e.returncode == 0, e.stderr
+    assert "cat > torchtitan.toml" in e.stdout and "-m torchtitan.train" in e.stdout
+    assert "pipeline_parallel_degree = 2" in e.stdout and "#SBATCH --nodes=1" in e.stdout
     graph = models_dir / "g.json"
     r = cli(models_dir, "--model", "mymodels:ConvNet", *NODE, "--global-batch-size", "64",
             "--input-shape", "8x3x32x32", "-o", str(graph))

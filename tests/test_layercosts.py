@@ -404,6 +404,10 @@ def test_a_traced_module_is_planned_by_the_one_search() -> None:
     assert "[parallelism]" in got.emit("torchtitan")  # the user's train spec builds it
     with pytest.raises(SpecError, match="target deepspeed takes the plan of a preset"):
         got.emit("deepspeed")
+    # A Slurm script would start DeepSpeed, whose files describe its own models (of a
+    # torchtitan plan, it starts torchtitan on its job config: tests/test_cli_module.py).
+    with pytest.raises(SpecError, match="target slurm takes the plan of a preset"):
+        got.emit("slurm")
     # What a traced graph is not costed with is refused by name, not guessed.
     low = dataclasses.replace(traced, blocks=tuple(
         dataclasses.replace(b, by_tp={t: c for t, c in b.by_tp.items() if t <= 2})

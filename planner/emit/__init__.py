@@ -111,9 +111,12 @@ def emit(plan: Plan, target: str, *, command: str | None = None,
                        estimate=plan.estimate)
     assert isinstance(plan.config, ParallelConfig) and isinstance(plan.estimate, Estimate)
     tgt = _target(target)
-    # torchtitan takes a traced module's plan too (the user's train spec builds the module);
-    # the other trainers' files describe their own models.
-    model = plan.model if (target == "torchtitan" and isinstance(plan.model, LayerCosts)
+    # torchtitan takes a traced module's plan too (the user's train spec builds the module),
+    # and so does a Slurm script that starts torchtitan on it; the other trainers' files
+    # describe their own models.
+    runs_torchtitan = target == "torchtitan" or (target == "slurm"
+                                                 and plan.job.framework == "torchtitan")
+    model = plan.model if (runs_torchtitan and isinstance(plan.model, LayerCosts)
                            and plan.model.spec is None) else plan.preset(
         f"planner emit --target {target}")
     lowered: Lowered = tgt.lower(model, plan.job, plan.config)
