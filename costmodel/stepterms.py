@@ -218,12 +218,18 @@ def _tp_forward(c: _TPCollectives, sp: np.ndarray, lc: LayerCompute) -> np.ndarr
         return c.per_pass
     # All-gathers into the column-parallel matmuls (QKV, MLP input; in backward, the output
     # gradients' into the row-parallel ones), reduce-scatters out of the others.
-    if c.fused_gather:
-        gathers = sum(overlap(c.gather, c.chunked * w) for w in (lc.qkv_gemm, lc.up_gemm))
-    else:
-        gathers = 2 * c.gather
+    gathers = _gathers(c, lc.qkv_gemm, lc.up_gemm)
     scatters = sum(overlap(c.ag, c.chunked * w) for w in (lc.proj_gemm, lc.down_gemm))
     return np.where(sp, gathers + scatters, c.per_pass)
+
+
+def _gathers(c: _TPCollectives, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Exposed seconds of the two SP all-gathers feeding the matmuls of seconds ``first``
+    and ``second`` under a pipelined TP: each hidden but for one chunk of its matmul where
+    async TP fuses them (``_TPCollectives.fused_gather``), else both exposed."""
+    if c.fused_gather:
+        return overlap(c.gather, c.chunked * first) + overlap(c.gather, c.chunked * second)
+    return 2 * c.gather
 
 
 def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute, kind: int
@@ -267,10 +273,7 @@ def _async_tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerComp
     as without async TP) where it is the sum of several (``_find_producer_matmul`` takes a
     matmul, not an add): the attention's q, k and v; a gated MLP's w1 and w3; a MoE layer's
     router and experts. A plain MLP's fc1 alone makes its input's gradient."""
-    if c.fused_gather:
-        gathers = sum(overlap(c.gather, c.chunked * w) for w in (lc.proj_gemm, lc.down_gemm))
-    else:
-        gathers = 2 * c.gather
+    gathers = _gathers(c, lc.proj_gemm, lc.down_gemm)
     model = r.costs.spec
     assert model is not None
     summed = model.gated_mlp or r.costs.routed(kind)

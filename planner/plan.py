@@ -616,10 +616,10 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
         raise SpecError(f"{graph.name} has no parameters: training it has nothing to update "
                         "and nothing to split; plan the module that holds its weights")
     shape = graph.inputs[0] if graph.inputs else ()
-    if len(shape) == 2 and job.seq_len > 1 and shape[1] != job.seq_len:
-        raise SpecError(f"the example inputs hold sequences of {shape[1]} tokens but the job "
-                        f"trains {job.seq_len}; trace the job's sequence length")
-    if len(shape) != 2 and job.seq_len > 1 and (len(shape) < 3 or shape[1] != job.seq_len):
+    if job.seq_len > 1 and tuple(shape[1:2]) != (job.seq_len,):
+        if len(shape) == 2:
+            raise SpecError(f"the example inputs hold sequences of {shape[1]} tokens but the "
+                            f"job trains {job.seq_len}; trace the job's sequence length")
         # The costs come from the trace alone; a sequence length other than the inputs' own
         # would only relabel the throughput (samples x seq_len "tokens"), a number nothing
         # measured. Sequences of vectors [batch, seq, ...] count their seq tokens.
