@@ -110,13 +110,20 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
                    + 4.0 * tokens * model.num_heads) / tp
         if moe:
             mlp_op = mlp - mlp_rep
+        elif model.bias:
+            # Linears with a bias run as ``addmm``, which the policy does not save (its
+            # ``_save_list`` holds ``aten.mm``): only the attention kernel's outputs stay.
+            attn_op = (e * tokens * model.q_dim + 4.0 * tokens * model.num_heads) / tp
+            mlp_op = 0.0 * tokens
         else:
             # Compiled, the partitioner keeps only what backward reads, and the second MLP
             # matmul's output feeds nothing but the residual add: its h per token goes
             # (measured on an H200, Llama 3 8B's layer: 497 MiB per layer eager, 433 MiB
             # compiled, the difference one [s, h] bf16 tensor; benchmarks/op_sac_memory.py).
+            # The second matmul's output is whole on each TP rank (a row-parallel linear's
+            # partial sum, before its all-reduce or reduce-scatter).
             ffn = float(model.ffn_hidden_size or 0)
-            mlp_op = e * tokens * (ffn + (0.0 if job.compile else h)) / tp
+            mlp_op = e * tokens * (ffn / tp + (0.0 if job.compile else h))
         selective = np.minimum(full + attn_op + mlp_op, selective)
     return {"none": none, "selective": selective, "full": full}
 

@@ -23,7 +23,15 @@ from costmodel.config import Job
 from costmodel.graph import LOSS, Layer, LayerGraph
 from costmodel.hardware import Cluster
 from costmodel.kernels import Gemm, Kernels
-from costmodel.layercosts import RECOMPUTE_MODES, BlockCosts, LayerCosts, ShardCosts
+from costmodel.layercosts import (
+    NONE_COMPILED,
+    OP_SELECTIVE,
+    OP_SELECTIVE_COMPILED,
+    RECOMPUTE_MODES,
+    BlockCosts,
+    LayerCosts,
+    ShardCosts,
+)
 from costmodel.units import compute_bytes
 
 __all__ = ["block_costs", "first_stage_layers", "graph_blocks"]
@@ -42,10 +50,22 @@ class _Tally:
     widest: float = 0.0
     shared: float = 0.0
     kernels: Kernels = field(default_factory=Kernels)
+    compiled: Kernels = field(default_factory=Kernels)
     recomputed: Kernels = field(default_factory=Kernels)
+    saved_compiled: float = 0.0
+    op_saved: float = 0.0
+    op_saved_compiled: float = 0.0
+    op_recomputed: Kernels = field(default_factory=Kernels)
     collectives: dict[str, float] = field(default_factory=dict)
     calls: dict[str, float] = field(default_factory=dict)
     expert_params: float = 0.0
+
+    def run(self, kernel: Kernels, compiled: bool = True) -> None:
+        """Count ``kernel`` among the eager kernels, and among the compiled ones where
+        ``compiled`` (a kernel ``torch.compile`` does not fuse away)."""
+        self.kernels = self.kernels.merged(kernel)
+        if compiled:
+            self.compiled = self.compiled.merged(kernel)
 
     def add(self, kind: str, nbytes: float, calls: float) -> None:
         """Count ``calls`` collectives of ``kind`` moving ``nbytes`` in all."""
@@ -64,6 +84,7 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
     layouts: dict[int, tuple[tuple[int, str, str, str, str], ...]] = {}
     mixers: set[str] = set()
     routing: dict[str, tuple[int, int]] = {}
+    fusable = _fusable(job)
     for t in degrees:
         prob = ShardingProblem(graph, Mesh((1, t)), cluster, job, budget=math.inf,
                                tensor_parallel=True, sequence_parallel=sequence_parallel)
@@ -71,7 +92,7 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
             mixers = {prob.layer[v] for v in prob.nodes if prob.mixes_tokens(v)}
             routing = _routing(prob)
         sol = solve(prob, time_limit_s=time_limit_s)
-        tallies[t] = _tally(sol, routing)
+        tallies[t] = _tally(sol, routing, fusable)
         layouts[t] = tuple((v, graph.node(v).module, op, label, out) for v, op, label, out
                            in sol.layouts())
     blocks = []
@@ -182,7 +203,8 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
     ``is_layer``: recompute applies to it (to the layers, not to the embedding and head, as
     trainers checkpoint the layers)."""
     params = forward = backward = saved = scores = inp = widest = shared = kv = experts = 0.0
-    kernels, recomputed = Kernels(), Kernels()
+    kernels, compiled, recomputed, op_recomputed = Kernels(), Kernels(), Kernels(), Kernels()
+    op_saved = op_compiled = saved_compiled = 0.0
     coll: dict[str, float] = {}
     calls: dict[str, float] = {}
     for x in members:
@@ -199,6 +221,11 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
         widest = max(widest, t.widest)
         shared += t.shared
         kernels, recomputed = kernels.merged(t.kernels), recomputed.merged(t.recomputed)
+        compiled = compiled.merged(t.compiled)
+        op_recomputed = op_recomputed.merged(t.op_recomputed)
+        saved_compiled += t.saved_compiled
+        op_saved += t.op_saved + (t.input_bytes if x is members[0] else 0.0)
+        op_compiled += t.op_saved_compiled + (t.input_bytes if x is members[0] else 0.0)
         for k, b in t.collectives.items():
             coll[k] = coll.get(k, 0.0) + b
             calls[k] = calls.get(k, 0.0) + t.calls[k]
@@ -206,10 +233,16 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
     # full recompute keeps the block's input.
     acts = dict(zip(RECOMPUTE_MODES, (saved, saved - scores, inp), strict=True)) \
         if is_layer else dict.fromkeys(RECOMPUTE_MODES, saved)
+    acts[NONE_COMPILED] = saved_compiled
+    if is_layer:  # torchtitan's per-op selective AC, eager and compiled (_op_checkpoint)
+        acts.update({OP_SELECTIVE: min(op_saved, saved), OP_SELECTIVE_COMPILED:
+                     min(op_compiled, saved)})
     return ShardCosts(params=params, forward_flops=forward, backward_flops=backward,
                       activation_bytes=acts, input_bytes=inp, collectives=coll,
                       collective_calls=calls, widest_elements=widest, shared_params=shared,
                       kernels=_merge_gemms(kernels), recomputed=_merge_gemms(recomputed),
+                      compiled=_merge_gemms(compiled),
+                      op_recomputed=_merge_gemms(op_recomputed) if is_layer else None,
                       kv_bytes=kv, expert_params=experts)
 
 
@@ -275,9 +308,10 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
 _COPIES = ("_to_copy", "clone", "contiguous", "copy_", "copy")
 
 
-def _copies(sol: Solution) -> list[tuple[str, Kernels]]:
-    """(layer, kernel) of every forward cast or copy: the sharding graph contracts
-    them as views, but each is a memory-bound kernel on the layout of the tensor it copies."""
+def _copies(sol: Solution) -> list[tuple[str, Kernels, int, set[int]]]:
+    """(layer, kernel, the real node whose tensor it copies, the real nodes reading the
+    copy) of every forward cast or copy: the sharding graph contracts them as views, but
+    each is a memory-bound kernel on the layout of the tensor it copies."""
     p = sol.problem
     graph = p.graph
     out = []
@@ -296,7 +330,24 @@ def _copies(sol: Solution) -> list[tuple[str, Kernels]]:
                                      memory_backward_bytes=moved if n.grad or n.fused_grad
                                      else 0.0,
                                      memory_backward_kernels=1 if n.grad or n.fused_grad
-                                     else 0)))
+                                     else 0), src, _readers(sol, i)))
+    return out
+
+
+def _readers(sol: Solution, i: int) -> set[int]:
+    """The real forward nodes that read node ``i``'s output, through views."""
+    p, graph = sol.problem, sol.problem.graph.graph
+    out: set[int] = set()
+    todo, seen = [i], {i}
+    while todo:
+        for u in graph.successors(todo.pop()):
+            if u in seen or sol.problem.graph.node(u).backward:
+                continue
+            seen.add(u)
+            if u in p.layer:
+                out.add(u)
+            elif sol.problem.graph.node(u).family == "view":
+                todo.append(u)
     return out
 
 
@@ -334,10 +385,13 @@ def _holders(sol: Solution, v: int, src: int) -> int:
     return min(reads, default=made)
 
 
-def _tally(sol: Solution, routing: dict[str, tuple[int, int]]) -> dict[str, _Tally]:
+def _tally(sol: Solution, routing: dict[str, tuple[int, int]], fusable: frozenset[str]
+           ) -> dict[str, _Tally]:
     """Per layer instance, the figures of one rank under ``sol``'s layouts (``routing``:
-    the layers that route tokens to experts, ``_routing``)."""
+    the layers that route tokens to experts, ``_routing``; ``fusable``: the op families
+    ``torch.compile`` fuses, ``_fusable``)."""
     p = sol.problem
+    fused: set[int] = set()  # the nodes of the compiled kernels' fused regions
     out: dict[str, _Tally] = {}
     owner = {name: p.layer[v] for v in p.nodes for name in p.charged[v]}
     shared: set[tuple[str, str]] = set()
@@ -346,8 +400,7 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]]) -> dict[str, _Tal
         st = sol.strategy(v)
         n = p.graph.node(v)
         t = out.setdefault(p.layer[v], _Tally())
-        shards = math.prod(m for m, a in zip(p.mesh.shape, st.axes, strict=True)
-                           if a is not None)
+        shards = _split(sol, v)
         # Each rank's share of the model FLOPs: an op left whole (a MoE router, which
         # Megatron-LM runs whole on every rank) is the group's once, shared evenly.
         t.forward_flops += n.model_flops / p.mesh.size
@@ -355,7 +408,9 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]]) -> dict[str, _Tal
             t.kv_bytes += (n.inputs[1].nbytes + n.inputs[2].nbytes) / shards  # K and V
         expert = _expert(p, v, routing)
         kernel = _kernel(sol, v, shards, expert)
-        t.kernels = t.kernels.merged(kernel)
+        if n.family in fusable and not n.model_flops:
+            fused.add(v)
+        t.run(kernel, compiled=v not in fused)
         if _scores(sol, v):
             t.recomputed = t.recomputed.merged(kernel)
         out_shards = _share(sol, st.out)
@@ -386,10 +441,291 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]]) -> dict[str, _Tal
                     m for m, q in zip(p.mesh.shape, lay, strict=True) if q >= 0))
     for (layer, _src), nbytes in held.items():
         out[layer].input_bytes += nbytes
-    for layer, kernel in _copies(sol):
-        if layer in out:
-            out[layer].kernels = out[layer].kernels.merged(kernel)
+    _op_checkpoint(sol, out, routing, _add_memory_bound(sol, out, fused))
     _add_conversions(sol, out)
+    return out
+
+
+def _add_memory_bound(sol: Solution, out: dict[str, _Tally], fused: set[int]
+                      ) -> dict[int, float]:
+    """The casts and copies (eager; compiled, those no fused region takes in), and the
+    compiled kernels' fused regions and what backward keeps of them (returned: the bytes
+    kept of each tensor compiled, ``_compiled_saved``)."""
+    for layer, kernel, src, readers in _copies(sol):
+        if layer in out:
+            # Compiled, a cast next to a fused region is part of its kernel.
+            out[layer].run(kernel, compiled=src not in fused and not readers & fused)
+    kept = _compiled_saved(sol, out, fused)
+    for layer, kernel in _regions(sol, fused, kept):
+        out[layer].compiled = out[layer].compiled.merged(kernel)
+    return kept
+
+
+def _by_layer(p: ShardingProblem) -> dict[str, list[int]]:
+    """The real forward nodes of each layer, in trace order."""
+    out: dict[str, list[int]] = {}
+    for v in sorted(p.nodes):
+        out.setdefault(p.layer[v], []).append(v)
+    return out
+
+
+def _consumers(p: ShardingProblem) -> dict[int, set[int]]:
+    """The real forward nodes reading each node's output (through views)."""
+    out: dict[int, set[int]] = {}
+    for v in p.nodes:
+        for inp in p.inputs[v]:
+            out.setdefault(inp.source, set()).add(v)
+    return out
+
+
+def _compiled_saved(sol: Solution, out: dict[str, _Tally], fused: set[int]
+                    ) -> dict[int, float]:
+    """Each layer's ``saved_compiled``: what it keeps for backward under ``torch.compile``,
+    whose partitioner (AOTAutograd's min-cut rematerialization) recomputes in backward what
+    the fused ops (``fused``, ``_fusable``) made, where the backward reads it only inside
+    fused kernels, from tensors it keeps anyway or, where cheaper, from the tensors they were
+    made from. A tensor a matmul, attention or other library kernel reads in backward is
+    kept as made (no fused kernel can make it on the fly): a SwiGLU's gate and up outputs
+    and their product stay, the activation between them is recomputed (3 ffn-wide tensors
+    against eager PyTorch's 4); a compiled loss keeps the logits it was given instead of its
+    fp32 log-softmax (both measured, ``costmodel.activations`` and ``benchmarks/
+    op_sac_memory.py``). Returns the bytes kept of each tensor (by the node that made it)."""
+    p = sol.problem
+    everything: dict[int, float] = {}
+    readers = _consumers(p)
+    for layer, vs in _by_layer(p).items():
+        savers: dict[int, float] = {}  # tensor -> bytes its savers hold
+        for u in vs:
+            for src, nbytes in p.saved[u]:
+                savers[src] = savers.get(src, 0.0) + nbytes / _holders(sol, u, src)
+        other = savers.pop(-1, 0.0)  # the model's inputs, tensors of unknown origin: kept
+        # Made and read by fused kernels alone: what backward may recompute.
+        loose = sorted(x for x in savers if x in fused and p.layer.get(x) == layer
+                       and readers.get(x, set()) <= fused)
+        kept = {x: b for x, b in savers.items() if x not in loose}
+        for src in loose:
+            missing = {x: _made(sol, x) - kept.get(x, 0.0)
+                       for x in _roots(sol, src, fused, kept)}
+            # As cheap: keep what a library kernel wrote anyway (no extra write).
+            if sum(missing.values()) <= savers[src]:
+                kept.update({x: _made(sol, x) for x in missing})
+            else:
+                kept[src] = savers[src]
+        out[layer].saved_compiled = other + sum(kept.values())
+        everything.update(kept)
+    return everything
+
+
+def _made(sol: Solution, x: int) -> float:
+    """Bytes of node ``x``'s output on one rank."""
+    return sol.problem.graph.node(x).output_bytes / _share(sol, sol.strategy(x).out)
+
+
+def _roots(sol: Solution, src: int, fused: set[int], kept: dict[int, float]) -> set[int]:
+    """The tensors that recomputing fused node ``src``'s output in backward needs and that
+    are not kept whole (``kept``; a dropout's mask is not its output): walking back through
+    the fused ops of its layer to the first op that is not one."""
+    p = sol.problem
+    out: set[int] = set()
+    todo = [src]
+    while todo:
+        for inp in p.inputs[todo.pop()]:
+            x = inp.source
+            if x < 0 or kept.get(x, 0.0) >= 0.99 * _made(sol, x):
+                continue
+            if x in fused and p.layer.get(x) == p.layer[src]:
+                todo.append(x)
+            else:
+                out.add(x)
+    return out
+
+
+#: The ops whose outputs torchtitan's per-op selective activation checkpointing saves
+#: (``_save_list`` of torchtitan/distributed/activation_checkpoint.py: ``aten.mm``, every
+#: second one recomputed, the fused attention kernels, ``_scaled_mm``): a linear with a bias
+#: runs as ``addmm``, which it re-runs.
+_OP_SAC_MATMULS = ("mm", "_scaled_mm")
+
+
+def _op_checkpoint(sol: Solution, out: dict[str, _Tally],
+                   routing: dict[str, tuple[int, int]], compiled: dict[int, float]) -> None:
+    """Each layer's figures under torchtitan's per-op selective activation checkpointing
+    (``Framework.selective_recompute`` "op"): it keeps the layer's input and the outputs of
+    the ops its policy saves, the odd-numbered ``mm`` calls in call order (the first, third,
+    ...: of a Llama block wq, wv, w1, w2) and the fused attention kernel's (O and the
+    log-sum-exp), and re-runs every other op in backward: the even-numbered ``mm`` calls,
+    other matmuls and every memory-bound op. A MoE layer's routed block keeps what it keeps
+    without recompute (compiled, what ``_compiled_saved`` keeps: ``compiled``), re-running
+    only its memory-bound ops (as ``costmodel.activations`` counts it). Compiled, the
+    partitioner keeps only the saved outputs backward needs,
+    directly or to re-run what it needs (a block's last matmul feeds only its residual add:
+    dropped).
+
+    Sets ``op_saved`` (eager), ``op_saved_compiled`` and ``op_recomputed`` (the matmuls
+    re-run; the memory-bound ops are the block's own, eager or fused)."""
+    p = sol.problem
+    moe = {p.layer[v]: p.graph.node(v).module for v in p.nodes if p.layer[v] in routing
+           and p.graph.node(v).op.removeprefix("aten.").split(".")[0] == "topk"}
+    readers = _consumers(p)
+    for layer, vs in _by_layer(p).items():
+        t = out[layer]
+        prefix = moe.get(layer)
+        routed = {v for v in vs if prefix is not None and (
+            p.graph.node(v).module == prefix or p.graph.node(v).module.startswith(prefix + "."))}
+        kept = _op_kept(p, [v for v in vs if v not in routed])
+        for v in vs:
+            if p.graph.node(v).model_flops and v not in kept and v not in routed:
+                t.op_recomputed = t.op_recomputed.merged(
+                    Kernels(gemms=_kernel(sol, v, _split(sol, v)).gemms))
+        # The tensors the layer's ops save for backward, by the node that made them.
+        saved_by: set[int] = set()
+        for u in vs:
+            for src, nbytes in p.saved[u]:
+                if src in routed and u in routed:
+                    t.op_saved += nbytes / _holders(sol, u, src)
+                saved_by.add(src)
+        t.op_saved_compiled = sum(compiled.get(x, 0.0) for x in routed)
+        needed: dict[int, bool] = {}
+        for v in reversed(vs):
+            needed[v] = v in saved_by or any(needed.get(u, False) for u in readers.get(v, ())
+                                             if u not in kept and p.layer[u] == layer)
+        for v in kept:
+            t.op_saved += _made(sol, v)
+            t.op_saved_compiled += _made(sol, v) if needed[v] else 0.0
+
+
+def _op_kept(p: ShardingProblem, vs: list[int]) -> set[int]:
+    """The nodes of ``vs`` (one layer's, in call order) whose outputs torchtitan's per-op
+    AC policy saves: the odd-numbered ``mm`` calls and the fused attention kernels."""
+    kept: set[int] = set()
+    count = 0
+    for v in vs:
+        n = p.graph.node(v)
+        if n.family == "matmul" and n.op.removeprefix("aten.").split(".")[0] in _OP_SAC_MATMULS:
+            count += 1
+            if count % 2:
+                kept.add(v)
+        elif n.family == "attention" and n.model_flops:
+            kept.add(v)
+    return kept
+
+
+def _fusion_groups(p: ShardingProblem, members: set[int]) -> list[list[int]]:
+    """The fused regions of ``members``: joined along the tensors they pass within a layer,
+    never across a library kernel (``_regions``)."""
+    parent = {v: v for v in members}
+
+    def root(v: int) -> int:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    # Library kernels (matmuls, attention, ...) on the longest path to each node: two ops
+    # with one between them cannot share a kernel (a block's last residual add, which reads
+    # the stream its MLP norm read, runs after the MLP).
+    barriers: dict[int, int] = {}
+    for v in sorted(p.nodes):  # trace order: producers first
+        barriers[v] = max((barriers.get(inp.source, 0) + (inp.source not in members)
+                           for inp in p.inputs[v] if inp.source >= 0), default=0)
+        for inp in p.inputs[v]:
+            if v in members and inp.source in members and p.layer[inp.source] == p.layer[v] \
+                    and barriers[inp.source] == barriers[v]:
+                parent[root(v)] = root(inp.source)
+    groups: dict[int, list[int]] = {}
+    for v in sorted(members):
+        groups.setdefault(root(v), []).append(v)
+    return list(groups.values())
+
+
+def _written(sol: Solution, v: int, outside: set[int], read: bool,
+             kept: dict[int, float]) -> float:
+    """Bytes a fused region writes of member ``v``'s output: as the ops ``outside`` it read
+    it (a cast on the way out is fused into the region: a rotary embedding computed in fp32
+    writes its bf16 result), all of it where no forward op reads it (``read`` false: the
+    layer's result, the loss), else what backward keeps of it (``kept``)."""
+    p = sol.problem
+    if not read:
+        return _made(sol, v)
+    if outside:
+        return max(min(p.graph.node(u).inputs[k].nbytes, p.graph.node(v).output_bytes)
+                   / _share(sol, sol.strategy(u).ins[k])
+                   for u in outside for k, inp in enumerate(p.inputs[u]) if inp.source == v)
+    return kept.get(v, 0.0)
+
+
+def _split(sol: Solution, v: int) -> int:
+    """Ways node ``v``'s loops are split on the mesh (its work per rank is 1/that)."""
+    st = sol.strategy(v)
+    return math.prod(m for m, a in zip(sol.problem.mesh.shape, st.axes, strict=True)
+                     if a is not None)
+
+
+#: Widest row TorchInductor reduces in one pass held in registers (a persistent reduction:
+#: ``should_use_persistent_reduction`` in torch/_inductor/choices.py, torch 2.13, 1024 for
+#: an inner reduction); a wider row is reduced in a loop that reads it once per pass.
+PERSISTENT_REDUCTION = 1024
+
+
+def _fusable(job: Job) -> frozenset[str]:
+    """The op families that ``torch.compile`` (TorchInductor) fuses with their neighbours
+    into one generated kernel: pointwise ops, norms, softmaxes, reductions, pooling and the
+    gathers and concatenations it loads indirectly; the loss's unless it stays eager
+    (``Job.compile_loss`` False). Matmuls, attention,
+    embeddings and the routing ops (top-k, sort, scatter) stay library kernels."""
+    out = {"elementwise", "norm", "softmax", "reduction", "pool", "index"}
+    if job.compile_loss is not False:
+        out.add("loss")
+    return frozenset(out)
+
+
+def _regions(sol: Solution, members: set[int], kept: dict[int, float]
+             ) -> list[tuple[str, Kernels]]:
+    """(layer, kernel) of each region ``torch.compile`` fuses out of the memory-bound
+    ``members``: the members of one layer joined by the tensors they pass (torchtitan
+    compiles each transformer block on its own, so a region stays in its layer), one kernel
+    each that reads the region's inputs once and writes the outputs read outside it (or by
+    no forward op: the layer's result, the loss) and what backward keeps of its tensors
+    (``kept``, ``_compiled_saved``: a dropout's mask), its intermediates kept in registers
+    (TorchInductor's vertical and horizontal fusion; Ansel et al. 2024, Sec. 5). Its
+    backward moves ``BACKWARD_BYTES`` times as much, as a fused kernel's does
+    (``costmodel.compute.layer_compute``'s fused count)."""
+    p = sol.problem
+    readers = _consumers(p)
+    out = []
+    for vs in _fusion_groups(p, members):
+        inside = set(vs)
+        reads: dict[tuple[object, ...], float] = {}
+        writes = 0.0
+        for v in vs:
+            n, st = p.graph.node(v), sol.strategy(v)
+            for k, (ref, inp) in enumerate(zip(n.inputs, p.inputs[v], strict=True)):
+                if inp.source in inside:
+                    continue
+                key: tuple[object, ...] = (inp.source, inp.param) \
+                    if inp.source >= 0 or inp.param else (v, k)
+                # The tensor as made (a cast or broadcast on the way in is fused: a norm
+                # reading a bf16 stream as fp32 loads bf16), or the part of it read.
+                reads[key] = max(reads.get(key, 0.0),
+                                 min(ref.nbytes, inp.nbytes) / _share(sol, st.ins[k]))
+            writes += _written(sol, v, readers.get(v, set()) - inside,
+                               bool(readers.get(v)), kept)
+        back = any(p.graph.node(v).grad or p.graph.node(v).fused_grad for v in vs)
+        if any(p.graph.node(v).family == "softmax" and p.graph.node(v).shape
+               and p.graph.node(v).shape[-1] > PERSISTENT_REDUCTION for v in vs):
+            # A softmax over rows wider than one block (a loss over a vocabulary) loops
+            # over each row twice, for its max and its exponent sum, and its backward
+            # takes both again and writes the gradient: twice the forward's bytes
+            # (costmodel.compute.lm_head_compute's compiled loss, measured).
+            moved = 2 * sum(reads.values()) + writes
+            back_bytes = 2 * moved
+        else:
+            moved = sum(reads.values()) + writes
+            back_bytes = BACKWARD_BYTES * moved
+        out.append((p.layer[vs[0]], Kernels(
+            memory_bytes=moved, memory_kernels=1,
+            memory_backward_bytes=back_bytes if back else 0.0,
+            memory_backward_kernels=1 if back else 0)))
     return out
 
 

@@ -328,6 +328,15 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
             nograd = EAGER_MOE_NOGRAD_KERNELS
         ew_bytes = ew_bytes + x_bytes
         ew_kernels = ew_kernels + x_kernels
+    elif fw.eager_kernels:
+        # Compiled (TorchInductor, one graph per block): the MLP's norm is fused with the
+        # attention's residual add before it, reading the stream that add makes in
+        # registers (one kernel and one read of the stream fewer), and the rotary embedding
+        # of q and of k are two kernels (their loops differ in size under GQA, so the
+        # scheduler does not fuse them). The traced graph's fused regions count the same
+        # (``costmodel.blockcosts._regions``).
+        ew_bytes = ew_bytes - np.where(ac, 4.0, e) * tokens * h * rep
+        ew_kernels = ew_kernels - 1.0 + (1.0 if model.position_embedding == "rope" else 0.0)
     ew_fwd = memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
     fwd = fwd + ew_fwd
     bwd = bwd + memory_time(gpu, BACKWARD_BYTES * (ew_bytes - nograd_bytes)
@@ -341,11 +350,18 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         # block in call order (wq, wk, wv, wo, then w1, w3, w2 gated or fc1, fc2: wk, wo and
         # w3 or fc2) and every memory-bound kernel; a non-fused attention core too.
         re_mlp = (0.5 * up_gemm if model.gated_mlp else down_gemm)
-        re_mlp_flops = (2 * tokens * h * float(model.ffn_hidden_size or 0) / t
-                        if not moe else 0.0 * tokens)
-        selective = k_gemm + proj_gemm + re_mlp + ew_fwd \
-            + (0.0 if job.flash_attention else core_f)
-        selective_flops = 2 * tokens * h * kv / t + 2 * tokens * q * h / t + re_mlp_flops \
+        ffn = float(model.ffn_hidden_size or 0)
+        re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens)
+        re_attn, re_attn_flops = k_gemm + proj_gemm, 2 * tokens * h * (kv + q) / t
+        if model.bias:
+            # A linear with a bias runs as ``addmm``, which the policy's save list (``mm``)
+            # leaves out: every projection is re-run.
+            re_attn, re_attn_flops = qkv_gemm + proj_gemm, 2 * tokens * h * (2 * q + 2 * kv) / t
+            re_mlp = up_gemm + down_gemm
+            re_mlp_flops = (2 * tokens * h * ffn * (3 if model.gated_mlp else 2) / t
+                            if not moe else 0.0 * tokens)
+        selective = re_attn + re_mlp + ew_fwd + (0.0 if job.flash_attention else core_f)
+        selective_flops = re_attn_flops + re_mlp_flops \
             + (0.0 if job.flash_attention else core_flops)
     return LayerCompute(forward=fwd, backward=bwd, selective=selective, flops=f_flops + b_flops,
                         selective_flops=selective_flops, forward_flops=f_flops,

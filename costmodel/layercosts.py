@@ -73,11 +73,19 @@ if TYPE_CHECKING:
     from costmodel.graph import LayerGraph
     from costmodel.hardware import GPU, Cluster
 
-__all__ = ["KINDS", "RECOMPUTE_MODES", "BlockCosts", "LayerCosts", "ShardCosts",
-           "SpreadCompute", "default_tp_degrees"]
+__all__ = ["KINDS", "NONE_COMPILED", "OP_SELECTIVE", "OP_SELECTIVE_COMPILED", "RECOMPUTE_MODES",
+           "BlockCosts", "LayerCosts", "ShardCosts", "SpreadCompute", "default_tp_degrees"]
 
 #: Recompute modes an activation figure is given for (``ParallelConfig.recompute``).
 RECOMPUTE_MODES = ("none", "selective", "full")
+#: A traced layer's ``activation_bytes`` keys under torchtitan's per-op selective AC
+#: (``Framework.selective_recompute`` "op"), eager and compiled (``costmodel.blockcosts``):
+#: what "selective" keeps in that trainer.
+OP_SELECTIVE = "selective-op"
+#: ... and what a traced block keeps without recompute under ``torch.compile``
+#: (``costmodel.blockcosts._compiled_saved``).
+NONE_COMPILED = "none-compiled"
+OP_SELECTIVE_COMPILED = "selective-op-compiled"
 #: Block kinds: the input side, a repeated layer, anything between runs, the output side.
 KINDS = ("embedding", "layer", "other", "head")
 
@@ -95,9 +103,12 @@ class ShardCosts:
     makes on the rank (the logits of an LM head: what a loss's working set scales with);
     ``shared_params``: parameters it reads that another block holds (a tied LM head's word
     embedding), which a pipeline stage without that block needs a copy of; a traced block's
-    forward ``kernels`` on the rank (``costmodel.kernels``) and those selective recompute
-    re-runs (``recomputed``); ``kv_bytes``: the keys and values its fused attention reads on
-    the rank (what ring attention passes around the context-parallel ranks);
+    forward ``kernels`` on the rank (``costmodel.kernels``), those selective recompute
+    re-runs (``recomputed``) and its kernels under ``torch.compile`` (``compiled``: the
+    memory-bound ops fused into regions, ``costmodel.blockcosts``); ``op_recomputed``: the
+    matmuls torchtitan's per-op selective AC re-runs (with every memory-bound op; its
+    activations under ``OP_SELECTIVE``); ``kv_bytes``: the keys and values its fused
+    attention reads on the rank (what ring attention passes around the context-parallel ranks);
     ``expert_params``: of ``params``, a MoE layer's routed experts' (what expert parallelism
     splits further)."""
 
@@ -114,6 +125,8 @@ class ShardCosts:
     recomputed: Kernels | None = None
     kv_bytes: float = 0.0
     expert_params: float = 0.0
+    compiled: Kernels | None = None
+    op_recomputed: Kernels | None = None
 
     @property
     def collective_bytes(self) -> float:
@@ -693,7 +706,12 @@ class LayerCosts:
             return layer_activations(self.spec, job, framework(job.framework), a,
                                      self.routed(kind), ac)
         layer, share = self.layer_blocks()[kind], self._token_share(job, a)
-        return {m: self._by_tp(layer, a.tp, partial(_saved, m), a.sp) * share
+        op = framework(job.framework).selective_recompute == "op"
+        keys = {"selective": OP_SELECTIVE_COMPILED if job.compile else OP_SELECTIVE} \
+            if op else {}
+        if job.compile:
+            keys["none"] = NONE_COMPILED
+        return {m: self._by_tp(layer, a.tp, partial(_saved, m, key=keys.get(m)), a.sp) * share
                 for m in RECOMPUTE_MODES}
 
     def edge_activations(self, job: Job, a: ConfigArrays, ac: np.ndarray
@@ -713,7 +731,8 @@ class LayerCosts:
         if self.spec is None:
             emb, head = self.edges()
             share = self._token_share(job, a)
-            kept = partial(_saved, "none")  # the embedding and head are not recomputed
+            # The embedding and head are not recomputed.
+            kept = partial(_saved, "none", key=NONE_COMPILED if job.compile else None)
             return (self._by_tp(emb, a.tp, kept, a.sp) * share,
                     self._by_tp(head, a.tp, kept, a.sp) * share)
         model = self.spec
@@ -786,9 +805,18 @@ class LayerCosts:
         out = {name: np.zeros(np.shape(a.tp)) for name in fields}
         if block is None:
             return LayerCompute(**out)
+        op = framework(job.framework).selective_recompute == "op"
         for _t, c, rows in self._degree_rows(block, a):
-            lc = kernel_compute(gpu, dtype, c.kernels or Kernels(), share[rows],
-                                c.recomputed, ep=a.ep[rows])
+            run = (c.compiled if job.compile and c.compiled is not None else c.kernels) \
+                or Kernels()
+            again = c.recomputed
+            if op and c.op_recomputed is not None:
+                # torchtitan's per-op selective AC re-runs its matmuls and every
+                # memory-bound kernel of the block (``costmodel.blockcosts``).
+                again = dataclasses.replace(run, gemms=c.op_recomputed.gemms,
+                                            attention_flops=0.0, attention_kernels=0,
+                                            attention_backward=False)
+            lc = kernel_compute(gpu, dtype, run, share[rows], again, ep=a.ep[rows])
             for name in fields:
                 out[name][rows] = getattr(lc, name)
         return LayerCompute(**out)
@@ -985,9 +1013,11 @@ def _pattern(module: str, runs: Mapping[str, str]) -> str:
     return module
 
 
-def _saved(mode: str, c: ShardCosts) -> float:
-    """What a block keeps for backward under recompute ``mode``."""
-    return c.activation_bytes[mode]
+def _saved(mode: str, c: ShardCosts, key: str | None = None) -> float:
+    """What a block keeps for backward under recompute ``mode`` (``key``: the trainer's
+    own figure for it where the block has one, ``OP_SELECTIVE``)."""
+    return c.activation_bytes.get(key, c.activation_bytes[mode]) if key \
+        else c.activation_bytes[mode]
 
 
 def default_tp_degrees(spec: ModelSpec, largest: int = 8) -> tuple[int, ...]:
@@ -1092,7 +1122,10 @@ def shard_dict(c: ShardCosts) -> dict[str, Any]:
             "widest_elements": c.widest_elements, "shared_params": c.shared_params,
             "kernels": dataclasses.asdict(c.kernels) if c.kernels is not None else None,
             "recomputed": dataclasses.asdict(c.recomputed) if c.recomputed is not None
-            else None, "kv_bytes": c.kv_bytes, "expert_params": c.expert_params}
+            else None, "kv_bytes": c.kv_bytes, "expert_params": c.expert_params,
+            "compiled": dataclasses.asdict(c.compiled) if c.compiled is not None else None,
+            "op_recomputed": dataclasses.asdict(c.op_recomputed)
+            if c.op_recomputed is not None else None}
 
 
 def _kernels_from(d: Mapping[str, Any] | None) -> Kernels | None:
@@ -1117,4 +1150,6 @@ def _shard_from(d: Mapping[str, Any]) -> ShardCosts:
                       kernels=_kernels_from(d.get("kernels")),
                       recomputed=_kernels_from(d.get("recomputed")),
                       kv_bytes=float(d.get("kv_bytes", 0.0)),
-                      expert_params=float(d.get("expert_params", 0.0)))
+                      expert_params=float(d.get("expert_params", 0.0)),
+                      compiled=_kernels_from(d.get("compiled")),
+                      op_recomputed=_kernels_from(d.get("op_recomputed")))
