@@ -499,21 +499,36 @@ def _compiled_saved(sol: Solution, out: dict[str, _Tally], fused: set[int]
             for src, nbytes in p.saved[u]:
                 savers[src] = savers.get(src, 0.0) + nbytes / _holders(sol, u, src)
         other = savers.pop(-1, 0.0)  # the model's inputs, tensors of unknown origin: kept
-        # Made and read by fused kernels alone: what backward may recompute.
+        # Made and read by fused kernels alone: what backward may recompute, but for a
+        # random op's mask (one byte an element): the partitioner does not re-draw random
+        # numbers (``_RANDOM``).
         loose = sorted(x for x in savers if x in fused and p.layer.get(x) == layer
                        and readers.get(x, set()) <= fused)
         kept = {x: b for x, b in savers.items() if x not in loose}
+        masks = {x: min(savers[x], math.prod(p.graph.node(x).shape)
+                        / _share(sol, sol.strategy(x).out))
+                 for x in loose
+                 if p.graph.node(x).op.removeprefix("aten.").split(".")[0] in _RANDOM}
+        kept.update(masks)
         for src in loose:
+            own = savers[src] - masks.get(src, 0.0)
             missing = {x: _made(sol, x) - kept.get(x, 0.0)
                        for x in _roots(sol, src, fused, kept)}
             # As cheap: keep what a library kernel wrote anyway (no extra write).
-            if sum(missing.values()) <= savers[src]:
+            if sum(missing.values()) <= own:
                 kept.update({x: _made(sol, x) for x in missing})
             else:
-                kept[src] = savers[src]
+                kept[src] = kept.get(src, 0.0) + own
         out[layer].saved_compiled = other + sum(kept.values())
         everything.update(kept)
     return everything
+
+
+#: Ops that draw random numbers, which AOTAutograd's partitioner does not recompute
+#: (``min_cut_rematerialization_partition`` bans them unless rng ops are functionalized,
+#: off by default): a dropout keeps its one-byte mask.
+_RANDOM = ("native_dropout", "bernoulli", "bernoulli_", "rand", "randn", "rand_like",
+           "randn_like")
 
 
 def _made(sol: Solution, x: int) -> float:

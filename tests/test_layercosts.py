@@ -391,6 +391,37 @@ def test_compiled_kernels_fuse_pointwise_regions_between_library_kernels() -> No
     assert block.kernels.memory_bytes == pytest.approx(3 * chain + norm + stats + residual)
 
 
+class _Gated(nn.Module):
+    """An MLP block: ``down(drop(act(gate(x))) * up(x))``, SwiGLU-like, dropout optional."""
+
+    def __init__(self, h: int, drop: float) -> None:
+        super().__init__()
+        self.gate, self.up = nn.Linear(h, 4 * h, bias=False), nn.Linear(h, 4 * h, bias=False)
+        self.down, self.drop = nn.Linear(4 * h, h, bias=False), nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.drop(F.silu(self.gate(x))) * self.up(x))
+
+
+@pytest.mark.parametrize("drop", [0.0, 0.1], ids=["plain", "dropout"])
+def test_compiled_backward_recomputes_what_fused_kernels_can(drop: float) -> None:
+    """Compiled, the partitioner recomputes a tensor only fused kernels read in backward
+    from what it keeps anyway: the SwiGLU's silu output (one [tokens, 4h] tensor fewer than
+    eager PyTorch keeps), but never a dropout's mask, which re-drawing would change."""
+    from costmodel.layercosts import NONE_COMPILED
+
+    h, tokens = 64, 32
+    graph = LayerGraph.from_module(nn.Sequential(_Gated(h, drop), _Gated(h, drop)),
+                                   torch.zeros(1, tokens, h), dtype=torch.bfloat16)
+    job = Job(global_batch_size=8, seq_len=tokens, precision="bf16", compile=True)
+    acts = LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1,)).layer_blocks()[0] \
+        .at(1).activation_bytes
+    # Eager keeps the silu output (or, with dropout, the dropout's output and its mask)
+    # for the product's backward; compiled, the mask, then the dropout's output recomputed
+    # from the gate's output that silu's backward keeps anyway.
+    assert acts[NONE_COMPILED] == pytest.approx(acts["none"] - 2.0 * 4 * h * tokens)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "gpt3-350m"])
 def test_the_traced_reference_module_plans_as_its_preset(name: str, compiled: bool) -> None:
