@@ -625,9 +625,11 @@ def _op_kept(p: ShardingProblem, vs: list[int]) -> set[int]:
     return kept
 
 
-def _fusion_groups(p: ShardingProblem, members: set[int]) -> list[list[int]]:
-    """The fused regions of ``members``: joined along the tensors they pass within a layer,
-    never across a library kernel (``_regions``)."""
+def _fusion_groups(sol: Solution, members: set[int]) -> list[list[int]]:
+    """The fused regions of ``members``: joined along the tensors they pass within a layer
+    in the layout they are made in, never across a library kernel or a collective
+    (``_regions``)."""
+    p = sol.problem
     parent = {v: v for v in members}
 
     def root(v: int) -> int:
@@ -643,9 +645,10 @@ def _fusion_groups(p: ShardingProblem, members: set[int]) -> list[list[int]]:
     for v in sorted(p.nodes):  # trace order: producers first
         barriers[v] = max((barriers.get(inp.source, 0) + (inp.source not in members)
                            for inp in p.inputs[v] if inp.source >= 0), default=0)
-        for inp in p.inputs[v]:
+        for inp, lay in zip(p.inputs[v], sol.strategy(v).ins, strict=True):
             if v in members and inp.source in members and p.layer[inp.source] == p.layer[v] \
-                    and barriers[inp.source] == barriers[v]:
+                    and barriers[inp.source] == barriers[v] \
+                    and sol.strategy(inp.source).out == lay:
                 parent[root(v)] = root(inp.source)
     groups: dict[int, list[int]] = {}
     for v in sorted(members):
@@ -708,7 +711,7 @@ def _regions(sol: Solution, members: set[int], kept: dict[int, float]
     p = sol.problem
     readers = _consumers(p)
     out = []
-    for vs in _fusion_groups(p, members):
+    for vs in _fusion_groups(sol, members):
         inside = set(vs)
         reads: dict[tuple[object, ...], float] = {}
         writes = 0.0
