@@ -160,6 +160,70 @@ def autocast_rows(job: Job, zero: np.ndarray, tp: np.ndarray, pp: np.ndarray,
 CAST_BYTES = 6.0
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """What every term of one layer's compute reads, per row: the model, GPU, job and its
+    trainer, the matmul dtype and bytes per activation and matmul-input element
+    (``_dtypes``), the autocast rows, the TP degree, the tokens of a micro-batch on a rank,
+    and ``rep`` (1/tp where sequence parallelism splits the norm and dropout regions, else
+    1)."""
+
+    model: ModelSpec
+    gpu: GPU
+    job: Job
+    fw: Framework
+    dtype: str
+    e: float
+    e_in: float
+    ac: np.ndarray
+    t: np.ndarray
+    tokens: np.ndarray
+    rep: np.ndarray
+    mbs: np.ndarray
+    cp: np.ndarray
+
+    @property
+    def h(self) -> float:
+        """Hidden size."""
+        return float(self.model.hidden_size)
+
+    def gemm(self, m: Num, n: Num, k: Num, **kw: object) -> np.ndarray:
+        """``gemm_time`` of an ``[m, k] x [k, n]`` matmul in the job's dtype."""
+        return gemm_time(self.gpu, self.dtype, m, n, k, **kw)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _Core:
+    """The attention core of one layer: forward and backward seconds, forward and backward
+    model FLOPs, the memory-bound bytes and kernels it adds (an unfused core's softmax and
+    dropout), and what selective recompute re-runs of it (seconds, FLOPs)."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    flops: np.ndarray
+    backward_flops: np.ndarray
+    bytes: np.ndarray
+    kernels: float
+    selective: np.ndarray
+    selective_flops: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Mlp:
+    """One layer's MLP (a MoE layer's router, routed and shared experts): forward seconds
+    and FLOPs, the ffn-wide bytes its activation and routing move, its up and down
+    projections' seconds (a dense MLP's; zero for MoE), the memory-bound kernels its routing
+    adds, and the routed tokens (MoE; else None)."""
+
+    forward: np.ndarray
+    flops: np.ndarray
+    act_bytes: np.ndarray
+    up: np.ndarray
+    down: np.ndarray
+    kernels: float
+    routed: np.ndarray | None
+
+
 def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
                   mbs: np.ndarray, sp: np.ndarray, moe: bool,
                   capacity_factor: float = 1.0, ep: np.ndarray | None = None,
@@ -177,72 +241,159 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     projections, as separate matmuls: the same FLOPs in more kernels, each reading the input.
     """
     dtype, e, e_in = _dtypes(job)
-    ac = np.zeros(np.shape(tp), dtype=bool) if autocast is None else np.asarray(autocast)
-    h = float(model.hidden_size)
-    q = float(model.q_dim)
-    kv = float(model.kv_dim)
     t = tp.astype(float)
-    s_kv = float(job.seq_len)
-    tokens = job.seq_len / cp.astype(float) * mbs
-    rep = np.where(sp == 1, 1.0 / t, 1.0)  # norm/dropout regions: split by SP, else replicated
-    drop = 1.0 if model.dropout else 0.0
-
-    fw = framework(job.framework)
-    apart = fw.separate_projections
-    # k_gemm: the K projection's share, what torchtitan's per-op selective AC re-runs.
-    if apart:
-        k_gemm = gemm_time(gpu, dtype, tokens, kv / t, h, bytes_per_element=e_in)
-        qkv_gemm = gemm_time(gpu, dtype, tokens, q / t, h, bytes_per_element=e_in) + 2 * k_gemm
-    else:
-        qkv_gemm = gemm_time(gpu, dtype, tokens, (q + 2 * kv) / t, h, bytes_per_element=e_in)
-        k_gemm = kv / (q + 2 * kv) * qkv_gemm
-    proj_gemm = gemm_time(gpu, dtype, tokens, h, q / t, bytes_per_element=e_in)
-    fwd = qkv_gemm + proj_gemm
+    r = _Rows(model, gpu, job, framework(job.framework), dtype, e, e_in,
+              np.zeros(np.shape(tp), dtype=bool) if autocast is None else np.asarray(autocast),
+              t, job.seq_len / cp.astype(float) * mbs,
+              np.where(sp == 1, 1.0 / t, 1.0),  # norm/dropout regions: split by SP
+              mbs, cp)
+    h, q, kv, tokens = r.h, float(model.q_dim), float(model.kv_dim), r.tokens
+    qkv_gemm, k_gemm, proj_gemm = _projections(r)
     f_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t
-    b_flops = 2 * f_flops
-    bwd = 2 * fwd
+    core = _attention_core(r)
+    mlp = _mlp_block(r, moe, capacity_factor, ep)
+    fwd = qkv_gemm + proj_gemm + core.forward + mlp.forward
+    bwd = 2 * (qkv_gemm + proj_gemm) + core.backward + 2 * mlp.forward
+    f_flops = f_flops + core.flops + mlp.flops
+    b_flops = 2 * (2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t) \
+        + core.backward_flops + 2 * mlp.flops
 
-    # Attention core.
-    heads = model.num_heads / t
+    ew_bytes, ew_kernels, casts, nograd, nograd_bytes, branch_sums = \
+        _memory_bound(r, core, mlp, moe)
+    w_cast, w_kernels = _weight_casts(r, moe)
+    ew_fwd = memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
+    fwd = fwd + ew_fwd
+    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * (ew_bytes - nograd_bytes)
+                            - (BACKWARD_BYTES - 1) * casts + branch_sums + w_cast,
+                            ew_kernels - nograd + w_kernels)
+    if r.fw.torchao_float8 and job.precision == "fp8":
+        cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
+        fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
+    selective, selective_flops = core.selective, core.selective_flops
+    if r.fw.selective_recompute == "op":
+        selective, selective_flops = _op_selective(r, moe, core, ew_fwd, qkv_gemm, k_gemm,
+                                                   proj_gemm, mlp)
+    return LayerCompute(forward=fwd, backward=bwd, selective=selective, flops=f_flops + b_flops,
+                        selective_flops=selective_flops, forward_flops=f_flops,
+                        core_forward=core.forward, core_backward=core.backward,
+                        qkv_gemm=qkv_gemm, up_gemm=mlp.up, proj_gemm=proj_gemm,
+                        down_gemm=mlp.down)
+
+
+def _projections(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, k and v projection, the K projection's share of it, output projection) seconds:
+    one fused QKV matmul, or three (``Framework.separate_projections``). The K share is what
+    torchtitan's per-op selective AC re-runs."""
+    h, q, kv, t, tokens = r.h, float(r.model.q_dim), float(r.model.kv_dim), r.t, r.tokens
+    if r.fw.separate_projections:
+        k_gemm = r.gemm(tokens, kv / t, h, bytes_per_element=r.e_in)
+        qkv_gemm = r.gemm(tokens, q / t, h, bytes_per_element=r.e_in) + 2 * k_gemm
+    else:
+        qkv_gemm = r.gemm(tokens, (q + 2 * kv) / t, h, bytes_per_element=r.e_in)
+        k_gemm = kv / (q + 2 * kv) * qkv_gemm
+    return qkv_gemm, k_gemm, r.gemm(tokens, h, q / t, bytes_per_element=r.e_in)
+
+
+def _attention_core(r: _Rows) -> _Core:
+    """The attention core: fused (FlashAttention, Dao 2023: its backward does
+    ``FLASH_BACKWARD_FLOPS`` times the forward's FLOPs, selective recompute has nothing to
+    re-run), or two batched matmuls over ``mbs * heads / tp`` heads with a fused
+    scale-mask-softmax and dropout on the scores between them."""
+    model, job, t, tokens = r.model, r.job, r.t, r.tokens
+    q, s_kv = float(model.q_dim), float(job.seq_len)
+    zero = 0.0 * tokens
     if job.flash_attention:
         causal = 0.5 if model.causal else 1.0
-        core_flops = 4 * tokens * s_kv * q / t * causal
-        core_f, core_b = flash_attention_time(gpu, dtype, core_flops)
-        core_bytes = 0.0 * tokens
-        core_kernels = 0.0
-        selective = 0.0 * tokens
-        selective_flops = 0.0 * tokens
-        b_flops = b_flops + FLASH_BACKWARD_FLOPS * core_flops
+        flops = 4 * tokens * s_kv * q / t * causal
+        f, b = flash_attention_time(r.gpu, r.dtype, flops)
+        return _Core(f, b, flops, FLASH_BACKWARD_FLOPS * flops, zero, 0.0, zero, zero)
+    # Two batched matmuls: [s, d] x [d, s] and [s, s] x [s, d].
+    heads = model.num_heads / t
+    hd = float(model.head_dim or model.hidden_size // model.num_heads)
+    s_q = job.seq_len / r.cp.astype(float)
+    one = r.gemm(s_q, s_kv, hd, count=r.mbs * heads, bytes_per_element=r.e)
+    f = 2 * one
+    flops = 4 * tokens * s_kv * q / t
+    scores = heads * tokens * s_kv
+    drop = 1.0 if model.dropout else 0.0
+    # Fused scale-mask-softmax reads and writes the scores; dropout reads them, writes
+    # them and a one-byte mask (Korthikanti et al. 2022, Sec. 4.1 counts the same tensors).
+    nbytes = 2 * r.e * scores + drop * (2 * r.e + 1) * scores
+    kernels = 1.0 + drop
+    return _Core(f, 2 * f, flops, 2 * flops, nbytes, kernels,
+                 f + memory_time(r.gpu, nbytes, kernels), flops)
+
+
+def _mlp(r: _Rows, ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | None = None
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(forward time, forward FLOPs, activation bytes, input projection time, output
+    projection time) of an MLP on ``m_tokens`` tokens.
+
+    ``per_expert``: tokens per local expert (the matmuls' M) for a grouped expert GEMM.
+    """
+    model, h, t = r.model, r.h, r.t
+    n_up = ffn * (2 if model.gated_mlp else 1) / t
+    m_shape = m_tokens if per_expert is None else per_expert
+    count = 1.0 if per_expert is None else m_tokens / per_expert
+    # Local experts' matmuls as one grouped kernel per projection, or one each.
+    grouped = per_expert is not None and r.fw.grouped_experts
+    if r.fw.separate_projections and model.gated_mlp:  # gate and up as two matmuls
+        up = 2 * r.gemm(m_shape, ffn / t, h, count=count, bytes_per_element=r.e_in,
+                        grouped=grouped)
     else:
-        # Two batched matmuls over mbs * heads / tp heads: [s, d] x [d, s] and [s, s] x [s, d].
-        hd = float(model.head_dim or model.hidden_size // model.num_heads)
-        batch = mbs * heads
-        s_q = job.seq_len / cp.astype(float)
-        one = gemm_time(gpu, dtype, s_q, s_kv, hd, count=batch, bytes_per_element=e)
-        core_f = 2 * one
-        core_b = 2 * core_f
-        core_flops = 4 * tokens * s_kv * q / t
-        scores = heads * tokens * s_kv
-        # Fused scale-mask-softmax reads and writes the scores; dropout reads them, writes
-        # them and a one-byte mask (Korthikanti et al. 2022, Sec. 4.1 counts the same tensors).
-        core_bytes = 2 * e * scores + drop * (2 * e + 1) * scores
-        core_kernels = 1.0 + drop
-        selective = core_f + memory_time(gpu, core_bytes, core_kernels)
-        selective_flops = core_flops
-        b_flops = b_flops + 2 * core_flops
-    f_flops = f_flops + core_flops
-    fwd = fwd + core_f
-    bwd = bwd + core_b
+        up = r.gemm(m_shape, n_up, h, count=count, bytes_per_element=r.e_in, grouped=grouped)
+    down = r.gemm(m_shape, h, ffn / t, count=count, bytes_per_element=r.e_in, grouped=grouped)
+    fl = 2 * m_tokens * h * n_up + 2 * m_tokens * ffn / t * h
+    width = 3 if model.gated_mlp else 2  # ffn-wide tensors the activation reads + writes
+    return up + down, fl, width * r.e * m_tokens * ffn / t, up, down
 
-    # Memory-bound kernels of the attention block: pre-norm, rotary embedding of q and k,
-    # bias-dropout-add of the residual. Under autocast the norm reads and writes fp32 and the
-    # residual adds a low-precision branch to the fp32 stream (read 4 + e, write 4).
+
+def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | None) -> _Mlp:
+    """The layer's MLP: dense, or a MoE layer's router, its routed experts (``top_k`` copies
+    of each token times ``capacity_factor``, ``ep`` experts' shares per rank as a grouped
+    matmul) and its shared experts."""
+    model, h, tokens = r.model, r.h, r.tokens
+    if not moe:
+        f, flops, act, up, down = _mlp(r, float(model.ffn_hidden_size or 0), tokens)
+        return _Mlp(f, flops, act, up, down, 0.0, None)
+    ffn = float(model.moe_ffn_hidden_size or 0)
+    n_exp = float(model.num_experts)
+    ep_f = (ep if ep is not None else np.ones_like(r.t)).astype(float)
+    routed = tokens * model.top_k * capacity_factor
+    router = r.gemm(tokens * r.rep, n_exp, h, bytes_per_element=r.e)
+    f, flops, act, _, _ = _mlp(r, ffn, routed, routed * ep_f / n_exp)
+    f = f + router
+    flops = flops + 2 * tokens * r.rep * h * n_exp
+    # Token permutation before the experts and un-permutation after: read + write each.
+    act = act + 2 * 2 * r.e * routed * h + 4.0 * tokens * r.rep * n_exp
+    kernels = 3.0
+    if model.num_shared_experts:
+        sh_f, sh_flops, sh_bytes, _, _ = _mlp(r, ffn * model.num_shared_experts, tokens)
+        f, flops, act = f + sh_f, flops + sh_flops, act + sh_bytes
+        kernels += 1.0
+    zero = 0.0 * tokens
+    return _Mlp(f, flops, act, zero, zero, kernels, routed)
+
+
+def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
+                  ) -> tuple[np.ndarray, Num, np.ndarray, float, np.ndarray, np.ndarray]:
+    """(bytes, kernels, dtype-cast bytes among them, kernels without a backward, their
+    bytes, fp32 branch sums of backward) of the layer's memory-bound forward kernels: the
+    two pre-norms, the rotary embedding of q and k, the two bias-dropout-adds of the
+    residual, the attention core's (``_Core.bytes``) and the MLP's activation and routing;
+    run as the trainer's eager kernels or compiled where it runs them so."""
+    model, job, fw, e, ac, tokens, rep, t = r.model, r.job, r.fw, r.e, r.ac, r.tokens, r.rep, r.t
+    h, q, kv = r.h, float(model.q_dim), float(model.kv_dim)
+    drop = 1.0 if model.dropout else 0.0
+    rope = model.position_embedding == "rope"
+    # Attention block: pre-norm, rotary embedding of q and k, bias-dropout-add of the
+    # residual. Under autocast the norm reads and writes fp32 and the residual adds a
+    # low-precision branch to the fp32 stream (read 4 + e, write 4).
     norm_bytes = np.where(ac, 8.0, 2 * e) * tokens * h * rep
-    rope = 2 * e * tokens * (q + kv) / t if model.position_embedding == "rope" else 0.0 * tokens
+    rope_bytes = 2 * e * tokens * (q + kv) / t if rope else 0.0 * tokens
     residual = (np.where(ac, 8.0 + e, 3 * e) + drop) * tokens * h * rep
-    ew_bytes = norm_bytes + rope + residual + core_bytes
-    ew_kernels: Num = 2.0 + (1.0 if model.position_embedding == "rope" else 0.0) + core_kernels
-
+    ew_bytes = norm_bytes + rope_bytes + residual + core.bytes
+    ew_kernels: Num = 2.0 + (1.0 if rope else 0.0) + core.kernels
     # MLP block: pre-norm, residual, activation, then the projections.
     ew_bytes = ew_bytes + norm_bytes + residual
     ew_kernels += 2.0
@@ -250,80 +401,19 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     # separately, the MLP's up and gate projections separately), and backward casts each
     # input gradient back and sums the branches in fp32 (read 4 + 4, write 4).
     n_casts = 3.0 + (2.0 if model.gated_mlp else 1.0)
-    casts = np.where(ac, CAST_BYTES * n_casts, 0.0) * tokens * h * rep
-    ew_bytes = ew_bytes + casts
+    ew_bytes = ew_bytes + np.where(ac, CAST_BYTES * n_casts, 0.0) * tokens * h * rep
     ew_kernels = ew_kernels + np.where(ac, n_casts, 0.0)
     branch_sums = np.where(ac, 12.0 * (n_casts - 2.0), 0.0) * tokens * h * rep
-    width = 3 if model.gated_mlp else 2  # ffn-wide tensors the activation reads + writes
-
-    def mlp(ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | None = None
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(forward time, forward FLOPs, activation bytes, input projection time, output
-        projection time) of an MLP on ``m_tokens`` tokens.
-
-        ``per_expert``: tokens per local expert (the matmuls' M) for a grouped expert GEMM.
-        """
-        n_up = ffn * (2 if model.gated_mlp else 1) / t
-        m_shape = m_tokens if per_expert is None else per_expert
-        count = 1.0 if per_expert is None else m_tokens / per_expert
-        # Local experts' matmuls as one grouped kernel per projection, or one each.
-        grouped = per_expert is not None and fw.grouped_experts
-        if apart and model.gated_mlp:  # gate and up projections as two matmuls
-            up = 2 * gemm_time(gpu, dtype, m_shape, ffn / t, h, count=count,
-                               bytes_per_element=e_in, grouped=grouped)
-        else:
-            up = gemm_time(gpu, dtype, m_shape, n_up, h, count=count, bytes_per_element=e_in,
-                           grouped=grouped)
-        down = gemm_time(gpu, dtype, m_shape, h, ffn / t, count=count, bytes_per_element=e_in,
-                         grouped=grouped)
-        fl = 2 * m_tokens * h * n_up + 2 * m_tokens * ffn / t * h
-        return up + down, fl, width * e * m_tokens * ffn / t, up, down
-
-    if moe:
-        ffn = float(model.moe_ffn_hidden_size or 0)
-        n_exp = float(model.num_experts)
-        ep_f = (ep if ep is not None else np.ones_like(tp)).astype(float)
-        routed = tokens * model.top_k * capacity_factor
-        per_expert = routed * ep_f / n_exp
-        router = gemm_time(gpu, dtype, tokens * rep, n_exp, h, bytes_per_element=e)
-        mlp_f, mlp_flops, act_bytes, _, _ = mlp(ffn, routed, per_expert)
-        up_gemm = down_gemm = 0.0 * tokens
-        mlp_f = mlp_f + router
-        mlp_flops = mlp_flops + 2 * tokens * rep * h * n_exp
-        # Token permutation before the experts and un-permutation after: read + write each.
-        act_bytes = act_bytes + 2 * 2 * e * routed * h + 4.0 * tokens * rep * n_exp
-        ew_kernels += 3.0
-        if model.num_shared_experts:
-            sh_f, sh_flops, sh_bytes, _, _ = mlp(ffn * model.num_shared_experts, tokens)
-            mlp_f, mlp_flops, act_bytes = mlp_f + sh_f, mlp_flops + sh_flops, act_bytes + sh_bytes
-            ew_kernels += 1.0
-    else:
-        mlp_f, mlp_flops, act_bytes, up_gemm, down_gemm = mlp(float(model.ffn_hidden_size or 0),
-                                                              tokens)
-    ew_bytes = ew_bytes + act_bytes
+    ew_kernels += mlp.kernels
+    ew_bytes = ew_bytes + mlp.act_bytes
     ew_kernels += 1.0
-    fwd = fwd + mlp_f
-    bwd = bwd + 2 * mlp_f
-    f_flops = f_flops + mlp_flops
-    b_flops = b_flops + 2 * mlp_flops
-
-    # Autocast casts the layer's fp32 weights to the compute dtype on every forward pass and
-    # the weight gradients back to fp32 in backward: CAST_BYTES per weight each way, one
-    # kernel per matrix.
-    weights = h * (q + 2 * kv) / t + q * h / t
-    if not moe:
-        weights = weights + h * float(model.ffn_hidden_size or 0) / t \
-            * (3 if model.gated_mlp else 2)
-    n_mats = 4.0 + (3.0 if model.gated_mlp else 2.0)
-    w_cast = np.where(ac, CAST_BYTES * weights, 0.0)
-    w_kernels = np.where(ac, n_mats, 0.0)
     casts = 0.0 * tokens  # dtype casts among them: their backward casts the gradient back
     nograd, nograd_bytes = 0.0, 0.0 * tokens  # kernels among them without a backward
     if fw.eager_kernels and not job.compile:
         x_bytes, x_kernels = eager_bytes(model, tokens, rep, t, e)
         casts = eager_cast_bytes(model, tokens, rep, t, e)
-        if moe:
-            m_bytes, m_kernels, m_casts, nograd_bytes = eager_moe_bytes(model, routed, t, e)
+        if moe and mlp.routed is not None:
+            m_bytes, m_kernels, m_casts, nograd_bytes = eager_moe_bytes(model, mlp.routed, t, e)
             x_bytes, x_kernels, casts = x_bytes + m_bytes, x_kernels + m_kernels, casts + m_casts
             nograd = EAGER_MOE_NOGRAD_KERNELS
         ew_bytes = ew_bytes + x_bytes
@@ -336,37 +426,47 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         # scheduler does not fuse them). The traced graph's fused regions count the same
         # (``costmodel.blockcosts._regions``).
         ew_bytes = ew_bytes - np.where(ac, 4.0, e) * tokens * h * rep
-        ew_kernels = ew_kernels - 1.0 + (1.0 if model.position_embedding == "rope" else 0.0)
-    ew_fwd = memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
-    fwd = fwd + ew_fwd
-    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * (ew_bytes - nograd_bytes)
-                            - (BACKWARD_BYTES - 1) * casts + branch_sums + w_cast,
-                            ew_kernels - nograd + w_kernels)
-    if fw.torchao_float8 and job.precision == "fp8":
-        cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
-        fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
-    if fw.selective_recompute == "op":
-        # torchtitan's per-op selective AC re-runs in backward every second matmul of the
-        # block in call order (wq, wk, wv, wo, then w1, w3, w2 gated or fc1, fc2: wk, wo and
-        # w3 or fc2) and every memory-bound kernel; a non-fused attention core too.
-        re_mlp = (0.5 * up_gemm if model.gated_mlp else down_gemm)
-        ffn = float(model.ffn_hidden_size or 0)
-        re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens)
-        re_attn, re_attn_flops = k_gemm + proj_gemm, 2 * tokens * h * (kv + q) / t
-        if model.bias:
-            # A linear with a bias runs as ``addmm``, which the policy's save list (``mm``)
-            # leaves out: every projection is re-run.
-            re_attn, re_attn_flops = qkv_gemm + proj_gemm, 2 * tokens * h * (2 * q + 2 * kv) / t
-            re_mlp = up_gemm + down_gemm
-            re_mlp_flops = (2 * tokens * h * ffn * (3 if model.gated_mlp else 2) / t
-                            if not moe else 0.0 * tokens)
-        selective = re_attn + re_mlp + ew_fwd + (0.0 if job.flash_attention else core_f)
-        selective_flops = re_attn_flops + re_mlp_flops \
-            + (0.0 if job.flash_attention else core_flops)
-    return LayerCompute(forward=fwd, backward=bwd, selective=selective, flops=f_flops + b_flops,
-                        selective_flops=selective_flops, forward_flops=f_flops,
-                        core_forward=core_f, core_backward=core_b, qkv_gemm=qkv_gemm,
-                        up_gemm=up_gemm, proj_gemm=proj_gemm, down_gemm=down_gemm)
+        ew_kernels = ew_kernels - 1.0 + (1.0 if rope else 0.0)
+    return ew_bytes, ew_kernels, casts, nograd, nograd_bytes, branch_sums
+
+
+def _weight_casts(r: _Rows, moe: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, kernels): autocast casts the layer's fp32 weights to the compute dtype on
+    every forward pass and the weight gradients back to fp32 in backward, CAST_BYTES per
+    weight each way, one kernel per matrix (a MoE layer's experts not counted)."""
+    model, h, t = r.model, r.h, r.t
+    q, kv = float(model.q_dim), float(model.kv_dim)
+    weights = h * (q + 2 * kv) / t + q * h / t
+    if not moe:
+        weights = weights + h * float(model.ffn_hidden_size or 0) / t \
+            * (3 if model.gated_mlp else 2)
+    n_mats = 4.0 + (3.0 if model.gated_mlp else 2.0)
+    return np.where(r.ac, CAST_BYTES * weights, 0.0), np.where(r.ac, n_mats, 0.0)
+
+
+def _op_selective(r: _Rows, moe: bool, core: _Core, ew_fwd: np.ndarray, qkv_gemm: np.ndarray,
+                  k_gemm: np.ndarray, proj_gemm: np.ndarray, mlp: _Mlp
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, FLOPs) torchtitan's per-op selective AC re-runs in backward: every second
+    matmul of the block in call order (wq, wk, wv, wo, then w1, w3, w2 gated or fc1, fc2:
+    wk, wo and w3 or fc2), every memory-bound kernel (``ew_fwd``) and a non-fused attention
+    core."""
+    model, h, t, tokens = r.model, r.h, r.t, r.tokens
+    q, kv = float(model.q_dim), float(model.kv_dim)
+    re_mlp = (0.5 * mlp.up if model.gated_mlp else mlp.down)
+    ffn = float(model.ffn_hidden_size or 0)
+    re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens)
+    re_attn, re_attn_flops = k_gemm + proj_gemm, 2 * tokens * h * (kv + q) / t
+    if model.bias:
+        # A linear with a bias runs as ``addmm``, which the policy's save list (``mm``)
+        # leaves out: every projection is re-run.
+        re_attn, re_attn_flops = qkv_gemm + proj_gemm, 2 * tokens * h * (2 * q + 2 * kv) / t
+        re_mlp = mlp.up + mlp.down
+        re_mlp_flops = (2 * tokens * h * ffn * (3 if model.gated_mlp else 2) / t
+                        if not moe else 0.0 * tokens)
+    unfused = not r.job.flash_attention
+    return (re_attn + re_mlp + ew_fwd + (core.forward if unfused else 0.0),
+            re_attn_flops + re_mlp_flops + (core.flops if unfused else 0.0))
 
 
 def loss_kind(fw: Framework, job: Job) -> str:
