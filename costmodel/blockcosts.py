@@ -56,6 +56,8 @@ class _Tally:
     op_saved: float = 0.0
     op_saved_compiled: float = 0.0
     op_recomputed: Kernels = field(default_factory=Kernels)
+    op_regather: float = 0.0
+    op_regather_calls: float = 0.0
     collectives: dict[str, float] = field(default_factory=dict)
     calls: dict[str, float] = field(default_factory=dict)
     expert_params: float = 0.0
@@ -204,7 +206,7 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
     trainers checkpoint the layers)."""
     params = forward = backward = saved = scores = inp = widest = shared = kv = experts = 0.0
     kernels, compiled, recomputed, op_recomputed = Kernels(), Kernels(), Kernels(), Kernels()
-    op_saved = op_compiled = saved_compiled = 0.0
+    op_saved = op_compiled = saved_compiled = regather = regather_calls = 0.0
     coll: dict[str, float] = {}
     calls: dict[str, float] = {}
     for x in members:
@@ -224,6 +226,7 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
         compiled = compiled.merged(t.compiled)
         op_recomputed = op_recomputed.merged(t.op_recomputed)
         saved_compiled += t.saved_compiled
+        regather, regather_calls = regather + t.op_regather, regather_calls + t.op_regather_calls
         op_saved += t.op_saved + (t.input_bytes if x is members[0] else 0.0)
         op_compiled += t.op_saved_compiled + (t.input_bytes if x is members[0] else 0.0)
         for k, b in t.collectives.items():
@@ -243,6 +246,8 @@ def _shard(members: list[Layer], tally: dict[str, _Tally], is_layer: bool) -> Sh
                       kernels=_merge_gemms(kernels), recomputed=_merge_gemms(recomputed),
                       compiled=_merge_gemms(compiled),
                       op_recomputed=_merge_gemms(op_recomputed) if is_layer else None,
+                      op_regather=regather if is_layer else 0.0,
+                      op_regather_calls=regather_calls if is_layer else 0.0,
                       kv_bytes=kv, expert_params=experts)
 
 
@@ -441,8 +446,23 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]], fusable: frozense
                     m for m, q in zip(p.mesh.shape, lay, strict=True) if q >= 0))
     for (layer, _src), nbytes in held.items():
         out[layer].input_bytes += nbytes
-    _op_checkpoint(sol, out, routing, _add_memory_bound(sol, out, fused))
-    _add_conversions(sol, out)
+    routed = _routed(p, routing)
+    _op_checkpoint(sol, out, routed, _add_memory_bound(sol, out, fused))
+    _add_conversions(sol, out, routed)
+    return out
+
+
+def _routed(p: ShardingProblem, routing: dict[str, tuple[int, int]]) -> set[int]:
+    """The nodes of each routing layer's expert block: those of the module that runs its
+    top-k, and of that module's children (the router, the experts)."""
+    blocks = {p.layer[v]: p.graph.node(v).module for v in p.nodes if p.layer[v] in routing
+              and p.graph.node(v).op.removeprefix("aten.").split(".")[0] == "topk"}
+    out = set()
+    for v in p.nodes:
+        prefix = blocks.get(p.layer[v])
+        module = p.graph.node(v).module
+        if prefix is not None and (module == prefix or module.startswith(prefix + ".")):
+            out.add(v)
     return out
 
 
@@ -562,8 +582,8 @@ def _roots(sol: Solution, src: int, fused: set[int], kept: dict[int, float]) -> 
 _OP_SAC_MATMULS = ("mm", "_scaled_mm")
 
 
-def _op_checkpoint(sol: Solution, out: dict[str, _Tally],
-                   routing: dict[str, tuple[int, int]], compiled: dict[int, float]) -> None:
+def _op_checkpoint(sol: Solution, out: dict[str, _Tally], routed: set[int],
+                   compiled: dict[int, float]) -> None:
     """Each layer's figures under torchtitan's per-op selective activation checkpointing
     (``Framework.selective_recompute`` "op"): it keeps the layer's input and the outputs of
     the ops its policy saves, the odd-numbered ``mm`` calls in call order (the first, third,
@@ -579,14 +599,9 @@ def _op_checkpoint(sol: Solution, out: dict[str, _Tally],
     Sets ``op_saved`` (eager), ``op_saved_compiled`` and ``op_recomputed`` (the matmuls
     re-run; the memory-bound ops are the block's own, eager or fused)."""
     p = sol.problem
-    moe = {p.layer[v]: p.graph.node(v).module for v in p.nodes if p.layer[v] in routing
-           and p.graph.node(v).op.removeprefix("aten.").split(".")[0] == "topk"}
     readers = _consumers(p)
     for layer, vs in _by_layer(p).items():
         t = out[layer]
-        prefix = moe.get(layer)
-        routed = {v for v in vs if prefix is not None and (
-            p.graph.node(v).module == prefix or p.graph.node(v).module.startswith(prefix + "."))}
         kept = _op_kept(p, [v for v in vs if v not in routed])
         for v in vs:
             if p.graph.node(v).model_flops and v not in kept and v not in routed:
@@ -747,8 +762,12 @@ def _regions(sol: Solution, members: set[int], kept: dict[int, float]
     return out
 
 
-def _add_conversions(sol: Solution, out: dict[str, _Tally]) -> None:
-    """The collectives of every layout conversion, to the layer whose output it converts."""
+def _add_conversions(sol: Solution, out: dict[str, _Tally], routed: set[int]) -> None:
+    """The collectives of every layout conversion, to the layer whose output it converts;
+    and, as ``op_regather``, the forward all-gathers that torchtitan's per-op selective AC
+    runs again in backward: its policy saves no all-gather's output (``_op_checkpoint``),
+    which the matmuls it feeds read again for their weight gradients (not in a MoE layer's
+    expert block, kept as without recompute; ``costmodel.stepterms._op_sac_regathers``)."""
     p = sol.problem
     for g, v, _slot, seconds in p.conversions(sol.choice):
         if seconds <= 0:
@@ -757,6 +776,10 @@ def _add_conversions(sol: Solution, out: dict[str, _Tally]) -> None:
         need, grad = g.need(sol.strategy(v), _slot)
         per_instance = g.weight / p.repeat.get(layer, 1)
         names = _collective_names(sol.strategy(g.producer), need, grad).split()
+        t = out.setdefault(layer, _Tally())
         for name in names:
             kind = name.removeprefix("bwd:").split("@")[0]
-            out.setdefault(layer, _Tally()).add(kind, per_instance * g.nbytes, per_instance)
+            t.add(kind, per_instance * g.nbytes, per_instance)
+            if name.startswith("all-gather") and v not in routed:
+                t.op_regather += per_instance * g.nbytes
+                t.op_regather_calls += per_instance

@@ -107,10 +107,11 @@ class ShardCosts:
     re-runs (``recomputed``) and its kernels under ``torch.compile`` (``compiled``: the
     memory-bound ops fused into regions, ``costmodel.blockcosts``); ``op_recomputed``: the
     matmuls torchtitan's per-op selective AC re-runs (with every memory-bound op; its
-    activations under ``OP_SELECTIVE``); ``kv_bytes``: the keys and values its fused
-    attention reads on the rank (what ring attention passes around the context-parallel ranks);
-    ``expert_params``: of ``params``, a MoE layer's routed experts' (what expert parallelism
-    splits further)."""
+    activations under ``OP_SELECTIVE``), and the bytes of the forward all-gathers it runs
+    again (``op_regather``, in ``op_regather_calls`` collectives); ``kv_bytes``: the keys
+    and values its fused attention reads on the rank (what ring attention passes around the
+    context-parallel ranks); ``expert_params``: of ``params``, a MoE layer's routed
+    experts' (what expert parallelism splits further)."""
 
     params: float
     forward_flops: float
@@ -127,6 +128,8 @@ class ShardCosts:
     expert_params: float = 0.0
     compiled: Kernels | None = None
     op_recomputed: Kernels | None = None
+    op_regather: float = 0.0
+    op_regather_calls: float = 0.0
 
     @property
     def collective_bytes(self) -> float:
@@ -845,6 +848,23 @@ class LayerCosts:
 
         return tuple(seconds(b) for b in self.layer_blocks()), seconds(emb), seconds(head)
 
+    def op_regather_seconds(self, topo: Topology, a: ConfigArrays, job: Job
+                            ) -> tuple[np.ndarray, ...]:
+        """A traced graph's all-gathers that torchtitan's per-op selective AC runs again in
+        backward, seconds per micro-batch per row, one layer of each kind
+        (``ShardCosts.op_regather``; zero for a preset, whose ``costmodel.stepterms`` counts
+        them)."""
+        share = self._token_share(job, a)
+        out = []
+        for block in self.layer_blocks() if self.spec is None else ():
+            secs = np.zeros(np.shape(a.tp))
+            for t, c, rows in self._degree_rows(block, a):
+                if c.op_regather:
+                    n = max(c.op_regather_calls, 1.0)
+                    secs[rows] = n * topo.all_gather(c.op_regather * share[rows] / n, t, 1)
+            out.append(secs)
+        return tuple(out)
+
     def model_flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs per trained token, forward and backward: ``6 N + 12 L q s`` (PaLM,
         Chowdhery et al. 2022, App. B), with N the parameters that take part in a matmul per
@@ -1125,7 +1145,8 @@ def shard_dict(c: ShardCosts) -> dict[str, Any]:
             else None, "kv_bytes": c.kv_bytes, "expert_params": c.expert_params,
             "compiled": dataclasses.asdict(c.compiled) if c.compiled is not None else None,
             "op_recomputed": dataclasses.asdict(c.op_recomputed)
-            if c.op_recomputed is not None else None}
+            if c.op_recomputed is not None else None,
+            "op_regather": c.op_regather, "op_regather_calls": c.op_regather_calls}
 
 
 def _kernels_from(d: Mapping[str, Any] | None) -> Kernels | None:
@@ -1152,4 +1173,6 @@ def _shard_from(d: Mapping[str, Any]) -> ShardCosts:
                       kv_bytes=float(d.get("kv_bytes", 0.0)),
                       expert_params=float(d.get("expert_params", 0.0)),
                       compiled=_kernels_from(d.get("compiled")),
-                      op_recomputed=_kernels_from(d.get("op_recomputed")))
+                      op_recomputed=_kernels_from(d.get("op_recomputed")),
+                      op_regather=float(d.get("op_regather", 0.0)),
+                      op_regather_calls=float(d.get("op_regather_calls", 0.0)))

@@ -288,6 +288,11 @@ def tensor_parallel(r: Rows) -> TensorParallel:
         # exposed; full recompute runs a layer's forward half of them again.
         layers, emb, head = r.costs.tp_seconds(r.topo, r.a, r.job)
         rec = r.recomputed_sum([x / 2 for x in layers])
+        # Per-op selective AC gathers again in backward what its layers all-gathered.
+        if framework(r.job.framework).selective_recompute == "op":
+            op_sac = r.a.recompute == 1
+            layers = tuple(x + np.where(op_sac, g, 0.0) for x, g in zip(
+                layers, r.costs.op_regather_seconds(r.topo, r.a, r.job), strict=True))
         return TensorParallel(exposed=r.per_stage(layers, emb, head) + rec,
                               layer_total=layers, emb=emb, head=head, rec_total=rec)
     # One layer's collectives depend on its kernel group alone (tp, sp, tokens and the

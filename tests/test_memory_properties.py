@@ -233,9 +233,10 @@ def test_doubling_tp_never_raises_model_states_or_activations(data: st.DataObjec
         # Everything but the norms is split over tp (activations too, with sequence
         # parallel), so every stage holds strictly less.
         assert all(a < b for a, b in zip(small, big, strict=True)), (key, small, big)
-        assert le(getattr(hi.memory, key), getattr(lo.memory, key)), (
-            f"peak-stage {key}: tp={2 * t} {getattr(hi.memory, key):.4g} > tp={t} "
-            f"{getattr(lo.memory, key):.4g}")
+    # So the peak falls, though the stage at the peak may change (a term of the new peak
+    # stage may exceed that term of the old one, as every stage's falls).
+    assert le(hi.memory.total_bytes, lo.memory.total_bytes), (
+        f"peak: tp={2 * t} {hi.memory.total_bytes:.4g} > tp={t} {lo.memory.total_bytes:.4g}")
 
 
 @settings(max_examples=60, deadline=None)
