@@ -592,9 +592,8 @@ def _op_checkpoint(sol: Solution, out: dict[str, _Tally], routed: set[int],
     other matmuls and every memory-bound op. A MoE layer's routed block keeps what it keeps
     without recompute (compiled, what ``_compiled_saved`` keeps: ``compiled``), re-running
     only its memory-bound ops (as ``costmodel.activations`` counts it). Compiled, the
-    partitioner keeps only the saved outputs backward needs,
-    directly or to re-run what it needs (a block's last matmul feeds only its residual add:
-    dropped).
+    partitioner keeps only the saved outputs backward needs, directly or to re-run what it
+    needs (a block's last matmul feeds only its residual add: dropped).
 
     Sets ``op_saved`` (eager), ``op_saved_compiled`` and ``op_recomputed`` (the matmuls
     re-run; the memory-bound ops are the block's own, eager or fused)."""
