@@ -447,7 +447,9 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]], fusable: frozense
     for (layer, _src), nbytes in held.items():
         out[layer].input_bytes += nbytes
     routed = _routed(p, routing)
-    _op_checkpoint(sol, out, routed, _add_memory_bound(sol, out, fused))
+    layers, readers = _by_layer(p), _consumers(p)
+    compiled = _add_memory_bound(sol, out, fused, layers, readers)
+    _op_checkpoint(sol, out, routed, compiled, layers, readers)
     _add_conversions(sol, out, routed)
     return out
 
@@ -466,17 +468,19 @@ def _routed(p: ShardingProblem, routing: dict[str, tuple[int, int]]) -> set[int]
     return out
 
 
-def _add_memory_bound(sol: Solution, out: dict[str, _Tally], fused: set[int]
+def _add_memory_bound(sol: Solution, out: dict[str, _Tally], fused: set[int],
+                      layers: dict[str, list[int]], readers: dict[int, set[int]]
                       ) -> dict[int, float]:
     """The casts and copies (eager; compiled, those no fused region takes in), and the
     compiled kernels' fused regions and what backward keeps of them (returned: the bytes
-    kept of each tensor compiled, ``_compiled_saved``)."""
-    for layer, kernel, src, readers in _copies(sol):
+    kept of each tensor compiled, ``_compiled_saved``). ``layers``: each layer's nodes
+    (``_by_layer``); ``readers``: each node's (``_consumers``)."""
+    for layer, kernel, src, copy_readers in _copies(sol):
         if layer in out:
             # Compiled, a cast next to a fused region is part of its kernel.
-            out[layer].run(kernel, compiled=src not in fused and not readers & fused)
-    kept = _compiled_saved(sol, out, fused)
-    for layer, kernel in _regions(sol, fused, kept):
+            out[layer].run(kernel, compiled=src not in fused and not copy_readers & fused)
+    kept = _compiled_saved(sol, out, fused, layers, readers)
+    for layer, kernel in _regions(sol, fused, kept, readers):
         out[layer].compiled = out[layer].compiled.merged(kernel)
     return kept
 
@@ -498,7 +502,8 @@ def _consumers(p: ShardingProblem) -> dict[int, set[int]]:
     return out
 
 
-def _compiled_saved(sol: Solution, out: dict[str, _Tally], fused: set[int]
+def _compiled_saved(sol: Solution, out: dict[str, _Tally], fused: set[int],
+                    layers: dict[str, list[int]], readers: dict[int, set[int]]
                     ) -> dict[int, float]:
     """Each layer's ``saved_compiled``: what it keeps for backward under ``torch.compile``,
     whose partitioner (AOTAutograd's min-cut rematerialization) recomputes in backward what
@@ -512,8 +517,7 @@ def _compiled_saved(sol: Solution, out: dict[str, _Tally], fused: set[int]
     op_sac_memory.py``). Returns the bytes kept of each tensor (by the node that made it)."""
     p = sol.problem
     everything: dict[int, float] = {}
-    readers = _consumers(p)
-    for layer, vs in _by_layer(p).items():
+    for layer, vs in layers.items():
         savers: dict[int, float] = {}  # tensor -> bytes its savers hold
         for u in vs:
             for src, nbytes in p.saved[u]:
@@ -583,7 +587,8 @@ _OP_SAC_MATMULS = ("mm", "_scaled_mm")
 
 
 def _op_checkpoint(sol: Solution, out: dict[str, _Tally], routed: set[int],
-                   compiled: dict[int, float]) -> None:
+                   compiled: dict[int, float], layers: dict[str, list[int]],
+                   readers: dict[int, set[int]]) -> None:
     """Each layer's figures under torchtitan's per-op selective activation checkpointing
     (``Framework.selective_recompute`` "op"): it keeps the layer's input and the outputs of
     the ops its policy saves, the odd-numbered ``mm`` calls in call order (the first, third,
@@ -598,8 +603,7 @@ def _op_checkpoint(sol: Solution, out: dict[str, _Tally], routed: set[int],
     Sets ``op_saved`` (eager), ``op_saved_compiled`` and ``op_recomputed`` (the matmuls
     re-run; the memory-bound ops are the block's own, eager or fused)."""
     p = sol.problem
-    readers = _consumers(p)
-    for layer, vs in _by_layer(p).items():
+    for layer, vs in layers.items():
         t = out[layer]
         kept = _op_kept(p, [v for v in vs if v not in routed])
         for v in vs:
@@ -711,8 +715,8 @@ def _fusable(job: Job) -> frozenset[str]:
     return frozenset(out)
 
 
-def _regions(sol: Solution, members: set[int], kept: dict[int, float]
-             ) -> list[tuple[str, Kernels]]:
+def _regions(sol: Solution, members: set[int], kept: dict[int, float],
+             readers: dict[int, set[int]]) -> list[tuple[str, Kernels]]:
     """(layer, kernel) of each region ``torch.compile`` fuses out of the memory-bound
     ``members``: the members of one layer joined by the tensors they pass (torchtitan
     compiles each transformer block on its own, so a region stays in its layer), one kernel
@@ -723,7 +727,6 @@ def _regions(sol: Solution, members: set[int], kept: dict[int, float]
     backward moves ``BACKWARD_BYTES`` times as much, as a fused kernel's does
     (``costmodel.compute.layer_compute``'s fused count)."""
     p = sol.problem
-    readers = _consumers(p)
     out = []
     for vs in _fusion_groups(sol, members):
         inside = set(vs)

@@ -187,9 +187,21 @@ class _Rows:
         """Hidden size."""
         return float(self.model.hidden_size)
 
-    def gemm(self, m: Num, n: Num, k: Num, **kw: object) -> np.ndarray:
-        """``gemm_time`` of an ``[m, k] x [k, n]`` matmul in the job's dtype."""
-        return gemm_time(self.gpu, self.dtype, m, n, k, **kw)  # type: ignore[arg-type]
+    @property
+    def q(self) -> float:
+        """Query width (heads x head dim)."""
+        return float(self.model.q_dim)
+
+    @property
+    def kv(self) -> float:
+        """Key (or value) width (KV heads x head dim)."""
+        return float(self.model.kv_dim)
+
+    def gemm(self, m: Num, n: Num, k: Num, count: Num = 1.0, bytes_per_element: float = 2.0,
+             grouped: bool = False) -> np.ndarray:
+        """``gemm_time`` of ``count`` ``[m, k] x [k, n]`` matmuls in the job's dtype."""
+        return gemm_time(self.gpu, self.dtype, m, n, k, count=count,
+                         bytes_per_element=bytes_per_element, grouped=grouped)
 
 
 @dataclass(frozen=True)
@@ -247,16 +259,15 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
               t, job.seq_len / cp.astype(float) * mbs,
               np.where(sp == 1, 1.0 / t, 1.0),  # norm/dropout regions: split by SP
               mbs, cp)
-    h, q, kv, tokens = r.h, float(model.q_dim), float(model.kv_dim), r.tokens
+    h, q, kv, tokens = r.h, r.q, r.kv, r.tokens
     qkv_gemm, k_gemm, proj_gemm = _projections(r)
-    f_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t
+    attn_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t  # projections
     core = _attention_core(r)
     mlp = _mlp_block(r, moe, capacity_factor, ep)
     fwd = qkv_gemm + proj_gemm + core.forward + mlp.forward
     bwd = 2 * (qkv_gemm + proj_gemm) + core.backward + 2 * mlp.forward
-    f_flops = f_flops + core.flops + mlp.flops
-    b_flops = 2 * (2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t) \
-        + core.backward_flops + 2 * mlp.flops
+    f_flops = attn_flops + core.flops + mlp.flops
+    b_flops = 2 * attn_flops + core.backward_flops + 2 * mlp.flops
 
     ew_bytes, ew_kernels, casts, nograd, nograd_bytes, branch_sums = \
         _memory_bound(r, core, mlp, moe)
@@ -284,7 +295,7 @@ def _projections(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q, k and v projection, the K projection's share of it, output projection) seconds:
     one fused QKV matmul, or three (``Framework.separate_projections``). The K share is what
     torchtitan's per-op selective AC re-runs."""
-    h, q, kv, t, tokens = r.h, float(r.model.q_dim), float(r.model.kv_dim), r.t, r.tokens
+    h, q, kv, t, tokens = r.h, r.q, r.kv, r.t, r.tokens
     if r.fw.separate_projections:
         k_gemm = r.gemm(tokens, kv / t, h, bytes_per_element=r.e_in)
         qkv_gemm = r.gemm(tokens, q / t, h, bytes_per_element=r.e_in) + 2 * k_gemm
@@ -300,7 +311,7 @@ def _attention_core(r: _Rows) -> _Core:
     re-run), or two batched matmuls over ``mbs * heads / tp`` heads with a fused
     scale-mask-softmax and dropout on the scores between them."""
     model, job, t, tokens = r.model, r.job, r.t, r.tokens
-    q, s_kv = float(model.q_dim), float(job.seq_len)
+    q, s_kv = r.q, float(job.seq_len)
     zero = 0.0 * tokens
     if job.flash_attention:
         causal = 0.5 if model.causal else 1.0
@@ -383,7 +394,7 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     residual, the attention core's (``_Core.bytes``) and the MLP's activation and routing;
     run as the trainer's eager kernels or compiled where it runs them so."""
     model, job, fw, e, ac, tokens, rep, t = r.model, r.job, r.fw, r.e, r.ac, r.tokens, r.rep, r.t
-    h, q, kv = r.h, float(model.q_dim), float(model.kv_dim)
+    h, q, kv = r.h, r.q, r.kv
     drop = 1.0 if model.dropout else 0.0
     rope = model.position_embedding == "rope"
     # Attention block: pre-norm, rotary embedding of q and k, bias-dropout-add of the
@@ -435,7 +446,7 @@ def _weight_casts(r: _Rows, moe: bool) -> tuple[np.ndarray, np.ndarray]:
     every forward pass and the weight gradients back to fp32 in backward, CAST_BYTES per
     weight each way, one kernel per matrix (a MoE layer's experts not counted)."""
     model, h, t = r.model, r.h, r.t
-    q, kv = float(model.q_dim), float(model.kv_dim)
+    q, kv = r.q, r.kv
     weights = h * (q + 2 * kv) / t + q * h / t
     if not moe:
         weights = weights + h * float(model.ffn_hidden_size or 0) / t \
@@ -452,7 +463,7 @@ def _op_selective(r: _Rows, moe: bool, core: _Core, ew_fwd: np.ndarray, qkv_gemm
     wk, wo and w3 or fc2), every memory-bound kernel (``ew_fwd``) and a non-fused attention
     core."""
     model, h, t, tokens = r.model, r.h, r.t, r.tokens
-    q, kv = float(model.q_dim), float(model.kv_dim)
+    q, kv = r.q, r.kv
     re_mlp = (0.5 * mlp.up if model.gated_mlp else mlp.down)
     ffn = float(model.ffn_hidden_size or 0)
     re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens)

@@ -838,12 +838,8 @@ class LayerCosts:
                 return out
             for t, c, rows in self._degree_rows(block, a):
                 for kind, nbytes in c.collectives.items():
-                    n = max(c.collective_calls.get(kind, 1.0), 1.0)
-                    size = nbytes * share[rows] / n
-                    cost = topo.all_to_all(size / t, t, 1) if kind == "all-to-all" else {
-                        "all-reduce": topo.all_reduce, "all-gather": topo.all_gather,
-                        "reduce-scatter": topo.reduce_scatter}[kind](size, t, 1)
-                    out[rows] = out[rows] + n * cost
+                    out[rows] = out[rows] + _collective_seconds(
+                        topo, kind, nbytes * share[rows], c.collective_calls.get(kind, 1.0), t)
             return out
 
         return tuple(seconds(b) for b in self.layer_blocks()), seconds(emb), seconds(head)
@@ -852,16 +848,16 @@ class LayerCosts:
                             ) -> tuple[np.ndarray, ...]:
         """A traced graph's all-gathers that torchtitan's per-op selective AC runs again in
         backward, seconds per micro-batch per row, one layer of each kind
-        (``ShardCosts.op_regather``; zero for a preset, whose ``costmodel.stepterms`` counts
-        them)."""
+        (``ShardCosts.op_regather``; a preset's are ``costmodel.stepterms``'s)."""
         share = self._token_share(job, a)
         out = []
-        for block in self.layer_blocks() if self.spec is None else ():
+        for block in self.layer_blocks():
             secs = np.zeros(np.shape(a.tp))
             for t, c, rows in self._degree_rows(block, a):
                 if c.op_regather:
-                    n = max(c.op_regather_calls, 1.0)
-                    secs[rows] = n * topo.all_gather(c.op_regather * share[rows] / n, t, 1)
+                    secs[rows] = _collective_seconds(topo, "all-gather",
+                                                     c.op_regather * share[rows],
+                                                     c.op_regather_calls, t)
             out.append(secs)
         return tuple(out)
 
@@ -1031,6 +1027,19 @@ def _pattern(module: str, runs: Mapping[str, str]) -> str:
         if module == run or module.startswith(run + "."):
             return pat + module[len(run):]
     return module
+
+
+def _collective_seconds(topo: Topology, kind: str, nbytes: np.ndarray, calls: float, t: int
+                        ) -> np.ndarray:
+    """Seconds of ``calls`` collectives of ``kind`` moving ``nbytes`` in all over ``t``
+    ranks inside a node (``costmodel.sharding.reshard_time``'s costs: an all-to-all sends
+    each rank's share), each paying its latency."""
+    n = max(calls, 1.0)
+    size = nbytes / n
+    cost = topo.all_to_all(size / t, t, 1) if kind == "all-to-all" else {
+        "all-reduce": topo.all_reduce, "all-gather": topo.all_gather,
+        "reduce-scatter": topo.reduce_scatter}[kind](size, t, 1)
+    return n * cost
 
 
 def _saved(mode: str, c: ShardCosts, key: str | None = None) -> float:

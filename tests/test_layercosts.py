@@ -352,7 +352,7 @@ def test_torchtitans_compile_and_per_op_recompute_on_a_traced_graph(name: str, c
     assert mg.peak == pytest.approx(mw.peak, rel=0.01)
     tw, tg = time_table(spec, cluster, job, a, mw), time_table(traced, cluster, job, a, mg)
     assert tg.step_time == pytest.approx(tw.step_time, rel=0.01)
-    # What changes with the mode, not a constant: compiled runs faster and keeps less.
+    # What changes with the mode, not a constant: every row runs faster compiled.
     plain = dataclasses.replace(job, compile=not compiled)
     other = time_table(traced, cluster, plain, a, memory_table(traced, cluster, plain, a))
     assert (other.step_time > tg.step_time).all() if compiled \
