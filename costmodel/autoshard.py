@@ -540,8 +540,17 @@ class ShardingProblem:
             return all(lp is None for lp in loops)
         light = self.sequence_parallel and node.family in _LIGHT
         for size, lp in zip(self.mesh.shape, loops, strict=True):
-            if size > 1 and lp is not None and not light \
-                    and self._on_tokens(v, lp, self.token_dims):
+            on_tokens = lp is not None and self._on_tokens(v, lp, self.token_dims)
+            if size > 1 and lp is not None and not light and on_tokens:
+                return False
+            if size > 1 and lp is not None and lp.out is None and not on_tokens \
+                    and node.family == "reduction":
+                # A sum over split features, leaving partial sums: no TP style runs one.
+                # Between a column- and a row-parallel linear each rank runs the ops on its
+                # local shard (the styles hand on local tensors), so such a sum would be
+                # that rank's part only; elsewhere the module runs whole (a norm's
+                # statistics over the hidden size: Megatron-LM and torchtitan compute them
+                # on every rank, or on sequence shards with sequence parallelism).
                 return False
             if size > 1 and lp is None and light:
                 return False  # sequence parallel: no memory-bound op runs replicated

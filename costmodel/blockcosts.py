@@ -330,12 +330,20 @@ def _copies(sol: Solution) -> list[tuple[str, Kernels, int, set[int]]]:
                 and graph.node(src).inputs:
             src = graph.node(src).inputs[0].source
         share = _share(sol, sol.strategy(src).out) if src in p.layer else 1
+        readers = _readers(sol, i)
+        if src in p.layer and p.layer[src] != n.layer:
+            # A cast of the layer's input runs on the input as the layer takes it (whole,
+            # or sequence shards under SP; as ``_holders`` reads it): as split as its
+            # readers read it, not as another layer's op made it.
+            share = min((_share(sol, sol.strategy(u).ins[k]) for u in readers
+                         for k, inp in enumerate(p.inputs[u]) if inp.source == src),
+                        default=1)
         moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / share
         out.append((n.layer, Kernels(memory_bytes=moved, memory_kernels=1,
                                      memory_backward_bytes=moved if n.grad or n.fused_grad
                                      else 0.0,
                                      memory_backward_kernels=1 if n.grad or n.fused_grad
-                                     else 0), src, _readers(sol, i)))
+                                     else 0), src, readers))
     return out
 
 
@@ -676,17 +684,20 @@ def _fusion_groups(sol: Solution, members: set[int]) -> list[list[int]]:
 
 def _written(sol: Solution, v: int, outside: set[int], read: bool,
              kept: dict[int, float]) -> float:
-    """Bytes a fused region writes of member ``v``'s output: as the ops ``outside`` it read
-    it (a cast on the way out is fused into the region: a rotary embedding computed in fp32
-    writes its bf16 result), all of it where no forward op reads it (``read`` false: the
-    layer's result, the loss), else what backward keeps of it (``kept``)."""
+    """Bytes a fused region writes of member ``v``'s output: in the dtype the ops
+    ``outside`` it read it (a cast on the way out is fused into the region: a rotary
+    embedding computed in fp32 writes its bf16 result), laid out as ``v`` makes it (a
+    layout conversion to what they read follows the kernel: a sequence-parallel norm
+    writes its sequence shard, which is then all-gathered), all of it where no forward op
+    reads it (``read`` false: the layer's result, the loss), else what backward keeps of it
+    (``kept``)."""
     p = sol.problem
     if not read:
         return _made(sol, v)
     if outside:
         return max(min(p.graph.node(u).inputs[k].nbytes, p.graph.node(v).output_bytes)
-                   / _share(sol, sol.strategy(u).ins[k])
-                   for u in outside for k, inp in enumerate(p.inputs[u]) if inp.source == v)
+                   for u in outside for k, inp in enumerate(p.inputs[u]) if inp.source == v) \
+            / _share(sol, sol.strategy(v).out)
     return kept.get(v, 0.0)
 
 
