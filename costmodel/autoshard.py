@@ -521,7 +521,8 @@ class ShardingProblem:
         tokens split on every axis of more than one device, and what does not meet them
         whole (a table looked up by constant positions, as Megatron-LM keeps its position
         embeddings); a convolution, and (without sequence parallelism) an op of the model's
-        own forward outside its modules other than a matmul or lookup, whole; an
+        own forward outside its modules other than a matmul or lookup, whole; no reduction
+        split along a loop it sums over, except along the tokens (sequence parallelism); an
         ``nn.MultiheadAttention``'s projections split as its heads style splits them
         (``_attention_role``)."""
         node = self.graph.node(v)
@@ -542,6 +543,12 @@ class ShardingProblem:
         for size, lp in zip(self.mesh.shape, loops, strict=True):
             on_tokens = lp is not None and self._on_tokens(v, lp, self.token_dims)
             if size > 1 and lp is not None and not light and on_tokens:
+                return False
+            if size > 1 and light and on_tokens and lp is not None and lp.out is not None \
+                    and lp.out != max(self.token_dims.get(v) or {lp.out}):
+                # Sequence parallelism splits the sequence, the innermost of the dims that
+                # hold tokens (torch's SequenceParallel shards dim 1 of [batch, seq, ...]),
+                # not the samples of a micro-batch traced with more than one.
                 return False
             if size > 1 and lp is not None and lp.out is None and not on_tokens \
                     and node.family == "reduction":

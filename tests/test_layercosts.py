@@ -22,10 +22,12 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from costmodel import Cluster, Job, ModelSpec, SpecError  # noqa: E402
+from costmodel.arrays import ConfigArrays  # noqa: E402
 from costmodel.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
 from costmodel.comm import Topology  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
 from costmodel.layercosts import RECOMPUTE_MODES, LayerCosts  # noqa: E402
+from costmodel.steptime import TimeTable  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 
 NODE = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
@@ -263,7 +265,6 @@ def test_memory_table_reads_a_traced_graph_as_it_reads_the_preset(name: str, sp:
     preset's, term by term and stage by stage, across TP, PP, ZeRO, recompute and
     micro-batch sizes: the table reads the model only through LayerCosts."""
     from costmodel import ParallelConfig
-    from costmodel.arrays import ConfigArrays
     from costmodel.memory import memory_table
 
     traced, _, spec = _pair(name, sp)
@@ -290,7 +291,6 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
     from scipy.stats import spearmanr
 
     from costmodel import ParallelConfig
-    from costmodel.arrays import ConfigArrays
     from costmodel.memory import memory_table
     from costmodel.steptime import time_table
 
@@ -319,6 +319,32 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
     assert ratio.min() > 0.99 and ratio.max() < 1.01
 
 
+def _torchtitan_tables_agree(traced: LayerCosts, spec: ModelSpec, seq: int, compiled: bool,
+                             sp: bool, degrees: tuple[int, ...]
+                             ) -> tuple[Cluster, Job, ConfigArrays, TimeTable]:
+    """Asserts that the traced costs' peak memory and step time equal the preset's formulas
+    within 1 % under torchtitan's conventions on 32 H100s, over the TP ``degrees`` x PP 1-2
+    x ZeRO 2/3 x micro-batch 1-2 x the three recompute modes; returns (cluster, job, the
+    configurations' arrays, the traced step-time table)."""
+    from costmodel import ParallelConfig
+    from costmodel.memory import memory_table
+    from costmodel.steptime import time_table
+
+    cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
+    job = Job(global_batch_size=64, seq_len=seq, precision="bf16", framework="torchtitan",
+              compile=compiled)
+    configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z, micro_batch_size=b,
+                              recompute=r, sequence_parallel=sp and t > 1)
+               for t in degrees for p in (1, 2) for z in (2, 3) for b in (1, 2)
+               for r in ("none", "selective", "full")]
+    a = ConfigArrays.from_configs(spec, configs)
+    mw, mg = memory_table(spec, cluster, job, a), memory_table(traced, cluster, job, a)
+    assert mg.peak == pytest.approx(mw.peak, rel=0.01)
+    tw, tg = time_table(spec, cluster, job, a, mw), time_table(traced, cluster, job, a, mg)
+    assert tg.step_time == pytest.approx(tw.step_time, rel=0.01)
+    return cluster, job, a, tg
+
+
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp-sp"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "gpt3-350m"])
@@ -335,24 +361,11 @@ def test_torchtitans_compile_and_per_op_recompute_on_a_traced_graph(name: str, c
     (9-18 % faster, 3-24 % more memory than torchtitan's per-op AC). With sequence
     parallelism the policy, which saves no all-gather's output, gathers again in backward
     what the layer's matmuls read (2-3 % of the step here)."""
-    from costmodel import ParallelConfig
-    from costmodel.arrays import ConfigArrays
     from costmodel.memory import memory_table
     from costmodel.steptime import time_table
 
     traced, _, spec = _pair(name, sp)
-    cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
-    job = Job(global_batch_size=64, seq_len=SEQ, precision="bf16", framework="torchtitan",
-              compile=compiled)
-    configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z, micro_batch_size=b,
-                              recompute=r, sequence_parallel=sp and t > 1)
-               for t in (1, 2, 4) for p in (1, 2) for z in (2, 3) for b in (1, 2)
-               for r in ("none", "selective", "full")]
-    a = ConfigArrays.from_configs(spec, configs)
-    mw, mg = memory_table(spec, cluster, job, a), memory_table(traced, cluster, job, a)
-    assert mg.peak == pytest.approx(mw.peak, rel=0.01)
-    tw, tg = time_table(spec, cluster, job, a, mw), time_table(traced, cluster, job, a, mg)
-    assert tg.step_time == pytest.approx(tw.step_time, rel=0.01)
+    cluster, job, a, tg = _torchtitan_tables_agree(traced, spec, SEQ, compiled, sp, (1, 2, 4))
     # What changes with the mode, not a constant: every row runs faster compiled.
     plain = dataclasses.replace(job, compile=not compiled)
     other = time_table(traced, cluster, plain, a, memory_table(traced, cluster, plain, a))
@@ -384,29 +397,13 @@ def test_a_traced_layer_split_eight_ways_on_a_long_sequence(name: str, compiled:
     embedding made it, not whole as the layer reads it (2 % fast); and under sequence
     parallelism a compiled region was counted writing the gathered tensor where it writes
     its sequence shard (GPT-3 350M: 2 % slow)."""
-    from costmodel import ParallelConfig
-    from costmodel.arrays import ConfigArrays
-    from costmodel.memory import memory_table
-    from costmodel.steptime import time_table
-
     graph, spec = _long_graph(name)
     traced = LayerCosts.from_graph(graph, NODE, Job(global_batch_size=8, seq_len=2048),
                                    tp_degrees=[1, 8], sequence_parallel=sp)
     # No reduction is split along what it sums (a strategy label "<mesh>|sum").
     assert not [op for _v, _m, op, label, _lay in traced.layouts[8]
                 if op.split(".")[1] in ("mean", "sum") and label.endswith("|sum")]
-    cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
-    job = Job(global_batch_size=64, seq_len=2048, precision="bf16", framework="torchtitan",
-              compile=compiled)
-    configs = [ParallelConfig(dp=4 // p, tp=8, pp=p, zero_stage=z, micro_batch_size=b,
-                              recompute=r, sequence_parallel=sp)
-               for p in (1, 2) for z in (2, 3) for b in (1, 2)
-               for r in ("none", "selective", "full")]
-    a = ConfigArrays.from_configs(spec, configs)
-    mw, mg = memory_table(spec, cluster, job, a), memory_table(traced, cluster, job, a)
-    assert mg.peak == pytest.approx(mw.peak, rel=0.01)
-    tw, tg = time_table(spec, cluster, job, a, mw), time_table(traced, cluster, job, a, mg)
-    assert tg.step_time == pytest.approx(tw.step_time, rel=0.01)
+    _torchtitan_tables_agree(traced, spec, 2048, compiled, sp, (8,))
 
 
 class _Chain(nn.Module):
@@ -719,6 +716,26 @@ def test_the_ilp_layouts_read_as_a_tp_plan_are_megatrons() -> None:
     assert LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(1) == {}
     with pytest.raises(SpecError, match="no layouts at tp=4"):
         LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(4)
+
+
+def test_sequence_parallel_splits_the_sequence_of_a_batch_traced_with_two_samples() -> None:
+    """Traced with two samples, a block's norms and residual adds have two dims holding
+    tokens, [batch, seq, dim], at the same cost either way; sequence parallelism splits the
+    sequence (torch's ``SequenceParallel`` shards dim 1), so ``tp_plan`` names the norms and
+    the MLP's gathered input as the runtime runs them (split by samples, they were named
+    nothing and the run failed on mismatched shapes)."""
+    from runtime_models import AttentionLM
+
+    with torch.device("meta"):
+        module = AttentionLM()
+    graph = LayerGraph.from_module(module, torch.zeros(2, 16, dtype=torch.long))
+    costs = LayerCosts.from_graph(graph, NODE, Job(global_batch_size=8, seq_len=16),
+                                  tp_degrees=[1, 2], sequence_parallel=True)
+    plan = costs.tp_plan(2)
+    assert {plan.get(f"blocks.*.{m}") for m in ("norm1", "norm2")} == {"norm"}
+    assert plan["blocks.*.mlp"] == "block_input"
+    assert not [op for _v, m, op, label, _lay in costs.layouts[2]
+                if m.startswith("blocks.") and label.endswith("|d0")]
 
 
 def test_a_module_running_several_matmuls_is_styled_by_its_splits() -> None:
