@@ -544,11 +544,12 @@ class ShardingProblem:
             on_tokens = lp is not None and self._on_tokens(v, lp, self.token_dims)
             if size > 1 and lp is not None and not light and on_tokens:
                 return False
-            if size > 1 and light and on_tokens and lp is not None and lp.out is not None \
-                    and lp.out != max(self.token_dims.get(v) or {lp.out}):
+            certain = self.score_dims.get(v) or frozenset()
+            if size > 1 and light and lp is not None and lp.out in certain \
+                    and lp.out != max(certain):
                 # Sequence parallelism splits the sequence, the innermost of the dims that
-                # hold tokens (torch's SequenceParallel shards dim 1 of [batch, seq, ...]),
-                # not the samples of a micro-batch traced with more than one.
+                # loops carry tokens along (torch's SequenceParallel shards dim 1 of [batch,
+                # seq, ...]), not the samples of a micro-batch traced with more than one.
                 return False
             if size > 1 and lp is not None and lp.out is None and not on_tokens \
                     and node.family == "reduction":
