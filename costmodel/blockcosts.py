@@ -283,8 +283,17 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
             act = e * b * (m * k + k * nn + m * nn) - w
             needs = [r.grad for r in n.inputs]
             back = int(len(needs) >= 2 and needs[-2]) + int(bool(needs and needs[-1]))
+            # A linear (an activation times a weight matrix) that torchao's float8 training
+            # runs as a Float8Linear: torchtitan converts every nn.Linear whose dims are
+            # multiples of 16 (torchtitan's Float8LinearConverter); a router stays in bf16
+            # (quantizing it perturbs the experts chosen; the formulas cast none either).
+            full = [lp.size for lp in n.loops if lp.role in ("n", "k")]
+            linear = b_w and not a_w and "b" not in roles and not expert \
+                and v not in p.routers and all(x % 16 == 0 for x in full)
             return Kernels(gemms=(Gemm(2 * m * nn * k * b, act, w,
-                                       bool(aligned(nn, k, e)), back, expert=expert),))
+                                       bool(aligned(nn, k, e)), back, expert=expert,
+                                       cast_in=m * k if linear else 0.0,
+                                       cast_out=m * nn if linear else 0.0),))
     moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
     if n.family == "embedding":
         # A lookup reads the rows it gathers, not the table: the indices, then a row read
@@ -366,11 +375,11 @@ def _readers(sol: Solution, i: int) -> set[int]:
 
 def _merge_gemms(k: Kernels) -> Kernels:
     """``k`` with identical matmuls counted once each, with their count."""
-    counts: dict[tuple[float, float, float, bool, int, bool], int] = {}
+    counts: dict[Gemm, int] = {}
     for g in k.gemms:
-        key = (g.flops, g.activation_bytes, g.weight_bytes, g.aligned, g.backward, g.expert)
+        key = dataclasses.replace(g, count=1)
         counts[key] = counts.get(key, 0) + g.count
-    return dataclasses.replace(k, gemms=tuple(Gemm(*key[:5], count=c, expert=key[5])
+    return dataclasses.replace(k, gemms=tuple(dataclasses.replace(key, count=c)
                                               for key, c in counts.items()))
 
 

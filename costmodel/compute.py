@@ -39,9 +39,9 @@ from costmodel.model import ModelSpec
 from costmodel.units import Num
 
 __all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "eager_bytes",
-           "eager_cast_bytes",
-           "flash_attention_time", "float8_cast_time", "gemm_time", "layer_compute",
-           "lm_head_compute", "loss_kind", "memory_time"]
+           "eager_cast_bytes", "flash_attention_time", "float8_cast_time", "float8_casts",
+           "float8_gather", "gemm_time", "layer_compute", "lm_head_compute", "loss_kind",
+           "matmul_dtype", "memory_time"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -143,6 +143,12 @@ def _dtypes(job: Job) -> tuple[str, float, float]:
     if job.precision == "fp8":
         return "fp8", 2.0, 1.0
     return job.precision, 2.0, 2.0
+
+
+def matmul_dtype(job: Job) -> str:
+    """The dtype the job's matmuls run in (``GPU.peak_flops``'s key): tf32 for fp32 jobs, fp8
+    for fp8 ones (their attention runs in bf16: ``flash_attention_time``)."""
+    return _dtypes(job)[0]
 
 
 def autocast_rows(job: Job, zero: np.ndarray, tp: np.ndarray, pp: np.ndarray,
@@ -590,33 +596,66 @@ def eager_cast_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: n
 
 def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
                      t: np.ndarray, moe: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) seconds of torchao's dynamic float8 casts in one layer.
-
-    Each Float8Linear takes the amax of its input and casts it to fp8 (read e twice, write 1;
-    compiled, the amax fuses into the cast: read e, write 1) in forward; in backward the same
-    for its output gradient, and a transposed fp8 copy of the input and of the output
-    gradient for the weight-gradient matmul (read e, write 1 each)
-    (torchao/float8/float8_linear.py, tensorwise and rowwise recipes). Inputs are counted per
-    linear (q, k and v, and the MLP's gate and up projections, cast their shared input each).
-    The row-wise recipe (``Job.float8_recipe``) scales each operand along the other axis for
-    the weight-gradient matmul, which one pass cannot: its first kernel also writes a
-    transposed bf16 copy (write e more per element of the input and of the output gradient),
-    which a second kernel casts; torchao's roofline model of the recipes counts 8 bytes per
-    element row-wise against 6 tensor-wise (pytorch/ao@0598012,
-    torchao/testing/training/roofline_utils.py, get_tensor_memory_traffic_ovhd_s).
-    """
+    """(forward, backward) seconds of torchao's dynamic float8 casts in one layer
+    (``float8_casts``): one Float8Linear per projection, each casting its own input (q, k
+    and v, and the MLP's gate and up projections, cast their shared input each); a MoE
+    layer's routed experts and its router are not Float8Linears."""
     h = float(model.hidden_size)
-    e = 2.0
     ffn = 0.0 if moe else float(model.ffn_hidden_size or 0)
     n_up = 2.0 if model.gated_mlp else 1.0
     ins = tokens * (3 * h + model.q_dim / t + n_up * h * (ffn > 0) + ffn / t)
     outs = tokens * ((model.q_dim + 2 * model.kv_dim) / t + h + n_up * ffn / t + h * (ffn > 0))
+    linears = 4.0 + (n_up + 1.0) * (ffn > 0)
+    return float8_casts(gpu, job, ins, outs, linears)
+
+
+def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of torchao's dynamic float8 casts of ``linears``
+    Float8Linears whose activation inputs hold ``ins`` elements and whose outputs ``outs``.
+
+    Each takes the amax of its input and casts it to fp8 (read e twice, write 1; compiled,
+    the amax fuses into the cast: read e, write 1) in forward, in one kernel per pass; in
+    backward the same for its output gradient, and a transposed fp8 copy of the input and
+    of the output gradient for the weight-gradient matmul (read e, write 1 each)
+    (torchao/float8/float8_linear.py, tensorwise and rowwise recipes). The row-wise recipe
+    (``Job.float8_recipe``) scales each operand along the other axis for the weight-gradient
+    matmul, which one pass cannot: its first kernel also writes a transposed bf16 copy
+    (write e more per element of the input and of the output gradient), which a second
+    kernel casts; torchao's roofline model of the recipes counts 8 bytes per element
+    row-wise against 6 tensor-wise (pytorch/ao@0598012,
+    torchao/testing/training/roofline_utils.py, get_tensor_memory_traffic_ovhd_s).
+    """
+    e = 2.0
     cast = (e + 1.0) if job.compile else (2 * e + 1.0)
-    kernels = (5.0 + 2.0 * n_up) * (1.0 if job.compile else 2.0)
+    kernels = np.asarray(linears, dtype=float) * (1.0 if job.compile else 2.0)
     rowwise = e if job.float8_recipe == "rowwise" else 0.0
-    fwd = memory_time(gpu, (cast + rowwise) * ins, kernels)
-    bwd = memory_time(gpu, (cast + rowwise) * outs + (e + 1.0) * (ins + outs), 2 * kernels)
+    fwd = memory_time(gpu, (cast + rowwise) * np.asarray(ins, dtype=float), kernels)
+    bwd = memory_time(gpu, (cast + rowwise) * np.asarray(outs, dtype=float)
+                      + (e + 1.0) * (np.asarray(ins, dtype=float) + outs), 2 * kernels)
     return fwd, bwd
+
+
+def float8_gather(framework_name: str, job: Job, e: float) -> tuple[float, bool]:
+    """(bytes per element of the SP all-gathers that feed a layer's matmuls, whether async TP
+    fuses them with their matmuls).
+
+    torchtitan with torchao's tensorwise float8 puts ``Float8ColwiseParallel``,
+    ``Float8RowwiseParallel`` and ``PrepareFloat8ModuleInput`` on its TP linears: a linear's
+    input is cast to float8 before its forward all-gather, and a row-parallel output's
+    gradient before the all-gather that is its reduce-scatter's backward, so every SP
+    all-gather moves one byte per element; the reduce-scatters stay bf16 (torchao/float8/
+    float8_tensor_parallel.py; torchtitan's parallelize ``apply_tp`` takes those styles for
+    the tensorwise recipe only: rowwise, its all-gathers move bf16). With the rowwise
+    recipe, async TP's pattern match of all-gather then matmul misses the row-scaled matmul,
+    so those all-gathers run unfused (pytorch/pytorch#149990, March 2025; torchtitan
+    benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md: async TP adds 4-6 % rowwise
+    against 9-16 % tensorwise and bf16). ``e``: the activations' bytes per element."""
+    if framework_name != "torchtitan" or job.precision != "fp8":
+        return e, True
+    if job.float8_recipe == "rowwise":
+        return e, False
+    return 1.0, True
 
 
 def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,

@@ -27,12 +27,14 @@ from costmodel.compute import (
     FLASH_BACKWARD_FLOPS,
     LayerCompute,
     flash_attention_time,
+    float8_casts,
     memory_time,
 )
+from costmodel.config import Job
 from costmodel.hardware import GPU
 from costmodel.units import Num
 
-__all__ = ["Gemm", "Kernels", "kernel_compute"]
+__all__ = ["Gemm", "Kernels", "float8_cast_compute", "kernel_compute"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,10 @@ class Gemm:
     (0-2); ``count``: how many such matmuls the block runs; ``expert``: a batched matmul of
     a MoE layer's routed experts, whose weights expert parallelism splits (each of ``ep``
     ranks holds 1/ep of the experts and runs ep times their tokens: the same FLOPs and
-    activations, 1/ep of the weights)."""
+    activations, 1/ep of the weights). ``cast_in``, ``cast_out``: for a linear that
+    torchao's float8 training runs as a Float8Linear, the elements of its activation input
+    and of its output on the rank (what its dynamic casts read, ``float8_cast_compute``);
+    zero for any other matmul."""
 
     flops: float
     activation_bytes: float
@@ -52,6 +57,8 @@ class Gemm:
     backward: int
     count: int = 1
     expert: bool = False
+    cast_in: float = 0.0
+    cast_out: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -131,3 +138,13 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
                         core_forward=core_f, core_backward=core_b, qkv_gemm=zero,
                         up_gemm=zero, proj_gemm=zero, down_gemm=zero)
 
+
+def float8_cast_compute(gpu: GPU, job: Job, k: Kernels, r: Num) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds per row of torchao's dynamic float8 casts of the
+    Float8Linears among ``k``'s matmuls (``Gemm.cast_in``) at ``r`` (per row) times the
+    traced tokens (``costmodel.compute.float8_casts``, as the formulas count a layer's)."""
+    r = np.asarray(r, dtype=float)
+    linears = [g for g in k.gemms if g.cast_in]
+    ins = sum(g.count * g.cast_in for g in linears) * r
+    outs = sum(g.count * g.cast_out for g in linears) * r
+    return float8_casts(gpu, job, ins, outs, float(sum(g.count for g in linears)) + 0.0 * r)

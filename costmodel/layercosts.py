@@ -57,14 +57,16 @@ from costmodel.arrays import ConfigArrays, Distinct
 from costmodel.compute import (
     LayerCompute,
     autocast_rows,
+    float8_gather,
     layer_compute,
     lm_head_compute,
     loss_kind,
+    matmul_dtype,
 )
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.frameworks import framework
-from costmodel.kernels import Gemm, Kernels, kernel_compute
+from costmodel.kernels import Gemm, Kernels, float8_cast_compute, kernel_compute
 from costmodel.model import ModelSpec
 from costmodel.units import compute_bytes
 
@@ -803,12 +805,18 @@ class LayerCosts:
         """A traced block's ``LayerCompute`` per row: its kernels at the row's TP degree,
         scaled to the row's micro-batch (zero without the block)."""
         share = self._token_share(job, a)
-        dtype = "bf16" if job.precision == "fp8" else job.precision  # as traced
+        # The job's matmul dtype (tf32 for fp32, fp8), as the formulas run theirs; the bytes
+        # moved are as traced.
+        dtype = matmul_dtype(job)
         fields = [f.name for f in dataclasses.fields(LayerCompute)]
         out = {name: np.zeros(np.shape(a.tp)) for name in fields}
         if block is None:
             return LayerCompute(**out)
-        op = framework(job.framework).selective_recompute == "op"
+        fw = framework(job.framework)
+        op = fw.selective_recompute == "op"
+        # torchao's float8 training casts each Float8Linear's input and output gradient in
+        # a layer (the formulas' ``compute.float8_cast_time``; the head stays in bf16).
+        casts = fw.torchao_float8 and job.precision == "fp8" and block.kind == "layer"
         for _t, c, rows in self._degree_rows(block, a):
             run = (c.compiled if job.compile and c.compiled is not None else c.kernels) \
                 or Kernels()
@@ -819,7 +827,16 @@ class LayerCosts:
                 again = dataclasses.replace(run, gemms=c.op_recomputed.gemms,
                                             attention_flops=0.0, attention_kernels=0,
                                             attention_backward=False)
+            if dtype == "fp8" and block.kind == "layer":
+                run, again = _fp8_operands(run), again and _fp8_operands(again)
             lc = kernel_compute(gpu, dtype, run, share[rows], again, ep=a.ep[rows])
+            if casts:
+                cast_f, cast_b = float8_cast_compute(gpu, job, run, share[rows])
+                # Per-op AC re-runs every memory-bound kernel, the casts among them.
+                lc = dataclasses.replace(lc, forward=lc.forward + cast_f,
+                                         backward=lc.backward + cast_b,
+                                         selective=lc.selective + cast_f if op
+                                         else lc.selective)
             for name in fields:
                 out[name][rows] = getattr(lc, name)
         return LayerCompute(**out)
@@ -831,6 +848,7 @@ class LayerCosts:
         all exposed (inside a node; ``costmodel.sharding.reshard_time``'s costs)."""
         emb, head = self.edges()
         share = self._token_share(job, a)
+        gather = _float8_gather_share(job)
 
         def seconds(block: BlockCosts | None) -> np.ndarray:
             out = np.zeros(np.shape(a.tp))
@@ -838,6 +856,8 @@ class LayerCosts:
                 return out
             for t, c, rows in self._degree_rows(block, a):
                 for kind, nbytes in c.collectives.items():
+                    if kind == "all-gather" and block.kind == "layer":
+                        nbytes = nbytes * gather
                     out[rows] = out[rows] + _collective_seconds(
                         topo, kind, nbytes * share[rows], c.collective_calls.get(kind, 1.0), t)
             return out
@@ -849,7 +869,7 @@ class LayerCosts:
         """A traced graph's all-gathers that torchtitan's per-op selective AC runs again in
         backward, seconds per micro-batch per row, one layer of each kind
         (``ShardCosts.op_regather``; a preset's are ``costmodel.stepterms``'s)."""
-        share = self._token_share(job, a)
+        share = self._token_share(job, a) * _float8_gather_share(job)
         out = []
         for block in self.layer_blocks():
             secs = np.zeros(np.shape(a.tp))
@@ -1027,6 +1047,24 @@ def _pattern(module: str, runs: Mapping[str, str]) -> str:
         if module == run or module.startswith(run + "."):
             return pat + module[len(run):]
     return module
+
+
+def _fp8_operands(k: Kernels) -> Kernels:
+    """``k`` with its fp8 matmuls (a layer's linears, ``Gemm.cast_in``, and routed experts)
+    reading and writing one byte per element where the trace moved two, as the formulas
+    time a layer's fp8 matmuls (``compute.gemm_time`` at one byte per element)."""
+    return dataclasses.replace(k, gemms=tuple(
+        dataclasses.replace(g, activation_bytes=g.activation_bytes / 2,
+                            weight_bytes=g.weight_bytes / 2)
+        if g.cast_in or g.expert else g for g in k.gemms))
+
+
+def _float8_gather_share(job: Job) -> float:
+    """The share of a traced layer's all-gather bytes (traced in bf16) that ``job`` moves:
+    torchtitan's tensorwise float8 TP styles gather the float8 cast of a linear's input
+    (``compute.float8_gather``; a layer's SP all-gathers are its linears' inputs and, in
+    backward, their output gradients)."""
+    return float8_gather(job.framework, job, 2.0)[0] / 2.0
 
 
 def _collective_seconds(topo: Topology, kind: str, nbytes: np.ndarray, calls: float, t: int

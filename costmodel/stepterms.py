@@ -23,6 +23,7 @@ from costmodel.comm import Topology
 from costmodel.compute import (
     LayerCompute,
     autocast_rows,
+    float8_gather,
     memory_time,
 )
 from costmodel.config import Job
@@ -357,24 +358,8 @@ def _tp_pipelined(r: Rows) -> bool:
 
 def _float8_gather(r: Rows) -> tuple[float, bool]:
     """(bytes per element of the SP all-gathers that feed matmuls, whether async TP fuses
-    them with their matmuls).
-
-    torchtitan with torchao's tensorwise float8 puts ``Float8ColwiseParallel``,
-    ``Float8RowwiseParallel`` and ``PrepareFloat8ModuleInput`` on its TP linears: a linear's
-    input is cast to float8 before its forward all-gather, and a row-parallel output's
-    gradient before the all-gather that is its reduce-scatter's backward, so every SP
-    all-gather moves one byte per element; the reduce-scatters stay bf16 (torchao/float8/
-    float8_tensor_parallel.py; torchtitan's parallelize ``apply_tp`` takes those styles for
-    the tensorwise recipe only: rowwise, its all-gathers move bf16). With the rowwise
-    recipe, async TP's pattern match of all-gather then matmul misses the row-scaled matmul,
-    so those all-gathers run unfused (pytorch/pytorch#149990, March 2025; torchtitan
-    benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md: async TP adds 4-6 % rowwise
-    against 9-16 % tensorwise and bf16)."""
-    if r.fw != "torchtitan" or r.job.precision != "fp8":
-        return r.e, True
-    if r.job.float8_recipe == "rowwise":
-        return r.e, False
-    return 1.0, True
+    them with their matmuls): ``costmodel.compute.float8_gather``."""
+    return float8_gather(r.fw, r.job, r.e)
 
 
 def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None

@@ -320,19 +320,21 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
 
 
 def _torchtitan_tables_agree(traced: LayerCosts, spec: ModelSpec, seq: int, compiled: bool,
-                             sp: bool, degrees: tuple[int, ...]
+                             sp: bool, degrees: tuple[int, ...], precision: str = "bf16"
                              ) -> tuple[Cluster, Job, ConfigArrays, TimeTable]:
     """Asserts that the traced costs' peak memory and step time equal the preset's formulas
     within 1 % under torchtitan's conventions on 32 H100s, over the TP ``degrees`` x PP 1-2
     x ZeRO 2/3 x micro-batch 1-2 x the three recompute modes; returns (cluster, job, the
-    configurations' arrays, the traced step-time table)."""
+    configurations' arrays, the traced step-time table). ``precision``: bf16, or fp8 with
+    torchao's ``tensorwise`` or ``rowwise`` recipe (``fp8-rowwise``)."""
     from costmodel import ParallelConfig
     from costmodel.memory import memory_table
     from costmodel.steptime import time_table
 
     cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
-    job = Job(global_batch_size=64, seq_len=seq, precision="bf16", framework="torchtitan",
-              compile=compiled)
+    dtype, _, recipe = precision.partition("-")
+    job = Job(global_batch_size=64, seq_len=seq, precision=dtype, framework="torchtitan",
+              compile=compiled, float8_recipe=recipe or "tensorwise")
     configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z, micro_batch_size=b,
                               recompute=r, sequence_parallel=sp and t > 1)
                for t in degrees for p in (1, 2) for z in (2, 3) for b in (1, 2)
@@ -383,11 +385,12 @@ def _long_graph(name: str) -> tuple[LayerGraph, ModelSpec]:
                                   dtype=torch.bfloat16, loss_fn=_cross_entropy), spec
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "fp8-rowwise"])
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp-sp"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "gpt3-350m"])
 def test_a_traced_layer_split_eight_ways_on_a_long_sequence(name: str, compiled: bool,
-                                                            sp: bool) -> None:
+                                                            sp: bool, precision: str) -> None:
     """At tp 8 and 2,048 tokens the traced reference transformer runs as Megatron-LM splits
     it, and its step time and peak memory equal the formulas' within 1 %, eager and
     compiled. Before, on Llama 3.2 1B without sequence parallelism, the ILP split the
@@ -396,14 +399,18 @@ def test_a_traced_layer_split_eight_ways_on_a_long_sequence(name: str, compiled:
     fused norm cut in two); the fp32 cast of a layer's input was counted as split as the
     embedding made it, not whole as the layer reads it (2 % fast); and under sequence
     parallelism a compiled region was counted writing the gathered tensor where it writes
-    its sequence shard (GPT-3 350M: 2 % slow)."""
+    its sequence shard (GPT-3 350M: 2 % slow). In fp8 (torchao's float8 training, tensorwise
+    or rowwise) a traced layer's matmuls run at the fp8 rate on one-byte operands, each
+    Float8Linear casts its input and output gradient (``compute.float8_casts``) and, tensorwise,
+    the SP all-gathers move float8 (``compute.float8_gather``), as the formulas have them;
+    before, a traced module's fp8 job was costed as bf16 (0.81-1.08x the formulas)."""
     graph, spec = _long_graph(name)
     traced = LayerCosts.from_graph(graph, NODE, Job(global_batch_size=8, seq_len=2048),
                                    tp_degrees=[1, 8], sequence_parallel=sp)
     # No reduction is split along what it sums (a strategy label "<mesh>|sum").
     assert not [op for _v, _m, op, label, _lay in traced.layouts[8]
                 if op.split(".")[1] in ("mean", "sum") and label.endswith("|sum")]
-    _torchtitan_tables_agree(traced, spec, 2048, compiled, sp, (8,))
+    _torchtitan_tables_agree(traced, spec, 2048, compiled, sp, (8,), precision)
 
 
 class _Chain(nn.Module):
