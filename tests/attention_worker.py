@@ -90,6 +90,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
+    dist.barrier()  # both ranks leave together
     dist.destroy_process_group()
 
 
