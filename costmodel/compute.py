@@ -694,7 +694,12 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
                        proj_gemm=zero, down_gemm=zero)
     v = padded_vocab(fw, model.vocab_size, t) / t if not model.patch_size \
         else float(model.vocab_size) / t
-    head_gemm = gemm_time(gpu, dtype, tokens, v, h, bytes_per_element=e)
+    # An fp8 job keeps its output layer in bf16: Megatron-Core runs fp8 only inside its
+    # transformer layers (Transformer Engine's fp8 autocast wraps each layer; the output
+    # layer is a plain ColumnParallelLinear), and torchtitan leaves ``output`` out of
+    # torchao's float8 conversion (its Float8 converter's module filter).
+    head_gemm = gemm_time(gpu, "bf16" if dtype == "fp8" else dtype, tokens, v, h,
+                          bytes_per_element=e)
     logits = tokens * v
     norm = 2 * e_act * tokens * h * rep
     cast = np.where(ac, CAST_BYTES * (tokens * h + v * h), 0.0)  # input and weight casts

@@ -805,13 +805,16 @@ class LayerCosts:
         """A traced block's ``LayerCompute`` per row: its kernels at the row's TP degree,
         scaled to the row's micro-batch (zero without the block)."""
         share = self._token_share(job, a)
-        # The job's matmul dtype (tf32 for fp32, fp8), as the formulas run theirs; the bytes
-        # moved are as traced.
-        dtype = matmul_dtype(job)
         fields = [f.name for f in dataclasses.fields(LayerCompute)]
         out = {name: np.zeros(np.shape(a.tp)) for name in fields}
         if block is None:
             return LayerCompute(**out)
+        # The job's matmul dtype (tf32 for fp32, fp8), as the formulas run theirs; the bytes
+        # moved are as traced. fp8 runs in the layers only: the input and output sides stay
+        # in bf16 (``compute.lm_head_compute``).
+        dtype = matmul_dtype(job)
+        if dtype == "fp8" and block.kind != "layer":
+            dtype = "bf16"
         fw = framework(job.framework)
         op = fw.selective_recompute == "op"
         # torchao's float8 training casts each Float8Linear's input and output gradient in

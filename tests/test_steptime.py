@@ -701,6 +701,36 @@ def test_float8_rowwise_casts_write_a_transposed_copy_more() -> None:
         Job(global_batch_size=8, seq_len=8192, float8_recipe="delayed")
 
 
+def test_float8_casts_one_per_float8_linear_and_the_output_layer_in_bf16() -> None:
+    # torchao's Float8Linear casts its own input (torchao/float8/float8_linear.py): a gated
+    # layer has 7 (q, k, v, o, gate, up, down), a plain MLP's 6, a MoE layer's attention 4
+    # (its router and experts are not Float8Linears); one kernel per cast compiled, two
+    # eager (the amax, then the cast). At no tokens only the launches remain.
+    from costmodel.compute import float8_cast_time, lm_head_compute
+
+    gpu = H100.gpu
+    job = Job(global_batch_size=8, seq_len=8192, precision="fp8", framework="torchtitan",
+              compile=True)
+    launch = gpu.efficiency.kernel_overhead_s
+    zero, one = np.array([0.0]), np.array([1.0])
+    plain = dataclasses.replace(LLAMA, gated_mlp=False)
+    for model, moe, casts in ((LLAMA, False, 7), (plain, False, 6), (LLAMA, True, 4)):
+        fwd, bwd = float8_cast_time(model, gpu, job, zero, one, moe)
+        assert fwd[0] == pytest.approx(casts * launch) and bwd[0] == pytest.approx(2 * fwd[0])
+        eager, _ = float8_cast_time(model, gpu, dataclasses.replace(job, compile=False),
+                                    zero, one, moe)
+        assert eager[0] == pytest.approx(2 * fwd[0])
+    # The output layer stays in bf16 (Megatron-Core's fp8 runs inside its transformer
+    # layers; torchtitan leaves ``output`` out of its float8 conversion): its matmul takes
+    # as long as in a bf16 job, where a layer's runs faster.
+    bf16 = dataclasses.replace(job, precision="bf16")
+    rows = (np.array([1]), np.array([1]), np.array([1]), np.array([0]))
+    assert lm_head_compute(LLAMA, gpu, job, *rows)[1].forward[0] == pytest.approx(
+        lm_head_compute(LLAMA, gpu, bf16, *rows)[1].forward[0])
+    fp8_layer = layer_compute(LLAMA, gpu, job, *rows, moe=False).forward[0]
+    assert fp8_layer < layer_compute(LLAMA, gpu, bf16, *rows, moe=False).forward[0]
+
+
 def test_torchtitans_per_op_sac_gathers_again_in_backward() -> None:
     # torchtitan's per-op selective AC saves matmul, attention and reduce-scatter outputs,
     # not all-gathers (torchtitan _apply_ac_to_transformer_block's _save_list): under TP with
