@@ -696,8 +696,9 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
         else float(model.vocab_size) / t
     # An fp8 job keeps its output layer in bf16: Megatron-Core runs fp8 only inside its
     # transformer layers (Transformer Engine's fp8 autocast wraps each layer; the output
-    # layer is a plain ColumnParallelLinear), and torchtitan leaves ``output`` out of
-    # torchao's float8 conversion (its Float8 converter's module filter).
+    # layer is a plain ColumnParallelLinear), and torchtitan's float8 converter leaves
+    # ``output`` out of torchao's conversion (a fixed module filter in its 2024-25
+    # releases, ``filter_fqns`` since: ``planner.emit.torchtitan`` writes it).
     head_gemm = gemm_time(gpu, "bf16" if dtype == "fp8" else dtype, tokens, v, h,
                           bytes_per_element=e)
     logits = tokens * v

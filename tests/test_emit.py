@@ -231,6 +231,11 @@ def test_torchtitan_gets_the_jobs_float8_recipe() -> None:
         p = make_plan("llama-3-8b", 2, PC(dp=16, zero_stage=3), "torchtitan", precision="fp8",
                       float8_recipe=recipe)
         assert f'recipe_name = "{recipe}"' in p.emit("torchtitan")
+        # The output layer stays in bf16, as the cost model times it
+        # (costmodel.compute.lm_head_compute); a MoE model's router gates too.
+        assert 'filter_fqns = ["output"]' in p.emit("torchtitan")
+    moe = make_plan("mixtral-8x7b", 4, PC(dp=32, zero_stage=3), "torchtitan", precision="fp8")
+    assert 'filter_fqns = ["output", "router.gate"]' in moe.emit("torchtitan")
 
 
 # ---- the trainers' own parsers --------------------------------------------------------------
@@ -292,6 +297,10 @@ def test_torchtitan_config_manager_reads_emitted_toml(case: Plan, tmp_path: Path
 
         get_schedule_class(par.pipeline_parallel_schedule)
     assert jc.activation_checkpoint.mode in ("none", "selective", "full")
+    if case.job.precision == "fp8":
+        # torchtitan reads the recipe and the layers it leaves in bf16 (its output layer).
+        f8 = jc.quantize.linear.float8
+        assert f8.recipe_name == case.job.float8_recipe and "output" in f8.filter_fqns
 
 
 def _deepspeed_config(text: str, dp: int) -> object:

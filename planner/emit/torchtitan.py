@@ -141,6 +141,15 @@ def _parts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> list[list[str]
     return parts
 
 
+def _float8_filter(model: ModelSpec | LayerCosts) -> list[str]:
+    """The module FQNs torchtitan's float8 converter is told to leave in bf16: a preset's
+    ``output`` layer and its MoE routers' gates (torchtitan's names), a traced module's
+    output-side layers (its head)."""
+    if isinstance(model, ModelSpec):
+        return ["output", "router.gate"] if model.is_moe else ["output"]
+    return [m for b in model.blocks if b.kind == "head" for m in b.members]
+
+
 def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
              ) -> dict[str, dict[str, Any]]:
     """The job config as TOML tables (a traced module's ``[model]`` names it: register a
@@ -188,8 +197,11 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
     }
     if job.precision == "fp8":
         # torchao's dynamic scaling recipe the job names (Job.float8_recipe), whose casts
-        # the cost model times (costmodel.compute.float8_cast_time).
-        out["quantize.linear.float8"] = {"recipe_name": job.float8_recipe}
+        # the cost model times (costmodel.compute.float8_cast_time); the output layer (and a
+        # MoE router) kept in bf16 as the cost model keeps them (compute.lm_head_compute):
+        # torchtitan converts every linear whose FQN contains none of filter_fqns.
+        out["quantize.linear.float8"] = {"recipe_name": job.float8_recipe,
+                                         "filter_fqns": _float8_filter(model)}
     if job.compile:
         # torch.compile of the blocks and the loss (Job.compile; lower turns it on for async TP).
         out["compile"] = {"enable": True, "components": ["model", "loss"]}
