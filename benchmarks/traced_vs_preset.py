@@ -9,9 +9,10 @@ Prints, per model: the largest relative difference of any memory term, the range
 traced / preset step-time ratio, the Spearman rank correlation of the step times over the
 grid, whether ``planner.plan`` picks the same configuration, and the ratio of the two plans'
 step times. torchtitan's conventions (eager kernels, which the reference module runs; its
-per-op selective recompute) under FSDP (ZeRO 2, 3), eager and under ``torch.compile`` (the
-rows marked ``compiled``). The four dense presets, and the small mixture of experts of the
-traced MoE test (``tests/test_layercosts.py``).
+per-op selective recompute) under FSDP (ZeRO 2, 3), TP 1-8 with and without sequence
+parallelism, eager and under ``torch.compile`` (the rows marked ``compiled``), and compiled
+with torchao's tensor-wise float8 (``fp8``). The four dense presets, and the small mixture
+of experts of the traced MoE test (``tests/test_layercosts.py``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _cross_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
-    print(f"{'model':<23s} {'memory max err':>15s} {'step ratio':>14s} {'spearman':>9s} "
+    print(f"{'model':<28s} {'memory max err':>15s} {'step ratio':>14s} {'spearman':>9s} "
           f"{'same plan':>10s} {'plan step':>10s}")
     # The four dense presets, and a small mixture of experts (top-2 of 8), whose reference
     # module dispatches through fixed capacities where the formulas count torchtitan's
@@ -51,8 +52,9 @@ def main() -> None:
     moe = ModelSpec(name="small-moe", num_layers=8, hidden_size=1024, num_heads=16,
                     num_kv_heads=8, vocab_size=32000, ffn_hidden_size=2816, gated_mlp=True,
                     num_experts=8, top_k=2, moe_ffn_hidden_size=1408)
-    for compiled in (False, True):
-        job = Job(global_batch_size=64, seq_len=SEQ, framework="torchtitan", compile=compiled)
+    for precision, compiled in (("bf16", False), ("bf16", True), ("fp8", True)):
+        job = Job(global_batch_size=64, seq_len=SEQ, precision=precision,
+                  framework="torchtitan", compile=compiled)
         for name in ("llama-3.2-1b", "llama-3-8b", "gpt3-350m", "gpt3-2.7b", moe.name):
             _compare(name, moe, cluster, job)
 
@@ -65,11 +67,12 @@ def _compare(name: str, moe: ModelSpec, cluster: Cluster, job: Job) -> None:
     module = build_model(spec, device="meta", dropout=0.1 if spec.dropout else 0.0)
     graph = LayerGraph.from_module(module, torch.zeros(1, SEQ, dtype=torch.long),
                                    dtype=torch.bfloat16, loss_fn=_cross_entropy)
-    traced = LayerCosts.from_graph(graph, cluster, job)
+    traced = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both")
     configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z,
-                              micro_batch_size=b, recompute=r)
+                              micro_batch_size=b, recompute=r, sequence_parallel=sp)
                for t in (1, 2, 4, 8) for p in (1, 2) for z in (2, 3) for b in (1, 2)
-               for r in ("none", "selective", "full")]
+               for r in ("none", "selective", "full") for sp in (False, True)
+               if t > 1 or not sp]
     a = ConfigArrays.from_configs(spec, configs)
     mw, mg = memory_table(spec, cluster, job, a), memory_table(traced, cluster, job, a)
     err = max(float(np.max(np.abs(mg.terms[k] - mw.terms[k])
@@ -80,8 +83,9 @@ def _compare(name: str, moe: ModelSpec, cluster: Cluster, job: Job) -> None:
     rho = spearmanr(tw.step_time, tg.step_time).correlation
     got, want = planner.plan(traced, cluster, job), planner.plan(spec, cluster, job)
     plan_ratio = (got.estimate.step_time_s or 0.0) / (want.estimate.step_time_s or 1.0)
-    name = name + (" (compiled)" if job.compile else "")
-    print(f"{name:<23s} {100 * err:>14.2f}% {ratio.min():>6.3f}-{ratio.max():.3f}x "
+    name = name + (" (fp8, compiled)" if job.precision == "fp8"
+                   else " (compiled)" if job.compile else "")
+    print(f"{name:<28s} {100 * err:>14.2f}% {ratio.min():>6.3f}-{ratio.max():.3f}x "
           f"{rho:>9.3f} {'yes' if got.config == want.config else 'no':>10s} "
           f"{plan_ratio:>9.3f}x")
 

@@ -389,6 +389,7 @@ class ShardingProblem:
             self.charged[v] = mine
             seen |= mine
         self.routers = self._routers()
+        self.routed = self._routed()
         self.strategies = {v: self._strategies(v) for v in self.nodes}
         self.follow = self._followers()
         self.groups = self._groups()
@@ -515,6 +516,26 @@ class ShardingProblem:
                         stack.append(u)
         return out
 
+    def _routed(self) -> set[int]:
+        """The nodes of each MoE layer's expert block: those of the module that runs a top-k
+        choosing among more experts than it keeps (the router's scores), and of that module's
+        children (the router, the experts, the shared experts)."""
+        blocks: dict[str, str] = {}
+        for v in self.nodes:
+            n = self.graph.node(v)
+            if n.op.removeprefix("aten.").split(".")[0] != "topk" or not n.shape:
+                continue
+            src = self.inputs[v][0].source if self.inputs[v] else -1
+            scores = self.graph.node(src).shape if src >= 0 else ()
+            if scores and n.shape[-1] < scores[-1]:
+                blocks[self.layer[v]] = n.module
+        out = set()
+        for v in self.nodes:
+            prefix, module = blocks.get(self.layer[v]), self.graph.node(v).module
+            if prefix is not None and (module == prefix or module.startswith(prefix + ".")):
+                out.add(v)
+        return out
+
     def _tensor_parallel_ok(self, v: int, loops: list[Loop | None],
                             lays: list[Layout]) -> bool:
         """Under ``tensor_parallel``: no loop on tokens, every weight matrix that meets the
@@ -560,8 +581,12 @@ class ShardingProblem:
                 # statistics over the hidden size: Megatron-LM and torchtitan compute them
                 # on every rank, or on sequence shards with sequence parallelism).
                 return False
-            if size > 1 and lp is None and light:
-                return False  # sequence parallel: no memory-bound op runs replicated
+            if size > 1 and lp is None and light and v not in self.routed:
+                # Sequence parallel: no memory-bound op runs replicated, except in a MoE
+                # layer's expert block, which Megatron-LM runs on the gathered tokens (its
+                # routing and combine whole on each rank, the experts' partial sums
+                # reduce-scattered once after the combine).
+                return False
         if not self._meets_tokens(v, self.token_dims):
             return all(lp is None for lp in loops)
         if v in self.routers:

@@ -473,16 +473,9 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]], fusable: frozense
 
 def _routed(p: ShardingProblem, routing: dict[str, tuple[int, int]]) -> set[int]:
     """The nodes of each routing layer's expert block: those of the module that runs its
-    top-k, and of that module's children (the router, the experts)."""
-    blocks = {p.layer[v]: p.graph.node(v).module for v in p.nodes if p.layer[v] in routing
-              and p.graph.node(v).op.removeprefix("aten.").split(".")[0] == "topk"}
-    out = set()
-    for v in p.nodes:
-        prefix = blocks.get(p.layer[v])
-        module = p.graph.node(v).module
-        if prefix is not None and (module == prefix or module.startswith(prefix + ".")):
-            out.add(v)
-    return out
+    top-k, and of that module's children (the router, the experts): ``ShardingProblem``'s
+    ``routed``."""
+    return {v for v in p.routed if p.layer[v] in routing}
 
 
 def _add_memory_bound(sol: Solution, out: dict[str, _Tally], fused: set[int],
