@@ -389,6 +389,7 @@ class ShardingProblem:
             self.charged[v] = mine
             seen |= mine
         self.routers = self._routers()
+        self.routing_topks = self._routing_topks()
         self.routed = self._routed()
         self.strategies = {v: self._strategies(v) for v in self.nodes}
         self.follow = self._followers()
@@ -516,11 +517,11 @@ class ShardingProblem:
                         stack.append(u)
         return out
 
-    def _routed(self) -> set[int]:
-        """The nodes of each MoE layer's expert block: those of the module that runs a top-k
-        choosing among more experts than it keeps (the router's scores), and of that module's
-        children (the router, the experts, the shared experts)."""
-        blocks: dict[str, str] = {}
+    def _routing_topks(self) -> dict[int, tuple[int, int]]:
+        """The top-k nodes that route tokens to experts, each with (experts each token goes
+        to, experts): a ``topk`` over the router's scores keeping fewer than it chooses
+        among, its k the last dim of its output, the experts that of its input."""
+        out: dict[int, tuple[int, int]] = {}
         for v in self.nodes:
             n = self.graph.node(v)
             if n.op.removeprefix("aten.").split(".")[0] != "topk" or not n.shape:
@@ -528,7 +529,14 @@ class ShardingProblem:
             src = self.inputs[v][0].source if self.inputs[v] else -1
             scores = self.graph.node(src).shape if src >= 0 else ()
             if scores and n.shape[-1] < scores[-1]:
-                blocks[self.layer[v]] = n.module
+                out[v] = (n.shape[-1], scores[-1])
+        return out
+
+    def _routed(self) -> set[int]:
+        """The nodes of each MoE layer's expert block: those of the module that runs its
+        routing top-k (``routing_topks``), and of that module's children (the router, the
+        experts, the shared experts)."""
+        blocks = {self.layer[v]: self.graph.node(v).module for v in self.routing_topks}
         out = set()
         for v in self.nodes:
             prefix, module = blocks.get(self.layer[v]), self.graph.node(v).module

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from costmodel.arrays import divisors
@@ -115,19 +115,12 @@ def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
 
 
 def _routing(p: ShardingProblem) -> dict[str, tuple[int, int]]:
-    """Per layer that routes tokens to experts, (experts each token goes to, experts): a
-    ``topk`` over the router's scores, its k the last dim of its output, the experts that of
-    its input. Its batched matmuls with a weight operand are the routed experts'
-    (``_expert``)."""
+    """Per layer that routes tokens to experts, (experts each token goes to, experts), from
+    its top-k over the router's scores (``ShardingProblem.routing_topks``). Its batched
+    matmuls with a weight operand are the routed experts' (``_expert``)."""
     out: dict[str, tuple[int, int]] = {}
-    for v in p.nodes:
-        n = p.graph.node(v)
-        if n.backward or n.op.removeprefix("aten.").split(".")[0] != "topk" or not n.shape:
-            continue
-        src = p.inputs[v][0].source if p.inputs[v] else -1
-        scores = p.graph.node(src).shape if src >= 0 else ()
-        if scores and n.shape[-1] < scores[-1]:
-            out[p.layer[v]] = max(out.get(p.layer[v], (0, 0)), (n.shape[-1], scores[-1]))
+    for v, routing in p.routing_topks.items():
+        out[p.layer[v]] = max(out.get(p.layer[v], (0, 0)), routing)
     return out
 
 
@@ -344,8 +337,7 @@ def _copies(sol: Solution) -> list[tuple[str, Kernels, int, set[int]]]:
             # A cast of the layer's input runs on the input as the layer takes it (whole,
             # or sequence shards under SP; as ``_holders`` reads it): as split as its
             # readers read it, not as another layer's op made it.
-            share = min((_share(sol, sol.strategy(u).ins[k]) for u in readers
-                         for k, inp in enumerate(p.inputs[u]) if inp.source == src),
+            share = min((_share(sol, sol.strategy(u).ins[k]) for u, k in _uses(p, readers, src)),
                         default=1)
         moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / share
         out.append((n.layer, Kernels(memory_bytes=moved, memory_kernels=1,
@@ -400,11 +392,15 @@ def _holders(sol: Solution, v: int, src: int) -> int:
     made = _share(sol, sol.strategy(src).out)
     if p.layer[src] == p.layer[v]:
         return made
+    layer = [u for u in p.nodes if p.layer[u] == p.layer[v]]
     reads = [made if p.sequence_parallel and p.graph.node(u).family == "matmul"
-             else _share(sol, sol.strategy(u).ins[k])
-             for u in p.nodes if p.layer[u] == p.layer[v]
-             for k, inp in enumerate(p.inputs[u]) if inp.source == src]
+             else _share(sol, sol.strategy(u).ins[k]) for u, k in _uses(p, layer, src)]
     return min(reads, default=made)
+
+
+def _uses(p: ShardingProblem, users: Iterable[int], src: int) -> list[tuple[int, int]]:
+    """(node, input slot) of each input of ``users`` that is node ``src``'s output."""
+    return [(u, k) for u in users for k, inp in enumerate(p.inputs[u]) if inp.source == src]
 
 
 def _tally(sol: Solution, routing: dict[str, tuple[int, int]], fusable: frozenset[str]
@@ -463,19 +459,12 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]], fusable: frozense
                     m for m, q in zip(p.mesh.shape, lay, strict=True) if q >= 0))
     for (layer, _src), nbytes in held.items():
         out[layer].input_bytes += nbytes
-    routed = _routed(p, routing)
+    routed = p.routed  # the routing layers' expert blocks
     layers, readers = _by_layer(p), _consumers(p)
     compiled = _add_memory_bound(sol, out, fused, layers, readers)
     _op_checkpoint(sol, out, routed, compiled, layers, readers)
     _add_conversions(sol, out, routed)
     return out
-
-
-def _routed(p: ShardingProblem, routing: dict[str, tuple[int, int]]) -> set[int]:
-    """The nodes of each routing layer's expert block: those of the module that runs its
-    top-k, and of that module's children (the router, the experts): ``ShardingProblem``'s
-    ``routed``."""
-    return {v for v in p.routed if p.layer[v] in routing}
 
 
 def _add_memory_bound(sol: Solution, out: dict[str, _Tally], fused: set[int],
@@ -698,8 +687,7 @@ def _written(sol: Solution, v: int, outside: set[int], read: bool,
         return _made(sol, v)
     if outside:
         return max(min(p.graph.node(u).inputs[k].nbytes, p.graph.node(v).output_bytes)
-                   for u in outside for k, inp in enumerate(p.inputs[u]) if inp.source == v) \
-            / _share(sol, sol.strategy(v).out)
+                   for u, k in _uses(p, outside, v)) / _share(sol, sol.strategy(v).out)
     return kept.get(v, 0.0)
 
 

@@ -627,12 +627,12 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num
     torchao/testing/training/roofline_utils.py, get_tensor_memory_traffic_ovhd_s).
     """
     e = 2.0
+    ins, outs = np.asarray(ins, dtype=float), np.asarray(outs, dtype=float)
     cast = (e + 1.0) if job.compile else (2 * e + 1.0)
     kernels = np.asarray(linears, dtype=float) * (1.0 if job.compile else 2.0)
     rowwise = e if job.float8_recipe == "rowwise" else 0.0
-    fwd = memory_time(gpu, (cast + rowwise) * np.asarray(ins, dtype=float), kernels)
-    bwd = memory_time(gpu, (cast + rowwise) * np.asarray(outs, dtype=float)
-                      + (e + 1.0) * (np.asarray(ins, dtype=float) + outs), 2 * kernels)
+    fwd = memory_time(gpu, (cast + rowwise) * ins, kernels)
+    bwd = memory_time(gpu, (cast + rowwise) * outs + (e + 1.0) * (ins + outs), 2 * kernels)
     return fwd, bwd
 
 

@@ -147,4 +147,4 @@ def float8_cast_compute(gpu: GPU, job: Job, k: Kernels, r: Num) -> tuple[np.ndar
     linears = [g for g in k.gemms if g.cast_in]
     ins = sum(g.count * g.cast_in for g in linears) * r
     outs = sum(g.count * g.cast_out for g in linears) * r
-    return float8_casts(gpu, job, ins, outs, float(sum(g.count for g in linears)) + 0.0 * r)
+    return float8_casts(gpu, job, ins, outs, sum(g.count for g in linears))

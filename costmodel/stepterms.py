@@ -181,9 +181,9 @@ class _TPCollectives:
     all-reduces, with SP two all-gathers and two reduce-scatters), whether Megatron-LM's
     userbuffers or torchtitan's async TP pipeline them with their matmuls (``pipelined``) and
     the share of a matmul that hides a chunk (``chunked``, ``(tp - 1) / tp``).
-    ``gather``: one SP all-gather feeding a matmul (``_float8_gather``; ``ag`` but where it
+    ``gather``: one SP all-gather feeding a matmul (``compute.float8_gather``; ``ag`` but where it
     moves float8); ``fused_gather``: whether async TP fuses those all-gathers with their
-    matmuls (``_float8_gather``)."""
+    matmuls (``compute.float8_gather``)."""
 
     ar: np.ndarray
     ag: np.ndarray
@@ -356,12 +356,6 @@ def _tp_pipelined(r: Rows) -> bool:
     return r.fw in ("megatron", "torchtitan") and r.job.tp_comm_overlap
 
 
-def _float8_gather(r: Rows) -> tuple[float, bool]:
-    """(bytes per element of the SP all-gathers that feed matmuls, whether async TP fuses
-    them with their matmuls): ``costmodel.compute.float8_gather``."""
-    return float8_gather(r.fw, r.job, r.e)
-
-
 def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
                ) -> _TPLayers:
     """One layer's TP collectives per micro-batch (``_TPLayers``) per kernel group (per row
@@ -370,7 +364,7 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
     act = r.e * tokens * float(r.costs.hidden_size)  # one activation tensor, all of it
     ar = r.topo.all_reduce(act, tp, 1.0)
     ag = r.topo.all_gather(act, tp, 1.0)
-    width, fused = _float8_gather(r)
+    width, fused = float8_gather(r.fw, r.job, r.e)
     gather = ag if width == r.e else r.topo.all_gather(act * width / r.e, tp, 1.0)
     c = _TPCollectives(ar=ar, ag=ag, per_pass=np.where(sp, 2 * (gather + ag), 2 * ar),
                        pipelined=_tp_pipelined(r), chunked=(tp - 1) / tp, gather=gather,
