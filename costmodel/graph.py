@@ -58,7 +58,7 @@ from costmodel.trace_ops import (
 )
 from costmodel.units import GIB
 
-__all__ = ["FAMILIES", "Layer", "LayerGraph", "OpNode", "TensorRef"]
+__all__ = ["FAMILIES", "Layer", "LayerGraph", "OpNode", "TensorRef", "training_loss"]
 
 #: Op families by aten op name (the overload packet, without ``aten.``).
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -321,6 +321,31 @@ class LayerGraph:
 
 
 # ---- tracing -------------------------------------------------------------------------------
+
+def training_loss(output: Any) -> Any:
+    """The loss ``planner run`` trains a traced module with (``planner.runtime.apply``'s
+    ``cross_entropy``, torchtitan's): the mean cross entropy of a floating output of two or
+    more dims over its last dim (a language model's logits, a classifier's scores), in fp32,
+    against labels of the other dims; any other output (a module that returns its own loss,
+    a tuple): the sum of its floating tensors, ``LayerGraph.from_module``'s default."""
+    import torch
+    from torch.nn import functional as F
+
+    if isinstance(output, torch.Tensor) and output.is_floating_point() and output.dim() >= 2:
+        flat = output.flatten(0, -2).float()
+        labels = torch.zeros(flat.shape[0], dtype=torch.long, device=flat.device)
+        return F.cross_entropy(flat, labels)
+    return _output_sum(output)
+
+
+def _output_sum(output: Any) -> Any:
+    """The sum of ``output``'s floating tensors, in fp32 (``from_module``'s default loss)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    return sum(t.float().sum() for t in tree_flatten(output)[0]
+               if isinstance(t, torch.Tensor) and t.is_floating_point())
+
 
 def _signature(mod: Any) -> tuple[Any, ...]:
     """What makes two blocks identical: class and every parameter's and buffer's name,
@@ -620,9 +645,7 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
                                           else (inputs,))
                 if backward:
                     rec.in_loss = True
-                    loss = loss_fn(out) if loss_fn is not None else sum(
-                        t.float().sum() for t in tree_flatten(out)[0]
-                        if isinstance(t, torch.Tensor) and t.is_floating_point())
+                    loss = loss_fn(out) if loss_fn is not None else _output_sum(out)
                     rec.in_loss = False
                     if isinstance(loss, torch.Tensor) and loss.requires_grad:
                         loss.backward()

@@ -510,7 +510,7 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
          constraints: Constraints | str | Mapping[str, Any] | None = None,
          top_k: int = 5, partition: bool = True,
          progress: Callable[[float], None] | None = None,
-         example_inputs: Any = None) -> Any:
+         example_inputs: Any = None, loss_fn: Callable[[Any], Any] | None = None) -> Any:
     """The fastest configuration of ``job`` on ``cluster`` that fits in memory.
 
     ``model``: a ``ModelSpec``, a ``LayerCosts``, a ``LayerGraph`` or a ``torch.nn.Module``
@@ -519,6 +519,9 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     blocks costed per TP degree (``LayerCosts.from_graph``), and searched as a preset is,
     returning a ``Plan``: a pipeline stage holds a run of its layers, whatever their kinds
     (the blocks between its input and output sides, ``LayerCosts.layer_kinds``).
+    ``loss_fn(output) -> scalar``: the loss a module's backward starts from, traced and
+    costed with it (default ``costmodel.graph.training_loss``: the cross entropy over the
+    output's last dim that ``planner run`` trains it with).
 
     ``constraints``: a ``Constraints``, a preset name (``planner.space.PRESETS``) or its dict
     form; ``constraints.frameworks`` searches several trainers. ``top_k``: how many
@@ -532,7 +535,7 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     """
     if not isinstance(model, ModelSpec | LayerCosts):
         return _plan_module(model, cluster, job, example_inputs, progress, constraints,
-                            top_k, partition)
+                            top_k, partition, loss_fn)
     for name, value, kind, what in (
             ("model", model, (ModelSpec, LayerCosts), "ModelSpec or LayerCosts"),
             ("cluster", cluster, Cluster, "Cluster"),
@@ -578,22 +581,24 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
 
 def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
                  progress: Callable[[float], None] | None, constraints: Any, top_k: int,
-                 partition: bool) -> Any:
+                 partition: bool, loss_fn: Callable[[Any], Any] | None = None) -> Any:
     """A torch module (or its ``LayerGraph``): traced on one micro-batch, each distinct block
     sharded per TP degree (``LayerCosts.from_graph``, with and without sequence
     parallelism), then the one search (``plan`` of its ``LayerCosts``) over both."""
 
-    graph = _traced(model, cluster, job, example_inputs)
+    graph = _traced(model, cluster, job, example_inputs, loss_fn)
     costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both")
     return plan(costs, cluster, job, constraints=constraints, top_k=top_k,
                 partition=partition, progress=progress)
 
 
-def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
+def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
+            loss_fn: Callable[[Any], Any] | None = None) -> Any:
     """The ``LayerGraph`` ``plan`` reads for a module: ``model`` itself if it is one, else
     the module traced on one micro-batch of ``example_inputs`` (called with 1 when it is a
-    function of the micro-batch size) in the job's precision."""
-    from costmodel.graph import LayerGraph
+    function of the micro-batch size) in the job's precision, its backward from ``loss_fn``
+    (default ``training_loss``)."""
+    from costmodel.graph import LayerGraph, training_loss
 
     if not isinstance(cluster, Cluster):
         raise SpecError(f"cluster must be a Cluster, got {type(cluster).__name__}")
@@ -611,7 +616,8 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any) -> Any:
                             "of what its forward takes, or a function of the micro-batch "
                             "size returning one")
         inputs = example_inputs(1) if callable(example_inputs) else example_inputs
-        graph = LayerGraph.from_module(model, inputs, dtype=trace_dtype(job))
+        graph = LayerGraph.from_module(model, inputs, dtype=trace_dtype(job),
+                                       loss_fn=loss_fn or training_loss)
     if not graph.num_params():
         raise SpecError(f"{graph.name} has no parameters: training it has nothing to update "
                         "and nothing to split; plan the module that holds its weights")
