@@ -29,7 +29,7 @@ import torch
 
 import planner
 from costmodel import Cluster, Job, ModelSpec
-from costmodel.graph import LayerGraph
+from costmodel.graph import LayerGraph, training_loss
 from costmodel.layercosts import LayerCosts
 from planner.alternatives import describe
 from planner.examples import EncoderDecoder, MLPMixer, ViT
@@ -58,7 +58,8 @@ def main() -> None:
     for name, make, x in cases:
         module = make()
         t0 = time.perf_counter()
-        graph = LayerGraph.from_module(module, x, dtype=torch.bfloat16)
+        graph = LayerGraph.from_module(module, x, dtype=torch.bfloat16,
+                                       loss_fn=training_loss)
         dt = time.perf_counter() - t0
         seq = x.shape[1] if x.dim() == 2 else 1
         job = Job(global_batch_size=512, seq_len=seq)

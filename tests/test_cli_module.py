@@ -264,15 +264,17 @@ def test_graph_command_shows_blocks_costs_and_layouts(models_dir: Path) -> None:
     as DOT and GraphML."""
     import networkx as nx
 
-    from costmodel.graph import LayerGraph
+    from costmodel.graph import LayerGraph, training_loss
     from costmodel.layercosts import LayerCosts
     from planner.models import load_model_or_module
 
     r = run_planner("graph", "mymodels:TinyLM", "--seq-len", "64", "--tp", "1,2",
                     "--dot", "g.dot", "--graphml", "g.graphml", *NODE)
     assert r.returncode == 0, r.stderr
+    # Traced from the loss planner plan costs (training_loss: the logits' cross entropy).
     graph = LayerGraph.from_module(load_model_or_module("mymodels:TinyLM"),
-                                   torch.zeros(1, 64, dtype=torch.long), dtype=torch.bfloat16)
+                                   torch.zeros(1, 64, dtype=torch.long), dtype=torch.bfloat16,
+                                   loss_fn=training_loss)
     costs = LayerCosts.from_graph(graph, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8),
                                   Job(global_batch_size=1, seq_len=64), tp_degrees=[1, 2])
     for t in (1, 2):

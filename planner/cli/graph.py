@@ -118,7 +118,7 @@ def _trace(args: argparse.Namespace) -> tuple[LayerGraph, Job]:
     """The model's graph, traced on one micro-batch, and the job it was traced for."""
     if importlib.util.find_spec("torch") is None:
         raise SpecError("planner graph traces with torch: pip install torch")
-    from costmodel.graph import LayerGraph
+    from costmodel.graph import LayerGraph, training_loss
 
     model = load_model_or_module(args.model)
     if isinstance(model, ModelSpec):
@@ -131,7 +131,9 @@ def _trace(args: argparse.Namespace) -> tuple[LayerGraph, Job]:
     job = Job(global_batch_size=1, seq_len=args.seq_len or 1, precision=args.precision,
               framework=args.framework)
     inputs = module_inputs(args, model, job, batch=args.micro_batch_size)
-    return LayerGraph.from_module(model, inputs, dtype=trace_dtype(job)), job
+    # Traced from the loss planner plan costs and planner run trains it with.
+    return LayerGraph.from_module(model, inputs, dtype=trace_dtype(job),
+                                  loss_fn=training_loss), job
 
 
 def _degrees(text: str | None, cluster: Cluster) -> list[int]:
