@@ -9,9 +9,11 @@ Prints, per model: the largest relative difference of any memory term, the range
 traced / preset step-time ratio, the Spearman rank correlation of the step times over the
 grid, whether ``planner.plan`` picks the same configuration, and the ratio of the two plans'
 step times. torchtitan's conventions (eager kernels, which the reference module runs; its
-per-op selective recompute) under FSDP (ZeRO 2, 3), TP 1-8 with and without sequence
-parallelism, eager and under ``torch.compile`` (the rows marked ``compiled``), and compiled
-with torchao's tensor-wise float8 (``fp8``). The four dense presets, and the small mixture
+per-op selective recompute) under DDP (ZeRO 0: 1-D data parallel runs under
+``torch.autocast``, which the module traced so costs: ``LayerCosts.from_graph``'s
+``autocast_graph``) and FSDP (ZeRO 2, 3), TP 1-8 with and without sequence parallelism,
+eager and under ``torch.compile`` (the rows marked ``compiled``), and compiled with
+torchao's tensor-wise float8 (``fp8``). The four dense presets, and the small mixture
 of experts of the traced MoE test (``tests/test_layercosts.py``).
 """
 
@@ -22,24 +24,17 @@ import dataclasses
 import numpy as np
 import torch
 from scipy.stats import spearmanr
-from torch.nn import functional as F
 
 import planner
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig
 from costmodel.arrays import ConfigArrays
-from costmodel.graph import LayerGraph
+from costmodel.graph import LayerGraph, training_loss
 from costmodel.layercosts import LayerCosts
 from costmodel.memory import memory_table
 from costmodel.steptime import time_table
 from planner.runtime.model import build_model
 
 SEQ = 2048
-
-
-def _cross_entropy(logits: torch.Tensor) -> torch.Tensor:
-    flat = logits.float().flatten(0, 1)
-    return F.cross_entropy(flat, torch.zeros(flat.shape[0], dtype=torch.long,
-                                             device=flat.device))
 
 
 def main() -> None:
@@ -65,12 +60,15 @@ def _compare(name: str, moe: ModelSpec, cluster: Cluster, job: Job) -> None:
     if spec.vocab_size % 64:  # padded as trainers pad it (a vocabulary-parallel head)
         spec = dataclasses.replace(spec, vocab_size=-(-spec.vocab_size // 64) * 64)
     module = build_model(spec, device="meta", dropout=0.1 if spec.dropout else 0.0)
-    graph = LayerGraph.from_module(module, torch.zeros(1, SEQ, dtype=torch.long),
-                                   dtype=torch.bfloat16, loss_fn=_cross_entropy)
-    traced = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both")
+    tokens = torch.zeros(1, SEQ, dtype=torch.long)
+    graph = LayerGraph.from_module(module, tokens, dtype=torch.bfloat16, loss_fn=training_loss)
+    under = LayerGraph.from_module(module, tokens, dtype=torch.float32, autocast=torch.bfloat16,
+                                   loss_fn=training_loss) if job.precision == "bf16" else None
+    traced = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both",
+                                   autocast_graph=under)
     configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z,
                               micro_batch_size=b, recompute=r, sequence_parallel=sp)
-               for t in (1, 2, 4, 8) for p in (1, 2) for z in (2, 3) for b in (1, 2)
+               for t in (1, 2, 4, 8) for p in (1, 2) for z in (0, 2, 3) for b in (1, 2)
                for r in ("none", "selective", "full") for sp in (False, True)
                if t > 1 or not sp]
     a = ConfigArrays.from_configs(spec, configs)

@@ -49,11 +49,17 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     # three copies, the gated MLP's up and gate two (measured with torch.cuda.memory
     # snapshots on an H100, benchmarks/single_gpu_accuracy.py). ``ac``: those rows, when the
     # caller has them already.
+    # Compiled, AOTAutograd's common-subexpression pass makes the casts of one tensor one
+    # (one copy saved), and its partitioner keeps the attention's bf16 output rather than
+    # the fp32 stream it adds up to, which backward recomputes from the layer's input (as a
+    # traced graph's compiled count keeps: ``costmodel.blockcosts._compiled_saved``).
     if ac is None:
         ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
+    copies = ac & (not (job.compile and fw.eager_kernels))
     e_res = np.where(ac, 4.0, e)
-    n_qkv = np.where(ac, 3.0, 1.0)
-    n_up = np.where(ac, 2.0 if model.gated_mlp else 1.0, 1.0)
+    n_qkv = np.where(copies, 3.0, 1.0)
+    n_up = np.where(copies, 2.0 if model.gated_mlp else 1.0, 1.0)
+    e_mlp_res = np.where(copies, 4.0, e)
 
     # Attention block (norm input, QKV input, core, output-projection input, dropout mask).
     attn_rep = (e_res + n_qkv * e_lin + drop) * tokens * h * rep
@@ -77,7 +83,7 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         widths = gated if model.gated_mlp else 2
         return ((widths - 1) * e + e_lin) * tok * ffn / tp
 
-    mlp_rep = (e_res + n_up * e_lin + drop) * tokens * h * rep
+    mlp_rep = (e_mlp_res + n_up * e_lin + drop) * tokens * h * rep
     if moe:
         f_moe = float(model.moe_ffn_hidden_size or 0)
         routed = tokens * model.top_k

@@ -346,6 +346,11 @@ def _rify(layout: Layout) -> Layout:
     return tuple(REPLICATE if p == PARTIAL else p for p in layout)
 
 
+#: View-family ops that move data: dtype casts and copies (a kernel each, reading and
+#: writing the tensor; their backward casts or copies the gradient back).
+COPY_OPS = ("_to_copy", "clone", "contiguous", "copy_", "copy")
+
+
 class ShardingProblem:
     """The strategies of every node of ``graph``'s sharding graph on ``mesh`` of
     ``cluster``'s GPUs, for ``job`` (precision, optimizer), with ``micro_batches`` per step
@@ -371,7 +376,7 @@ class ShardingProblem:
         self.elem = 4.0 if job.precision == "fp32" else 2.0
         self.tensor_parallel = tensor_parallel
         self.sequence_parallel = sequence_parallel
-        self.nodes, self.inputs, self.saved = self._contract()
+        self.nodes, self.inputs, self.saved, self.saved_copies = self._contract()
         self.token_dims = self._token_dims()
         #: The token dims loops carry from the model's inputs (a routing op's output, whose
         #: every dim may hold tokens in ``token_dims``, has none): where attention scores,
@@ -399,9 +404,10 @@ class ShardingProblem:
     # ---- building ----------------------------------------------------------------------
 
     def _contract(self) -> tuple[list[int], dict[int, list[_Input]],
-                                 dict[int, list[tuple[int, float]]]]:
-        """The real forward nodes, their inputs traced through views, and the tensors each
-        saves for backward: (the real node that produced it, bytes)."""
+                                 dict[int, list[tuple[int, float]]], dict[int, list[bool]]]:
+        """The real forward nodes, their inputs traced through views, the tensors each
+        saves for backward: (the real node that produced it, bytes), and whether each of
+        those is a copy of that node's output (a dtype cast: an autocast linear's input)."""
         g = self.graph
         fw = [i for i in sorted(g.graph.nodes) if not g.node(i).backward]
         node = {i: g.node(i) for i in fw}
@@ -419,13 +425,24 @@ class ShardingProblem:
                 i = node[i].inputs[0].source if node[i].inputs else -1
             return i if i in node and i not in constant else -1
 
+        def copied(i: int) -> bool:
+            """Whether a tensor produced by node ``i`` is a copy of its real node's."""
+            while i >= 0 and i in node and i not in constant and node[i].family == "view":
+                if node[i].output_bytes and node[i].op.removeprefix("aten.").split(".")[0] \
+                        in COPY_OPS:
+                    return True
+                i = node[i].inputs[0].source if node[i].inputs else -1
+            return False
+
         saved: dict[int, list[tuple[int, float]]] = {i: [] for i in real}
+        copies: dict[int, list[bool]] = {i: [] for i in real}
         for i in fw:  # a view's saved tensors belong to the real node it views
             if i in constant or not node[i].saved_bytes:
                 continue
             at = i if i in saved else origin(i)
             if at in saved:
                 saved[at] += [(origin(src), nbytes) for src, nbytes in node[i].saved_from]
+                copies[at] += [copied(src) for src, _ in node[i].saved_from]
         # An nn.MultiheadAttention's projections of its packed weight (``_through_views``).
         attention = set(g.multihead_attention)
         packed = frozenset(v for v in real if node[v].family == "matmul"
@@ -435,7 +452,7 @@ class ShardingProblem:
                   for v in real}
         if not real:
             raise SpecError(f"{g.name}: the graph has no forward ops to shard")
-        return real, inputs, saved
+        return real, inputs, saved, copies
 
     def _token_dims(self, certain: bool = False) -> dict[int, frozenset[int]]:
         """The dims of each node's output that run along the model inputs' dims (the

@@ -17,7 +17,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from costmodel.arrays import divisors
-from costmodel.autoshard import Mesh, ShardingProblem, Solution, _collective_names, solve
+from costmodel.autoshard import (
+    COPY_OPS,
+    Mesh,
+    ShardingProblem,
+    Solution,
+    _collective_names,
+    solve,
+)
 from costmodel.compute import BACKWARD_BYTES, aligned
 from costmodel.config import Job
 from costmodel.graph import LOSS, Layer, LayerGraph
@@ -310,22 +317,26 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
                    memory_backward_kernels=1 if back else 0)
 
 
-#: View-family ops that move data: dtype casts and copies (a kernel each, reading and
-#: writing the tensor; their backward casts or copies the gradient back).
-_COPIES = ("_to_copy", "clone", "contiguous", "copy_", "copy")
 
 
 def _copies(sol: Solution) -> list[tuple[str, Kernels, int, set[int]]]:
     """(layer, kernel, the real node whose tensor it copies, the real nodes reading the
     copy) of every forward cast or copy: the sharding graph contracts them as views, but
-    each is a memory-bound kernel on the layout of the tensor it copies."""
+    each is a memory-bound kernel on the layout of the tensor it copies.
+
+    Several casts of one tensor each hand its gradient back as a tensor of its own (an
+    autocast layer's q, k and v projections each cast the fp32 norm output): autograd sums
+    them, one kernel per cast beyond the first reading two gradients and writing one in the
+    tensor's dtype (counted with the first cast's backward; the formulas' ``branch_sums``,
+    ``costmodel.compute``)."""
     p = sol.problem
     graph = p.graph
-    out = []
+    out: list[tuple[str, Kernels, int, set[int]]] = []
+    branches: dict[tuple[str, int], list[tuple[int, float]]] = {}
     for i in graph.graph.nodes:
         n = graph.node(i)
         if n.backward or n.family != "view" or not n.output_bytes \
-                or n.op.removeprefix("aten.").split(".")[0] not in _COPIES:
+                or n.op.removeprefix("aten.").split(".")[0] not in COPY_OPS:
             continue
         src = n.inputs[0].source if n.inputs else -1
         while src >= 0 and src not in p.layer and graph.node(src).family == "view" \
@@ -340,11 +351,26 @@ def _copies(sol: Solution) -> list[tuple[str, Kernels, int, set[int]]]:
             share = min((_share(sol, sol.strategy(u).ins[k]) for u, k in _uses(p, readers, src)),
                         default=1)
         moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / share
+        if src < 0 and n.inputs and n.inputs[0].param:
+            # A cast of a parameter (autocast's of a weight): once per forward pass, its
+            # gradient's cast back in backward; the tokens do not scale it.
+            out.append((n.layer, Kernels(weight_cast_bytes=moved, weight_cast_kernels=1),
+                        src, readers))
+            continue
+        if n.grad and src >= 0 and n.inputs:
+            branches.setdefault((n.layer, src), []).append((len(out), n.inputs[0].nbytes / share))
         out.append((n.layer, Kernels(memory_bytes=moved, memory_kernels=1,
                                      memory_backward_bytes=moved if n.grad or n.fused_grad
                                      else 0.0,
                                      memory_backward_kernels=1 if n.grad or n.fused_grad
                                      else 0), src, readers))
+    for casts in branches.values():
+        (first, nbytes), extra = casts[0], len(casts) - 1
+        if extra:
+            layer, k, src, readers = out[first]
+            out[first] = (layer, dataclasses.replace(
+                k, memory_backward_bytes=k.memory_backward_bytes + 3 * nbytes * extra,
+                memory_backward_kernels=k.memory_backward_kernels + extra), src, readers)
     return out
 
 
@@ -518,8 +544,15 @@ def _compiled_saved(sol: Solution, out: dict[str, _Tally], fused: set[int],
     everything: dict[int, float] = {}
     for layer, vs in layers.items():
         savers: dict[int, float] = {}  # tensor -> bytes its savers hold
+        casts: set[tuple[int, float]] = set()
         for u in vs:
-            for src, nbytes in p.saved[u]:
+            for (src, nbytes), copy in zip(p.saved[u], p.saved_copies[u], strict=True):
+                # Identical casts of one tensor (an autocast layer's q, k and v inputs) are
+                # one tensor in the compiled graph (AOTAutograd's common-subexpression pass).
+                if copy and (src, nbytes) in casts:
+                    continue
+                if copy:
+                    casts.add((src, nbytes))
                 savers[src] = savers.get(src, 0.0) + nbytes / _holders(sol, u, src)
         other = savers.pop(-1, 0.0)  # the model's inputs, tensors of unknown origin: kept
         # Made and read by fused kernels alone: what backward may recompute, but for a

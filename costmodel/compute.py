@@ -275,14 +275,14 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     f_flops = attn_flops + core.flops + mlp.flops
     b_flops = 2 * attn_flops + core.backward_flops + 2 * mlp.flops
 
-    ew_bytes, ew_kernels, casts, nograd, nograd_bytes, branch_sums = \
+    ew_bytes, ew_kernels, casts, nograd, nograd_bytes, (branch_sums, sum_kernels) = \
         _memory_bound(r, core, mlp, moe)
-    w_cast, w_kernels = _weight_casts(r, moe)
+    w_cast, w_kernels = _weight_casts(r, moe, ep)
     ew_fwd = memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
     fwd = fwd + ew_fwd
     bwd = bwd + memory_time(gpu, BACKWARD_BYTES * (ew_bytes - nograd_bytes)
                             - (BACKWARD_BYTES - 1) * casts + branch_sums + w_cast,
-                            ew_kernels - nograd + w_kernels)
+                            ew_kernels - nograd + w_kernels + sum_kernels)
     if r.fw.torchao_float8 and job.precision == "fp8":
         cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
@@ -393,20 +393,27 @@ def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | Non
 
 
 def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
-                  ) -> tuple[np.ndarray, Num, np.ndarray, float, np.ndarray, np.ndarray]:
+                  ) -> tuple[np.ndarray, Num, np.ndarray, float, np.ndarray,
+                             tuple[np.ndarray, np.ndarray]]:
     """(bytes, kernels, dtype-cast bytes among them, kernels without a backward, their
-    bytes, fp32 branch sums of backward) of the layer's memory-bound forward kernels: the
-    two pre-norms, the rotary embedding of q and k, the two bias-dropout-adds of the
+    bytes, (bytes, kernels) of backward's fp32 branch sums) of the layer's memory-bound
+    forward kernels: the two pre-norms, the rotary embedding of q and k, the two
+    bias-dropout-adds of the
     residual, the attention core's (``_Core.bytes``) and the MLP's activation and routing;
     run as the trainer's eager kernels or compiled where it runs them so."""
     model, job, fw, e, ac, tokens, rep, t = r.model, r.job, r.fw, r.e, r.ac, r.tokens, r.rep, r.t
     h, q, kv = r.h, r.q, r.kv
     drop = 1.0 if model.dropout else 0.0
     rope = model.position_embedding == "rope"
+    # Compiled (TorchInductor), autocast's casts of a norm's output are its kernel's
+    # epilogue (the same cast of one tensor computed once), and in backward the gradients'
+    # casts and their sum fuse into the norm's backward: no kernel of their own, as a traced
+    # graph's fused regions count them (``costmodel.blockcosts._regions``).
+    fused_casts = job.compile and fw.eager_kernels
     # Attention block: pre-norm, rotary embedding of q and k, bias-dropout-add of the
-    # residual. Under autocast the norm reads and writes fp32 and the residual adds a
-    # low-precision branch to the fp32 stream (read 4 + e, write 4).
-    norm_bytes = np.where(ac, 8.0, 2 * e) * tokens * h * rep
+    # residual. Under autocast the norm reads and writes fp32 (compiled, writes its cast)
+    # and the residual adds a low-precision branch to the fp32 stream (read 4 + e, write 4).
+    norm_bytes = np.where(ac, 4.0 + e if fused_casts else 8.0, 2 * e) * tokens * h * rep
     rope_bytes = 2 * e * tokens * (q + kv) / t if rope else 0.0 * tokens
     residual = (np.where(ac, 8.0 + e, 3 * e) + drop) * tokens * h * rep
     ew_bytes = norm_bytes + rope_bytes + residual + core.bytes
@@ -417,18 +424,22 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     # Autocast: each linear fed by a norm casts the fp32 norm output itself (q, k and v
     # separately, the MLP's up and gate projections separately), and backward casts each
     # input gradient back and sums the branches in fp32 (read 4 + 4, write 4).
-    n_casts = 3.0 + (2.0 if model.gated_mlp else 1.0)
-    ew_bytes = ew_bytes + np.where(ac, CAST_BYTES * n_casts, 0.0) * tokens * h * rep
+    n_casts = 0.0 if fused_casts else 3.0 + (2.0 if model.gated_mlp else 1.0)
+    ac_casts = np.where(ac, CAST_BYTES * n_casts, 0.0) * tokens * h * rep
+    ew_bytes = ew_bytes + ac_casts
     ew_kernels = ew_kernels + np.where(ac, n_casts, 0.0)
-    branch_sums = np.where(ac, 12.0 * (n_casts - 2.0), 0.0) * tokens * h * rep
+    sums = max(n_casts - 2.0, 0.0)
+    branch_sums = (np.where(ac, 12.0 * sums, 0.0) * tokens * h * rep,
+                   np.where(ac, sums, 0.0))  # bytes, kernels
     ew_kernels += mlp.kernels
     ew_bytes = ew_bytes + mlp.act_bytes
     ew_kernels += 1.0
-    casts = 0.0 * tokens  # dtype casts among them: their backward casts the gradient back
+    # Dtype casts among them: their backward casts the gradient back, moving what they did.
+    casts = ac_casts
     nograd, nograd_bytes = 0.0, 0.0 * tokens  # kernels among them without a backward
     if fw.eager_kernels and not job.compile:
-        x_bytes, x_kernels = eager_bytes(model, tokens, rep, t, e)
-        casts = eager_cast_bytes(model, tokens, rep, t, e)
+        x_bytes, x_kernels = eager_bytes(model, tokens, rep, t, e, ac)
+        casts = casts + eager_cast_bytes(model, tokens, rep, t, e, ac)
         if moe and mlp.routed is not None:
             m_bytes, m_kernels, m_casts, nograd_bytes = eager_moe_bytes(model, mlp.routed, t, e)
             x_bytes, x_kernels, casts = x_bytes + m_bytes, x_kernels + m_kernels, casts + m_casts
@@ -447,17 +458,37 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     return ew_bytes, ew_kernels, casts, nograd, nograd_bytes, branch_sums
 
 
-def _weight_casts(r: _Rows, moe: bool) -> tuple[np.ndarray, np.ndarray]:
+def _weight_casts(r: _Rows, moe: bool, ep: np.ndarray | None
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """(bytes, kernels): autocast casts the layer's fp32 weights to the compute dtype on
     every forward pass and the weight gradients back to fp32 in backward, CAST_BYTES per
-    weight each way, one kernel per matrix (a MoE layer's experts not counted)."""
+    weight each way, one kernel per weight tensor, and a linear's bias apart from its weight
+    (``F.linear`` casts each of its floating inputs: torch's autocast ``cached_cast``). A
+    MoE layer's router is a linear, and torchtitan's ``GroupedExperts`` casts its local
+    experts' three weight tensors to bf16 itself (``w1.bfloat16()``, torchtitan/models/moe/
+    moe.py @08dc75ae), as its shared experts' linears are cast."""
     model, h, t = r.model, r.h, r.t
     q, kv = r.q, r.kv
+    n_up = 2.0 if model.gated_mlp else 1.0
     weights = h * (q + 2 * kv) / t + q * h / t
-    if not moe:
-        weights = weights + h * float(model.ffn_hidden_size or 0) / t \
-            * (3 if model.gated_mlp else 2)
-    n_mats = 4.0 + (3.0 if model.gated_mlp else 2.0)
+    n_mats: Num = 4.0
+    if moe:
+        f_moe = float(model.moe_ffn_hidden_size or 0)
+        local = model.num_experts / (1.0 if ep is None else ep.astype(float))
+        shared = float(model.num_shared_experts)
+        weights = weights + h * model.num_experts \
+            + (local + shared) * h * f_moe * (n_up + 1) / t
+        n_mats = n_mats + 1 + (n_up + 1) * (1 + (shared > 0))
+    else:
+        weights = weights + h * float(model.ffn_hidden_size or 0) / t * (n_up + 1)
+        n_mats = n_mats + n_up + 1
+    if model.bias or model.qkv_bias:  # q, k and v
+        weights, n_mats = weights + (q + 2 * kv) / t, n_mats + 3
+    if model.bias and not moe:  # the output projection and the MLP's
+        weights = weights + h + n_up * float(model.ffn_hidden_size or 0) / t + h
+        n_mats = n_mats + 1 + n_up + 1
+    elif model.bias:
+        weights, n_mats = weights + h, n_mats + 1
     return np.where(r.ac, CAST_BYTES * weights, 0.0), np.where(r.ac, n_mats, 0.0)
 
 
@@ -513,7 +544,7 @@ EAGER_ROPE_KERNELS = 5.0
 
 
 def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.ndarray,
-                e: float) -> tuple[np.ndarray, float]:
+                e: float, ac: Num = False) -> tuple[np.ndarray, Num]:
     """(bytes, kernels) that one layer's memory-bound forward moves beyond the fused count
     when run as PyTorch eager kernels: RMSNorm decomposed (``EAGER_RMSNORM_BYTES`` + 2e, two
     norms), the complex rotary embedding (``EAGER_ROPE_BYTES``) and SwiGLU as ``silu`` then a
@@ -521,16 +552,21 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
     each residual's dropout before the add (``native_dropout``: read e, write e and a one-byte
     mask; then the add: read 2e, write e: 2e per element over a fused bias-dropout-add's 3e
     and mask, one kernel more). A LayerNorm and GELU are single aten kernels eager too, and a
-    linear's bias is added by its ``addmm``."""
+    linear's bias is added by its ``addmm``. ``ac``: rows under ``torch.autocast``, whose
+    norms read the fp32 residual stream: the composite's upcast and cast back are no-ops
+    (``Tensor.to`` of the dtype a tensor has), 2 (4 + e) bytes and two kernels fewer, and
+    the fused count it extends reads and writes fp32 (8 bytes, not 2e: ``_memory_bound``),
+    20 bytes beyond it in 5 kernels (what a trace under autocast runs, ``costmodel.graph``)."""
     h = float(model.hidden_size)
     out = 0.0 * tokens
-    kernels = 0.0
+    kernels: Num = 0.0
     if model.dropout:
         out = out + 2 * (2 * e) * tokens * h * rep
         kernels += 2.0
     if model.norm == "rmsnorm":
-        out = out + 2 * (EAGER_RMSNORM_BYTES + 2 * e) * tokens * h * rep
-        kernels += 2 * EAGER_RMSNORM_KERNELS
+        per = EAGER_RMSNORM_BYTES + 2 * e - np.where(ac, 8.0 + 2 * e, 0.0)
+        out = out + 2 * per * tokens * h * rep
+        kernels = kernels + 2 * (EAGER_RMSNORM_KERNELS - np.where(ac, 2.0, 0.0))
     if model.position_embedding == "rope":
         out = out + EAGER_ROPE_BYTES * tokens * (model.q_dim + model.kv_dim) / t
         kernels += EAGER_ROPE_KERNELS
@@ -578,17 +614,18 @@ def eager_moe_bytes(model: ModelSpec, routed: np.ndarray, t: np.ndarray, e: floa
 
 
 def eager_cast_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.ndarray,
-                     e: float) -> np.ndarray:
+                     e: float, ac: Num = False) -> np.ndarray:
     """The bytes of ``eager_bytes``'s kernels (and of the fused count they extend) that are
     dtype casts: each eager RMSNorm's and each rotary embedding's cast to fp32 and back
-    (read e, write 4; read 4, write e). A cast's backward casts the gradient back, moving
-    what its forward moved, where other memory-bound kernels move ``BACKWARD_BYTES`` times
-    as much (the traced graph counts them so too: ``costmodel.blockcosts``)."""
+    (read e, write 4; read 4, write e; none for a norm under autocast, ``ac``, whose input
+    is fp32). A cast's backward casts the gradient back, moving what its forward moved,
+    where other memory-bound kernels move ``BACKWARD_BYTES`` times as much (the traced
+    graph counts them so too: ``costmodel.blockcosts``)."""
     h = float(model.hidden_size)
     out = 0.0 * tokens
     per = 2 * (4.0 + e)  # up to fp32 and back, bytes per element
     if model.norm == "rmsnorm":
-        out = out + 2 * per * tokens * h * rep
+        out = out + 2 * np.where(ac, 0.0, per) * tokens * h * rep
     if model.position_embedding == "rope":
         out = out + per * tokens * (model.q_dim + model.kv_dim) / t
     return out

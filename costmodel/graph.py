@@ -301,11 +301,15 @@ class LayerGraph:
     def from_module(cls, module: Any, example_inputs: Any, *,
                     loss_fn: Callable[[Any], Any] | None = None, backward: bool = True,
                     repeat_blocks: bool = True, name: str | None = None,
-                    dtype: Any = None) -> LayerGraph:
+                    dtype: Any = None, autocast: Any = None) -> LayerGraph:
         """Trace ``module`` on ``example_inputs`` (a tensor, a tuple of positional inputs, or
         a dict of keyword inputs; any device, they are traced on the meta device).
         ``dtype`` (a floating ``torch.dtype``): trace with floating parameters, buffers and
-        inputs in it (the training precision; default: as they are).
+        inputs in it (the training precision; default: as they are). ``autocast`` (a
+        floating ``torch.dtype``): trace as ``torch.autocast(dtype=autocast)`` runs the
+        module (which does not act on meta tensors): matmuls, convolutions and attention
+        cast their floating inputs to it, a parameter once per forward pass
+        (``_autocast_ops``), and everything else runs in the dtype it is given.
 
         ``loss_fn(output) -> scalar`` makes the loss the backward starts from (default: the
         sum of the floating outputs); ``backward=False`` traces the forward only;
@@ -317,7 +321,8 @@ class LayerGraph:
         except ImportError:
             raise SpecError("LayerGraph.from_module traces with torch, which is not "
                             "installed: pip install 'autoparallel-planner[torch]'") from None
-        return _trace(module, example_inputs, loss_fn, backward, repeat_blocks, name, dtype)
+        return _trace(module, example_inputs, loss_fn, backward, repeat_blocks, name, dtype,
+                      autocast)
 
 
 # ---- tracing -------------------------------------------------------------------------------
@@ -573,8 +578,49 @@ def _swapped(namespace: Any, replacements: dict[Any, Any]) -> Iterator[None]:
             setattr(namespace, k, v)
 
 
+def _autocast_ops(low: Any, param_cast: Callable[[Any], None]
+                  ) -> tuple[tuple[Any, ...], Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """(the functions torch.autocast runs in ``low`` precision: its CUDA policy's
+    lower-precision list, aten/src/ATen/autocast_mode.cpp, matmuls, convolutions and
+    attention; a wrapper making a function cast its floating inputs to ``low`` first, as
+    autocast's ``cached_cast`` does: a parameter, a leaf needing a gradient, once per
+    forward pass, reused by every later reader, and handed to ``param_cast``). ``einsum``
+    is not on the list but the matmuls it runs are."""
+    import torch
+    from torch.nn import functional as F
+    from torch.utils._pytree import tree_map
+
+    cache: dict[int, Any] = {}
+
+    def lower(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype == low \
+                or t.dtype == torch.float64:
+            return t
+        if t.is_leaf and t.requires_grad:
+            if id(t) not in cache:
+                cache[id(t)] = t.to(low)
+                param_cast(cache[id(t)])
+            return cache[id(t)]
+        return t.to(low)
+
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = tree_map(lower, (args, kwargs))
+            return f(*args, **kwargs)
+        return run
+
+    T = torch.Tensor
+    funcs = (F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d,
+             F.conv_transpose2d, F.conv_transpose3d, F.scaled_dot_product_attention,
+             torch.matmul, torch.mm, torch.bmm, torch.baddbmm, torch.addmm, torch.addbmm,
+             torch.mv, torch.einsum, T.matmul, T.__matmul__, T.__rmatmul__, T.mm, T.bmm,
+             T.baddbmm, T.addmm, T.mv)
+    return funcs, wrap
+
+
 def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | None,
-           backward: bool, repeat_blocks: bool, name: str | None, dtype: Any) -> LayerGraph:
+           backward: bool, repeat_blocks: bool, name: str | None, dtype: Any,
+           autocast: Any = None) -> LayerGraph:
     import torch
     from torch.func import functional_call
     from torch.nn import functional as F
@@ -592,8 +638,9 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
     # F.multi_head_attention_forward, which nn.MultiheadAttention and the nn.Transformer
     # layers run) call these by their name in torch.nn.functional while the mode is off
     # (inside its handler), so the names there are swapped for the trace too.
-    replacements: dict[Any, Callable[..., Any]] = {
+    fused: dict[Any, Callable[..., Any]] = {
         F.scaled_dot_product_attention: fused_sdpa, F.rms_norm: rms_norm, F.dropout: dropout}
+    replacements: dict[Any, Callable[..., Any]] = dict(fused)
 
     class Fused(TorchFunctionMode):
         """Runs attention, RMS norm and dropout as the fused kernels a GPU runs."""
@@ -635,7 +682,17 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
                                 if isinstance(t, torch.Tensor)}
             hooks = [module.get_submodule(first).register_forward_hook(_same_shape)
                      for first in cut]
-            with tracker, _swapped(F, replacements), Fused(), Mode(rec), \
+            names_too: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+            if autocast is not None:
+                # Autocast's casts come first (its dispatch key is above autograd's), then
+                # the fused kernels; torch's composites call the torch-level matmuls by
+                # name too. A parameter's cast is a copy of the weights (what
+                # costmodel.memory counts beside them), not an activation.
+                funcs, lowering = _autocast_ops(
+                    autocast, lambda t: rec.param_storages.add(t.untyped_storage()._cdata))
+                replacements.update({f: lowering(fused.get(f, f)) for f in funcs})
+                names_too = _swapped(torch, replacements)
+            with tracker, names_too, _swapped(F, replacements), Fused(), Mode(rec), \
                     torch.autograd.graph.saved_tensors_hooks(
                     rec.saved, lambda t: t), _removing(hooks):
                 if isinstance(inputs, dict):

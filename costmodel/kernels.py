@@ -67,7 +67,10 @@ class Kernels:
     matmuls, its fused attention (``attention_flops``, ``attention_kernels``; backward when
     ``attention_backward``), its memory-bound ops (``memory_bytes`` in ``memory_kernels``
     launches; ``memory_backward_bytes`` in ``memory_backward_kernels`` of those with a
-    gradient, already times ``BACKWARD_BYTES``)."""
+    gradient, already times ``BACKWARD_BYTES``), and the casts of its parameters
+    (``weight_cast_bytes`` in ``weight_cast_kernels``, read and written: torch.autocast's
+    cast of each weight to the compute dtype, once per forward pass whatever the tokens, and
+    in backward the cast of its gradient back, moving as much)."""
 
     gemms: tuple[Gemm, ...] = ()
     attention_flops: float = 0.0
@@ -77,6 +80,8 @@ class Kernels:
     memory_kernels: int = 0
     memory_backward_bytes: float = 0.0
     memory_backward_kernels: int = 0
+    weight_cast_bytes: float = 0.0
+    weight_cast_kernels: int = 0
 
     def merged(self, other: Kernels) -> Kernels:
         """Both kernel lists as one (a block made of several layers)."""
@@ -86,7 +91,9 @@ class Kernels:
                        self.memory_bytes + other.memory_bytes,
                        self.memory_kernels + other.memory_kernels,
                        self.memory_backward_bytes + other.memory_backward_bytes,
-                       self.memory_backward_kernels + other.memory_backward_kernels)
+                       self.memory_backward_kernels + other.memory_backward_kernels,
+                       self.weight_cast_bytes + other.weight_cast_bytes,
+                       self.weight_cast_kernels + other.weight_cast_kernels)
 
 
 def _gemm(gpu: GPU, dtype: str, g: Gemm, r: np.ndarray, ep: np.ndarray) -> np.ndarray:
@@ -125,8 +132,12 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
         core_b = (b + extra) if k.attention_backward else zero
         bwd_flops = bwd_flops + (FLASH_BACKWARD_FLOPS * k.attention_flops * r
                                  if k.attention_backward else zero)
-    mem_f = memory_time(gpu, k.memory_bytes * r, k.memory_kernels)
-    mem_b = memory_time(gpu, k.memory_backward_bytes * r, k.memory_backward_kernels)
+    # A weight's cast moves the weight, whatever the tokens (autocast's, costmodel.compute
+    # ``_weight_casts``).
+    mem_f = memory_time(gpu, k.memory_bytes * r + k.weight_cast_bytes,
+                        k.memory_kernels + k.weight_cast_kernels)
+    mem_b = memory_time(gpu, k.memory_backward_bytes * r + k.weight_cast_bytes,
+                        k.memory_backward_kernels + k.weight_cast_kernels)
     fwd_flops = gemm_flops + k.attention_flops * r
     selective = kernel_compute(gpu, dtype, recomputed, r, ep=ep).forward \
         if recomputed is not None else zero

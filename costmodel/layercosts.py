@@ -146,7 +146,10 @@ class BlockCosts:
     per micro-batch (the pipeline send size), its ``ShardCosts`` per TP degree, and a traced
     block's ``members``: the traced layers (module paths) it groups, e.g. an output side's
     final norm and head; ``mixes_tokens``: whether it reduces over the tokens outside a fused
-    attention (``ShardingProblem.mixes_tokens``), which context parallelism cannot split."""
+    attention (``ShardingProblem.mixes_tokens``), which context parallelism cannot split;
+    ``autocast``: a traced block's costs whole on one GPU under ``torch.autocast`` (fp32
+    parameters and residual stream, the matmuls' inputs cast: ``LayerGraph.from_module``'s
+    ``autocast``), which the rows trained so read (``costmodel.compute.autocast_rows``)."""
 
     name: str
     kind: str
@@ -155,6 +158,7 @@ class BlockCosts:
     by_tp: Mapping[int, ShardCosts]
     members: tuple[str, ...] = ()
     mixes_tokens: bool = False
+    autocast: ShardCosts | None = None
 
     def at(self, tp: int) -> ShardCosts:
         """The costs at tensor-parallel degree ``tp``; ``SpecError`` if it was not made."""
@@ -456,7 +460,9 @@ class LayerCosts:
                 "blocks": [{"name": b.name, "kind": b.kind, "repeat": b.repeat,
                             "output_bytes": b.output_bytes, "members": list(b.members),
                             "mixes_tokens": b.mixes_tokens,
-                            "by_tp": {str(t): shard_dict(c) for t, c in b.by_tp.items()}}
+                            "by_tp": {str(t): shard_dict(c) for t, c in b.by_tp.items()},
+                            "autocast": None if b.autocast is None
+                            else shard_dict(b.autocast)}
                            for b in self.blocks],
                 "sp_costs": self.sp_costs.to_dict() if self.sp_costs is not None else None}
 
@@ -468,7 +474,9 @@ class LayerCosts:
                                       float(b["output_bytes"]),
                                       {int(t): _shard_from(c) for t, c in b["by_tp"].items()},
                                       tuple(str(m) for m in b.get("members") or ()),
-                                      bool(b.get("mixes_tokens", False)))
+                                      bool(b.get("mixes_tokens", False)),
+                                      _shard_from(b["autocast"]) if b.get("autocast")
+                                      else None)
                            for b in d["blocks"])
             layouts = {int(t): tuple((int(v), str(m), str(op), str(st), str(lay))
                                      for v, m, op, st, lay in ops)
@@ -555,6 +563,16 @@ class LayerCosts:
         if bad.any():
             self._missing(block, idx[bad].flat[0])
         return out
+
+    def _autocast_by_tp(self, block: BlockCosts | None, a: ConfigArrays,
+                        ac: np.ndarray | None, figure: Callable[[ShardCosts], float]
+                        ) -> np.ndarray:
+        """``_by_tp`` of each row, with the block's ``autocast`` costs on the rows ``ac``
+        marks (trained under torch.autocast) where it has them."""
+        out = self._by_tp(block, a.tp, figure, a.sp)
+        if block is None or block.autocast is None or ac is None:
+            return out
+        return np.where(ac, figure(block.autocast), out)
 
     def _missing(self, block: BlockCosts, key: int) -> None:
         """``SpecError``: ``block`` has no costs at TP degree ``key // 2`` with sequence
@@ -716,8 +734,8 @@ class LayerCosts:
             if op else {}
         if job.compile:
             keys["none"] = NONE_COMPILED
-        return {m: self._by_tp(layer, a.tp, partial(_saved, m, key=keys.get(m)), a.sp) * share
-                for m in RECOMPUTE_MODES}
+        return {m: self._autocast_by_tp(layer, a, ac, partial(_saved, m, key=keys.get(m)))
+                * share for m in RECOMPUTE_MODES}
 
     def edge_activations(self, job: Job, a: ConfigArrays, ac: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
@@ -738,8 +756,8 @@ class LayerCosts:
             share = self._token_share(job, a)
             # The embedding and head are not recomputed.
             kept = partial(_saved, "none", key=NONE_COMPILED if job.compile else None)
-            return (self._by_tp(emb, a.tp, kept, a.sp) * share,
-                    self._by_tp(head, a.tp, kept, a.sp) * share)
+            return (self._autocast_by_tp(emb, a, ac, kept) * share,
+                    self._autocast_by_tp(head, a, ac, kept) * share)
         model = self.spec
         e = compute_bytes(job.precision)
         tp = a.tp.astype(float)
@@ -779,7 +797,7 @@ class LayerCosts:
     def _layer_compute(self, gpu: GPU, job: Job, a: ConfigArrays, kind: int,
                        capacity_factor: float, autocast: np.ndarray | None) -> LayerCompute:
         if self.spec is None:
-            return self._kernel_compute(self.layer_blocks()[kind], gpu, job, a)
+            return self._kernel_compute(self.layer_blocks()[kind], gpu, job, a, autocast)
         moe = self.routed(kind)
         return layer_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
                              capacity_factor=capacity_factor, ep=a.ep if moe else None,
@@ -795,15 +813,16 @@ class LayerCosts:
                       ) -> tuple[LayerCompute, LayerCompute]:
         if self.spec is None:
             emb, head = self.edges()
-            return (self._kernel_compute(emb, gpu, job, a),
-                    self._kernel_compute(head, gpu, job, a))
+            return (self._kernel_compute(emb, gpu, job, a, autocast),
+                    self._kernel_compute(head, gpu, job, a, autocast))
         return lm_head_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp,
                                autocast=autocast)
 
-    def _kernel_compute(self, block: BlockCosts | None, gpu: GPU, job: Job, a: ConfigArrays
-                        ) -> LayerCompute:
-        """A traced block's ``LayerCompute`` per row: its kernels at the row's TP degree,
-        scaled to the row's micro-batch (zero without the block)."""
+    def _kernel_compute(self, block: BlockCosts | None, gpu: GPU, job: Job, a: ConfigArrays,
+                        autocast: np.ndarray | None = None) -> LayerCompute:
+        """A traced block's ``LayerCompute`` per row: its kernels at the row's TP degree
+        (its ``autocast`` kernels on the rows ``autocast`` marks, where it has them), scaled
+        to the row's micro-batch (zero without the block)."""
         share = self._token_share(job, a)
         fields = [f.name for f in dataclasses.fields(LayerCompute)]
         out = {name: np.zeros(np.shape(a.tp)) for name in fields}
@@ -820,7 +839,7 @@ class LayerCosts:
         # torchao's float8 training casts each Float8Linear's input and output gradient in
         # a layer (the formulas' ``compute.float8_cast_time``; the head stays in bf16).
         casts = fw.torchao_float8 and job.precision == "fp8" and block.kind == "layer"
-        for _t, c, rows in self._degree_rows(block, a):
+        for c, rows in _autocast_rows(block, self._degree_rows(block, a), autocast):
             run = (c.compiled if job.compile and c.compiled is not None else c.kernels) \
                 or Kernels()
             again = c.recomputed
@@ -942,13 +961,39 @@ class LayerCosts:
     def from_graph(cls, graph: LayerGraph, cluster: Cluster, job: Job, *,
                    tp_degrees: Sequence[int] | None = None,
                    sequence_parallel: bool | Literal["both"] = False,
-                   time_limit_s: float = 10.0) -> LayerCosts:
+                   time_limit_s: float = 10.0,
+                   autocast_graph: LayerGraph | None = None) -> LayerCosts:
         """The costs of a traced graph (one micro-batch: the batch it was traced with) at
         each TP degree (default: the divisors of a node's GPUs), each degree's layouts
         chosen by the sharding ILP (``costmodel.blockcosts.block_costs``), with or without
         sequence parallelism, or ``"both"``: the costs without, carrying those with as
         ``sp_costs`` (at the degrees above 1, the only ones it splits).
+        ``autocast_graph``: the same module traced under ``torch.autocast``
+        (``LayerGraph.from_module(..., dtype=torch.float32, autocast=torch.bfloat16)``),
+        whose blocks' costs on one GPU the rows trained so read (``BlockCosts.autocast``;
+        without it they read the graph's own).
         """
+        costs = cls._from_graph(graph, cluster, job, tp_degrees, sequence_parallel,
+                                time_limit_s)
+        if autocast_graph is None:
+            return costs
+        from costmodel.blockcosts import block_costs
+
+        under = block_costs(autocast_graph, cluster, job, tp_degrees=(1,),
+                            sequence_parallel=False, time_limit_s=time_limit_s)
+        shape = [(b.name, b.kind, b.repeat) for b in costs.blocks]
+        if [(b.name, b.kind, b.repeat) for b in under.blocks] != shape:
+            raise SpecError(f"{graph.name}: traced under autocast its blocks differ from the "
+                            "graph's; trace the same module and inputs for both")
+        return dataclasses.replace(costs, blocks=tuple(
+            dataclasses.replace(b, autocast=u.at(1))
+            for b, u in zip(costs.blocks, under.blocks, strict=True)))
+
+    @classmethod
+    def _from_graph(cls, graph: LayerGraph, cluster: Cluster, job: Job,
+                    tp_degrees: Sequence[int] | None,
+                    sequence_parallel: bool | Literal["both"], time_limit_s: float
+                    ) -> LayerCosts:
         from costmodel.blockcosts import block_costs
 
         if sequence_parallel == "both":
@@ -968,6 +1013,17 @@ class LayerCosts:
 
 
 _Out = TypeVar("_Out")
+
+
+def _autocast_rows(block: BlockCosts, by_degree: list[tuple[int, ShardCosts, np.ndarray]],
+                   ac: np.ndarray | None) -> list[tuple[ShardCosts, np.ndarray]]:
+    """(costs, mask of rows) of ``_degree_rows``' groups, the rows ``ac`` marks (trained
+    under torch.autocast, whole on one GPU) taken out for the block's ``autocast`` costs
+    where it has them."""
+    if block.autocast is None or ac is None or not np.any(ac):
+        return [(c, rows) for _, c, rows in by_degree]
+    out = [(c, rows & ~ac) for _, c, rows in by_degree]
+    return [x for x in out if x[1].any()] + [(block.autocast, np.asarray(ac, dtype=bool))]
 
 
 def _per_group(a: ConfigArrays, ac: np.ndarray | None,

@@ -587,7 +587,10 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     parallelism), then the one search (``plan`` of its ``LayerCosts``) over both."""
 
     graph = _traced(model, cluster, job, example_inputs, loss_fn)
-    costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both")
+    under = _traced_under_autocast(model, job, _constraints(constraints), example_inputs,
+                                   loss_fn)
+    costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both",
+                                  autocast_graph=under)
     return plan(costs, cluster, job, constraints=constraints, top_k=top_k,
                 partition=partition, progress=progress)
 
@@ -635,6 +638,26 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
                         "its trace; leave the sequence length at 1 (seq_len=1; on the "
                         "command line, no --seq-len) and its throughput counts samples")
     return graph
+
+
+def _traced_under_autocast(model: Any, job: Job, cons: Constraints, example_inputs: Any,
+                           loss_fn: Callable[[Any], Any] | None) -> Any:
+    """The module traced as ``torch.autocast`` runs it (fp32 parameters, matmuls in the
+    job's precision), for the rows a searched trainer trains so (torchtitan's DDP:
+    ``costmodel.compute.autocast_rows``); ``None`` when no row is (a ``LayerGraph`` given
+    is planned as traced)."""
+    import torch
+
+    from costmodel.frameworks import framework
+    from costmodel.graph import LayerGraph, training_loss
+
+    names = cons.frameworks or (job.framework,)
+    if isinstance(model, LayerGraph) or job.precision not in ("bf16", "fp16") \
+            or not any(framework(n).autocast_ddp for n in names):
+        return None
+    inputs = example_inputs(1) if callable(example_inputs) else example_inputs
+    return LayerGraph.from_module(model, inputs, dtype=torch.float32,
+                                  autocast=trace_dtype(job), loss_fn=loss_fn or training_loss)
 
 
 def trace_dtype(job: Job) -> Any:

@@ -149,6 +149,49 @@ def test_an_mlp_counts_what_a_hand_count_says() -> None:
     assert all(p.device.type == "cpu" for p in mlp.parameters())  # untouched
 
 
+class _TwiceLinear(nn.Module):
+    """A norm, then one linear applied twice (its weight read by two matmuls), then an
+    nn.MultiheadAttention with its weights returned (torch's composite calls the matmuls
+    by name, beyond the trace's function mode)."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(h)
+        self.lin = nn.Linear(h, h, bias=False)
+        self.attn = nn.MultiheadAttention(h, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(self.lin(self.norm(x)))
+        return x + self.attn(y, y, y)[0]
+
+
+def test_a_module_traced_under_autocast_casts_as_torch_autocast_does() -> None:
+    """``autocast=torch.bfloat16`` traces what ``torch.autocast`` runs (it does not act on
+    meta tensors): parameters and the residual stream in fp32, every matmul and attention
+    on bf16 operands, a weight cast once per forward pass however often it is read (autocast
+    caches a leaf's cast), the casts of weights not counted as activations (they are the
+    weights' low-precision copies, which ``costmodel.memory`` counts beside them), and the
+    norm in the dtype it is given."""
+    import math
+
+    h, batch = 16, 4
+    graph = LayerGraph.from_module(_TwiceLinear(h), torch.zeros(1, batch, h),
+                                   dtype=torch.float32, autocast=torch.bfloat16)
+    fwd = [graph.node(v) for v in graph.graph if not graph.node(v).backward]
+    mms = [n for n in fwd if n.family in ("matmul", "attention")]
+    assert len(mms) >= 4 and all(r.nbytes == 2 * math.prod(r.shape)
+                                 for n in mms for r in n.inputs)
+    param_casts = [n for n in fwd if "_to_copy" in n.op and n.params]
+    assert [n.params for n in param_casts].count(("lin.weight",)) == 1
+    assert not any(n.saved_bytes for n in param_casts)
+    norms = [n for n in fwd if n.module == "norm" and n.output_bytes]
+    assert norms and all(n.output_bytes == 4 * math.prod(n.shape) for n in norms)
+    assert graph.param_bytes() == 4 * graph.num_params()
+    plain = LayerGraph.from_module(_TwiceLinear(h), torch.zeros(1, batch, h),
+                                   dtype=torch.bfloat16)
+    assert graph.model_flops() == plain.model_flops()
+
+
 class BasicBlock(nn.Module):
     """A ResNet basic block (He et al. 2016): two 3x3 convolutions with batch norm and a
     residual."""
