@@ -977,17 +977,25 @@ class LayerCosts:
                                 time_limit_s)
         if autocast_graph is None:
             return costs
+        return costs.with_autocast(autocast_graph, cluster, job, time_limit_s=time_limit_s)
+
+    def with_autocast(self, autocast_graph: LayerGraph, cluster: Cluster, job: Job, *,
+                      time_limit_s: float = 10.0) -> LayerCosts:
+        """These costs of a traced graph with each block's one-GPU costs under
+        ``torch.autocast`` from ``autocast_graph``, the same module traced so
+        (``BlockCosts.autocast``); ``SpecError`` when its blocks are not these."""
         from costmodel.blockcosts import block_costs
 
         under = block_costs(autocast_graph, cluster, job, tp_degrees=(1,),
                             sequence_parallel=False, time_limit_s=time_limit_s)
-        shape = [(b.name, b.kind, b.repeat) for b in costs.blocks]
-        if [(b.name, b.kind, b.repeat) for b in under.blocks] != shape:
-            raise SpecError(f"{graph.name}: traced under autocast its blocks differ from the "
+        shape = [(b.name, b.kind, b.repeat) for b in self.blocks]
+        if self.spec is not None or \
+                [(b.name, b.kind, b.repeat) for b in under.blocks] != shape:
+            raise SpecError(f"{self.name}: traced under autocast its blocks differ from the "
                             "graph's; trace the same module and inputs for both")
-        return dataclasses.replace(costs, blocks=tuple(
+        return dataclasses.replace(self, blocks=tuple(
             dataclasses.replace(b, autocast=u.at(1))
-            for b, u in zip(costs.blocks, under.blocks, strict=True)))
+            for b, u in zip(self.blocks, under.blocks, strict=True)))
 
     @classmethod
     def _from_graph(cls, graph: LayerGraph, cluster: Cluster, job: Job,

@@ -587,10 +587,18 @@ def _plan_module(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     parallelism), then the one search (``plan`` of its ``LayerCosts``) over both."""
 
     graph = _traced(model, cluster, job, example_inputs, loss_fn)
-    under = _traced_under_autocast(model, job, _constraints(constraints), example_inputs,
-                                   loss_fn)
-    costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both",
-                                  autocast_graph=under)
+    costs = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both")
+    if _autocast_searched(model, job, _constraints(constraints)):
+        try:
+            costs = costs.with_autocast(
+                _traced_under_autocast(model, job, example_inputs, loss_fn), cluster, job)
+        except SpecError as e:
+            import warnings
+
+            warnings.warn(f"{graph.name} could not be costed under torch.autocast ({e}); "
+                          "the configurations a trainer runs so (torchtitan's DDP: ZeRO 0 "
+                          "without TP, PP or CP) are costed from its bf16 trace, which omits "
+                          "the casts (constrain --zero to avoid them)", stacklevel=3)
     return plan(costs, cluster, job, constraints=constraints, top_k=top_k,
                 partition=partition, progress=progress)
 
@@ -640,21 +648,26 @@ def _traced(model: Any, cluster: Cluster, job: Job, example_inputs: Any,
     return graph
 
 
-def _traced_under_autocast(model: Any, job: Job, cons: Constraints, example_inputs: Any,
-                           loss_fn: Callable[[Any], Any] | None) -> Any:
-    """The module traced as ``torch.autocast`` runs it (fp32 parameters, matmuls in the
-    job's precision), for the rows a searched trainer trains so (torchtitan's DDP:
-    ``costmodel.compute.autocast_rows``); ``None`` when no row is (a ``LayerGraph`` given
-    is planned as traced)."""
-    import torch
-
+def _autocast_searched(model: Any, job: Job, cons: Constraints) -> bool:
+    """Whether a searched trainer trains some rows under ``torch.autocast`` (torchtitan's
+    DDP: ``costmodel.compute.autocast_rows``) and ``model`` is a module to trace so (a
+    ``LayerGraph`` given is planned as traced)."""
     from costmodel.frameworks import framework
-    from costmodel.graph import LayerGraph, training_loss
+    from costmodel.graph import LayerGraph
 
     names = cons.frameworks or (job.framework,)
-    if isinstance(model, LayerGraph) or job.precision not in ("bf16", "fp16") \
-            or not any(framework(n).autocast_ddp for n in names):
-        return None
+    return not isinstance(model, LayerGraph) and job.precision in ("bf16", "fp16") \
+        and any(framework(n).autocast_ddp for n in names)
+
+
+def _traced_under_autocast(model: Any, job: Job, example_inputs: Any,
+                           loss_fn: Callable[[Any], Any] | None) -> Any:
+    """The module traced as ``torch.autocast`` runs it: fp32 parameters, matmuls in the
+    job's precision."""
+    import torch
+
+    from costmodel.graph import LayerGraph, training_loss
+
     inputs = example_inputs(1) if callable(example_inputs) else example_inputs
     return LayerGraph.from_module(model, inputs, dtype=torch.float32,
                                   autocast=trace_dtype(job), loss_fn=loss_fn or training_loss)

@@ -537,6 +537,42 @@ def test_a_module_under_autocast_costs_as_torchtitans_ddp_rows(name: str, compil
                 planner.estimate(plain, NODE, job, fsdp).step_time_s
 
 
+class _Bf16Only(nn.Module):
+    """A language model that refuses to run in any dtype but bf16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, 32)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        if h.dtype != torch.bfloat16:
+            raise TypeError("this module runs in bf16 only")
+        return self.head(h)
+
+
+def test_a_module_that_autocast_cannot_trace_is_planned_from_its_bf16_trace() -> None:
+    """A module whose trace under autocast fails is still planned: a warning names the
+    failure and the rows torchtitan runs under autocast (ZeRO 0, 1-D), which its bf16 trace
+    then costs; a trainer without such rows traces it once, silently."""
+    import warnings
+
+    import planner
+
+    cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
+    job = Job(global_batch_size=64, seq_len=16, framework="torchtitan")
+    ids = torch.zeros(1, 16, dtype=torch.long)
+    with pytest.warns(UserWarning, match=r"could not be costed under torch.autocast.*bf16 "
+                      r"only.*ZeRO 0"):
+        got = planner.plan(_Bf16Only(), cluster, job, example_inputs=ids)
+    assert all(b.autocast is None for b in got.model.blocks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        planner.plan(_Bf16Only(), cluster, dataclasses.replace(job, framework="megatron"),
+                     example_inputs=ids)
+
+
 def test_a_module_is_planned_with_the_loss_planner_run_trains_it_with() -> None:
     """``planner.plan(module, example_inputs=...)`` traces the module's backward from the
     loss ``planner run`` trains it with (``training_loss``: cross entropy over the output's
