@@ -42,8 +42,7 @@ def main() -> None:
     print(f"{'model':<28s} {'memory max err':>15s} {'step ratio':>14s} {'spearman':>9s} "
           f"{'same plan':>10s} {'plan step':>10s}")
     # The four dense presets, and a small mixture of experts (top-2 of 8), whose reference
-    # module dispatches through fixed capacities where the formulas count torchtitan's
-    # eager routing kernels (tests/test_layercosts.py, the traced MoE test).
+    # module runs torchtitan's MoE (tests/test_layercosts.py, the traced MoE test).
     moe = ModelSpec(name="small-moe", num_layers=8, hidden_size=1024, num_heads=16,
                     num_kv_heads=8, vocab_size=32000, ffn_hidden_size=2816, gated_mlp=True,
                     num_experts=8, top_k=2, moe_ffn_hidden_size=1408)

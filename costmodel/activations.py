@@ -93,9 +93,15 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         # (megatron/core/transformer/moe/moe_utils.py), torchtitan's MoE its routed output
         # by top_scores, GShard's combine einsum its expert outputs. Before the TP reduction
         # (a partial sum on each rank).
+        # torchtitan scales the routed tokens by their scores first, keeping their fp32 copy
+        # for the scores' gradient, and sums the experts' outputs (Framework.
+        # moe_scores_before_experts); compiled, the partitioner recomputes that pointwise
+        # product from the layer's input and keeps nothing more.
+        kept = (0.0 if job.compile and fw.eager_kernels else 4.0) \
+            if fw.moe_scores_before_experts else e
         mlp = (mlp_rep + 4.0 * tokens * model.num_experts * rep  # fp32 router probabilities
                + e_lin * routed * h  # permuted expert inputs (tokens gathered over TP)
-               + e * routed * h  # expert outputs kept by the probability-weighted combine
+               + kept * routed * h  # the experts' outputs (or inputs) the scores' product keeps
                + mlp_inner(f_moe, routed)
                + mlp_inner(f_moe * model.num_shared_experts, tokens))
     else:

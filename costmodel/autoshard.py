@@ -318,10 +318,12 @@ _BARRED_S = 1e3
 #: first input of a gather or a sum; either factor of a product of two tensors computed
 #: from the inputs (not a constant's scaling, such as rotary embeddings' sines and cosines,
 #: which would let a layer's projections leave their partial sums for later). A sum of
-#: partial sums is itself partial: ``add`` with every input partial.
-_LINEAR_FIRST = ("index_select", "gather", "sum")
+#: partial sums is itself partial: ``add`` with every input partial; rows put into a
+#: tensor by index (a MoE layer's expert outputs back in token order) with both partial.
+_LINEAR_FIRST = ("index_select", "gather", "index", "sum")
 _LINEAR_EITHER = ("mul",)
 _LINEAR_ALL = ("add", "sub")
+_LINEAR_PUT = ("index_put", "index_put_", "_index_put_impl_")
 #: Seconds added to a strategy that carries a partial sum on: where reducing first costs the
 #: same, the reduction stays where it was (next to the matmul that made the sum).
 _CARRY_S = 1e-9
@@ -344,6 +346,19 @@ def _taking(src: Layout, dst: Layout) -> Layout:
 
 def _rify(layout: Layout) -> Layout:
     return tuple(REPLICATE if p == PARTIAL else p for p in layout)
+
+
+def grouped_mm(n: OpNode) -> bool:
+    """Whether node ``n`` is a ``torch._grouped_mm`` of rows by the matrices of their groups
+    (``[M, K] x [G, K, N]``: a MoE layer's local experts as one kernel)."""
+    return n.op.removeprefix("aten.").split(".")[0] == "_grouped_mm" and len(n.inputs) >= 2 \
+        and len(n.inputs[1].shape) == 3
+
+
+def matmul_operands(n: OpNode) -> tuple[int, int]:
+    """Indices, among matmul node ``n``'s inputs, of its two operands: the last two (a bias
+    comes first in ``addmm``), or a grouped matmul's first two (its offsets come last)."""
+    return (0, 1) if grouped_mm(n) else (-2, -1)
 
 
 #: View-family ops that move data: dtype casts and copies (a kernel each, reading and
@@ -790,6 +805,8 @@ class ShardingProblem:
             sets = [(i,) for i in tensors]
         elif name in _LINEAR_ALL and len(tensors) > 1:
             sets = [tuple(tensors)]
+        elif name in _LINEAR_PUT and len(tensors) > 1:
+            sets = [(tensors[0], tensors[-1])]  # the tensor put into, the rows put
         else:
             return []
         out = []
@@ -859,8 +876,9 @@ class ShardingProblem:
             e = self.elem
             fwd = float(gemm_time(gpu, self.dtype, m, nn, k, b, e))
             needs = [r.grad for r in n.inputs]
-            a_grad = needs[-2] if len(needs) >= 2 else False
-            b_grad = needs[-1] if needs else False
+            ia, ib = matmul_operands(n)
+            a_grad = needs[ia] if len(needs) >= 2 else False
+            b_grad = needs[ib] if needs else False
             bwd = (float(gemm_time(gpu, self.dtype, m, k, nn, b, e)) if a_grad else 0.0) \
                 + (float(gemm_time(gpu, self.dtype, k, nn, m, b, e)) if b_grad else 0.0)
             return fwd + bwd, bwd

@@ -23,6 +23,8 @@ from costmodel.autoshard import (
     ShardingProblem,
     Solution,
     _collective_names,
+    grouped_mm,
+    matmul_operands,
     solve,
 )
 from costmodel.compute import BACKWARD_BYTES, aligned
@@ -137,8 +139,9 @@ def _expert(p: ShardingProblem, v: int, routing: dict[str, tuple[int, int]]) -> 
     ``experts x in x out`` parameter, ``torch.bmm``; or torch._grouped_mm's)."""
     n = p.graph.node(v)
     experts = routing.get(p.layer[v], (0, 0))[1]
-    return n.family == "matmul" and experts > 1 \
-        and any(lp.role == "b" and lp.size == experts for lp in n.loops) \
+    batched = any(lp.role == "b" and lp.size == experts for lp in n.loops) \
+        or (grouped_mm(n) and n.inputs[1].shape[0] == experts)
+    return n.family == "matmul" and experts > 1 and batched \
         and any(inp.param for inp in p.inputs[v])
 
 
@@ -276,13 +279,16 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
         if {"m", "n", "k"} <= set(roles):
             m, nn, k, b = roles["m"], roles["n"], roles["k"], roles.get("b", 1.0)
             e = p.elem
+            ia, ib = matmul_operands(n)
             ins = p.inputs[v]
-            a_w, b_w = (bool(ins[-2].param), bool(ins[-1].param)) if len(ins) >= 2 \
+            a_w, b_w = (bool(ins[ia].param), bool(ins[ib].param)) if len(ins) >= 2 \
                 else (False, False)
-            w = e * b * (m * k * a_w + k * nn * b_w)
-            act = e * b * (m * k + k * nn + m * nn) - w
+            # A grouped matmul reads the matrices of all its groups (the local experts).
+            groups = n.inputs[1].shape[0] if grouped_mm(n) else 1
+            w = e * b * (m * k * a_w + groups * k * nn * b_w)
+            act = e * b * (m * k + groups * k * nn + m * nn) - w
             needs = [r.grad for r in n.inputs]
-            back = int(len(needs) >= 2 and needs[-2]) + int(bool(needs and needs[-1]))
+            back = int(len(needs) >= 2 and needs[ia]) + int(bool(needs and needs[ib]))
             # A linear (an activation times a weight matrix) that torchao's float8 training
             # runs as a Float8Linear: torchtitan converts every nn.Linear whose dims are
             # multiples of 16 (torchtitan's Float8LinearConverter); a router stays in bf16
@@ -295,6 +301,10 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
                                        cast_in=m * k if linear else 0.0,
                                        cast_out=m * nn if linear else 0.0),))
     moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
+    if n.family == "index" and n.op.removeprefix("aten.").split(".")[0] in _GATHERS:
+        # A gather by index reads the rows it writes (a MoE layer's tokens, each read once
+        # per expert it goes to), not the whole tensor it picks from.
+        moved = (sum(r.nbytes for r in n.inputs[1:]) + 2 * n.output_bytes) / shards
     if n.family == "embedding":
         # A lookup reads the rows it gathers, not the table: the indices, then a row read
         # and written per token; its backward adds each token's gradient row into the
@@ -319,10 +329,19 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
 
 
 
+#: Index ops that gather rows by an index tensor (its first input the tensor gathered from).
+_GATHERS = ("index", "index_select", "gather")
+#: View-family ops that fill a new tensor: a kernel writing it, reading nothing (a MoE
+#: layer's zeroed un-permutation buffer), without a backward.
+_FILLS = ("zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full",
+          "full_like", "new_full", "fill", "fill_", "zero_")
+
+
 def _copies(sol: Solution) -> list[tuple[str, Kernels, int, set[int]]]:
     """(layer, kernel, the real node whose tensor it copies, the real nodes reading the
-    copy) of every forward cast or copy: the sharding graph contracts them as views, but
-    each is a memory-bound kernel on the layout of the tensor it copies.
+    copy) of every forward cast or copy, and of every floating tensor filled (``_FILLS``,
+    source -1): the sharding graph contracts them as views, but each is a memory-bound
+    kernel on the layout of the tensor it copies.
 
     Several casts of one tensor each hand its gradient back as a tensor of its own (an
     autocast layer's q, k and v projections each cast the fp32 norm output): autograd sums
@@ -335,8 +354,19 @@ def _copies(sol: Solution) -> list[tuple[str, Kernels, int, set[int]]]:
     branches: dict[tuple[str, int], list[tuple[int, float]]] = {}
     for i in graph.graph.nodes:
         n = graph.node(i)
-        if n.backward or n.family != "view" or not n.output_bytes \
-                or n.op.removeprefix("aten.").split(".")[0] not in COPY_OPS:
+        op = n.op.removeprefix("aten.").split(".")[0]
+        if n.backward or n.family != "view" or not n.output_bytes:
+            continue
+        if op in _FILLS:
+            if len(n.shape) == 0 or n.output_bytes < 2 * math.prod(n.shape):
+                continue  # a scalar (the loss's gradient seed), integers (a loss's labels)
+            # Split as the ops writing into it lay out their outputs.
+            fill_readers = _readers(sol, i)
+            share = min((_share(sol, sol.strategy(u).out) for u in fill_readers), default=1)
+            out.append((n.layer, Kernels(memory_bytes=n.output_bytes / share,
+                                         memory_kernels=1), -1, fill_readers))
+            continue
+        if op not in COPY_OPS:
             continue
         src = n.inputs[0].source if n.inputs else -1
         while src >= 0 and src not in p.layer and graph.node(src).family == "view" \

@@ -455,6 +455,13 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
         # (``costmodel.blockcosts._regions``).
         ew_bytes = ew_bytes - np.where(ac, 4.0, e) * tokens * h * rep
         ew_kernels = ew_kernels - 1.0 + (1.0 if rope else 0.0)
+        if moe and mlp.routed is not None and fw.grouped_experts:
+            # A MoE layer's routing compiled (COMPILED_MOE_KERNELS): what TorchInductor
+            # cannot fuse, and the zeroed un-permutation buffer (e a routed element).
+            nograd_bytes = e * mlp.routed * h
+            ew_bytes = ew_bytes + nograd_bytes
+            ew_kernels = ew_kernels + COMPILED_MOE_KERNELS
+            nograd = COMPILED_MOE_NOGRAD_KERNELS
     return ew_bytes, ew_kernels, casts, nograd, nograd_bytes, branch_sums
 
 
@@ -576,25 +583,35 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
     return out, kernels
 
 
-#: torchtitan's MoE layer run as eager kernels (torchtitan/models/moe/moe.py and utils.py
-#: @08dc75ae, MoEArgs defaults: sigmoid scores, an expert bias, scores applied before the
-#: experts, grouped matmuls over padded indices), beyond the permutation and un-permutation
-#: (a copy each) and the router's softmax the fused count holds: the router's fp32 cast,
-#: bias add, top-k, gather and scaling of the scores, two histograms, the expert-load
-#: update, an argsort and the scores' reorder, the token index's division (11 kernels on
-#: [tokens, experts] or smaller tensors); the routed tokens scaled by their scores in fp32
-#: (cast up, multiply, cast down: 16 + 2e bytes per element), padded for the grouped
-#: matmuls and permuted again (a concatenation and an index_select) and put back
-#: (index_copy_): 6e; the un-permutation buffer zeroed (e) and the k copies summed (read e);
-#: the permutation indices (3 small kernels): 22 kernels; SwiGLU as silu then a product (2e
-#: per ffn element over the fused 3e, as a dense layer's: one kernel more).
-#: Of those kernels, the ones without a backward: bias add and top-k (only the indices are
-#: used), the histograms, the load update, the argsort, the index division, the permutation
-#: indices and the zeroed buffer.
+#: torchtitan's MoE layer run as eager kernels (torchtitan/models/moe/moe.py @08dc75ae,
+#: MoEArgs defaults: sigmoid scores, an expert bias, scores applied before the experts,
+#: grouped matmuls; their padding, a concatenation, an index_select, an index_copy_ (6e per
+#: element) and 3 kernels of permutation indices, dropped in fe80b63c, April 2026), beyond
+#: the permutation and un-permutation (a copy each) and the router's softmax the fused count
+#: holds: the router's fp32 cast, bias add, top-k, gather and scaling of the scores, two
+#: histograms, the expert-load update, an argsort and the scores' reorder, the token
+#: index's division (11 kernels on [tokens, experts] or smaller tensors); the routed tokens
+#: scaled by their scores in fp32 (cast up, multiply, cast down: 16 + 2e bytes per
+#: element); the groups' offsets (a cumsum); the un-permutation buffer zeroed (e) and the k
+#: copies summed (read e): 17 kernels; SwiGLU as silu then a product (2e per ffn element
+#: over the fused 3e, as a dense layer's: one kernel more). Of those kernels, the ones
+#: without a backward: bias add and top-k (only the indices are used), the histograms, the
+#: load update, the argsort, the index division, the offsets and the zeroed buffer. The
+#: reference transformer's ``MoEFeedForward`` runs the same kernels.
+#: The same layer under ``torch.compile``: TorchInductor fuses the pointwise ops between
+#: the kernels it does not generate (top-k, the two histograms and the argsort run as aten's,
+#: the cumsum as a scan of its own), so beyond the fused count's three: top-k, the scores'
+#: gather and scaling (one region), two histograms, the load update, the argsort, the
+#: cumsum and the zeroed buffer (a fill): 8 kernels, 7 of them without a backward; the
+#: routed tokens' gather, scaling and casts are one region, the fused count's permutation,
+#: and the k copies' sum is the residual add's reduction (what a traced graph's fused
+#: regions count: ``costmodel.blockcosts._regions``).
+COMPILED_MOE_KERNELS = 8.0
+COMPILED_MOE_NOGRAD_KERNELS = 7.0
 EAGER_MOE_BYTES = 16.0
-EAGER_MOE_BYTES_PER_E = 10.0
-EAGER_MOE_KERNELS = 22.0
-EAGER_MOE_NOGRAD_KERNELS = 11.0
+EAGER_MOE_BYTES_PER_E = 4.0
+EAGER_MOE_KERNELS = 17.0
+EAGER_MOE_NOGRAD_KERNELS = 9.0
 
 
 def eager_moe_bytes(model: ModelSpec, routed: np.ndarray, t: np.ndarray, e: float

@@ -100,6 +100,12 @@ class Framework:
     # default True; torchtitan/models/moe/moe.py @08dc75ae). Megatron-LM's default
     # SequentialMLP loops over its local experts (--moe-grouped-gemm switches it).
     grouped_experts: bool = False
+    # Whether a MoE layer scales each routed token by its router score before the experts,
+    # in fp32 (torchtitan's MoEArgs.score_before_experts, default True, torchtitan/models/
+    # moe/moe.py @08dc75ae): the product keeps the token's fp32 copy for the score's
+    # gradient, and the combine after the experts is a plain sum, which keeps nothing.
+    # Megatron-LM weights the experts' outputs as it un-permutes them, keeping those.
+    moe_scores_before_experts: bool = False
     # float8 training by torchao's Float8Linear (dynamic scaling: an amax reduction and a cast
     # of each linear's input, and in backward of its output gradient, plus transposed fp8
     # copies for the weight-gradient matmul; torchao/float8/float8_linear.py), rather than
@@ -204,6 +210,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         eager_kernels=True,
         separate_projections=True,
         grouped_experts=True,
+        moe_scores_before_experts=True,
         torchao_float8=True,
         compiles_loss=True,
         # torchtitan 0.2.2 refuses a multi-stage schedule with one stage per rank

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +64,7 @@ __all__ = ["FAMILIES", "Layer", "LayerGraph", "OpNode", "TensorRef", "training_l
 #: Op families by aten op name (the overload packet, without ``aten.``).
 FAMILIES: dict[str, tuple[str, ...]] = {
     "matmul": ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addbmm",
-               "dot", "mv"),
+               "dot", "mv", "_grouped_mm"),
     "attention": ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                   "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
                   "_efficient_attention_forward", "_scaled_dot_product_flash_attention_backward",
@@ -125,8 +126,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "minimum", "eq", "ne", "lt", "gt", "le", "ge", "logical_and", "logical_or",
         "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "abs", "sign", "erf",
         "erfinv", "reciprocal", "square", "exp_", "sqrt_", "rsub", "floor", "ceil", "round",
-        "trunc", "frac", "fmod", "remainder", "isnan", "isinf", "nan_to_num", "polar",
-        "_conj", "conj_physical", "sgn", "_foreach_add",
+        "trunc", "frac", "fmod", "remainder", "floor_divide", "isnan", "isinf", "nan_to_num",
+        "polar", "_conj", "conj_physical", "sgn", "_foreach_add",
         "sin_", "cos_", "neg_", "div_", "pow_", "clamp_", "mul_", "add_"),
 }
 _FAMILY_OF = {name: fam for fam, names in FAMILIES.items() for name in names}
@@ -327,6 +328,31 @@ class LayerGraph:
 
 # ---- tracing -------------------------------------------------------------------------------
 
+def _grouped_mm_like(a: Any, b: Any, offs: Any = None, *_: Any, **kw: Any) -> Any:
+    """An empty tensor of ``torch._grouped_mm(a, b, offs)``'s shape and dtype: its meta
+    function takes bf16 operands alone (its CUDA kernel's), where its CPU kernel runs fp32
+    too; a module traced in fp32 (an fp32 job) gets its output so."""
+    shape: tuple[int, ...]
+    if a.dim() == 2 and b.dim() == 3:
+        shape = (a.shape[0], b.shape[2])
+    elif a.dim() == 3 and b.dim() == 2:
+        shape = (a.shape[0], a.shape[1], b.shape[1])
+    elif a.dim() == 2 and b.dim() == 2:  # the weights' gradient: one matrix a group
+        shape = (offs.shape[0], a.shape[0], b.shape[1])
+    else:
+        shape = (a.shape[0], a.shape[1], b.shape[2])
+    return a.new_empty(shape, dtype=kw.get("out_dtype") or a.dtype)
+
+
+def grouped_mm_flops(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    """FLOPs of ``torch._grouped_mm(a, b, offs=...)`` (a MoE layer's experts as one kernel,
+    torchtitan's ``GroupedExperts``): each row of ``a`` multiplied by the matrix of its group,
+    2 x (elements of ``a``) x (the columns of ``b``), whatever the groups' sizes; so too its
+    backward's (the weight gradient's groups run along the contracted rows).
+    ``torch.utils.flop_counter`` has no formula for it."""
+    return 2.0 * math.prod(a) * (b[-1] if b else 1)
+
+
 def training_loss(output: Any) -> Any:
     """The loss ``planner run`` trains a traced module with (``planner.runtime.apply``'s
     ``cross_entropy``, torchtitan's): the mean cross entropy of a floating output of two or
@@ -454,6 +480,8 @@ class _Recorder:
         self.unsupported: list[tuple[str, str]] = []
         self.prefix = ""
         self.in_loss = False
+        #: The nodes recorded before the backward started (all, when it does not run).
+        self.forward_end = sys.maxsize
         # The module path of the forward op during which each autograd node was made, by
         # the node's sequence number: a backward op runs the node of its forward op.
         self.forward_path: dict[int, str] = {}
@@ -508,6 +536,8 @@ class _Recorder:
             causal = name == FUSED_ATTENTION[0] and len(args) > 4 and args[4] is True
         elif formula is not None:
             model_flops = float(formula(*args, **kwargs, out_val=out))
+        elif name == "_grouped_mm" and len(ins) >= 2:
+            model_flops = grouped_mm_flops(ins[0].shape, ins[1].shape)
         elif family in _PER_ELEMENT or family == "unknown":
             other = float(sum(t.numel() for t in outs))
         if family == "unknown":
@@ -585,7 +615,9 @@ def _autocast_ops(low: Any, param_cast: Callable[[Any], None]
     attention; a wrapper making a function cast its floating inputs to ``low`` first, as
     autocast's ``cached_cast`` does: a parameter, a leaf needing a gradient, once per
     forward pass, reused by every later reader, and handed to ``param_cast``). ``einsum``
-    is not on the list but the matmuls it runs are."""
+    is not on the list but the matmuls it runs are; ``torch._grouped_mm`` is not either,
+    and a MoE layer casts its operands itself (torchtitan's ``GroupedExperts``), as
+    autocast would."""
     import torch
     from torch.nn import functional as F
     from torch.utils._pytree import tree_map
@@ -613,8 +645,8 @@ def _autocast_ops(low: Any, param_cast: Callable[[Any], None]
     funcs = (F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d,
              F.conv_transpose2d, F.conv_transpose3d, F.scaled_dot_product_attention,
              torch.matmul, torch.mm, torch.bmm, torch.baddbmm, torch.addmm, torch.addbmm,
-             torch.mv, torch.einsum, T.matmul, T.__matmul__, T.__rmatmul__, T.mm, T.bmm,
-             T.baddbmm, T.addmm, T.mv)
+             torch.mv, torch.einsum, torch._grouped_mm, T.matmul, T.__matmul__,
+             T.__rmatmul__, T.mm, T.bmm, T.baddbmm, T.addmm, T.mv)
     return funcs, wrap
 
 
@@ -659,7 +691,10 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            out = func(*args, **kwargs)
+            if func is torch.ops.aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+                out = _grouped_mm_like(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
             self.rec.record(func, args, kwargs, out)
             return out
 
@@ -705,6 +740,7 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
                     loss = loss_fn(out) if loss_fn is not None else _output_sum(out)
                     rec.in_loss = False
                     if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                        rec.forward_end = len(rec.nodes)
                         loss.backward()
             return rec, params
 
@@ -720,7 +756,36 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
         except Exception as e:  # anything the model raises, as one clear line
             raise SpecError(f"could not trace {type(module).__name__} on the meta device: "
                             f"{type(e).__name__}: {e}") from None
+    _unreached(rec.nodes[:rec.forward_end])
     return _assemble(module, rec, params, runs, example_inputs, name)
+
+
+def _unreached(nodes: list[dict[str, Any]]) -> None:
+    """Clear ``grad`` of the forward ops (``nodes``: those recorded before the backward
+    started) whose gradient never reaches the loss: every
+    reader of their floating outputs either reads none that needs a gradient or is one of
+    them (a MoE router's top-k, whose scores a module discards for the indices, and the
+    bias added before it): autograd runs no backward for them. An op no other op reads (the
+    loss) is reached, and so is one that an op outside this pass reads, and every op of a
+    fused kernel's forward (``fused_grad``: the kernel's backward covers them)."""
+    readers: dict[int, list[int]] = {}
+    read: set[int] = set()
+    for u, n in enumerate(nodes):
+        if n["backward"]:
+            continue
+        for ref in n.get("inputs", ()):
+            if ref.source >= 0:
+                read.add(ref.source)
+                if ref.grad:
+                    readers.setdefault(ref.source, []).append(u)
+    cleared: set[int] = set()
+    for s in range(len(nodes) - 1, -1, -1):
+        n = nodes[s]
+        if n["backward"] or not n.get("grad") or n.get("fused_grad"):
+            continue
+        if s in read and all(u in cleared for u in readers.get(s, ())):
+            n["grad"] = False
+            cleared.add(s)
 
 
 class _ShapeChange(RuntimeError):

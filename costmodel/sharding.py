@@ -111,8 +111,19 @@ def _broadcast(shapes: Sequence[tuple[int, ...]], out: tuple[int, ...],
 
 def _matmul(name: str, shapes: Sequence[tuple[int, ...]], out: tuple[int, ...]
             ) -> tuple[Loop, ...]:
-    """``A[..., M, K] @ B[..., K, N]``; extra inputs (bias, scales) broadcast to the output."""
+    """``A[..., M, K] @ B[..., K, N]``; extra inputs (bias, scales) broadcast to the output.
+    ``torch._grouped_mm(A[M, K], B[G, K, N], offs)``: each row of A times the matrix of its
+    group, rows grouped by the offsets (a MoE layer's experts): its rows, columns and
+    contraction split as a matmul's; the groups are not a loop of A, so they stay whole."""
     extra: tuple[int, ...]
+    if name == "_grouped_mm":
+        if len(shapes) < 2 or len(shapes[0]) != 2 or len(shapes[1]) != 3:
+            return ()
+        rest = (None,) * (len(shapes) - 2)
+        rows, cols, inner = shapes[0][0], shapes[1][2], shapes[0][1]
+        grouped = (Loop((0, None, *rest), 0, rows, "m"), Loop((None, 2, *rest), 1, cols, "n"),
+                   Loop((1, 1, *rest), None, inner, "k"))
+        return tuple(x for x in grouped if x.size > 1)
     if name in ("addmm", "baddbmm", "addbmm"):
         ia, ib, extra = 1, 2, (0,)
     elif name in ("mm", "bmm", "_scaled_mm"):

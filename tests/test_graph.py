@@ -43,12 +43,12 @@ def test_reference_transformers_match_their_spec(name: str) -> None:
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b"])
 def test_reference_moe_transformers_match_their_spec(name: str) -> None:
     """The reference transformer's mixture-of-experts layers (``MoEFeedForward``): the
-    parameters equal the ModelSpec's; at capacity factor 1 the experts' batched matmuls do
-    the active experts' work, so the model FLOPs equal PaLM's 6 N_active + 12 L q s; the
+    parameters equal the ModelSpec's; dropless, the experts' grouped matmuls do the active
+    experts' work, so the model FLOPs equal PaLM's 6 N_active + 12 L q s; the
     MoE layers (after DeepSeekMoE's leading dense one) are one run traced once, their shared
     experts inside it."""
     spec = ModelSpec.preset(name)
-    seq = 1024  # seq * top_k is a multiple of the experts: no slot left empty
+    seq = 1024
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
                                    torch.randint(0, spec.vocab_size, (2, seq)))
     assert graph.num_params() == spec.num_params()
@@ -61,39 +61,42 @@ def test_reference_moe_transformers_match_their_spec(name: str) -> None:
 
 
 def test_moe_layer_routes_as_a_loop_over_tokens_does() -> None:
-    """``MoEFeedForward`` against a loop over tokens: each token's top-k experts (softmax
-    renormalised over them) plus the shared experts; with the capacity of every choice
-    (capacity factor = experts / top_k) nothing is dropped. At capacity factor 1 a
-    sequence's output does not depend on the batch it is in, and a token past its expert's
-    slots skips that expert."""
+    """``MoEFeedForward`` against a loop over tokens, as torchtitan's MoE computes it
+    (torchtitan/models/moe/moe.py @08dc75ae, MoEArgs defaults): each token's top-k experts
+    by sigmoid score (plus the load-balancing bias, which only chooses), the token scaled by
+    its score before the expert's MLP (not linear in it: SwiGLU), plus the shared experts.
+    Dropless: a sequence's output does not depend on the batch it is in, and the layer
+    counts each expert's tokens (``tokens_per_expert``, what a trainer updates the bias
+    from)."""
     from planner.runtime.model import MoEFeedForward
 
     spec = ModelSpec(name="tiny-moe", num_layers=2, hidden_size=16, num_heads=2,
                      vocab_size=64, num_experts=4, top_k=2, moe_ffn_hidden_size=24,
                      num_shared_experts=1, first_dense_layers=1, gated_mlp=True)
     torch.manual_seed(0)
-    full = MoEFeedForward(spec, capacity_factor=spec.num_experts / spec.top_k)
-    for p in full.parameters():
+    moe = MoEFeedForward(spec)
+    for p in moe.parameters():
         torch.nn.init.normal_(p, std=0.3)
+    moe.tokens_per_expert.zero_()
+    moe.expert_bias.copy_(torch.tensor([0.0, 0.5, 0.0, 0.0]))
     x = torch.randn(3, 10, 16)
     want = torch.zeros_like(x)
     for b in range(3):
         for t in range(10):
             tok = x[b, t]
-            probs = full.router(tok).softmax(-1)
-            w, idx = probs.topk(2)
-            for weight, e in zip(w / w.sum(), idx, strict=True):
-                inner = F.silu(tok @ full.w1[e]) * (tok @ full.w3[e])
-                want[b, t] += weight * (inner @ full.w2[e])
-            want[b, t] += full.shared[0](tok)
-    assert torch.allclose(full(x), want, atol=1e-5)
-    tight = MoEFeedForward(spec)  # capacity factor 1: 10 * 2 / 4 = 5 slots per expert
-    tight.load_state_dict(full.state_dict())
-    assert tight.capacity(10) == 5
-    alone = torch.cat([tight(x[b:b + 1]) for b in range(3)])
-    assert torch.allclose(tight(x), alone, atol=1e-6)
-    assert not torch.allclose(tight(x), want, atol=1e-3)  # some choices were over capacity
-
+            scores = torch.sigmoid(moe.router(tok))
+            chosen = (scores + moe.expert_bias).topk(2).indices
+            for e in chosen:
+                u = scores[e] * tok
+                want[b, t] += (F.silu(u @ moe.w1[e]) * (u @ moe.w3[e])) @ moe.w2[e]
+            want[b, t] += moe.shared[0](tok)
+    got = moe(x)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert moe.tokens_per_expert.sum() == 3 * 10 * 2
+    alone = torch.cat([moe(x[b:b + 1]) for b in range(3)])
+    assert torch.allclose(got, alone, atol=1e-6)
+    got.square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in moe.parameters())
 
 @pytest.mark.parametrize("name, dropout", [("llama-3-8b", 0.0), ("llama-2-70b", 0.0),
                                            ("gpt3-125m", 0.1)])
@@ -147,6 +150,31 @@ def test_an_mlp_counts_what_a_hand_count_says() -> None:
         2 * batch * (sum(macs) + sum(macs[1:]))
     assert graph.num_params() == sum(p.numel() for p in mlp.parameters())
     assert all(p.device.type == "cpu" for p in mlp.parameters())  # untouched
+
+
+class _Route(nn.Module):
+    """A router: scores, a bias added to choose by, the top-k's indices (its values
+    discarded), the chosen scores gathered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.gate(x)
+        _, chosen = (scores + 1.0).topk(2, dim=-1)
+        return scores.gather(-1, chosen)
+
+
+def test_ops_whose_gradient_never_reaches_the_loss_run_no_backward() -> None:
+    """A top-k whose values nothing reads, and the bias added before it, get no gradient:
+    autograd runs no backward for them, so the trace counts none (``OpNode.grad``); the
+    scores the gather reads still get theirs."""
+    graph = LayerGraph.from_module(_Route(), torch.zeros(4, 8))
+    fwd = {graph.node(v).op.split(".")[1]: graph.node(v) for v in graph.graph
+           if not graph.node(v).backward and graph.node(v).layer != "(loss)"}
+    assert not fwd["topk"].grad and not fwd["add"].grad
+    assert fwd["mm"].grad and fwd["gather"].grad
 
 
 class _TwiceLinear(nn.Module):

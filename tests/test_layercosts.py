@@ -26,7 +26,7 @@ from costmodel.arrays import ConfigArrays  # noqa: E402
 from costmodel.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
 from costmodel.comm import Topology  # noqa: E402
 from costmodel.graph import LayerGraph  # noqa: E402
-from costmodel.layercosts import RECOMPUTE_MODES, LayerCosts  # noqa: E402
+from costmodel.layercosts import RECOMPUTE_MODES, BlockCosts, LayerCosts  # noqa: E402
 from costmodel.steptime import TimeTable  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 
@@ -95,6 +95,20 @@ def _close(a: float, b: float, rel: float = 0.01, abs_: float = 0.0) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
 
 
+def _fp32_routed(analytic: LayerCosts, block: BlockCosts, mode: str) -> float:
+    """Bytes the reference transformer's MoE layer keeps beyond DeepSpeed's conventions
+    (the oracle's, eager PyTorch's): it runs torchtitan's MoE, which scales each routed
+    token by its score in fp32 before the experts and keeps that fp32 copy for the score's
+    gradient, where DeepSpeed (as Megatron-LM) weights the experts' bf16 outputs
+    (``Framework.moe_scores_before_experts``): 4 - 2 bytes per routed element, on every TP
+    rank (each dispatches every token)."""
+    spec = analytic.spec
+    if spec is None or block.name != "moe layers" or mode == "full":
+        return 0.0
+    tokens = analytic.micro_batch_size * analytic.seq_len
+    return (4.0 - 2.0) * spec.top_k * tokens * spec.hidden_size
+
+
 def _check(traced: LayerCosts, analytic: LayerCosts) -> None:
     assert [b.kind for b in traced.blocks] == [b.kind for b in analytic.blocks]
     assert [b.repeat for b in traced.blocks] == [b.repeat for b in analytic.blocks]
@@ -122,7 +136,8 @@ def _check(traced: LayerCosts, analytic: LayerCosts) -> None:
                     assert x.activation_bytes[mode] <= y.activation_bytes[mode] * 1.01 \
                         + 8.0 * tokens, (where, mode)
                 else:
-                    assert _close(x.activation_bytes[mode], y.activation_bytes[mode]), \
+                    assert _close(x.activation_bytes[mode],
+                                  y.activation_bytes[mode] + _fp32_routed(analytic, a, mode)), \
                         (where, mode)
             if moe_tp and traced.sequence_parallel:
                 # Without SP the ILP carries the experts' partial sums through the routing
@@ -607,15 +622,15 @@ def test_a_module_is_planned_with_the_loss_planner_run_trains_it_with() -> None:
 
 def test_a_traced_moe_module_plans_as_its_preset() -> None:
     """The reference transformer with mixture-of-experts layers (``MoEFeedForward``: top-2
-    of 8 experts, capacity factor 1), traced and planned through the one search, expert
-    parallelism included: the trace finds its routing (a top-2 of 8) and its experts' batched
-    weights, which EP splits as the formulas split them; its experts are split over TP as
-    Megatron-LM splits them. It picks the preset's configuration (ep = 8 here) with a step
-    time within 2.5 % (0.979x; at ep = 1, 0.980x): the same FSDP and EP communication, 2.5 %
-    less compute. Under torchtitan's conventions the formulas run the local experts as one
-    grouped matmul per projection and count torchtitan's eager routing kernels
-    (``compute.EAGER_MOE_BYTES``); the trace counts the module's batched matmuls and its own
-    capacity dispatch, whose kernels differ (the issue's 1 % is not met for MoE)."""
+    of 8 experts, run as torchtitan runs them), traced and planned through the one search,
+    expert parallelism included: the trace finds its routing (a top-2 of 8) and its
+    experts' grouped weights, which EP splits as the formulas split them; its experts are
+    split over TP as Megatron-LM splits them. It picks the preset's configuration (ep = 8
+    here) with a step time within 1 % (1.005x; at ep = 1, 1.005x). With the capacity-based
+    module it replaced (one batched matmul per projection, its own dispatch) it was 0.979x
+    and 0.980x: the kernels were not torchtitan's, which the formulas count
+    (``compute.EAGER_MOE_BYTES``, torchtitan's fp32 scaling of the routed tokens,
+    ``Framework.moe_scores_before_experts``)."""
     import numpy as np
 
     import planner
@@ -646,19 +661,20 @@ def test_a_traced_moe_module_plans_as_its_preset() -> None:
     got = planner.plan(traced, cluster, job)
     want = planner.plan(spec, cluster, job)
     assert got.config == want.config and got.config.ep > 1
-    assert got.estimate.step_time_s == pytest.approx(want.estimate.step_time_s, rel=0.025)
+    assert got.estimate.step_time_s == pytest.approx(want.estimate.step_time_s, rel=0.01)
     at_1 = planner.plan(traced, cluster, job, constraints={"fixed": {"ep": 1}})
     want_1 = planner.plan(spec, cluster, job, constraints={"fixed": {"ep": 1}})
     assert at_1.config == want_1.config
-    assert at_1.estimate.step_time_s == pytest.approx(want_1.estimate.step_time_s, rel=0.025)
+    assert at_1.estimate.step_time_s == pytest.approx(want_1.estimate.step_time_s, rel=0.01)
     back = planner.Plan.from_json(got.to_json())
     assert back.model.moe_routing() == (2, 8) and back.config.ep == got.config.ep
     # Under sequence parallelism the expert block may run whole on the gathered tokens, as
     # Megatron-LM runs it (routing and combine on every rank, one reduce-scatter after the
     # combine). Made to split every memory-bound op along the sequence, it reduce-scattered
     # the routed copies (top-k times the bytes) and gathered index tensors: tp 8 with SP
-    # costed 1.09-1.12x the formulas, now 1.03-1.05x (what remains: small latency-bound
-    # collectives, a split router's all-reduce of its logits and gathers of its indices).
+    # costed 1.09-1.12x the formulas, then 1.03-1.05x, now (torchtitan's kernels) 1.018-
+    # 1.024x (what remains: small latency-bound collectives, a split router's all-reduce
+    # of its logits and gathers of its indices).
     from costmodel import ParallelConfig
     from costmodel.memory import memory_table
     from costmodel.steptime import time_table
@@ -670,7 +686,7 @@ def test_a_traced_moe_module_plans_as_its_preset() -> None:
     mw, mg = memory_table(spec, cluster, job, a), memory_table(traced, cluster, job, a)
     ratio = time_table(traced, cluster, job, a, mg).step_time \
         / time_table(spec, cluster, job, a, mw).step_time
-    assert ratio.max() < 1.06 and ratio.min() > 0.99, ratio
+    assert ratio.max() < 1.03 and ratio.min() > 0.99, ratio
 
 
 def test_a_traced_module_is_planned_by_the_one_search() -> None:

@@ -13,9 +13,9 @@ equals ``ModelSpec.num_params()`` for every spec it accepts (tested).
 
 Covers decoder and encoder token models: GPT (LayerNorm, learned positions, biases, GELU MLP),
 Llama (RMSNorm, RoPE, GQA, SwiGLU), tied or untied embeddings, and mixture-of-experts layers
-(Mixtral, DeepSeekMoE: routed top-k experts with a fixed capacity, shared experts, leading
-dense layers; ``MoEFeedForward``). Not vision (patch) models, token types or embedding norms:
-``build_model`` says so.
+(Mixtral, DeepSeekMoE: routed top-k experts run as torchtitan runs them, shared experts,
+leading dense layers; ``MoEFeedForward``). Not vision (patch) models, token types or
+embedding norms: ``build_model`` says so.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ __all__ = ["Attention", "Block", "FeedForward", "MoEFeedForward", "Transformer",
 INIT_STD = 0.02
 #: RoPE base frequency (Su et al. 2021, Sec. 3.4.2; Llama 2).
 ROPE_THETA = 10000.0
+#: torchtitan's MoEArgs.route_scale: the factor on a token's expert scores (a kernel of its
+#: own, which its default of 1 still runs).
+ROUTE_SCALE = 1.0
 #: Normalisation epsilon (Llama 2 uses 1e-5 for RMSNorm; GPT-2 for LayerNorm).
 NORM_EPS = 1e-5
 
@@ -172,45 +175,64 @@ class FeedForward(nn.Module):
 
 
 class MoEFeedForward(nn.Module):
-    """A mixture-of-experts MLP (Shazeer et al. 2017; Mixtral, Jiang et al. 2024): a linear
-    router scores the ``num_experts`` experts for each token; the ``top_k`` best (softmax
-    over all, renormalised over those k) each run the token through their MLP
-    (``moe_ffn_hidden_size`` wide, gated or not as the dense MLP), and their outputs,
-    weighted by those scores, are summed; plus ``num_shared_experts`` MLPs of the same width
-    that every token runs (DeepSeekMoE, Dai et al. 2024).
+    """A mixture-of-experts MLP as torchtitan runs one (Shazeer et al. 2017; torchtitan/
+    models/moe/moe.py @08dc75ae with MoEArgs' defaults, its dispatch without the grouped
+    matmuls' padding, which torchtitan dropped in fe80b63c, April 2026): a linear router's
+    sigmoid scores in fp32; each token's ``top_k`` experts by score plus a load-balancing
+    bias (auxiliary-loss-free balancing, Wang et al. 2024: the bias only chooses, and
+    ``tokens_per_expert`` counts the load a trainer updates it from between steps); the
+    tokens sorted by expert and scaled by their scores in fp32; every expert's MLP
+    (``moe_ffn_hidden_size`` wide, gated or not as the dense MLP) as one
+    ``torch._grouped_mm`` per projection over the sorted tokens; the outputs put back in
+    token order and summed over the k choices; plus ``num_shared_experts`` MLPs of the same
+    width that every token runs (DeepSeekMoE, Dai et al. 2024).
 
-    Tokens go to their experts through a fixed capacity (GShard, Lepikhin et al. 2020;
-    Switch, Fedus et al. 2022): ``ceil(capacity_factor * seq * top_k / num_experts)``
-    slots per expert and sequence, filled in token order; a token past its expert's
-    capacity skips that expert (its residual carries it on). Capacity per sequence keeps
-    a sequence's result independent of the batch it is in; static shapes let the layer
-    trace on the meta device, its experts running one batched matmul per projection of
-    ``experts x (batch * capacity)`` tokens: ``capacity_factor * tokens * top_k * 2 h f``
-    FLOPs each, the active experts' at capacity factor 1 (when ``seq * top_k`` is a
-    multiple of ``num_experts``)."""
+    Dropless: every choice runs (no capacity), the active experts' ``tokens * top_k * 2 h f``
+    FLOPs per projection, and shapes static (the grouped matmuls' rows are the choices), so
+    it traces on the meta device as it runs."""
 
-    def __init__(self, spec: ModelSpec, capacity_factor: float = 1.0) -> None:
+    expert_bias: torch.Tensor
+    tokens_per_expert: torch.Tensor
+
+    def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         h, f, e = spec.hidden_size, int(spec.moe_ffn_hidden_size or 0), spec.num_experts
-        self.num_experts, self.top_k, self.capacity_factor = e, spec.top_k, capacity_factor
+        self.num_experts, self.top_k = e, spec.top_k
         self.router = nn.Linear(h, e, bias=False)
         self.w1 = nn.Parameter(torch.empty(e, h, f))
         self.w3 = nn.Parameter(torch.empty(e, h, f)) if spec.gated_mlp else None
         self.w2 = nn.Parameter(torch.empty(e, f, h))
-        self.b1 = nn.Parameter(torch.empty(e, 1, f)) if spec.bias else None
-        self.b3 = nn.Parameter(torch.empty(e, 1, f)) if spec.bias and spec.gated_mlp else None
-        self.b2 = nn.Parameter(torch.empty(e, 1, h)) if spec.bias else None
+        self.b1 = nn.Parameter(torch.empty(e, f)) if spec.bias else None
+        self.b3 = nn.Parameter(torch.empty(e, f)) if spec.bias and spec.gated_mlp else None
+        self.b2 = nn.Parameter(torch.empty(e, h)) if spec.bias else None
+        self.register_buffer("expert_bias", torch.zeros(e))
+        self.register_buffer("tokens_per_expert", torch.zeros(e), persistent=False)
         self.shared = nn.ModuleList([FeedForward(spec, f)
                                      for _ in range(spec.num_shared_experts)])
 
-    def capacity(self, seq: int) -> int:
-        """Slots per expert for one sequence of ``seq`` tokens."""
-        return math.ceil(self.capacity_factor * seq * self.top_k / self.num_experts)
+    def _counts(self, chosen: torch.Tensor) -> torch.Tensor:
+        """Choices per expert (torch.histc, as torchtitan counts them; the CPU kernel takes
+        no integers)."""
+        flat = chosen.reshape(-1)
+        if flat.device.type == "cpu":
+            flat = flat.float()
+        return torch.histc(flat, bins=self.num_experts, min=0, max=self.num_experts)
 
-    def _experts(self, x: torch.Tensor) -> torch.Tensor:
-        """Every expert's MLP on its slots ``x`` [experts, slots, hidden]."""
+    def _experts(self, x: torch.Tensor, offsets: torch.Tensor, expert: torch.Tensor | None
+                 ) -> torch.Tensor:
+        """Every expert's MLP on its rows of ``x`` [choices, hidden], sorted by expert
+        (``offsets``: where each expert's rows end; ``expert``: each row's, for the biases)."""
+        # torch.autocast leaves torch._grouped_mm alone; torchtitan casts its operands to
+        # bf16 itself (``x.bfloat16()``, ``w1.bfloat16()``), as autocast would.
+        device = x.device.type
+        low = torch.get_autocast_dtype(device) \
+            if device in ("cuda", "cpu") and torch.is_autocast_enabled(device) else None
+
         def proj(w: torch.Tensor, b: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
-            return torch.bmm(t, w) if b is None else torch.baddbmm(b, t, w)
+            if low is not None:
+                t, w = t.to(low), w.to(low)
+            out = torch._grouped_mm(t, w, offs=offsets)
+            return out if b is None or expert is None else out + b[expert]
 
         if self.w3 is not None:
             inner = F.silu(proj(self.w1, self.b1, x)) * proj(self.w3, self.b3, x)
@@ -221,50 +243,40 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [batch, seq, hidden] -> [batch, seq, hidden]."""
         b, s, h = x.shape
-        e, k, cap = self.num_experts, self.top_k, self.capacity(s)
-        probs = self.router(x).float().softmax(-1)
-        weight, expert = probs.topk(k, dim=-1)  # [b, s, k]
-        weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
-        expert = expert.reshape(b, s * k)  # each sequence's choices in token order
-        chosen = F.one_hot(expert, e)  # [b, s k, e]
-        position = ((chosen.cumsum(1) - 1) * chosen).sum(-1)  # within its expert's slots
-        fits = (position < cap).reshape(-1)
-        kept = fits.to(x.dtype).reshape(b * s * k, 1)
-        row = torch.arange(b, device=x.device).repeat_interleave(s * k)
-        # Slot (expert, sequence, position) of each choice in an [e, b * cap] layout.
-        slot = (expert.reshape(-1) * b + row) * cap + position.reshape(-1).clamp(max=cap - 1)
-        # Each slot reads the token of the choice that fills it (static shapes: a choice past
-        # its expert's capacity writes to one spare slot, dropped). Gathering by index saves
-        # only the index for backward, as a trainer's token permutation does; scattering the
-        # tokens with index_add would save a copy of them.
-        spare = e * b * cap
-        target = torch.where(fits, slot, spare)
-        token = torch.arange(b * s, device=x.device).repeat_interleave(k)  # of each choice
-        source = torch.zeros(spare + 1, dtype=torch.long, device=x.device).scatter(
-            0, target, token)[:spare]
-        filled = torch.zeros(spare + 1, dtype=x.dtype, device=x.device).scatter(
-            0, target, torch.ones_like(kept.reshape(-1)))[:spare]
-        slots = x.reshape(b * s, h).index_select(0, source) * filled.unsqueeze(1)
-        out = self._experts(slots.view(e, b * cap, h)).reshape(e * b * cap, h)
-        mixed = out.index_select(0, slot) * (weight.reshape(-1, 1) * kept)
-        y = mixed.view(b, s, k, h).sum(2)
+        k = self.top_k
+        flat = x.reshape(b * s, h)
+        scores = torch.sigmoid(self.router(flat).float())
+        _, chosen = torch.topk(scores + self.expert_bias, k=k, dim=-1)
+        weight = scores.gather(1, chosen) * ROUTE_SCALE
+        with torch.no_grad():
+            self.tokens_per_expert.add_(self._counts(chosen))
+        # Sorted by expert; each choice's token, scaled by its score in fp32.
+        counts = self._counts(chosen)
+        order = torch.argsort(chosen.reshape(-1), stable=True)
+        routed = (flat[order // k].float() * weight.reshape(-1)[order].reshape(-1, 1)
+                  ).to(x.dtype)
+        offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        expert = chosen.reshape(-1)[order] if self.b1 is not None else None
+        out = self._experts(routed, offsets, expert)
+        # Back in token order, the k choices of each token summed.
+        y = flat.new_zeros(b * s * k, h)
+        y[order] = out
+        y = y.reshape(b * s, k, h).sum(1)
         for mlp in self.shared:
-            y = y + mlp(x)
-        return y
+            y = y + mlp(flat)
+        return y.reshape(b, s, h)
 
 
 class Block(nn.Module):
     """One pre-norm transformer layer: ``x + attention(norm(x))``, then ``+ mlp(norm(.))``
     (a mixture of experts where ``moe``)."""
 
-    def __init__(self, spec: ModelSpec, dropout: float, moe: bool = False,
-                 capacity_factor: float = 1.0) -> None:
+    def __init__(self, spec: ModelSpec, dropout: float, moe: bool = False) -> None:
         super().__init__()
         self.attention_norm = _norm(spec)
         self.attention = Attention(spec)
         self.ffn_norm = _norm(spec)
-        self.feed_forward: nn.Module = (MoEFeedForward(spec, capacity_factor) if moe
-                                        else FeedForward(spec))
+        self.feed_forward: nn.Module = MoEFeedForward(spec) if moe else FeedForward(spec)
         self.dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
 
     def forward(self, x: torch.Tensor,
@@ -286,8 +298,7 @@ class Transformer(nn.Module):
     without ``output`` (and untied) returns hidden states.
     """
 
-    def __init__(self, spec: ModelSpec, *, dropout: float = 0.0,
-                 capacity_factor: float = 1.0) -> None:
+    def __init__(self, spec: ModelSpec, *, dropout: float = 0.0) -> None:
         super().__init__()
         self.spec = spec
         h = spec.hidden_size
@@ -297,7 +308,7 @@ class Transformer(nn.Module):
             if spec.position_embedding == "learned" else None)
         # GPT-2's embedding dropout (Radford et al. 2019; Megatron-LM's embedding dropout).
         self.emb_dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
-        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, kind == 1, capacity_factor)
+        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, kind == 1)
                                      for i, kind in enumerate(spec.layer_kinds)})
         self.norm: nn.Module | None = _norm(spec) if spec.final_norm else None
         self.output: nn.Linear | None = (None if spec.tied_embeddings
@@ -354,18 +365,18 @@ class Transformer(nn.Module):
                 for bias in (module.b1, module.b3, module.b2):
                     if bias is not None:
                         nn.init.zeros_(bias)
+                module.expert_bias.zero_()
+                module.tokens_per_expert.zero_()
 
 
 def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int | None = 0,
-                dropout: float = 0.0, capacity_factor: float = 1.0) -> Transformer:
+                dropout: float = 0.0) -> Transformer:
     """The reference transformer of ``spec`` on ``device``, initialised with ``seed``.
 
     On ``device="meta"`` nothing is allocated and nothing is initialised (``seed`` is
     ignored): parallelize it with ``planner.apply``, which materialises each rank's shard.
     ``dropout``: the dropout probability where ``spec.dropout`` has dropout layers (0 keeps
-    runs deterministic). ``capacity_factor``: expert slots over the tokens' choices of a
-    mixture-of-experts layer (``MoEFeedForward``). Raises ``SpecError`` for specs it does
-    not build.
+    runs deterministic). Raises ``SpecError`` for specs it does not build.
     """
     unsupported = [(spec.patch_size > 0, "vision patch embeddings (ViT)"),
                    (spec.num_token_types > 0, "token-type embeddings (BERT)"),
@@ -376,10 +387,8 @@ def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: in
                         f"{', '.join(missing)}; pass your own torch module instead")
     if not 0.0 <= dropout < 1.0:
         raise SpecError(f"dropout must be in [0, 1), got {dropout!r}")
-    if not capacity_factor > 0:
-        raise SpecError(f"capacity_factor must be positive, got {capacity_factor!r}")
     with torch.device(device):
-        model = Transformer(spec, dropout=dropout, capacity_factor=capacity_factor)
+        model = Transformer(spec, dropout=dropout)
     if str(device) != "meta":
         model.init_weights(seed)
     return model
