@@ -87,6 +87,11 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     if moe:
         f_moe = float(model.moe_ffn_hidden_size or 0)
         routed = tokens * model.top_k
+        # Under autocast a MoE layer's norm output is cast by its router and by its shared
+        # experts' input projections (one MLP as wide as all of them), each keeping its own
+        # copy; the routed tokens are gathered from the fp32 stream.
+        n_moe = 1.0 + (2.0 if model.gated_mlp else 1.0) * (model.num_shared_experts > 0)
+        mlp_rep = (e_mlp_res + np.where(copies, n_moe, 1.0) * e_lin + drop) * tokens * h * rep
         # The experts' outputs are weighted by the router's probabilities as they are
         # combined, and that product keeps them for the probabilities' gradient: Megatron-
         # Core's unpermute multiplies the permuted tokens by the probs
@@ -99,8 +104,11 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         # product from the layer's input and keeps nothing more.
         kept = (0.0 if job.compile and fw.eager_kernels else 4.0) \
             if fw.moe_scores_before_experts else e
+        # Under autocast the scaled tokens stay fp32, and each of the experts' input
+        # projections casts them itself (torchtitan's ``x.bfloat16()`` per grouped matmul).
+        n_in = np.where(copies, 2.0 if model.gated_mlp else 1.0, 1.0)
         mlp = (mlp_rep + 4.0 * tokens * model.num_experts * rep  # fp32 router probabilities
-               + e_lin * routed * h  # permuted expert inputs (tokens gathered over TP)
+               + n_in * e_lin * routed * h  # permuted expert inputs (tokens gathered over TP)
                + kept * routed * h  # the experts' outputs (or inputs) the scores' product keeps
                + mlp_inner(f_moe, routed)
                + mlp_inner(f_moe * model.num_shared_experts, tokens))

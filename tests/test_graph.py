@@ -89,7 +89,7 @@ def test_moe_layer_routes_as_a_loop_over_tokens_does() -> None:
             for e in chosen:
                 u = scores[e] * tok
                 want[b, t] += (F.silu(u @ moe.w1[e]) * (u @ moe.w3[e])) @ moe.w2[e]
-            want[b, t] += moe.shared[0](tok)
+            want[b, t] += moe.shared(tok)
     got = moe(x)
     assert torch.allclose(got, want, atol=1e-5)
     assert moe.tokens_per_expert.sum() == 3 * 10 * 2

@@ -185,7 +185,8 @@ class MoEFeedForward(nn.Module):
     (``moe_ffn_hidden_size`` wide, gated or not as the dense MLP) as one
     ``torch._grouped_mm`` per projection over the sorted tokens; the outputs put back in
     token order and summed over the k choices; plus ``num_shared_experts`` MLPs of the same
-    width that every token runs (DeepSeekMoE, Dai et al. 2024).
+    width that every token runs (DeepSeekMoE, Dai et al. 2024), one MLP as wide as all of
+    them, as torchtitan holds them.
 
     Dropless: every choice runs (no capacity), the active experts' ``tokens * top_k * 2 h f``
     FLOPs per projection, and shapes static (the grouped matmuls' rows are the choices), so
@@ -207,8 +208,9 @@ class MoEFeedForward(nn.Module):
         self.b2 = nn.Parameter(torch.empty(e, h)) if spec.bias else None
         self.register_buffer("expert_bias", torch.zeros(e))
         self.register_buffer("tokens_per_expert", torch.zeros(e), persistent=False)
-        self.shared = nn.ModuleList([FeedForward(spec, f)
-                                     for _ in range(spec.num_shared_experts)])
+        # torchtitan's shared experts: one MLP as wide as all of them.
+        self.shared = FeedForward(spec, f * spec.num_shared_experts) \
+            if spec.num_shared_experts else None
 
     def _counts(self, chosen: torch.Tensor) -> torch.Tensor:
         """Choices per expert (torch.histc, as torchtitan counts them; the CPU kernel takes
@@ -262,8 +264,8 @@ class MoEFeedForward(nn.Module):
         y = flat.new_zeros(b * s * k, h)
         y[order] = out
         y = y.reshape(b * s, k, h).sum(1)
-        for mlp in self.shared:
-            y = y + mlp(flat)
+        if self.shared is not None:
+            y = y + self.shared(flat)
         return y.reshape(b, s, h)
 
 
