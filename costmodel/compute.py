@@ -398,9 +398,9 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     """(bytes, kernels, dtype-cast bytes among them, kernels without a backward, their
     bytes, (bytes, kernels) of backward's fp32 branch sums) of the layer's memory-bound
     forward kernels: the two pre-norms, the rotary embedding of q and k, the two
-    bias-dropout-adds of the
-    residual, the attention core's (``_Core.bytes``) and the MLP's activation and routing;
-    run as the trainer's eager kernels or compiled where it runs them so."""
+    bias-dropout-adds of the residual, the attention core's (``_Core.bytes``) and the MLP's
+    activation and routing; run as the trainer's eager kernels or compiled where it runs
+    them so."""
     model, job, fw, e, ac, tokens, rep, t = r.model, r.job, r.fw, r.e, r.ac, r.tokens, r.rep, r.t
     h, q, kv = r.h, r.q, r.kv
     drop = 1.0 if model.dropout else 0.0

@@ -762,12 +762,12 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
 
 def _unreached(nodes: list[dict[str, Any]]) -> None:
     """Clear ``grad`` of the forward ops (``nodes``: those recorded before the backward
-    started) whose gradient never reaches the loss: every
-    reader of their floating outputs either reads none that needs a gradient or is one of
-    them (a MoE router's top-k, whose scores a module discards for the indices, and the
-    bias added before it): autograd runs no backward for them. An op no other op reads (the
-    loss) is reached, and so is one that an op outside this pass reads, and every op of a
-    fused kernel's forward (``fused_grad``: the kernel's backward covers them)."""
+    started) whose gradient never reaches the loss, autograd running no backward for them:
+    every reader of their floating outputs either reads none that needs a gradient or is
+    one of them (a MoE router's top-k, whose scores a module discards for the indices, and
+    the bias added before it). An op no other op reads (the loss) is reached, and so is one
+    that an op outside this pass reads, and every op of a fused kernel's forward
+    (``fused_grad``: the kernel's backward covers them)."""
     readers: dict[int, list[int]] = {}
     read: set[int] = set()
     for u, n in enumerate(nodes):

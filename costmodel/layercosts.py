@@ -986,11 +986,13 @@ class LayerCosts:
         (``BlockCosts.autocast``); ``SpecError`` when its blocks are not these."""
         from costmodel.blockcosts import block_costs
 
+        if self.spec is not None:
+            raise SpecError(f"{self.name}: a preset's formulas cost autocast themselves; "
+                            "with_autocast takes a traced graph's costs")
         under = block_costs(autocast_graph, cluster, job, tp_degrees=(1,),
                             sequence_parallel=False, time_limit_s=time_limit_s)
         shape = [(b.name, b.kind, b.repeat) for b in self.blocks]
-        if self.spec is not None or \
-                [(b.name, b.kind, b.repeat) for b in under.blocks] != shape:
+        if [(b.name, b.kind, b.repeat) for b in under.blocks] != shape:
             raise SpecError(f"{self.name}: traced under autocast its blocks differ from the "
                             "graph's; trace the same module and inputs for both")
         return dataclasses.replace(self, blocks=tuple(
