@@ -600,7 +600,11 @@ class ShardingProblem:
             # a ViT's patch embedding whole too (a plain torch.nn.Linear on every rank,
             # megatron/legacy/model/vision/vit_backbone.py).
             return all(lp is None for lp in loops)
-        light = self.sequence_parallel and node.family in _LIGHT
+        # Sequence parallel: the memory-bound ops may split the tokens, and so may a MoE
+        # layer's router, which Megatron-Core runs on the sequence-parallel hidden states
+        # before its dispatcher gathers the tokens (megatron/core/transformer/moe/
+        # moe_layer.py: the router, then the token dispatcher's all-gather).
+        light = self.sequence_parallel and (node.family in _LIGHT or v in self.routers)
         for size, lp in zip(self.mesh.shape, loops, strict=True):
             on_tokens = lp is not None and self._on_tokens(v, lp, self.token_dims)
             if size > 1 and lp is not None and not light and on_tokens:
