@@ -145,11 +145,11 @@ def _check(traced: LayerCosts, analytic: LayerCosts) -> None:
                 # dispatcher's all-gather; one reduce-scatter after the combine). The ILP
                 # may trade an all-gather for a reduce-scatter of the same bytes (keeping
                 # the layer's gathered input for backward), and gathers the router's small
-                # scores where the formulas leave them out: bytes within 2 % (before the
-                # router could run on the shards, the MoE input was gathered twice, once
-                # for the router and once for the tokens: 1.12x), seconds within 1.2x (those
-                # small collectives' latency).
-                assert x.collective_bytes == pytest.approx(y.collective_bytes, rel=0.02), where
+                # scores where the formulas leave them out: bytes within 1 % (DeepSeek-MoE
+                # 1.009x, Mixtral 1.001x; before the router could run on the shards, the MoE
+                # input was gathered twice, once for the router and once for the tokens:
+                # 1.12x), seconds within 1.2x (those small collectives' latency).
+                assert x.collective_bytes == pytest.approx(y.collective_bytes, rel=0.01), where
                 assert _seconds(y.collectives, t) <= _seconds(x.collectives, t) \
                     <= 1.2 * _seconds(y.collectives, t), where
                 continue
