@@ -55,10 +55,15 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     # traced graph's compiled count keeps: ``costmodel.blockcosts._compiled_saved``).
     if ac is None:
         ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
-    copies = ac & (not (job.compile and fw.eager_kernels))
+    compiled = job.compile and fw.eager_kernels  # an eager trainer under torch.compile
+    copies = ac & (not compiled)
     e_res = np.where(ac, 4.0, e)
     n_qkv = np.where(copies, 3.0, 1.0)
-    n_up = np.where(copies, 2.0 if model.gated_mlp else 1.0, 1.0)
+    n_in = 2.0 if model.gated_mlp else 1.0  # an MLP's input projections
+    # Under autocast a MoE layer's norm output is cast by its router and by its shared
+    # experts' input projections (one MLP as wide as all of them), each keeping its own
+    # copy; the routed tokens are gathered from the fp32 stream.
+    n_up = np.where(copies, 1.0 + n_in * (model.num_shared_experts > 0) if moe else n_in, 1.0)
     e_mlp_res = np.where(copies, 4.0, e)
 
     # Attention block (norm input, QKV input, core, output-projection input, dropout mask).
@@ -77,7 +82,7 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     # (silu is recomputed from the gate's output): 3 ffn-wide tensors, as fused kernels keep
     # (measured on an H200, Llama 3 8B's layer without recompute: 1185 MiB compiled, 1665
     # eager; benchmarks/op_sac_memory.py).
-    gated = 3 if fw.eager_kernels and job.compile else fw.gated_mlp_saved_widths
+    gated = 3 if compiled else fw.gated_mlp_saved_widths
 
     def mlp_inner(ffn: float, tok: np.ndarray) -> np.ndarray:
         widths = gated if model.gated_mlp else 2
@@ -87,11 +92,6 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     if moe:
         f_moe = float(model.moe_ffn_hidden_size or 0)
         routed = tokens * model.top_k
-        # Under autocast a MoE layer's norm output is cast by its router and by its shared
-        # experts' input projections (one MLP as wide as all of them), each keeping its own
-        # copy; the routed tokens are gathered from the fp32 stream.
-        n_moe = 1.0 + (2.0 if model.gated_mlp else 1.0) * (model.num_shared_experts > 0)
-        mlp_rep = (e_mlp_res + np.where(copies, n_moe, 1.0) * e_lin + drop) * tokens * h * rep
         # The experts' outputs are weighted by the router's probabilities as they are
         # combined, and that product keeps them for the probabilities' gradient: Megatron-
         # Core's unpermute multiplies the permuted tokens by the probs
@@ -102,13 +102,12 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         # for the scores' gradient, and sums the experts' outputs (Framework.
         # moe_scores_before_experts); compiled, the partitioner recomputes that pointwise
         # product from the layer's input and keeps nothing more.
-        kept = (0.0 if job.compile and fw.eager_kernels else 4.0) \
-            if fw.moe_scores_before_experts else e
+        kept = (0.0 if compiled else 4.0) if fw.moe_scores_before_experts else e
         # Under autocast the scaled tokens stay fp32, and each of the experts' input
         # projections casts them itself (torchtitan's ``x.bfloat16()`` per grouped matmul).
-        n_in = np.where(copies, 2.0 if model.gated_mlp else 1.0, 1.0)
         mlp = (mlp_rep + 4.0 * tokens * model.num_experts * rep  # fp32 router probabilities
-               + n_in * e_lin * routed * h  # permuted expert inputs (tokens gathered over TP)
+               # permuted expert inputs (tokens gathered over TP)
+               + np.where(copies, n_in, 1.0) * e_lin * routed * h
                + kept * routed * h  # the experts' outputs (or inputs) the scores' product keeps
                + mlp_inner(f_moe, routed)
                + mlp_inner(f_moe * model.num_shared_experts, tokens))

@@ -351,8 +351,7 @@ def _rify(layout: Layout) -> Layout:
 def grouped_mm(n: OpNode) -> bool:
     """Whether node ``n`` is a ``torch._grouped_mm`` of rows by the matrices of their groups
     (``[M, K] x [G, K, N]``: a MoE layer's local experts as one kernel)."""
-    return n.op.removeprefix("aten.").split(".")[0] == "_grouped_mm" and len(n.inputs) >= 2 \
-        and len(n.inputs[1].shape) == 3
+    return n.aten == "_grouped_mm" and len(n.inputs) >= 2 and len(n.inputs[1].shape) == 3
 
 
 def matmul_operands(n: OpNode) -> tuple[int, int]:
@@ -443,8 +442,7 @@ class ShardingProblem:
         def copied(i: int) -> bool:
             """Whether a tensor produced by node ``i`` is a copy of its real node's."""
             while i >= 0 and i in node and i not in constant and node[i].family == "view":
-                if node[i].output_bytes and node[i].op.removeprefix("aten.").split(".")[0] \
-                        in COPY_OPS:
+                if node[i].output_bytes and node[i].aten in COPY_OPS:
                     return True
                 i = node[i].inputs[0].source if node[i].inputs else -1
             return False
@@ -485,7 +483,7 @@ class ShardingProblem:
                 continue
             out[v] = frozenset(lp.out for lp in n.loops
                                if lp.out is not None and self._on_tokens(v, lp, out))
-            if n.op.removeprefix("aten.").split(".")[0] == "cat":
+            if n.aten == "cat":
                 out[v] |= self._joined_tokens(v, out)
             elif n.family in ("conv", "pool") and self._meets_tokens(v, out):
                 # A convolution's or pooling's output positions run along its input's (no
@@ -533,7 +531,7 @@ class ShardingProblem:
         ``tensor_parallel`` need not split it."""
         out: set[int] = set()
         for v in self.nodes:
-            if self.graph.node(v).op.removeprefix("aten.").split(".")[0] != "topk":
+            if self.graph.node(v).aten != "topk":
                 continue
             stack, seen = [v], {v}
             while stack:
@@ -556,7 +554,7 @@ class ShardingProblem:
         out: dict[int, tuple[int, int]] = {}
         for v in self.nodes:
             n = self.graph.node(v)
-            if n.op.removeprefix("aten.").split(".")[0] != "topk" or not n.shape:
+            if n.aten != "topk" or not n.shape:
                 continue
             src = self.inputs[v][0].source if self.inputs[v] else -1
             scores = self.graph.node(src).shape if src >= 0 else ()
@@ -792,7 +790,7 @@ class ShardingProblem:
         a partial sum is partial too. Nothing is carried through an op reading a
         parameter (its gradient would be partial), nor through one reading a tensor from
         outside its layer."""
-        name = self.graph.node(v).op.removeprefix("aten.").split(".")[0]
+        name = self.graph.node(v).aten
         ins = self.inputs[v]
         tensors = [i for i, inp in enumerate(ins) if not inp.constant]
         if any(ins[i].source < 0 or self.layer.get(ins[i].source) != self.layer[v]

@@ -301,7 +301,7 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
                                        cast_in=m * k if linear else 0.0,
                                        cast_out=m * nn if linear else 0.0),))
     moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
-    if n.family == "index" and n.op.removeprefix("aten.").split(".")[0] in _GATHERS:
+    if n.family == "index" and n.aten in _GATHERS:
         # A gather by index reads the rows it writes (a MoE layer's tokens, each read once
         # per expert it goes to), not the whole tensor it picks from.
         moved = (sum(r.nbytes for r in n.inputs[1:]) + 2 * n.output_bytes) / shards
@@ -325,8 +325,6 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
     return Kernels(memory_bytes=moved, memory_kernels=1,
                    memory_backward_bytes=BACKWARD_BYTES * moved if back else 0.0,
                    memory_backward_kernels=1 if back else 0)
-
-
 
 
 #: Index ops that gather rows by an index tensor (its first input the tensor gathered from).
@@ -354,7 +352,7 @@ def _copies(sol: Solution) -> list[tuple[str, Kernels, int, set[int]]]:
     branches: dict[tuple[str, int], list[tuple[int, float]]] = {}
     for i in graph.graph.nodes:
         n = graph.node(i)
-        op = n.op.removeprefix("aten.").split(".")[0]
+        op = n.aten
         if n.backward or n.family != "view" or not n.output_bytes:
             continue
         if op in _FILLS:
@@ -594,7 +592,7 @@ def _compiled_saved(sol: Solution, out: dict[str, _Tally], fused: set[int],
         masks = {x: min(savers[x], math.prod(p.graph.node(x).shape)
                         / _share(sol, sol.strategy(x).out))
                  for x in loose
-                 if p.graph.node(x).op.removeprefix("aten.").split(".")[0] in _RANDOM}
+                 if p.graph.node(x).aten in _RANDOM}
         kept.update(masks)
         for src in loose:
             own = savers[src] - masks.get(src, 0.0)
@@ -696,7 +694,7 @@ def _op_kept(p: ShardingProblem, vs: list[int]) -> set[int]:
     count = 0
     for v in vs:
         n = p.graph.node(v)
-        if n.family == "matmul" and n.op.removeprefix("aten.").split(".")[0] in _OP_SAC_MATMULS:
+        if n.family == "matmul" and n.aten in _OP_SAC_MATMULS:
             count += 1
             if count % 2:
                 kept.add(v)

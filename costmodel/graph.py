@@ -48,7 +48,7 @@ from typing import Any
 import networkx as nx
 
 from costmodel.errors import SpecError
-from costmodel.sharding import Loop, op_loops, view_groups, view_map, view_spans
+from costmodel.sharding import Loop, aten_name, op_loops, view_groups, view_map, view_spans
 from costmodel.trace_ops import (
     FUSED_ATTENTION,
     IN_FUSED_FORWARD,
@@ -208,6 +208,11 @@ class OpNode:
     view_map: tuple[int | None, ...] | None = None
     view_spans: tuple[tuple[int, ...], ...] | None = None
     view_groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] | None = None
+
+    @property
+    def aten(self) -> str:
+        """The aten op's name without its namespace and overload (``aten_name``)."""
+        return aten_name(self.op)
 
 
 @dataclass

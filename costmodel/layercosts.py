@@ -68,6 +68,7 @@ from costmodel.errors import SpecError
 from costmodel.frameworks import framework
 from costmodel.kernels import Gemm, Kernels, float8_cast_compute, kernel_compute
 from costmodel.model import ModelSpec
+from costmodel.sharding import aten_name
 from costmodel.units import compute_bytes
 
 if TYPE_CHECKING:
@@ -332,7 +333,7 @@ class LayerCosts:
         matmuls = ("mm", "addmm", "_scaled_mm")
         per_module: dict[str, int] = {}  # a module running two matmuls is not a Linear
         for _v, module, op, _label, _layout in self.layouts[tp]:
-            if op.removeprefix("aten.").split(".")[0] in matmuls:
+            if aten_name(op) in matmuls:
                 per_module[module] = per_module.get(module, 0) + 1
         out: dict[str, str] = {}
         own: dict[str, list[tuple[str, str]]] = {}  # a multi-matmul module's (op, split)s
@@ -341,7 +342,7 @@ class LayerCosts:
                 if b.repeat > 1 and "." in b.name}
         for _v, module, op, label, _layout in self.layouts[tp]:
             split = label.split("|")[-1]
-            name = op.removeprefix("aten.").split(".")[0]
+            name = aten_name(op)
             if not module:
                 continue
             here = ".".join(module.split(".")[:2])
@@ -413,7 +414,7 @@ class LayerCosts:
         out: dict[str, str] = {}
         own: dict[str, list[str]] = {}  # each module's ops' splits, a matmul's as "matmul"
         for _v, m, op, label, _out in ops:
-            weighted = op.removeprefix("aten.").split(".")[0] in (
+            weighted = aten_name(op) in (
                 "mm", "addmm", "_scaled_mm", "embedding")
             own.setdefault(m, []).append("matmul" if weighted else label.split("|")[-1])
         for m, splits in own.items():

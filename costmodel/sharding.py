@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PARTIAL", "REPLICATE", "Loop", "describe", "op_loops", "reshard_time",
+__all__ = ["PARTIAL", "REPLICATE", "Loop", "aten_name", "describe", "op_loops", "reshard_time",
            "view_groups", "view_map", "view_spans"]
 
 #: Placement of a tensor on one mesh axis: every device holds all of it.
@@ -80,6 +80,12 @@ class Loop:
     size: int
     role: str = ""
     all_reduce_bytes: float = 0.0
+
+
+def aten_name(op: str) -> str:
+    """An op's overload packet name, what the rules here are keyed by: ``mm`` of
+    ``aten.mm.default``."""
+    return op.removeprefix("aten.").split(".")[0]
 
 
 def describe(placement: int) -> str:

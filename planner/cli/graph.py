@@ -182,7 +182,7 @@ def to_dot(graph: LayerGraph, costs: LayerCosts, tp: int) -> str:
         lines.append(f'  subgraph cluster_{k} {{ label="{title}"; style=rounded;')
         for i in members:
             n = graph.node(i)
-            op = n.op.removeprefix("aten.").split(".")[0]
+            op = n.aten
             extra = "\\n{} -> {}".format(*placed[i]) if i in placed else ""
             style = "" if i in placed else ", style=dashed"
             lines.append(f'    n{i} [label="{op} {list(n.shape)}{extra}"{style}];')
