@@ -323,10 +323,15 @@ class LayerGraph:
         installed or the module cannot run on the meta device.
         """
         try:
-            import torch  # noqa: F401
+            import torch
         except ImportError:
             raise SpecError("LayerGraph.from_module traces with torch, which is not "
                             "installed: pip install 'autoparallel-planner[torch]'") from None
+        for arg, value in (("dtype", dtype), ("autocast", autocast)):
+            if value is not None and not (isinstance(value, torch.dtype)
+                                          and value.is_floating_point):
+                raise SpecError(f"{arg} must be a floating torch.dtype (torch.bfloat16, "
+                                f"torch.float32, ...) or None, got {value!r}")
         return _trace(module, example_inputs, loss_fn, backward, repeat_blocks, name, dtype,
                       autocast)
 

@@ -346,6 +346,11 @@ def test_bad_input() -> None:
 
     with pytest.raises(SpecError, match="could not trace Item on the meta device"):
         LayerGraph.from_module(Item(), torch.randn(2))
+    # A precision given as anything but a floating dtype is named, not traced in it.
+    with pytest.raises(SpecError, match=r"dtype must be a floating torch.dtype .* got 'bf16'"):
+        LayerGraph.from_module(nn.Linear(4, 4), torch.zeros(2, 4), dtype="bf16")
+    with pytest.raises(SpecError, match=r"autocast must be a floating .* got torch.int8"):
+        LayerGraph.from_module(nn.Linear(4, 4), torch.zeros(2, 4), autocast=torch.int8)
 
 
 def test_a_hugging_face_llama_built_from_its_config() -> None:
