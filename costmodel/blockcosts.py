@@ -299,7 +299,8 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
             return Kernels(gemms=(Gemm(2 * m * nn * k * b, act, w,
                                        bool(aligned(nn, k, e)), back, expert=expert,
                                        cast_in=m * k if linear else 0.0,
-                                       cast_out=m * nn if linear else 0.0),))
+                                       cast_out=m * nn if linear else 0.0,
+                                       cast_weight=k * nn if linear else 0.0),))
     moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
     if n.family == "index" and n.aten in _GATHERS:
         # A gather by index reads the rows it writes (a MoE layer's tokens, each read once

@@ -659,14 +659,16 @@ def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
     n_up = 2.0 if model.gated_mlp else 1.0
     ins = tokens * (3 * h + model.q_dim / t + n_up * h * (ffn > 0) + ffn / t)
     outs = tokens * ((model.q_dim + 2 * model.kv_dim) / t + h + n_up * ffn / t + h * (ffn > 0))
+    weights = h * (2 * model.q_dim + 2 * model.kv_dim) / t + (n_up + 1.0) * h * ffn / t
     linears = 4.0 + (n_up + 1.0) * (ffn > 0)
-    return float8_casts(gpu, job, ins, outs, linears)
+    return float8_casts(gpu, job, ins, outs, linears, weights)
 
 
-def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num
+def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights: Num = 0.0
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of torchao's dynamic float8 casts of ``linears``
-    Float8Linears whose activation inputs hold ``ins`` elements and whose outputs ``outs``.
+    Float8Linears whose activation inputs hold ``ins`` elements, whose outputs ``outs`` and
+    whose weights ``weights`` (on the rank).
 
     Each takes the amax of its input and casts it to fp8 (read e twice, write 1; compiled,
     the amax fuses into the cast: read e, write 1) in forward, in one kernel per pass; in
@@ -679,14 +681,29 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num
     kernel casts; torchao's roofline model of the recipes counts 8 bytes per element
     row-wise against 6 tensor-wise (pytorch/ao@0598012,
     torchao/testing/training/roofline_utils.py, get_tensor_memory_traffic_ovhd_s).
+
+    Row-wise, the two backward matmuls (slow accumulation) do not run the row-scaled CUTLASS
+    kernel, which is slow without fast accumulation: torchao runs the tensor-wise cuBLAS one
+    unscaled and multiplies its output by the outer product of the two scale vectors
+    afterwards (torchao/float8/float8_ops.py ``addmm_float8_unwrapped``, pytorch/ao#1325,
+    November 2024; still so in pytorch/ao@6243040, June 2025, pytorch/ao#2184). Each input
+    gradient (``ins`` elements) and weight gradient (``weights``) is read and written once
+    more (bf16), in a kernel of its own per matmul ("at least one extra triton kernel per
+    GEMM" compiled, pytorch/ao#2184); eager, the fp32 outer product is written and read too
+    (``a_inverse_scale * b_inverse_scale``, then ``output *= ...``: 8 bytes more, 2 kernels).
     """
     e = 2.0
     ins, outs = np.asarray(ins, dtype=float), np.asarray(outs, dtype=float)
     cast = (e + 1.0) if job.compile else (2 * e + 1.0)
     kernels = np.asarray(linears, dtype=float) * (1.0 if job.compile else 2.0)
-    rowwise = e if job.float8_recipe == "rowwise" else 0.0
-    fwd = memory_time(gpu, (cast + rowwise) * ins, kernels)
-    bwd = memory_time(gpu, (cast + rowwise) * outs + (e + 1.0) * (ins + outs), 2 * kernels)
+    rowwise = job.float8_recipe == "rowwise"
+    extra = e if rowwise else 0.0
+    fwd = memory_time(gpu, (cast + extra) * ins, kernels)
+    bwd = memory_time(gpu, (cast + extra) * outs + (e + 1.0) * (ins + outs), 2 * kernels)
+    if rowwise:
+        rescale = 2 * e if job.compile else 2 * e + 8.0
+        bwd = bwd + memory_time(gpu, rescale * (ins + np.asarray(weights, dtype=float)),
+                                2 * kernels)
     return fwd, bwd
 
 

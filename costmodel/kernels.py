@@ -45,10 +45,11 @@ class Gemm:
     (0-2); ``count``: how many such matmuls the block runs; ``expert``: a batched matmul of
     a MoE layer's routed experts, whose weights expert parallelism splits (each of ``ep``
     ranks holds 1/ep of the experts and runs ep times their tokens: the same FLOPs and
-    activations, 1/ep of the weights). ``cast_in``, ``cast_out``: for a linear that
-    torchao's float8 training runs as a Float8Linear, the elements of its activation input
-    and of its output on the rank (what its dynamic casts read, ``float8_cast_compute``);
-    zero for any other matmul."""
+    activations, 1/ep of the weights). ``cast_in``, ``cast_out``, ``cast_weight``: for a
+    linear that torchao's float8 training runs as a Float8Linear, the elements of its
+    activation input, of its output and of its weight on the rank (what its dynamic casts
+    read, and its row-wise backward rescales, ``float8_cast_compute``); zero for any other
+    matmul."""
 
     flops: float
     activation_bytes: float
@@ -59,6 +60,7 @@ class Gemm:
     expert: bool = False
     cast_in: float = 0.0
     cast_out: float = 0.0
+    cast_weight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -158,4 +160,5 @@ def float8_cast_compute(gpu: GPU, job: Job, k: Kernels, r: Num) -> tuple[np.ndar
     linears = [g for g in k.gemms if g.cast_in]
     ins = sum(g.count * g.cast_in for g in linears) * r
     outs = sum(g.count * g.cast_out for g in linears) * r
-    return float8_casts(gpu, job, ins, outs, sum(g.count for g in linears))
+    weights = sum(g.count * g.cast_weight for g in linears)
+    return float8_casts(gpu, job, ins, outs, sum(g.count for g in linears), weights)

@@ -668,12 +668,15 @@ def test_per_parameter_zero3_gathers_are_refused_where_the_tensors_are_unknown()
         estimate(MIXTRAL, H100, job, ParallelConfig(dp=32, zero_stage=3))
 
 
-def test_float8_rowwise_casts_write_a_transposed_copy_more() -> None:
+def test_float8_rowwise_casts_write_a_transposed_copy_more_and_rescale_the_gradients() -> None:
     # torchao's roofline of its recipes (pytorch/ao@0598012, torchao/testing/training/
     # roofline_utils.py): row-wise casting of an activation moves 8 bytes per element against
     # tensor-wise's 6 (its first kernel also writes a transposed bf16 copy, 2 bytes more).
     # So a layer's casts take e = 2 bytes more per element of each linear's input and of its
-    # output gradient, and nothing else changes.
+    # output gradient. Row-wise, each backward matmul runs tensor-wise cuBLAS and its output
+    # is then multiplied by the scales (torchao/float8/float8_ops.py addmm_float8_unwrapped,
+    # pytorch/ao#1325): every input gradient and weight gradient read and written once more,
+    # a kernel per matmul (compiled; pytorch/ao#2184).
     from costmodel.compute import float8_cast_time
 
     gpu = H100.gpu
@@ -687,9 +690,18 @@ def test_float8_rowwise_casts_write_a_transposed_copy_more() -> None:
                    float(LLAMA.ffn_hidden_size or 0))
     ins = 8192 * (3 * h + q + 2 * h + f)  # q, k, v; o; gate, up; down
     outs = 8192 * (q + 2 * kv + h + 2 * f + h)
+    weights = h * (q + 2 * kv) + q * h + 3 * h * f
     rate = gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory
     assert (rw_f - tw_f)[0] == pytest.approx(2.0 * ins / rate, rel=1e-9)
-    assert (rw_b - tw_b)[0] == pytest.approx(2.0 * outs / rate, rel=1e-9)
+    rescale = 4.0 * (ins + weights) / rate + 2 * 7 * gpu.efficiency.kernel_overhead_s
+    assert (rw_b - tw_b)[0] == pytest.approx(2.0 * outs / rate + rescale, rel=1e-9)
+    # Eager, the scales' fp32 outer product is written and read as well: 8 bytes more.
+    eager, eager_row = (dataclasses.replace(j, compile=False) for j in (job, row))
+    tw_eb = float8_cast_time(LLAMA, gpu, eager, tokens, t, moe=False)[1]
+    rw_eb = float8_cast_time(LLAMA, gpu, eager_row, tokens, t, moe=False)[1]
+    assert (rw_eb - tw_eb)[0] == pytest.approx(
+        2.0 * outs / rate + 12.0 * (ins + weights) / rate
+        + 4 * 7 * gpu.efficiency.kernel_overhead_s, rel=1e-9)
     # The step: slower row-wise, and the recipe is torchtitan's alone.
     cfg = ParallelConfig(dp=8, tp=4, zero_stage=3, micro_batch_size=1, recompute="selective",
                          sequence_parallel=True)
