@@ -691,6 +691,13 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights:
     more (bf16), in a kernel of its own per matmul ("at least one extra triton kernel per
     GEMM" compiled, pytorch/ao#2184); eager, the fp32 outer product is written and read too
     (``a_inverse_scale * b_inverse_scale``, then ``output *= ...``: 8 bytes more, 2 kernels).
+    Row-wise, each linear also casts its bf16 weight (``weights`` elements) along one axis in
+    forward and along the other in backward, on every micro-batch (``Float8Linear.forward``
+    takes the axis-wise path, ``matmul_with_hp_or_float8_args``, which saves the bf16 weight
+    and casts it again for the input-gradient matmul; pytorch/ao@890e0ac8,
+    torchao/float8/float8_linear.py). Tensor-wise, the weight's float8 copy is made once per
+    forward and kept for backward, and with FSDP's float8 all-gather (torchtitan's setting
+    for this recipe) before the all-gather on the shard: not counted.
     """
     e = 2.0
     ins, outs = np.asarray(ins, dtype=float), np.asarray(outs, dtype=float)
@@ -701,9 +708,10 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights:
     fwd = memory_time(gpu, (cast + extra) * ins, kernels)
     bwd = memory_time(gpu, (cast + extra) * outs + (e + 1.0) * (ins + outs), 2 * kernels)
     if rowwise:
+        w = np.asarray(weights, dtype=float)
         rescale = 2 * e if job.compile else 2 * e + 8.0
-        bwd = bwd + memory_time(gpu, rescale * (ins + np.asarray(weights, dtype=float)),
-                                2 * kernels)
+        fwd = fwd + memory_time(gpu, cast * w, kernels)
+        bwd = bwd + memory_time(gpu, rescale * (ins + w) + cast * w, 3 * kernels)
     return fwd, bwd
 
 
