@@ -40,8 +40,8 @@ from costmodel.units import Num
 
 __all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "eager_bytes",
            "eager_cast_bytes", "flash_attention_time", "float8_cast_time", "float8_casts",
-           "float8_gather", "gemm_time", "layer_compute", "lm_head_compute", "loss_kind",
-           "matmul_dtype", "memory_time"]
+           "float8_gather", "float8_param_gather", "gemm_time", "layer_compute",
+           "lm_head_compute", "loss_kind", "matmul_dtype", "memory_time"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -713,6 +713,21 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights:
         fwd = fwd + memory_time(gpu, cast * w, kernels)
         bwd = bwd + memory_time(gpu, rescale * (ins + w) + cast * w, 3 * kernels)
     return fwd, bwd
+
+
+def float8_param_gather(framework_name: str, job: Job) -> bool:
+    """Whether FSDP all-gathers a layer's linear weights in float8 (1 byte each): torchtitan
+    with torchao's tensor-wise recipe and ``Job.fp8_param_gather`` (its
+    ``float8.enable_fsdp_float8_all_gather``, with ``precompute_float8_dynamic_scale_for_fsdp``
+    as its float8 docs launch it, docs/float8.md). Each Float8Linear's weight shard is cast to
+    float8 before the all-gather (one amax all-reduce for all weights), so the gather and the
+    unsharded weight it makes are 1 byte per element, and forward casts no weight
+    (torchao/float8/fsdp_utils.py, ``WeightWithDynamicFloat8CastTensor``). Row-wise, torchao
+    gathers in bf16 (torchtitan's docs/float8.md: "all distributed communication is done in
+    high precision"). The norms' weights, a few parts in a million of a layer, are counted
+    with them."""
+    return (framework_name == "torchtitan" and job.precision == "fp8"
+            and job.fp8_param_gather and job.float8_recipe == "tensorwise")
 
 
 def float8_gather(framework_name: str, job: Job, e: float) -> tuple[float, bool]:

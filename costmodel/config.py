@@ -102,7 +102,12 @@ class Job:
     NeMo's and Megatron-Bridge's fp8 recipes, nemo/collections/llm/recipes/precision/
     mixed_precision.py): the model's parameters are Transformer Engine fp8 tensors (1 byte,
     and its transposed copy) instead of bf16 beside TE's cached fp8 copies, and the
-    distributed optimizer all-gathers them in fp8. Other trainers ignore it.
+    distributed optimizer all-gathers them in fp8. torchtitan with torchao's tensor-wise
+    recipe: ``float8.enable_fsdp_float8_all_gather`` (and
+    ``precompute_float8_dynamic_scale_for_fsdp``, as torchtitan's float8 docs launch it):
+    FSDP all-gathers each layer's linear weights in float8, cast on the shard before the
+    gather (``costmodel.compute.float8_param_gather``); row-wise, it gathers in bf16. Other
+    trainers ignore it.
     ``fused_cross_entropy``: whether the loss is a fused cross entropy that works on one
     fp32 copy of the logits (Megatron-LM's vocabulary-parallel one; llm-foundry's default
     ``loss_fn: fused_crossentropy``, flash-attn's Triton kernel,

@@ -47,7 +47,7 @@ from costmodel.arrays import (
     first_argmax,
     ordered_sum,
 )
-from costmodel.compute import autocast_rows, loss_kind
+from costmodel.compute import autocast_rows, float8_param_gather, loss_kind
 from costmodel.config import Job
 from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
@@ -327,8 +327,10 @@ def _model_states(s: _Stage) -> _States:
         low = 2.0 if job.precision != "fp32" else 0.0
         multi = (a.tp > 1) | (a.pp > 1) | (a.cp > 1)
         extra = np.where(zero == 0, np.where(multi, compute_b, low) * all_params, 0.0)
-        extra = np.where(zero == 2, np.maximum(low * all_params, compute_b * sharded_params),
-                         extra)
+        unsharded = compute_b * sharded_params
+        if float8_param_gather(fw.name, job):  # a layer's linear weights unsharded in float8
+            unsharded = unsharded - (compute_b - 1.0) * s.layer_params * (z_dense > 1)
+        extra = np.where(zero == 2, np.maximum(low * all_params, unsharded), extra)
         weights = weights + extra
     # Transformer Engine caches fp8 copies of each weight and its transpose across
     # micro-batches (Megatron-LM with --fp8-format): 2 bytes per layer parameter.
@@ -421,10 +423,15 @@ def _buffers(s: _Stage, states: _States, act: _Activations) -> np.ndarray:
     # experts are not when their data-parallel degree dp*cp/ep is 1).
     dense_gathered = np.where(z_dense > 1, 1.0, 0.0)
 
-    def gathered_layer(k: int) -> np.ndarray:
+    def gathered_layer(k: int, dense_b: float | None = None) -> np.ndarray:
+        """Layer kind ``k``'s gathered parameters, or their bytes with ``dense_b`` bytes
+        per non-expert parameter and the compute dtype's per expert one."""
         local, experts = s.per_layer[k]
-        out = local * dense_gathered
-        return out if experts is None else out + np.where(z_exp > 1, experts, 0.0)
+        out = local * dense_gathered * (1.0 if dense_b is None else dense_b)
+        if experts is None:
+            return out
+        return out + np.where(z_exp > 1, experts, 0.0) * (1.0 if dense_b is None
+                                                           else compute_b)
 
     layer_max = _largest(counts, gathered_layer)
     buffers = np.zeros_like(states.weights)
@@ -465,7 +472,11 @@ def _buffers(s: _Stage, states: _States, act: _Activations) -> np.ndarray:
         # fp32 reduce dtype before its reduce-scatter (FSDP notes; software.toml).
         tt = s.soft["torchtitan"]
         blocks = float(tt["unsharded_blocks_live"])
-        gathered = np.where(w_sharded & (zero >= 3), blocks * compute_b * layer_max, 0.0)
+        # With torchtitan's float8 all-gather a layer's linear weights are unsharded in 1 byte
+        # (compute.float8_param_gather); its experts' stay in the compute dtype.
+        gathered_bytes = _largest(counts, lambda k: gathered_layer(k, 1.0)) \
+            if float8_param_gather(fw.name, job) else compute_b * layer_max
+        gathered = np.where(w_sharded & (zero >= 3), blocks * gathered_bytes, 0.0)
         grad_full = np.where(w_sharded, float(tt["reduce_dtype_bytes"]) * layer_max, 0.0)
         buffers = buffers + gathered + grad_full
     if fw.name == "torchtitan":

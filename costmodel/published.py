@@ -205,7 +205,8 @@ def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
 def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The Job inputs a run's ``flags`` set: ``compile`` (torch.compile), ``async_tp``
     (torchtitan's async TP, which the Job calls ``tp_comm_overlap``), ``fp8_param_gather``
-    (Megatron-LM's fp8 parameters), ``fused_cross_entropy``, ``compile_loss``,
+    (Megatron-LM's fp8 parameters; torchtitan's float8 FSDP all-gather), ``fused_cross_entropy``,
+    ``compile_loss``,
     ``grad_reduce_in_fp32``, ``distribute_saved_activations`` and
     ``zero3_synchronous_gather`` (DeepSpeed's ZeRO-3 of 2021) and ``float8_recipe``."""
     out: dict[str, Any] = {}

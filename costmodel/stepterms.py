@@ -24,6 +24,7 @@ from costmodel.compute import (
     LayerCompute,
     autocast_rows,
     float8_gather,
+    float8_param_gather,
     memory_time,
 )
 from costmodel.config import Job
@@ -488,12 +489,14 @@ class Sharded:
     nosync: np.ndarray
 
 
-def _gather(r: Rows, params: np.ndarray, group: np.ndarray, stride: np.ndarray
-            ) -> np.ndarray:
+def _gather(r: Rows, params: np.ndarray, group: np.ndarray, stride: np.ndarray,
+            bytes_per_param: float | None = None) -> np.ndarray:
     """Seconds to all-gather ``params`` parameters (per GPU of the TP/EP group) over ``group``
-    ranks ``stride`` apart, in the compute dtype; offloaded parameters first cross PCIe, the
+    ranks ``stride`` apart, in the compute dtype (or ``bytes_per_param``: a layer's float8
+    weights, ``compute.float8_param_gather``); offloaded parameters first cross PCIe, the
     GPU's shard of them."""
-    t = r.topo.all_gather(r.e * params, group, stride)
+    t = r.topo.all_gather((r.e if bytes_per_param is None else bytes_per_param) * params,
+                          group, stride)
     return t + np.where(r.a.offload == 2, r.w_b * params / group / r.host_bw, 0.0)
 
 
@@ -535,15 +538,21 @@ def _fsdp2_copies(r: Rows, ag_fwd: np.ndarray, ag_bwd: np.ndarray) -> np.ndarray
     reduce-scatter's copy-in casts the unsharded gradients into the flat buffer of the reduce
     dtype (foreach_reduce_scatter_copy_in: read comp_b, write g_b), one kernel each per FSDP
     unit (each layer, the embedding, the head). The all-gather's copy-in, the cast of the
-    shard, runs on a stream of its own beside the compute. They happen on one GPU too."""
+    shard, runs on a stream of its own beside the compute. They happen on one GPU too. With
+    the float8 all-gather (``compute.float8_param_gather``) a layer's linear weights are
+    copied out at 1 byte each."""
     if r.fw != "torchtitan":
         return 0.0
     comp_b = r.e
     units = (r.nl + r.first + r.last) * r.valid
-    copy_bytes = np.where(ag_fwd, 2 * comp_b * (1 + ag_bwd) + comp_b + r.g_b, 0.0)
+    params = r.dense_params + r.exp_params
+    copy_bytes = np.where(ag_fwd, 2 * comp_b * (1 + ag_bwd) + comp_b + r.g_b, 0.0) * params
+    if float8_param_gather(r.fw, r.job):
+        layer_dense = r.mem.layer_params - r.mem.expert_params
+        copy_bytes = copy_bytes - np.where(ag_fwd, 2 * (comp_b - 1.0) * (1 + ag_bwd),
+                                           0.0) * layer_dense
     copy_kernels = np.where(ag_fwd, 2.0 + ag_bwd, 0.0)
-    return memory_time(r.cluster.gpu, copy_bytes * (r.dense_params + r.exp_params),
-                       copy_kernels * units)
+    return memory_time(r.cluster.gpu, copy_bytes, copy_kernels * units)
 
 
 def sharded(r: Rows) -> Sharded:
@@ -570,8 +579,11 @@ def sharded(r: Rows) -> Sharded:
     synchronous = (zero == 3) & (fw == "deepspeed" and r.job.zero3_synchronous_gather)
     tensors = r.costs.layer_param_tensors(framework(fw).separate_projections) \
         if synchronous.any() else None
+    # torchtitan's float8 all-gather: a layer's linear weights gathered in 1 byte (the
+    # experts' grouped weights are not Float8Linears and stay bf16).
+    w8 = 1.0 if float8_param_gather(fw, r.job) else None
     for i, (local, experts) in enumerate(r.costs.layer_params_per_gpu(r.tp, r.ep)):
-        g, sc = _gather(r, local, z, tp), _scatter(r, local, z, tp)
+        g, sc = _gather(r, local, z, tp, w8), _scatter(r, local, z, tp)
         if tensors is not None:
             g_each, sc_each = _per_tensor(r, local, tensors[i], z, tp)
             g, sc = np.where(synchronous, g_each, g), np.where(synchronous, sc_each, sc)

@@ -64,6 +64,9 @@ NATIVE = [
     ("tt-moe-cp-fp8", "mixtral-8x7b", 4, "torchtitan",
      PC(dp=8, tp=2, cp=2, ep=4, zero_stage=3, sequence_parallel=True, recompute="full"),
      {"precision": "fp8"}),
+    ("tt-fp8-float8-gather", "llama-3-8b", 2, "torchtitan",
+     PC(dp=16, zero_stage=3, recompute="selective"),
+     {"precision": "fp8", "fp8_param_gather": True, "compile": True}),
     ("tt-fp8-rowwise", "llama-3-8b", 2, "torchtitan",
      PC(dp=8, tp=2, zero_stage=3, sequence_parallel=True, recompute="selective"),
      {"precision": "fp8", "float8_recipe": "rowwise", "compile": True}),
@@ -236,6 +239,20 @@ def test_torchtitan_gets_the_jobs_float8_recipe() -> None:
         assert 'filter_fqns = ["output"]' in p.emit("torchtitan")
     moe = make_plan("mixtral-8x7b", 4, PC(dp=32, zero_stage=3), "torchtitan", precision="fp8")
     assert 'filter_fqns = ["output", "router.gate"]' in moe.emit("torchtitan")
+    # FSDP's float8 all-gather (Job.fp8_param_gather), which the cost model counts at 1 byte
+    # per weight: written for the tensor-wise recipe under FSDP, never row-wise (torchao
+    # gathers in bf16 there) nor without sharded parameters.
+    on = "enable_fsdp_float8_all_gather = true"
+    assert on in make_plan("llama-3-8b", 2, PC(dp=16, zero_stage=3), "torchtitan",
+                           precision="fp8", fp8_param_gather=True).emit("torchtitan")
+    assert on not in make_plan("llama-3-8b", 2, PC(dp=16, zero_stage=3), "torchtitan",
+                               precision="fp8", fp8_param_gather=True,
+                               float8_recipe="rowwise").emit("torchtitan")
+    assert on not in make_plan("llama-3-8b", 2, PC(dp=2, tp=8, sequence_parallel=True),
+                               "torchtitan", precision="fp8",
+                               fp8_param_gather=True).emit("torchtitan")
+    assert on not in make_plan("llama-3-8b", 2, PC(dp=16, zero_stage=3), "torchtitan",
+                               precision="fp8").emit("torchtitan")
 
 
 # ---- the trainers' own parsers --------------------------------------------------------------

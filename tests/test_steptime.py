@@ -777,6 +777,41 @@ def test_torchtitans_per_op_sac_gathers_again_in_backward() -> None:
     assert tp(mg, sel)[1] == pytest.approx(tp(mg, cfg)[1], rel=1e-12)
 
 
+def test_torchtitan_fsdp_float8_all_gather_moves_and_holds_one_byte_per_weight() -> None:
+    # torchtitan's float8.enable_fsdp_float8_all_gather with torchao's tensor-wise recipe
+    # (Job.fp8_param_gather): each Float8Linear's weight shard is cast before FSDP's
+    # all-gather (torchao/float8/fsdp_utils.py, WeightWithDynamicFloat8CastTensor), so a
+    # layer's gathers move, and its unsharded weights hold, 1 byte per weight instead of 2.
+    import hardware_profiles
+
+    m = ModelSpec.preset("llama-3-8b")
+    c = Cluster.preset("dgx-h100", num_nodes=2)
+    job = Job(global_batch_size=64, seq_len=8192, precision="fp8", framework="torchtitan",
+              compile=True)
+    cfg = ParallelConfig(dp=16, zero_stage=3, recompute="selective")
+    on_job = dataclasses.replace(job, fp8_param_gather=True)
+    off, on = estimate(m, c, job, cfg), estimate(m, c, on_job, cfg)
+    # Per layer: two gathers (forward, backward) and one reduce-scatter of the fp32 gradients:
+    # 2 x 2 + 4 = 8 bytes a weight, 2 x 1 + 4 = 6 with float8 gathers (the embedding's and
+    # head's stay bf16, and each collective's latency stays): a quarter less, not more.
+    ratio = on.time_breakdown_s["fsdp_comm_total"] / off.time_breakdown_s["fsdp_comm_total"]
+    assert 0.75 <= ratio < 0.80
+    assert on.step_time_s < off.step_time_s
+    # FSDP holds about two blocks unsharded (software.toml): 1 byte less per weight of each.
+    h, kv, f = m.hidden_size, m.kv_dim, m.ffn_hidden_size or 0
+    layer = h * (2 * h + 2 * kv) + 3 * h * f + 2 * h  # q, o, k, v; gate, up, down; norms
+    blocks = hardware_profiles.load_software()["torchtitan"]["unsharded_blocks_live"]
+    assert off.memory.buffers_bytes - on.memory.buffers_bytes == pytest.approx(
+        blocks * layer, rel=1e-9)
+    # Row-wise, torchao gathers in bf16; other trainers ignore the torchtitan meaning.
+    row = dataclasses.replace(job, float8_recipe="rowwise")
+    assert estimate(m, c, dataclasses.replace(row, fp8_param_gather=True), cfg).step_time_s \
+        == estimate(m, c, row, cfg).step_time_s
+    ds = dataclasses.replace(job, framework="deepspeed")
+    assert estimate(m, c, dataclasses.replace(ds, fp8_param_gather=True), cfg).step_time_s \
+        == estimate(m, c, ds, cfg).step_time_s
+
+
 def test_torchtitan_float8_tensorwise_gathers_float8_and_rowwise_async_tp_gathers_unfused(
         ) -> None:
     # torchao's Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput

@@ -164,7 +164,9 @@ JOB_SWITCHES: tuple[tuple[str, str], ...] = (
      "Megatron: gradients kept and reduced in bf16 (NeMo's distributed_fused_adam with "
      "grad_sync_dtype bf16), not fp32 main_grad"),
     ("--fp8-param-gather",
-     "Megatron-LM fp8: parameters kept and gathered in fp8 (NeMo's fp8 recipes set it)"),
+     "fp8: parameters gathered in fp8: Megatron-LM's --fp8-param-gather (NeMo's fp8 recipes "
+     "set it); torchtitan with the tensorwise recipe, FSDP's float8 all-gather "
+     "(float8.enable_fsdp_float8_all_gather, as torchtitan's float8 docs launch it)"),
     ("--distribute-saved-activations",
      "full recompute without SP: each TP rank keeps a 1/tp slice of the saved layer input "
      "(Megatron-LM's --distribute-saved-activations)"),

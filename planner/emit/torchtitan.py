@@ -23,6 +23,7 @@ import dataclasses
 import tomllib
 from typing import Any
 
+from costmodel.compute import float8_param_gather
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate
@@ -202,6 +203,11 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
         # torchtitan converts every linear whose FQN contains none of filter_fqns.
         out["quantize.linear.float8"] = {"recipe_name": job.float8_recipe,
                                          "filter_fqns": _float8_filter(model)}
+        if float8_param_gather(job.framework, job) and cfg.zero_stage >= 2:
+            # FSDP gathers the float8 weights the cost model counts at 1 byte
+            # (costmodel.compute.float8_param_gather), with one amax all-reduce for all.
+            out["quantize.linear.float8"].update(enable_fsdp_float8_all_gather=True,
+                                                  precompute_float8_dynamic_scale_for_fsdp=True)
     if job.compile:
         # torch.compile of the blocks and the loss (Job.compile; lower turns it on for async TP).
         out["compile"] = {"enable": True, "components": ["model", "loss"]}
