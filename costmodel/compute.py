@@ -696,8 +696,11 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights:
     takes the axis-wise path, ``matmul_with_hp_or_float8_args``, which saves the bf16 weight
     and casts it again for the input-gradient matmul; pytorch/ao@890e0ac8,
     torchao/float8/float8_linear.py). Tensor-wise, the weight's float8 copy is made once per
-    forward and kept for backward, and with FSDP's float8 all-gather (torchtitan's setting
-    for this recipe) before the all-gather on the shard: not counted.
+    forward and kept for backward: an amax pass and the cast (read 2e, write 1, 2 kernels
+    a linear; ``_cast_weight_to_float8_t``), unless ``Job.fp8_param_gather`` (FSDP's float8
+    all-gather, torchtitan's setting for this recipe) has it made on the shard before the
+    gather, a 1/shard share not counted; a row without FSDP under that flag still casts
+    per forward, which this leaves out.
     """
     e = 2.0
     ins, outs = np.asarray(ins, dtype=float), np.asarray(outs, dtype=float)
@@ -712,6 +715,9 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights:
         rescale = 2 * e if job.compile else 2 * e + 8.0
         fwd = fwd + memory_time(gpu, cast * w, kernels)
         bwd = bwd + memory_time(gpu, rescale * (ins + w) + cast * w, 3 * kernels)
+    elif not job.fp8_param_gather:
+        w = np.asarray(weights, dtype=float)
+        fwd = fwd + memory_time(gpu, (2 * e + 1.0) * w, 2 * np.asarray(linears, dtype=float))
     return fwd, bwd
 
 

@@ -678,12 +678,14 @@ def test_float8_rowwise_casts_more_and_rescales_the_gradients() -> None:
     # pytorch/ao#1325): every input gradient and weight gradient read and written once more,
     # a kernel per matmul (compiled; pytorch/ao#2184). And row-wise each linear casts its
     # bf16 weight on every pass, along one axis in forward and the other in backward
-    # (matmul_with_hp_or_float8_args, pytorch/ao@890e0ac8): tensor-wise keeps one float8 copy.
+    # (matmul_with_hp_or_float8_args, pytorch/ao@890e0ac8): tensor-wise keeps one float8 copy,
+    # made on the shard before FSDP's float8 all-gather (Job.fp8_param_gather), else cast
+    # from the bf16 weight once per forward (an amax pass, then the cast: 2 kernels).
     from costmodel.compute import float8_cast_time
 
     gpu = H100.gpu
     job = Job(global_batch_size=8, seq_len=8192, precision="fp8", framework="torchtitan",
-              compile=True)
+              compile=True, fp8_param_gather=True)
     row = dataclasses.replace(job, float8_recipe="rowwise")
     tokens, t = np.array([8192.0]), np.array([1.0])
     tw_f, tw_b = float8_cast_time(LLAMA, gpu, job, tokens, t, moe=False)
@@ -709,6 +711,14 @@ def test_float8_rowwise_casts_more_and_rescales_the_gradients() -> None:
     assert (rw_eb - tw_eb)[0] == pytest.approx(
         2.0 * outs / rate + 12.0 * (ins + weights) / rate + 5.0 * weights / rate
         + 6 * 7 * overhead, rel=1e-9)
+    # Tensor-wise without the float8 all-gather: the weight cast in forward, none in backward.
+    bare = dataclasses.replace(job, fp8_param_gather=False)
+    bare_f, bare_b = float8_cast_time(LLAMA, gpu, bare, tokens, t, moe=False)
+    assert (bare_f - tw_f)[0] == pytest.approx(5.0 * weights / rate + 2 * 7 * overhead,
+                                               rel=1e-9)
+    assert bare_b[0] == tw_b[0]
+    assert float8_cast_time(LLAMA, gpu, dataclasses.replace(row, fp8_param_gather=False),
+                            tokens, t, moe=False)[0][0] == rw_f[0]  # row-wise ignores it
     # The step: slower row-wise, and the recipe is torchtitan's alone.
     cfg = ParallelConfig(dp=8, tp=4, zero_stage=3, micro_batch_size=1, recompute="selective",
                          sequence_parallel=True)
@@ -724,12 +734,13 @@ def test_float8_casts_one_per_float8_linear_and_the_output_layer_in_bf16() -> No
     # torchao's Float8Linear casts its own input (torchao/float8/float8_linear.py): a gated
     # layer has 7 (q, k, v, o, gate, up, down), a plain MLP's 6, a MoE layer's attention 4
     # (its router and experts are not Float8Linears); one kernel per cast compiled, two
-    # eager (the amax, then the cast). At no tokens only the launches remain.
+    # eager (the amax, then the cast). At no tokens only the launches remain (the weights are
+    # cast on the shard before FSDP's float8 all-gather: Job.fp8_param_gather).
     from costmodel.compute import float8_cast_time, lm_head_compute
 
     gpu = H100.gpu
     job = Job(global_batch_size=8, seq_len=8192, precision="fp8", framework="torchtitan",
-              compile=True)
+              compile=True, fp8_param_gather=True)
     launch = gpu.efficiency.kernel_overhead_s
     zero, one = np.array([0.0]), np.array([1.0])
     plain = dataclasses.replace(LLAMA, gated_mlp=False)
