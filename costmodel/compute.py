@@ -706,17 +706,16 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights:
     ins, outs = np.asarray(ins, dtype=float), np.asarray(outs, dtype=float)
     cast = (e + 1.0) if job.compile else (2 * e + 1.0)
     kernels = np.asarray(linears, dtype=float) * (1.0 if job.compile else 2.0)
+    w = np.asarray(weights, dtype=float)
     rowwise = job.float8_recipe == "rowwise"
     extra = e if rowwise else 0.0
     fwd = memory_time(gpu, (cast + extra) * ins, kernels)
     bwd = memory_time(gpu, (cast + extra) * outs + (e + 1.0) * (ins + outs), 2 * kernels)
     if rowwise:
-        w = np.asarray(weights, dtype=float)
         rescale = 2 * e if job.compile else 2 * e + 8.0
         fwd = fwd + memory_time(gpu, cast * w, kernels)
         bwd = bwd + memory_time(gpu, rescale * (ins + w) + cast * w, 3 * kernels)
-    elif not job.fp8_param_gather:
-        w = np.asarray(weights, dtype=float)
+    elif not float8_param_gather(job.framework, job):
         fwd = fwd + memory_time(gpu, (2 * e + 1.0) * w, 2 * np.asarray(linears, dtype=float))
     return fwd, bwd
 

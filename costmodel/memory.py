@@ -423,15 +423,12 @@ def _buffers(s: _Stage, states: _States, act: _Activations) -> np.ndarray:
     # experts are not when their data-parallel degree dp*cp/ep is 1).
     dense_gathered = np.where(z_dense > 1, 1.0, 0.0)
 
-    def gathered_layer(k: int, dense_b: float | None = None) -> np.ndarray:
-        """Layer kind ``k``'s gathered parameters, or their bytes with ``dense_b`` bytes
-        per non-expert parameter and the compute dtype's per expert one."""
+    def gathered_layer(k: int, dense_b: float = 1.0, expert_b: float = 1.0) -> np.ndarray:
+        """Layer kind ``k``'s gathered parameters, weighted ``dense_b`` per non-expert one
+        and ``expert_b`` per expert one (1: counted; bytes per parameter: their bytes)."""
         local, experts = s.per_layer[k]
-        out = local * dense_gathered * (1.0 if dense_b is None else dense_b)
-        if experts is None:
-            return out
-        return out + np.where(z_exp > 1, experts, 0.0) * (1.0 if dense_b is None
-                                                           else compute_b)
+        out = dense_b * local * dense_gathered
+        return out if experts is None else out + expert_b * np.where(z_exp > 1, experts, 0.0)
 
     layer_max = _largest(counts, gathered_layer)
     buffers = np.zeros_like(states.weights)
@@ -474,7 +471,7 @@ def _buffers(s: _Stage, states: _States, act: _Activations) -> np.ndarray:
         blocks = float(tt["unsharded_blocks_live"])
         # With torchtitan's float8 all-gather a layer's linear weights are unsharded in 1 byte
         # (compute.float8_param_gather); its experts' stay in the compute dtype.
-        gathered_bytes = _largest(counts, lambda k: gathered_layer(k, 1.0)) \
+        gathered_bytes = _largest(counts, lambda k: gathered_layer(k, 1.0, compute_b)) \
             if float8_param_gather(fw.name, job) else compute_b * layer_max
         gathered = np.where(w_sharded & (zero >= 3), blocks * gathered_bytes, 0.0)
         grad_full = np.where(w_sharded, float(tt["reduce_dtype_bytes"]) * layer_max, 0.0)
