@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
 from planner.runtime.attention import HeadParallel, _rows_by_rank
+from planner.runtime.train import exit_process
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -96,3 +97,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import planner.examples
 from costmodel import ModelSpec
 from planner.plan import Plan
-from planner.runtime.train import train, train_module
+from planner.runtime.train import exit_process, train, train_module
 
 
 def module_class(name: str) -> type[torch.nn.Module]:
@@ -66,3 +66,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

@@ -237,5 +237,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def exit_process(code: int) -> None:
+    """End a torchrun worker with exit status ``code`` once its output is flushed, skipping
+    the interpreter's teardown. After ``destroy_process_group`` a device mesh or a finished
+    DTensor collective can still hold the gloo process group; freeing it while the
+    interpreter shuts down can abort the process ("terminate called without an active
+    exception", pytorch/pytorch#179291), which torchrun reports as a failed run although
+    every rank finished its work."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
