@@ -40,8 +40,8 @@ from costmodel.units import Num
 
 __all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "eager_bytes",
            "eager_cast_bytes", "flash_attention_time", "float8_cast_time", "float8_casts",
-           "float8_gather", "float8_param_gather", "gemm_time", "layer_compute",
-           "lm_head_compute", "loss_kind", "matmul_dtype", "memory_time"]
+           "float8_gather", "float8_gathered_rows", "float8_param_gather", "gemm_time",
+           "layer_compute", "lm_head_compute", "loss_kind", "matmul_dtype", "memory_time"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -245,7 +245,8 @@ class _Mlp:
 def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
                   mbs: np.ndarray, sp: np.ndarray, moe: bool,
                   capacity_factor: float = 1.0, ep: np.ndarray | None = None,
-                  autocast: np.ndarray | None = None) -> LayerCompute:
+                  autocast: np.ndarray | None = None,
+                  float8_gathered: np.ndarray | None = None) -> LayerCompute:
     """Forward and backward time of one transformer layer for one micro-batch, per row.
 
     ``tp, cp, mbs, sp`` (and ``ep`` for MoE layers) are arrays over the rows. Matmuls are
@@ -257,6 +258,8 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     ``torch.profiler``, benchmarks/single_gpu_accuracy.py). A trainer with
     ``separate_projections`` (torchtitan) runs q, k and v, and a gated MLP's gate and up
     projections, as separate matmuls: the same FLOPs in more kernels, each reading the input.
+    ``float8_gathered``: the rows whose float8 weights FSDP gathers (``float8_gathered_rows``;
+    None: ``float8_param_gather``).
     """
     dtype, e, e_in = _dtypes(job)
     t = tp.astype(float)
@@ -284,7 +287,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                             - (BACKWARD_BYTES - 1) * casts + branch_sums + w_cast,
                             ew_kernels - nograd + w_kernels + sum_kernels)
     if r.fw.torchao_float8 and job.precision == "fp8":
-        cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe)
+        cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe, float8_gathered)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
     selective, selective_flops = core.selective, core.selective_flops
     if r.fw.selective_recompute == "op":
@@ -649,7 +652,8 @@ def eager_cast_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: n
 
 
 def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
-                     t: np.ndarray, moe: bool) -> tuple[np.ndarray, np.ndarray]:
+                     t: np.ndarray, moe: bool, gathered: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of torchao's dynamic float8 casts in one layer
     (``float8_casts``): one Float8Linear per projection, each casting its own input (q, k
     and v, and the MLP's gate and up projections, cast their shared input each); a MoE
@@ -661,11 +665,11 @@ def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
     outs = tokens * ((model.q_dim + 2 * model.kv_dim) / t + h + n_up * ffn / t + h * (ffn > 0))
     weights = h * (2 * model.q_dim + 2 * model.kv_dim) / t + (n_up + 1.0) * h * ffn / t
     linears = 4.0 + (n_up + 1.0) * (ffn > 0)
-    return float8_casts(gpu, job, ins, outs, linears, weights)
+    return float8_casts(gpu, job, ins, outs, linears, weights, gathered)
 
 
-def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights: Num = 0.0
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights: Num = 0.0,
+                 gathered: Num | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of torchao's dynamic float8 casts of ``linears``
     Float8Linears whose activation inputs hold ``ins`` elements, whose outputs ``outs`` and
     whose weights ``weights`` (on the rank).
@@ -699,8 +703,9 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights:
     forward and kept for backward: an amax pass and the cast (read 2e, write 1, 2 kernels
     a linear; ``_cast_weight_to_float8_t``), unless ``Job.fp8_param_gather`` (FSDP's float8
     all-gather, torchtitan's setting for this recipe) has it made on the shard before the
-    gather, a 1/shard share not counted; a row without FSDP under that flag still casts
-    per forward, which this leaves out.
+    gather, a 1/shard share not counted. ``gathered``: per row, whether the weights arrive
+    that way (``float8_gathered_rows``: a row without FSDP casts per forward under the flag
+    too); None: wherever ``float8_param_gather`` says so.
     """
     e = 2.0
     ins, outs = np.asarray(ins, dtype=float), np.asarray(outs, dtype=float)
@@ -715,8 +720,11 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights:
         rescale = 2 * e if job.compile else 2 * e + 8.0
         fwd = fwd + memory_time(gpu, cast * w, kernels)
         bwd = bwd + memory_time(gpu, rescale * (ins + w) + cast * w, 3 * kernels)
-    elif not float8_param_gather(job.framework, job):
-        fwd = fwd + memory_time(gpu, (2 * e + 1.0) * w, 2 * np.asarray(linears, dtype=float))
+    else:
+        if gathered is None:
+            gathered = float8_param_gather(job.framework, job)
+        fwd = fwd + np.where(gathered, 0.0, memory_time(gpu, (2 * e + 1.0) * w,
+                                                        2 * np.asarray(linears, dtype=float)))
     return fwd, bwd
 
 
@@ -733,6 +741,15 @@ def float8_param_gather(framework_name: str, job: Job) -> bool:
     with them."""
     return (framework_name == "torchtitan" and job.precision == "fp8"
             and job.fp8_param_gather and job.float8_recipe == "tensorwise")
+
+
+def float8_gathered_rows(framework_name: str, job: Job, zero: np.ndarray) -> np.ndarray:
+    """Per row, whether FSDP brings a layer's linear weights in float8
+    (``float8_param_gather``): only where FSDP2 holds them (torchtitan's ZeRO-2/3, whose
+    all-gather copy-in casts the shard on a stream of its own, on one rank too:
+    ``stepterms._fsdp2_copies``); under DDP (ZeRO-0) each Float8Linear casts its weight on
+    every forward."""
+    return float8_param_gather(framework_name, job) & (np.asarray(zero) >= 2)
 
 
 def float8_gather(framework_name: str, job: Job, e: float) -> tuple[float, bool]:

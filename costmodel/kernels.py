@@ -152,13 +152,15 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
                         up_gemm=zero, proj_gemm=zero, down_gemm=zero)
 
 
-def float8_cast_compute(gpu: GPU, job: Job, k: Kernels, r: Num) -> tuple[np.ndarray, np.ndarray]:
+def float8_cast_compute(gpu: GPU, job: Job, k: Kernels, r: Num, gathered: Num | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds per row of torchao's dynamic float8 casts of the
     Float8Linears among ``k``'s matmuls (``Gemm.cast_in``) at ``r`` (per row) times the
-    traced tokens (``costmodel.compute.float8_casts``, as the formulas count a layer's)."""
+    traced tokens (``costmodel.compute.float8_casts``, as the formulas count a layer's;
+    ``gathered``: its rows whose float8 weights FSDP gathers)."""
     r = np.asarray(r, dtype=float)
     linears = [g for g in k.gemms if g.cast_in]
     ins = sum(g.count * g.cast_in for g in linears) * r
     outs = sum(g.count * g.cast_out for g in linears) * r
     weights = sum(g.count * g.cast_weight for g in linears)
-    return float8_casts(gpu, job, ins, outs, sum(g.count for g in linears), weights)
+    return float8_casts(gpu, job, ins, outs, sum(g.count for g in linears), weights, gathered)

@@ -58,6 +58,7 @@ from costmodel.compute import (
     LayerCompute,
     autocast_rows,
     float8_gather,
+    float8_gathered_rows,
     layer_compute,
     lm_head_compute,
     loss_kind,
@@ -802,7 +803,8 @@ class LayerCosts:
         moe = self.routed(kind)
         return layer_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
                              capacity_factor=capacity_factor, ep=a.ep if moe else None,
-                             autocast=autocast)
+                             autocast=autocast,
+                             float8_gathered=float8_gathered_rows(job.framework, job, a.zero))
 
     def head_compute(self, gpu: GPU, job: Job, a: ConfigArrays,
                      autocast: np.ndarray | None = None) -> tuple[LayerCompute, LayerCompute]:
@@ -840,6 +842,7 @@ class LayerCosts:
         # torchao's float8 training casts each Float8Linear's input and output gradient in
         # a layer (the formulas' ``compute.float8_cast_time``; the head stays in bf16).
         casts = fw.torchao_float8 and job.precision == "fp8" and block.kind == "layer"
+        gathered = float8_gathered_rows(job.framework, job, a.zero)
         for c, rows in _autocast_rows(block, self._degree_rows(block, a), autocast):
             run = (c.compiled if job.compile and c.compiled is not None else c.kernels) \
                 or Kernels()
@@ -854,7 +857,8 @@ class LayerCosts:
                 run, again = _fp8_operands(run), again and _fp8_operands(again)
             lc = kernel_compute(gpu, dtype, run, share[rows], again, ep=a.ep[rows])
             if casts:
-                cast_f, cast_b = float8_cast_compute(gpu, job, run, share[rows])
+                cast_f, cast_b = float8_cast_compute(gpu, job, run, share[rows],
+                                                     gathered[rows])
                 # Per-op AC re-runs every memory-bound kernel, the casts among them.
                 lc = dataclasses.replace(lc, forward=lc.forward + cast_f,
                                          backward=lc.backward + cast_b,

@@ -821,6 +821,12 @@ def test_torchtitan_fsdp_float8_all_gather_moves_and_holds_one_byte_per_weight()
     ds = dataclasses.replace(job, framework="deepspeed")
     assert estimate(m, c, dataclasses.replace(ds, fp8_param_gather=True), cfg).step_time_s \
         == estimate(m, c, ds, cfg).step_time_s
+    # Without FSDP (DDP at ZeRO-0) nothing is gathered: each Float8Linear casts its bf16
+    # weight on every forward, flag or not. Under FSDP the shard is cast in the all-gather's
+    # copy-in, beside the compute, so a layer's forward computes less with the flag.
+    ddp = ParallelConfig(dp=16, zero_stage=0, recompute="selective")
+    assert estimate(m, c, on_job, ddp).step_time_s == estimate(m, c, job, ddp).step_time_s
+    assert on.time_breakdown_s["compute"] < off.time_breakdown_s["compute"]
 
 
 def test_torchtitan_float8_tensorwise_gathers_float8_and_rowwise_async_tp_gathers_unfused(
