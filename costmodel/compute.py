@@ -528,10 +528,14 @@ def _op_selective(r: _Rows, moe: bool, core: _Core, ew_fwd: np.ndarray, qkv_gemm
 
 
 def loss_kind(fw: Framework, job: Job) -> str:
-    """The job's cross entropy: ``"fused"`` (``Job.fused_cross_entropy``, else the
+    """The job's cross entropy: ``"vocab-parallel"`` (Megatron-LM's in place on one fp32
+    copy of the logits, op by op: its default, unless ``Job.fused_cross_entropy``, its
+    ``--cross-entropy-loss-fusion``), ``"fused"`` (``Job.fused_cross_entropy``, else the
     trainer's own: one kernel on one fp32 copy of the logits), ``"compiled"`` (torch's
     ``F.cross_entropy`` on an fp32 cast under ``torch.compile``, ``Job.compile_loss``, else
     ``compile`` where the trainer compiles its loss) or ``"eager"`` (the same, eager)."""
+    if fw.cross_entropy_fusion_opt_in and not job.fused_cross_entropy:
+        return "vocab-parallel"
     if fw.fused_cross_entropy if job.fused_cross_entropy is None else job.fused_cross_entropy:
         return "fused"
     compiled = (job.compile and fw.compiles_loss) if job.compile_loss is None \
@@ -781,9 +785,13 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
 
     Embedding: a gather of T rows of h (read + write). Head: final norm, the vocab-parallel
     ``[T, h] x [h, V/tp]`` matmul (V padded as the trainer pads it, ``padded_vocab``), and the
-    cross entropy over fp32 logits. Megatron-LM's fused vocabulary-parallel cross entropy
-    casts the logits (read e, write 4), takes the softmax and loss in place (read and write
-    4) and, in backward, writes the logit gradient (read 4, write e); compiled
+    cross entropy over fp32 logits. Megatron-LM's vocabulary-parallel cross entropy, fused
+    (``loss_kind``), casts the logits (read e, write 4), takes the softmax and loss in place
+    (read and write 4) and, in backward, writes the logit gradient (read 4, write e); by
+    default it runs op by op on the fp32 copy (megatron/core/tensor_parallel/
+    cross_entropy.py): the cast (read e, write 4), the max (read 4), an in-place subtract,
+    exp and divide (read and write 4 each) and the sum (read 4), 6 kernels, and in backward
+    an in-place multiply (read and write 4) and the cast back (read 4, write e); compiled
     (``loss_kind``), torch's reads the logits in two passes forward and three backward. torch's
     ``F.cross_entropy`` on an fp32 copy (torchtitan, Hugging Face models) casts (read e,
     write 4), writes the log-softmax after a max and a sum pass (read 4 three times, write
@@ -821,7 +829,10 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     norm = 2 * e_act * tokens * h * rep
     cast = np.where(ac, CAST_BYTES * (tokens * h + v * h), 0.0)  # input and weight casts
     kind = loss_kind(fw, job)
-    if kind == "fused":
+    if kind == "vocab-parallel":
+        ce_fwd, ce_bwd = (e + 4.0 + 4.0 + 8.0 + 8.0 + 4.0 + 8.0) * logits, (8.0 + 4.0 + e) * logits
+        ce_kernels = 6.0
+    elif kind == "fused":
         ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 4.0 + 4.0) * logits, (4.0 + e) * logits, 2.0
     elif kind == "compiled":
         # Inductor fuses the cast, log-softmax and label gather into one reduction kernel,
@@ -835,8 +846,9 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
         ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 16.0) * logits, (4.0 + 12.0 + 4.0 + e) \
             * logits, 4.0
     head_f = head_gemm + memory_time(gpu, norm + ce_fwd + cast, 1.0 + ce_kernels)
+    bwd_kernels = 2.0 if kind == "vocab-parallel" else ce_kernels  # multiply, cast back
     head_b = 2 * head_gemm + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd + cast,
-                                         1.0 + ce_kernels)
+                                         1.0 + bwd_kernels)
     head_flops = 3 * 2 * tokens * h * v
     head = LayerCompute(forward=head_f, backward=head_b, selective=zero, flops=head_flops,
                         selective_flops=zero, forward_flops=head_flops / 3,

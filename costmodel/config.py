@@ -109,10 +109,12 @@ class Job:
     gather (``costmodel.compute.float8_param_gather``); row-wise, it gathers in bf16. Other
     trainers ignore it.
     ``fused_cross_entropy``: whether the loss is a fused cross entropy that works on one
-    fp32 copy of the logits (Megatron-LM's vocabulary-parallel one; llm-foundry's default
-    ``loss_fn: fused_crossentropy``, flash-attn's Triton kernel,
-    llmfoundry/models/mpt/modeling_mpt.py) rather than torch's ``F.cross_entropy``; None:
-    the trainer's own (``Framework.fused_cross_entropy``).
+    fp32 copy of the logits (llm-foundry's default ``loss_fn: fused_crossentropy``,
+    flash-attn's Triton kernel, llmfoundry/models/mpt/modeling_mpt.py) rather than torch's
+    ``F.cross_entropy``; None: the trainer's own (``Framework.fused_cross_entropy``).
+    Megatron-LM's vocabulary-parallel one is in place on an fp32 copy either way: this is
+    its ``--cross-entropy-loss-fusion`` (off by default; NeMo 2 and Megatron-Bridge turn it
+    on), without which it runs op by op (``costmodel.compute.loss_kind``).
     ``grad_reduce_in_fp32``: whether Megatron-LM keeps and reduces its gradients in fp32
     (``main_grad``; Megatron-LM forces it with bf16: megatron/training/arguments.py sets
     ``accumulate_allreduce_grads_in_fp32`` for ``--bf16``; Megatron-Core's

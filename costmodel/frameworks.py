@@ -55,6 +55,12 @@ class Framework:
     # under DeepSpeed), whose backward holds the saved log-softmax output, a dense fp32 NLL
     # gradient and the fp32 log-softmax gradient at once.
     fused_cross_entropy: bool = False
+    # Megatron-LM runs that in-place cross entropy op by op (cast, max, subtract, exp, sum,
+    # divide: megatron/core/tensor_parallel/cross_entropy.py) unless
+    # --cross-entropy-loss-fusion (Job.fused_cross_entropy) fuses it
+    # (megatron/core/fusions/fused_cross_entropy.py). Off by default in Megatron-LM's
+    # arguments; NeMo 2's GPTConfig and Megatron-Bridge's GPTProvider turn it on.
+    cross_entropy_fusion_opt_in: bool = False
     # Whether the trainer compiles its loss function with the model under Job.compile:
     # torchtitan's build_cross_entropy_loss does (torchtitan/components/loss.py, from
     # pytorch/torchtitan@bbb1b616e, 2025-04-02); before, its train.py compiled it only from
@@ -171,6 +177,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         note_zero="Megatron-LM runs ZeRO-1 as its distributed optimizer and ZeRO-3 as its "
         "FSDP mode; it has no ZeRO-2",
         fused_cross_entropy=True,
+        cross_entropy_fusion_opt_in=True,
         vocab_multiple=128,
         interleaved_needs_multiple=True,
     ),

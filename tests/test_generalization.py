@@ -170,6 +170,39 @@ def test_a_fused_cross_entropy_keeps_less_and_the_emitter_says_when_it_differs()
         _job(fused_cross_entropy="yes")
 
 
+def test_megatrons_cross_entropy_runs_op_by_op_unless_the_job_fuses_it() -> None:
+    # Megatron-LM's vocabulary-parallel cross entropy works in place on one fp32 copy of the
+    # logits either way (megatron/core/tensor_parallel/cross_entropy.py); without
+    # --cross-entropy-loss-fusion it runs op by op: cast (2 + 4), max (4), subtract, exp and
+    # divide in place (8 each), sum (4): 38 bytes a logit in 6 kernels where the fused one
+    # moves 14 in 2; in backward the multiply in place and the cast back (8 + 6) against 6.
+    from costmodel.compute import lm_head_compute, memory_time
+    from planner.emit.common import to_framework
+    from planner.emit.megatron import arguments
+
+    gpu = H100.gpu
+    rows = (np.array([1]), np.array([1]), np.array([1]), np.array([0]))
+    _, op = lm_head_compute(LLAMA8, gpu, _job("megatron"), *rows)
+    _, fused = lm_head_compute(LLAMA8, gpu, _job("megatron", fused_cross_entropy=True), *rows)
+    logits = 8192 * 128256  # the vocabulary is already a multiple of 128
+    assert op.forward[0] - fused.forward[0] == pytest.approx(
+        float(memory_time(gpu, 24.0 * logits, 4.0)), rel=1e-9)
+    assert op.backward[0] - fused.backward[0] == pytest.approx(
+        float(memory_time(gpu, 8.0 * logits, 0.0)), rel=1e-9)
+    cfg = ParallelConfig(dp=8, zero_stage=1)
+    slow = estimate(LLAMA8, H100, _job("megatron"), cfg)
+    fast = estimate(LLAMA8, H100, _job("megatron", fused_cross_entropy=True), cfg)
+    assert fast.step_time_s < slow.step_time_s
+    assert fast.memory.buffers_bytes == slow.memory.buffers_bytes  # one fp32 copy both ways
+    # The emitted Megatron-LM arguments carry the switch when the plan assumes it, and the
+    # emitter keeps the assumption (the file runs what the plan priced).
+    job = _job("megatron", fused_cross_entropy=True)
+    assert "--cross-entropy-loss-fusion" in arguments(LLAMA8, job, cfg)
+    assert "--cross-entropy-loss-fusion" not in arguments(LLAMA8, _job("megatron"), cfg)
+    ch = to_framework(cfg, job, "megatron", "megatron")
+    assert ch.job.fused_cross_entropy is True and not ch.warnings
+
+
 def test_the_emitter_says_when_the_loss_or_gradient_dtype_differs_from_the_trainers(
         capsys: pytest.CaptureFixture[str]) -> None:
     # torchtitan compiles its loss with the model (from April 2025): a plan that assumed an

@@ -156,7 +156,8 @@ JOB_SWITCHES: tuple[tuple[str, str], ...] = (
      "torchtitan's default is eager)"),
     ("--fused-cross-entropy",
      "the loss is a fused cross entropy on one fp32 copy of the logits (llm-foundry's "
-     "default; Megatron-LM's always)"),
+     "default; Megatron-LM's --cross-entropy-loss-fusion, which NeMo and Megatron-Bridge "
+     "turn on)"),
     ("--no-compile-loss",
      "torchtitan with --compile: the loss stays eager (torchtitan before April 2025); by "
      "default it is compiled with the model"),

@@ -105,7 +105,8 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set(f"{trainer} cannot shard ZeRO-{ch.cfg.zero_stage} over part of the "
                f"data-parallel ranks: emitted sharding over all {ch.cfg.dp}",
                sharding_group=None)
-    if job.fused_cross_entropy is not None and job.fused_cross_entropy != fw.fused_cross_entropy:
+    if job.fused_cross_entropy is not None and job.fused_cross_entropy != fw.fused_cross_entropy \
+            and not fw.cross_entropy_fusion_opt_in:  # Megatron-LM's file writes the switch
         ch.set_job(f"{trainer}'s file runs its own cross entropy "
                    f"({'fused' if fw.fused_cross_entropy else 'torch F.cross_entropy'}), not "
                    f"the {'fused' if job.fused_cross_entropy else 'unfused'} one the plan "

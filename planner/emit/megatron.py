@@ -200,9 +200,11 @@ def _precision_args(job: Job, cfg: ParallelConfig) -> list[Any]:
 
 
 def _kernel_args(job: Job) -> list[Any]:
-    """The attention kernel (flash or unfused) and the optimizer (Adam or SGD)."""
+    """The attention kernel (flash or unfused), the optimizer (Adam or SGD) and, where the
+    job assumes it, the fused cross entropy (``Job.fused_cross_entropy``)."""
     return ["--attention-backend", "flash" if job.flash_attention else "unfused",
-            "--optimizer", "sgd" if job.optimizer == "sgd" else "adam"]
+            "--optimizer", "sgd" if job.optimizer == "sgd" else "adam",
+            *(["--cross-entropy-loss-fusion"] if job.fused_cross_entropy else [])]
 
 
 def arguments(model: ModelSpec, job: Job, cfg: ParallelConfig) -> list[str]:
