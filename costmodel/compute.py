@@ -828,12 +828,14 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     logits = tokens * v
     norm = 2 * e_act * tokens * h * rep
     cast = np.where(ac, CAST_BYTES * (tokens * h + v * h), 0.0)  # input and weight casts
+    # Per kind: bytes moved per logit and kernels, forward and backward.
     kind = loss_kind(fw, job)
-    if kind == "vocab-parallel":
+    if kind == "vocab-parallel":  # six ops forward; the multiply and the cast back
         ce_fwd, ce_bwd = (e + 4.0 + 4.0 + 8.0 + 8.0 + 4.0 + 8.0) * logits, (8.0 + 4.0 + e) * logits
-        ce_kernels = 6.0
+        kernels_f, kernels_b = 6.0, 2.0
     elif kind == "fused":
-        ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 4.0 + 4.0) * logits, (4.0 + e) * logits, 2.0
+        ce_fwd, ce_bwd = (e + 4.0 + 4.0 + 4.0) * logits, (4.0 + e) * logits
+        kernels_f = kernels_b = 2.0
     elif kind == "compiled":
         # Inductor fuses the cast, log-softmax and label gather into one reduction kernel,
         # which reads each 128k-wide row twice (max, then the exponent sum: a row outgrows one
@@ -841,14 +843,14 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
         # writes the gradient (read 3e, write e). Measured on an H200 (benchmarks/
         # op_sac_memory.py): 3.1 ms for 8192 x 128256 logits, 14 bytes per logit at the
         # profile's bandwidth, where this counts 12.
-        ce_fwd, ce_bwd, ce_kernels = 2 * e * logits, 4 * e * logits, 1.0
+        ce_fwd, ce_bwd = 2 * e * logits, 4 * e * logits
+        kernels_f = kernels_b = 1.0
     else:
-        ce_fwd, ce_bwd, ce_kernels = (e + 4.0 + 16.0) * logits, (4.0 + 12.0 + 4.0 + e) \
-            * logits, 4.0
-    head_f = head_gemm + memory_time(gpu, norm + ce_fwd + cast, 1.0 + ce_kernels)
-    bwd_kernels = 2.0 if kind == "vocab-parallel" else ce_kernels  # multiply, cast back
+        ce_fwd, ce_bwd = (e + 4.0 + 16.0) * logits, (4.0 + 12.0 + 4.0 + e) * logits
+        kernels_f = kernels_b = 4.0
+    head_f = head_gemm + memory_time(gpu, norm + ce_fwd + cast, 1.0 + kernels_f)
     head_b = 2 * head_gemm + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd + cast,
-                                         1.0 + bwd_kernels)
+                                         1.0 + kernels_b)
     head_flops = 3 * 2 * tokens * h * v
     head = LayerCompute(forward=head_f, backward=head_b, selective=zero, flops=head_flops,
                         selective_flops=zero, forward_flops=head_flops / 3,
