@@ -747,7 +747,7 @@ def float8_param_gather(framework_name: str, job: Job) -> bool:
             and job.fp8_param_gather and job.float8_recipe == "tensorwise")
 
 
-def float8_gathered_rows(framework_name: str, job: Job, zero: np.ndarray) -> np.ndarray:
+def float8_gathered_rows(framework_name: str, job: Job, zero: Num) -> np.ndarray:
     """Per row, whether FSDP brings a layer's linear weights in float8
     (``float8_param_gather``): only where FSDP2 holds them (torchtitan's ZeRO-2/3, whose
     all-gather copy-in casts the shard on a stream of its own, on one rank too:

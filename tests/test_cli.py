@@ -112,3 +112,16 @@ def test_import_planner_without_torch() -> None:
             "import costmodel, hardware_profiles; print('ok')")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_the_estimate_header_names_the_float8_all_gather_only_where_fsdp_runs(capsys) -> None:
+    # torchtitan's float8 FSDP all-gather (--fp8-param-gather, tensor-wise) applies where
+    # FSDP holds the weights (ZeRO-2/3), as the cost model counts it
+    # (costmodel.compute.float8_gathered_rows); under DDP the header does not claim it.
+    args = ["estimate", "--model", "llama-3-8b", "--gpus", "16", "--gpu", "h100-sxm",
+            "--global-batch-size", "64", "--seq-len", "8192", "--framework", "torchtitan",
+            "--precision", "fp8", "--fp8-param-gather"]
+    assert main([*args, "--zero", "3"]) == 0
+    assert "float8 FSDP all-gather" in capsys.readouterr().out
+    assert main([*args, "--zero", "0"]) == 0
+    assert "float8 FSDP all-gather" not in capsys.readouterr().out

@@ -9,7 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
-from costmodel.compute import float8_param_gather
+from costmodel.compute import float8_gathered_rows
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
 from costmodel.estimate import NEAR_CAPACITY, Estimate
 from costmodel.inference import InferenceConfig, InferenceJob, estimate_inference
@@ -181,7 +181,8 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         + (", torch.compile" if job.compile and job.framework == "torchtitan" else "")
         + (", fp8 parameters" if job.fp8_param_gather and job.framework == "megatron"
            and job.precision == "fp8" else "")
-        + (", float8 FSDP all-gather" if float8_param_gather(job.framework, job) else ""),
+        + (", float8 FSDP all-gather" if float8_gathered_rows(job.framework, job, cfg.zero_stage)
+           else ""),
         f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
         f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "
         f"mbs={cfg.micro_batch_size} ({est.num_micro_batches} micro-batches) "

@@ -23,7 +23,7 @@ import dataclasses
 import tomllib
 from typing import Any
 
-from costmodel.compute import float8_param_gather
+from costmodel.compute import float8_gathered_rows
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate
@@ -203,7 +203,7 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
         # torchtitan converts every linear whose FQN contains none of filter_fqns.
         out["quantize.linear.float8"] = {"recipe_name": job.float8_recipe,
                                          "filter_fqns": _float8_filter(model)}
-        if float8_param_gather(job.framework, job) and cfg.zero_stage >= 2:
+        if float8_gathered_rows(job.framework, job, cfg.zero_stage):
             # FSDP gathers the float8 weights the cost model counts at 1 byte
             # (costmodel.compute.float8_param_gather), with one amax all-reduce for all.
             out["quantize.linear.float8"].update(enable_fsdp_float8_all_gather=True,
