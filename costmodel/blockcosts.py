@@ -317,7 +317,12 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
                        memory_backward_kernels=1 if n.grad else 0)
     if n.family == "attention" and n.model_flops:
         flops = n.model_flops / shards * (0.5 if n.causal else 1.0)
-        return Kernels(attention_flops=flops, attention_kernels=1, attention_backward=n.grad)
+        # The key tensor (query, key, value, ...: [..., keys, head dim]) sets how much
+        # each query block's fixed work weighs (``compute.flash_attention_time``).
+        key = n.inputs[1].shape if len(n.inputs) > 1 else ()
+        per_key = flops / key[-2] if len(key) >= 2 and key[-2] > 0 else 0.0
+        return Kernels(attention_flops=flops, attention_kernels=1, attention_backward=n.grad,
+                       attention_flops_per_key=per_key)
     if n.model_flops:  # a convolution: a roofline like a matmul's, its weights fixed
         w = sum(r.nbytes for r in n.inputs if r.param) / shards
         return Kernels(gemms=(Gemm(n.model_flops / shards, moved - w, w, True,

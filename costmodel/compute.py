@@ -32,16 +32,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import hardware_profiles
 from costmodel.config import Job
 from costmodel.frameworks import Framework, framework, padded_vocab
 from costmodel.hardware import GPU
 from costmodel.model import ModelSpec
 from costmodel.units import Num
 
-__all__ = ["ALIGN_BYTES", "LayerCompute", "aligned", "autocast_rows", "eager_bytes",
-           "eager_cast_bytes", "flash_attention_time", "float8_cast_time", "float8_casts",
-           "float8_gather", "float8_gathered_rows", "float8_param_gather", "gemm_time",
-           "layer_compute", "lm_head_compute", "loss_kind", "matmul_dtype", "memory_time"]
+__all__ = ["ALIGN_BYTES", "ATTENTION_NAMES", "LayerCompute", "aligned", "attention_kernel",
+           "autocast_rows", "eager_bytes", "eager_cast_bytes", "flash_attention_time",
+           "float8_cast_time", "float8_casts", "float8_gather", "float8_gathered_rows",
+           "float8_param_gather", "gemm_time", "layer_compute", "lm_head_compute", "loss_kind",
+           "matmul_dtype", "memory_time"]
 
 BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -85,18 +87,45 @@ def gemm_time(gpu: GPU, dtype: str, m: Num, n: Num, k: Num, count: Num = 1.0,
     return count * np.maximum(compute, memory) + launches * eff.kernel_overhead_s
 
 
-def flash_attention_time(gpu: GPU, dtype: str, flops: Num) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) seconds of a fused (flash) attention kernel doing ``flops`` in its
-    forward pass: ``flops / (peak * attention) + kernel_overhead``; the backward does
-    ``FLASH_BACKWARD_FLOPS`` times the FLOPs at the ``attention_backward`` fraction (Dao 2023,
-    Sec. 3). fp8 and tf32 jobs run attention in bf16 (FlashAttention has no tf32 or fp8
-    training kernel), so the peak is the bf16 one."""
+#: What each fused attention kernel (``costmodel.config.ATTENTION_KERNELS``) is called.
+ATTENTION_NAMES = {"flash": "FlashAttention-2", "cudnn": "cuDNN attention"}
+
+
+def attention_kernel(job: Job, gpu: GPU) -> str:
+    """The fused attention kernel the job runs on ``gpu`` (``costmodel.config.
+    ATTENTION_KERNELS``): ``Job.attention_kernel`` where set, else the trainer's own choice,
+    cuDNN's on the architectures of ``Framework.cudnn_attention_archs``, FlashAttention-2
+    elsewhere."""
+    if job.attention_kernel is not None:
+        return job.attention_kernel
+    return "cudnn" if gpu.architecture in framework(job.framework).cudnn_attention_archs \
+        else "flash"
+
+
+def flash_attention_time(gpu: GPU, dtype: str, flops: Num, keys: Num | None = None,
+                         kernel: str = "flash") -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of a fused (flash) attention ``kernel`` (``"flash"`` or
+    ``"cudnn"``: ``KernelEfficiency.attention_for``) doing ``flops`` in its forward pass over
+    ``keys`` key tokens per query (the sequence, or a context-parallel chunk of it):
+    ``flops * (1 + fixed_keys / keys) / (peak * attention) + kernel_overhead``, where each
+    query block's fixed work (``hardware_profiles/software.toml [fused_attention]``, fitted
+    to measured sweeps) weighs most on short sequences; ``keys=None`` leaves it out. The
+    backward does ``FLASH_BACKWARD_FLOPS`` times the FLOPs at the ``attention_backward``
+    fraction with its own fixed work (Dao 2023, Sec. 3). fp8 and tf32 jobs run attention in
+    bf16 (FlashAttention has no tf32 or fp8 training kernel), so the peak is the bf16 one."""
     peak = gpu.peak_flops("bf16" if dtype in ("fp8", "tf32") else dtype)
     eff = gpu.efficiency
+    frac_f, frac_b = eff.attention_for(kernel)
     flops = np.asarray(flops, dtype=float)
-    forward = flops / (peak * eff.attention) + eff.kernel_overhead_s
-    backward = FLASH_BACKWARD_FLOPS * flops / (peak * eff.attention_backward) \
-        + eff.kernel_overhead_s
+    grow_f: Num = 1.0
+    grow_b: Num = 1.0
+    if keys is not None:
+        shape = hardware_profiles.load_software()["fused_attention"]
+        k = np.asarray(keys, dtype=float)
+        grow_f = 1.0 + float(shape["forward_fixed_keys"]) / k
+        grow_b = 1.0 + float(shape["backward_fixed_keys"]) / k
+    forward = flops * grow_f / (peak * frac_f) + eff.kernel_overhead_s
+    backward = FLASH_BACKWARD_FLOPS * flops * grow_b / (peak * frac_b) + eff.kernel_overhead_s
     return forward, backward
 
 
@@ -325,7 +354,10 @@ def _attention_core(r: _Rows) -> _Core:
     if job.flash_attention:
         causal = 0.5 if model.causal else 1.0
         flops = 4 * tokens * s_kv * q / t * causal
-        f, b = flash_attention_time(r.gpu, r.dtype, flops)
+        # Context parallel runs the kernel over one chunk of the keys at a time (ring
+        # attention, Liu et al. 2023).
+        f, b = flash_attention_time(r.gpu, r.dtype, flops, s_kv / r.cp.astype(float),
+                                    attention_kernel(job, r.gpu))
         return _Core(f, b, flops, FLASH_BACKWARD_FLOPS * flops, zero, 0.0, zero, zero)
     # Two batched matmuls: [s, d] x [d, s] and [s, s] x [s, d].
     heads = model.num_heads / t

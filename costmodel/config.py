@@ -17,12 +17,16 @@ from costmodel.model import ModelSpec
 if TYPE_CHECKING:
     from costmodel.layercosts import LayerCosts
 
-__all__ = ["TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig", "validate"]
+__all__ = ["ATTENTION_KERNELS", "TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig", "validate"]
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
+#: Fused attention kernels: FlashAttention-2 (the flash-attn package, SDPA's flash backend)
+#: and cuDNN's fused flash attention (Transformer Engine's FusedAttention, SDPA's cuDNN
+#: backend).
+ATTENTION_KERNELS = ("flash", "cudnn")
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -136,6 +140,10 @@ class Job:
     (one scale per tensor) or ``rowwise`` (one per row; its casts write a transposed bf16 copy
     and cast it again along the other axis, ``costmodel.compute.float8_cast_time``). Other
     trainers ignore it.
+    ``attention_kernel``: which fused attention kernel runs, ``"flash"`` (FlashAttention-2)
+    or ``"cudnn"`` (cuDNN's, ``ATTENTION_KERNELS``); ``None``: the trainer's own choice on
+    the GPU (``costmodel.compute.attention_kernel``, ``Framework.cudnn_attention_archs``).
+    Needs ``flash_attention``.
     ``zero3_synchronous_gather``: DeepSpeed's ZeRO-3 as released from v0.3.12 (March 2021)
     to v0.5.4: each parameter tensor is all-gathered by its own collective after a
     ``torch.cuda.synchronize()``, so no gather runs beside compute, and through
@@ -179,6 +187,7 @@ class Job:
     distribute_saved_activations: bool = False
     zero3_synchronous_gather: bool = False
     float8_recipe: str = "tensorwise"
+    attention_kernel: str | None = None
 
     def __post_init__(self) -> None:
         _positive_int("Job", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)
@@ -191,6 +200,12 @@ class Job:
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
         _choice("Job", "float8_recipe", self.float8_recipe, FLOAT8_RECIPES)
+        if self.attention_kernel is not None:
+            _choice("Job", "attention_kernel", self.attention_kernel, ATTENTION_KERNELS)
+            if not self.flash_attention:
+                raise SpecError(f"Job.attention_kernel={self.attention_kernel!r} names a fused "
+                                "attention kernel, but flash_attention is off (attention "
+                                "saves its score matrix); drop one of the two")
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
                     "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm",
                     "compile", "fp8_param_gather", "distribute_saved_activations",

@@ -121,6 +121,13 @@ class Framework:
     # AutoTP has none (it splits the sequence only with Ulysses, which the planner times as
     # context parallel), so a search for it does not offer sequence parallel.
     sequence_parallel: bool = True
+    # GPU architectures on which the trainer's fused attention is cuDNN's rather than
+    # FlashAttention-2 (Job.attention_kernel overrides; costmodel.compute.attention_kernel).
+    cudnn_attention_archs: tuple[str, ...] = ()
+    # Whether the trainer's launch file can pick the fused attention kernel (Transformer
+    # Engine: NVTE_FLASH_ATTN=0 / NVTE_FUSED_ATTN=0 turn a backend off); the others leave it
+    # to the model code and PyTorch's SDPA.
+    selects_attention_kernel: bool = False
 
 
 def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | None:
@@ -180,6 +187,14 @@ FRAMEWORKS: tuple[Framework, ...] = (
         cross_entropy_fusion_opt_in=True,
         vocab_multiple=128,
         interleaved_needs_multiple=True,
+        # Transformer Engine's get_attention_backend disables FlashAttention "to give
+        # FusedAttention preference on Hopper+ for performance reasons" when both can run
+        # (transformer_engine/pytorch/attention/dot_product_attention/utils.py; for sm90 since
+        # TE's cuDNN frontend integration, NVIDIA/TransformerEngine@32db39288, December
+        # 2023): "sm90 (Hopper): cuDNN attention > flash-attention", sm8x the other way round
+        # (docs/examples/attention/attention.ipynb).
+        cudnn_attention_archs=("hopper", "blackwell"),
+        selects_attention_kernel=True,
     ),
     Framework(
         name="deepspeed",
@@ -225,6 +240,12 @@ FRAMEWORKS: tuple[Framework, ...] = (
         # torch's ScheduleInterleavedZeroBubble with one stage per rank) is one; it runs zero
         # bubble only as the V-shaped ZBVZeroBubble, which the model does not time.
         unsearched_schedules=("zero-bubble",),
+        # ScaledDotProductAttention asks SDPA for cuDNN first (sdpa_kernel([CUDNN_ATTENTION,
+        # FLASH_ATTENTION, ...], set_priority=True), torchtitan/models/common/attention.py,
+        # since pytorch/torchtitan@6a3a9da95, October 2025; on B200 since 3b85aa31f, May
+        # 2025). Its earlier H100 runs used FlashAttention-2 (published runs map that with
+        # Job.attention_kernel).
+        cudnn_attention_archs=("hopper", "blackwell"),
     ),
 )
 

@@ -31,7 +31,11 @@ class KernelEfficiency:
     of HBM bandwidth a memory-bound (elementwise, normalization) kernel sustains.
     ``kernel_overhead_s``: fixed time each kernel adds (launch gap, pipeline fill and drain of
     the tiles), which is what makes small matmuls slow. ``attention`` / ``attention_backward``:
-    fraction of the dense peak of a fused (flash) attention kernel, forward and backward.
+    fraction of the dense peak of a fused (flash) attention kernel, forward and backward
+    (FlashAttention-2's in a shipped profile; whatever SDPA ran in a measured one).
+    ``attention_cudnn`` / ``attention_cudnn_backward``: the same for cuDNN's fused attention
+    (Transformer Engine's FusedAttention, SDPA's cuDNN backend) where the profile has a figure
+    for it; without one it takes the ``attention`` fractions (``attention_for``).
     ``gemm_unaligned``: fraction of the dense peak of a matmul whose inner or output dimension
     is not a multiple of 16 bytes (an odd vocabulary such as GPT-2's 50257): cuBLAS then runs
     it with unaligned (align1/align2) kernels without the tensor-memory accelerator, several
@@ -50,7 +54,17 @@ class KernelEfficiency:
     gemm_fp8: float | None = None
     gemm_unaligned: float | None = None
     comm_slowdown: float = 0.0
+    attention_cudnn: float | None = None
+    attention_cudnn_backward: float | None = None
     source: str = ""
+
+    def attention_for(self, kernel: str) -> tuple[float, float]:
+        """(forward, backward) fractions of the fused attention ``kernel`` (``"flash"`` or
+        ``"cudnn"``, ``costmodel.config.ATTENTION_KERNELS``)."""
+        if kernel == "cudnn" and self.attention_cudnn is not None \
+                and self.attention_cudnn_backward is not None:
+            return self.attention_cudnn, self.attention_cudnn_backward
+        return self.attention, self.attention_backward
 
     def gemm_unaligned_for(self, dtype: str) -> float:
         """The matmul fraction for unaligned shapes: the profile's ``gemm_unaligned``, else
@@ -68,13 +82,17 @@ class KernelEfficiency:
         return self.gemm
 
     def __post_init__(self) -> None:
-        for key in ("gemm", "memory", "attention", "attention_backward", "gemm_fp8",
-                    "gemm_unaligned"):
+        optional = ("gemm_fp8", "gemm_unaligned", "attention_cudnn", "attention_cudnn_backward")
+        for key in ("gemm", "memory", "attention", "attention_backward", *optional):
             v = getattr(self, key)
-            if v is None and key in ("gemm_fp8", "gemm_unaligned"):
+            if v is None and key in optional:
                 continue
             if not 0.0 < v <= 1.0:
                 raise SpecError(f"efficiency.{key} must be in (0, 1], got {v!r}")
+        if (self.attention_cudnn is None) != (self.attention_cudnn_backward is None):
+            raise SpecError("efficiency: give attention_cudnn and attention_cudnn_backward "
+                            "together (cuDNN attention's forward and backward fractions), or "
+                            "neither")
         if not 0.0 <= self.comm_slowdown <= 1.0:
             raise SpecError(f"efficiency.comm_slowdown must be in [0, 1], got "
                             f"{self.comm_slowdown!r}")
@@ -96,6 +114,10 @@ class KernelEfficiency:
                 gemm_unaligned=(float(data["gemm_unaligned"]) if "gemm_unaligned" in data
                                 else None),
                 comm_slowdown=float(data.get("comm_slowdown", 0.0)),
+                attention_cudnn=(float(data["attention_cudnn"]) if "attention_cudnn" in data
+                                 else None),
+                attention_cudnn_backward=(float(data["attention_cudnn_backward"])
+                                          if "attention_cudnn_backward" in data else None),
                 source=str(data.get("source", "")),
             )
         except KeyError as e:

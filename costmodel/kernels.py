@@ -67,9 +67,11 @@ class Gemm:
 class Kernels:
     """A block instance's forward kernels on one rank for the traced micro-batch: its
     matmuls, its fused attention (``attention_flops``, ``attention_kernels``; backward when
-    ``attention_backward``), its memory-bound ops (``memory_bytes`` in ``memory_kernels``
-    launches; ``memory_backward_bytes`` in ``memory_backward_kernels`` of those with a
-    gradient, already times ``BACKWARD_BYTES``), and the casts of its parameters
+    ``attention_backward``; ``attention_flops_per_key``: the sum over its kernels of their
+    FLOPs over their key tokens, what each query block's fixed work grows with:
+    ``costmodel.compute.flash_attention_time``), its memory-bound ops (``memory_bytes`` in
+    ``memory_kernels`` launches; ``memory_backward_bytes`` in ``memory_backward_kernels`` of
+    those with a gradient, already times ``BACKWARD_BYTES``), and the casts of its parameters
     (``weight_cast_bytes`` in ``weight_cast_kernels``, read and written: torch.autocast's
     cast of each weight to the compute dtype, once per forward pass whatever the tokens, and
     in backward the cast of its gradient back, moving as much)."""
@@ -84,6 +86,7 @@ class Kernels:
     memory_backward_kernels: int = 0
     weight_cast_bytes: float = 0.0
     weight_cast_kernels: int = 0
+    attention_flops_per_key: float = 0.0
 
     def merged(self, other: Kernels) -> Kernels:
         """Both kernel lists as one (a block made of several layers)."""
@@ -95,7 +98,8 @@ class Kernels:
                        self.memory_backward_bytes + other.memory_backward_bytes,
                        self.memory_backward_kernels + other.memory_backward_kernels,
                        self.weight_cast_bytes + other.weight_cast_bytes,
-                       self.weight_cast_kernels + other.weight_cast_kernels)
+                       self.weight_cast_kernels + other.weight_cast_kernels,
+                       self.attention_flops_per_key + other.attention_flops_per_key)
 
 
 def _gemm(gpu: GPU, dtype: str, g: Gemm, r: np.ndarray, ep: np.ndarray) -> np.ndarray:
@@ -111,11 +115,14 @@ def _gemm(gpu: GPU, dtype: str, g: Gemm, r: np.ndarray, ep: np.ndarray) -> np.nd
 
 
 def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
-                   recomputed: Kernels | None = None, ep: Num = 1.0) -> LayerCompute:
-    """The ``LayerCompute`` of kernels ``k`` at ``r`` (per row) times the traced tokens and
-    expert-parallel degree ``ep`` (per row); ``recomputed``: the kernels selective recompute
-    re-runs in backward (an unfused attention's score ops). The matmul roles Megatron-LM
-    overlaps tensor-parallel collectives with are not told apart in a graph (zero)."""
+                   recomputed: Kernels | None = None, ep: Num = 1.0,
+                   attention_kernel: str = "flash") -> LayerCompute:
+    """The ``LayerCompute`` of kernels ``k`` at ``r`` (per row) times the traced tokens (more
+    sequences, the same length) and expert-parallel degree ``ep`` (per row); ``recomputed``:
+    the kernels selective recompute re-runs in backward (an unfused attention's score ops);
+    ``attention_kernel``: the fused attention kernel that runs (``"flash"``, ``"cudnn"``).
+    The matmul roles Megatron-LM overlaps tensor-parallel collectives with are not told
+    apart in a graph (zero)."""
     r = np.asarray(r, dtype=float)
     ep = np.asarray(ep, dtype=float)
     zero = 0.0 * r
@@ -127,7 +134,10 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
         bwd_flops = bwd_flops + g.backward * g.count * g.flops * r
     core_f, core_b = zero, zero
     if k.attention_kernels:
-        f, b = flash_attention_time(gpu, dtype, k.attention_flops * r)
+        # The kernels' FLOP-weighted key count: their fixed work adds up as theirs would.
+        keys = (k.attention_flops / k.attention_flops_per_key
+                if k.attention_flops_per_key > 0 else None)
+        f, b = flash_attention_time(gpu, dtype, k.attention_flops * r, keys, attention_kernel)
         eff = gpu.efficiency
         extra = (k.attention_kernels - 1) * eff.kernel_overhead_s  # one launch each
         core_f = f + extra

@@ -56,6 +56,7 @@ from costmodel.activations import layer_activations, layer_params_per_gpu
 from costmodel.arrays import ConfigArrays, Distinct
 from costmodel.compute import (
     LayerCompute,
+    attention_kernel,
     autocast_rows,
     float8_gather,
     float8_gathered_rows,
@@ -843,6 +844,7 @@ class LayerCosts:
         # a layer (the formulas' ``compute.float8_cast_time``; the head stays in bf16).
         casts = fw.torchao_float8 and job.precision == "fp8" and block.kind == "layer"
         gathered = float8_gathered_rows(job.framework, job, a.zero)
+        kernel = attention_kernel(job, gpu)
         for c, rows in _autocast_rows(block, self._degree_rows(block, a), autocast):
             run = (c.compiled if job.compile and c.compiled is not None else c.kernels) \
                 or Kernels()
@@ -852,10 +854,12 @@ class LayerCosts:
                 # memory-bound kernel of the block (``costmodel.blockcosts``).
                 again = dataclasses.replace(run, gemms=c.op_recomputed.gemms,
                                             attention_flops=0.0, attention_kernels=0,
-                                            attention_backward=False)
+                                            attention_backward=False,
+                                            attention_flops_per_key=0.0)
             if dtype == "fp8" and block.kind == "layer":
                 run, again = _fp8_operands(run), again and _fp8_operands(again)
-            lc = kernel_compute(gpu, dtype, run, share[rows], again, ep=a.ep[rows])
+            lc = kernel_compute(gpu, dtype, run, share[rows], again, ep=a.ep[rows],
+                                attention_kernel=kernel)
             if casts:
                 cast_f, cast_b = float8_cast_compute(gpu, job, run, share[rows],
                                                      gathered[rows])

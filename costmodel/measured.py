@@ -12,7 +12,11 @@ measured profile reproduces its own measurements as closely as the model's form 
   efficiency curve against M, N and K: the fitted roofline is what the cost model evaluates for
   every matmul shape. ``gemm_fp8`` alike on the fp8 points, with the overhead held.
 - ``attention`` / ``attention_backward``: the same on the fused attention (SDPA) sweep with
-  ``costmodel.compute.flash_attention_time`` (causal: half the ``4 b s^2 h d`` FLOPs; Dao 2023).
+  ``costmodel.compute.flash_attention_time`` (causal: half the ``4 b s^2 h d`` FLOPs; Dao 2023;
+  each query block's fixed work as ``software.toml [fused_attention]`` has it): the fractions
+  of whichever kernel SDPA picked (cuDNN's on Hopper and Blackwell from torch 2.10 with
+  cuDNN 9.15 or later, FlashAttention-2 before), which a measured profile then uses for
+  either kernel.
 - the host link: ``t = S / B + latency`` over pinned host-device copies (Hockney's alpha-beta
   model), ``B`` per direction.
 - the link between the processes: bandwidth and per-hop latency fitted with
@@ -324,6 +328,7 @@ def _fit_compute(gpu: GPU, meas: Measurements, main: str) -> tuple[GPU, dict[str
     att = [p for p in meas.attention if gpu.supports(p.dtype)]
     if att:
         flops = np.array([p.forward_flops for p in att])
+        keys = np.array([float(p.seq_len) for p in att])
         fwd = np.array([p.forward_s for p in att])
         bwd = np.array([p.backward_s for p in att])
         dtype = att[0].dtype
@@ -331,12 +336,12 @@ def _fit_compute(gpu: GPU, meas: Measurements, main: str) -> tuple[GPU, dict[str
         def att_resid(x: np.ndarray, which: int, sec: np.ndarray) -> np.ndarray:
             key = ("attention", "attention_backward")[which]
             return np.log(flash_attention_time(_with_eff(gpu, **{key: x[0]}), dtype,
-                                               flops)[which] / sec)
+                                               flops, keys)[which] / sec)
 
         a = _log_fit(lambda x: att_resid(x, 0, fwd), [0.5], [1e-3], [1.0])
         b = _log_fit(lambda x: att_resid(x, 1, bwd), [0.5], [1e-3], [1.0])
         gpu = _with_eff(gpu, attention=float(a[0]), attention_backward=float(b[0]))
-        f_pred, b_pred = flash_attention_time(gpu, dtype, flops)
+        f_pred, b_pred = flash_attention_time(gpu, dtype, flops, keys)
         report["attention_error"] = _log_error(f_pred, fwd)
         report["attention_backward_error"] = _log_error(b_pred, bwd)
     return gpu, report

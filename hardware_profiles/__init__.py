@@ -182,7 +182,7 @@ def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture
     attn_arch = t.get("attention_architecture")
     attn_ratio = float((attn_arch if isinstance(attn_arch, Mapping) else {}).get(
         architecture, t.get("attention", ratio)))
-    for k in ("attention", "attention_backward"):
+    for k in ("attention", "attention_backward", "attention_cudnn", "attention_cudnn_backward"):
         if k in eff:
             eff[k] = min(1.0, float(eff[k]) * attn_ratio)
     eff["memory"] = min(1.0, float(eff["memory"]) * float(t.get("memory", 1.0)))

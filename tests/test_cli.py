@@ -125,3 +125,41 @@ def test_the_estimate_header_names_the_float8_all_gather_only_where_fsdp_runs(ca
     assert "float8 FSDP all-gather" in capsys.readouterr().out
     assert main([*args, "--zero", "0"]) == 0
     assert "float8 FSDP all-gather" not in capsys.readouterr().out
+
+
+def test_the_attention_kernel_is_a_job_flag_the_header_names_and_megatron_emits(
+        capsys, tmp_path) -> None:
+    # --attention-kernel picks the fused attention the estimate times; without it the
+    # trainer's own (Transformer Engine: cuDNN's on Hopper, FlashAttention on Ampere). The
+    # Megatron-LM file holds a named kernel by turning Transformer Engine's other backend off
+    # (NVTE_FUSED_ATTN / NVTE_FLASH_ATTN); torchtitan's file cannot pick one, so the plan is
+    # re-estimated with torchtitan's own. A kernel with --no-flash-attention is refused.
+    base = ["--model", "llama-3-8b", "--gpus", "8", "--global-batch-size", "16",
+            "--seq-len", "8192", "--framework", "megatron"]
+    assert main(["estimate", *base, "--gpu", "h100-sxm"]) == 0
+    assert "cuDNN attention" in capsys.readouterr().out
+    assert main(["estimate", *base, "--gpu", "a100-80gb"]) == 0
+    assert "FlashAttention-2" in capsys.readouterr().out
+    assert main(["estimate", *base, "--gpu", "h100-sxm", "--attention-kernel", "flash"]) == 0
+    assert "FlashAttention-2" in capsys.readouterr().out
+    assert main(["estimate", *base, "--gpu", "h100-sxm", "--no-flash-attention"]) == 0
+    assert "unfused attention" in capsys.readouterr().out
+    assert main(["estimate", *base, "--gpu", "h100-sxm", "--no-flash-attention",
+                 "--attention-kernel", "cudnn"]) == 2
+    err = capsys.readouterr().err
+    assert "flash_attention is off" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as e:
+        main(["estimate", *base, "--attention-kernel", "fa3"])
+    assert e.value.code == 2
+    capsys.readouterr()
+    plan = tmp_path / "plan.json"
+    assert main(["plan", *base, "--gpu", "h100-sxm", "--attention-kernel", "flash",
+                 "-o", str(plan)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "m.sh"
+    assert main(["emit", str(plan), "--target", "megatron", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "export NVTE_FUSED_ATTN=0" in text and "NVTE_FLASH_ATTN" not in text
+    tt = tmp_path / "t.toml"
+    assert main(["emit", str(plan), "--target", "torchtitan", "-o", str(tt)]) == 0
+    assert "leaves the fused attention kernel" in tt.read_text()

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import hardware_profiles
-from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
+from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.compute import EAGER_RMSNORM_BYTES, eager_bytes, layer_compute
 from costmodel.hardware import GPU
 from costmodel.memory import ConfigArrays, memory_table
 from costmodel.uncertainty import band_for, band_key
 from planner.cli import main
 
+ROOT = Path(__file__).resolve().parents[1]
 LLAMA8 = ModelSpec.preset("llama-3-8b")
 H100 = Cluster.preset("dgx-h100", num_nodes=1)
 
@@ -248,3 +251,92 @@ def test_torchtitans_async_tp_is_emitted_compiled_and_estimated_so() -> None:
     # Without async TP nothing is compiled behind the job's back.
     plain = lower(LLAMA8, _job(), cfg)
     assert not plain.job.compile and "compile" not in sections(LLAMA8, plain.job, plain.config)
+
+
+def test_each_trainer_runs_its_own_fused_attention_kernel_at_its_measured_rate() -> None:
+    # Transformer Engine prefers cuDNN's fused attention on Hopper and later, FlashAttention
+    # on Ampere (transformer_engine/pytorch/attention/dot_product_attention/utils.py);
+    # torchtitan asks SDPA for cuDNN first (torchtitan/models/common/attention.py, since
+    # October 2025); a Job may name the kernel. Transformer Engine's own benchmark on an
+    # H100 measured cuDNN's forward and backward 1.59x as fast as flash-attn's (causal,
+    # heads of 128, 8192 tokens; docs/examples/attention/attention.ipynb).
+    from costmodel.compute import attention_kernel, flash_attention_time
+
+    h100, a100 = H100.gpu, GPU.preset("a100-80gb")
+    assert attention_kernel(_job("megatron"), h100) == "cudnn"
+    assert attention_kernel(_job("megatron"), a100) == "flash"
+    assert attention_kernel(_job("torchtitan"), h100) == "cudnn"
+    assert attention_kernel(_job("deepspeed"), h100) == "flash"
+    assert attention_kernel(_job("megatron", attention_kernel="flash"), h100) == "flash"
+    raw = GPU.from_profile(hardware_profiles.load("gpus", "h100-sxm", calibrated=False))
+    assert raw.efficiency.attention_for("cudnn")[0] == pytest.approx(
+        1.59 * raw.efficiency.attention_for("flash")[0], rel=1e-3)
+    # The kernel's time goes with its fraction; a GPU without a cuDNN figure (the A100,
+    # where Transformer Engine runs FlashAttention) times both alike.
+    ovh = h100.efficiency.kernel_overhead_s
+    cud = [t - ovh for t in flash_attention_time(h100, "bf16", 1e12, 8192, "cudnn")]
+    fla = [t - ovh for t in flash_attention_time(h100, "bf16", 1e12, 8192, "flash")]
+    assert fla[0] / cud[0] == pytest.approx(1.59, rel=1e-3)
+    assert fla[1] / cud[1] == pytest.approx(1.59, rel=1e-3)
+    assert flash_attention_time(a100, "bf16", 1e12, 8192, "cudnn") == \
+        flash_attention_time(a100, "bf16", 1e12, 8192, "flash")
+    # Through the layer: only the attention core changes, by that ratio.
+    rows = (np.array([1]), np.array([1]), np.array([1]), np.array([0]), False)
+    cudnn = layer_compute(LLAMA8, h100, _job("megatron"), *rows)
+    flash = layer_compute(LLAMA8, h100, _job("megatron", attention_kernel="flash"), *rows)
+    assert (flash.core_forward[0] - ovh) / (cudnn.core_forward[0] - ovh) == \
+        pytest.approx(1.59, rel=1e-3)
+    assert flash.forward[0] - cudnn.forward[0] == pytest.approx(
+        flash.core_forward[0] - cudnn.core_forward[0], rel=1e-9)
+    for bad, why in ((dict(attention_kernel="fa3"), "not one of"),
+                     (dict(attention_kernel="cudnn", flash_attention=False),
+                      "flash_attention is off")):
+        with pytest.raises(SpecError, match=why):
+            _job("megatron", **bad)
+
+
+def test_a_fused_attentions_fixed_work_per_query_block_is_what_the_sweeps_measured() -> None:
+    # hardware_profiles/software.toml [fused_attention] carries the fixed work of each query
+    # block as key tokens, fitted by benchmarks/attention_shape.py to the causal SDPA
+    # sweeps planner profile measured on an H100 and an H200 (512 to 8192 tokens): refitting
+    # the shipped measurements gives the shipped constants back, and with them the fitted
+    # profile reproduces the sweep far better than a constant rate (41 % -> 12 % backward).
+    import tomllib
+
+    from scipy.optimize import least_squares
+
+    from costmodel.compute import flash_attention_time
+    from costmodel.measured import Measurements, fit_profile
+
+    shape = hardware_profiles.load_software()["fused_attention"]
+    k_f, k_b = float(shape["forward_fixed_keys"]), float(shape["backward_fixed_keys"])
+    gpu = H100.gpu
+    f, b = flash_attention_time(gpu, "bf16", 1e12, 1024)
+    f0, b0 = flash_attention_time(gpu, "bf16", 1e12)
+    ovh = gpu.efficiency.kernel_overhead_s
+    assert (f - ovh) / (f0 - ovh) == pytest.approx(1 + k_f / 1024)
+    assert (b - ovh) / (b0 - ovh) == pytest.approx(1 + k_b / 1024)
+    spec = importlib.util.spec_from_file_location(
+        "attention_shape", ROOT / "benchmarks" / "attention_shape.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name, shipped in (("forward", k_f), ("backward", k_b)):
+        mine = [s for s in mod._sweeps() if s[2] == name]
+        assert len(mine) == 4  # two GPUs, head dims 64 and 128
+
+        def resid(x: np.ndarray, mine: list = mine) -> np.ndarray:
+            return np.concatenate([np.log(mod._model(x[1 + i], x[0], k, fl, p, o) / s)
+                                   for i, (_, _, _, k, fl, s, p, o) in enumerate(mine)])
+
+        fit = least_squares(resid, [300.0] + [0.5] * 4,
+                            bounds=([0.0] + [0.01] * 4, [1e4] + [1.0] * 4))
+        assert fit.x[0] == pytest.approx(shipped, rel=0.05)
+    path = ROOT / "hardware_profiles" / "measured" / "h100-sxm-2026-11-22.toml"
+    meas = Measurements.from_dict(tomllib.loads(path.read_text())["measured"])
+    report = fit_profile(meas)["measured"]["fit"]
+    assert report["attention_backward_error"] < 0.15
+    assert report["attention_error"] < 0.2
+    # The shipped profile holds that fit (its fractions as refitted with the fixed work).
+    assert tomllib.loads(path.read_text())["efficiency"]["attention_backward"] == \
+        pytest.approx(fit_profile(meas)["efficiency"]["attention_backward"], abs=1e-4)

@@ -53,6 +53,15 @@ def test_published_runs_span_the_sources_trainers_gpus_and_scales() -> None:
     assert tt["tt202412-llama31-8b-8xh100-fsdp-compile"].job.compile
     assert not tt["tt-llama31-8b-fsdp8-bf16"].job.compile
     assert tt["tt202506-llama31-8b-64xh100-fsdp8-tp8-bf16-asynctp"].job.tp_comm_overlap
+    # The fused attention each ran: torchtitan-style runs on Hopper before torchtitan asked
+    # SDPA for cuDNN (October 2025) ran FlashAttention-2, each row saying why; Megatron's
+    # Transformer Engine picks cuDNN's there by itself.
+    hopper = [r for r in runs if r.cluster.gpu.architecture == "hopper"]
+    for r in hopper:
+        if r.job.framework == "torchtitan":
+            assert r.job.attention_kernel == "flash" and r.flags["attention_kernel_detail"]
+        else:
+            assert r.job.attention_kernel is None
     # torchtitan's published tables give the peak memory (max reserved, GiB).
     assert sum(r.peak_memory_gib is not None for r in runs) >= 10
     assert all(c.predicted > 0 for c in compare(runs))

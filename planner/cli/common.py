@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, SpecError
 from costmodel.config import (
+    ATTENTION_KERNELS,
     FLOAT8_RECIPES,
     FRAMEWORK_NAMES,
     OFFLOADS,
@@ -185,6 +186,10 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     jb.add_argument("--precision", default="bf16", choices=PRECISIONS)
     jb.add_argument("--float8-recipe", default="tensorwise", choices=FLOAT8_RECIPES,
                     help="torchtitan fp8: torchao's scaling recipe (default tensorwise)")
+    jb.add_argument("--attention-kernel", choices=ATTENTION_KERNELS,
+                    help="fused attention kernel: flash (FlashAttention-2) or cudnn (cuDNN's); "
+                    "default: the trainer's own on the GPU (Megatron-LM's Transformer Engine "
+                    "and torchtitan pick cuDNN's on Hopper and Blackwell)")
     jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     jb.add_argument("--framework", default="torchtitan", choices=FRAMEWORK_NAMES,
                     help="trainer whose conventions to follow (default torchtitan)")
@@ -427,6 +432,7 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                distribute_saved_activations=args.distribute_saved_activations,
                zero3_synchronous_gather=args.zero3_synchronous_gather,
                float8_recipe=args.float8_recipe,
+               attention_kernel=getattr(args, "attention_kernel", None),
                fused_cross_entropy=True if args.fused_cross_entropy else None,
                compile_loss=False if args.no_compile_loss else None,
                grad_reduce_in_fp32=False if args.no_grad_reduce_in_fp32 else None,

@@ -9,7 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
-from costmodel.compute import float8_gathered_rows
+from costmodel.compute import ATTENTION_NAMES, attention_kernel, float8_gathered_rows
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
 from costmodel.estimate import NEAR_CAPACITY, Estimate
 from costmodel.inference import InferenceConfig, InferenceJob, estimate_inference
@@ -182,7 +182,9 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         + (", fp8 parameters" if job.fp8_param_gather and job.framework == "megatron"
            and job.precision == "fp8" else "")
         + (", float8 FSDP all-gather" if float8_gathered_rows(job.framework, job, cfg.zero_stage)
-           else ""),
+           else "")
+        + (", " + ATTENTION_NAMES[attention_kernel(job, cluster.gpu)] if job.flash_attention
+           else ", unfused attention"),
         f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
         f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "
         f"mbs={cfg.micro_batch_size} ({est.num_micro_batches} micro-batches) "

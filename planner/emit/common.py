@@ -111,6 +111,10 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
                    f"({'fused' if fw.fused_cross_entropy else 'torch F.cross_entropy'}), not "
                    f"the {'fused' if job.fused_cross_entropy else 'unfused'} one the plan "
                    "assumed: re-estimated with it", fused_cross_entropy=None)
+    if job.attention_kernel is not None and not fw.selects_attention_kernel:
+        ch.set_job(f"{trainer}'s file leaves the fused attention kernel to the model code and "
+                   f"PyTorch's SDPA, not the {job.attention_kernel} kernel the plan assumed: "
+                   "re-estimated with the trainer's own", attention_kernel=None)
     own_loss = loss_kind(fw, dataclasses.replace(job, compile_loss=None))
     if job.compile_loss is not None and loss_kind(fw, job) != own_loss:
         ch.set_job(f"{trainer}'s file runs its loss "

@@ -236,6 +236,12 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
     # kernels launch in order), Megatron FSDP needs more than one.
     conns = 8 if config.zero_stage == 3 else 1
     env = f"export CUDA_DEVICE_MAX_CONNECTIONS={conns}  # Megatron-LM validate_args\n"
+    # Transformer Engine picks cuDNN's attention on Hopper and later, FlashAttention before
+    # (costmodel.frameworks); turning the other backend off holds the plan's kernel.
+    if job.attention_kernel == "flash":
+        env += "export NVTE_FUSED_ATTN=0  # Transformer Engine: FlashAttention, as planned\n"
+    elif job.attention_kernel == "cudnn":
+        env += "export NVTE_FLASH_ATTN=0  # Transformer Engine: cuDNN attention, as planned\n"
     return (commented(head) + "\n" + env + "MEGATRON_ARGS=(\n" + "\n".join(lines)
             + "\n)\n")
 
