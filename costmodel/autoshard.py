@@ -891,10 +891,9 @@ class ShardingProblem:
                 + (float(gemm_time(gpu, self.dtype, k, nn, m, b, e)) if b_grad else 0.0)
             return fwd + bwd, bwd
         if n.family == "attention" and n.model_flops:
-            key = n.inputs[1].shape if len(n.inputs) > 1 else ()
-            keys = float(key[-2]) if len(key) >= 2 and key[-2] > 0 else None
             attn_fwd, attn_bwd = flash_attention_time(gpu, self.dtype, n.model_flops / shards,
-                                                      keys, attention_kernel(self.job, gpu))
+                                                      n.attention_keys,
+                                                      attention_kernel(self.job, gpu))
             bwd_s = float(attn_bwd) if n.grad else 0.0
             return float(attn_fwd) + bwd_s, bwd_s
         moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards

@@ -317,10 +317,10 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
                        memory_backward_kernels=1 if n.grad else 0)
     if n.family == "attention" and n.model_flops:
         flops = n.model_flops / shards * (0.5 if n.causal else 1.0)
-        # The key tensor (query, key, value, ...: [..., keys, head dim]) sets how much
-        # each query block's fixed work weighs (``compute.flash_attention_time``).
-        key = n.inputs[1].shape if len(n.inputs) > 1 else ()
-        per_key = flops / key[-2] if len(key) >= 2 and key[-2] > 0 else 0.0
+        # The keys per query set how much each query block's fixed work weighs
+        # (``compute.flash_attention_time``).
+        keys = n.attention_keys
+        per_key = flops / keys if keys else 0.0
         return Kernels(attention_flops=flops, attention_kernels=1, attention_backward=n.grad,
                        attention_flops_per_key=per_key)
     if n.model_flops:  # a convolution: a roofline like a matmul's, its weights fixed

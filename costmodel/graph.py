@@ -214,6 +214,16 @@ class OpNode:
         """The aten op's name without its namespace and overload (``aten_name``)."""
         return aten_name(self.op)
 
+    @property
+    def attention_keys(self) -> float | None:
+        """Key tokens per query of a fused attention op (its key input is ``[..., keys,
+        head dim]``: SDPA and the flash and cuDNN kernels take query, key, value first);
+        ``None`` for other ops."""
+        if self.family != "attention" or len(self.inputs) < 2:
+            return None
+        shape = self.inputs[1].shape
+        return float(shape[-2]) if len(shape) >= 2 and shape[-2] > 0 else None
+
 
 @dataclass
 class Layer:

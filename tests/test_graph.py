@@ -38,6 +38,13 @@ def test_reference_transformers_match_their_spec(name: str) -> None:
     assert not any(x.name.startswith("layers.1") for x in graph.layers)
     assert graph.unsupported == []
     assert block.saved_bytes > 0 and block.output_bytes == 2 * seq * spec.hidden_size * 4
+    # Its fused attention runs over the whole sequence of keys (what each query block's
+    # fixed work is weighed against, costmodel.compute.flash_attention_time); other ops
+    # have none.
+    ops = [graph.node(i) for i in graph.graph.nodes]
+    attn = [n for n in ops if n.family == "attention" and n.model_flops and not n.backward]
+    assert attn and all(n.attention_keys == seq for n in attn)
+    assert all(n.attention_keys is None for n in ops if n.family == "matmul")
 
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b"])
