@@ -163,3 +163,11 @@ def test_the_attention_kernel_is_a_job_flag_the_header_names_and_megatron_emits(
     tt = tmp_path / "t.toml"
     assert main(["emit", str(plan), "--target", "torchtitan", "-o", str(tt)]) == 0
     assert "leaves the fused attention kernel" in tt.read_text()
+    # Naming the kernel torchtitan runs there anyway (cuDNN's on an H100) is no change:
+    # no warning, and --strict emits it.
+    same = tmp_path / "same.json"
+    assert main(["plan", *base[:-2], "--framework", "torchtitan", "--gpu", "h100-sxm",
+                 "--attention-kernel", "cudnn", "-o", str(same)]) == 0
+    capsys.readouterr()
+    assert main(["emit", str(same), "--target", "torchtitan", "--strict", "-o", str(tt)]) == 0
+    assert "leaves the fused attention kernel" not in tt.read_text()

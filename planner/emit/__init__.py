@@ -29,12 +29,16 @@ batch sizes, the inverse of ``emit`` (the round-trip tests use it).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from costmodel.compute import attention_kernel
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.estimate import Estimate, estimate
+from costmodel.frameworks import framework
+from costmodel.hardware import GPU
 from costmodel.inference import InferenceConfig, InferenceEstimate, InferenceJob
 from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
@@ -119,7 +123,9 @@ def emit(plan: Plan, target: str, *, command: str | None = None,
     model = plan.model if (runs_torchtitan and isinstance(plan.model, LayerCosts)
                            and plan.model.spec is None) else plan.preset(
         f"planner emit --target {target}")
-    lowered: Lowered = tgt.lower(model, plan.job, plan.config)
+    assert isinstance(plan.job, Job)
+    lowered: Lowered = tgt.lower(model, _kernel_it_runs(plan.job, plan.cluster.gpu, target),
+                                 plan.config)
     notes = list(lowered.warnings)
     job, cfg = lowered.job, lowered.config
     if job.framework != plan.job.framework:
@@ -143,6 +149,19 @@ def emit(plan: Plan, target: str, *, command: str | None = None,
                       warnings=tuple(notes))
     return Emitted(target=target, text=text, filename=tgt.filename, config=cfg, job=job,
                    estimate=est, warnings=tuple(notes))
+
+
+def _kernel_it_runs(job: Job, gpu: GPU, target: str) -> Job:
+    """``job`` without its named attention kernel where the target's trainer cannot name one
+    but runs that one anyway on ``gpu`` (``compute.attention_kernel``): only a different
+    kernel is a change its file cannot express (``common.to_framework``)."""
+    trainer = job.framework if target == "slurm" else target
+    if job.attention_kernel is None or framework(trainer).selects_attention_kernel:
+        return job
+    own = dataclasses.replace(job, framework=trainer, attention_kernel=None)
+    if attention_kernel(own, gpu) == job.attention_kernel:
+        return dataclasses.replace(job, attention_kernel=None)
+    return job
 
 
 def read_back(target: str, text: str, model: ModelSpec) -> ReadBack:
