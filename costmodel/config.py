@@ -13,6 +13,7 @@ from costmodel.errors import SpecError
 from costmodel.frameworks import FRAMEWORKS, Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
+from hardware_profiles.numbers import real
 
 if TYPE_CHECKING:
     from costmodel.layercosts import LayerCosts
@@ -216,15 +217,15 @@ class Job:
             if getattr(self, key) is not None and not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true, false or None (the trainer's own), "
                                 f"got {getattr(self, key)!r}")
-        cf = self.moe_capacity_factor
-        if cf is not None and (isinstance(cf, bool) or not isinstance(cf, int | float)
-                               or not 0 < cf < float("inf")):
-            raise SpecError(f"Job.moe_capacity_factor must be a positive number or None, "
-                            f"got {cf!r}")
-        r = self.memory_reserve
-        if isinstance(r, bool) or not isinstance(r, int | float) or not 0 <= r < 0.9:
-            raise SpecError(f"Job.memory_reserve is the share of GPU memory a plan keeps free, "
-                            f"from 0 to below 0.9 (e.g. 0.05 for 5 %), got {r!r}")
+        if self.moe_capacity_factor is not None:
+            # Tokens an expert takes, as a multiple of an even share: at most every token
+            # (num_experts / top_k); 1,000 is beyond any model's ratio.
+            object.__setattr__(self, "moe_capacity_factor", real(
+                self.moe_capacity_factor, "Job.moe_capacity_factor (or None: dropless)",
+                lo=0.0, lo_open=True, hi=1000.0))
+        object.__setattr__(self, "memory_reserve", real(
+            self.memory_reserve, "Job.memory_reserve (the share of GPU memory a plan keeps "
+            "free, e.g. 0.05 for 5 %)", lo=0.0, hi=0.9, hi_open=True))
 
     @property
     def unit(self) -> str:

@@ -142,6 +142,9 @@ class Estimate:
     #: out of the fit (costmodel.uncertainty); None without an installed fit.
     step_time_band: float | None = None
     step_time_band_basis: str = ""
+    #: Whether the band is borrowed from published runs unlike this estimate (another GPU
+    #: architecture, larger models): shown as "extrapolated".
+    step_time_band_extrapolated: bool = False
 
     @property
     def step_time_text(self) -> str:
@@ -149,7 +152,8 @@ class Estimate:
         significant digits, under 0.1 s: a small model's ``0.000 s`` would say nothing)."""
         if self.step_time_s is None:
             return "-"
-        band = f" (± {100 * self.step_time_band:.0f} %)" if self.step_time_band else ""
+        extra = ", extrapolated" if self.step_time_band_extrapolated else ""
+        band = f" (± {100 * self.step_time_band:.0f} %{extra})" if self.step_time_band else ""
         if self.step_time_s < 0.1:
             return f"{1e3 * self.step_time_s:.3g} ms{band}"
         return f"{self.step_time_s:.3f} s{band}"
@@ -199,6 +203,7 @@ class Estimate:
             "step_time_s": self.step_time_s,
             "step_time_band": self.step_time_band,
             "step_time_band_basis": self.step_time_band_basis,
+            "step_time_band_extrapolated": self.step_time_band_extrapolated,
             "peak_memory_bytes": self.peak_memory_bytes,
             "mfu": self.mfu,
             "hfu": self.hfu,
@@ -402,13 +407,15 @@ def estimate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
         bottleneck_stage=int(rep.stage_index[0, times.bottleneck_stage[0]]),
         host_memory_capacity_bytes=cluster.host_memory_bytes_per_gpu,
         memory_reserve=float(job.memory_reserve),
-        **_band(cluster, job),
+        **_band(model, cluster, job),
     )
 
 
-def _band(cluster: Cluster, job: Job) -> dict[str, Any]:
+def _band(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job) -> dict[str, Any]:
     """The step-time band fields of an estimate on ``cluster`` (costmodel.uncertainty)."""
-    found = band_for(cluster.gpu.architecture, job.framework, cluster.num_gpus)
+    found = band_for(cluster.gpu.architecture, job.framework, cluster.num_gpus,
+                     model.num_params())
     if found is None:
         return {}
-    return {"step_time_band": found[0], "step_time_band_basis": found[1]}
+    return {"step_time_band": found[0], "step_time_band_basis": found[1],
+            "step_time_band_extrapolated": found[2]}

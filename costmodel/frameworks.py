@@ -140,8 +140,8 @@ def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | 
         return f"1F1B schedule needs at least pp={pp} micro-batches, got {m}"
     rounds = max(1, m // pp)
     if pp > 1 and schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
-        return (f"{schedule} schedule needs the {m} micro-batches to be a multiple of "
-                f"micro-batches // pp = {rounds}")
+        return (f"{schedule} schedule needs the number of micro-batches ({m}) to be a "
+                f"multiple of micro-batches // pp = {rounds}")
     return None
 
 
@@ -155,8 +155,8 @@ def schedule_problem(fw: Framework, schedule: str, pp: int, num_micro_batches: i
         return pipelining_problem(schedule, pp, num_micro_batches)
     if fw.interleaved_needs_multiple and schedule == "interleaved-1f1b" \
             and num_micro_batches % pp:
-        return (f"Megatron-LM's interleaved schedule needs the {num_micro_batches} "
-                f"micro-batches to be a multiple of pp={pp}")
+        return (f"Megatron-LM's interleaved schedule needs the number of micro-batches "
+                f"({num_micro_batches}) to be a multiple of pp={pp}")
     return None
 
 

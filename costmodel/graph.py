@@ -47,7 +47,7 @@ from typing import Any
 
 import networkx as nx
 
-from costmodel.errors import SpecError
+from costmodel.errors import SpecError, install_hint
 from costmodel.sharding import Loop, aten_name, op_loops, view_groups, view_map, view_spans
 from costmodel.trace_ops import (
     FUSED_ATTENTION,
@@ -336,14 +336,17 @@ class LayerGraph:
             import torch
         except ImportError:
             raise SpecError("LayerGraph.from_module traces with torch, which is not "
-                            "installed: pip install 'autoparallel-planner[torch]'") from None
+                            f"installed: {install_hint('torch')}") from None
         for arg, value in (("dtype", dtype), ("autocast", autocast)):
             if value is not None and not (isinstance(value, torch.dtype)
                                           and value.is_floating_point):
                 raise SpecError(f"{arg} must be a floating torch.dtype (torch.bfloat16, "
                                 f"torch.float32, ...) or None, got {value!r}")
-        return _trace(module, example_inputs, loss_fn, backward, repeat_blocks, name, dtype,
-                      autocast)
+        # The module's own prints go to standard error: standard output stays the
+        # planner's (a --json report parses whatever forward prints).
+        with contextlib.redirect_stdout(sys.stderr):
+            return _trace(module, example_inputs, loss_fn, backward, repeat_blocks, name,
+                          dtype, autocast)
 
 
 # ---- tracing -------------------------------------------------------------------------------

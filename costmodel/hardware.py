@@ -14,6 +14,7 @@ from typing import Any
 import hardware_profiles
 from costmodel.errors import SpecError
 from costmodel.units import GB, GIB, TFLOPS
+from hardware_profiles.numbers import real
 
 __all__ = ["GPU", "Cluster", "KernelEfficiency", "Link"]
 
@@ -87,42 +88,58 @@ class KernelEfficiency:
             v = getattr(self, key)
             if v is None and key in optional:
                 continue
-            if not 0.0 < v <= 1.0:
-                raise SpecError(f"efficiency.{key} must be in (0, 1], got {v!r}")
+            object.__setattr__(self, key, real(v, f"efficiency.{key}", lo=0.0, hi=1.0,
+                                               lo_open=True))
         if (self.attention_cudnn is None) != (self.attention_cudnn_backward is None):
             raise SpecError("efficiency: give attention_cudnn and attention_cudnn_backward "
                             "together (cuDNN attention's forward and backward fractions), or "
                             "neither")
-        if not 0.0 <= self.comm_slowdown <= 1.0:
-            raise SpecError(f"efficiency.comm_slowdown must be in [0, 1], got "
-                            f"{self.comm_slowdown!r}")
-        if self.kernel_overhead_s < 0:
-            raise SpecError(f"efficiency.kernel_overhead_s must be >= 0, got "
-                            f"{self.kernel_overhead_s!r}")
+        object.__setattr__(self, "comm_slowdown", real(self.comm_slowdown,
+                                                       "efficiency.comm_slowdown", lo=0.0,
+                                                       hi=1.0))
+        object.__setattr__(self, "kernel_overhead_s", real(
+            self.kernel_overhead_s, "efficiency.kernel_overhead_s", lo=0.0,
+            hi=MAX_KERNEL_OVERHEAD_S))
 
     @classmethod
     def from_profile(cls, data: dict[str, Any], where: str) -> KernelEfficiency:
-        """Build from an ``[efficiency]`` table (``kernel_overhead_us`` in microseconds)."""
+        """Build from an ``[efficiency]`` table (``kernel_overhead_us`` in microseconds);
+        every value a number (``real``), not a string."""
+        if not isinstance(data, dict):
+            raise SpecError(f"{where}: efficiency must be a table of fractions, got "
+                            f"{str(data)[:60]!r}")
         try:
             return cls(
-                gemm=float(data["gemm"]),
-                memory=float(data["memory"]),
-                kernel_overhead_s=float(data["kernel_overhead_us"]) * 1e-6,
-                attention=float(data["attention"]),
-                attention_backward=float(data["attention_backward"]),
-                gemm_fp8=float(data["gemm_fp8"]) if "gemm_fp8" in data else None,
-                gemm_unaligned=(float(data["gemm_unaligned"]) if "gemm_unaligned" in data
-                                else None),
-                comm_slowdown=float(data.get("comm_slowdown", 0.0)),
-                attention_cudnn=(float(data["attention_cudnn"]) if "attention_cudnn" in data
-                                 else None),
-                attention_cudnn_backward=(float(data["attention_cudnn_backward"])
-                                          if "attention_cudnn_backward" in data else None),
+                **{k: data[k] for k in ("gemm", "memory", "attention", "attention_backward")},
+                kernel_overhead_s=real(data["kernel_overhead_us"],
+                                       "efficiency.kernel_overhead_us", lo=0.0,
+                                       hi=MAX_KERNEL_OVERHEAD_S * 1e6) * 1e-6,
+                gemm_fp8=data.get("gemm_fp8"), gemm_unaligned=data.get("gemm_unaligned"),
+                attention_cudnn=data.get("attention_cudnn"),
+                attention_cudnn_backward=data.get("attention_cudnn_backward"),
+                comm_slowdown=data.get("comm_slowdown", 0.0),
                 source=str(data.get("source", "")),
             )
         except KeyError as e:
             raise SpecError(f"{where}: the [efficiency] table lacks the key {e.args[0]!r}; "
                             "see hardware_profiles/gpus/a100-80gb.toml") from None
+        except SpecError as e:
+            raise SpecError(f"{where}: {e}") from None
+
+
+#: Sanity bounds of the physical quantities a profile gives, each far beyond any device
+#: built (so a typo, an infinity or a unit slip is an error, not a plan): a kernel's fixed
+#: overhead (s), a GPU's memory (bytes) and HBM bandwidth (bytes/s), a dense peak (FLOP/s),
+#: a link's bandwidth (bytes/s) and latency (s), a GPU-hour's price (US dollars), a node's
+#: CPU memory (GiB).
+MAX_KERNEL_OVERHEAD_S = 1e-3
+MAX_MEMORY_BYTES = 2.0**44
+MAX_MEMORY_BANDWIDTH = 1e15
+MAX_PEAK_FLOPS = 1e18
+MAX_LINK_BANDWIDTH = 1e14
+MAX_LATENCY_S = 1.0
+MAX_USD_PER_GPU_HOUR = 1e4
+MAX_HOST_MEMORY_GIB = 2.0**20
 
 
 def _price(table: Any, name: str) -> float | None:
@@ -130,24 +147,39 @@ def _price(table: Any, name: str) -> float | None:
     if table is None:
         return None
     value = table.get("usd_per_gpu_hour") if isinstance(table, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(f"GPU profile {name!r}: [price] needs usd_per_gpu_hour = a number "
-                        "(US dollars per GPU-hour)")
-    return float(value)
+    return real(value, f"GPU profile {name!r}: [price] usd_per_gpu_hour (US dollars per "
+                "GPU-hour)", lo=0.0, lo_open=True, hi=MAX_USD_PER_GPU_HOUR)
 
 
 def _usable_memory(data: dict[str, Any], name: str) -> float:
     """GiB a process can allocate: ``usable_memory_gib`` where the profile has it (CUDA's
     total, below the datasheet's ``memory_gib``), else ``memory_gib``."""
-    nominal = float(data["memory_gib"])
+    nominal = real(data["memory_gib"], f"GPU profile {name!r}: memory_gib", lo=0.0,
+                   lo_open=True, hi=MAX_MEMORY_BYTES / GIB)
     if "usable_memory_gib" not in data:
         return nominal
-    usable = data["usable_memory_gib"]
-    if isinstance(usable, bool) or not isinstance(usable, int | float) \
-            or not 0 < usable <= nominal:
-        raise SpecError(f"GPU profile {name!r}: usable_memory_gib must be a number in (0, "
-                        f"memory_gib = {nominal:g}], got {usable!r}")
-    return float(usable)
+    return real(data["usable_memory_gib"], f"GPU profile {name!r}: usable_memory_gib",
+                lo=0.0, lo_open=True, hi=nominal)
+
+
+def _peaks(table: Any, name: str) -> tuple[tuple[str, float], ...]:
+    """``[peak_tflops]`` as (dtype, FLOP/s) pairs; a table of numbers by dtype."""
+    if not isinstance(table, dict):
+        raise SpecError(f"GPU profile {name!r}: peak_tflops must be a table of dense peaks "
+                        f"by dtype ([peak_tflops] bf16 = 989), got {str(table)[:60]!r}")
+    return tuple((k, real(v, f"GPU profile {name!r}: peak_tflops.{k}", lo=0.0, lo_open=True,
+                          hi=MAX_PEAK_FLOPS / TFLOPS) * TFLOPS)
+                 for k, v in table.items() if k in DTYPES)
+
+
+def _document(data: dict[str, Any]) -> str:
+    """The ``[source] document`` of a profile ("" without one; a ``source`` that is not a
+    table is refused)."""
+    src = data.get("source", {})
+    if not isinstance(src, dict):
+        raise SpecError(f"profile {str(data.get('name', '?'))!r}: source must be a table "
+                        f"([source] document = \"...\"), got {str(src)[:60]!r}")
+    return str(src.get("document", ""))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,39 +212,45 @@ class GPU:
     architecture: str = ""
 
     def __post_init__(self) -> None:
-        if self.usd_per_gpu_hour is not None and not self.usd_per_gpu_hour > 0:
-            raise SpecError(f"GPU {self.name!r}: usd_per_gpu_hour must be > 0, got "
-                            f"{self.usd_per_gpu_hour}")
-        if self.memory_bytes <= 0:
-            raise SpecError(f"GPU {self.name!r}: memory_bytes must be > 0, got {self.memory_bytes}")
-        if self.memory_bandwidth_bytes_per_s <= 0:
-            raise SpecError(f"GPU {self.name!r}: memory bandwidth must be > 0, got "
-                            f"{self.memory_bandwidth_bytes_per_s}")
+        who = f"GPU {self.name!r}"
+        if self.usd_per_gpu_hour is not None:
+            object.__setattr__(self, "usd_per_gpu_hour", real(
+                self.usd_per_gpu_hour, f"{who}: usd_per_gpu_hour", lo=0.0, lo_open=True,
+                hi=MAX_USD_PER_GPU_HOUR))
+        object.__setattr__(self, "memory_bytes", real(
+            self.memory_bytes, f"{who}: memory_bytes", lo=0.0, lo_open=True,
+            hi=MAX_MEMORY_BYTES))
+        object.__setattr__(self, "memory_bandwidth_bytes_per_s", real(
+            self.memory_bandwidth_bytes_per_s, f"{who}: memory_bandwidth_bytes_per_s", lo=0.0,
+            lo_open=True, hi=MAX_MEMORY_BANDWIDTH))
         for dtype, flops in self.peak_flops_by_dtype:
-            if dtype not in DTYPES or flops <= 0:
-                raise SpecError(
-                    f"GPU {self.name!r}: bad peak entry {dtype}={flops}; dtypes are "
-                    f"{', '.join(DTYPES)} with positive TFLOP/s"
-                )
+            if dtype not in DTYPES:
+                raise SpecError(f"{who}: bad peak entry {dtype}={flops}; dtypes are "
+                                f"{', '.join(DTYPES)}")
+            real(flops, f"{who}: peak FLOP/s of {dtype}", lo=0.0, lo_open=True,
+                 hi=MAX_PEAK_FLOPS)
+        if not isinstance(self.efficiency, KernelEfficiency):
+            raise SpecError(f"{who}: efficiency must be a KernelEfficiency, got "
+                            f"{type(self.efficiency).__name__}")
 
     @classmethod
     def from_profile(cls, data: dict[str, Any]) -> GPU:
         """Build from a parsed ``hardware_profiles/gpus/*.toml`` table (human units)."""
         name = str(data.get("name", "?"))
         try:
-            peaks = data["peak_tflops"]
             return cls(
                 name=name,
                 description=str(data.get("description", "")),
                 memory_bytes=_usable_memory(data, name) * GIB,
-                memory_bandwidth_bytes_per_s=float(data["memory_bandwidth_gb_per_s"]) * GB,
-                peak_flops_by_dtype=tuple(
-                    (k, float(v) * TFLOPS) for k, v in peaks.items() if k in DTYPES
-                ),
+                memory_bandwidth_bytes_per_s=real(
+                    data["memory_bandwidth_gb_per_s"],
+                    f"GPU profile {name!r}: memory_bandwidth_gb_per_s", lo=0.0, lo_open=True,
+                    hi=MAX_MEMORY_BANDWIDTH / GB) * GB,
+                peak_flops_by_dtype=_peaks(data["peak_tflops"], name),
                 efficiency=KernelEfficiency.from_profile(data["efficiency"], f"GPU {name!r}"),
                 intra_node_link=_link_entry(data.get("intra_node_link", "pcie5")),
                 host_link=_link_entry(data.get("host_link", "pcie5")),
-                source=str(data.get("source", {}).get("document", "")),
+                source=_document(data),
                 usd_per_gpu_hour=_price(data.get("price"), name),
                 architecture=str(data.get("architecture", "")),
             )
@@ -237,9 +275,12 @@ class GPU:
             raise SpecError(f"profile file {str(path)!r} has no [efficiency] table; write one "
                             "with 'planner profile -o FILE' or copy a hardware_profiles/gpus "
                             "file")
+        try:
+            eff = hardware_profiles.check_efficiency(data["efficiency"])
+        except SpecError as e:
+            raise SpecError(f"profile file {str(path)!r}: {e}") from None
         data["efficiency"] = hardware_profiles.transfer_efficiency(
-            data["efficiency"], overhead="measured" not in data,
-            architecture=str(data.get("architecture", "")))
+            eff, overhead="measured" not in data, architecture=str(data.get("architecture", "")))
         try:
             return cls.from_profile(data)
         except (SpecError, TypeError, ValueError) as e:
@@ -297,17 +338,17 @@ class Link:
     simple_latency_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.simple_latency_s is not None and self.simple_latency_s < 0:
-            raise SpecError(f"link {self.name!r}: simple_latency_us must be >= 0, got "
-                            f"{self.simple_latency_s * 1e6}")
-        if self.bandwidth_bytes_per_s <= 0 or self.latency_s < 0:
-            raise SpecError(
-                f"link {self.name!r}: bandwidth must be > 0 and latency >= 0, got "
-                f"{self.bandwidth_bytes_per_s} B/s and {self.latency_s} s"
-            )
-        if not 0.0 < self.efficiency <= 1.0:
-            raise SpecError(f"link {self.name!r}: efficiency must be in (0, 1], got "
-                            f"{self.efficiency!r}")
+        who = f"link {self.name!r}"
+        if self.simple_latency_s is not None:
+            object.__setattr__(self, "simple_latency_s", real(
+                self.simple_latency_s, f"{who}: simple_latency_s", lo=0.0, hi=MAX_LATENCY_S))
+        object.__setattr__(self, "bandwidth_bytes_per_s", real(
+            self.bandwidth_bytes_per_s, f"{who}: bandwidth_bytes_per_s", lo=0.0, lo_open=True,
+            hi=MAX_LINK_BANDWIDTH))
+        object.__setattr__(self, "latency_s", real(self.latency_s, f"{who}: latency_s", lo=0.0,
+                                                   hi=MAX_LATENCY_S))
+        object.__setattr__(self, "efficiency", real(self.efficiency, f"{who}: efficiency",
+                                                    lo=0.0, lo_open=True, hi=1.0))
 
     @property
     def achieved_bytes_per_s(self) -> float:
@@ -318,16 +359,23 @@ class Link:
     def from_profile(cls, data: dict[str, Any]) -> Link:
         """Build from a parsed ``hardware_profiles/links/*.toml`` table (GB/s, microseconds)."""
         name = str(data.get("name", "?"))
+        who = f"link profile {name!r}"
+
+        def number(key: str, scale: float, hi: float, lo_open: bool = False) -> float:
+            return real(data[key], f"{who}: {key}", lo=0.0, lo_open=lo_open,
+                        hi=hi / scale) * scale
+
         try:
             return cls(
                 name=name,
                 description=str(data.get("description", "")),
                 scope=str(data.get("scope", "intra-node")),
-                bandwidth_bytes_per_s=float(data["bandwidth_gb_per_s"]) * GB,
-                latency_s=float(data["latency_us"]) * 1e-6,
-                efficiency=float(data["efficiency"]),
-                source=str(data.get("source", {}).get("document", "")),
-                simple_latency_s=(float(data["simple_latency_us"]) * 1e-6
+                bandwidth_bytes_per_s=number("bandwidth_gb_per_s", GB, MAX_LINK_BANDWIDTH,
+                                             lo_open=True),
+                latency_s=number("latency_us", 1e-6, MAX_LATENCY_S),
+                efficiency=data["efficiency"],
+                source=_document(data),
+                simple_latency_s=(number("simple_latency_us", 1e-6, MAX_LATENCY_S)
                                   if "simple_latency_us" in data else None),
             )
         except KeyError as e:
@@ -348,7 +396,7 @@ def _link_entry(value: Any) -> str | Link:
 def _as_gpu(value: GPU | str) -> GPU:
     if isinstance(value, GPU):
         return value
-    if str(value).endswith(".toml"):
+    if hardware_profiles.is_path(str(value)):
         return GPU.from_file(value)
     return GPU.preset(value)
 
@@ -400,9 +448,9 @@ class Cluster:
         host = self.host_memory_gib
         if host is None:
             host = float(hardware_profiles.load_software()["host"]["memory_gib_per_node"])
-        if isinstance(host, bool) or not isinstance(host, int | float) or host <= 0:
-            raise SpecError(f"Cluster.host_memory_gib must be a positive number, got {host!r}")
-        object.__setattr__(self, "host_memory_gib", float(host))
+        object.__setattr__(self, "host_memory_gib", real(
+            host, "Cluster.host_memory_gib (CPU memory per node, GiB)", lo=0.0, lo_open=True,
+            hi=MAX_HOST_MEMORY_GIB))
 
     @property
     def host_memory_bytes_per_gpu(self) -> float:

@@ -502,6 +502,8 @@ class InferenceEstimate:
     mbu: float
     prefill_mfu: float
     kv_cache_bytes_per_token: float
+    #: The 16-bit type the engine computes in (``InferenceJob.dtype``: bf16 or fp16).
+    dtype: str = "bf16"
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -540,8 +542,10 @@ class InferenceEstimate:
         c = self.config
         m = self.memory
         lines = [
-            f"serve    {c.describe()}",
-            f"latency  first token {1e3 * self.ttft_s:.1f} ms, then {1e3 * self.tpot_s:.2f} ms "
+            f"serve    {c.describe(self.dtype)}",
+            "latency  first token "
+            + (f"{self.ttft_s:.2f} s" if self.ttft_s >= 1 else f"{1e3 * self.ttft_s:.1f} ms")
+            + f", then {1e3 * self.tpot_s:.2f} ms "
             f"per token ({self.tokens_per_s_per_user:,.0f} tokens/s per sequence); a request "
             f"{self.latency_s:.2f} s",
             f"output   {self.tokens_per_s:,.0f} tokens/s over {c.replicas} replica(s); decode "
@@ -592,4 +596,5 @@ def estimate_inference(model: ModelSpec, cluster: Cluster, job: InferenceJob,
         prefill_terms={k: float(v[0]) for k, v in t.prefill_terms.items()},
         decode_terms={k: float(v[0]) for k, v in t.decode_terms.items()},
         mbu=float(t.mbu[0]), prefill_mfu=float(t.prefill_mfu[0]),
-        kv_cache_bytes_per_token=kv_cache_bytes_per_token(model, job.kv_cache_precision))
+        kv_cache_bytes_per_token=kv_cache_bytes_per_token(model, job.kv_cache_precision),
+        dtype=job.dtype)

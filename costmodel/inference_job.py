@@ -12,6 +12,7 @@ from typing import Any
 from costmodel.errors import SpecError
 from costmodel.hardware import GPU, Cluster
 from costmodel.model import ModelSpec
+from hardware_profiles.numbers import real
 
 __all__ = ["ELEMENT_BYTES", "KV_PRECISIONS", "MAX_BATCH", "MAX_TOKENS", "OBJECTIVES",
            "WEIGHT_PRECISIONS", "InferenceConfig", "InferenceJob", "compute_dtype",
@@ -29,6 +30,8 @@ _GROUP_BYTES = {"int8": 2.0, "int4": 2.5}
 # Sanity bounds, far beyond served contexts and batches, so that a typo is an error.
 MAX_TOKENS = 2**24
 MAX_BATCH = 2**20
+#: A latency bound beyond a day is a typo (seconds).
+MAX_SECONDS = 86400.0
 
 
 def weight_bytes_per_element(precision: str, group_size: int = 128) -> float:
@@ -48,11 +51,8 @@ def _positive_int(owner: str, key: str, value: Any, most: int) -> None:
 
 
 def _seconds(owner: str, key: str, value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or \
-            not 0 < value < float("inf"):
-        raise SpecError(f"{owner}.{key} must be a positive number of seconds, got {value!r}")
+    if value is not None:
+        real(value, f"{owner}.{key} (seconds)", lo=0.0, lo_open=True, hi=MAX_SECONDS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,10 +162,12 @@ class InferenceConfig:
         """GPUs this configuration occupies: ``tp * pp * replicas``."""
         return self.tp * self.pp * self.replicas
 
-    def describe(self) -> str:
-        """The configuration in one line."""
+    def describe(self, dtype: str = "bf16") -> str:
+        """The configuration in one line; 16-bit weights are named by the job's ``dtype``
+        (bf16 or fp16)."""
+        weights = dtype if self.weight_precision == "bf16" else self.weight_precision
         return (f"tp={self.tp} pp={self.pp} replicas={self.replicas} batch={self.batch_size} "
-                f"{self.weight_precision}")
+                f"{weights}")
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain dict."""

@@ -125,8 +125,13 @@ class ModelSpec:
             )
 
     def _check_kinds(self) -> None:
-        """Position embedding and norm are known kinds; learned positions and patches have
-        their sizes."""
+        """Switches are booleans (``gated_mlp="no"`` is not a gated MLP), position embedding
+        and norm are known kinds; learned positions and patches have their sizes."""
+        for key in ("gated_mlp", "tied_embeddings", "bias", "qkv_bias", "dropout", "causal",
+                    "embedding_norm", "final_norm"):
+            if not isinstance(getattr(self, key), bool):
+                raise SpecError(f"ModelSpec {self.name!r}: {key} must be True or False, got "
+                                f"{getattr(self, key)!r:.60}")
         if self.position_embedding not in POSITION_EMBEDDINGS:
             raise SpecError(
                 f"ModelSpec {self.name!r}: position_embedding {self.position_embedding!r} is not "
@@ -335,74 +340,128 @@ class ModelSpec:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+class _HFConfig:
+    """A Hugging Face config dict read field by field, each of the kind it must be (a
+    string where a count belongs, ``"false"`` where a switch belongs, is an error by name,
+    not a traceback or a silent misreading)."""
+
+    def __init__(self, cfg: dict[str, Any], label: str) -> None:
+        self.cfg, self.label = cfg, label
+        self.mtype = str(cfg.get("model_type", "")).lower()
+
+    def need(self, *keys: str) -> Any:
+        """The first of ``keys`` the config sets (not ``null``)."""
+        for k in keys:
+            if k in self.cfg and self.cfg[k] is not None:
+                return self.cfg[k]
+        raise SpecError(f"HF config {self.label!r} ({self.mtype}) lacks {' / '.join(keys)}")
+
+    def whole(self, key: str, default: int) -> int:
+        """An optional count: a whole number (``null`` or absent: ``default``)."""
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SpecError(f"HF config {self.label!r}: {key} must be a whole number, got "
+                            f"{v!r:.60}")
+        return v
+
+    def flag(self, key: str, default: bool) -> bool:
+        """An optional switch: JSON true or false (the string "false" is not false)."""
+        v = self.cfg.get(key, default)
+        if not isinstance(v, bool):
+            raise SpecError(f"HF config {self.label!r}: {key} must be true or false, got "
+                            f"{v!r:.60}")
+        return v
+
+    def vocabulary(self) -> Any:
+        """``vocab_size``, at least 1 where it is a number (ModelSpec checks the kind)."""
+        v = self.need("vocab_size")
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise SpecError(f"HF config {self.label!r}: vocab_size must be at least 1, got {v}")
+        return v
+
+
+def _decoder_fields(c: _HFConfig) -> dict[str, Any]:
+    """llama, mistral, qwen2, mixtral and deepseek (DeepSeekMoE): rotary, RMSNorm, SwiGLU."""
+    out: dict[str, Any] = {
+        "num_layers": c.need("num_hidden_layers"),
+        "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"),
+        "num_kv_heads": c.cfg.get("num_key_value_heads") or c.need("num_attention_heads"),
+        "ffn_hidden_size": c.need("intermediate_size"),
+        "vocab_size": c.vocabulary(),
+        "gated_mlp": True,
+        "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "position_embedding": "rope",
+        "norm": "rmsnorm",
+        "qkv_bias": c.mtype == "qwen2",
+    }
+    if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
+        raise SpecError(f"HF config {c.label!r}: attention_bias / mlp_bias are not supported")
+    if c.cfg.get("head_dim"):
+        out["head_dim"] = c.cfg["head_dim"]
+    if c.mtype == "mixtral":
+        out.update(num_experts=c.need("num_local_experts"), top_k=c.need("num_experts_per_tok"),
+                   moe_ffn_hidden_size=c.need("intermediate_size"))
+    if c.mtype == "deepseek":
+        if c.whole("moe_layer_freq", 1) != 1:
+            raise SpecError(f"HF config {c.label!r}: moe_layer_freq != 1 is not supported")
+        out.update(num_experts=c.need("n_routed_experts"), top_k=c.need("num_experts_per_tok"),
+                   moe_ffn_hidden_size=c.need("moe_intermediate_size"),
+                   num_shared_experts=c.whole("n_shared_experts", 0),
+                   first_dense_layers=c.whole("first_k_dense_replace", 0))
+    return out
+
+
+def _gpt2_fields(c: _HFConfig) -> dict[str, Any]:
+    h = c.need("n_embd")
+    return {
+        "num_layers": c.need("n_layer"), "hidden_size": h, "num_heads": c.need("n_head"),
+        "ffn_hidden_size": c.whole("n_inner", 0) or 4 * h, "vocab_size": c.vocabulary(),
+        "position_embedding": "learned", "max_position_embeddings": c.need("n_positions"),
+        "norm": "layernorm", "bias": True, "dropout": True, "tied_embeddings": True,
+    }
+
+
+def _bert_fields(c: _HFConfig) -> dict[str, Any]:
+    return {
+        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"), "ffn_hidden_size": c.need("intermediate_size"),
+        "vocab_size": c.vocabulary(), "position_embedding": "learned",
+        "max_position_embeddings": c.need("max_position_embeddings"),
+        "num_token_types": c.whole("type_vocab_size", 2), "embedding_norm": True,
+        "final_norm": False, "norm": "layernorm", "bias": True, "dropout": True,
+        "tied_embeddings": True, "causal": False,
+    }
+
+
+def _vit_fields(c: _HFConfig) -> dict[str, Any]:
+    labels = c.cfg.get("id2label") or {}
+    if not isinstance(labels, dict):
+        raise SpecError(f"HF config {c.label!r}: id2label must be an object of class names "
+                        f"by index, got {labels!r:.60}")
+    return {
+        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"), "ffn_hidden_size": c.need("intermediate_size"),
+        "vocab_size": len(labels), "position_embedding": "learned",
+        "patch_size": c.need("patch_size"), "image_size": c.need("image_size"),
+        "num_channels": c.whole("num_channels", 3), "norm": "layernorm", "bias": True,
+        "causal": False,
+    }
+
+
+_HF_FAMILIES = {"llama": _decoder_fields, "mistral": _decoder_fields, "qwen2": _decoder_fields,
+                "mixtral": _decoder_fields, "deepseek": _decoder_fields, "gpt2": _gpt2_fields,
+                "bert": _bert_fields, "vit": _vit_fields}
+
+
 def _hf_fields(cfg: dict[str, Any], label: str) -> dict[str, Any]:
     """Map a Hugging Face config dict onto ModelSpec fields."""
-    mtype = str(cfg.get("model_type", "")).lower()
-
-    def need(*keys: str) -> Any:
-        for k in keys:
-            if k in cfg and cfg[k] is not None:
-                return cfg[k]
-        raise SpecError(f"HF config {label!r} ({mtype}) lacks {' / '.join(keys)}")
-
-    if mtype in ("llama", "mistral", "qwen2", "mixtral", "deepseek"):
-        out: dict[str, Any] = {
-            "num_layers": need("num_hidden_layers"),
-            "hidden_size": need("hidden_size"),
-            "num_heads": need("num_attention_heads"),
-            "num_kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-            "ffn_hidden_size": need("intermediate_size"),
-            "vocab_size": need("vocab_size"),
-            "gated_mlp": True,
-            "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-            "position_embedding": "rope",
-            "norm": "rmsnorm",
-            "qkv_bias": mtype == "qwen2",
-        }
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise SpecError(f"HF config {label!r}: attention_bias / mlp_bias are not supported")
-        if cfg.get("head_dim"):
-            out["head_dim"] = cfg["head_dim"]
-        if mtype == "mixtral":
-            out.update(num_experts=need("num_local_experts"), top_k=need("num_experts_per_tok"),
-                       moe_ffn_hidden_size=need("intermediate_size"))
-        if mtype == "deepseek":
-            if int(cfg.get("moe_layer_freq", 1)) != 1:
-                raise SpecError(f"HF config {label!r}: moe_layer_freq != 1 is not supported")
-            out.update(num_experts=need("n_routed_experts"), top_k=need("num_experts_per_tok"),
-                       moe_ffn_hidden_size=need("moe_intermediate_size"),
-                       num_shared_experts=int(cfg.get("n_shared_experts") or 0),
-                       first_dense_layers=int(cfg.get("first_k_dense_replace") or 0))
-        return out
-    if mtype == "gpt2":
-        h = need("n_embd")
-        return {
-            "num_layers": need("n_layer"), "hidden_size": h, "num_heads": need("n_head"),
-            "ffn_hidden_size": cfg.get("n_inner") or 4 * h, "vocab_size": need("vocab_size"),
-            "position_embedding": "learned", "max_position_embeddings": need("n_positions"),
-            "norm": "layernorm", "bias": True, "dropout": True, "tied_embeddings": True,
-        }
-    if mtype == "bert":
-        return {
-            "num_layers": need("num_hidden_layers"), "hidden_size": need("hidden_size"),
-            "num_heads": need("num_attention_heads"), "ffn_hidden_size": need("intermediate_size"),
-            "vocab_size": need("vocab_size"), "position_embedding": "learned",
-            "max_position_embeddings": need("max_position_embeddings"),
-            "num_token_types": int(cfg.get("type_vocab_size", 2)), "embedding_norm": True,
-            "final_norm": False, "norm": "layernorm", "bias": True, "dropout": True,
-            "tied_embeddings": True, "causal": False,
-        }
-    if mtype == "vit":
-        labels = cfg.get("id2label") or {}
-        return {
-            "num_layers": need("num_hidden_layers"), "hidden_size": need("hidden_size"),
-            "num_heads": need("num_attention_heads"), "ffn_hidden_size": need("intermediate_size"),
-            "vocab_size": len(labels), "position_embedding": "learned",
-            "patch_size": need("patch_size"), "image_size": need("image_size"),
-            "num_channels": int(cfg.get("num_channels", 3)), "norm": "layernorm", "bias": True,
-            "causal": False,
-        }
-    raise SpecError(
-        f"HF config {label!r}: model_type {mtype!r} is not supported; supported: llama, mistral, "
-        "qwen2, mixtral, deepseek, gpt2, bert, vit (or build ModelSpec(...) directly)"
-    )
+    c = _HFConfig(cfg, label)
+    if c.mtype not in _HF_FAMILIES:
+        raise SpecError(
+            f"HF config {label!r}: model_type {c.mtype!r} is not supported; supported: llama, "
+            "mistral, qwen2, mixtral, deepseek, gpt2, bert, vit (or build ModelSpec(...) "
+            "directly)")
+    return _HF_FAMILIES[c.mtype](c)

@@ -191,7 +191,9 @@ def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
     flags = dict(row.get("flags") or {})
     job = Job(**{**_job_flags(flags), **row["job"]})
     config = ParallelConfig(**row["config"])
-    measure = next(k for k in MEASURES if k in row["measured"])
+    measure = next((k for k in MEASURES if k in row["measured"]), None)
+    if measure is None:
+        raise SpecError(f"its measured holds none of {', '.join(MEASURES)}")
     mem = row.get("memory") or {}
     return PublishedRun(id=row["id"], source=row["source"], model=model, cluster=cluster,
                         job=job, config=config, measure=measure,
@@ -239,13 +241,21 @@ def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
     rows = read_json_object(p, "runs file").get("runs")
     if not isinstance(rows, list):
         raise SpecError(f"runs file {str(p)[:200]!r} is not a JSON object with a 'runs' list")
+    if not rows:
+        raise SpecError(f"runs file {str(p)[:200]!r} holds no runs; add at least one to its "
+                        "'runs' list")
     out = []
-    for row in rows:
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise SpecError(f"run #{i + 1} in {str(p)[:200]!r} is {row!r:.40}, not a JSON "
+                            "object (see costmodel/data/published_runs.json)")
         try:
             out.append(_from_normalized_row(row) if "job" in row else _from_calibration_row(row))
-        except (KeyError, TypeError, ValueError) as e:
-            raise SpecError(f"run {row.get('id', '?')!r} in {str(p)!r} is malformed: {e!r}"
-                            ) from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            why = str(e) if isinstance(e, SpecError) else \
+                f"it lacks {e.args[0]!r}" if isinstance(e, KeyError) else repr(e)
+            raise SpecError(f"run {str(row.get('id', i + 1))[:80]!r} in {str(p)[:200]!r} is "
+                            f"malformed: {why}") from None
     return out
 
 

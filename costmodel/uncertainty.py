@@ -26,10 +26,20 @@ def band_key(architecture: str, trainer: str, num_gpus: int) -> tuple[str, ...]:
             f"*/{trainer}", "*")
 
 
-def band_for(architecture: str, trainer: str, num_gpus: int) -> tuple[float, str] | None:
-    """(relative band, what it rests on) for an estimate of this class: the RMS
-    leave-one-source-out error of the most specific class with enough published runs; None
-    when no fit with bands is installed."""
+#: Parameters of the smallest model among the published runs the bands rest on (GPT-3
+#: 125M, Brown et al. 2020, Table 2.1, in costmodel/data/published_runs.json); a model of
+#: less than half of it is of another scale, its band extrapolated (tests/test_hostile.py
+#: checks the figure against the shipped runs).
+SMALLEST_PUBLISHED_PARAMS = 125_311_488
+
+
+def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float | None = None
+             ) -> tuple[float, str, bool] | None:
+    """(relative band, what it rests on, whether it is extrapolated) for an estimate of this
+    class: the RMS leave-one-source-out error of the most specific class with enough
+    published runs; None when no fit with bands is installed. Extrapolated: no published run
+    was on this GPU architecture (the band is borrowed from others: a CPU profile, an AMD
+    GPU), or the model (``num_params``) is smaller than any published run's."""
     path = hardware_profiles.transfer_path()
     if not is_file(path):
         return None
@@ -38,8 +48,16 @@ def band_for(architecture: str, trainer: str, num_gpus: int) -> tuple[float, str
         if key in table:
             band, runs, sources = table[key]
             what = key.replace("*/", "").replace("/", ", ") if key != "*" else "all"
-            return band, (f"RMS error of {runs} published runs ({what}; {sources} sources) "
-                          "predicted with their source left out of the fit")
+            basis = (f"RMS error of {runs} published runs ({what}; {sources} sources) "
+                     "predicted with their source left out of the fit")
+            reasons = []
+            if key.startswith("*"):
+                reasons.append(f"no published run on {architecture or 'this GPU'}")
+            if num_params is not None and num_params < SMALLEST_PUBLISHED_PARAMS / 2:
+                reasons.append("a model smaller than any published run's")
+            if reasons:
+                basis += f"; extrapolated ({' and '.join(reasons)})"
+            return band, basis, bool(reasons)
     return None
 
 

@@ -11,7 +11,7 @@ from typing import TypeAlias
 
 import numpy as np
 
-__all__ = ["GB", "GIB", "MIB", "TFLOPS", "UNITS", "Num", "compute_bytes"]
+__all__ = ["GB", "GIB", "MIB", "TFLOPS", "UNITS", "Num", "compute_bytes", "count", "plural"]
 
 #: A quantity the vectorized cost functions take: an array over the rows of a table of
 #: configurations, or one number for all of them (numpy broadcasts either).
@@ -34,3 +34,20 @@ def compute_bytes(precision: str) -> float:
     every mixed precision, fp8 included, whose activations between the matmuls stay bf16
     (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", Sec. 4)."""
     return 4.0 if precision == "fp32" else 2.0
+
+
+def count(n: float, what: str = "parameters") -> str:
+    """``n`` things in the unit people read: ``8.03B parameters``, ``125.2M parameters``,
+    ``12.3K parameters``, ``512 parameters`` (a tiny model is not "0.00B")."""
+    for scale, suffix, digits in ((1e9, "B", 2), (1e6, "M", 1), (1e3, "K", 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f}{suffix} {what}"
+    return f"{n:.0f} {what}"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``n`` and ``word``, plural unless ``n`` is 1 (``words``: an irregular plural;
+    default ``word`` + ``es`` after ``ch``/``s``/``x``, else + ``s``)."""
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n:,} {words or word + ('es' if word.endswith(('ch', 's', 'x')) else 's')}"

@@ -11,6 +11,7 @@ import copy
 import difflib
 import functools
 import os
+import re
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -18,18 +19,24 @@ from types import MappingProxyType
 from typing import Any
 
 from hardware_profiles.errors import SpecError
-from hardware_profiles.files import is_file, read_toml
+from hardware_profiles.files import is_file, not_a_file, read_toml
+from hardware_profiles.numbers import real
 
 __all__ = [
     "SpecError",
     "calibrated_path",
+    "check_efficiency",
+    "fit_note",
+    "is_path",
     "load",
     "load_file",
     "load_software",
     "names",
+    "preset_key",
     "transfer_efficiency",
     "unknown_name",
     "user_calibrated_path",
+    "user_fit",
 ]
 
 KINDS = ("gpus", "links", "clusters")
@@ -51,6 +58,32 @@ def unknown_name(what: str, name: str, known: list[str]) -> SpecError:
     return SpecError(f"unknown {what} {shown}.{hint} Known {what}s: {', '.join(sorted(known))}")
 
 
+#: What a preset name is: lower-case letters, digits, ``.``, ``_`` and ``-``, starting with a
+#: letter or digit (``h100-sxm``, ``dgx-a100``, ``ib-ndr``). Anything else is not looked up
+#: in the preset folders, so a name can never reach a file outside them.
+PRESET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
+
+
+def is_path(text: str) -> bool:
+    """Whether ``text`` (a ``--gpu`` / ``--cluster`` value, a ``gpu`` field) names a file
+    rather than a preset: it ends in ``.toml`` or holds a path separator."""
+    return text.endswith(".toml") or "/" in text or os.sep in text
+
+
+def preset_key(kind: str, name: object) -> str:
+    """``name`` as the key of a shipped preset of ``kind`` (trimmed, lower-case), or a
+    ``SpecError`` when it is not a preset name (``PRESET_NAME``): a path, ``..``, a
+    control character."""
+    key = str(name).strip().lower()
+    if not PRESET_NAME.fullmatch(key):
+        shown = repr(str(name)) if len(str(name)) <= 80 else repr(str(name)[:60]) + "..."
+        file_hint = " (a file: give its path, ending in .toml)" if kind != "links" else ""
+        raise SpecError(f"{shown} is not a {kind[:-1]} preset name: names are letters, "
+                        f"digits, '.', '_' and '-'{file_hint}. Known {kind[:-1]}s: "
+                        f"{', '.join(names(kind)) if kind in KINDS else ''}")
+    return key
+
+
 def names(kind: str) -> list[str]:
     """Sorted names of the shipped profiles of one kind (``gpus``, ``links``, ``clusters``)."""
     return sorted(p.stem for p in _folder(kind).glob("*.toml"))
@@ -64,7 +97,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
     """
     p = Path(path)
     if not is_file(p):
-        raise SpecError(f"profile file {str(p)[:200]!r} does not exist")
+        raise not_a_file(p, "profile file")
     return copy.deepcopy(_parse(str(p.resolve()), p.stat().st_mtime_ns))
 
 
@@ -76,7 +109,13 @@ def _parse(path: str, mtime_ns: int) -> dict[str, Any]:
 def calibrated_path(gpu: str) -> Path:
     """The shipped fitted efficiencies of GPU profile ``gpu`` (``calibrated/`` of the
     package, written by the project's own ``planner calibrate -o``)."""
-    return Path(str(resources.files("hardware_profiles").joinpath("calibrated"))) / f"{gpu}.toml"
+    return (Path(str(resources.files("hardware_profiles").joinpath("calibrated")))
+            / f"{_fit_key(gpu)}.toml")
+
+
+def _fit_key(gpu: str) -> str:
+    """A fit's name (a GPU profile's, or ``transfer``) checked as a preset name."""
+    return preset_key("gpus", gpu)
 
 
 def user_calibrated_path(gpu: str) -> Path:
@@ -87,7 +126,31 @@ def user_calibrated_path(gpu: str) -> Path:
     if not base:
         xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
         base = str(Path(xdg) / "autoparallel-planner")
-    return Path(base) / "calibrated" / f"{gpu}.toml"
+    return Path(base) / "calibrated" / f"{_fit_key(gpu)}.toml"
+
+
+def user_fit(gpu: str) -> Path | None:
+    """The user's own fit (``planner calibrate`` without ``-o``) that GPU profile ``gpu``
+    takes, its own or the all-GPU ``transfer``; None when it takes the shipped fit."""
+    for key in (gpu, "transfer"):
+        try:
+            path = user_calibrated_path(key)
+        except SpecError:  # a GPU read from a file, under a name that is no preset name
+            continue
+        if is_file(path):
+            return path
+    return None
+
+
+def fit_note(gpu: str) -> str | None:
+    """Which fit an estimate on GPU ``gpu`` uses when it is not the shipped one (the user's
+    own, from ``planner calibrate`` without ``-o``, which changes every later estimate), in
+    words for a report's header; None with the shipped fit."""
+    path = user_fit(gpu)
+    if path is None:
+        return None
+    return (f"your own calibration {path} (planner calibrate), not the shipped fit; "
+            "'planner calibrate --reset' goes back to the shipped one")
 
 
 def _own_fit(gpu: str) -> Path:
@@ -106,7 +169,7 @@ def load(kind: str, name: str, *, calibrated: bool = True) -> dict[str, Any]:
     (``transfer_efficiency``, ``calibrated/transfer.toml``) and takes the fitted per-kernel
     overhead. The ``source`` says which.
     """
-    key = str(name).strip().lower()
+    key = preset_key(kind, name)
     path = _folder(kind) / f"{key}.toml"
     if not path.is_file():
         raise unknown_name(kind[:-1], name, names(kind))
@@ -122,11 +185,52 @@ def _calibrated_efficiency(gpu: str, eff: dict[str, Any], architecture: str
                            ) -> dict[str, Any]:
     own = _own_fit(gpu)
     if own.is_file():
-        cal = load_file(own)
-        eff.update(cal.get("efficiency", {}))
+        try:
+            cal = load_file(own)
+            fitted = cal.get("efficiency", {})
+            if not isinstance(fitted, dict):
+                raise SpecError("its efficiency is not a table")
+            eff.update(check_efficiency(fitted))
+        except (SpecError, KeyError, TypeError, ValueError) as e:
+            raise _broken_fit(own, e) from None
         eff["source"] = f"{cal.get('provenance', str(own))}; before fitting: {eff.get('source')}"
         return eff
     return transfer_efficiency(eff, architecture=architecture)
+
+
+def _broken_fit(path: Path, e: Exception) -> SpecError:
+    """The error for a fit file that cannot be applied: how to go back to the shipped fit
+    (the user's own) or that the installation is damaged (a shipped one)."""
+    why = f"it lacks the key {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
+    if path.parent == calibrated_path("transfer").parent:
+        return SpecError(f"the shipped fit {str(path)!r} is damaged ({why}); reinstall "
+                         "autoparallel-planner")
+    return SpecError(f"your fit {str(path)!r} cannot be used ({why}); 'planner calibrate "
+                     "--reset' removes it (back to the shipped fit), 'planner calibrate' "
+                     "writes a new one")
+
+
+#: The fractions of an ``[efficiency]`` table: shares of a datasheet figure, in (0, 1].
+FRACTIONS = ("gemm", "gemm_fp8", "gemm_unaligned", "memory", "attention", "attention_backward",
+             "attention_cudnn", "attention_cudnn_backward")
+
+
+def check_efficiency(eff: Mapping[str, Any]) -> dict[str, Any]:
+    """``eff`` (an ``[efficiency]`` table) with each number it holds checked: a fraction in
+    (0, 1] (a profile's ``gemm = 2.0`` is an error, not a value clamped to 1 after scaling),
+    ``comm_slowdown`` in [0, 1], ``kernel_overhead_us`` in [0, 1000] (checked even where the
+    fit replaces it)."""
+    out = dict(eff)
+    for k in FRACTIONS:
+        if k in out:
+            out[k] = real(out[k], f"efficiency.{k}", lo=0.0, lo_open=True, hi=1.0)
+    if "comm_slowdown" in out:
+        out["comm_slowdown"] = real(out["comm_slowdown"], "efficiency.comm_slowdown", lo=0.0,
+                                    hi=1.0)
+    if "kernel_overhead_us" in out:
+        out["kernel_overhead_us"] = real(out["kernel_overhead_us"],
+                                         "efficiency.kernel_overhead_us", lo=0.0, hi=1000.0)
+    return out
 
 
 def transfer_path() -> Path:
@@ -149,14 +253,18 @@ def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True,
     its own: ``overhead=False``), and the slowdown of compute by concurrent communication
     the fitted ``comm_slowdown``. Unchanged when nothing is fitted.
     """
+    eff = check_efficiency(eff)
     ref = transfer_path()
     if not is_file(ref):
-        return dict(eff)
-    cal = load_file(ref)
-    t = cal.get("transfer")
-    if not isinstance(t, dict):
-        return dict(eff)
-    eff, ratio = apply_transfer(eff, t, architecture=architecture, overhead=overhead)
+        return eff
+    try:
+        cal = load_file(ref)
+        t = cal.get("transfer")
+        if not isinstance(t, dict):
+            raise SpecError("it has no [transfer] table")
+        eff, ratio = apply_transfer(eff, t, architecture=architecture, overhead=overhead)
+    except (SpecError, KeyError, TypeError, ValueError) as e:
+        raise _broken_fit(ref, e) from None
     arch = t.get("architecture")
     per_arch = arch if isinstance(arch, dict) else {}
     which = f"{architecture} ratio {ratio:.4f}" if architecture in per_arch \
@@ -172,24 +280,33 @@ def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture
     """``eff`` (an ``[efficiency]`` table) with a ``[transfer]`` table ``t`` applied as
     ``transfer_efficiency`` describes, and the matmul ratio used; what ``planner calibrate``
     fits is applied by this same function."""
-    eff = dict(eff)
+    eff = check_efficiency(eff)
+
+    def ratio_of(value: Any, what: str) -> float:
+        # A fitted in-training/microbenchmark ratio: above 1 where training beats the
+        # microbenchmark (the product is capped at 1 below), never 0 or 10x.
+        return real(value, f"[transfer] {what}", lo=0.0, lo_open=True, hi=10.0)
+
     arch = t.get("architecture")
     per_arch = arch if isinstance(arch, Mapping) else {}
-    ratio = float(per_arch.get(architecture, t["gemm"]))
+    ratio = ratio_of(per_arch.get(architecture, t["gemm"]), f"gemm ratio of {architecture!r}")
     for k in ("gemm", "gemm_fp8", "gemm_unaligned"):
         if k in eff:
-            eff[k] = min(1.0, float(eff[k]) * ratio)
+            eff[k] = min(1.0, eff[k] * ratio)
     attn_arch = t.get("attention_architecture")
-    attn_ratio = float((attn_arch if isinstance(attn_arch, Mapping) else {}).get(
-        architecture, t.get("attention", ratio)))
+    attn_ratio = ratio_of((attn_arch if isinstance(attn_arch, Mapping) else {}).get(
+        architecture, t.get("attention", ratio)), f"attention ratio of {architecture!r}")
     for k in ("attention", "attention_backward", "attention_cudnn", "attention_cudnn_backward"):
         if k in eff:
-            eff[k] = min(1.0, float(eff[k]) * attn_ratio)
-    eff["memory"] = min(1.0, float(eff["memory"]) * float(t.get("memory", 1.0)))
+            eff[k] = min(1.0, eff[k] * attn_ratio)
+    if "memory" in eff:
+        eff["memory"] = min(1.0, eff["memory"] * ratio_of(t.get("memory", 1.0), "memory"))
     if overhead:
-        eff["kernel_overhead_us"] = float(t["kernel_overhead_us"])
+        eff["kernel_overhead_us"] = real(t["kernel_overhead_us"], "[transfer] kernel_overhead_us",
+                                         lo=0.0, hi=1000.0)
     if "comm_slowdown" in t:
-        eff["comm_slowdown"] = float(t["comm_slowdown"])
+        eff["comm_slowdown"] = real(t["comm_slowdown"], "[transfer] comm_slowdown", lo=0.0,
+                                    hi=1.0)
     return eff, ratio
 
 

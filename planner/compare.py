@@ -187,7 +187,8 @@ class Comparison:
             e, cl = c.estimate, c.cluster
             row = {"candidate": c.label,
                    "GPUs": f"{cl.num_gpus} {cl.gpu.name}",
-                   "inter-node": f"{cl.nics_per_node}x {cl.inter_link.name}"}
+                   "inter-node": f"{cl.nics_per_node} x {cl.inter_link.name}"
+                                 if cl.num_nodes > 1 else "- (one node)"}
             if e is None:
                 row.update({"step": "-", per_s: "-", per_gpu: "-", "MFU": "-",
                             "memory": "-", "vs first": "-", "config": c.error or ""})
@@ -205,7 +206,9 @@ class Comparison:
                               + ("" if e.fits else " NO FIT"),
                     "vs first": f"{ref.step_time_s / e.step_time_s:.2f}x"
                                 + (" ~" if close else ""),
-                    "config": ("plan: " if c.searched else "") + describe(e.config)
+                    # A searched candidate is marked, unless its label says so already.
+                    "config": ("plan: " if c.searched and c.label != "plan" else "")
+                              + describe(e.config)
                               + f" ({c.job.framework})"})
             if priced:
                 cost = e.usd_per_million_tokens if e is not None else None
@@ -246,7 +249,8 @@ class Comparison:
 
 
 def _cluster_label(c: Cluster) -> str:
-    return f"{c.num_gpus}x{c.gpu.name}/{c.nics_per_node}x{c.inter_link.name}"
+    gpus = f"{c.num_gpus}x{c.gpu.name}"
+    return f"{gpus}/{c.nics_per_node}x{c.inter_link.name}" if c.num_nodes > 1 else gpus
 
 
 def compare(model: ModelSpec, clusters: Cluster | Sequence[Cluster], job: Job,

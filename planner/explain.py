@@ -16,6 +16,7 @@ import html
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -199,7 +200,7 @@ def _values(plan: Plan) -> dict[str, list[tuple[Any, int]]]:
     return out
 
 
-def explain(plan: Plan, *, fields: Sequence[str] | None = None,
+def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
             progress: Callable[[float], None] | None = None
             ) -> Explanation | InferenceExplanation:
     """Why ``plan`` won, choice by choice: for each field in ``fields`` (default: every
@@ -207,7 +208,13 @@ def explain(plan: Plan, *, fields: Sequence[str] | None = None,
     stages only when the plan pipelines, plus ``framework`` when several trainers were
     searched), the fastest configuration for every other value under the plan's constraints
     with that value fixed (one pass of ``search(by=...)``). ``progress``: called with the
-    fraction done. A serving plan is explained by ``planner.inference.explain_inference``."""
+    fraction done. A serving plan is explained by ``planner.inference.explain_inference``.
+    ``plan`` may also be a saved plan's path (``Plan.from_json``)."""
+    if isinstance(plan, str | Path):
+        plan = Plan.from_json(plan)
+    if not isinstance(plan, Plan):
+        raise SpecError(f"explain takes a Plan (planner.plan(...)) or a saved plan's path, got "
+                        f"{type(plan).__name__}")
     if plan.is_inference:
         from planner.inference import explain_inference
 

@@ -42,7 +42,14 @@ def load_model_or_module(spec: str | ModelSpec) -> Any:
 
 
 def _load(spec: str | ModelSpec, modules: bool) -> Any:
-    """``load_model``; a plain torch module named by ``module:attr`` too when ``modules``."""
+    """``load_model``; a plain torch module named by ``module:attr`` too when ``modules``.
+    The user's code prints to standard error while it is imported and built (standard
+    output stays the planner's)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return _load_quietly(spec, modules)
+
+
+def _load_quietly(spec: str | ModelSpec, modules: bool) -> Any:
     if isinstance(spec, ModelSpec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
@@ -66,10 +73,12 @@ def build_module(spec: str) -> Any:
     """The torch ``nn.Module`` that ``module:attr`` names, built to train (not on the meta
     device): an instance as it is, a class or function called with no arguments. What
     ``planner run`` trains for the plan of a traced module."""
-    obj = _import_attr(spec)
+    with contextlib.redirect_stdout(sys.stderr):
+        obj = _import_attr(spec)
     if not _is_module(obj) and callable(obj):
         try:
-            obj = obj()
+            with contextlib.redirect_stdout(sys.stderr):
+                obj = obj()
         except Exception as e:  # the user's constructor, as one line
             raise SpecError(f"model {spec!r}: building it raised {type(e).__name__}: "
                             f"{e}") from None

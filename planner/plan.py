@@ -30,8 +30,15 @@ from costmodel.inference import (
 )
 from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
-from costmodel.units import GIB
-from hardware_profiles.files import read_text, write_text
+from costmodel.units import GIB, count
+from hardware_profiles.files import is_file, loads_json, printable, read_text, write_text
+from planner.advice import (
+    check_fixed_degrees,
+    idle_warning,
+    infeasible,
+    position_warning,
+    serving_warnings,
+)
 from planner.alternatives import (
     TERM_LABELS,
     Alternative,
@@ -43,13 +50,15 @@ from planner.alternatives import (
 )
 from planner.partition import partition as partition_stages
 from planner.partition import stage_costs
-from planner.search import SearchResult, least_gpus, nodes_of, search
-from planner.space import FIELDS, RULES, Constraints, row_config
+from planner.search import SearchResult, search
+from planner.space import FIELDS, Constraints, row_config
 
 # Alternative, describe and the reasons live in planner.alternatives; re-exported here.
 __all__ = ["SCHEMA_VERSION", "TERM_LABELS", "Alternative", "ModuleSource", "Plan",
            "PlanInvalid", "describe", "load_plan", "plan", "slower_reason"]
 
+#: The most runners-up a plan ranks: each is re-estimated (stage partition) and explained.
+MAX_TOP_K = 100
 #: 2: a plan of a traced torch module carries its ``layer_costs`` (``LayerCosts``) where a
 #: preset's carries its ``model``; version 1 files (presets only) read the same way.
 SCHEMA_VERSION = 2
@@ -185,13 +194,11 @@ class Plan:
         multiply to its GPUs, a schedule its trainer lacks, ...)."""
         text = str(source)
         where = "plan"
-        if not text.lstrip().startswith("{"):
+        if not _is_text(source):
             where = f"plan file {str(source)[:200]!r}"
             text = read_text(source, "plan file")
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SpecError(f"{where} is not valid JSON: {e}") from e
+        d = loads_json(text, None if where == "plan" else source,
+                       "plan" if where == "plan" else "plan file")
         if isinstance(d, dict) and d.get("kind") == "graph":
             raise SpecError("this is a graph plan of a torch module, written by an earlier "
                             "planner (one sharding per op on 2-D meshes, now removed); plan "
@@ -272,21 +279,29 @@ class Plan:
                      *str(e).splitlines(),
                      f"searched {c.get('space', 0):,} configurations in "
                      f"{self.search_seconds:.2f} s: {c.get('fit', 0):,} fit, "
-                     f"{c.get('feasible', 0):,} meet the bounds"]
+                     f"{c.get('feasible', 0):,} meet the bounds",
+                     *(f"warning  {w}" for w in self.warnings)]
         else:
             lines = self._training_lines()
         lost = [a for a in self.alternatives if a.verdict != "invalid"][:rows]
+        # With several trainers searched, each row says whose configuration it is.
+        own = self.job.framework if isinstance(self.job, Job) else "inference"
+        several = len({a.framework for a in self.alternatives} | {own}) > 1
+
+        def whose(a: Alternative) -> str:
+            return f" ({a.framework})" if several else ""
+
         if lost:
             lines.append("")
             lines.append("why not")
             for a in lost:
-                head = describe(a.config) if a.config else ""
+                head = describe(a.config) + whose(a) if a.config else ""
                 lines.append(f"  {head:<52s} {a.reason}" if head else f"  {a.reason}")
         invalid = [a for a in self.alternatives if a.verdict == "invalid"]
         if invalid:
             lines.append("")
             lines.append("invalid")
-            lines += [f"  {a.reason}" for a in invalid]
+            lines += [f"  {a.framework + ': ' if several else ''}{a.reason}" for a in invalid]
         return "\n".join(lines)
 
     @property
@@ -294,10 +309,15 @@ class Plan:
         """What a user should know before running the plan: a peak above ``NEAR_CAPACITY``
         of the GPU's memory, or GPUs idle for most of the step (``idle_warning``)."""
         job, cfg, e = self.job, self.config, self.estimate
+        if isinstance(e, InferenceEstimate) and isinstance(job, InferenceJob):
+            return serving_warnings(job, e)
         if not (isinstance(e, Estimate) and isinstance(job, Job)
                 and isinstance(cfg, ParallelConfig)):
             return ()
         out = []
+        position = position_warning(self.model, job)
+        if position:
+            out.append(position)
         if e.near_capacity:
             out.append(f"the peak is above {100 * NEAR_CAPACITY:.0f}% of the GPU's memory: "
                        "allocator fragmentation and buffers the estimate does not count may "
@@ -333,6 +353,18 @@ class Plan:
                          + (f", fully recomputed {list(rec)}" if rec else ""))
         return lines
 
+    def __repr__(self) -> str:
+        """A few lines: what, where, the configuration and its prediction (the whole report
+        is ``str(plan)`` / ``summary()``; the data ``to_dict()``)."""
+        e = self.estimate
+        config = self.config.describe() if isinstance(self.config, InferenceConfig) \
+            else describe(self.config)
+        step = f"step {e.step_time_s:.3f} s, " if isinstance(e, Estimate) and e.step_time_s \
+            else ""
+        return (f"Plan(model={self.model.name!r}, cluster='{self.cluster.num_gpus} x "
+                f"{self.cluster.gpu.name}', config='{config}', {step}peak "
+                f"{e.peak_memory_bytes / GIB:.1f} GiB per GPU)")
+
     def __str__(self) -> str:
         return self.summary()
 
@@ -341,7 +373,7 @@ class Plan:
         c = self.counts
         if isinstance(self.job, InferenceJob):
             return "<pre>" + html.escape(self.summary()) + "</pre>"
-        head = [("model", f"{self.model.name} ({self.model.num_params() / 1e9:.2f}B)"),
+        head = [("model", f"{self.model.name} ({count(self.model.num_params())})"),
                 ("cluster", f"{self.cluster.num_nodes} x {self.cluster.gpus_per_node} "
                  f"{self.cluster.gpu.name}"),
                 ("job", f"{self.job.global_batch_size} x {self.job.seq_len} {self.job.unit}, "
@@ -355,45 +387,6 @@ class Plan:
         if rows:
             out += "<h4>Why not</h4>" + _html_table(("configuration", "verdict", "why"), rows)
         return out
-
-
-IDLE_SHARE = 0.5  # idle_warning: GPUs computing for less of the step than this
-
-
-def _busy(est: Estimate) -> float:
-    """The share of the step the GPUs spend computing (model and recompute)."""
-    bd = est.time_breakdown_s
-    step = est.step_time_s or 0.0
-    return (bd.get("compute", 0.0) + bd.get("recompute", 0.0)) / step if step > 0 else 1.0
-
-
-def idle_warning(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: ParallelConfig,
-                 est: Estimate) -> str | None:
-    """A warning when the GPUs compute for less than ``IDLE_SHARE`` of the step (waiting on
-    the pipeline's bubble or on communication: the batch is small for this many GPUs),
-    naming the least global batch with which this configuration computes for more of it;
-    ``None`` otherwise."""
-    busy = _busy(est)
-    if busy >= IDLE_SHARE:
-        return None
-    bd = est.time_breakdown_s
-    step = est.step_time_s or 1.0
-    why = max((t for t in bd if not t.endswith("_total") and t not in ("compute", "recompute")),
-              key=lambda t: bd[t])
-    msg = (f"the GPUs compute for {100 * busy:.0f}% of the step and wait the rest, mostly "
-           f"on {TERM_LABELS.get(why, why)} ({100 * bd[why] / step:.0f}%)")
-    unit = cfg.dp * cfg.micro_batch_size
-    m0 = est.num_micro_batches
-    for m in sorted({m0 * 2**k for k in range(1, 7)} | set(range(m0 + 1, m0 + 2 * cfg.pp))):
-        bigger = dataclasses.replace(job, global_batch_size=unit * m)
-        try:
-            e = estimate(model, cluster, bigger, cfg)
-        except SpecError:
-            continue
-        if _busy(e) >= IDLE_SHARE:
-            return msg + (f"; a global batch of {unit * m} or more keeps this configuration "
-                          "computing for most of the step")
-    return msg + "; the batch is small for this many GPUs: fewer GPUs would waste less"
 
 
 class PlanInvalid(SpecError):
@@ -439,19 +432,24 @@ def load_plan(source: str | Path, *, force: bool = False) -> tuple[Plan, list[st
     return p, warnings
 
 
+def _is_text(source: str | Path) -> bool:
+    """Whether ``source`` is a plan's JSON text rather than a file's path: a ``str`` that
+    starts with ``{`` and names no file (a file called ``{x}.json`` is a file)."""
+    return isinstance(source, str) and source.lstrip().startswith("{") and not is_file(source)
+
+
 def _name(source: str | Path) -> str:
-    text = str(source)
-    return "the plan" if text.lstrip().startswith("{") else text
+    return "the plan" if _is_text(source) else printable(source)
 
 
 def _recorded_step(source: str | Path) -> float | None:
     """The step time a plan file records, if it is readable and has one."""
     try:
-        text = str(source)
-        d = json.loads(text if text.lstrip().startswith("{") else Path(source).read_text())
+        text = str(source) if _is_text(source) else Path(source).read_text()
+        d = json.loads(text)
         value = d["estimate"]["step_time_s"]
         return float(value) if isinstance(value, int | float) else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -466,44 +464,6 @@ def _constraints(value: Constraints | str | Mapping[str, Any] | None) -> Constra
         return Constraints.from_dict(value)
     raise SpecError(f"constraints must be a Constraints, a preset name or a dict, got "
                     f"{type(value).__name__}")
-
-
-def _tp_refusals(model: ModelSpec | LayerCosts, res: SearchResult) -> str:
-    """Where the search refused a traced module's TP layouts (rule ``tp_runs``), why, per
-    degree it refused: the modules split in a layout no style runs, or the sequence split
-    its own forward would make (``LayerCosts.tp_refusal``); ``""`` otherwise."""
-    if not isinstance(model, LayerCosts) or not any("tp_runs" in rej
-                                                    for rej in res.rejected.values()):
-        return ""
-    why = dict.fromkeys(model.tp_refusal(t, sp) for t in model.tp_degrees
-                        for sp in (False, True))
-    return "".join(f". {w}" for w in why if w)
-
-
-def _infeasible(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cons: Constraints,
-                res: SearchResult) -> Infeasible:
-    """What is missing when nothing fits (or nothing is valid)."""
-    cap = plan_capacity(cluster, job)
-    if res.least_memory is None:
-        rules = "; ".join(f"{RULES[r]} (rejected {ex})" for rej in res.rejected.values()
-                          for r, (_, ex) in sorted(rej.items()))
-        return Infeasible(f"no valid configuration of {model.name} on {cluster.num_gpus} GPUs "
-                          f"under these constraints: {rules or 'none'}"
-                          + _tp_refusals(model, res))
-    low = res.least_memory
-    cfg = row_config(np.array(low.row), model)
-    reserve = (f" ({cluster.gpu.memory_bytes / GIB:.1f} GiB less the "
-               f"{100 * job.memory_reserve:.0f}% memory reserve)" if job.memory_reserve else "")
-    msg = (f"nothing fits in {cap / GIB:.1f} GiB per GPU{reserve}: the least memory any "
-           f"configuration "
-           f"needs is {low.peak_memory / GIB:.1f} GiB per GPU ({describe(cfg)}, "
-           f"{low.framework}); a GPU with at least {low.peak_memory / GIB:.1f} GiB would fit")
-    more = least_gpus(model, cluster, job, cons)
-    if more:
-        msg += f", or {nodes_of(more, cluster.gpus_per_node)} (the fewest doubling the nodes)"
-    if cfg.micro_batch_size > 1:
-        msg += f", or a micro-batch under {cfg.micro_batch_size}"
-    return Infeasible(msg)
 
 
 def plan(model: Any, cluster: Cluster, job: Job, *,
@@ -542,8 +502,9 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
             ("job", job, (Job, InferenceJob), "Job or an InferenceJob")):
         if not isinstance(value, kind):
             raise SpecError(f"{name} must be a {what}, got {type(value).__name__}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise SpecError(f"top_k must be a positive integer, got {top_k!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise SpecError(f"top_k must be a whole number from 1 to {MAX_TOP_K} (each runner-up "
+                        f"is estimated and explained again), got {top_k!r}")
     if isinstance(job, InferenceJob):
         from planner.inference import constraints_from, plan_inference
 
@@ -562,10 +523,11 @@ def plan(model: Any, cluster: Cluster, job: Job, *,
     if serving_only:
         raise SpecError(f"constraint field(s) {', '.join(serving_only)} apply to serving "
                         f"(an InferenceJob); a training search takes {', '.join(FIELDS)}")
+    check_fixed_degrees(cons, cluster)
     t0 = time.perf_counter()
     res = search(model, cluster, job, cons, top_k=top_k, progress=progress)
     if not res.top:
-        raise _infeasible(model, cluster, job, cons, res)
+        raise infeasible(model, cluster, job, cons, res)
     best = res.top[0]
     chosen_job = res.jobs[best.framework]
     cfg = row_config(np.array(best.row), model)

@@ -7,15 +7,18 @@ inline in Jupyter, in scripts (``fig.savefig``) and in subplots.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from costmodel.config import ParallelConfig
-from costmodel.errors import SpecError
+from costmodel.errors import SpecError, install_hint
 from costmodel.estimate import Estimate
 from costmodel.memory import TERMS
 from costmodel.steptime import COMM_KINDS, TIME_TERMS
+from costmodel.units import plural
+from hardware_profiles.files import write_bytes
 from planner.explore import Frontier, SweepPoint
 from planner.plan import GIB, Plan, describe
 from planner.timeline import Timeline
@@ -33,7 +36,7 @@ def _axes(ax: Any, size: tuple[float, float] = (7.0, 4.0)) -> Any:
     try:
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - depends on the environment
-        raise SpecError("plots need matplotlib: pip install 'autoparallel-planner[plots]'") \
+        raise SpecError(f"plots need matplotlib: {install_hint('plots')}") \
             from None
     if ax is None:
         _, ax = plt.subplots(figsize=size)
@@ -139,9 +142,12 @@ def plot_timeline(tl: Timeline, ax: Any = None, max_micro_batches: int | None = 
     worth of time (all by default)."""
     ax = _axes(ax, (9.0, 0.45 * tl.num_stages + 1.5))
     ops = tl.ops
+    shown = ""
     if max_micro_batches is not None and max_micro_batches < tl.num_micro_batches:
         cut = max(o.end for o in ops if o.micro_batch < max_micro_batches and o.kind == "F")
         ops = tuple(o for o in ops if o.start < cut)
+        shown = (f" (the first {max_micro_batches} micro-batches' time of "
+                 f"{tl.num_micro_batches})")
     span = max(o.end for o in ops)
     # White gaps between ops only where ops are wide enough to show them; narrow ones would
     # be all gap.
@@ -170,8 +176,9 @@ def plot_timeline(tl: Timeline, ax: Any = None, max_micro_batches: int | None = 
     ax.legend(handles=[mpatches.Patch(color=_OP_COLORS[k], label=names[k]) for k in kinds],
               fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     v = f", v={tl.virtual_stages}" if tl.virtual_stages > 1 else ""
-    ax.set_title(f"{tl.schedule}{v}: {tl.num_micro_batches} micro-batches on {tl.num_stages} "
-                 f"ranks, bubble {100 * tl.bubble_fraction:.1f}%", fontsize=9)
+    ax.set_title(f"{tl.schedule}{v}: {plural(tl.num_micro_batches, 'micro-batch')} on "
+                 f"{tl.num_stages} ranks{shown}, bubble {100 * tl.bubble_fraction:.1f}%",
+                 fontsize=9)
     return ax
 
 
@@ -197,9 +204,16 @@ def plot_plan(plan: Plan, path: str | None = None, max_micro_batches: int | None
     plot_timeline(tl, ax=axes[2], max_micro_batches=cap)
     fig.tight_layout()
     if path is not None:
+        # Drawn in memory, then written whole (``write_bytes``): a failed write leaves an
+        # existing file as it was.
+        buffer = io.BytesIO()
         try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path, bbox_inches="tight", dpi=120)
+            fig.savefig(buffer, bbox_inches="tight", dpi=120,
+                        format=Path(path).suffix.lstrip(".").lower() or "png")
+            write_bytes(path, buffer.getvalue(), "the plot")
+        except SpecError:
+            plt.close(fig)
+            raise
         except (OSError, ValueError) as e:
             plt.close(fig)
             raise SpecError(f"cannot write the plot {str(path)[:200]!r}: {e}") from None

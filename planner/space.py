@@ -96,6 +96,32 @@ RULES: dict[str, str] = {
 }
 
 
+#: Fields whose values are whole numbers (``None`` allowed: the trainer's own), booleans,
+#: or names; every other field is a whole number.
+_OPTIONAL_INTS = ("sharding_group", "recompute_num_layers")
+_BOOLS = ("sequence_parallel",)
+_NAMES = ("pipeline_schedule", "recompute", "offload", "weight_precision")
+
+
+def _field_value(what: str, key: str, value: Any) -> Any:
+    """``value`` of configuration field ``key`` as a constraint holds it (a numpy integer as
+    an ``int``), or a ``SpecError`` naming ``what`` when it is of the wrong kind (``"2"``
+    for a degree would match no configuration, not fail)."""
+    if key in _BOOLS:
+        if not isinstance(value, bool | np.bool_):
+            raise SpecError(f"{what} must be true or false, got {value!r}")
+        return bool(value)
+    if key in _NAMES:
+        if not isinstance(value, str) and not (key == "pipeline_schedule" and value is None):
+            raise SpecError(f"{what} must be a name (a string), got {value!r}")
+        return value
+    if value is None and key in _OPTIONAL_INTS:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise SpecError(f"{what} must be a whole number, got {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class Constraints:
     """What the user fixes: ``fixed`` field -> value, ``allowed`` field -> values, ``max``
@@ -116,6 +142,8 @@ class Constraints:
                     raise SpecError(f"constraint {kind}[{k!r}]: unknown field; use one of "
                                     f"{', '.join(FIELDS)} (training) or "
                                     f"{', '.join(INFERENCE_FIELDS)} (inference)")
+        object.__setattr__(self, "fixed", {k: _field_value(f"constraint fixed[{k!r}]", k, v)
+                                           for k, v in self.fixed.items()})
         for k, v in self.max.items():
             if k not in CAPPABLE:
                 raise SpecError(f"constraint max[{k!r}]: only {', '.join(CAPPABLE)} can be "
@@ -126,6 +154,9 @@ class Constraints:
             if isinstance(vals, str) or not isinstance(vals, Iterable):
                 raise SpecError(f"constraint allowed[{k!r}] must be a list of values, got "
                                 f"{vals!r}")
+        object.__setattr__(self, "allowed", {
+            k: [_field_value(f"constraint allowed[{k!r}]", k, v) for v in vals]
+            for k, vals in self.allowed.items()})
         if self.frameworks is not None:
             fws = tuple(self.frameworks)
             object.__setattr__(self, "frameworks", fws)

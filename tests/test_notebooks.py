@@ -29,6 +29,9 @@ def test_notebook_runs(path: Path, tmp_path: Path) -> None:
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError on any failing cell
+    # What a notebook writes goes to a scratch folder, not where it runs (the checkout's
+    # notebooks/ when a user opens it there).
+    assert not list(tmp_path.iterdir()), sorted(p.name for p in tmp_path.iterdir())
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")

@@ -55,13 +55,13 @@ def _cuda() -> bool:
 #: What each subcommand prints (a regex its stdout must match), beyond exiting 0.
 PRINTS = {
     "plan": r"(?m)^plan +dp=\d+ tp=\d+ pp=\d+.*\n +step [\d.]+ m?s",
-    "plan --inference": r"(?m)^serve +tp=\d+ pp=\d+ .*\n^latency +first token [\d.]+ ms",
+    "plan --inference": r"(?m)^serve +tp=\d+ pp=\d+ .*\n^latency +first token [\d.]+ m?s",
     "plan --json": r'"config"',
     # A torch module of the user's, traced, then planned as a preset is.
     "plan module": (r"(?m)^model +\w+: .*\(traced: .*\n"
                     r"^plan +dp=\d+ tp=\d+ pp=\d+.*\n +step [\d.]+ m?s"),
     "estimate": r"step",
-    "estimate --inference": r"(?m)^latency +first token [\d.]+ ms",
+    "estimate --inference": r"(?m)^latency +first token [\d.]+ m?s",
     "explain": r"(?m)^(plan|serve) ",
     "compare": r"(?m)^candidate .*step",
     "validate": r"leave-one-source-out",

@@ -49,12 +49,16 @@ def add_parser(sub: Subparsers) -> None:
     cal.add_argument("-o", "--output", help="where to write the TOML (default: your own "
                      "calibrated/transfer.toml, or calibrated/<gpu>.toml with --gpu)")
     cal.add_argument("--json", action="store_true", help="machine-readable output")
+    cal.add_argument("--reset", action="store_true", help="remove your own fit (of --gpu, "
+                     "else the all-GPU one) so that estimates use the shipped fit again")
     cal.set_defaults(func=cmd_calibrate)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``planner calibrate``: fit the efficiencies every GPU takes (or, with ``--gpu``, one
     GPU profile's own) to published runs, and write them."""
+    if args.reset:
+        return _reset(args)
     if args.gpu:
         return _calibrate_gpu(args)
     from costmodel.calibration import (
@@ -91,7 +95,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print_json({"fitted": dataclasses.asdict(fit), "written": str(out),
                     "runs": result_rows(results), "summary": summary(results)})
     else:
-        print(f"fitted: {describe(fit)}\nwritten to {out}\n")
+        mine = "" if args.output else (" (your own fit: every later estimate uses it; "
+                                       "'planner calibrate --reset' goes back to the "
+                                       "shipped one)")
+        print(f"fitted: {describe(fit)}\nwritten to {out}{mine}\n")
         print_results(results, None, runs_table=False)
     return 0
 
@@ -128,4 +135,21 @@ def _calibrate_gpu(args: argparse.Namespace) -> int:
         print(f"fitted {gpu.name}: " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items()))
         print(f"written to {out}\n")
         print_comparisons(rows)
+    return 0
+
+
+def _reset(args: argparse.Namespace) -> int:
+    """``planner calibrate --reset [--gpu NAME]``: remove the user's own fit."""
+    if args.runs or args.groups or args.output:
+        raise SpecError("--reset removes your own fit; it takes no --runs, --groups or -o")
+    gpu = GPU.preset(args.gpu, calibrated=False).name if args.gpu else "transfer"
+    path = hardware_profiles.user_calibrated_path(gpu)
+    if not path.is_file():
+        print(f"no fit of your own at {path}: estimates use the shipped fit")
+        return 0
+    try:
+        path.unlink()
+    except OSError as e:
+        raise SpecError(f"cannot remove {str(path)!r}: {e.strerror}") from None
+    print(f"removed {path}: estimates use the shipped fit again")
     return 0

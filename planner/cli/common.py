@@ -9,10 +9,15 @@ with ``EXIT_USAGE``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import hardware_profiles
@@ -29,8 +34,9 @@ from costmodel.config import (
 )
 from costmodel.hardware import GPU
 from costmodel.inference import KV_PRECISIONS, OBJECTIVES, WEIGHT_PRECISIONS, InferenceJob
+from hardware_profiles.files import is_file, printable
 from planner.models import load_model, load_model_or_module
-from planner.plan import Plan, load_plan
+from planner.plan import MAX_TOP_K, Plan, load_plan
 from planner.space import PRESETS, Constraints
 
 if TYPE_CHECKING:
@@ -47,6 +53,8 @@ CLUSTER_KINDS = {str: "a name in quotes", int: "a whole number", (int, float): "
 #: Exit statuses: bad input, and a valid question with no configuration that fits.
 EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
+#: Exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 #: The default GPU of the short form ``--gpus N``.
 DEFAULT_GPU = "h100-sxm"
 
@@ -72,6 +80,15 @@ def positive_int(text: str) -> int:
     return _whole_number(text, 1, "at least 1")
 
 
+def top_k(text: str) -> int:
+    """argparse type: how many configurations to rank, 1 to ``MAX_TOP_K``."""
+    value = positive_int(text)
+    if value > MAX_TOP_K:
+        raise argparse.ArgumentTypeError(f"{value} is more than the {MAX_TOP_K} runners-up a "
+                                         "plan ranks; ask for at most that")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """argparse type: a whole number of at least 0 (row counts)."""
     return _whole_number(text, 0, "0 or more")
@@ -80,7 +97,7 @@ def non_negative_int(text: str) -> int:
 def one_line(text: object) -> str:
     """``text`` with its control characters (what a user typed may hold them) escaped, so
     an error stays one line."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
+    return printable(text)
 
 
 class Parser(argparse.ArgumentParser):
@@ -90,6 +107,99 @@ class Parser(argparse.ArgumentParser):
         """Exit with status 2 and one line naming what is wrong."""
         # Control characters of what was typed are shown escaped, so the error stays a line.
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+
+
+#: The flags whose values are files a command writes.
+OUTPUT_FLAGS = ("output", "dot", "graphml")
+
+
+def _read_files(args: argparse.Namespace) -> list[str]:
+    """The files a command's flags name that exist (what it reads): every string value, and
+    a ``module:attr`` model's ``module.py``."""
+    values: list[str] = []
+    for key, value in vars(args).items():
+        if key in OUTPUT_FLAGS or key == "command_line":
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str):
+                values += [v, v.partition(":")[0] + ".py"] if ":" in v else [v]
+    return [v for v in values if is_file(v)]
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse an output file that is one of the command's own inputs (``planner emit p.json
+    -o p.json``): writing it would destroy what was read."""
+    read = _read_files(args)
+    for flag in OUTPUT_FLAGS:
+        out = getattr(args, flag, None)
+        if not isinstance(out, str) or out == "-" or not is_file(out):
+            continue
+        for source in read:
+            if _same_file(out, source):
+                raise SpecError(f"--{flag} {printable(out)!r} is a file this command reads "
+                                f"({printable(source)!r}); writing it would destroy that "
+                                "input: give another output file")
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` are the same file (False where either cannot be looked at)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+#: Seconds a command on a model's own code (``--model module:attr``) may run by default.
+TRACE_TIMEOUT_S = 600.0
+
+
+class TimeLimit(BaseException):
+    """A command on a model's own code ran past ``--trace-timeout`` (a ``BaseException``,
+    as ``KeyboardInterrupt``: the handlers that turn the model's own errors into one line
+    must not take it for one)."""
+
+
+def add_trace_timeout(p: argparse.ArgumentParser) -> None:
+    """``--trace-timeout``: how long a command on module:attr code may run."""
+    p.add_argument("--trace-timeout", type=float, default=TRACE_TIMEOUT_S, metavar="SECONDS",
+                   help="with --model module:attr, stop with an error after this many "
+                   "seconds (the model's code may never return; default "
+                   f"{TRACE_TIMEOUT_S:.0f})")
+
+
+def user_code_timeout(args: argparse.Namespace) -> float | None:
+    """``--trace-timeout`` where the command runs a model's own code (``module:attr``),
+    else None."""
+    model = getattr(args, "model", None)
+    timeout = getattr(args, "trace_timeout", None)
+    if not isinstance(model, str) or ":" not in model or is_file(model) or timeout is None:
+        return None
+    if not 0 < timeout < float("inf"):
+        raise SpecError(f"--trace-timeout {timeout:g}: give a positive number of seconds")
+    return float(timeout)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise ``TimeLimit`` in the main thread after ``seconds`` (``SIGALRM``; no limit where
+    the platform has no timer, off the main thread, or for ``None``)."""
+    if seconds is None or not hasattr(signal, "setitimer") \
+            or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(_signum: int, _frame: object) -> None:
+        raise TimeLimit(f"the command on the model's own code ran for more than {seconds:g} s "
+                        "(its import, build or trace may never return); if it is only slow, "
+                        "raise --trace-timeout")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def add_command(sub: Subparsers, name: str, *, help: str, description: str, epilog: str
@@ -119,6 +229,7 @@ def add_common_args(p: argparse.ArgumentParser, *, model_required: bool = True,
                    help="preset name (see 'planner models'), a Hugging Face config.json path, "
                    "or module:attr of a ModelSpec, HF config or transformers model (or, for "
                    "'planner plan', of any torch nn.Module)")
+    add_trace_timeout(p)
     _add_cluster_args(p, many=many)
     _add_job_args(p)
 
@@ -251,8 +362,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                     help="cap a degree, e.g. --max tp=4 --max pp=8")
     fx.add_argument("--frameworks", help="trainers to search, comma-separated "
                     f"({','.join(FRAMEWORK_NAMES)}); default --framework")
-    p.add_argument("--top-k", type=positive_int, default=5,
-                   help="configurations to rank (default 5)")
+    p.add_argument("--top-k", type=top_k, default=5,
+                   help=f"configurations to rank (default 5, at most {MAX_TOP_K})")
 
 
 # -- the cluster --------------------------------------------------------------------------
@@ -304,9 +415,20 @@ def make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
         nodes, per_node = _short_form_nodes(num_nodes, gpus, gpus_per_node)
         return Cluster(gpu=resolve_gpu(gpu, measured), num_nodes=nodes,
                        gpus_per_node=per_node, intra_node_link=intra, inter_node_link=inter)
-    if cluster.endswith(".toml"):
+    if hardware_profiles.is_path(cluster):
         return _cluster_file(cluster, num_nodes, measured)
+    _not_shadowed("clusters", cluster, "--cluster")
     return _cluster_preset(cluster, num_nodes, gpu, gpus_per_node, intra, inter, measured)
+
+
+def _not_shadowed(kind: str, name: str, flag: str) -> None:
+    """Warn when a preset name is also a file in this folder: the preset is used (a name is
+    a name), and the warning says how to read the file instead."""
+    for candidate in (name, f"{name}.toml"):
+        if is_file(candidate):
+            warn(f"{flag} {printable(name)} is the shipped {kind[:-1]} preset; the file "
+                 f"{printable(candidate)} in this folder is not read (give "
+                 f"./{printable(candidate)} to read the file)")
 
 
 def _check_profile(measured: GPU | None, gpu: str | None, where: str) -> None:
@@ -322,7 +444,10 @@ def resolve_gpu(gpu: str | None, measured: GPU | None) -> GPU:
     if measured is not None:
         return measured
     name = gpu or DEFAULT_GPU
-    return GPU.from_file(name) if name.endswith(".toml") else GPU.preset(name)
+    if hardware_profiles.is_path(name):
+        return GPU.from_file(name)
+    _not_shadowed("gpus", name, "--gpu")
+    return GPU.preset(name)
 
 
 def _short_form_nodes(num_nodes: int | None, gpus: int | None, gpus_per_node: int | None

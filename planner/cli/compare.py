@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from costmodel import Job, ModelSpec, ParallelConfig, SpecError
 from costmodel.estimate import Estimate
 from costmodel.layercosts import LayerCosts
+from costmodel.units import count
 from planner.cli.common import (
     EXIT_INFEASIBLE,
     EXIT_USAGE,
@@ -94,7 +95,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_dict())
     else:
-        print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters\n")
+        print(f"model    {model.name}: {count(model.num_params())}\n")
         print(result.table())
     if all(c.estimate is None for c in candidates):
         infeasible = all((c.error or "").startswith("infeasible") for c in candidates)

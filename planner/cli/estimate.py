@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING
 
+import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.compute import ATTENTION_NAMES, attention_kernel, float8_gathered_rows
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
@@ -16,7 +17,7 @@ from costmodel.inference import InferenceConfig, InferenceJob, estimate_inferenc
 from costmodel.layercosts import LayerCosts
 from costmodel.memory import TERMS
 from costmodel.steptime import TIME_TERMS
-from costmodel.units import GIB
+from costmodel.units import GIB, count, plural
 from planner.cli.common import (
     add_command,
     add_common_args,
@@ -137,7 +138,7 @@ def _estimate_inference(args: argparse.Namespace, model: ModelSpec, cluster: Clu
                     "model": _model_dict(model), "cluster": _cluster_dict(cluster),
                     "job": job.to_dict()})
     else:
-        print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters; "
+        print(f"model    {model.name}: {count(model.num_params())}; "
               f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; serving "
               f"{job.prompt_len:,}-token prompts, {job.output_len:,} output tokens")
         print(est.summary())
@@ -168,12 +169,14 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
             ) -> list[str]:
     """The model, cluster, job and configuration, a line each."""
     cfg = est.config
+    fit = hardware_profiles.fit_note(cluster.gpu.name)
     return [
-        f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters",
+        *([f"fit      {fit}"] if fit else []),
+        f"model    {model.name}: {count(model.num_params())}",
         f"cluster  {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name} "
         f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {cluster.intra_link.name} "
-        f"inside nodes, {cluster.nics_per_node} x {cluster.inter_link.name} per "
-        "node",
+        + (f"inside nodes, {cluster.nics_per_node} x {cluster.inter_link.name} per node"
+           if cluster.num_nodes > 1 else "inside the node (one node)"),
         f"job      {job.global_batch_size} x {job.seq_len} {job.unit}, {job.precision}, "
         f"{job.optimizer}, {job.framework} conventions"
         + (", TP collectives pipelined with matmuls (--tp-comm-overlap)"
@@ -187,7 +190,7 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
            else ", unfused attention"),
         f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
         f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "
-        f"mbs={cfg.micro_batch_size} ({est.num_micro_batches} micro-batches) "
+        f"mbs={cfg.micro_batch_size} ({plural(est.num_micro_batches, 'micro-batch')}) "
         f"schedule={cfg.pipeline_schedule}"
         + (f" v={cfg.virtual_pipeline_stages}" if cfg.virtual_pipeline_stages > 1 else "")
         + f" recompute={cfg.recompute}"

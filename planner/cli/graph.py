@@ -10,10 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from costmodel import Cluster, Job, ModelSpec, SpecError
 from costmodel.config import FRAMEWORK_NAMES, PRECISIONS
-from hardware_profiles.files import write_text
+from costmodel.errors import install_hint
+from costmodel.units import count
+from hardware_profiles.files import printable, write_text
 from planner.cli.common import (
     _add_cluster_args,
     add_command,
+    add_trace_timeout,
     load_cluster,
     positive_int,
     print_json,
@@ -49,6 +52,7 @@ def add_parser(sub: Subparsers) -> None:
         epilog=EPILOG)
     g.add_argument("model", help="module:attr naming a torch nn.Module (or a preset, traced "
                    "as the reference transformer)")
+    add_trace_timeout(g)
     _add_cluster_args(g, many=False)  # default: one node of 8 h100-sxm
     jb = g.add_argument_group("micro-batch")
     jb.add_argument("--seq-len", type=positive_int, help="tokens per sequence (a model fed "
@@ -99,7 +103,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
         return 0
     if args.dot == "-":
         return 0
-    print(f"model    {graph.name}: {graph.num_params() / 1e9:.3f}B parameters, traced into "
+    print(f"model    {graph.name}: {count(graph.num_params())}, traced into "
           f"{graph.graph.number_of_nodes()} ops; one micro-batch "
           f"{'x'.join(map(str, graph.inputs[0])) if graph.inputs else '()'}, {job.precision}")
     print(graph.summary())
@@ -117,7 +121,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 def _trace(args: argparse.Namespace) -> tuple[LayerGraph, Job]:
     """The model's graph, traced on one micro-batch, and the job it was traced for."""
     if importlib.util.find_spec("torch") is None:
-        raise SpecError("planner graph traces with torch: pip install torch")
+        raise SpecError(f"planner graph traces with torch: {install_hint('torch')}")
     from costmodel.graph import LayerGraph, training_loss
 
     model = load_model_or_module(args.model)
@@ -171,14 +175,15 @@ def to_dot(graph: LayerGraph, costs: LayerCosts, tp: int) -> str:
     output layout (``S(d)`` split along dim d, ``R`` replicated, ``P`` partial)."""
     placed = _placed(costs, tp)
     fw = _forward(graph)
-    lines = [f'digraph "{graph.name}" {{', "  rankdir=TB;",
+    name = _dot_text(graph.name)
+    lines = [f'digraph "{name}" {{', "  rankdir=TB;",
              '  node [shape=box, fontname="Helvetica", fontsize=9];',
-             f'  label="{graph.name}: layouts at tp={tp}"; labelloc=t;']
+             f'  label="{name}: layouts at tp={tp}"; labelloc=t;']
     for k, layer in enumerate(graph.layers):
         members = [i for i in layer.nodes if i in fw]
         if not members:
             continue
-        title = layer.name + (f" x{layer.repeat}" if layer.repeat > 1 else "")
+        title = _dot_text(layer.name) + (f" x{layer.repeat}" if layer.repeat > 1 else "")
         lines.append(f'  subgraph cluster_{k} {{ label="{title}"; style=rounded;')
         for i in members:
             n = graph.node(i)
@@ -190,6 +195,12 @@ def to_dot(graph: LayerGraph, costs: LayerCosts, tp: int) -> str:
     lines += [f"  n{a} -> n{b};" for a, b in fw.edges]
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _dot_text(text: str) -> str:
+    """``text`` inside a DOT double-quoted string: quotes and backslashes escaped, control
+    characters written as escapes (a module's name or path is the user's)."""
+    return printable(text).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _write(path: str, text: str) -> None:

@@ -61,14 +61,15 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    print(f"{'gpu':<11s} {'memory':>8s} {'HBM GB/s':>9s} {'bf16':>7s} {'fp16':>7s} {'fp8':>7s}"
-          "  (dense TFLOP/s)")
+    width = max(len("gpu"), *(len(r["name"]) for r in rows))
+    print(f"{'gpu':<{width}s} {'memory':>8s} {'HBM GB/s':>9s} {'bf16':>7s} {'fp16':>7s} "
+          f"{'fp8':>7s}  (dense TFLOP/s)")
     for r in rows:
         pk = r["peak_tflops"]
         cells = " ".join(f"{pk[d]:>7.0f}" if d in pk else f"{'-':>7s}" for d in
                          ("bf16", "fp16", "fp8"))
-        print(f"{r['name']:<11s} {r['memory_gib']:>4.0f} GiB {r['memory_bandwidth_gb_per_s']:>9.0f}"
-              f" {cells}")
+        print(f"{r['name']:<{width}s} {r['memory_gib']:>4.0f} GiB "
+              f"{r['memory_bandwidth_gb_per_s']:>9.0f} {cells}")
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from costmodel import Cluster, Job, ModelSpec, SpecError
 from costmodel.inference import InferenceJob
 from costmodel.layercosts import LayerCosts
+from costmodel.units import count
 from planner.cli.common import (
     add_command,
     add_common_args,
@@ -109,7 +110,7 @@ def _print_training(args: argparse.Namespace, model: ModelSpec | LayerCosts, clu
         traced = (f" (traced: {len(model.blocks)} blocks, {layer.name} x{layer.repeat}; "
                   f"{_sp_note(model)})")
     unit = "tokens" if job.seq_len > 1 else "samples"
-    print(f"model    {model.name}: {model.num_params() / 1e9:.2f}B parameters{traced}; "
+    print(f"model    {model.name}: {count(model.num_params())}{traced}; "
           f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; "
           f"{job.global_batch_size} x {job.seq_len} {unit}, {job.precision}")
     print(result.summary(rows=max(0, args.why)))

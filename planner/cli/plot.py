@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from costmodel import SpecError
+from costmodel.errors import install_hint
 from planner.cli.common import FORCE_HELP, add_command, load_saved_plan, positive_int
 
 if TYPE_CHECKING:
@@ -40,8 +41,7 @@ def add_parser(sub: Subparsers) -> None:
 def cmd_plot(args: argparse.Namespace) -> int:
     """``planner plot``: a saved plan's memory per stage, step time and pipeline timeline."""
     if importlib.util.find_spec("matplotlib") is None:
-        raise SpecError("planner plot needs matplotlib: pip install "
-                        "'autoparallel-planner[plots]'")
+        raise SpecError(f"planner plot needs matplotlib: {install_hint('plots')}")
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed

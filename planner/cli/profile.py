@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from costmodel import SpecError
+from costmodel.errors import install_hint
 from hardware_profiles.files import write_text
 from planner.cli.common import add_command, positive_int, print_json
 from planner.progress import Progress
@@ -64,7 +65,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if importlib.util.find_spec("torch") is None:
         raise SpecError("planner profile measures with torch, which is not installed: "
-                        "pip install 'autoparallel-planner[torch]'")
+                        f"{install_hint('torch')}")
     sweep = "quick" if args.quick else "full" if args.full else "standard"
     with Progress("profiling") as bar:
         meas = profile(args.device, sweep=sweep, processes=args.procs, gpu=args.gpu,

@@ -8,6 +8,7 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from costmodel import SpecError
+from costmodel.errors import install_hint
 from planner.cli.common import FORCE_HELP, add_command
 
 if TYPE_CHECKING:
@@ -42,9 +43,11 @@ def add_parser(sub: Subparsers) -> None:
                      help="print the torchrun command instead of running it")
     run.add_argument("-o", "--output", help="where a multi-node plan's sbatch script goes "
                      "(default train.sbatch)")
+    run.add_argument("--model", help="module:attr of the torch module a traced module's plan "
+                     "trains (default: the one the plan was made from)")
     run.set_defaults(func=cmd_run)
-    run.usage = ("planner run [-h] [--script SCRIPT] [--force] [--dry-run] [-o OUTPUT] plan "
-                 "[-- ARGS]")
+    run.usage = ("planner run [-h] [--script SCRIPT] [--force] [--dry-run] [-o OUTPUT] "
+                 "[--model MODULE:ATTR] plan [-- ARGS]")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -52,6 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from planner.runtime.launch import launch
 
     if importlib.util.find_spec("torch") is None:
-        raise SpecError("planner run needs torch: pip install 'autoparallel-planner[torch]'")
+        raise SpecError(f"planner run needs torch: {install_hint('torch')}")
     return launch(args.plan, args.script, args.script_args, dry_run=args.dry_run,
-                  output=args.output, command=args.command_line, force=args.force)
+                  output=args.output, command=args.command_line, force=args.force,
+                  model=args.model)

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from costmodel import Job, SpecError
+from costmodel.errors import install_hint
 
 __all__ = ["add_module_args", "input_shapes", "module_inputs"]
 
@@ -53,7 +54,7 @@ def module_inputs(args: argparse.Namespace, module: Any, job: Job, batch: int = 
     try:
         import torch
     except ImportError:
-        raise SpecError("planning a torch module needs torch: pip install torch") from None
+        raise SpecError(f"planning a torch module needs torch: {install_hint('torch')}") from None
     first = next((m for m in module.modules() if not list(m.children())
                   and any(True for _ in m.parameters(recurse=False))), None)
     tokens = isinstance(first, torch.nn.Embedding)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import hardware_profiles
 from costmodel.compute import loss_kind
 from costmodel.config import Job, ParallelConfig
 from costmodel.estimate import Estimate
@@ -15,6 +16,7 @@ from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from costmodel.states import megatron_grad_bytes
 from costmodel.units import GIB
+from hardware_profiles.files import printable
 
 if TYPE_CHECKING:
     from planner.plan import Plan
@@ -169,13 +171,19 @@ def header_lines(plan: Plan, config: ParallelConfig, job: Job, est: Estimate, co
         f"{est.memory_capacity_bytes / GIB:.1f} GiB per GPU",
         f"command: {command}",
     ]
+    fit = hardware_profiles.fit_note(c.gpu.name)
+    if fit:
+        lines.append(f"fit: {fit}")
     lines += [f"WARNING: {w}" for w in warnings]
     return lines
 
 
+
 def commented(lines: list[str], marker: str = "#") -> str:
-    """``lines`` as comment lines."""
-    return "\n".join(f"{marker} {line}" if line else marker for line in lines)
+    """``lines`` as comment lines, each one line whatever it holds: a newline, NUL or other
+    control character in a name or path is written as its escape (``printable``), so no
+    text can leave the comment and run as a command (shell) or key (TOML)."""
+    return "\n".join(f"{marker} {printable(line)}" if line else marker for line in lines)
 
 
 def micro_batches(job: Job, cfg: ParallelConfig) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 from costmodel.config import Job, ParallelConfig
 from costmodel.estimate import Estimate
 from costmodel.model import ModelSpec
+from hardware_profiles.files import printable
 from planner.emit.common import (
     Lowered,
     ReadBack,
@@ -125,7 +126,7 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
            warnings: tuple[str, ...]) -> str:
     """The JSON text."""
     head = header_lines(plan, config, job, estimate, command, warnings)
-    body = {"_comment": head + launcher(plan, config)}
+    body = {"_comment": [printable(line) for line in head + launcher(plan, config)]}
     body.update(config_dict(job, config))
     return json.dumps(body, indent=2) + "\n"
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from costmodel.errors import SpecError
 from costmodel.inference import InferenceConfig, InferenceEstimate, InferenceJob
 from costmodel.units import GIB
+from planner.emit.common import commented
 
 if TYPE_CHECKING:
     from planner.plan import Plan
@@ -62,7 +63,7 @@ def _header(plan: Plan, command: str, marker: str = "#") -> list[str]:
         f"GiB per GPU",
         f"command: {command}",
     ]
-    return [f"{marker} {line}" for line in lines]
+    return commented(lines, marker).split("\n")
 
 
 def _utilization(est: InferenceEstimate) -> float:

@@ -11,6 +11,7 @@ inter-node link; the variables are documented in the NCCL user guide, "Environme
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 from costmodel.config import Job, ParallelConfig
@@ -38,6 +39,16 @@ NCCL_ENV: dict[str, list[tuple[str, str, str]]] = {
             ("NCCL_NSOCKS_PERTHREAD", "4", "more sockets per thread")],
 }
 EOF_MARK = "PLANNER_EOF"
+
+
+def here_document(filename: str, text: str) -> list[str]:
+    """Shell lines that write ``text`` to ``filename`` with a quoted here-document (nothing
+    in it is expanded), ended by a marker that no line of ``text`` equals (``EOF_MARK``, or
+    it with a number), so no line of the text can end it early and run as a command."""
+    taken = set(text.split("\n"))
+    marks = (EOF_MARK if i == 0 else f"{EOF_MARK}_{i}" for i in range(len(taken) + 1))
+    mark = next(m for m in marks if m not in taken)
+    return [f"cat > {shlex.quote(filename)} <<'{mark}'", text.rstrip("\n"), mark]
 
 
 def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
@@ -94,7 +105,7 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
                            command=command, warnings=warnings)
     head = header_lines(plan, config, job, estimate, command, warnings)
     lines = sbatch_preamble(plan, head)
-    lines += ["", f"cat > {trainer.filename} <<'{EOF_MARK}'", inner.rstrip("\n"), EOF_MARK]
+    lines += ["", *here_document(trainer.filename, inner)]
     if job.framework == "megatron":
         lines.append(f"source {trainer.filename}")
     lines += ["", *srun_torchrun(plan.cluster.gpus_per_node, ENTRY[job.framework])]
@@ -105,12 +116,12 @@ def read(text: str, model: ModelSpec) -> ReadBack:
     """The configuration of the trainer file embedded in an sbatch script, and the GPUs."""
     nodes = re.search(r"^#SBATCH --nodes=(\d+)$", text, re.M)
     gpn = re.search(r"^#SBATCH --gpus-per-node=(\d+)$", text, re.M)
-    inner = re.search(rf"^cat > (\S+) <<'{EOF_MARK}'\n(.*?)^{EOF_MARK}$", text, re.S | re.M)
+    inner = re.search(rf"^cat > (\S+) <<'({EOF_MARK}\w*)'\n(.*?)^\2$", text, re.S | re.M)
     if not (nodes and gpn and inner):
         raise SpecError("not an sbatch script written by the planner (no --nodes, "
                         "--gpus-per-node or embedded trainer file)")
     trainer = next(t for t in TRAINERS.values() if t.filename == inner.group(1))
-    back = trainer.read(inner.group(2), model)
+    back = trainer.read(inner.group(3), model)
     return ReadBack(config=back.config, global_batch_size=back.global_batch_size,
                     seq_len=back.seq_len, num_gpus=int(nodes.group(1)) * int(gpn.group(1)))
 

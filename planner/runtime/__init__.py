@@ -27,12 +27,12 @@ from costmodel.frameworks import pipelining_problem
 from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from costmodel.units import GIB
+from planner.plan import Plan
 
 if TYPE_CHECKING:
-    from planner.plan import Plan
     from planner.runtime.apply import Parallelized
 
-__all__ = ["FORCE_ENV", "apply", "check", "unsupported"]
+__all__ = ["FORCE_ENV", "apply", "check", "check_size", "unsupported"]
 
 
 def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
@@ -131,6 +131,9 @@ def check(plan: Plan, reference: bool = True, force: bool = False) -> None:
     """Raise ``SpecError`` naming every feature of ``plan`` that ``apply`` cannot run, and
     ``Infeasible`` when its estimate does not fit the GPUs' memory (unless ``force``, or
     ``PLANNER_FORCE=1`` in the environment, as ``planner run --force`` sets it)."""
+    if not isinstance(plan, Plan):
+        raise SpecError(f"planner.apply takes a Plan (planner.plan(...), or "
+                        f"Plan.from_json(path) for a saved one), got {type(plan).__name__}")
     if plan.is_inference:
         raise SpecError("this is a serving plan (an InferenceJob); planner.apply trains. Serve "
                         "it with 'planner emit PLAN --target vllm' (or tensorrt-llm)")
@@ -149,3 +152,20 @@ def apply(plan: Plan, module: Any, **kwargs: Any) -> Parallelized:
     from planner.runtime.apply import apply as _apply
 
     return _apply(plan, module, **kwargs)
+
+
+#: How far a module's parameter count may be from the plan's model's before ``apply``
+#: refuses it as another model (a module may add a bias or norm the count leaves out, never
+#: a fiftieth of the model).
+PARAMS_TOLERANCE = 0.02
+
+
+def check_size(plan: Plan, module: Any) -> None:
+    """Refuse a ``module`` whose parameter count is not the plan's model's: a model of
+    another width or depth than the plan was made for."""
+    have = sum(int(p.numel()) for p in module.parameters())
+    want = plan.model.num_params()
+    if abs(have - want) > PARAMS_TOLERANCE * want:
+        raise SpecError(f"the module has {have:,} parameters but the plan's model "
+                        f"{plan.model.name!r} has {want:,}: it is not the model the plan was "
+                        "made for (plan this module: planner.plan(module, ...))")

@@ -67,7 +67,7 @@ from costmodel.errors import SpecError
 from costmodel.layercosts import LayerCosts
 from costmodel.memory import even_split
 from planner.plan import Plan
-from planner.runtime import check
+from planner.runtime import check, check_size
 from planner.runtime.attention import HeadParallel, local_shard
 from planner.runtime.model import Transformer
 from planner.runtime.modules import layer_paths, module_blocks, pipeline_stages, set_module
@@ -573,6 +573,7 @@ def _check_module(plan: Plan, module: nn.Module, cfg: ParallelConfig,
     if isinstance(module, Transformer) and module.spec.num_layers != plan.model.num_layers:
         raise SpecError(f"the module has {module.spec.num_layers} layers but the plan's model "
                         f"{plan.model.name!r} has {plan.model.num_layers}")
+    check_size(plan, module)
     blocks = _blocks(module, paths)
     needs_blocks = cfg.pp > 1 or cfg.recompute != "none"
     if needs_blocks and len(blocks) != plan.model.num_layers:

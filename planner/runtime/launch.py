@@ -1,11 +1,14 @@
 """``planner run``: start the processes of a plan, or write the script that starts them.
 
-On one node the launcher runs ``torchrun --standalone`` (as ``python -m torch.distributed.run``)
-with one process per rank of the plan, each running the training script (default the minimal
-loop ``planner.runtime.train``) with ``PLANNER_PLAN`` set to the plan file; the script calls
-``planner.apply(Plan.from_json(os.environ["PLANNER_PLAN"]), model)``. A plan for several nodes
-cannot be started from here: the launcher writes an ``sbatch`` script that runs ``torchrun`` on
-every node with the c10d rendezvous and the NCCL environment of the cluster's links
+On one node the launcher runs ``torchrun --standalone`` (as ``python -m
+planner.runtime.torchrun``: torch's ``torch.distributed.run``, ending in one line when a
+signal stops it) with one process per rank of the plan, each running the training script
+(default the minimal loop ``planner.runtime.train``) with ``PLANNER_PLAN`` set to the plan
+file; the script calls ``planner.apply(Plan.from_json(os.environ["PLANNER_PLAN"]), model)``.
+``planner.runtime.supervise`` runs it so that a Ctrl-C or SIGTERM stops every process it
+started (torchrun stops its workers; what is left after a grace period is killed). A plan for
+several nodes cannot be started from here: the launcher writes an ``sbatch`` script that runs
+``torchrun`` on every node with the c10d rendezvous and the NCCL environment of the cluster's links
 (``planner.emit.slurm``), with the plan embedded, to submit with ``sbatch``.
 
 Everything the runtime cannot execute is refused first (``planner.runtime.check``), before any
@@ -16,17 +19,18 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel.errors import SpecError
-from hardware_profiles.files import write_text
+from costmodel.layercosts import LayerCosts
+from hardware_profiles.files import is_file, not_a_file, write_text
 from planner.emit.common import header_lines
-from planner.emit.slurm import EOF_MARK, sbatch_preamble, srun_torchrun
+from planner.emit.slurm import here_document, sbatch_preamble, srun_torchrun
 from planner.plan import Plan, describe, load_plan
 from planner.runtime import FORCE_ENV, check
+from planner.runtime.supervise import supervise
 
 __all__ = ["DEFAULT_ENTRY", "Launch", "launch", "prepare", "sbatch_script"]
 
@@ -50,8 +54,8 @@ class Launch:
 def _entry(script: str | None, script_args: list[str]) -> list[str]:
     if script is None:
         return [*DEFAULT_ENTRY, *script_args]
-    if not Path(script).is_file():
-        raise SpecError(f"training script {script!r} does not exist")
+    if not is_file(script):
+        raise not_a_file(script, "training script")
     return [script, *script_args]
 
 
@@ -63,7 +67,7 @@ def sbatch_script(plan: Plan, script: str | None, script_args: list[str], comman
     job, cfg, est = plan.training()
     head = header_lines(plan, cfg, job, est, command, ())
     lines = sbatch_preamble(plan, head)
-    lines += ["", f"cat > plan.json <<'{EOF_MARK}'", plan.to_json(), EOF_MARK,
+    lines += ["", *here_document("plan.json", plan.to_json()),
               f'export {PLAN_ENV}="$PWD/plan.json"  # read by the script: '
               "planner.apply(Plan.from_json(...), model)", ""]
     if force:
@@ -73,8 +77,33 @@ def sbatch_script(plan: Plan, script: str | None, script_args: list[str], comman
     return "\n".join(lines) + "\n"
 
 
+def _traced_source(plan: Plan, model: str | None) -> list[str]:
+    """What the minimal loop needs to build a traced module's plan again: the plan's
+    ``module:attr``, or ``model`` (``planner run --model``); refused before any process
+    starts when neither names it, or when the loop cannot feed its inputs. The loop's
+    arguments for it (``--model``)."""
+    traced = isinstance(plan.model, LayerCosts) and plan.model.spec is None
+    if not traced:
+        if model:
+            raise SpecError(f"--model names the module of a traced plan; this plan's model "
+                            f"{plan.model.name!r} is built from its spec: drop --model")
+        return []
+    source = plan.module
+    if model is None and source is None:
+        raise SpecError(f"this plan is of a torch module planned in memory "
+                        f"({plan.model.name}), and does not say where its code is: give "
+                        "'planner run PLAN --model module:attr' naming it, or plan it with "
+                        "'planner plan --model module:attr'")
+    if source is None or len(source.input_shapes) != 1:
+        raise SpecError("the minimal loop trains a module of one input tensor whose traced "
+                        "shape the plan records ('planner plan --model module:attr "
+                        "--input-shape ...'); write a script calling planner.apply (--script)")
+    return ["--model", model] if model else []
+
+
 def prepare(plan_path: str, script: str | None = None, script_args: list[str] | None = None,
-            command: str | None = None, force: bool = False) -> Launch:
+            command: str | None = None, force: bool = False, model: str | None = None
+            ) -> Launch:
     """Read the plan (no search; re-validated and re-estimated, ``planner.plan.load_plan``:
     one that does not fit is refused unless ``force``), refuse what the runtime cannot run,
     and say how to start it: the torchrun command for one node, or the sbatch script for
@@ -84,12 +113,17 @@ def prepare(plan_path: str, script: str | None = None, script_args: list[str] | 
         print(f"planner: warning: {w}", file=sys.stderr)
     check(plan, reference=script is None, force=force)
     args = list(script_args or [])
+    if script is None:
+        args = _traced_source(plan, model) + args
+    elif model:
+        raise SpecError("--model names the module the minimal loop builds; with --script, "
+                        "your script builds its own")
     path = str(Path(plan_path).resolve())
     if plan.cluster.num_nodes > 1:
         text = sbatch_script(plan, script, args,
                              command or f"planner run {shlex.quote(plan_path)}", force)
         return Launch(plan=plan, command=(), env={}, sbatch=text)
-    cmd = (sys.executable, "-m", "torch.distributed.run", "--standalone",
+    cmd = (sys.executable, "-m", "planner.runtime.torchrun", "--standalone",
            f"--nproc-per-node={plan.config.world_size}", *_entry(script, args))
     env = {PLAN_ENV: path, **({FORCE_ENV: "1"} if force else {})}
     return Launch(plan=plan, command=cmd, env=env)
@@ -97,12 +131,13 @@ def prepare(plan_path: str, script: str | None = None, script_args: list[str] | 
 
 def launch(plan_path: str, script: str | None = None, script_args: list[str] | None = None,
            *, dry_run: bool = False, output: str | None = None,
-           command: str | None = None, force: bool = False) -> int:
+           command: str | None = None, force: bool = False, model: str | None = None) -> int:
     """Start the plan's processes on this node and wait (returns their exit status), or,
     for a multi-node plan, write the sbatch script to ``output`` (default ``train.sbatch``;
     an existing file is kept unless ``force``). ``dry_run``: print the command, or the sbatch
-    script, instead of running or writing it. ``force``: use a plan that does not fit."""
-    how = prepare(plan_path, script, script_args, command, force)
+    script, instead of running or writing it. ``force``: use a plan that does not fit.
+    ``model``: the ``module:attr`` of a traced module's plan (default: the plan's own)."""
+    how = prepare(plan_path, script, script_args, command, force, model)
     plan = how.plan
     say = f"{describe(plan.config)} ({plan.config.world_size} processes)"
     if how.sbatch is not None:
@@ -123,4 +158,4 @@ def launch(plan_path: str, script: str | None = None, script_args: list[str] | N
         print(line)
         return 0
     print(f"planner: starting {say}: {line}", file=sys.stderr, flush=True)
-    return subprocess.call(list(how.command), env={**os.environ, **how.env})
+    return supervise(how.command, {**os.environ, **how.env})

@@ -26,6 +26,7 @@ from costmodel.config import Job
 from costmodel.errors import SpecError
 from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
+from hardware_profiles.files import write_text
 from planner.plan import Plan
 from planner.runtime.apply import Parallelized, apply, cross_entropy, make_optimizer
 from planner.runtime.model import build_model
@@ -231,8 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows: list[dict[str, object] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(rows, {"rank": dist.get_rank(), **res.__dict__})
         if dist.get_rank() == 0:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+            write_text(args.json, json.dumps(rows, indent=1), "results file")
     dist.destroy_process_group()
     return 0
 
@@ -249,5 +249,15 @@ def exit_process(code: int) -> None:
     os._exit(code)
 
 
+def run() -> int:
+    """``main``, with a Ctrl-C (``planner run`` forwards it through torchrun) ending the
+    rank with one line and status 130 instead of a traceback per rank."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"rank {os.environ.get('RANK', '?')}: interrupted", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    exit_process(main())
+    exit_process(run())
