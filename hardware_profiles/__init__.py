@@ -175,9 +175,14 @@ def load(kind: str, name: str, *, calibrated: bool = True) -> dict[str, Any]:
         raise unknown_name(kind[:-1], name, names(kind))
     data = load_file(path)
     data.setdefault("name", key)
-    if kind == "gpus" and calibrated and "efficiency" in data:
-        data["efficiency"] = _calibrated_efficiency(key, dict(data["efficiency"]),
-                                                    str(data.get("architecture", "")))
+    if kind == "gpus" and "efficiency" in data:
+        try:
+            data["efficiency"] = check_efficiency(data["efficiency"])
+        except SpecError as e:
+            raise SpecError(f"profile file {str(path)!r}: {e}") from None
+        if calibrated:
+            data["efficiency"] = _calibrated_efficiency(key, data["efficiency"],
+                                                        str(data.get("architecture", "")))
     return data
 
 
@@ -251,12 +256,13 @@ def transfer_efficiency(eff: dict[str, Any], *, overhead: bool = True,
     attention``), the memory fraction by ``[transfer] memory``; with
     ``overhead``, the per-kernel overhead becomes the fitted one (a measured profile keeps
     its own: ``overhead=False``), and the slowdown of compute by concurrent communication
-    the fitted ``comm_slowdown``. Unchanged when nothing is fitted.
+    the fitted ``comm_slowdown``. Unchanged when nothing is fitted. ``eff`` is a table
+    ``check_efficiency`` passed (``load`` and ``GPU.from_file`` check it as they read it), so
+    an error here is the fit's.
     """
-    eff = check_efficiency(eff)
     ref = transfer_path()
     if not is_file(ref):
-        return eff
+        return dict(eff)
     try:
         cal = load_file(ref)
         t = cal.get("transfer")
@@ -279,8 +285,9 @@ def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture
                    overhead: bool = True) -> tuple[dict[str, Any], float]:
     """``eff`` (an ``[efficiency]`` table) with a ``[transfer]`` table ``t`` applied as
     ``transfer_efficiency`` describes, and the matmul ratio used; what ``planner calibrate``
-    fits is applied by this same function."""
-    eff = check_efficiency(eff)
+    fits is applied by this same function (``eff`` checked, as ``transfer_efficiency``
+    says)."""
+    eff = dict(eff)
 
     def ratio_of(value: Any, what: str) -> float:
         # A fitted in-training/microbenchmark ratio: above 1 where training beats the

@@ -22,7 +22,8 @@ from planner.search import SearchResult, least_gpus, nodes_of
 from planner.space import RULES, Constraints, row_config
 
 __all__ = ["IDLE_SHARE", "SERVING_TPOT_S", "SERVING_TTFT_S", "check_fixed_degrees",
-           "idle_warning", "infeasible", "position_warning", "serving_warnings"]
+           "idle_warning", "infeasible", "nothing_fits", "position_warning",
+           "serving_warnings"]
 
 
 IDLE_SHARE = 0.5  # idle_warning: GPUs computing for less of the step than this
@@ -100,10 +101,7 @@ def infeasible(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cons: 
             "give the cluster its real host memory, offload less (--offload), or use more GPUs")
     reserve = (f" ({cluster.gpu.memory_bytes / GIB:.1f} GiB less the "
                f"{100 * job.memory_reserve:.0f}% memory reserve)" if job.memory_reserve else "")
-    msg = (f"nothing fits in {cap / GIB:.1f} GiB per GPU{reserve}: the least memory any "
-           f"configuration "
-           f"needs is {low.peak_memory / GIB:.1f} GiB per GPU ({describe(cfg)}, "
-           f"{low.framework}); a GPU with at least {low.peak_memory / GIB:.1f} GiB would fit")
+    msg = nothing_fits(cap, low.peak_memory, f"{describe(cfg)}, {low.framework}", reserve)
     more = least_gpus(model, cluster, job, cons)
     if more:
         msg += f", or {nodes_of(more, cluster.gpus_per_node)} (the fewest doubling the nodes)"
@@ -133,6 +131,17 @@ def serving_warnings(job: InferenceJob, e: InferenceEstimate) -> tuple[str, ...]
                    "server bound): more tensor parallelism, a smaller batch, or "
                    "--max-tpot-ms to search under a bound")
     return tuple(out)
+
+
+def nothing_fits(capacity_bytes: float, least_bytes: float, config: str, reserve: str = ""
+                 ) -> str:
+    """The first words of an ``Infeasible`` for a memory a training or serving search found
+    nothing to fit in: ``capacity_bytes`` per GPU (``reserve``: how it was derived), the
+    least any configuration needs (``least_bytes``, of ``config`` in words), and so the GPU
+    that would fit; callers add what else would."""
+    return (f"nothing fits in {capacity_bytes / GIB:.1f} GiB per GPU{reserve}: the least "
+            f"memory any configuration needs is {least_bytes / GIB:.1f} GiB per GPU "
+            f"({config}); a GPU with at least {least_bytes / GIB:.1f} GiB would fit")
 
 
 def check_fixed_degrees(cons: Constraints, cluster: Cluster) -> None:

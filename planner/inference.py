@@ -40,6 +40,7 @@ from costmodel.inference import (
 )
 from costmodel.model import ModelSpec
 from costmodel.units import GIB
+from planner.advice import nothing_fits
 from planner.search import nodes_of
 from planner.space import INFERENCE_FIELDS, Constraints, Rejections
 
@@ -353,10 +354,7 @@ def _infeasible(model: ModelSpec, cluster: Cluster, job: InferenceJob, cons: Con
     if not t.fits.any():
         i = int(np.argmin(t.peak))
         c = res.configs[i]
-        msg = (f"nothing fits in {cap / GIB:.1f} GiB per GPU: the least memory any "
-               f"configuration needs is {float(t.peak[i]) / GIB:.1f} GiB per GPU "
-               f"({c.describe()}); a GPU with at least "
-               f"{float(t.peak[i]) / GIB:.1f} GiB would fit")
+        msg = nothing_fits(cap, float(t.peak[i]), c.describe())
         more = _least_gpus(model, cluster, job, cons)
         if more:
             msg += f", or {nodes_of(more, cluster.gpus_per_node)}"

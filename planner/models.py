@@ -72,16 +72,16 @@ def _is_module(obj: Any) -> bool:
 def build_module(spec: str) -> Any:
     """The torch ``nn.Module`` that ``module:attr`` names, built to train (not on the meta
     device): an instance as it is, a class or function called with no arguments. What
-    ``planner run`` trains for the plan of a traced module."""
+    ``planner run`` trains for the plan of a traced module. The user's code prints to
+    standard error while it is imported and built."""
     with contextlib.redirect_stdout(sys.stderr):
         obj = _import_attr(spec)
-    if not _is_module(obj) and callable(obj):
-        try:
-            with contextlib.redirect_stdout(sys.stderr):
+        if not _is_module(obj) and callable(obj):
+            try:
                 obj = obj()
-        except Exception as e:  # the user's constructor, as one line
-            raise SpecError(f"model {spec!r}: building it raised {type(e).__name__}: "
-                            f"{e}") from None
+            except Exception as e:  # the user's constructor, as one line
+                raise SpecError(f"model {spec!r}: building it raised {type(e).__name__}: "
+                                f"{e}") from None
     if not _is_module(obj):
         raise SpecError(f"model {spec!r} is a {type(obj).__name__}, not a torch nn.Module "
                         "(or a class or function taking no arguments that returns one)")

@@ -27,12 +27,12 @@ from costmodel.frameworks import pipelining_problem
 from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from costmodel.units import GIB
-from planner.plan import Plan
+from planner.plan import ModuleSource, Plan
 
 if TYPE_CHECKING:
     from planner.runtime.apply import Parallelized
 
-__all__ = ["FORCE_ENV", "apply", "check", "check_size", "unsupported"]
+__all__ = ["FORCE_ENV", "apply", "check", "check_size", "traced_source", "unsupported"]
 
 
 def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
@@ -169,3 +169,24 @@ def check_size(plan: Plan, module: Any) -> None:
         raise SpecError(f"the module has {have:,} parameters but the plan's model "
                         f"{plan.model.name!r} has {want:,}: it is not the model the plan was "
                         "made for (plan this module: planner.plan(module, ...))")
+
+
+def traced_source(plan: Plan, model: str | None) -> tuple[str, ModuleSource]:
+    """The ``module:attr`` the minimal training loop builds a traced module's plan from
+    (``model``, else the one the plan records) and the traced inputs it feeds it; a
+    ``SpecError`` when neither names the module (a plan of a module planned in Python), or
+    when the loop cannot feed its inputs (not one tensor of a recorded shape). ``planner
+    run`` asks before starting any process, each process again as it starts."""
+    source = plan.module
+    name = model or (source.model if source is not None else None)
+    if name is None:
+        raise SpecError(f"this plan is of a torch module planned in memory "
+                        f"({plan.model.name}), and does not say where its code is: give "
+                        "'planner run PLAN --model module:attr' naming it, or plan it with "
+                        "'planner plan --model module:attr'")
+    if source is None or len(source.input_shapes) != 1:
+        raise SpecError("the minimal loop trains a module of one input tensor whose traced "
+                        "shape the plan records ('planner plan --model module:attr "
+                        "--input-shape ...'); for others write a script calling planner.apply "
+                        "(planner run --script)")
+    return name, source

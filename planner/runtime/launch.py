@@ -29,7 +29,7 @@ from hardware_profiles.files import is_file, not_a_file, write_text
 from planner.emit.common import header_lines
 from planner.emit.slurm import here_document, sbatch_preamble, srun_torchrun
 from planner.plan import Plan, describe, load_plan
-from planner.runtime import FORCE_ENV, check
+from planner.runtime import FORCE_ENV, check, traced_source
 from planner.runtime.supervise import supervise
 
 __all__ = ["DEFAULT_ENTRY", "Launch", "launch", "prepare", "sbatch_script"]
@@ -88,16 +88,7 @@ def _traced_source(plan: Plan, model: str | None) -> list[str]:
             raise SpecError(f"--model names the module of a traced plan; this plan's model "
                             f"{plan.model.name!r} is built from its spec: drop --model")
         return []
-    source = plan.module
-    if model is None and source is None:
-        raise SpecError(f"this plan is of a torch module planned in memory "
-                        f"({plan.model.name}), and does not say where its code is: give "
-                        "'planner run PLAN --model module:attr' naming it, or plan it with "
-                        "'planner plan --model module:attr'")
-    if source is None or len(source.input_shapes) != 1:
-        raise SpecError("the minimal loop trains a module of one input tensor whose traced "
-                        "shape the plan records ('planner plan --model module:attr "
-                        "--input-shape ...'); write a script calling planner.apply (--script)")
+    traced_source(plan, model)
     return ["--model", model] if model else []
 
 

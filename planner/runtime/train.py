@@ -28,6 +28,7 @@ from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from hardware_profiles.files import write_text
 from planner.plan import Plan
+from planner.runtime import traced_source
 from planner.runtime.apply import Parallelized, apply, cross_entropy, make_optimizer
 from planner.runtime.model import build_model
 
@@ -173,15 +174,7 @@ def _train_traced(plan: Plan, model: str | None, *, steps: int, lr: float, seed:
     plan's ``module``), trained on synthetic data of its traced inputs' shape."""
     from planner.models import build_module
 
-    source = plan.module
-    name = model or (source.model if source is not None else None)
-    if name is None:
-        raise SpecError(f"this plan is of a traced torch module ({plan.model.name}) and does "
-                        "not say which: give --model module:attr")
-    if source is None or len(source.input_shapes) != 1:
-        raise SpecError("the minimal loop trains a module of one input tensor whose traced "
-                        "shape the plan records ('planner plan --model module:attr "
-                        "--input-shape ...'); write a script calling planner.apply for others")
+    name, source = traced_source(plan, model)
     dtype = torch.int64 if source.input_dtype == "int64" else torch.float32
     example = torch.zeros(source.input_shapes[0], dtype=dtype)
     return train_module(plan, lambda: build_module(name), example, steps=steps, lr=lr,
