@@ -1,6 +1,7 @@
 """Fit the fixed work of a fused attention kernel per query block to measured sweeps.
 
-``costmodel.compute.flash_attention_time`` prices a causal fused attention over ``s`` keys per
+``costmodel.formulas.compute.flash_attention_time`` prices a causal fused attention over ``s`` keys
+per
 query as ``passes * flops * (1 + fixed_keys / s) / (peak * fraction) + kernel_overhead``: the
 work grows with ``s`` but each query block also pays a fixed amount (its diagonal block,
 loading the block and its softmax statistics, writing the output; in backward also the row
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from costmodel.compute import FLASH_BACKWARD_FLOPS
+from costmodel.formulas.roofline import FLASH_BACKWARD_FLOPS
 from costmodel.hardware import GPU
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,8 @@
 Builds the configuration table of a realistic search directly as numpy columns (Llama-3-70B on
 1,024 H100s: every tp, pp, cp, dp, ZeRO stage, sequence parallel, micro-batch, schedule,
 virtual stages and recompute mode that the divisibility rules allow), repeated to about a
-million rows, and times ``costmodel.tables.evaluate`` (``memory_table`` + ``time_table``) on it.
+million rows, and times ``costmodel.formulas.tables.evaluate`` (``memory_table`` + ``time_table``)
+on it.
 
     python benchmarks/costmodel_throughput.py [--rows N]
 """
@@ -17,8 +18,8 @@ import time
 import numpy as np
 
 from costmodel import Cluster, Job, ModelSpec
-from costmodel.memory import SCHEDULE_CODES, ConfigArrays
-from costmodel.tables import evaluate
+from costmodel.formulas.memory import SCHEDULE_CODES, ConfigArrays
+from costmodel.formulas.tables import evaluate
 
 
 def grid(model: ModelSpec, gpus: int, job: Job) -> ConfigArrays:

@@ -1,5 +1,5 @@
 """How fast a torch model becomes a layer graph (``LayerGraph.from_module``), its
-``LayerCosts`` (``LayerCosts.from_graph``: the sharding ILP of each distinct block at TP
+``LayerCosts`` (``costs_from_graph``: the sharding ILP of each distinct block at TP
 degrees 1, 2, 4 and 8, without sequence parallelism and, at 2, 4 and 8, with it) and a
 plan (the one search over them, as ``planner.plan`` of a module runs it), and in how much
 memory: Llama-3-8B,
@@ -29,8 +29,9 @@ import torch
 
 import planner
 from costmodel import Cluster, Job, ModelSpec
-from costmodel.graph import LayerGraph, training_loss
-from costmodel.layercosts import LayerCosts
+from costmodel.trace.blockcosts import costs_from_graph
+from costmodel.trace.graph import LayerGraph
+from costmodel.trace.recorder import training_loss
 from planner.alternatives import describe
 from planner.examples import EncoderDecoder, MLPMixer, ViT
 from planner.runtime.model import build_model
@@ -64,7 +65,7 @@ def main() -> None:
         seq = x.shape[1] if x.dim() == 2 else 1
         job = Job(global_batch_size=512, seq_len=seq)
         t1 = time.perf_counter()
-        costs = LayerCosts.from_graph(graph, cluster, job, tp_degrees=(1, 2, 4, 8),
+        costs = costs_from_graph(graph, cluster, job, tp_degrees=(1, 2, 4, 8),
                                       sequence_parallel="both")
         dc = time.perf_counter() - t1
         t1 = time.perf_counter()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.published_inference import METRICS, compare_inference, load_inference_runs
+from costmodel.fitting.published_inference import METRICS, compare_inference, load_inference_runs
 
 TARGET = 0.15
 

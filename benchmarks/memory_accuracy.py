@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from costmodel.validation import evaluate, memory_cases
+from costmodel.fitting.validation import evaluate, memory_cases
 
 
 def main() -> None:

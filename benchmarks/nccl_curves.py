@@ -4,9 +4,10 @@
                                      [--min-bytes 16777216]
 
 Prints, per message size of each published series, the measured time and what the link
-profile the file names predicts (``costmodel.comm.Topology``, a group of the file's ranks inside
+profile the file names predicts (``costmodel.formulas.comm.Topology``, a group of the file's ranks
+inside
 one node), then fits the link's Simple-protocol per-hop latency to the points of at least
-``--min-bytes`` (``costmodel.measured.fit_link``), holding its achieved bandwidth and its LL
+``--min-bytes`` (``costmodel.fitting.measured.fit_link``), holding its achieved bandwidth and its LL
 latency (NCCL's): the value ``hardware_profiles/links/<link>.toml`` carries as
 ``simple_latency_us``. Small messages are left out of the fit: the sweeps time them with the
 host's launch cost in them (a 32 KiB all-reduce takes 44 us), which a captured or overlapped
@@ -26,14 +27,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodel.comm import Topology  # noqa: E402
-from costmodel.hardware import Cluster, Link  # noqa: E402
-from costmodel.measured import (  # noqa: E402
+from costmodel.fitting.measured import (  # noqa: E402
     CollectivePoint,
     _predict_collectives,
     bus_bandwidth,
     fit_link,
 )
+from costmodel.formulas.comm import Topology  # noqa: E402
+from costmodel.hardware import Cluster, Link  # noqa: E402
 
 
 def points(data: dict) -> list[tuple[str, CollectivePoint]]:

@@ -372,9 +372,9 @@ def _predicted(shape: dict[str, int], mode: str, mbs: int, compiled: bool, gpu_n
     """The cost model's bytes kept per layer and forward+backward seconds of one layer, for a
     torchtitan job of ``shape`` on one GPU."""
     from costmodel import Job, ParallelConfig
-    from costmodel.activations import layer_activations
-    from costmodel.arrays import ConfigArrays
-    from costmodel.compute import layer_compute
+    from costmodel.formulas.activations import layer_activations
+    from costmodel.formulas.arrays import ConfigArrays
+    from costmodel.formulas.compute import layer_compute
     from costmodel.frameworks import framework
     from costmodel.hardware import GPU
     from costmodel.model import ModelSpec
@@ -399,8 +399,8 @@ def _predicted_loss(shape: dict[str, int], mbs: int, compiled: bool, gpu_name: s
     memory-bound part without its matmul and final norm)."""
     import numpy as np
 
-    from costmodel.compute import lm_head_compute
     from costmodel.config import Job
+    from costmodel.formulas.compute import lm_head_compute
     from costmodel.hardware import GPU
     from costmodel.model import ModelSpec
     base = ModelSpec.preset("llama-3-8b")
@@ -416,7 +416,7 @@ def _predicted_loss(shape: dict[str, int], mbs: int, compiled: bool, gpu_name: s
         return float((h.forward + h.backward)[0])
     # The head less the same head with a vocabulary of 8 (its matmul and norm barely change
     # the difference): what the logits' memory-bound passes cost.
-    from costmodel.compute import gemm_time
+    from costmodel.formulas.roofline import gemm_time
     tokens = np.array([mbs * shape["seq"]], dtype=float)
     matmul = 3 * (gemm_time(gpu, "bf16", tokens, np.array([float(shape["vocab"])]),
                             float(shape["hidden"]), bytes_per_element=2.0)

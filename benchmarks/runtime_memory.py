@@ -22,10 +22,10 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
-from planner.plan import Plan
+from planner.result import Plan
 from planner.runtime.apply import apply
 from planner.runtime.model import build_model
-from planner.runtime.train import synthetic_batch
+from planner.runtime.modules import synthetic_batch
 
 MODEL = ModelSpec(name="llama-small", num_layers=4, hidden_size=512, num_heads=8,
                   num_kv_heads=4, ffn_hidden_size=1408, vocab_size=8192, gated_mlp=True)

@@ -47,10 +47,10 @@ import torch
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
 from costmodel.hardware import GPU
-from planner.plan import Plan
+from planner.result import Plan
 from planner.runtime.apply import apply
 from planner.runtime.model import build_model
-from planner.runtime.train import synthetic_batch
+from planner.runtime.modules import synthetic_batch
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,14 @@ import time
 
 import numpy as np
 
-from costmodel.calibration import (
+from costmodel.fitting.calibration import (
     fit_transfer,
     leave_one_source_out,
     load_fit,
     run_group,
     validation_report,
 )
-from costmodel.published import shipped_runs
+from costmodel.fitting.published import shipped_runs
 from planner.accuracy import print_results, summary
 
 

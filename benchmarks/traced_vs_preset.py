@@ -1,6 +1,6 @@
 """How close a traced module's plan is to its preset's: the reference transformer of a preset
 (``planner.runtime.build_model``), traced on the meta device, costed per block and TP degree
-(``LayerCosts.from_graph``), and put through the memory and step-time tables and the search,
+(``costs_from_graph``), and put through the memory and step-time tables and the search,
 against the preset's formulas (``LayerCosts.of(spec)``) on the same grid of configurations.
 
     python benchmarks/traced_vs_preset.py
@@ -10,7 +10,7 @@ traced / preset step-time ratio, the Spearman rank correlation of the step times
 grid, whether ``planner.plan`` picks the same configuration, and the ratio of the two plans'
 step times. torchtitan's conventions (eager kernels, which the reference module runs; its
 per-op selective recompute) under DDP (ZeRO 0: 1-D data parallel runs under
-``torch.autocast``, which the module traced so costs: ``LayerCosts.from_graph``'s
+``torch.autocast``, which the module traced so costs: ``costs_from_graph``'s
 ``autocast_graph``) and FSDP (ZeRO 2, 3), TP 1-8 with and without sequence parallelism,
 eager and under ``torch.compile`` (the rows marked ``compiled``), and compiled with
 torchao's tensor-wise float8 (``fp8``). The four dense presets, and the small mixture
@@ -27,11 +27,12 @@ from scipy.stats import spearmanr
 
 import planner
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig
-from costmodel.arrays import ConfigArrays
-from costmodel.graph import LayerGraph, training_loss
-from costmodel.layercosts import LayerCosts
-from costmodel.memory import memory_table
-from costmodel.steptime import time_table
+from costmodel.formulas.arrays import ConfigArrays
+from costmodel.formulas.memory import memory_table
+from costmodel.formulas.steptime import time_table
+from costmodel.trace.blockcosts import costs_from_graph
+from costmodel.trace.graph import LayerGraph
+from costmodel.trace.recorder import training_loss
 from planner.runtime.model import build_model
 
 SEQ = 2048
@@ -63,7 +64,7 @@ def _compare(name: str, moe: ModelSpec, cluster: Cluster, job: Job) -> None:
     graph = LayerGraph.from_module(module, tokens, dtype=torch.bfloat16, loss_fn=training_loss)
     under = LayerGraph.from_module(module, tokens, dtype=torch.float32, autocast=torch.bfloat16,
                                    loss_fn=training_loss) if job.precision == "bf16" else None
-    traced = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both",
+    traced = costs_from_graph(graph, cluster, job, sequence_parallel="both",
                                    autocast_graph=under)
     configs = [ParallelConfig(dp=32 // (t * p), tp=t, pp=p, zero_stage=z,
                               micro_batch_size=b, recompute=r, sequence_parallel=sp)

@@ -3,12 +3,18 @@
 Imports ``hardware_profiles``; never imports ``planner``.
 """
 
-from costmodel.config import Job, ParallelConfig, validate
+from costmodel.config import Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
-from costmodel.estimate import Estimate, MemoryBreakdown, StageMemory, estimate
+from costmodel.formulas.checks import validate
+from costmodel.formulas.estimate import Estimate, MemoryBreakdown, StageMemory, estimate
 from costmodel.hardware import GPU, Cluster, Link
-from costmodel.inference import InferenceConfig, InferenceEstimate, InferenceJob, estimate_inference
 from costmodel.model import ModelSpec
+from costmodel.serving.inference import (
+    InferenceConfig,
+    InferenceEstimate,
+    InferenceJob,
+    estimate_inference,
+)
 
 __all__ = [
     "GPU",

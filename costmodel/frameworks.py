@@ -122,7 +122,8 @@ class Framework:
     # context parallel), so a search for it does not offer sequence parallel.
     sequence_parallel: bool = True
     # GPU architectures on which the trainer's fused attention is cuDNN's rather than
-    # FlashAttention-2 (Job.attention_kernel overrides; costmodel.compute.attention_kernel).
+    # FlashAttention-2 (Job.attention_kernel overrides;
+    # costmodel.formulas.compute.attention_kernel).
     cudnn_attention_archs: tuple[str, ...] = ()
     # Whether the trainer's launch file can pick the fused attention kernel (Transformer
     # Engine: NVTE_FLASH_ATTN=0 / NVTE_FUSED_ATTN=0 turn a backend off); the others leave it

@@ -187,7 +187,7 @@ class ModelSpec:
 
     @property
     def layer_kinds(self) -> tuple[int, ...]:
-        """The kind of each layer in order (``costmodel.arrays.Layers``): 0 for a dense
+        """The kind of each layer in order (``costmodel.formulas.arrays.Layers``): 0 for a dense
         layer, 1 for a MoE layer (all but the first ``first_dense_layers``)."""
         dense = self.num_layers - self.num_moe_layers
         return (0,) * dense + (1,) * self.num_moe_layers

@@ -33,23 +33,27 @@ from costmodel import (
     StageMemory,
     estimate,
 )
-from costmodel.inference import (
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.serving.inference import (
     InferenceConfig,
     InferenceEstimate,
     InferenceJob,
     InferenceMemory,
     estimate_inference,
 )
-from costmodel.layercosts import LayerCosts
+from planner.alternatives import Choice, Option
 from planner.compare import Candidate, Comparison, compare, parse_config
-from planner.explain import Choice, Explanation, Option, explain
+from planner.explain import Explanation, explain
 from planner.explore import Frontier, SweepPoint, frontier, sweep
 from planner.models import load_model
-from planner.plan import Alternative, Plan, describe, plan
+from planner.plan import Alternative, describe, plan
 from planner.progress import Progress
-from planner.runtime import apply, check
+from planner.result import Plan
+from planner.runtime import apply
+from planner.runtime.checks import check
 from planner.space import PRESETS, Constraints
 from planner.timeline import Op, Timeline, simulate, timeline
+from planner.version import __version__ as __version__
 
 __all__ = [
     "GPU",
@@ -97,4 +101,3 @@ __all__ = [
     "sweep",
     "timeline",
 ]
-__version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """What ``planner validate`` and ``planner calibrate`` print: every published run predicted
 under the fit and with its source left out of it, per source, and the peak memory where the
-source publishes it (``costmodel.calibration``); and runs predicted with one GPU profile
-(``costmodel.published.Comparison``: ``planner calibrate --gpu``, ``planner validate
+source publishes it (``costmodel.fitting.calibration``); and runs predicted with one GPU profile
+(``costmodel.fitting.published.Comparison``: ``planner calibrate --gpu``, ``planner validate
 --profile``)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from costmodel.calibration import Fit, RunResult, run_group
+from costmodel.fitting.calibration import Fit, RunResult, run_group
 
 if TYPE_CHECKING:
-    from costmodel.published import Comparison
+    from costmodel.fitting.published import Comparison
 
 __all__ = ["UNITS", "comparison_rows", "comparison_summary", "describe", "print_comparisons",
            "print_results", "result_rows", "summary"]
@@ -130,7 +130,7 @@ def describe(fit: Fit) -> str:
 
 def comparison_rows(comps: Sequence[Comparison]) -> list[dict[str, Any]]:
     """One JSON-ready dict per run predicted with one GPU profile
-    (``costmodel.published.compare``): its figure predicted and measured, the error, the
+    (``costmodel.fitting.published.compare``): its figure predicted and measured, the error, the
     step time and whether it fits."""
     return [{"id": c.run.id, "group": run_group(c.run), "measure": c.run.measure,
              "predicted": c.predicted, "measured": c.measured, "error": c.error,

@@ -11,11 +11,11 @@ import numpy as np
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
-from costmodel.estimate import Estimate, estimate, plan_capacity
+from costmodel.formulas.estimate import Estimate, estimate, plan_capacity
+from costmodel.formulas.layercosts import LayerCosts
 from costmodel.hardware import Cluster
-from costmodel.inference import InferenceEstimate, InferenceJob
-from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
+from costmodel.serving.inference import InferenceEstimate, InferenceJob
 from costmodel.units import GIB
 from planner.alternatives import TERM_LABELS, describe
 from planner.search import SearchResult, least_gpus, nodes_of

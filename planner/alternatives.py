@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.config import ParallelConfig
-from costmodel.inference import InferenceConfig
+from costmodel.serving.inference import InferenceConfig
 from costmodel.units import GIB
 from planner.search import Found, SearchResult
 from planner.space import RULES, row_config
@@ -167,3 +167,43 @@ def alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
             out.append(Alternative(framework=fw, config=None, verdict="invalid",
                                    reason=f"{count} value(s) such as {example}: {RULES[rule]}"))
     return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One value of a choice. ``verdict``: ``chosen``, ``slower`` (the fastest configuration
+    with this value fits but takes longer), ``does not fit`` (no configuration with it fits
+    in memory; ``peak_memory_bytes`` is the least any needs) or ``invalid``. ``config``: that
+    fastest (or least-memory) configuration; times in seconds, memory in bytes per GPU."""
+
+    value: Any
+    verdict: str
+    reason: str
+    framework: str | None = None
+    config: ParallelConfig | None = None
+    step_time_s: float | None = None
+    peak_memory_bytes: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        return {"value": self.value, "verdict": self.verdict, "reason": self.reason,
+                "framework": self.framework,
+                "config": self.config.to_dict() if self.config else None,
+                "step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """One field of the configuration (a ``ParallelConfig`` name, or ``framework``): the
+    value the plan chose, whether the constraints fixed it, and every other value's outcome
+    (fastest first, then those that do not fit, least memory first)."""
+
+    field: str
+    chosen: Any
+    fixed: bool
+    options: tuple[Option, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        return {"field": self.field, "chosen": self.chosen, "fixed": self.fixed,
+                "options": [o.to_dict() for o in self.options]}

@@ -15,11 +15,12 @@ from typing import Any
 
 from costmodel.config import SCHEDULES, Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
-from costmodel.estimate import Estimate, _html_table, estimate
+from costmodel.formulas.estimate import Estimate, _html_table, estimate
+from costmodel.formulas.layercosts import LayerCosts
 from costmodel.hardware import Cluster
-from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
-from planner.plan import GIB, describe, plan
+from costmodel.units import GIB
+from planner.plan import describe, plan
 from planner.space import Constraints
 
 __all__ = ["RANKINGS", "Candidate", "Comparison", "compare", "parse_config"]

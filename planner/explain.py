@@ -17,19 +17,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from costmodel.compute import aligned
-from costmodel.config import ParallelConfig
 from costmodel.errors import SpecError
-from costmodel.estimate import estimate, plan_capacity
+from costmodel.formulas.estimate import estimate, plan_capacity
+from costmodel.formulas.memory import TERMS
+from costmodel.formulas.roofline import aligned
+from costmodel.formulas.steptime import TIME_TERMS
 from costmodel.frameworks import framework, padded_vocab
-from costmodel.memory import TERMS
 from costmodel.model import ModelSpec
-from costmodel.steptime import TIME_TERMS
-from planner.plan import GIB, TERM_LABELS, Plan, describe, slower_reason
+from costmodel.units import GIB
+from planner.alternatives import Choice, Option
+from planner.inference import InferenceExplanation, explain_inference
+from planner.plan import TERM_LABELS, describe, slower_reason
+from planner.result import Plan
 from planner.search import Found, search
 from planner.space import (
     _OFFLOAD_NAMES,
@@ -39,9 +42,6 @@ from planner.space import (
     row_config,
     spaces,
 )
-
-if TYPE_CHECKING:
-    from planner.inference import InferenceExplanation
 
 __all__ = ["CHOICES", "Choice", "Explanation", "Option", "explain"]
 
@@ -57,46 +57,6 @@ _DECODE: dict[str, Callable[[int], Any]] = {
 }
 _SHORT = {"zero_stage": "zero", "sequence_parallel": "sp", "micro_batch_size": "mbs",
           "pipeline_schedule": "schedule", "virtual_pipeline_stages": "v"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Option:
-    """One value of a choice. ``verdict``: ``chosen``, ``slower`` (the fastest configuration
-    with this value fits but takes longer), ``does not fit`` (no configuration with it fits
-    in memory; ``peak_memory_bytes`` is the least any needs) or ``invalid``. ``config``: that
-    fastest (or least-memory) configuration; times in seconds, memory in bytes per GPU."""
-
-    value: Any
-    verdict: str
-    reason: str
-    framework: str | None = None
-    config: ParallelConfig | None = None
-    step_time_s: float | None = None
-    peak_memory_bytes: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serializable form."""
-        return {"value": self.value, "verdict": self.verdict, "reason": self.reason,
-                "framework": self.framework,
-                "config": self.config.to_dict() if self.config else None,
-                "step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Choice:
-    """One field of the configuration (a ``ParallelConfig`` name, or ``framework``): the
-    value the plan chose, whether the constraints fixed it, and every other value's outcome
-    (fastest first, then those that do not fit, least memory first)."""
-
-    field: str
-    chosen: Any
-    fixed: bool
-    options: tuple[Option, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serializable form."""
-        return {"field": self.field, "chosen": self.chosen, "fixed": self.fixed,
-                "options": [o.to_dict() for o in self.options]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +176,6 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
         raise SpecError(f"explain takes a Plan (planner.plan(...)) or a saved plan's path, got "
                         f"{type(plan).__name__}")
     if plan.is_inference:
-        from planner.inference import explain_inference
 
         return explain_inference(plan, fields=fields)
     t0 = time.perf_counter()
@@ -267,7 +226,7 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
 def notes(plan: Plan) -> tuple[str, ...]:
     """What the model itself costs the plan and the user can change, each with the estimate
     of the change: a vocabulary whose LM-head shard is off cuBLAS's 16-byte grid runs its
-    matmuls on unaligned kernels (``costmodel.compute.gemm_time``); padded to a multiple of
+    matmuls on unaligned kernels (``costmodel.formulas.compute.gemm_time``); padded to a multiple of
     64 per tensor-parallel rank it would not."""
     m = plan.model
     if not isinstance(m, ModelSpec) or m.patch_size:

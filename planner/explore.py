@@ -16,10 +16,11 @@ import numpy as np
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
+from costmodel.formulas.tables import evaluate
 from costmodel.hardware import GPU, Cluster
 from costmodel.model import ModelSpec
-from costmodel.tables import evaluate
-from planner.plan import Plan, _constraints, plan
+from planner.plan import _constraints, plan
+from planner.result import Plan
 from planner.space import Constraints, arrays, positions, row_config, spaces
 
 __all__ = ["SWEEPS", "Frontier", "SweepPoint", "frontier", "sweep"]

@@ -7,7 +7,8 @@ copies (all the GPUs serve unless the constraints fix fewer), each weight precis
 allows, and batches: the job's, or 1 for the ``latency`` objective, or for ``throughput``
 every power of two up to the largest batch that fits the context, and that largest batch.
 Validity is data (``RULES``), as for training. The whole space is evaluated in one pass of the
-vectorized model (``costmodel.inference.inference_table``), so the search is exact: it equals
+vectorized model (``costmodel.serving.inference.inference_table``), so the search is exact: it
+equals
 brute force over ``estimate_inference`` (``tests/test_inference.py``).
 
 Ranking: configurations that fit and meet ``max_ttft_s`` / ``max_tpot_s``, by request latency
@@ -21,13 +22,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from costmodel.errors import Infeasible, SpecError
 from costmodel.hardware import Cluster
-from costmodel.inference import (
+from costmodel.model import ModelSpec
+from costmodel.serving.inference import (
     WEIGHT_PRECISIONS,
     InferenceConfig,
     InferenceEstimate,
@@ -38,14 +40,12 @@ from costmodel.inference import (
     inference_table,
     weight_bytes_per_element,
 )
-from costmodel.model import ModelSpec
 from costmodel.units import GIB
 from planner.advice import nothing_fits
+from planner.alternatives import Alternative, Choice, Option
+from planner.result import Plan
 from planner.search import nodes_of
 from planner.space import INFERENCE_FIELDS, Constraints, Rejections
-
-if TYPE_CHECKING:
-    from planner.plan import Alternative, Plan
 
 __all__ = ["RULES", "InferenceSearch", "explain_inference",
            "plan_inference", "search_inference"]
@@ -280,7 +280,6 @@ def _bound_miss(job: InferenceJob, t: InferenceTable, i: int) -> str:
 def _alternatives(job: InferenceJob, res: InferenceSearch, best: InferenceEstimate,
                   top_k: int) -> tuple[Alternative, ...]:
     """Runners-up, then the best of every other (tp, pp, precision), then invalid rules."""
-    from planner.plan import Alternative
 
     t = res.table
     assert t is not None
@@ -386,7 +385,6 @@ def plan_inference(model: ModelSpec, cluster: Cluster, job: InferenceJob, *,
                    constraints: Constraints | None = None, top_k: int = 5) -> Plan:
     """The serving configuration that best meets ``job``'s objective (see the module
     docstring), as a ``Plan``; raises ``Infeasible`` naming what is missing."""
-    from planner.plan import Plan
 
     cons = constraints or Constraints()
     t0 = time.perf_counter()
@@ -448,7 +446,6 @@ def explain_inference(plan: Plan, *, fields: Sequence[str] | None = None
     """For each choice of a serving plan, every other value searched again with that value
     fixed (under the plan's constraints): it loses on the objective, misses a latency
     bound, does not fit, or is never valid."""
-    from planner.explain import Choice, Option
 
     t0 = time.perf_counter()
     job = plan.job

@@ -9,7 +9,8 @@ recomputes fully) lets each stage recompute a different number of its layers.
 
 Stage costs come from the cost model itself: ``stage_costs`` evaluates one pipeline-stage
 column per candidate (stage s, first layer i, layers l, recomputed layers r) with
-``costmodel.memory.memory_table`` and ``costmodel.steptime.time_table``, so the time and memory
+``costmodel.formulas.memory.memory_table`` and ``costmodel.formulas.steptime.time_table``, so the
+time and memory
 of the chosen partition are exactly what ``estimate()`` reports for it.
 
 Two exact solvers over the same costs:
@@ -42,15 +43,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from costmodel.arrays import input_split
-from costmodel.config import Job, ParallelConfig, validate
+from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
+from costmodel.formulas.arrays import input_split
+from costmodel.formulas.checks import validate
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.memory import ConfigArrays, memory_table
+from costmodel.formulas.steptime import time_table
+from costmodel.formulas.tables import take
 from costmodel.hardware import Cluster
-from costmodel.layercosts import LayerCosts
-from costmodel.memory import ConfigArrays, memory_table
 from costmodel.model import ModelSpec
-from costmodel.steptime import time_table
-from costmodel.tables import take
 
 __all__ = ["Partition", "StageCosts", "brute_force", "partition", "partition_ilp",
            "stage_costs"]

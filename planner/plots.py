@@ -14,13 +14,14 @@ from typing import Any
 
 from costmodel.config import ParallelConfig
 from costmodel.errors import SpecError, install_hint
-from costmodel.estimate import Estimate
-from costmodel.memory import TERMS
-from costmodel.steptime import COMM_KINDS, TIME_TERMS
-from costmodel.units import plural
+from costmodel.formulas.estimate import Estimate
+from costmodel.formulas.memory import TERMS
+from costmodel.formulas.steptime import COMM_KINDS, TIME_TERMS
+from costmodel.units import GIB, plural
 from hardware_profiles.files import write_bytes
 from planner.explore import Frontier, SweepPoint
-from planner.plan import GIB, Plan, describe
+from planner.plan import describe
+from planner.result import Plan
 from planner.timeline import Timeline
 
 __all__ = ["plot_frontier", "plot_memory", "plot_plan", "plot_step_time", "plot_sweep",

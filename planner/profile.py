@@ -14,7 +14,7 @@ What is timed (each point: warm-up calls, then back-to-back calls for at least t
   against message size with ``torch.distributed`` (NCCL on GPUs, gloo on the CPU), one process
   per GPU started here; the slowest rank's time counts.
 
-``costmodel.measured`` fits the cost model's parameters to the times and writes the TOML.
+``costmodel.fitting.measured`` fits the cost model's parameters to the times and writes the TOML.
 A sweep predicted to take more than two minutes runs only with ``full=True`` (``--full``).
 """
 
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.errors import SpecError
-from costmodel.measured import (
+from costmodel.fitting.measured import (
     COLLECTIVES,
     AttentionPoint,
     CollectivePoint,
@@ -591,7 +591,7 @@ def profile(device: str | None = None, *, sweep: str = "standard", processes: in
             gpu: str | None = None, full: bool = False,
             progress: Callable[[float], None] | None = None) -> Measurements:
     """Measure this machine: see the module docstring. Returns the ``Measurements``
-    (``costmodel.measured.profile_toml`` turns them into a profile).
+    (``costmodel.fitting.measured.profile_toml`` turns them into a profile).
 
     ``device``: ``cuda`` or ``cpu`` (default: cuda when torch sees a GPU); ``sweep``:
     ``quick``, ``standard`` or ``full``; ``processes``: processes for the collectives

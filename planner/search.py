@@ -1,6 +1,6 @@
 """Grid search: the fastest configurations that fit, exactly, without timing the whole space.
 
-The cost model (``costmodel.tables.evaluate``) is evaluated on the factored space
+The cost model (``costmodel.formulas.tables.evaluate``) is evaluated on the factored space
 (``planner.space.Space``) by branch and bound; the result is the one a full pass over every
 row would give (``tests/test_search.py`` checks it against brute force over ``estimate()``).
 
@@ -13,7 +13,7 @@ row would give (``tests/test_search.py`` checks it against brute force over ``es
 - Level 2: pairs whose bound does not exceed the k-th best step time found so far are
   expanded over their sharding options (ZeRO stage, sharding group, offload) and evaluated:
   memory first, and only the rows that fit are timed; a row's pipeline schedule is played out
-  (``costmodel.pipeline``) only when its lower bound (``pipeline_bound``, exact for equal
+  (``costmodel.formulas.pipeline``) only when its lower bound (``pipeline_bound``, exact for equal
   stages) does not exceed the k-th best, so every plan's time is its schedule's.
 
 The search stops at the first core whose bound exceeds the k-th best time. Order of the
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from costmodel.config import Job
-from costmodel.estimate import plan_capacity
+from costmodel.formulas.estimate import plan_capacity
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.steptime import TIME_TERMS
+from costmodel.formulas.tables import CostTable, evaluate
 from costmodel.hardware import Cluster
-from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
-from costmodel.steptime import TIME_TERMS
-from costmodel.tables import CostTable, evaluate
 from planner.space import (
     COLUMNS,
     CORE,
@@ -153,14 +153,68 @@ def _firsts(group: np.ndarray, rows: np.ndarray, *keys: np.ndarray) -> np.ndarra
     if not len(group):
         return np.zeros(0, dtype=np.int64)
     _, inv = np.unique(group, return_inverse=True)
-    cand = np.arange(len(group))
+    return _group_firsts(inv.ravel(), int(inv.max()) + 1, rows, keys)
+
+
+def _mesh_ids(rows: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each row's mesh (``MESH`` columns) as a number from 0, in the meshes' lexicographic
+    order (as ``np.unique`` of ``_mesh_key`` numbers them), and how many numbers there are.
+    No sort: each column's values are ranked through a table as long as its largest value
+    (degrees are positive and at most the GPUs), then the ranks combined."""
+    if not len(rows):
+        return np.zeros(0, dtype=np.int64), 0
+    mesh = rows[:, _MESH_COLS]
+    low, high = mesh.min(axis=0), mesh.max(axis=0)
+    ranks, size = [], 1
+    for c, (lo, hi) in enumerate(zip(low.tolist(), high.tolist(), strict=True)):
+        if lo < 0 or hi > 1 << 24:
+            break
+        present = np.zeros(hi + 1, dtype=bool)
+        present[mesh[:, c]] = True
+        rank = np.cumsum(present) - 1
+        ranks.append((rank[mesh[:, c]], int(rank[-1]) + 1))
+        size *= ranks[-1][1]
+    if len(ranks) < len(_MESH_COLS) or size > max(4 * len(rows), 1 << 16):
+        _, inv = np.unique(_mesh_key(rows), return_inverse=True)  # too sparse for a table
+        return inv.ravel(), int(inv.max()) + 1
+    key = np.zeros(len(rows), dtype=np.int64)
+    for rank, n in ranks:
+        key = key * n + rank
+    present = np.zeros(size, dtype=bool)
+    present[key] = True
+    ids = np.cumsum(present) - 1
+    return ids[key], int(ids[-1]) + 1
+
+
+def _group_min(ids: np.ndarray, count: int, x: np.ndarray) -> np.ndarray:
+    """The least ``x`` of each group ``0 .. count - 1`` (``ids``: each element's group; NaN
+    where a group holds one; infinite where it holds nothing)."""
+    if count <= 1 << 15 and len(ids) > 4 * count:
+        # Sorted by group in linear time (numpy's stable sort of 16-bit keys is a radix
+        # sort), then one reduction per run: far faster than np.minimum.at.
+        o = np.argsort(ids.astype(np.int16), kind="stable")
+        g = ids[o]
+        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        low = np.full(count, np.inf)
+        low[g[starts]] = np.minimum.reduceat(x[o], starts)
+        return low
+    low = np.full(count, np.inf)
+    np.minimum.at(low, ids, x)
+    return low
+
+
+def _group_firsts(ids: np.ndarray, count: int, rows: np.ndarray,
+                  keys: Sequence[np.ndarray], at: np.ndarray | None = None) -> np.ndarray:
+    """``_firsts`` of groups already numbered: ``ids`` each row's group (0 to ``count - 1``),
+    ``at`` the rows of ``rows`` that ``ids`` and ``keys`` describe (default: all)."""
+    cand = np.arange(len(ids))
     for k in keys:
         kc = np.asarray(k, dtype=float)[cand]
-        low = np.full(int(inv.max()) + 1, np.inf)
-        np.minimum.at(low, inv[cand], kc)
-        cand = cand[kc == low[inv[cand]]]
-    o = cand[np.lexsort((*rows[cand].T[::-1], inv[cand]))]
-    return o[np.r_[True, inv[o][1:] != inv[o][:-1]]]
+        low = _group_min(ids[cand], count, kc)
+        cand = cand[kc == low[ids[cand]]]
+    sub = rows[cand if at is None else at[cand]]
+    o = cand[np.lexsort((*sub.T[::-1], ids[cand]))]
+    return o[np.r_[True, ids[o][1:] != ids[o][:-1]]]
 
 
 class _State:
@@ -308,7 +362,8 @@ class _State:
         among ``missed``, the rows that did not fit."""
         if not len(missed):
             return
-        for i in missed[_firsts(_mesh_key(rows[missed]), rows[missed], peak[missed])]:
+        ids, count = _mesh_ids(rows)
+        for i in missed[_group_firsts(ids[missed], count, rows, (peak[missed],), missed)]:
             out = self.mesh(fw, rows[i])
             cur = out.nearest
             if cur is None or (float(peak[i]), *rows[i]) < (cur.peak_memory, *cur.row):
@@ -438,7 +493,8 @@ def search(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     """The ``top_k`` fastest configurations that fit ``capacity`` bytes per GPU (default: the
     GPU's memory) and the node's host memory, over every trainer the constraints name
     (default: ``job.framework``); the default capacity keeps ``job.memory_reserve`` of the
-    GPU free (``costmodel.estimate.plan_capacity``). ``progress`` is called with the fraction
+    GPU free (``costmodel.formulas.estimate.plan_capacity``). ``progress`` is called with the
+    fraction
     of the cores (ordered by bound) passed so far, from 0 to 1.
 
     ``by``: columns of ``COLUMNS``; for each value of each, the search also finds the fastest

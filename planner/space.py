@@ -21,17 +21,18 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from costmodel.arrays import divisors, input_split
 from costmodel.config import FRAMEWORK_NAMES, Job, ParallelConfig
 from costmodel.errors import SpecError
+from costmodel.formulas.arrays import divisors, input_split
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
 from costmodel.frameworks import Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
-from costmodel.layercosts import LayerCosts
-from costmodel.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
 from costmodel.model import ModelSpec
 
 __all__ = ["FIELDS", "INFERENCE_FIELDS", "PRESETS", "RULES", "Constraints", "Space", "build_space",
@@ -41,7 +42,7 @@ __all__ = ["FIELDS", "INFERENCE_FIELDS", "PRESETS", "RULES", "Constraints", "Spa
 FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding_group", "sequence_parallel",
           "micro_batch_size", "pipeline_schedule", "virtual_pipeline_stages", "recompute",
           "recompute_num_layers", "offload")
-#: Fields of an inference search (``costmodel.inference.InferenceConfig``).
+#: Fields of an inference search (``costmodel.serving.inference.InferenceConfig``).
 INFERENCE_FIELDS = ("tp", "pp", "replicas", "batch_size", "weight_precision")
 #: Fields a ``max`` constraint may cap.
 CAPPABLE = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages",
@@ -275,12 +276,23 @@ class Space:
     recomputes: tuple[np.ndarray, ...]
     rejected: dict[str, tuple[int, str]]
 
-    @property
+    @cached_property
     def sizes(self) -> tuple[np.ndarray, np.ndarray]:
         """(sharding options, recompute options) per core."""
-        nz = np.array([len(t) for t in self.shardings], dtype=np.int64)[self.shard_of]
-        nr = np.array([len(t) for t in self.recomputes], dtype=np.int64)[self.recompute_of]
+        nz = self.sharding_stack[1][self.shard_of]
+        nr = self.recompute_stack[1][self.recompute_of]
+        nz.flags.writeable = nr.flags.writeable = False
         return nz, nr
+
+    @cached_property
+    def sharding_stack(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``shardings`` stacked into one table (``_stack``)."""
+        return _stack(self.shardings, len(SHARDING))
+
+    @cached_property
+    def recompute_stack(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``recomputes`` stacked into one table (``_stack``)."""
+        return _stack(self.recomputes, len(RECOMPUTATION))
 
     @property
     def rows(self) -> int:
@@ -304,7 +316,7 @@ class Space:
             out[:, COLUMNS.index(name)] = c[:, i]
         out[:, COLUMNS.index("group")] = c[:, CORE.index("dp")]
         if rec is not None:
-            _fill(out, self.recompute_of[core], self.recomputes,
+            _fill(out, self.recompute_of[core], self.recompute_stack,
                   np.asarray(rec, dtype=np.int64), RECOMPUTATION)
         return out
 
@@ -317,7 +329,7 @@ class Space:
         pair = np.repeat(np.arange(len(core)), nz)
         within = positions(nz)
         out = self.core_rows(core, rec)[pair]
-        _fill(out, self.shard_of[core[pair]], self.shardings, within, SHARDING)
+        _fill(out, self.shard_of[core[pair]], self.sharding_stack, within, SHARDING)
         return out
 
     def contains(self, cfg: ParallelConfig) -> bool:
@@ -349,14 +361,24 @@ def column_values(space: Space, column: str) -> np.ndarray:
     return np.unique(codes)
 
 
-def _fill(out: np.ndarray, which: np.ndarray, tables: tuple[np.ndarray, ...], pick: np.ndarray,
-          names: tuple[str, ...]) -> None:
-    """Write into the ``names`` columns of ``out`` row ``pick[j]`` of table ``which[j]``."""
-    for k in np.unique(which):
-        sel = which == k
-        rows = tables[k][pick[sel]]
-        for i, name in enumerate(names):
-            out[sel, COLUMNS.index(name)] = rows[:, i]
+def _stack(tables: tuple[np.ndarray, ...], width: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Option tables of ``width`` columns as one: (every row, table after table; each
+    table's length; the row each table starts at)."""
+    lengths = np.array([len(t) for t in tables], dtype=np.int64)
+    rows = np.concatenate([*tables, np.zeros((0, width), dtype=np.int64)])
+    start = np.cumsum(lengths) - lengths
+    for a in (rows, lengths, start):
+        a.flags.writeable = False
+    return rows, lengths, start
+
+
+def _fill(out: np.ndarray, which: np.ndarray, stacked: tuple[np.ndarray, ...],
+          pick: np.ndarray, names: tuple[str, ...]) -> None:
+    """Write into the ``names`` columns of ``out`` row ``pick[j]`` of table ``which[j]``,
+    the tables ``stacked`` as ``_stack`` gives them: one gather reads every row."""
+    rows, start = stacked[0], stacked[2]
+    out[:, [COLUMNS.index(name) for name in names]] = rows[start[which] + pick]
 
 
 def positions(sizes: np.ndarray) -> np.ndarray:
@@ -364,17 +386,33 @@ def positions(sizes: np.ndarray) -> np.ndarray:
     return np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
 
+def _stage_columns(num_layers: int, pp: np.ndarray, uniform: bool
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``ConfigArrays.uniform_stages`` (``uniform``) or ``every_stage`` of each row's
+    ``pp``: computed once per degree from 1 to the largest, then gathered by row (a table of
+    a million rows holds a few dozen degrees)."""
+    columns = ConfigArrays.uniform_stages if uniform else ConfigArrays.every_stage
+    if not len(pp):
+        return columns(num_layers, pp)
+    per_degree = columns(num_layers, np.arange(1, int(pp.max()) + 1, dtype=np.int64))
+    at = np.asarray(pp, dtype=np.int64) - 1
+    index, count, layers, start = (np.take(x, at, axis=0) for x in per_degree)
+    return index, count, layers, start
+
+
 def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
     """The cost model's columns of rows of ``COLUMNS``, uniform stage split (a traced
     graph's first stage given the layers that read its inputs, ``input_split``): four
-    representative stage columns where they are exact, else every stage its own."""
-    c = {name: table[:, i] for i, name in enumerate(COLUMNS)}
+    representative stage columns where they are exact, else every stage its own. Each
+    column is contiguous (one transposed copy of ``table``): the cost model takes chunks of
+    its rows, and ``np.take`` of a strided column is tens of times slower."""
+    columns = np.ascontiguousarray(table.T)
+    c = dict(zip(COLUMNS, columns, strict=True))
     L, need = model.num_layers, model.first_stage_layers
     heavy = {int(p): s for p in np.unique(c["pp"])
              if (s := input_split(L, int(p), need))} if need else {}
     exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"])
-    index, count, layers, start = (ConfigArrays.uniform_stages if exact else
-                                   ConfigArrays.every_stage)(L, c["pp"])
+    index, count, layers, start = _stage_columns(L, c["pp"], exact)
     for p, split in heavy.items():
         rows = (c["pp"] == p) & (c["v"] == 1)
         layers[rows, :p] = split

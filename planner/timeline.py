@@ -1,22 +1,25 @@
 """Pipeline schedule timelines: when each pipeline rank runs which micro-batch.
 
-The schedules, their op orders and the event simulation live in ``costmodel.pipeline``, where
-the step-time model plays the same schedules out (``costmodel.steptime``), so a timeline and
+The schedules, their op orders and the event simulation live in ``costmodel.formulas.pipeline``,
+where
+the step-time model plays the same schedules out (``costmodel.formulas.steptime``), so a timeline
+and
 the estimate of its configuration always agree. ``timeline`` takes the per-stage times from
-the cost model (``costmodel.steptime.time_table``), splitting each stage's time per
+the cost model (``costmodel.formulas.steptime.time_table``), splitting each stage's time per
 micro-batch into forward and backward by the forward pass's share of its compute, as the
 estimate does; communication is inside the stage times, as there.
 """
 
 from __future__ import annotations
 
-from costmodel.config import Job, ParallelConfig, validate
+from costmodel.config import Job, ParallelConfig
+from costmodel.formulas.checks import validate
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.memory import ConfigArrays, memory_table
+from costmodel.formulas.pipeline import Op, Timeline, simulate
+from costmodel.formulas.steptime import time_table
 from costmodel.hardware import Cluster
-from costmodel.layercosts import LayerCosts
-from costmodel.memory import ConfigArrays, memory_table
 from costmodel.model import ModelSpec
-from costmodel.pipeline import Op, Timeline, simulate
-from costmodel.steptime import time_table
 
 __all__ = ["Op", "Timeline", "simulate", "timeline"]
 

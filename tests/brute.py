@@ -28,8 +28,8 @@ def fastest_that_fits(model: Any, cluster: Cluster, job: Job, space: Space
 def half_fitting(model: Any, cluster: Cluster, job: Job, space: Space) -> Cluster:
     """``cluster`` with GPUs whose memory is the median peak of ``space``'s rows: about half
     of the space fits, so the search's memory pruning is exercised."""
+    from costmodel.formulas.tables import evaluate
     from costmodel.hardware import GPU
-    from costmodel.tables import evaluate
     from planner.space import arrays
 
     peaks = evaluate(model, cluster, job, arrays(model, space.table)).peak_memory

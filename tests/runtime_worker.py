@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import planner.examples
 from costmodel import ModelSpec
-from planner.plan import Plan
+from planner.result import Plan
 from planner.runtime.train import exit_process, train, train_module
 
 

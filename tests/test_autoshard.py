@@ -15,10 +15,12 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from costmodel import Cluster, Infeasible, Job, ModelSpec, SpecError  # noqa: E402
-from costmodel.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
-from costmodel.comm import Topology  # noqa: E402
-from costmodel.graph import LayerGraph  # noqa: E402
-from costmodel.sharding import (  # noqa: E402
+from costmodel.formulas.comm import Topology  # noqa: E402
+from costmodel.trace.autoshard import ShardingProblem, brute_force, solve  # noqa: E402
+from costmodel.trace.blockcosts import costs_from_graph  # noqa: E402
+from costmodel.trace.graph import LayerGraph  # noqa: E402
+from costmodel.trace.layouts import Mesh  # noqa: E402
+from costmodel.trace.sharding import (  # noqa: E402
     PARTIAL,
     REPLICATE,
     op_loops,
@@ -133,14 +135,13 @@ def test_an_images_pixels_are_its_tokens() -> None:
     and divides their compute. Without it nothing in the blocks met a token dim (batch 1,
     no loop along a convolution's positions or a concatenation's joined dim): every op
     stayed whole on every rank and TP only added its ranks' idle time."""
-    from costmodel.layercosts import LayerCosts
     from planner.examples import ViT
 
     with torch.device("meta"):
         vit = ViT(dim=1024, depth=2, heads=16, patch=16, image=224, classes=1000)
     graph = LayerGraph.from_module(vit, torch.zeros(1, 3, 224, 224), dtype=torch.bfloat16)
     job = Job(global_batch_size=256, seq_len=1, framework="torchtitan")
-    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1, 2))
+    costs = costs_from_graph(graph, NODE, job, tp_degrees=(1, 2))
     plan = costs.tp_plan(2)
     assert plan["blocks.*.linear1"] == "colwise" and plan["blocks.*.linear2"] == "rowwise"
     attn = [label for _v, module, _op, label, _lay in costs.layouts[2]
@@ -174,7 +175,7 @@ def test_a_packed_projections_heads_map_to_its_features() -> None:
     dim, size, inner)) maps to its features, which HeadParallel's row order splits by
     heads; a head's width (the innermost piece) never does, nor heads merged with the
     sequences."""
-    from costmodel.autoshard import _packed_heads
+    from costmodel.trace.layouts import _packed_heads
 
     heads, width = (1, 16, 64), (1, 64, 1)
     # [batch, heads, seq, head_dim], the batch and sequence mapped to the tokens (dim 0).
@@ -197,14 +198,13 @@ def test_cross_attention_splits_the_heads_of_its_packed_projection() -> None:
     and the attention and output projection follow (Megatron-LM's split). Before, a slice
     of a weight kept no dim to split along its rows, so the ILP split the projections by
     their input features and all-reduced the queries, keys and values."""
-    from costmodel.layercosts import LayerCosts
     from planner.examples import EncoderDecoder
 
     with torch.device("meta"):
         t5 = EncoderDecoder(vocab=64, dim=32, heads=4, encoder_layers=1, decoder_layers=1)
     graph = LayerGraph.from_module(t5, torch.zeros(2, 8, dtype=torch.long))
     job = Job(global_batch_size=8, seq_len=8)
-    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1, 2))
+    costs = costs_from_graph(graph, NODE, job, tp_degrees=(1, 2))
     cross = [label for _v, module, _op, label, _lay in costs.layouts[2]
              if module == "decoder.0.multihead_attn"]
     assert cross == ["R|n", "R|d2", "R|n", "R|d2", "R|h", "R|k"]
@@ -217,7 +217,6 @@ def test_multihead_attention_projections_split_only_as_its_heads_style_runs() ->
     the whole model. An ``nn.MultiheadAttention``'s projections may only split as
     ``HeadParallel`` splits them: the packed input projection by its output features (the
     heads), the output projection by its input features."""
-    from costmodel.layercosts import LayerCosts
     from planner.examples import EncoderDecoder
 
     with torch.device("meta"):
@@ -225,7 +224,7 @@ def test_multihead_attention_projections_split_only_as_its_heads_style_runs() ->
     graph = LayerGraph.from_module(t5, torch.zeros(1, 64, dtype=torch.long),
                                    dtype=torch.bfloat16)
     job = Job(global_batch_size=256, seq_len=64, framework="torchtitan")
-    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1, 8), sequence_parallel=True)
+    costs = costs_from_graph(graph, NODE, job, tp_degrees=(1, 8), sequence_parallel=True)
     assert costs.tp_refusal(8, True) == ""
     for module in ("decoder.0.multihead_attn", "decoder.0.self_attn", "encoder.0.self_attn"):
         labels = [label for _v, m, _op, label, _lay in costs.layouts[8] if m == module]

@@ -117,7 +117,7 @@ def test_import_planner_without_torch() -> None:
 def test_the_estimate_header_names_the_float8_all_gather_only_where_fsdp_runs(capsys) -> None:
     # torchtitan's float8 FSDP all-gather (--fp8-param-gather, tensor-wise) applies where
     # FSDP holds the weights (ZeRO-2/3), as the cost model counts it
-    # (costmodel.compute.float8_gathered_rows); under DDP the header does not claim it.
+    # (costmodel.formulas.eager.float8_gathered_rows); under DDP the header does not claim it.
     args = ["estimate", "--model", "llama-3-8b", "--gpus", "16", "--gpu", "h100-sxm",
             "--global-batch-size", "64", "--seq-len", "8192", "--framework", "torchtitan",
             "--precision", "fp8", "--fp8-param-gather"]

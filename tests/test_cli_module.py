@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from inprocess import Result, run_planner  # noqa: E402
 
 from costmodel import Cluster, Job, SpecError  # noqa: E402
+from costmodel.trace.blockcosts import costs_from_graph  # noqa: E402
 from planner import plan  # noqa: E402
 from planner.models import load_model, load_model_or_module  # noqa: E402
 
@@ -260,12 +261,12 @@ def test_module_plan_files(models_dir: Path) -> None:
 
 def test_graph_command_shows_blocks_costs_and_layouts(models_dir: Path) -> None:
     """``planner graph``: the traced layers, then each block's LayerCosts per TP degree
-    (what ``LayerCosts.from_graph`` computes), and the forward graph with the chosen layouts
+    (what ``costs_from_graph`` computes), and the forward graph with the chosen layouts
     as DOT and GraphML."""
     import networkx as nx
 
-    from costmodel.graph import LayerGraph, training_loss
-    from costmodel.layercosts import LayerCosts
+    from costmodel.trace.graph import LayerGraph
+    from costmodel.trace.recorder import training_loss
     from planner.models import load_model_or_module
 
     r = run_planner("graph", "mymodels:TinyLM", "--seq-len", "64", "--tp", "1,2",
@@ -275,7 +276,7 @@ def test_graph_command_shows_blocks_costs_and_layouts(models_dir: Path) -> None:
     graph = LayerGraph.from_module(load_model_or_module("mymodels:TinyLM"),
                                    torch.zeros(1, 64, dtype=torch.long), dtype=torch.bfloat16,
                                    loss_fn=training_loss)
-    costs = LayerCosts.from_graph(graph, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8),
+    costs = costs_from_graph(graph, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8),
                                   Job(global_batch_size=1, seq_len=64), tp_degrees=[1, 2])
     for t in (1, 2):
         assert costs.summary(t) in r.stdout

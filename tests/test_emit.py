@@ -27,7 +27,7 @@ from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estima
 from planner.cli import main
 from planner.emit import TRAINING_TARGETS, emit, read_back
 from planner.emit.megatron import parse_array
-from planner.plan import Plan
+from planner.result import Plan
 
 DATA = Path(__file__).parent / "data"
 
@@ -235,7 +235,7 @@ def test_torchtitan_gets_the_jobs_float8_recipe() -> None:
                       float8_recipe=recipe)
         assert f'recipe_name = "{recipe}"' in p.emit("torchtitan")
         # The output layer stays in bf16, as the cost model times it
-        # (costmodel.compute.lm_head_compute); a MoE model's router gates too.
+        # (costmodel.formulas.compute.lm_head_compute); a MoE model's router gates too.
         assert 'filter_fqns = ["output"]' in p.emit("torchtitan")
     moe = make_plan("mixtral-8x7b", 4, PC(dp=32, zero_stage=3), "torchtitan", precision="fp8")
     assert 'filter_fqns = ["output", "router.gate"]' in moe.emit("torchtitan")

@@ -14,7 +14,7 @@ import pytest
 from inprocess import Result, run_planner
 
 import planner
-from costmodel.tables import evaluate
+from costmodel.formulas.tables import evaluate
 from planner import (
     Cluster,
     Job,

@@ -12,10 +12,11 @@ import pytest
 
 import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
-from costmodel.compute import EAGER_RMSNORM_BYTES, eager_bytes, layer_compute
+from costmodel.fitting.uncertainty import band_for, band_key
+from costmodel.formulas.compute import layer_compute
+from costmodel.formulas.eager import EAGER_RMSNORM_BYTES, eager_bytes
+from costmodel.formulas.memory import ConfigArrays, memory_table
 from costmodel.hardware import GPU
-from costmodel.memory import ConfigArrays, memory_table
-from costmodel.uncertainty import band_for, band_key
 from planner.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +180,8 @@ def test_megatrons_cross_entropy_runs_op_by_op_unless_the_job_fuses_it() -> None
     # --cross-entropy-loss-fusion it runs op by op: cast (2 + 4), max (4), subtract, exp and
     # divide in place (8 each), sum (4): 38 bytes a logit in 6 kernels where the fused one
     # moves 14 in 2; in backward the multiply in place and the cast back (8 + 6) against 6.
-    from costmodel.compute import lm_head_compute, memory_time
+    from costmodel.formulas.compute import lm_head_compute
+    from costmodel.formulas.roofline import memory_time
     from planner.emit.common import to_framework
     from planner.emit.megatron import arguments
 
@@ -260,7 +262,7 @@ def test_each_trainer_runs_its_own_fused_attention_kernel_at_its_measured_rate()
     # October 2025); a Job may name the kernel. Transformer Engine's own benchmark on an
     # H100 measured cuDNN's forward and backward 1.59x as fast as flash-attn's (causal,
     # heads of 128, 8192 tokens; docs/examples/attention/attention.ipynb).
-    from costmodel.compute import attention_kernel, flash_attention_time
+    from costmodel.formulas.roofline import attention_kernel, flash_attention_time
 
     h100, a100 = H100.gpu, GPU.preset("a100-80gb")
     assert attention_kernel(_job("megatron"), h100) == "cudnn"
@@ -305,8 +307,8 @@ def test_a_fused_attentions_fixed_work_per_query_block_is_what_the_sweeps_measur
 
     from scipy.optimize import least_squares
 
-    from costmodel.compute import flash_attention_time
-    from costmodel.measured import Measurements, fit_profile
+    from costmodel.fitting.measured import Measurements, fit_profile
+    from costmodel.formulas.roofline import flash_attention_time
 
     shape = hardware_profiles.load_software()["fused_attention"]
     k_f, k_b = float(shape["forward_fixed_keys"]), float(shape["backward_fixed_keys"])

@@ -16,8 +16,8 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from costmodel import ModelSpec, SpecError  # noqa: E402
-from costmodel.graph import LayerGraph  # noqa: E402
-from costmodel.steptime import model_flops_per_token  # noqa: E402
+from costmodel.formulas.steptime import model_flops_per_token  # noqa: E402
+from costmodel.trace.graph import LayerGraph  # noqa: E402
 from planner.examples import ViT  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 
@@ -39,7 +39,7 @@ def test_reference_transformers_match_their_spec(name: str) -> None:
     assert graph.unsupported == []
     assert block.saved_bytes > 0 and block.output_bytes == 2 * seq * spec.hidden_size * 4
     # Its fused attention runs over the whole sequence of keys (what each query block's
-    # fixed work is weighed against, costmodel.compute.flash_attention_time); other ops
+    # fixed work is weighed against, costmodel.formulas.compute.flash_attention_time); other ops
     # have none.
     ops = [graph.node(i) for i in graph.graph.nodes]
     attn = [n for n in ops if n.family == "attention" and n.model_flops and not n.backward]
@@ -113,8 +113,8 @@ def test_saved_activations_match_the_analytic_estimate(name: str, dropout: float
     2022) and an eager gated MLP saving four ffn-wide tensors; the trace runs attention and
     RMS norm as the fused kernels a GPU runs."""
     from costmodel import Job, ParallelConfig
-    from costmodel.activations import layer_activations
-    from costmodel.arrays import ConfigArrays
+    from costmodel.formulas.activations import layer_activations
+    from costmodel.formulas.arrays import ConfigArrays
     from costmodel.frameworks import framework
 
     spec = ModelSpec.preset(name)
@@ -205,7 +205,7 @@ def test_a_module_traced_under_autocast_casts_as_torch_autocast_does() -> None:
     meta tensors): parameters and the residual stream in fp32, every matmul and attention
     on bf16 operands, a weight cast once per forward pass however often it is read (autocast
     caches a leaf's cast), the casts of weights not counted as activations (they are the
-    weights' low-precision copies, which ``costmodel.memory`` counts beside them), and the
+    weights' low-precision copies, which ``costmodel.formulas.memory`` counts beside them), and the
     norm in the dtype it is given."""
     import math
 

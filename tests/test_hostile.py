@@ -31,7 +31,7 @@ from costmodel import Cluster, InferenceJob, Job, ModelSpec, ParallelConfig, Spe
 from costmodel.hardware import GPU
 from hardware_profiles.files import printable, write_text
 from planner.emit import SERVING_TARGETS, TRAINING_TARGETS, emit, read_back
-from planner.plan import Plan
+from planner.result import Plan
 
 #: Names that break a format if written raw: a newline that starts a command, command
 #: substitution, backticks, quotes, TOML's table brackets, NUL and other control characters,
@@ -552,7 +552,7 @@ def test_a_profile_fraction_above_one_is_not_clamped(tmp_path: Path) -> None:
 
 
 def test_the_smallest_published_model_is_the_band_threshold() -> None:
-    from costmodel.published import shipped_runs
-    from costmodel.uncertainty import SMALLEST_PUBLISHED_PARAMS
+    from costmodel.fitting.published import shipped_runs
+    from costmodel.fitting.uncertainty import SMALLEST_PUBLISHED_PARAMS
 
     assert min(r.model.num_params() for r in shipped_runs()) == SMALLEST_PUBLISHED_PARAMS

@@ -14,7 +14,8 @@ from inprocess import Result, run_planner
 
 import planner
 from costmodel import Cluster, Infeasible, ModelSpec, SpecError
-from costmodel.inference import (
+from costmodel.fitting.published_inference import compare_inference, load_inference_runs
+from costmodel.serving.inference import (
     WEIGHT_PRECISIONS,
     InferenceConfig,
     InferenceJob,
@@ -23,7 +24,6 @@ from costmodel.inference import (
     validate_inference,
     weight_bytes,
 )
-from costmodel.published_inference import compare_inference, load_inference_runs
 from planner.emit import emit
 from planner.emit.serving import read_serving
 from planner.inference import explain_inference, search_inference

@@ -17,12 +17,13 @@ from brute import search_equals_brute_force
 torch = pytest.importorskip("torch")
 
 from costmodel import Cluster, Job, ParallelConfig  # noqa: E402
-from costmodel.arrays import ConfigArrays  # noqa: E402
-from costmodel.config import validate  # noqa: E402
 from costmodel.errors import SpecError  # noqa: E402
-from costmodel.graph import LayerGraph  # noqa: E402
-from costmodel.layercosts import LayerCosts  # noqa: E402
-from costmodel.memory import memory_table  # noqa: E402
+from costmodel.formulas.arrays import ConfigArrays  # noqa: E402
+from costmodel.formulas.checks import validate  # noqa: E402
+from costmodel.formulas.layercosts import LayerCosts  # noqa: E402
+from costmodel.formulas.memory import memory_table  # noqa: E402
+from costmodel.trace.blockcosts import costs_from_graph  # noqa: E402
+from costmodel.trace.graph import LayerGraph  # noqa: E402
 
 ENC, DEC, D, SEQ, VOCAB = 3, 2, 128, 128, 512
 NODE = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
@@ -35,7 +36,7 @@ def _encoder_decoder(framework: str = "megatron") -> tuple[LayerCosts, Job]:
     graph = LayerGraph.from_module(model, torch.zeros(1, SEQ, dtype=torch.long),
                                    dtype=torch.bfloat16)
     job = Job(global_batch_size=16, seq_len=SEQ, framework=framework)
-    return LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1, 2)), job
+    return costs_from_graph(graph, NODE, job, tp_degrees=(1, 2)), job
 
 
 def test_an_encoder_decoder_has_three_kinds_of_layer_with_their_flops() -> None:

@@ -22,12 +22,15 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from costmodel import Cluster, Job, ModelSpec, SpecError  # noqa: E402
-from costmodel.arrays import ConfigArrays  # noqa: E402
-from costmodel.autoshard import Mesh, ShardingProblem, brute_force, solve  # noqa: E402
-from costmodel.comm import Topology  # noqa: E402
-from costmodel.graph import LayerGraph  # noqa: E402
-from costmodel.layercosts import RECOMPUTE_MODES, BlockCosts, LayerCosts  # noqa: E402
-from costmodel.steptime import TimeTable  # noqa: E402
+from costmodel.formulas.arrays import ConfigArrays  # noqa: E402
+from costmodel.formulas.comm import Topology  # noqa: E402
+from costmodel.formulas.layercosts import LayerCosts  # noqa: E402
+from costmodel.formulas.shardcosts import RECOMPUTE_MODES, BlockCosts  # noqa: E402
+from costmodel.formulas.steptime import TimeTable  # noqa: E402
+from costmodel.trace.autoshard import ShardingProblem, brute_force, solve  # noqa: E402
+from costmodel.trace.blockcosts import costs_from_graph  # noqa: E402
+from costmodel.trace.graph import LayerGraph  # noqa: E402
+from costmodel.trace.layouts import Mesh  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
 
 NODE = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
@@ -53,6 +56,7 @@ def _cross_entropy(logits: torch.Tensor) -> torch.Tensor:
                                              device=flat.device))
 
 
+@functools.cache  # traced and costed once, read by every test that names it
 def _graph(name: str, **trace: object) -> tuple[LayerGraph, ModelSpec, list[int]]:
     """The reference transformer of preset ``name`` traced on one sequence of ``SEQ``
     tokens (in bf16, or as ``trace`` says), its preset and the TP degrees its heads
@@ -71,18 +75,19 @@ def _graph(name: str, **trace: object) -> tuple[LayerGraph, ModelSpec, list[int]
     return graph, spec, degrees
 
 
+@functools.cache  # traced and costed once, read by every test that names it
 def _pair(name: str, sp: bool) -> tuple[LayerCosts, LayerCosts, ModelSpec]:
     graph, spec, degrees = _graph(name)
     # DeepSpeed's conventions are eager PyTorch's (4 ffn-wide tensors saved by a gated MLP),
     # as the reference module runs.
     job = Job(global_batch_size=8, seq_len=SEQ, precision="bf16", framework="deepspeed")
-    traced = LayerCosts.from_graph(graph, NODE, job, tp_degrees=degrees, sequence_parallel=sp)
+    traced = costs_from_graph(graph, NODE, job, tp_degrees=degrees, sequence_parallel=sp)
     analytic = LayerCosts.from_spec(spec, job, tp_degrees=degrees, sequence_parallel=sp)
     return traced, analytic, spec
 
 
 def _seconds(collectives: dict[str, float], tp: int) -> float:
-    """Seconds the collectives take inside a node (``costmodel.sharding.reshard_time``'s
+    """Seconds the collectives take inside a node (``costmodel.trace.sharding.reshard_time``'s
     costs: an all-to-all sends each rank's share)."""
     topo = Topology.of(NODE)
     cost = {"all-reduce": topo.all_reduce, "all-gather": topo.all_gather,
@@ -219,7 +224,7 @@ def test_selective_recompute_drops_the_attention_scores() -> None:
     graph = LayerGraph.from_module(_Stack(h, heads, 3), torch.randn(1, s, h),
                                    dtype=torch.bfloat16)
     job = Job(global_batch_size=8, seq_len=s)
-    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2, 4])
+    costs = costs_from_graph(graph, NODE, job, tp_degrees=[1, 2, 4])
     (layer,) = [b for b in costs.blocks if b.kind == "layer"]
     assert layer.repeat == 3
     for t in (1, 2, 4):
@@ -278,7 +283,7 @@ def test_memory_table_reads_a_traced_graph_as_it_reads_the_preset(name: str, sp:
     preset's, term by term and stage by stage, across TP, PP, ZeRO, recompute and
     micro-batch sizes: the table reads the model only through LayerCosts."""
     from costmodel import ParallelConfig
-    from costmodel.memory import memory_table
+    from costmodel.formulas.memory import memory_table
 
     traced, _, spec = _pair(name, sp)
     cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
@@ -304,8 +309,8 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
     from scipy.stats import spearmanr
 
     from costmodel import ParallelConfig
-    from costmodel.memory import memory_table
-    from costmodel.steptime import time_table
+    from costmodel.formulas.memory import memory_table
+    from costmodel.formulas.steptime import time_table
 
     traced, _, spec = _pair(name, False)
     cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
@@ -341,8 +346,8 @@ def _torchtitan_tables_agree(traced: LayerCosts, spec: ModelSpec, seq: int, comp
     configurations' arrays, the traced step-time table). ``precision``: bf16, or fp8 with
     torchao's ``tensorwise`` or ``rowwise`` recipe (``fp8-rowwise``)."""
     from costmodel import ParallelConfig
-    from costmodel.memory import memory_table
-    from costmodel.steptime import time_table
+    from costmodel.formulas.memory import memory_table
+    from costmodel.formulas.steptime import time_table
 
     cluster = Cluster(gpu="h100-sxm", num_nodes=4, gpus_per_node=8)
     dtype, _, recipe = precision.partition("-")
@@ -376,8 +381,8 @@ def test_torchtitans_compile_and_per_op_recompute_on_a_traced_graph(name: str, c
     (9-18 % faster, 3-24 % more memory than torchtitan's per-op AC). With sequence
     parallelism the policy, which saves no all-gather's output, gathers again in backward
     what the layer's matmuls read (2-3 % of the step here)."""
-    from costmodel.memory import memory_table
-    from costmodel.steptime import time_table
+    from costmodel.formulas.memory import memory_table
+    from costmodel.formulas.steptime import time_table
 
     traced, _, spec = _pair(name, sp)
     cluster, job, a, tg = _torchtitan_tables_agree(traced, spec, SEQ, compiled, sp, (1, 2, 4))
@@ -418,7 +423,7 @@ def test_a_traced_layer_split_eight_ways_on_a_long_sequence(name: str, compiled:
     the SP all-gathers move float8 (``compute.float8_gather``), as the formulas have them;
     before, a traced module's fp8 job was costed as bf16 (0.81-1.08x the formulas)."""
     graph, spec = _long_graph(name)
-    traced = LayerCosts.from_graph(graph, NODE, Job(global_batch_size=8, seq_len=2048),
+    traced = costs_from_graph(graph, NODE, Job(global_batch_size=8, seq_len=2048),
                                    tp_degrees=[1, 8], sequence_parallel=sp)
     # No reduction is split along what it sums (a strategy label "<mesh>|sum").
     assert not [op for _v, _m, op, label, _lay in traced.layouts[8]
@@ -447,7 +452,7 @@ def test_compiled_kernels_fuse_pointwise_regions_between_library_kernels() -> No
     graph = LayerGraph.from_module(nn.Sequential(_Chain(h), _Chain(h)),
                                    torch.zeros(1, tokens, h), dtype=torch.bfloat16)
     job = Job(global_batch_size=8, seq_len=tokens, precision="bf16", compile=True)
-    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1,))
+    costs = costs_from_graph(graph, NODE, job, tp_degrees=(1,))
     block = costs.layer_blocks()[0].at(1)
     assert block.kernels is not None and block.compiled is not None
     assert block.kernels.memory_kernels == 5  # norm, tanh, mul, add, residual add
@@ -478,13 +483,13 @@ def test_compiled_backward_recomputes_what_fused_kernels_can(drop: float) -> Non
     """Compiled, the partitioner recomputes a tensor only fused kernels read in backward
     from what it keeps anyway: the SwiGLU's silu output (one [tokens, 4h] tensor fewer than
     eager PyTorch keeps), but never a dropout's mask, which re-drawing would change."""
-    from costmodel.layercosts import NONE_COMPILED
+    from costmodel.formulas.shardcosts import NONE_COMPILED
 
     h, tokens = 64, 32
     graph = LayerGraph.from_module(nn.Sequential(_Gated(h, drop), _Gated(h, drop)),
                                    torch.zeros(1, tokens, h), dtype=torch.bfloat16)
     job = Job(global_batch_size=8, seq_len=tokens, precision="bf16", compile=True)
-    acts = LayerCosts.from_graph(graph, NODE, job, tp_degrees=(1,)).layer_blocks()[0] \
+    acts = costs_from_graph(graph, NODE, job, tp_degrees=(1,)).layer_blocks()[0] \
         .at(1).activation_bytes
     # Eager keeps the silu output (or, with dropout, the dropout's output and its mask)
     # for the product's backward; compiled, the mask, then the dropout's output recomputed
@@ -496,7 +501,7 @@ def test_compiled_backward_recomputes_what_fused_kernels_can(drop: float) -> Non
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "gpt3-350m"])
 def test_the_traced_reference_module_plans_as_its_preset(name: str, compiled: bool) -> None:
     """The oracle through the trace: the reference transformer, traced on the meta device
-    (no ``.spec`` reaches the planner: ``LayerCosts.from_graph``), planned under the
+    (no ``.spec`` reaches the planner: ``costs_from_graph``), planned under the
     conventions whose kernels it runs (torchtitan's, eager or under ``torch.compile``),
     picks the preset's configuration with a step time within 1 %."""
     import planner
@@ -515,7 +520,7 @@ def test_a_module_under_autocast_costs_as_torchtitans_ddp_rows(name: str, compil
                                                                 ) -> None:
     """torchtitan trains without FSDP, TP, PP or CP under ``torch.autocast`` (fp32 weights
     and residual stream, each linear casting its input and weight, their gradients cast
-    back and summed: ``costmodel.compute.autocast_rows``). The reference transformer traced
+    back and summed: ``costmodel.formulas.compute.autocast_rows``). The reference transformer traced
     so (``autocast=``; ``BlockCosts.autocast``) costs those rows as the formulas do, within
     1 % in step time and memory, eager and compiled. Costed from its bf16 trace they were
     0.83-0.91x (Llama 3.2 1B, 2,048 tokens). The formulas were fixed where the two
@@ -529,11 +534,11 @@ def test_a_module_under_autocast_costs_as_torchtitans_ddp_rows(name: str, compil
     graph, spec, degrees = _graph(name)
     under, _, _ = _graph(name, dtype=torch.float32, autocast=torch.bfloat16)
     job = Job(global_batch_size=64, seq_len=SEQ, framework="torchtitan", compile=compiled)
-    costs = LayerCosts.from_graph(graph, NODE, job, tp_degrees=degrees, autocast_graph=under)
+    costs = costs_from_graph(graph, NODE, job, tp_degrees=degrees, autocast_graph=under)
     assert all(b.autocast is not None for b in costs.blocks)
     back = LayerCosts.from_dict(costs.to_dict())
     assert back.blocks[1].autocast == costs.blocks[1].autocast
-    plain = LayerCosts.from_graph(graph, NODE, job, tp_degrees=degrees)
+    plain = costs_from_graph(graph, NODE, job, tp_degrees=degrees)
     for mbs in (1, 4):
         for r in ("none", "selective", "full"):
             cfg = ParallelConfig(dp=8, zero_stage=0, micro_batch_size=mbs, recompute=r)
@@ -591,7 +596,7 @@ def test_a_module_is_planned_with_the_loss_planner_run_trains_it_with() -> None:
     trace's default), Llama 3.2 1B's plan costed 0.953x its preset's step (the loss's
     log-softmax over 128K logits a token uncosted); now 0.994x, the same configuration."""
     import planner
-    from costmodel.graph import training_loss
+    from costmodel.trace.recorder import training_loss
 
     spec = ModelSpec.preset("llama-3.2-1b")
     module = build_model(spec, device="meta")
@@ -639,7 +644,7 @@ def test_a_traced_moe_module_plans_as_its_preset() -> None:
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
                                    torch.zeros(1, SEQ, dtype=torch.long), dtype=torch.bfloat16,
                                    loss_fn=_cross_entropy)
-    traced = LayerCosts.from_graph(graph, cluster, job, sequence_parallel="both")
+    traced = costs_from_graph(graph, cluster, job, sequence_parallel="both")
     assert traced.num_params() == spec.num_params()
     assert traced.is_moe and traced.moe_routing() == (spec.top_k, spec.num_experts)
     # Megatron-LM's expert tensor parallelism: each expert's MLP split column- then
@@ -672,8 +677,8 @@ def test_a_traced_moe_module_plans_as_its_preset() -> None:
     # 1.024x, now (the router on the sequence shards, as Megatron-Core runs it) 1.014-
     # 1.020x (what remains: small latency-bound collectives of the router's scores).
     from costmodel import ParallelConfig
-    from costmodel.memory import memory_table
-    from costmodel.steptime import time_table
+    from costmodel.formulas.memory import memory_table
+    from costmodel.formulas.steptime import time_table
 
     configs = [ParallelConfig(dp=2, tp=8, zero_stage=z, micro_batch_size=1, recompute=r,
                               sequence_parallel=True)
@@ -766,7 +771,7 @@ def test_context_parallel_of_a_traced_graph_is_ring_attention() -> None:
             return self.head(x)
 
     small = Job(global_batch_size=8, seq_len=32)
-    costs = LayerCosts.from_graph(LayerGraph.from_module(Net(), torch.zeros(1, 32,
+    costs = costs_from_graph(LayerGraph.from_module(Net(), torch.zeros(1, 32,
                                                                              dtype=torch.long)),
                                   NODE, small, tp_degrees=[1])
     assert not costs.context_parallel_ok and costs.token_mixer == "blocks.0"
@@ -775,6 +780,7 @@ def test_context_parallel_of_a_traced_graph_is_ring_attention() -> None:
     assert planner.plan(costs, NODE, small).config.cp == 1
 
 
+@pytest.mark.slow  # over 2 s: a search of a traced module / torch.distributed steps
 def test_search_of_a_traced_module_equals_brute_force() -> None:
     """The combined search over a traced module's LayerCosts: on a constrained space, the
     plan is the fastest of ``estimate()`` over every valid row that fits."""
@@ -790,15 +796,16 @@ def test_search_of_a_traced_module_equals_brute_force() -> None:
     assert 20 < space.rows < 2000
 
 
+@pytest.mark.slow  # over 2 s: a search of a traced module / torch.distributed steps
 def test_one_search_weighs_a_traced_module_with_and_without_sequence_parallel() -> None:
-    """``LayerCosts.from_graph(..., sequence_parallel="both")``: one table holds rows with
+    """``costs_from_graph(..., sequence_parallel="both")``: one table holds rows with
     and without sequence parallelism, each read exactly as the costs sharded that way alone
     read it; the one search over both is the fastest row of the two by brute force; the
     costs round-trip through JSON; ``planner.plan`` of a module weighs both."""
     import numpy as np
 
     import planner
-    from costmodel.tables import evaluate
+    from costmodel.formulas.tables import evaluate
     from planner.space import COLUMNS, Constraints, arrays, build_space
 
     # A decoder with rotary positions (GPT's learned ones, added in the model's own forward,
@@ -807,9 +814,9 @@ def test_one_search_weighs_a_traced_module_with_and_without_sequence_parallel() 
     graph, _spec, degrees = _graph("llama-3.2-1b")
     cluster = Cluster(gpu="a100-80gb", num_nodes=1, gpus_per_node=8)
     job = Job(global_batch_size=32, seq_len=SEQ, framework="megatron")
-    both = LayerCosts.from_graph(graph, cluster, job, tp_degrees=degrees,
+    both = costs_from_graph(graph, cluster, job, tp_degrees=degrees,
                                  sequence_parallel="both")
-    alone = {sp: LayerCosts.from_graph(graph, cluster, job, tp_degrees=degrees,
+    alone = {sp: costs_from_graph(graph, cluster, job, tp_degrees=degrees,
                                        sequence_parallel=sp) for sp in (False, True)}
     assert both.sp_options == (False, True) and both.sp_costs is not None
     assert both.variant(True).sequence_parallel and not both.variant(False).sequence_parallel
@@ -832,7 +839,7 @@ def test_one_search_weighs_a_traced_module_with_and_without_sequence_parallel() 
         planner.estimate(alone[False], cluster, job,
                          planner.ParallelConfig(dp=4, tp=2, sequence_parallel=True))
     with pytest.raises(SpecError, match="True, False or 'both'"):
-        LayerCosts.from_graph(graph, cluster, job, sequence_parallel="yes")  # type: ignore[arg-type]
+        costs_from_graph(graph, cluster, job, sequence_parallel="yes")  # type: ignore[arg-type]
     # A module's plan is the better of the two: the one search over both.
     best = min((planner.plan(alone[f], cluster, job, constraints=cons) for f in (False, True)),
                key=lambda p: p.estimate.step_time_s)
@@ -854,14 +861,14 @@ def test_the_ilp_layouts_read_as_a_tp_plan_are_megatrons() -> None:
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
                                    torch.zeros(1, 64, dtype=torch.long), dtype=torch.bfloat16)
     job = Job(global_batch_size=8, seq_len=64)
-    plan = LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(2)
+    plan = costs_from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(2)
     linears = {k: v for k, v in TP_PLAN.items() if v in ("colwise", "rowwise")}
     assert {k: v for k, v in plan.items() if k.startswith("layers.")} == linears
     assert plan["tok_embeddings"] in ("vocab", "gathered")
     assert plan["output"] in ("head", "rowwise_replicated")
-    assert LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(1) == {}
+    assert costs_from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(1) == {}
     with pytest.raises(SpecError, match="no layouts at tp=4"):
-        LayerCosts.from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(4)
+        costs_from_graph(graph, NODE, job, tp_degrees=[1, 2]).tp_plan(4)
 
 
 def test_sequence_parallel_splits_the_sequence_of_a_batch_traced_with_two_samples() -> None:
@@ -875,7 +882,7 @@ def test_sequence_parallel_splits_the_sequence_of_a_batch_traced_with_two_sample
     with torch.device("meta"):
         module = AttentionLM()
     graph = LayerGraph.from_module(module, torch.zeros(2, 16, dtype=torch.long))
-    costs = LayerCosts.from_graph(graph, NODE, Job(global_batch_size=8, seq_len=16),
+    costs = costs_from_graph(graph, NODE, Job(global_batch_size=8, seq_len=16),
                                   tp_degrees=[1, 2], sequence_parallel=True)
     plan = costs.tp_plan(2)
     assert {plan.get(f"blocks.*.{m}") for m in ("norm1", "norm2")} == {"norm"}
@@ -890,7 +897,7 @@ def test_a_module_running_several_matmuls_is_styled_by_its_splits() -> None:
     projections by output features, attention by heads, output projection by input
     features), nothing where the ILP left it whole, ``custom`` (refused by the runtime)
     for any other split."""
-    from costmodel.layercosts import _multi_matmul_style
+    from costmodel.formulas.layercosts import _multi_matmul_style
 
     mm = ("mm", "addmm", "_scaled_mm")
     sdpa = "_scaled_dot_product_flash_attention"
@@ -924,7 +931,7 @@ def test_only_an_nn_multihead_attention_is_split_by_heads() -> None:
 
     graph = LayerGraph.from_module(AttentionLM().to("meta"), torch.zeros(2, 8, dtype=torch.long))
     assert graph.multihead_attention == ("blocks.0.attn", "blocks.1.attn")
-    costs = LayerCosts.from_graph(graph, NODE, Job(global_batch_size=8, seq_len=8),
+    costs = costs_from_graph(graph, NODE, Job(global_batch_size=8, seq_len=8),
                                   tp_degrees=(1, 2))
     assert costs.tp_plan(2)["blocks.*.attn"] == "heads"
     back = LayerCosts.from_dict(costs.to_dict())

@@ -2,7 +2,7 @@
 
 import pytest
 
-from costmodel.validation import evaluate, memory_cases
+from costmodel.fitting.validation import evaluate, memory_cases
 from planner import Cluster, Job, ModelSpec, ParallelConfig, estimate
 
 CASES = memory_cases()

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from costmodel.config import validate
+from costmodel.formulas.checks import validate
+from costmodel.formulas.memory import ConfigArrays, memory_table
 from costmodel.frameworks import framework
-from costmodel.memory import ConfigArrays, memory_table
 from planner import Cluster, Estimate, Job, ModelSpec, ParallelConfig, SpecError, estimate
 
 MODEL_NAMES = ("llama-3-8b", "gpt3-2.7b", "mixtral-8x7b")
@@ -263,7 +263,7 @@ def test_doubling_pp_never_raises_model_states(data: st.DataObject) -> None:
     if fw == "torchtitan" and zero >= 2 and q == 1:
         # Going from no pipeline to one, torch.distributed.pipelining turns FSDP's gradient
         # sync off until each stage's last backward, so the stage's gradients are held
-        # unsharded (costmodel.memory): more model states, by the fp32 stage gradient.
+        # unsharded (costmodel.formulas.memory): more model states, by the fp32 stage gradient.
         stage = hi.stages[0]
         assert hi.memory.gradients_bytes >= 4.0 * stage.layer_params
         return

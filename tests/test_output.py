@@ -18,7 +18,7 @@ from costmodel import GPU, Cluster, Job, ModelSpec, ParallelConfig, estimate
 from costmodel.errors import Infeasible, SpecError
 from planner import plan
 from planner.cli import main
-from planner.plan import Plan
+from planner.result import Plan
 
 
 def _run(argv: list[str]) -> tuple[int, str, str]:

@@ -1,6 +1,6 @@
 """The pipeline term of the estimate is the trainer's schedule played out.
 
-Oracles: ``costmodel.pipeline.makespan`` (vectorized, extrapolating repeated steady states)
+Oracles: ``costmodel.formulas.pipeline.makespan`` (vectorized, extrapolating repeated steady states)
 against the op-by-op event simulation ``simulate``; the rank orders against
 torch.distributed.pipelining's own schedules; ``pipeline_bound`` below the simulation; and the
 step time of ``estimate`` against ``planner.timeline`` for random models, pipeline degrees,
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
 from costmodel.errors import SpecError
-from costmodel.memory import SCHEDULE_CODES
-from costmodel.pipeline import makespan, pipeline_bound, rank_orders, simulate
+from costmodel.formulas.memory import SCHEDULE_CODES
+from costmodel.formulas.pipeline import makespan, pipeline_bound, rank_orders, simulate
 from planner import plan, timeline
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble")

@@ -19,10 +19,7 @@ import pytest
 
 import hardware_profiles
 from costmodel import Cluster, Job, ParallelConfig, SpecError, estimate
-from costmodel.comm import Topology
-from costmodel.compute import flash_attention_time, gemm_time, memory_time
-from costmodel.hardware import GPU, Link
-from costmodel.measured import (
+from costmodel.fitting.measured import (
     COLLECTIVES,
     AttentionPoint,
     CollectivePoint,
@@ -36,6 +33,9 @@ from costmodel.measured import (
     profile_toml,
     to_toml,
 )
+from costmodel.formulas.comm import Topology
+from costmodel.formulas.roofline import flash_attention_time, gemm_time, memory_time
+from costmodel.hardware import GPU, Link
 from planner.cli import main
 
 #: The parameters the synthetic measurements are made with (and the fits must return).

@@ -11,9 +11,9 @@ import pytest
 from inprocess import run_planner
 
 import hardware_profiles
-from costmodel.calibration import fit_transfer, leave_one_source_out, load_fit, run_group
+from costmodel.fitting.calibration import fit_transfer, leave_one_source_out, load_fit, run_group
+from costmodel.fitting.published import compare, default_runs_path, load_runs, shipped_runs
 from costmodel.hardware import GPU
-from costmodel.published import compare, default_runs_path, load_runs, shipped_runs
 from planner.cli import main
 
 

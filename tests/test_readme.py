@@ -1,8 +1,11 @@
-"""The README's commands work as written: every `planner ...` line of its bash blocks (the
-quick start included) runs, in order, in a fresh directory, exits 0 and prints (or writes)
-what that command is for; the quick start prints the plan and step time the README quotes."""
+"""The commands of the README and of docs/*.md work as written: every `planner ...` line of
+their bash blocks, and every command of the README's "Common tasks" table, runs, in order, in
+a fresh directory per document, exits 0 and prints (or writes) what that command is for; the
+quick start prints the plan and step time the documentation quotes. (That every quoted
+output and figure is what its command prints now is tests/test_docs.py.)"""
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -14,24 +17,47 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+STEP_TIME = (ROOT / "docs" / "step-time.md").read_text()
+EMIT = (ROOT / "docs" / "emit.md").read_text()
+
+#: A bash block, or a row of a Markdown table (whose `planner ...` code spans are commands).
+_BLOCK_OR_ROW = re.compile(r"```bash\n(?P<bash>.*?)```|^(?P<row>\|[^\n]*\|)[ \t]*$", re.S | re.M)
+
+
+def _planner_words(part: str) -> list[str] | None:
+    """The words of a ``planner ...`` (or ``python -m planner ...``) command, or None."""
+    words = shlex.split(part) if part.strip() else []
+    if words[:3] == ["python", "-m", "planner"]:
+        words = words[2:]
+    if words[:1] == ["planner"] and "..." not in words:
+        return words
+    return None
+
+
+def commands(text: str, tables: bool = False) -> list[str]:
+    """The planner commands of a document's bash blocks (continuation lines joined, comments
+    removed) and, with ``tables``, of its tables' code spans, in document order;
+    placeholders (``...``) and installs skipped."""
+    out = []
+    for m in _BLOCK_OR_ROW.finditer(text):
+        if m["row"] is not None and not tables:
+            continue
+        if m["row"] is not None:
+            parts = re.findall(r"`(planner [^`]+)`", m["row"])
+        else:
+            parts = [part for line in m["bash"].replace("\\\n", " ").splitlines()
+                     for part in line.split(" #")[0].split("&&")]
+        for part in parts:
+            words = _planner_words(part.strip())
+            if words is not None:
+                out.append(shlex.join(words[1:]))
+    return out
 
 
 def readme_commands() -> list[str]:
-    """The planner commands of the README's bash blocks, continuation lines joined and
-    comments removed; placeholders (``...``) and installs skipped."""
-    out = []
-    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
-        text = block.replace("\\\n", " ")
-        for line in text.splitlines():
-            line = line.split(" #")[0].strip()
-            for part in line.split("&&"):
-                part = part.strip()
-                words = shlex.split(part) if part else []
-                if words[:3] == ["python", "-m", "planner"]:
-                    words = words[2:]
-                if words[:1] == ["planner"] and "..." not in words:
-                    out.append(shlex.join(words[1:]))
-    return out
+    """The README's commands: its bash blocks and its "Common tasks" table."""
+    return commands(README, tables=True)
 
 
 def test_the_readme_has_the_quick_start_and_the_main_commands() -> None:
@@ -40,8 +66,37 @@ def test_the_readme_has_the_quick_start_and_the_main_commands() -> None:
              "--global-batch-size 512 --seq-len 8192")
     assert cmds[0] == quick
     for name in ("plan", "estimate", "explain", "compare", "emit", "validate", "calibrate",
-                 "profile", "models", "gpus", "clusters"):
+                 "profile", "models", "gpus", "clusters", "run"):
         assert any(c.split()[0] == name for c in cmds), name
+
+
+def test_each_common_task_is_one_command() -> None:
+    """Every row of the README's "Common tasks" table names one planner command, and the
+    table covers what the README promises: will it fit, plan, compare GPUs, emit for my
+    trainer, my own module, serving, calibrate on my hardware."""
+    section = README.split("## Common tasks", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| Task")]
+    assert len(rows) >= 7
+    for row in rows:
+        assert len(re.findall(r"`planner [^`]+`", row)) == 1, row
+    table = "\n".join(rows)
+    for promised in (r"`planner estimate ", r"`planner plan --model llama", r"--gpu h200",
+                     r"`planner emit ", r"--model mymodels:", r"`planner plan --inference ",
+                     r"`planner profile "):
+        assert re.search(promised, table), promised
+
+
+def test_the_readme_test_command_is_what_ci_runs() -> None:
+    """The README's second command is, in effect, .ci/run: the same torch pin, the same extras,
+    then the whole suite (CI adds ruff and mypy, which the README names)."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_cmd = next(line for line in README.splitlines()
+                    if line.startswith("pip install torch=="))
+    steps = [s.strip() for s in test_cmd.split("&&")]
+    assert steps[0].replace("pip", "python3 -m pip") in ci
+    assert steps[1].replace("pip", "python3 -m pip") in ci
+    assert steps[2].replace("python", "python3") in ci
+    assert "ruff check ." in README and "mypy" in README
 
 
 def _cuda() -> bool:
@@ -120,25 +175,32 @@ def _check_written(words: list[str], cwd: Path) -> None:
 
 
 def _quoted_quick_start() -> tuple[str, str]:
-    """The configuration and step time the README quotes for the quick-start plan (the
-    header of its emitted torchtitan file)."""
-    config = re.search(r"# configuration: (.+?) \(torchtitan\)", README)
-    step = re.search(r"# predicted: step ([\d.]+ s),", README)
-    assert config and step, "the README quotes the quick start's emitted header"
+    """The configuration and step time the documentation quotes for the quick-start plan
+    (the header of its emitted torchtitan file, in docs/emit.md)."""
+    config = re.search(r"# configuration: (.+?) \(torchtitan\)", EMIT)
+    step = re.search(r"# predicted: step ([\d.]+ s),", EMIT)
+    assert config and step, "docs/emit.md quotes the quick start's emitted header"
     return config.group(1), step.group(1)
 
 
-@pytest.mark.slow
-def test_readme_commands_run(tmp_path: Path) -> None:
+def _saved_files(tmp_path: Path) -> None:
+    """The files the documentation asks the reader to save (a python block headed
+    "# NAME.py", in the README or a doc), and the Hugging Face config it names."""
     (tmp_path / "path" / "to").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "data" / "hf_configs" / "llama-3-8b.json",
                 tmp_path / "path" / "to" / "config.json")
-    # The files the README asks the reader to save (a python block headed "# NAME.py").
-    for block in re.findall(r"```python\n(# (\w+\.py)\n.*?)```", README, flags=re.S):
-        (tmp_path / block[1]).write_text(block[0])
+    for text in (README, *(p.read_text() for p in DOCS)):
+        for block in re.findall(r"```python\n(# (\w+\.py)\n.*?)```", text, flags=re.S):
+            (tmp_path / block[1]).write_text(block[0])
+
+
+def _run_all(cmds: list[str], tmp_path: Path, quick_start: bool = False) -> None:
+    """Run each command in order in ``tmp_path`` and check what it printed and wrote."""
+    _saved_files(tmp_path)
     config, step = _quoted_quick_start()
+    env = {**os.environ, "PLANNER_CONFIG_DIR": str(tmp_path / ".config")}
     seen: set[str] = set()
-    for i, cmd in enumerate(readme_commands()):
+    for i, cmd in enumerate(cmds):
         if cmd in seen:
             continue  # shown twice (in the quick start and again in its section): run once
         seen.add(cmd)
@@ -154,7 +216,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         # 600 s: 'planner run' trains on several processes, which a loaded 2-core machine
         # slows past 300 s (seen once in a CI run beside other work).
         r = subprocess.run([sys.executable, "-m", "planner", *words], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=env)
         assert r.returncode == 0, (cmd, r.stderr[-2000:])
         assert "Traceback" not in r.stderr and (r.stdout + r.stderr).strip(), cmd
         # emit and the progress lines say what they did on stderr, the results go to stdout
@@ -162,17 +224,28 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         if _kind(words) == "plan --json":
             assert {"config", "estimate"} <= set(json.loads(r.stdout)), cmd
         _check_written(words, tmp_path)
-        if i == 0:  # the quick start prints the plan and the step time the README quotes
+        if quick_start and i == 0:  # the quick start prints the plan and step the docs quote
             assert re.search(rf"(?m)^plan +{re.escape(config)} ", r.stdout), r.stdout[:500]
             assert f"step {step} " in r.stdout, r.stdout[:500]
 
 
+@pytest.mark.slow
+def test_readme_commands_run(tmp_path: Path) -> None:
+    _run_all(readme_commands(), tmp_path, quick_start=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", [p.name for p in DOCS if commands(p.read_text())])
+def test_docs_commands_run(doc: str, tmp_path: Path) -> None:
+    _run_all(commands((ROOT / "docs" / doc).read_text()), tmp_path)
+
+
 @pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
-def test_the_readme_shows_what_planner_validate_prints(capsys: pytest.CaptureFixture[str]
-                                                       ) -> None:
-    # The step-time validation table in the README is the command's current output.
+def test_the_docs_show_what_planner_validate_prints(capsys: pytest.CaptureFixture[str]
+                                                    ) -> None:
+    # The step-time validation table in docs/step-time.md is the command's current output.
     from planner.cli import main
 
     assert main(["validate", "--summary"]) == 0
     table = capsys.readouterr().out.rstrip("\n")
-    assert f"```\n{table}\n```" in README
+    assert f"```\n{table}\n```" in STEP_TIME

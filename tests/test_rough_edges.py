@@ -16,7 +16,7 @@ from inprocess import run_planner
 import hardware_profiles
 import planner
 from costmodel import Cluster, InferenceJob, Job, ModelSpec, SpecError
-from costmodel.published import load_runs
+from costmodel.fitting.published import load_runs
 from costmodel.units import count, plural
 from hardware_profiles.files import loads_json, read_toml
 

@@ -27,12 +27,15 @@ torch = pytest.importorskip("torch")
 
 import planner  # noqa: E402
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate  # noqa: E402
-from planner.plan import Plan  # noqa: E402
-from planner.runtime import check, unsupported  # noqa: E402
-from planner.runtime.apply import TP_PLAN, stage_layer_ranges  # noqa: E402
+from costmodel.trace.blockcosts import costs_from_graph  # noqa: E402
+from planner.result import Plan  # noqa: E402
+from planner.runtime.apply import TP_PLAN  # noqa: E402
+from planner.runtime.checks import check, unsupported  # noqa: E402
 from planner.runtime.launch import prepare  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
-from planner.runtime.train import reference_losses, synthetic_batch, train  # noqa: E402
+from planner.runtime.modules import synthetic_batch  # noqa: E402
+from planner.runtime.stages import stage_layer_ranges  # noqa: E402
+from planner.runtime.train import reference_losses, train  # noqa: E402
 
 HERE = Path(__file__).parent
 #: A Llama-style model small enough for 8 processes on 2 cores: GQA (8 query, 4 KV heads),
@@ -179,8 +182,7 @@ def _example_module(name: str) -> tuple[Any, Any, Job]:
 
 def _module_plan(name: str) -> Plan:
     """The plan of ``MODULE_CASES[name]``'s config for its traced module (not searched)."""
-    from costmodel.graph import LayerGraph
-    from costmodel.layercosts import LayerCosts
+    from costmodel.trace.graph import LayerGraph
 
     which, config = MODULE_CASES[name]
     make, example, job = _example_module(which)
@@ -189,7 +191,7 @@ def _module_plan(name: str) -> Plan:
     graph = LayerGraph.from_module(module, example, dtype=torch.float32)
     cfg = ParallelConfig(**config)
     cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=cfg.world_size)
-    costs = LayerCosts.from_graph(graph, cluster, job, tp_degrees=sorted({1, cfg.tp}),
+    costs = costs_from_graph(graph, cluster, job, tp_degrees=sorted({1, cfg.tp}),
                                   sequence_parallel=cfg.sequence_parallel)
     return make_plan(config, costs, job)
 
@@ -197,12 +199,11 @@ def _module_plan(name: str) -> Plan:
 def _traced(spec: ModelSpec, job: Job, tp_degrees: tuple[int, ...] = (1,)) -> Any:
     """The LayerCosts of ``spec``'s reference transformer, traced (not its formulas), with
     and without sequence parallelism."""
-    from costmodel.graph import LayerGraph
-    from costmodel.layercosts import LayerCosts
+    from costmodel.trace.graph import LayerGraph
 
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
                                    torch.zeros(1, job.seq_len, dtype=torch.long))
-    return LayerCosts.from_graph(graph, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=4),
+    return costs_from_graph(graph, Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=4),
                                  job, tp_degrees=tp_degrees, sequence_parallel="both")
 
 
@@ -359,14 +360,15 @@ def test_heads_style_refuses_what_it_does_not_split() -> None:
         HeadParallel()._apply(nn.MultiheadAttention(12, 3), mesh)
 
 
+@pytest.mark.slow  # over 2 s: a search of a traced module / torch.distributed steps
 def test_a_weight_two_pipeline_stages_use_is_tied(one_process: None) -> None:
     """Cut between its stacks, the encoder-decoder's token embedding, which both stacks
     read, falls in the first stage twice, one parameter; tied to its output layer too,
     torch's pipelining copies it into the last stage, and apply keeps the copies equal
     (``Tie``). Cut before the decoder's embedding, the last stage would read the
     model's input, which torch's pipelining does not pass on: refused by name."""
-    from planner.runtime.apply import _cut_stages
     from planner.runtime.modules import layer_paths
+    from planner.runtime.stages import _cut_stages
 
     tied = {0: ["embed.weight"], 1: ["embed.weight"]}
     for name, ties in (("t5", []), ("t5_tied", [tied])):
@@ -414,6 +416,7 @@ def one_process() -> Any:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # over 2 s: a search of a traced module / torch.distributed steps
 def test_plan_from_json_runs_without_search(monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path, one_process: None) -> None:
     text = make_plan({"recompute": "full", "micro_batch_size": 4}).to_json()
@@ -429,6 +432,7 @@ def test_plan_from_json_runs_without_search(monkeypatch: pytest.MonkeyPatch,
     assert res.losses == pytest.approx(ref, abs=TOL)
 
 
+@pytest.mark.slow  # over 2 s: a search of a traced module / torch.distributed steps
 def test_bf16_ddp_runs_under_autocast(one_process: None) -> None:
     job = dataclasses.replace(JOB, precision="bf16")
     res = train(make_plan({}, job=job), steps=3, lr=LR["adamw"])
@@ -479,7 +483,7 @@ def test_rotary_embedding_rotates_and_rotates_back() -> None:
 def test_the_angle_tables_are_computed_once_per_model() -> None:
     """The reference model computes RoPE's angle table once per forward, not in every layer
     (as torchtitan computes its freqs_cis once): its layers, traced, take no polar."""
-    from costmodel.graph import LayerGraph
+    from costmodel.trace.graph import LayerGraph
 
     spec = dataclasses.replace(ModelSpec.preset("llama-3.2-1b"), num_layers=2)
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
@@ -568,6 +572,7 @@ def test_planner_run_trains(tmp_path: Path) -> None:
                                    abs=TOL)
 
 
+@pytest.mark.slow  # over 2 s: a search of a traced module / torch.distributed steps
 def test_planner_run_refuses_and_dry_runs(tmp_path: Path) -> None:
     make_plan({"dp": 2, "cp": 2}).to_json(tmp_path / "cp.json")
     r = _cli("run", "cp.json", cwd=tmp_path)
@@ -604,8 +609,7 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     parallelism (nn.MultiheadAttention split by heads: ``planner.runtime.attention``); a
     layout no style runs (a sequence split inside the model's own forward, an unfused
     nn.MultiheadAttention's split) is refused by name."""
-    from costmodel.graph import LayerGraph
-    from costmodel.layercosts import LayerCosts
+    from costmodel.trace.graph import LayerGraph
 
     traced = _traced(SPEC, SGD, (1, 2))
     check(make_plan({"dp": 2, "pp": 2, "zero_stage": 2}, traced, SGD))
@@ -615,13 +619,13 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     with torch.device("meta"):
         vit = LayerGraph.from_module(make(), example)
     cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=4)
-    costs = LayerCosts.from_graph(vit, cluster, job, tp_degrees=(1, 2))
+    costs = costs_from_graph(vit, cluster, job, tp_degrees=(1, 2))
     assert costs.tp_plan(2)["blocks.*.self_attn"] == "heads"
     check(make_plan({"dp": 2, "tp": 2}, costs, job))
     make, example, job = _example_module("t5")
     with torch.device("meta"):
         t5 = LayerGraph.from_module(make(), example)
-    costs = LayerCosts.from_graph(t5, cluster, job, tp_degrees=(1, 2))
+    costs = costs_from_graph(t5, cluster, job, tp_degrees=(1, 2))
     assert {costs.tp_plan(2)[m] for m in (
         "encoder.*.self_attn", "decoder.*.self_attn", "decoder.*.multihead_attn")} == {"heads"}
     check(make_plan({"dp": 2, "tp": 2}, costs, job))
@@ -637,7 +641,7 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
         tokens = torch.zeros(batch, 8, dtype=torch.long)
         with torch.device("meta"):
             lm = LayerGraph.from_module(AttentionLM(need_weights=need_weights), tokens)
-        costs = LayerCosts.from_graph(lm, cluster, dataclasses.replace(job, seq_len=8),
+        costs = costs_from_graph(lm, cluster, dataclasses.replace(job, seq_len=8),
                                       tp_degrees=(1, 2))
         if refused:
             with pytest.raises(SpecError, match=r"blocks\.\*\.attn runs more than one matmul "

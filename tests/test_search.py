@@ -14,10 +14,12 @@ from brute import fastest_that_fits, half_fitting
 from inprocess import run_planner
 
 from costmodel import Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
-from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES, validate
+from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
+from costmodel.formulas.checks import validate
+from costmodel.formulas.tables import evaluate
 from costmodel.frameworks import framework
-from costmodel.tables import evaluate
-from planner.plan import TERM_LABELS, Plan, plan
+from planner.plan import TERM_LABELS, plan
+from planner.result import Plan
 from planner.search import search
 from planner.space import (
     COLUMNS,

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
-from costmodel.compute import autocast_rows, gemm_time
+from costmodel.formulas.compute import autocast_rows
+from costmodel.formulas.roofline import gemm_time
 from costmodel.hardware import GPU
 
 ROOT = Path(__file__).resolve().parents[1]

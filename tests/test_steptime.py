@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 
 import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
-from costmodel.comm import Topology
-from costmodel.compute import layer_compute
 from costmodel.errors import SpecError
+from costmodel.fitting.published import eq3_flops
+from costmodel.formulas.comm import Topology
+from costmodel.formulas.compute import layer_compute
+from costmodel.formulas.memory import ConfigArrays, first_argmax, memory_table
+from costmodel.formulas.steptime import TIME_TERMS, model_flops_per_token
+from costmodel.formulas.tables import evaluate
 from costmodel.hardware import Link
-from costmodel.memory import ConfigArrays, first_argmax, memory_table
-from costmodel.published import eq3_flops
-from costmodel.steptime import TIME_TERMS, model_flops_per_token
-from costmodel.tables import evaluate
 
 GPT3 = ModelSpec.preset("gpt3-175b")
 LLAMA = ModelSpec.preset("llama-3-8b")
@@ -117,7 +117,7 @@ def test_a_tables_communicators_are_costed_once_per_mesh_and_exactly_as_per_row(
     """``Topology.rows``: a communicator whose ranks and stride are the same throughout each
     group of rows is costed once per group and spread, with exactly the per-row values; one
     whose ranks vary within a group is costed per row all the same."""
-    from costmodel.arrays import distinct_rows
+    from costmodel.formulas.arrays import distinct_rows
 
     cluster = Cluster.preset("dgx-h100", num_nodes=8)
     rng = np.random.default_rng(1)
@@ -144,7 +144,7 @@ def test_distinct_rows_groups_rows_by_their_values(rows: list, ncols: int) -> No
     """``distinct_rows``: one group per distinct combination of the columns' values, whatever
     they are (small digits, values ranked first, negative values, bools), each row's group
     holding its values."""
-    from costmodel.arrays import distinct_rows
+    from costmodel.formulas.arrays import distinct_rows
 
     cols = [np.array([r[i] for r in rows]) for i in range(ncols)]
     d = distinct_rows(*cols)
@@ -162,7 +162,7 @@ def test_a_many_rowed_table_costs_each_row_as_it_costs_alone() -> None:
     per group of rows that share them (``ConfigArrays.kernel_groups``) and each communicator
     once per mesh: every row of a table of a few hundred configurations has exactly its own
     table's step time, terms and peak memory (Megatron-LM's TP overlap switches too)."""
-    from costmodel.arrays import ConfigArrays as Columns
+    from costmodel.formulas.arrays import ConfigArrays as Columns
 
     for model, job in ((LLAMA, Job(global_batch_size=256, seq_len=4096, framework="megatron")),
                        (LLAMA, Job(global_batch_size=256, seq_len=4096, framework="megatron",
@@ -431,7 +431,7 @@ TABLE4 = {("none", False): 19.6, ("none", True): 19.0, ("full", False): 27.2,
 def _layer_ms(recompute: str, sp: bool, **job_changes: object) -> float:
     """One layer's time from the step-time model: the difference of a 4- and 2-layer 22B,
     less the optimizer step (per layer too, but not in Table 4)."""
-    from costmodel.published import load_runs
+    from costmodel.fitting.published import load_runs
 
     run = next(r for r in load_runs() if r.id == "korthikanti2022_22B_full_recompute")
     job = dataclasses.replace(run.job, **job_changes)
@@ -474,7 +474,7 @@ def test_megatron_hides_the_tp_gradient_all_reduce_behind_the_weight_gradient() 
 
 
 def test_optimizer_step_moves_the_bytes_of_each_trainers_passes() -> None:
-    from costmodel.steptime import optimizer_bytes
+    from costmodel.formulas.steptime import optimizer_bytes
 
     def job(fw: str, precision: str) -> Job:
         return Job(global_batch_size=8, seq_len=1024, precision=precision, framework=fw,
@@ -681,7 +681,7 @@ def test_float8_rowwise_casts_more_and_rescales_the_gradients() -> None:
     # (matmul_with_hp_or_float8_args, pytorch/ao@890e0ac8): tensor-wise keeps one float8 copy,
     # made on the shard before FSDP's float8 all-gather (Job.fp8_param_gather), else cast
     # from the bf16 weight once per forward (an amax pass, then the cast: 2 kernels).
-    from costmodel.compute import float8_cast_time
+    from costmodel.formulas.eager import float8_cast_time
 
     gpu = H100.gpu
     job = Job(global_batch_size=8, seq_len=8192, precision="fp8", framework="torchtitan",
@@ -736,7 +736,8 @@ def test_float8_casts_one_per_float8_linear_and_the_output_layer_in_bf16() -> No
     # (its router and experts are not Float8Linears); one kernel per cast compiled, two
     # eager (the amax, then the cast). At no tokens only the launches remain (the weights are
     # cast on the shard before FSDP's float8 all-gather: Job.fp8_param_gather).
-    from costmodel.compute import float8_cast_time, lm_head_compute
+    from costmodel.formulas.compute import lm_head_compute
+    from costmodel.formulas.eager import float8_cast_time
 
     gpu = H100.gpu
     job = Job(global_batch_size=8, seq_len=8192, precision="fp8", framework="torchtitan",

@@ -61,14 +61,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return _reset(args)
     if args.gpu:
         return _calibrate_gpu(args)
-    from costmodel.calibration import (
+    from costmodel.fitting.calibration import (
         fit_transfer,
         leave_one_source_out,
         run_group,
         transfer_toml,
         validation_report,
     )
-    from costmodel.published import load_runs, shipped_runs
+    from costmodel.fitting.published import load_runs, shipped_runs
     from planner.accuracy import describe, print_results, result_rows, summary
 
     runs = [r for f in args.runs for r in load_runs(f)] if args.runs else shipped_runs()
@@ -106,7 +106,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def _calibrate_gpu(args: argparse.Namespace) -> int:
     """``planner calibrate --gpu NAME``: fit one GPU profile's own matmul fraction and
     per-kernel overhead to the runs measured on it, and write them."""
-    from costmodel.published import (
+    from costmodel.fitting.published import (
         calibration_toml,
         default_runs_path,
         fit_efficiency,

@@ -33,10 +33,10 @@ from costmodel.config import (
     SCHEDULES,
 )
 from costmodel.hardware import GPU
-from costmodel.inference import KV_PRECISIONS, OBJECTIVES, WEIGHT_PRECISIONS, InferenceJob
+from costmodel.serving.inference import KV_PRECISIONS, OBJECTIVES, WEIGHT_PRECISIONS, InferenceJob
 from hardware_profiles.files import is_file, printable
 from planner.models import load_model, load_model_or_module
-from planner.plan import MAX_TOP_K, Plan, load_plan
+from planner.result import MAX_TOP_K, Plan, load_plan
 from planner.space import PRESETS, Constraints
 
 if TYPE_CHECKING:

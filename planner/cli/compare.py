@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from costmodel import Job, ModelSpec, ParallelConfig, SpecError
-from costmodel.estimate import Estimate
-from costmodel.layercosts import LayerCosts
+from costmodel.formulas.estimate import Estimate
+from costmodel.formulas.layercosts import LayerCosts
 from costmodel.units import count
 from planner.cli.common import (
     EXIT_INFEASIBLE,

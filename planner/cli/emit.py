@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from costmodel import Infeasible, Job
-from costmodel.estimate import Estimate
+from costmodel.formulas.estimate import Estimate
 from costmodel.units import GIB
 from hardware_profiles.files import write_text
 from planner.cli.common import FORCE_HELP, add_command, load_saved_plan, warn

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
-from costmodel.compute import ATTENTION_NAMES, attention_kernel, float8_gathered_rows
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
-from costmodel.estimate import NEAR_CAPACITY, Estimate
-from costmodel.inference import InferenceConfig, InferenceJob, estimate_inference
-from costmodel.layercosts import LayerCosts
-from costmodel.memory import TERMS
-from costmodel.steptime import TIME_TERMS
+from costmodel.formulas.eager import float8_gathered_rows
+from costmodel.formulas.estimate import NEAR_CAPACITY, Estimate
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.memory import TERMS
+from costmodel.formulas.roofline import ATTENTION_NAMES, attention_kernel
+from costmodel.formulas.steptime import TIME_TERMS
+from costmodel.serving.inference import InferenceConfig, InferenceJob, estimate_inference
 from costmodel.units import GIB, count, plural
 from planner.cli.common import (
     add_command,

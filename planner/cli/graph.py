@@ -26,8 +26,8 @@ from planner.models import load_model_or_module
 from planner.plan import trace_dtype
 
 if TYPE_CHECKING:
-    from costmodel.graph import LayerGraph
-    from costmodel.layercosts import LayerCosts
+    from costmodel.formulas.layercosts import LayerCosts
+    from costmodel.trace.graph import LayerGraph
     from planner.cli.common import Subparsers
 
 __all__ = ["add_parser", "cmd_graph", "to_dot"]
@@ -80,16 +80,17 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    """``planner graph``: the traced graph and its LayerCosts."""
-    from costmodel.layercosts import LayerCosts
+    """``planner graph``: the traced graph and its LayerCosts (the trace side is imported
+    here, so that the other commands do not load it)."""
+    from costmodel.trace.blockcosts import costs_from_graph
 
     if not args.cluster and not args.gpus:
         args.gpus = args.gpus_per_node or 8  # one node: what a TP group spans
     cluster = load_cluster(args)
     graph, job = _trace(args)
     degrees = _degrees(args.tp, cluster)
-    costs = LayerCosts.from_graph(graph, cluster, job, tp_degrees=degrees,
-                                  sequence_parallel=args.sequence_parallel)
+    costs = costs_from_graph(graph, cluster, job, tp_degrees=degrees,
+                             sequence_parallel=args.sequence_parallel)
     shown = args.layouts_tp or max(degrees)
     if shown not in degrees:
         raise SpecError(f"--layouts-tp {shown}: not among the degrees traced "
@@ -122,7 +123,8 @@ def _trace(args: argparse.Namespace) -> tuple[LayerGraph, Job]:
     """The model's graph, traced on one micro-batch, and the job it was traced for."""
     if importlib.util.find_spec("torch") is None:
         raise SpecError(f"planner graph traces with torch: {install_hint('torch')}")
-    from costmodel.graph import LayerGraph, training_loss
+    from costmodel.trace.graph import LayerGraph
+    from costmodel.trace.recorder import training_loss
 
     model = load_model_or_module(args.model)
     if isinstance(model, ModelSpec):
@@ -142,7 +144,7 @@ def _trace(args: argparse.Namespace) -> tuple[LayerGraph, Job]:
 
 def _degrees(text: str | None, cluster: Cluster) -> list[int]:
     """``--tp``: degrees dividing a node's GPUs (default: every divisor)."""
-    from costmodel.arrays import divisors
+    from costmodel.formulas.arrays import divisors
 
     if not text:
         return list(divisors(cluster.gpus_per_node))

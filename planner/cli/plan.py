@@ -9,8 +9,8 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from costmodel import Cluster, Job, ModelSpec, SpecError
-from costmodel.inference import InferenceJob
-from costmodel.layercosts import LayerCosts
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.serving.inference import InferenceJob
 from costmodel.units import count
 from planner.cli.common import (
     add_command,
@@ -23,8 +23,9 @@ from planner.cli.common import (
 )
 from planner.cli.estimate import estimate_report
 from planner.cli.torchmodule import add_module_args, module_inputs
-from planner.plan import ModuleSource, Plan, plan
+from planner.plan import plan
 from planner.progress import Progress
+from planner.result import ModuleSource, Plan
 from planner.space import Constraints
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from planner.cli.common import add_command, positive_int, print_json
 from planner.progress import Progress
 
 if TYPE_CHECKING:
-    from costmodel.measured import Measurements
+    from costmodel.fitting.measured import Measurements
     from planner.cli.common import Subparsers
 
 EPILOG = """examples:
@@ -60,7 +60,7 @@ def add_parser(sub: Subparsers) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """``planner profile``: measure this machine and write a GPU profile TOML."""
-    from costmodel.measured import fit_profile, profile_toml
+    from costmodel.fitting.measured import fit_profile, profile_toml
     from planner.profile import profile
 
     if importlib.util.find_spec("torch") is None:

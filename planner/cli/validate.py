@@ -51,9 +51,9 @@ def add_parser(sub: Subparsers) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """``planner validate``: published runs predicted under the fit, and with their source
-    left out of it (costmodel.calibration)."""
-    from costmodel.calibration import load_fit, validation_report
-    from costmodel.published import default_runs_path, load_runs
+    left out of it (costmodel.fitting.calibration)."""
+    from costmodel.fitting.calibration import load_fit, validation_report
+    from costmodel.fitting.published import default_runs_path, load_runs
     from planner.accuracy import describe, print_results, result_rows, summary
 
     chosen = [k for k in ("runs", "heldout", "calibration") if getattr(args, k)]
@@ -86,7 +86,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _validate_profile(args: argparse.Namespace, path: str | Path) -> int:
     """``planner validate --profile FILE``: the runs on the profile's GPU predicted with the
     shipped profile and with the measured one, side by side."""
-    from costmodel.published import compare, load_runs
+    from costmodel.fitting.published import compare, load_runs
     from planner.accuracy import comparison_rows, comparison_summary
 
     measured = GPU.from_file(args.profile)

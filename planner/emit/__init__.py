@@ -31,23 +31,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from costmodel.compute import attention_kernel
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
-from costmodel.estimate import Estimate, estimate
+from costmodel.formulas.estimate import Estimate, estimate
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.roofline import attention_kernel
 from costmodel.frameworks import framework
 from costmodel.hardware import GPU
-from costmodel.inference import InferenceConfig, InferenceEstimate, InferenceJob
-from costmodel.layercosts import LayerCosts
 from costmodel.model import ModelSpec
+from costmodel.serving.inference import InferenceConfig, InferenceEstimate, InferenceJob
 from planner.emit import deepspeed, megatron, slurm, torchtitan
-from planner.emit.common import GIB, Lowered, ReadBack, Target
+from planner.emit.common import GIB, Lowered, Planned, ReadBack, Target
 from planner.emit.serving import SERVING_TARGETS, emit_serving
-
-if TYPE_CHECKING:
-    from planner.plan import Plan
 
 __all__ = ["SERVING_TARGETS", "TARGETS", "TRAINING_TARGETS", "Emitted", "ReadBack", "emit",
            "read_back"]
@@ -97,7 +93,7 @@ def _delta(plan_est: Estimate, est: Estimate) -> str | None:
     return text
 
 
-def emit(plan: Plan, target: str, *, command: str | None = None,
+def emit(plan: Planned, target: str, *, command: str | None = None,
          strict: bool = False) -> Emitted:
     """The plan as a file for ``target`` (one of ``TARGETS``).
 

@@ -5,22 +5,49 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import hardware_profiles
-from costmodel.compute import loss_kind
 from costmodel.config import Job, ParallelConfig
-from costmodel.estimate import Estimate
+from costmodel.formulas.eager import loss_kind
+from costmodel.formulas.estimate import Estimate
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.states import megatron_grad_bytes
 from costmodel.frameworks import framework
-from costmodel.layercosts import LayerCosts
+from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
-from costmodel.states import megatron_grad_bytes
+from costmodel.serving.inference import InferenceConfig, InferenceEstimate, InferenceJob
 from costmodel.units import GIB
 from hardware_profiles.files import printable
+from planner.alternatives import describe
+from planner.version import __version__
 
-if TYPE_CHECKING:
-    from planner.plan import Plan
 
+class _Source(Protocol):
+    @property
+    def model(self) -> str: ...
+
+
+class Planned(Protocol):
+    """What an emitter reads of a plan (``planner.Plan`` is one): the model, cluster, job,
+    configuration and estimate, and where a traced module comes from."""
+
+    @property
+    def model(self) -> ModelSpec | LayerCosts: ...
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def job(self) -> Job | InferenceJob: ...
+    @property
+    def config(self) -> ParallelConfig | InferenceConfig: ...
+    @property
+    def estimate(self) -> Estimate | InferenceEstimate: ...
+    @property
+    def module(self) -> _Source | None: ...
+
+    def preset(self, what: str) -> ModelSpec:
+        """The plan's ``ModelSpec``; ``SpecError`` where the plan is a traced module's."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,11 +181,9 @@ def uniform_stage_recompute(ch: Changes, trainer: str) -> None:
                                  recompute_num_layers=None if full else n)
 
 
-def header_lines(plan: Plan, config: ParallelConfig, job: Job, est: Estimate, command: str,
+def header_lines(plan: Planned, config: ParallelConfig, job: Job, est: Estimate, command: str,
                  warnings: tuple[str, ...]) -> list[str]:
     """The header every emitted file starts with (without comment markers)."""
-    from planner import __version__
-    from planner.plan import describe
 
     c = plan.cluster
     lines = [

@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from costmodel.config import Job, ParallelConfig
-from costmodel.estimate import Estimate
+from costmodel.formulas.estimate import Estimate
 from costmodel.model import ModelSpec
 from hardware_profiles.files import printable
 from planner.emit.common import (

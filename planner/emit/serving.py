@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
 
 from costmodel.errors import SpecError
-from costmodel.inference import InferenceConfig, InferenceEstimate, InferenceJob
+from costmodel.serving.inference import InferenceConfig, InferenceEstimate, InferenceJob
 from costmodel.units import GIB
-from planner.emit.common import commented
-
-if TYPE_CHECKING:
-    from planner.plan import Plan
+from planner.emit.common import Planned, commented
+from planner.version import __version__
 
 __all__ = ["SERVING_TARGETS", "emit_serving", "read_serving"]
 
@@ -43,8 +40,7 @@ VLLM_QUANTIZATION = {"fp8": "fp8", "int8": "gptq", "int4": "awq"}
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def _header(plan: Plan, command: str, marker: str = "#") -> list[str]:
-    from planner import __version__
+def _header(plan: Planned, command: str, marker: str = "#") -> list[str]:
 
     job, cfg, est = plan.job, plan.config, plan.estimate
     assert isinstance(job, InferenceJob) and isinstance(cfg, InferenceConfig)
@@ -74,7 +70,7 @@ def _utilization(est: InferenceEstimate) -> float:
         min(0.98, math.ceil(100 * need + 2) / 100)
 
 
-def _vllm(plan: Plan, command: str) -> str:
+def _vllm(plan: Planned, command: str) -> str:
     job, cfg, est = plan.job, plan.config, plan.estimate
     assert isinstance(job, InferenceJob) and isinstance(cfg, InferenceConfig)
     assert isinstance(est, InferenceEstimate)
@@ -122,7 +118,7 @@ def _vllm(plan: Plan, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _trtllm(plan: Plan, command: str) -> str:
+def _trtllm(plan: Planned, command: str) -> str:
     job, cfg = plan.job, plan.config
     assert isinstance(job, InferenceJob) and isinstance(cfg, InferenceConfig)
     dtype = _DTYPE[job.dtype]
@@ -158,7 +154,7 @@ def _trtllm(plan: Plan, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def emit_serving(plan: Plan, target: str, command: str) -> str:
+def emit_serving(plan: Planned, target: str, command: str) -> str:
     """The text of ``target`` (``SERVING_TARGETS``) for a serving plan."""
     if not isinstance(plan.job, InferenceJob):
         raise SpecError(f"{target} serves models; this is a training plan (emit it with "

@@ -16,7 +16,7 @@ from typing import Any
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
-from costmodel.estimate import Estimate
+from costmodel.formulas.estimate import Estimate
 from costmodel.model import ModelSpec
 from planner.emit import deepspeed, megatron, torchtitan
 from planner.emit.common import Lowered, ReadBack, Target, commented, header_lines

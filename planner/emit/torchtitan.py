@@ -23,11 +23,11 @@ import dataclasses
 import tomllib
 from typing import Any
 
-from costmodel.compute import float8_gathered_rows
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
-from costmodel.estimate import Estimate
-from costmodel.layercosts import LayerCosts
+from costmodel.formulas.eager import float8_gathered_rows
+from costmodel.formulas.estimate import Estimate
+from costmodel.formulas.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from hardware_profiles.files import to_toml
 from planner.emit.common import (
@@ -198,14 +198,15 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
     }
     if job.precision == "fp8":
         # torchao's dynamic scaling recipe the job names (Job.float8_recipe), whose casts
-        # the cost model times (costmodel.compute.float8_cast_time); the output layer (and a
+        # the cost model times (costmodel.formulas.compute.float8_cast_time); the output layer (and
+        # a
         # MoE router) kept in bf16 as the cost model keeps them (compute.lm_head_compute):
         # torchtitan converts every linear whose FQN contains none of filter_fqns.
         out["quantize.linear.float8"] = {"recipe_name": job.float8_recipe,
                                          "filter_fqns": _float8_filter(model)}
         if float8_gathered_rows(job.framework, job, cfg.zero_stage):
             # FSDP gathers the float8 weights the cost model counts at 1 byte
-            # (costmodel.compute.float8_param_gather), with one amax all-reduce for all.
+            # (costmodel.formulas.eager.float8_param_gather), with one amax all-reduce for all.
             out["quantize.linear.float8"].update(enable_fsdp_float8_all_gather=True,
                                                   precompute_float8_dynamic_scale_for_fsdp=True)
     if job.compile:

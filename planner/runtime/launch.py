@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel.errors import SpecError
-from costmodel.layercosts import LayerCosts
+from costmodel.formulas.layercosts import LayerCosts
 from hardware_profiles.files import is_file, not_a_file, write_text
 from planner.emit.common import header_lines
 from planner.emit.slurm import here_document, sbatch_preamble, srun_torchrun
-from planner.plan import Plan, describe, load_plan
-from planner.runtime import FORCE_ENV, check, traced_source
+from planner.plan import describe
+from planner.result import Plan, load_plan
+from planner.runtime.checks import FORCE_ENV, check, traced_source
 from planner.runtime.supervise import supervise
 
 __all__ = ["DEFAULT_ENTRY", "Launch", "launch", "prepare", "sbatch_script"]

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
-from costmodel.trace_ops import IN_FUSED_FORWARD
+from costmodel.trace.trace_ops import IN_FUSED_FORWARD
 
 __all__ = ["Attention", "Block", "FeedForward", "MoEFeedForward", "Transformer", "build_model",
            "rope_table"]

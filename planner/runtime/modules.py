@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from costmodel.config import Job
 from costmodel.errors import SpecError
-from costmodel.layercosts import LayerCosts
+from costmodel.formulas.layercosts import LayerCosts
 
 __all__ = ["layer_paths", "module_batch", "module_blocks", "output_size", "pipeline_stages",
            "set_module"]
@@ -120,7 +121,7 @@ def module_batch(example: torch.Tensor, classes: int, batch: int, step: int, see
     over ``classes`` tokens labelled with the next token; otherwise standard normal inputs
     labelled with one of ``classes`` classes by a fixed function of the input."""
     from costmodel.config import Job
-    from planner.runtime.train import synthetic_batch
+
 
     if not example.is_floating_point():
         job = Job(global_batch_size=batch, seq_len=int(example.shape[1]))
@@ -144,3 +145,20 @@ def output_size(module: nn.Module, example: torch.Tensor) -> int:
     with torch.no_grad():
         out = functional_call(module, state, (example.to("meta"),))
     return int(out.shape[-1])
+
+
+def synthetic_batch(job: Job, vocab_size: int, step: int, seed: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of step ``step``: token ids ``[global_batch_size, seq_len]`` and the
+    next-token labels, the same on every rank for one seed.
+
+    Each sequence is a random walk over the vocabulary: a random first token, then steps of
+    +1, +2 or +3 (mod vocabulary), so a model can learn it (the loss falls from ln(vocab)
+    towards ln 3) and a broken parallel run shows in the loss curve.
+    """
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    b, s = job.global_batch_size, job.seq_len + 1
+    start = torch.randint(0, vocab_size, (b, 1), generator=g)
+    steps = torch.randint(1, 4, (b, s - 1), generator=g)
+    tokens = torch.cat([start, start + steps.cumsum(dim=1)], dim=1) % vocab_size
+    return tokens[:, :-1], tokens[:, 1:]

@@ -24,36 +24,20 @@ import torch.distributed as dist
 
 from costmodel.config import Job
 from costmodel.errors import SpecError
-from costmodel.layercosts import LayerCosts
+from costmodel.formulas.layercosts import LayerCosts
 from costmodel.model import ModelSpec
 from hardware_profiles.files import write_text
-from planner.plan import Plan
-from planner.runtime import traced_source
+from planner.result import Plan
 from planner.runtime.apply import Parallelized, apply, cross_entropy, make_optimizer
+from planner.runtime.checks import traced_source
 from planner.runtime.model import build_model
+from planner.runtime.modules import synthetic_batch
 
-__all__ = ["TrainResult", "main", "module_reference_losses", "reference_losses",
-           "synthetic_batch", "train", "train_module"]
+__all__ = ["TrainResult", "main", "module_reference_losses", "reference_losses", "train",
+           "train_module"]
 
 #: Learning rate of the examples (AdamW, Loshchilov & Hutter 2019, torch defaults otherwise).
 LR = 1e-3
-
-
-def synthetic_batch(job: Job, vocab_size: int, step: int, seed: int = 0
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of step ``step``: token ids ``[global_batch_size, seq_len]`` and the
-    next-token labels, the same on every rank for one seed.
-
-    Each sequence is a random walk over the vocabulary: a random first token, then steps of
-    +1, +2 or +3 (mod vocabulary), so a model can learn it (the loss falls from ln(vocab)
-    towards ln 3) and a broken parallel run shows in the loss curve.
-    """
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    b, s = job.global_batch_size, job.seq_len + 1
-    start = torch.randint(0, vocab_size, (b, 1), generator=g)
-    steps = torch.randint(1, 4, (b, s - 1), generator=g)
-    tokens = torch.cat([start, start + steps.cumsum(dim=1)], dim=1) % vocab_size
-    return tokens[:, :-1], tokens[:, 1:]
 
 
 @dataclass

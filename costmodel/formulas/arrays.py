@@ -1,0 +1,375 @@
+"""A table of parallel configurations as numpy columns (``ConfigArrays``), the codes its
+columns use for schedules, recompute and offload, and the stage-major helpers every table
+of the cost model shares (memory, step time, pipeline).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from functools import cached_property, lru_cache
+from typing import Protocol
+
+import numpy as np
+
+from costmodel.config import ParallelConfig
+
+
+class Layers(Protocol):
+    """What the stage columns read of a model (a ``ModelSpec`` or ``LayerCosts``): its
+    layers, and the kind of each in order (0, 1, ...: a preset's dense and MoE layers, a
+    traced graph's distinct blocks)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def layer_kinds(self) -> tuple[int, ...]: ...
+
+__all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Distinct",
+           "Stages", "distinct_rows", "divisors", "even_split", "first_argmax", "input_split",
+           "ordered_sum"]
+
+SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+OFFLOAD_CODES = {"none": 0, "optimizer": 1, "optimizer+params": 2}
+
+
+@dataclass(frozen=True)
+class ConfigArrays:
+    """A table of parallel configurations as columns (one entry per row).
+
+    Stage columns have shape ``[rows, W]``: each column is one pipeline stage (``stage_index``),
+    standing for ``stage_count`` stages exactly like it (0 marks padding beyond a row's
+    stages). ``stage_layers`` counts the transformer layers a rank of that stage holds (all of
+    its virtual chunks together) and ``stage_start`` the layers before it.
+
+    With every stage its own column (``all_stages=True``, what ``estimate()`` reports per
+    stage) ``W`` is the largest ``pp``. A uniform split needs at most four columns: the first
+    stage, the first middle stage with the base number of layers, the first with one more
+    (the remainder goes to the last stages), and the last stage. Middle stages of one class
+    hold the same layers and parameters and take the same time, and the first of them holds
+    the most micro-batches in flight under every schedule, so the peak memory, the slowest
+    stage and the sums over stages come out exactly the same, with ``W <= 4``.
+    """
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    zero: np.ndarray
+    shard: np.ndarray
+    sp: np.ndarray
+    mbs: np.ndarray
+    schedule: np.ndarray
+    v: np.ndarray
+    recompute: np.ndarray
+    recompute_layers: np.ndarray  # 0 means every layer of the chunk
+    offload: np.ndarray
+    stage_layers: np.ndarray
+    stage_index: np.ndarray
+    stage_count: np.ndarray
+    stage_start: np.ndarray
+    stage_recompute: np.ndarray | None = None  # layers fully recomputed per stage; -1: the row's
+
+    @property
+    def rows(self) -> int:
+        """Number of configurations in the table."""
+        return int(self.dp.shape[0])
+
+    @cached_property
+    def stage_major(self) -> Stages:
+        """The stage columns transposed to ``[W, rows]`` (contiguous), made once per table
+        (``memory_table`` and ``time_table`` both read them)."""
+        def t(x: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(x.T)
+        rec = self.stage_recompute
+        return Stages(index=t(self.stage_index), count=t(self.stage_count),
+                      layers=t(self.stage_layers), start=t(self.stage_start),
+                      recompute=None if rec is None else t(rec))
+
+    @cached_property
+    def kernel_groups(self) -> Distinct:
+        """The rows grouped by all that one layer's kernels and saved activations per
+        micro-batch depend on: ``tp, cp, mbs, sp, ep``, and whether ``torch.autocast`` may
+        apply (ZeRO 0 and ``pp`` 1, ``costmodel.formulas.compute.autocast_rows``); their TP and CP
+        collectives too. A search's chunk of tens of thousands of rows has a hundred or two
+        such groups: ``LayerCosts`` and ``costmodel.formulas.stepterms`` compute each once."""
+        return distinct_rows(self.tp, self.cp, self.mbs, self.sp, self.ep,
+                             (self.zero == 0) & (self.pp == 1))
+
+    @cached_property
+    def mesh_groups(self) -> Distinct:
+        """The rows grouped by their device mesh: ``dp, tp, cp, ep`` and the shard degree,
+        all that the ranks and stride of a communicator a row forms depend on
+        (``costmodel.formulas.comm.Topology.rows``)."""
+        return distinct_rows(self.dp, self.tp, self.cp, self.ep, self.shard)
+
+    @cached_property
+    def kernel_rows(self) -> ConfigArrays:
+        """The table of one row per ``kernel_groups`` group (its ``first``)."""
+        return self.take(self.kernel_groups.first)
+
+    def take(self, rows: np.ndarray, width: int | None = None) -> ConfigArrays:
+        """The sub-table of ``rows``, its stage columns cut to the first ``width`` (which
+        must hold every existing stage column of those rows)."""
+        # np.take along the first axis: numpy's fancy indexing of the (rows, stages) columns
+        # copies element by element, an order of magnitude slower.
+        cols: dict[str, np.ndarray] = {f.name: np.take(getattr(self, f.name), rows, axis=0)
+                                       for f in fields(self) if getattr(self, f.name) is not None}
+        if width is not None:
+            for key in ("stage_layers", "stage_index", "stage_count", "stage_start",
+                        "stage_recompute"):
+                if key in cols:
+                    cols[key] = cols[key][:, :width]
+        return ConfigArrays(**cols)
+
+    @staticmethod
+    def uniform_stages(num_layers: int, pp: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(stage_index, stage_count, stage_layers, stage_start), ``[rows, 4]``, of the even
+        split of ``num_layers`` over each row's ``pp``: ``num_layers // pp`` each, the
+        remainder one layer each to the last stages (the first stage already holds the
+        embedding and, under 1F1B, the most micro-batches in flight)."""
+        p = np.asarray(pp, dtype=np.int64)[:, None]
+        base, rem = num_layers // p, num_layers % p
+        cut = p - rem  # first stage with base + 1 layers
+        # Candidate classes: first; middle with base layers; middle with base + 1; last.
+        lo = np.concatenate([np.zeros_like(p), np.ones_like(p), np.maximum(cut, 1), p - 1],
+                            axis=1)
+        hi = np.concatenate([np.ones_like(p), np.minimum(cut, p - 1), p - 1, p], axis=1)
+        lo[:, 3] = np.maximum(lo[:, 3], 1)  # the last stage is the first stage when p == 1
+        count = np.maximum(hi - lo, 0)
+        # Existing classes first, padding last, so that a table can be trimmed to its widest row.
+        order = np.argsort(count == 0, axis=1, kind="stable")
+        count = np.take_along_axis(count, order, axis=1)
+        index = np.where(count > 0, np.take_along_axis(lo, order, axis=1), 0)
+        layers = np.where(count > 0, base + (index >= cut), 0)
+        start = index * base + np.maximum(index - cut, 0)
+        return index, count, layers, start
+
+    @staticmethod
+    def every_stage(num_layers: int, pp: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``uniform_stages``' columns with every stage its own, ``[rows, max(pp)]``
+        (padding beyond a row's stages has count 0): what a model whose layers are not
+        all of one kind needs (``classes_exact``)."""
+        p = np.asarray(pp, dtype=np.int64)[:, None]
+        width = int(p.max()) if p.size else 1
+        index = np.broadcast_to(np.arange(width), (p.shape[0], width)).copy()
+        count = (index < p).astype(np.int64)
+        base, rem = num_layers // p, num_layers % p
+        cut = p - rem
+        layers = np.where(count > 0, base + (index >= cut), 0)
+        return index, count, layers, np.cumsum(layers, axis=1) - layers
+
+    @staticmethod
+    def classes_exact(model: Layers, pp: np.ndarray, v: np.ndarray) -> bool:
+        """Whether ``uniform_stages`` is exact for these rows: it is when every layer after
+        the first stage's first chunk is of one kind (a MoE model's leading dense layers
+        within it); otherwise middle stages of one class may differ."""
+        kinds = model.layer_kinds
+        tail = max(len(kinds) - 1, 0)  # layers from ``tail`` on are of one kind
+        while tail > 0 and kinds[tail - 1] == kinds[-1]:
+            tail -= 1
+        chunk = model.num_layers // (np.asarray(pp) * np.asarray(v))
+        return bool(np.all(tail <= chunk))
+
+    @classmethod
+    def from_configs(cls, model: Layers, configs: Sequence[ParallelConfig],
+                     all_stages: bool = True) -> ConfigArrays:
+        """Columns for ``configs``; stage layers are split evenly unless a config fixes them.
+
+        ``all_stages``: one column per pipeline stage; otherwise uniform splits use the four
+        representative columns of ``uniform_stages``.
+        """
+        n = len(configs)
+        pps = np.array([c.pp for c in configs], dtype=np.int64)
+        vs = np.array([c.virtual_pipeline_stages for c in configs], dtype=np.int64)
+        explicit = any(c.stage_layers is not None for c in configs)
+        per_stage_rec = None
+        if all_stages or explicit or not cls.classes_exact(model, pps, vs):
+            index, count, layers, start = cls.every_stage(model.num_layers, pps)
+            if explicit:
+                for r, c in enumerate(configs):
+                    layers[r, : c.pp] = c.stage_layers or even_split(model.num_layers, c.pp)
+                start = np.cumsum(layers, axis=1) - layers
+            width = index.shape[1]
+            if any(c.stage_recompute_layers is not None for c in configs):
+                per_stage_rec = np.full((n, width), -1, dtype=np.int64)
+                for r, c in enumerate(configs):
+                    if c.stage_recompute_layers is not None:
+                        per_stage_rec[r, : c.pp] = c.stage_recompute_layers
+        else:
+            index, count, layers, start = cls.uniform_stages(model.num_layers, pps)
+
+        def col(values: list[int | float]) -> np.ndarray:
+            return np.asarray(values, dtype=np.int64)
+
+        return cls(
+            dp=col([c.dp for c in configs]),
+            tp=col([c.tp for c in configs]),
+            pp=pps,
+            cp=col([c.cp for c in configs]),
+            ep=col([c.ep for c in configs]),
+            zero=col([c.zero_stage for c in configs]),
+            shard=col([c.shard_degree for c in configs]),
+            sp=col([int(c.sequence_parallel) for c in configs]),
+            mbs=col([c.micro_batch_size for c in configs]),
+            schedule=col([SCHEDULE_CODES[str(c.pipeline_schedule)] for c in configs]),
+            v=col([c.virtual_pipeline_stages for c in configs]),
+            recompute=col([RECOMPUTE_CODES[c.recompute] for c in configs]),
+            recompute_layers=col([c.recompute_num_layers or 0 for c in configs]),
+            offload=col([OFFLOAD_CODES[c.offload] for c in configs]),
+            stage_layers=layers,
+            stage_index=index,
+            stage_count=count,
+            stage_start=start,
+            stage_recompute=per_stage_rec,
+        )
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order: every degree a dimension of ``n`` GPUs (or a
+    batch of ``n``) can take. The one enumeration of degrees the searches use. None for
+    ``n < 1``; a new list each call (from ``_divisors``' cache)."""
+    return list(_divisors(operator.index(n)))
+
+
+@lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n`` sorted, from its prime factors (trial division to sqrt(n)):
+    the products of every power of each prime up to its multiplicity."""
+    out = [1] if n >= 1 else []
+    rest, p = n, 2
+    while p * p <= rest:
+        base, power = out, 1
+        while rest % p == 0:
+            rest //= p
+            power *= p
+            out = out + [d * power for d in base]
+        p += 1 + (p > 2)
+    if rest > 1:
+        out += [d * rest for d in out]
+    return tuple(sorted(out))
+
+
+def even_split(num_layers: int, pp: int) -> list[int]:
+    """The even split of ``num_layers`` over ``pp`` stages, remainder to the last stages."""
+    base, rem = divmod(num_layers, pp)
+    return [base + (i >= pp - rem) for i in range(pp)]
+
+
+def input_split(num_layers: int, pp: int, first: int) -> list[int] | None:
+    """The split a pipeline of a traced graph whose first stage must hold ``first`` layers
+    (``LayerCosts.first_stage_layers``) runs by default: ``None`` where the even split
+    already gives it them, else ``first`` layers then the rest split evenly."""
+    if pp < 2 or num_layers // pp >= first or num_layers - first < pp - 1:
+        return None
+    return [first, *even_split(num_layers - first, pp - 1)]
+
+
+@dataclass(frozen=True)
+class Distinct:
+    """Rows grouped by equal values of some columns (``distinct_rows``): ``first`` one row of
+    each group, ``inverse`` each row's group (``x[inverse]`` spreads a per-group ``x`` over
+    the rows)."""
+
+    first: np.ndarray
+    inverse: np.ndarray
+
+    def spread(self, x: np.ndarray) -> np.ndarray:
+        """A per-group array (groups on its last axis) per row."""
+        return np.take(x, self.inverse, axis=-1)
+
+
+#: Most combinations ``distinct_rows`` counts with ``np.bincount``; past it, it sorts.
+_DENSE_CODES = 1 << 16
+#: Columns whose values all lie below this are their own digits; others are ranked first.
+_RAW_DIGITS = 64
+
+
+def distinct_rows(*cols: np.ndarray) -> Distinct:
+    """The rows grouped by equal values of the non-negative integer (or bool) ``cols``.
+
+    The columns make one mixed-radix key per row, each column's digit its value (or, past
+    ``_RAW_DIGITS``, the rank of its value among those present), and the
+    keys present are the groups, in increasing order; no sort unless the combinations
+    outnumber ``_DENSE_CODES``."""
+    n = len(cols[0])
+    if not n:
+        return Distinct(first=np.zeros(0, dtype=np.int64), inverse=np.zeros(0, dtype=np.int64))
+    key = np.zeros(n, dtype=np.int64)
+    span = 1
+    for c in cols:
+        x = np.asarray(c)
+        top = int(x.max()) + 1
+        if x.dtype != bool and (top > _RAW_DIGITS or int(x.min()) < 0):
+            x, top = _codes(x)
+        span *= top
+        if span > _DENSE_CODES:  # too many combinations to count: sort instead
+            _, first, inverse = np.unique(np.stack([np.asarray(y, dtype=np.int64)
+                                                    for y in cols]), axis=1,
+                                          return_index=True, return_inverse=True)
+            return Distinct(first=first, inverse=inverse.reshape(n))
+        key = key * top + x
+    inverse, k = _codes(key)
+    first = np.empty(k, dtype=np.int64)
+    first[inverse] = np.arange(n)
+    return Distinct(first=first, inverse=inverse)
+
+
+def _codes(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """(the rank of each value of ``x`` among the distinct values present, how many are)."""
+    if int(x.max()) >= _DENSE_CODES or int(x.min()) < 0:
+        values, inverse = np.unique(x, return_inverse=True)
+        return inverse.reshape(x.shape), len(values)
+    present = np.bincount(x) > 0
+    rank = np.cumsum(present) - 1
+    return np.take(rank, x), int(rank[-1]) + 1
+
+
+@dataclass(frozen=True)
+class Stages:
+    """``ConfigArrays``' stage columns stage-major, ``[W, rows]`` (``ConfigArrays.stage_major``)."""
+
+    index: np.ndarray
+    count: np.ndarray
+    layers: np.ndarray
+    start: np.ndarray
+    recompute: np.ndarray | None
+
+
+def stage_cumsum(x: np.ndarray) -> np.ndarray:
+    """``np.cumsum(x, axis=0)`` of a stage-major array ``[W, rows]`` (the same additions in the
+    same order), a row of stages at a time: numpy's cumsum along a short leading axis runs
+    element by element, 10-20x slower than a few whole-row additions."""
+    out = np.array(x, dtype=np.int64 if x.dtype == bool else x.dtype)
+    for i in range(1, out.shape[0]):
+        out[i] += out[i - 1]
+    return out
+
+
+def ordered_sum(xs: Iterable[np.ndarray], empty: np.ndarray | None = None) -> np.ndarray:
+    """The sum of ``xs`` in order, the first as it is (``empty`` when there is none)."""
+    out = None
+    for x in xs:
+        out = x if out is None else out + x
+    if out is None:
+        assert empty is not None, "a sum of no terms needs its empty value"
+        return empty
+    return out
+
+
+def first_argmax(x: np.ndarray) -> np.ndarray:
+    """``np.argmax(x, axis=0)`` of a stage-major array ``[P, rows]`` of finite values (the
+    first of equal maxima), stage by stage: numpy's own reduces a short axis slowly."""
+    best = x[0]
+    idx = np.zeros(x.shape[1:], dtype=np.int64)
+    for j in range(1, x.shape[0]):
+        better = x[j] > best
+        idx[better] = j
+        best = np.maximum(best, x[j])
+    return idx

@@ -1,0 +1,201 @@
+"""A parallel configuration checked against a model, a cluster and a job.
+
+``ParallelConfig`` checks what it can alone (``costmodel.config``); ``validate`` checks the rest:
+the degrees fill the cluster, divide the model's heads and layers (a preset's, or the blocks of a
+traced graph's ``LayerCosts``), the batch and the experts, and what the job's trainer runs. It
+raises ``SpecError`` naming the offending values and a fix, never ``assert``.
+"""
+
+from __future__ import annotations
+
+from costmodel.config import Job, ParallelConfig
+from costmodel.errors import SpecError
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.frameworks import Framework, framework, schedule_problem
+from costmodel.hardware import Cluster
+from costmodel.model import ModelSpec
+
+__all__ = ["validate"]
+
+
+def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: ParallelConfig
+             ) -> None:
+    """Check ``cfg`` against the model (a preset, or the ``LayerCosts`` of a traced graph),
+    the cluster and the job; SpecError names what is wrong."""
+    _check_placement(model, cluster, cfg)
+    _check_layers(model, cfg)
+    _check_first_stage(model, cfg)
+    _check_batch(job, cfg)
+    _check_experts(model, cfg)
+    _check_framework(framework(job.framework), job, cfg)
+    _check_precision(cluster, job)
+
+
+def _check_placement(model: ModelSpec | LayerCosts, cluster: Cluster, cfg: ParallelConfig
+                     ) -> None:
+    """The degrees fill the cluster; tensor parallel stays in a node and divides the heads
+    and the MLP (a traced graph: is one of the degrees its blocks were sharded at)."""
+    if cfg.world_size != cluster.num_gpus:
+        raise SpecError(
+            f"dp*tp*pp*cp = {cfg.dp}*{cfg.tp}*{cfg.pp}*{cfg.cp} = {cfg.world_size} but the "
+            f"cluster has {cluster.num_gpus} GPUs; make the degrees multiply to {cluster.num_gpus}"
+        )
+    if cfg.tp > cluster.gpus_per_node:
+        raise SpecError(
+            f"tp={cfg.tp} exceeds the {cluster.gpus_per_node} GPUs of a node; tensor parallel "
+            "must stay inside a node"
+        )
+    if not isinstance(model, ModelSpec):
+        if model.spec is None:
+            _check_traced(model, cfg)
+            return
+        model = model.spec
+    for key, value in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
+                       ("ffn_hidden_size", model.ffn_hidden_size)):
+        assert value is not None, "ModelSpec.__post_init__ fills the defaults"
+        if value % cfg.tp:
+            raise SpecError(f"tp={cfg.tp} does not divide {key}={value}; pick tp dividing it")
+    if model.is_moe and int(model.moe_ffn_hidden_size or 0) % cfg.tp:
+        raise SpecError(
+            f"tp={cfg.tp} does not divide moe_ffn_hidden_size={model.moe_ffn_hidden_size}"
+        )
+
+
+def _check_traced(costs: LayerCosts, cfg: ParallelConfig) -> None:
+    """A traced graph's costs exist at the TP degrees and with the sequence parallelism its
+    blocks were sharded with; context parallelism only where its layers mix tokens in fused
+    attention alone."""
+    if cfg.tp not in costs.tp_degrees:
+        raise SpecError(f"{costs.name}: tp={cfg.tp} is not among the degrees its blocks were "
+                        f"sharded at ({', '.join(map(str, costs.tp_degrees))})")
+    if cfg.tp > 1 and cfg.sequence_parallel not in costs.sp_options:
+        raise SpecError(f"{costs.name}: its blocks were sharded "
+                        f"{'with' if costs.sequence_parallel else 'without'} sequence "
+                        "parallelism; cost it the other way for the other (or both: "
+                        "costs_from_graph(..., sequence_parallel='both'))")
+    if cfg.cp > 1 and not costs.context_parallel_ok:
+        raise SpecError(f"{costs.name}: context parallelism splits the sequence, but "
+                        f"{costs.token_mixer} reduces over the tokens outside a fused "
+                        "attention; use cp=1")
+
+
+def _check_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
+    """The pipeline's stages and chunks split the model's layers."""
+    chunks = cfg.pp * cfg.virtual_pipeline_stages
+    if model.num_layers < chunks:
+        raise SpecError(
+            f"the model has {model.num_layers} layers, fewer than pp*virtual stages = {chunks}; "
+            "lower pp or virtual_pipeline_stages"
+        )
+    if cfg.virtual_pipeline_stages > 1 and model.num_layers % chunks:
+        raise SpecError(
+            f"interleaving needs num_layers={model.num_layers} divisible by "
+            f"pp*virtual_pipeline_stages={chunks}"
+        )
+    if cfg.stage_layers is not None and sum(cfg.stage_layers) != model.num_layers:
+        raise SpecError(
+            f"stage_layers {list(cfg.stage_layers)} sum to {sum(cfg.stage_layers)}, "
+            f"not the model's {model.num_layers} layers"
+        )
+
+
+def _check_first_stage(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
+    """A traced graph's first pipeline stage holds the layers before its last op that reads
+    the model's own inputs (``LayerCosts.first_stage_layers``)."""
+    need = model.first_stage_layers
+    if cfg.pp == 1 or not need:
+        return
+    chunks = cfg.pp * cfg.virtual_pipeline_stages
+    first = cfg.stage_layers[0] if cfg.stage_layers is not None \
+        else model.num_layers // chunks
+    if first < need:
+        raise SpecError(
+            f"the first pipeline stage holds {first} layers, but {model.name} reads its own "
+            f"inputs until after its first {need} layers, and torch.distributed.pipelining "
+            f"gives a later stage only the previous stage's outputs; give the first stage at "
+            f"least {need} layers (stage_layers), or fewer stages")
+
+
+def _check_batch(job: Job, cfg: ParallelConfig) -> None:
+    """The batch splits over data parallel and micro-batches, the sequence over context and
+    sequence parallel."""
+    if job.global_batch_size % (cfg.dp * cfg.micro_batch_size):
+        raise SpecError(
+            f"global_batch_size={job.global_batch_size} is not divisible by "
+            f"dp*micro_batch_size = {cfg.dp}*{cfg.micro_batch_size}"
+        )
+    if job.seq_len % cfg.cp:
+        raise SpecError(f"seq_len={job.seq_len} is not divisible by cp={cfg.cp}")
+    if cfg.sequence_parallel and (job.seq_len // cfg.cp) % cfg.tp:
+        raise SpecError(
+            f"sequence_parallel splits seq_len/cp = {job.seq_len // cfg.cp} over tp={cfg.tp}; "
+            "it must divide"
+        )
+
+
+def _check_experts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
+    """Expert parallel needs an MoE model whose experts, and the ranks it reuses, it divides."""
+    if cfg.ep <= 1:
+        return
+    if not model.is_moe:
+        raise SpecError(f"ep={cfg.ep} needs a mixture-of-experts model; {model.name} is dense")
+    experts = model.num_experts if isinstance(model, ModelSpec) else model.moe_routing()[1]
+    if experts % cfg.ep:
+        raise SpecError(f"ep={cfg.ep} does not divide num_experts={experts}")
+    if (cfg.dp * cfg.cp) % cfg.ep:
+        raise SpecError(
+            f"ep={cfg.ep} must divide dp*cp = {cfg.dp * cfg.cp} (expert parallel reuses the "
+            "data- and context-parallel ranks)"
+        )
+    if cfg.zero_stage and cfg.shard_degree % cfg.ep:
+        raise SpecError(
+            f"ep={cfg.ep} must divide the ZeRO shard degree {cfg.shard_degree} "
+            "(sharding_group*cp) so expert states shard evenly"
+        )
+
+
+def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:
+    """The trainer can run the ZeRO stage, its combination with a pipeline, the schedule
+    and the offload."""
+    if cfg.zero_stage not in fw.zero_stages:
+        raise SpecError(
+            f"framework={fw.name!r} cannot run zero_stage={cfg.zero_stage}: {fw.note_zero}"
+        )
+    if cfg.pp > 1 and cfg.zero_stage not in fw.zero_with_pp:
+        raise SpecError(
+            f"framework={fw.name!r} cannot combine pipeline parallel (pp={cfg.pp}) with "
+            f"zero_stage={cfg.zero_stage}; use zero_stage in {list(fw.zero_with_pp)}"
+        )
+    if cfg.pp > 1 and cfg.pipeline_schedule not in fw.schedules:
+        raise SpecError(
+            f"framework={fw.name!r} has no {cfg.pipeline_schedule!r} schedule; it has "
+            f"{', '.join(fw.schedules)}"
+        )
+    problem = schedule_problem(fw, str(cfg.pipeline_schedule), cfg.pp,
+                               job.global_batch_size // (cfg.dp * cfg.micro_batch_size))
+    if problem:
+        how = " pipelines with torch.distributed.pipelining:" if fw.torch_pipelining else ":"
+        raise SpecError(f"framework={fw.name!r}{how} {problem}; change micro_batch_size or "
+                        "the schedule")
+    least = dict(fw.offloads).get(cfg.offload)
+    if least is None:
+        raise SpecError(
+            f"framework={fw.name!r} cannot offload {cfg.offload!r}; it offloads "
+            f"{', '.join(m for m, _ in fw.offloads if m != 'none') or 'nothing'}"
+        )
+    if cfg.zero_stage < least:
+        raise SpecError(
+            f"offload={cfg.offload!r} with framework={fw.name!r} needs zero_stage >= {least}"
+        )
+
+
+def _check_precision(cluster: Cluster, job: Job) -> None:
+    """The GPU supports the job's precision."""
+    gpu = cluster.gpu
+    dtype = "bf16" if job.precision == "fp8" else job.precision
+    for need in {dtype, job.precision}:
+        if not gpu.supports(need):
+            raise SpecError(
+                f"{gpu.name} has no {need} support in its profile; choose another precision "
+                "(e.g. fp16 on V100)"
+            )

@@ -1,0 +1,521 @@
+"""Compute time of one layer for one micro-batch on one GPU, for a table of configurations.
+
+Every kernel is timed on a roofline with a fixed cost per kernel (Williams et al. 2009,
+"Roofline"): ``max(flops / (peak * gemm), bytes / (hbm * memory)) + kernel_overhead``, with the
+efficiencies of the GPU profile (``[efficiency]``, fitted by ``planner calibrate``). The curve
+this gives for a matmul's achieved FLOP/s against its shape is the profile's efficiency curve:
+large matmuls approach ``gemm * peak``; narrow ones (small hidden / tp, few tokens per expert,
+small micro-batches) lose to the memory term and the fixed cost.
+
+FLOPs of a matmul ``[M, K] x [K, N]`` are ``2 M N K`` (Narayanan et al. 2021, Sec. 5.1); its
+backward runs two matmuls of the same size, for the input and the weight gradient. Per layer,
+with T tokens of a micro-batch on one rank:
+
+- attention projections ``2 T h (q + 2 kv) + 2 T q h`` (GQA: ``kv = kv_heads * head_dim``),
+- attention core ``4 T s q`` (scores and weighted sum over the s keys; Narayanan et al. 2021,
+  Eq. 3's ``s / 6h`` term). A fused causal kernel skips the masked half (Dao 2023, Sec. 3);
+  its backward does 5 matmuls to the forward's 2 (it recomputes the scores), 2.5x the FLOPs,
+- MLP ``2 T h f`` per projection, 2 projections or 3 when gated (Shazeer 2020),
+- MoE: a router ``2 T h E`` and top_k experts per token, times the capacity factor when tokens
+  are padded to capacity (Fedus et al. 2022, Sec. 2.1), plus shared experts,
+- the LM head ``2 T h V``; the embedding lookup and the cross entropy are memory-bound.
+
+Memory-bound kernels (norms, residual adds, activation functions, softmax, dropout, rotary
+embeddings, token permutation) move the bytes listed in ``_elementwise_bytes``; their backward
+reads the output gradient and the saved input and writes the input gradient: three tensors
+where the forward moves two, so 1.5x the bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.config import Job
+from costmodel.formulas.eager import (
+    COMPILED_MOE_KERNELS,
+    COMPILED_MOE_NOGRAD_KERNELS,
+    EAGER_MOE_NOGRAD_KERNELS,
+    eager_bytes,
+    eager_cast_bytes,
+    eager_moe_bytes,
+    float8_cast_time,
+    loss_kind,
+)
+from costmodel.formulas.roofline import (
+    BACKWARD_BYTES,
+    FLASH_BACKWARD_FLOPS,
+    LayerCompute,
+    _dtypes,
+    attention_kernel,
+    flash_attention_time,
+    gemm_time,
+    memory_time,
+)
+from costmodel.frameworks import Framework, framework, padded_vocab
+from costmodel.hardware import GPU
+from costmodel.model import ModelSpec
+from costmodel.units import Num
+
+__all__ = ["autocast_rows", "layer_compute", "lm_head_compute"]
+
+
+def autocast_rows(job: Job, zero: np.ndarray, tp: np.ndarray, pp: np.ndarray,
+                  cp: np.ndarray) -> np.ndarray:
+    """Rows whose mixed precision is ``torch.autocast`` (bool per row): a trainer with
+    ``autocast_ddp`` (torchtitan's ``maybe_enable_amp``) in bf16/fp16 without FSDP (ZeRO 0)
+    and without tensor, pipeline or context parallel."""
+    fw = framework(job.framework)
+    on = fw.autocast_ddp and job.precision in ("bf16", "fp16")
+    return on & (np.asarray(zero) == 0) & (np.asarray(tp) == 1) & (np.asarray(pp) == 1) \
+        & (np.asarray(cp) == 1)
+
+
+#: Bytes per element of torch.autocast's casts: an fp32 tensor read, its bf16 copy written.
+CAST_BYTES = 6.0
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What every term of one layer's compute reads, per row: the model, GPU, job and its
+    trainer, the matmul dtype and bytes per activation and matmul-input element
+    (``_dtypes``), the autocast rows, the TP degree, the tokens of a micro-batch on a rank,
+    and ``rep`` (1/tp where sequence parallelism splits the norm and dropout regions, else
+    1)."""
+
+    model: ModelSpec
+    gpu: GPU
+    job: Job
+    fw: Framework
+    dtype: str
+    e: float
+    e_in: float
+    ac: np.ndarray
+    t: np.ndarray
+    tokens: np.ndarray
+    rep: np.ndarray
+    mbs: np.ndarray
+    cp: np.ndarray
+
+    @property
+    def h(self) -> float:
+        """Hidden size."""
+        return float(self.model.hidden_size)
+
+    @property
+    def q(self) -> float:
+        """Query width (heads x head dim)."""
+        return float(self.model.q_dim)
+
+    @property
+    def kv(self) -> float:
+        """Key (or value) width (KV heads x head dim)."""
+        return float(self.model.kv_dim)
+
+    def gemm(self, m: Num, n: Num, k: Num, count: Num = 1.0, bytes_per_element: float = 2.0,
+             grouped: bool = False) -> np.ndarray:
+        """``gemm_time`` of ``count`` ``[m, k] x [k, n]`` matmuls in the job's dtype."""
+        return gemm_time(self.gpu, self.dtype, m, n, k, count=count,
+                         bytes_per_element=bytes_per_element, grouped=grouped)
+
+
+@dataclass(frozen=True)
+class _Core:
+    """The attention core of one layer: forward and backward seconds, forward and backward
+    model FLOPs, the memory-bound bytes and kernels it adds (an unfused core's softmax and
+    dropout), and what selective recompute re-runs of it (seconds, FLOPs)."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    flops: np.ndarray
+    backward_flops: np.ndarray
+    bytes: np.ndarray
+    kernels: float
+    selective: np.ndarray
+    selective_flops: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Mlp:
+    """One layer's MLP (a MoE layer's router, routed and shared experts): forward seconds
+    and FLOPs, the ffn-wide bytes its activation and routing move, its up and down
+    projections' seconds (a dense MLP's; zero for MoE), the memory-bound kernels its routing
+    adds, and the routed tokens (MoE; else None)."""
+
+    forward: np.ndarray
+    flops: np.ndarray
+    act_bytes: np.ndarray
+    up: np.ndarray
+    down: np.ndarray
+    kernels: float
+    routed: np.ndarray | None
+
+
+def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
+                  mbs: np.ndarray, sp: np.ndarray, moe: bool,
+                  capacity_factor: float = 1.0, ep: np.ndarray | None = None,
+                  autocast: np.ndarray | None = None,
+                  float8_gathered: np.ndarray | None = None) -> LayerCompute:
+    """Forward and backward time of one transformer layer for one micro-batch, per row.
+
+    ``tp, cp, mbs, sp`` (and ``ep`` for MoE layers) are arrays over the rows. Matmuls are
+    split over tp (Megatron column/row parallel); context parallel gives each rank s/cp
+    queries attending to all s keys (ring attention, Liu et al. 2023). ``autocast``: rows
+    trained under ``torch.autocast`` (``autocast_rows``), whose norms and residual stream are
+    fp32, whose linears each cast their input, and whose weights are cast to the compute
+    dtype on every forward pass (measured kernel by kernel on an H100 with
+    ``torch.profiler``, benchmarks/single_gpu_accuracy.py). A trainer with
+    ``separate_projections`` (torchtitan) runs q, k and v, and a gated MLP's gate and up
+    projections, as separate matmuls: the same FLOPs in more kernels, each reading the input.
+    ``float8_gathered``: the rows whose float8 weights FSDP gathers (``float8_gathered_rows``;
+    None: ``float8_param_gather``).
+    """
+    dtype, e, e_in = _dtypes(job)
+    t = tp.astype(float)
+    r = _Rows(model, gpu, job, framework(job.framework), dtype, e, e_in,
+              np.zeros(np.shape(tp), dtype=bool) if autocast is None else np.asarray(autocast),
+              t, job.seq_len / cp.astype(float) * mbs,
+              np.where(sp == 1, 1.0 / t, 1.0),  # norm/dropout regions: split by SP
+              mbs, cp)
+    h, q, kv, tokens = r.h, r.q, r.kv, r.tokens
+    qkv_gemm, k_gemm, proj_gemm = _projections(r)
+    attn_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t  # projections
+    core = _attention_core(r)
+    mlp = _mlp_block(r, moe, capacity_factor, ep)
+    fwd = qkv_gemm + proj_gemm + core.forward + mlp.forward
+    bwd = 2 * (qkv_gemm + proj_gemm) + core.backward + 2 * mlp.forward
+    f_flops = attn_flops + core.flops + mlp.flops
+    b_flops = 2 * attn_flops + core.backward_flops + 2 * mlp.flops
+
+    ew_bytes, ew_kernels, casts, nograd, nograd_bytes, (branch_sums, sum_kernels) = \
+        _memory_bound(r, core, mlp, moe)
+    w_cast, w_kernels = _weight_casts(r, moe, ep)
+    ew_fwd = memory_time(gpu, ew_bytes + w_cast, ew_kernels + w_kernels)
+    fwd = fwd + ew_fwd
+    bwd = bwd + memory_time(gpu, BACKWARD_BYTES * (ew_bytes - nograd_bytes)
+                            - (BACKWARD_BYTES - 1) * casts + branch_sums + w_cast,
+                            ew_kernels - nograd + w_kernels + sum_kernels)
+    if r.fw.torchao_float8 and job.precision == "fp8":
+        cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe, float8_gathered)
+        fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
+    selective, selective_flops = core.selective, core.selective_flops
+    if r.fw.selective_recompute == "op":
+        selective, selective_flops = _op_selective(r, moe, core, ew_fwd, qkv_gemm, k_gemm,
+                                                   proj_gemm, mlp)
+    return LayerCompute(forward=fwd, backward=bwd, selective=selective, flops=f_flops + b_flops,
+                        selective_flops=selective_flops, forward_flops=f_flops,
+                        core_forward=core.forward, core_backward=core.backward,
+                        qkv_gemm=qkv_gemm, up_gemm=mlp.up, proj_gemm=proj_gemm,
+                        down_gemm=mlp.down)
+
+
+def _projections(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, k and v projection, the K projection's share of it, output projection) seconds:
+    one fused QKV matmul, or three (``Framework.separate_projections``). The K share is what
+    torchtitan's per-op selective AC re-runs."""
+    h, q, kv, t, tokens = r.h, r.q, r.kv, r.t, r.tokens
+    if r.fw.separate_projections:
+        k_gemm = r.gemm(tokens, kv / t, h, bytes_per_element=r.e_in)
+        qkv_gemm = r.gemm(tokens, q / t, h, bytes_per_element=r.e_in) + 2 * k_gemm
+    else:
+        qkv_gemm = r.gemm(tokens, (q + 2 * kv) / t, h, bytes_per_element=r.e_in)
+        k_gemm = kv / (q + 2 * kv) * qkv_gemm
+    return qkv_gemm, k_gemm, r.gemm(tokens, h, q / t, bytes_per_element=r.e_in)
+
+
+def _attention_core(r: _Rows) -> _Core:
+    """The attention core: fused (FlashAttention, Dao 2023: its backward does
+    ``FLASH_BACKWARD_FLOPS`` times the forward's FLOPs, selective recompute has nothing to
+    re-run), or two batched matmuls over ``mbs * heads / tp`` heads with a fused
+    scale-mask-softmax and dropout on the scores between them."""
+    model, job, t, tokens = r.model, r.job, r.t, r.tokens
+    q, s_kv = r.q, float(job.seq_len)
+    zero = 0.0 * tokens
+    if job.flash_attention:
+        causal = 0.5 if model.causal else 1.0
+        flops = 4 * tokens * s_kv * q / t * causal
+        # Context parallel runs the kernel over one chunk of the keys at a time (ring
+        # attention, Liu et al. 2023).
+        f, b = flash_attention_time(r.gpu, r.dtype, flops, s_kv / r.cp.astype(float),
+                                    attention_kernel(job, r.gpu))
+        return _Core(f, b, flops, FLASH_BACKWARD_FLOPS * flops, zero, 0.0, zero, zero)
+    # Two batched matmuls: [s, d] x [d, s] and [s, s] x [s, d].
+    heads = model.num_heads / t
+    hd = float(model.head_dim or model.hidden_size // model.num_heads)
+    s_q = job.seq_len / r.cp.astype(float)
+    one = r.gemm(s_q, s_kv, hd, count=r.mbs * heads, bytes_per_element=r.e)
+    f = 2 * one
+    flops = 4 * tokens * s_kv * q / t
+    scores = heads * tokens * s_kv
+    drop = 1.0 if model.dropout else 0.0
+    # Fused scale-mask-softmax reads and writes the scores; dropout reads them, writes
+    # them and a one-byte mask (Korthikanti et al. 2022, Sec. 4.1 counts the same tensors).
+    nbytes = 2 * r.e * scores + drop * (2 * r.e + 1) * scores
+    kernels = 1.0 + drop
+    return _Core(f, 2 * f, flops, 2 * flops, nbytes, kernels,
+                 f + memory_time(r.gpu, nbytes, kernels), flops)
+
+
+def _mlp(r: _Rows, ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | None = None
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(forward time, forward FLOPs, activation bytes, input projection time, output
+    projection time) of an MLP on ``m_tokens`` tokens.
+
+    ``per_expert``: tokens per local expert (the matmuls' M) for a grouped expert GEMM.
+    """
+    model, h, t = r.model, r.h, r.t
+    n_up = ffn * (2 if model.gated_mlp else 1) / t
+    m_shape = m_tokens if per_expert is None else per_expert
+    count = 1.0 if per_expert is None else m_tokens / per_expert
+    # Local experts' matmuls as one grouped kernel per projection, or one each.
+    grouped = per_expert is not None and r.fw.grouped_experts
+    if r.fw.separate_projections and model.gated_mlp:  # gate and up as two matmuls
+        up = 2 * r.gemm(m_shape, ffn / t, h, count=count, bytes_per_element=r.e_in,
+                        grouped=grouped)
+    else:
+        up = r.gemm(m_shape, n_up, h, count=count, bytes_per_element=r.e_in, grouped=grouped)
+    down = r.gemm(m_shape, h, ffn / t, count=count, bytes_per_element=r.e_in, grouped=grouped)
+    fl = 2 * m_tokens * h * n_up + 2 * m_tokens * ffn / t * h
+    width = 3 if model.gated_mlp else 2  # ffn-wide tensors the activation reads + writes
+    return up + down, fl, width * r.e * m_tokens * ffn / t, up, down
+
+
+def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | None) -> _Mlp:
+    """The layer's MLP: dense, or a MoE layer's router, its routed experts (``top_k`` copies
+    of each token times ``capacity_factor``, ``ep`` experts' shares per rank as a grouped
+    matmul) and its shared experts."""
+    model, h, tokens = r.model, r.h, r.tokens
+    if not moe:
+        f, flops, act, up, down = _mlp(r, float(model.ffn_hidden_size or 0), tokens)
+        return _Mlp(f, flops, act, up, down, 0.0, None)
+    ffn = float(model.moe_ffn_hidden_size or 0)
+    n_exp = float(model.num_experts)
+    ep_f = (ep if ep is not None else np.ones_like(r.t)).astype(float)
+    routed = tokens * model.top_k * capacity_factor
+    router = r.gemm(tokens * r.rep, n_exp, h, bytes_per_element=r.e)
+    f, flops, act, _, _ = _mlp(r, ffn, routed, routed * ep_f / n_exp)
+    f = f + router
+    flops = flops + 2 * tokens * r.rep * h * n_exp
+    # Token permutation before the experts and un-permutation after: read + write each.
+    act = act + 2 * 2 * r.e * routed * h + 4.0 * tokens * r.rep * n_exp
+    kernels = 3.0
+    if model.num_shared_experts:
+        sh_f, sh_flops, sh_bytes, _, _ = _mlp(r, ffn * model.num_shared_experts, tokens)
+        f, flops, act = f + sh_f, flops + sh_flops, act + sh_bytes
+        kernels += 1.0
+    zero = 0.0 * tokens
+    return _Mlp(f, flops, act, zero, zero, kernels, routed)
+
+
+def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
+                  ) -> tuple[np.ndarray, Num, np.ndarray, float, np.ndarray,
+                             tuple[np.ndarray, np.ndarray]]:
+    """(bytes, kernels, dtype-cast bytes among them, kernels without a backward, their
+    bytes, (bytes, kernels) of backward's fp32 branch sums) of the layer's memory-bound
+    forward kernels: the two pre-norms, the rotary embedding of q and k, the two
+    bias-dropout-adds of the residual, the attention core's (``_Core.bytes``) and the MLP's
+    activation and routing; run as the trainer's eager kernels or compiled where it runs
+    them so."""
+    model, job, fw, e, ac, tokens, rep, t = r.model, r.job, r.fw, r.e, r.ac, r.tokens, r.rep, r.t
+    h, q, kv = r.h, r.q, r.kv
+    drop = 1.0 if model.dropout else 0.0
+    rope = model.position_embedding == "rope"
+    # Compiled (TorchInductor), autocast's casts of a norm's output are its kernel's
+    # epilogue (the same cast of one tensor computed once), and in backward the gradients'
+    # casts and their sum fuse into the norm's backward: no kernel of their own, as a traced
+    # graph's fused regions count them (``costmodel.trace.fusion._regions``).
+    fused_casts = job.compile and fw.eager_kernels
+    # Attention block: pre-norm, rotary embedding of q and k, bias-dropout-add of the
+    # residual. Under autocast the norm reads and writes fp32 (compiled, writes its cast)
+    # and the residual adds a low-precision branch to the fp32 stream (read 4 + e, write 4).
+    norm_bytes = np.where(ac, 4.0 + e if fused_casts else 8.0, 2 * e) * tokens * h * rep
+    rope_bytes = 2 * e * tokens * (q + kv) / t if rope else 0.0 * tokens
+    residual = (np.where(ac, 8.0 + e, 3 * e) + drop) * tokens * h * rep
+    ew_bytes = norm_bytes + rope_bytes + residual + core.bytes
+    ew_kernels: Num = 2.0 + (1.0 if rope else 0.0) + core.kernels
+    # MLP block: pre-norm, residual, activation, then the projections.
+    ew_bytes = ew_bytes + norm_bytes + residual
+    ew_kernels += 2.0
+    # Autocast: each linear fed by a norm casts the fp32 norm output itself (q, k and v
+    # separately, the MLP's up and gate projections separately), and backward casts each
+    # input gradient back and sums the branches in fp32 (read 4 + 4, write 4).
+    n_casts = 0.0 if fused_casts else 3.0 + (2.0 if model.gated_mlp else 1.0)
+    ac_casts = np.where(ac, CAST_BYTES * n_casts, 0.0) * tokens * h * rep
+    ew_bytes = ew_bytes + ac_casts
+    ew_kernels = ew_kernels + np.where(ac, n_casts, 0.0)
+    sums = max(n_casts - 2.0, 0.0)
+    branch_sums = (np.where(ac, 12.0 * sums, 0.0) * tokens * h * rep,
+                   np.where(ac, sums, 0.0))  # bytes, kernels
+    ew_kernels += mlp.kernels
+    ew_bytes = ew_bytes + mlp.act_bytes
+    ew_kernels += 1.0
+    # Dtype casts among them: their backward casts the gradient back, moving what they did.
+    casts = ac_casts
+    nograd, nograd_bytes = 0.0, 0.0 * tokens  # kernels among them without a backward
+    if fw.eager_kernels and not job.compile:
+        x_bytes, x_kernels = eager_bytes(model, tokens, rep, t, e, ac)
+        casts = casts + eager_cast_bytes(model, tokens, rep, t, e, ac)
+        if moe and mlp.routed is not None:
+            m_bytes, m_kernels, m_casts, nograd_bytes = eager_moe_bytes(model, mlp.routed, t, e)
+            x_bytes, x_kernels, casts = x_bytes + m_bytes, x_kernels + m_kernels, casts + m_casts
+            nograd = EAGER_MOE_NOGRAD_KERNELS
+        ew_bytes = ew_bytes + x_bytes
+        ew_kernels = ew_kernels + x_kernels
+    elif fw.eager_kernels:
+        # Compiled (TorchInductor, one graph per block): the MLP's norm is fused with the
+        # attention's residual add before it, reading the stream that add makes in
+        # registers (one kernel and one read of the stream fewer), and the rotary embedding
+        # of q and of k are two kernels (their loops differ in size under GQA, so the
+        # scheduler does not fuse them). The traced graph's fused regions count the same
+        # (``costmodel.trace.fusion._regions``).
+        ew_bytes = ew_bytes - np.where(ac, 4.0, e) * tokens * h * rep
+        ew_kernels = ew_kernels - 1.0 + (1.0 if rope else 0.0)
+        if moe and mlp.routed is not None and fw.grouped_experts:
+            # A MoE layer's routing compiled (COMPILED_MOE_KERNELS): what TorchInductor
+            # cannot fuse, and the zeroed un-permutation buffer (e a routed element).
+            nograd_bytes = e * mlp.routed * h
+            ew_bytes = ew_bytes + nograd_bytes
+            ew_kernels = ew_kernels + COMPILED_MOE_KERNELS
+            nograd = COMPILED_MOE_NOGRAD_KERNELS
+    return ew_bytes, ew_kernels, casts, nograd, nograd_bytes, branch_sums
+
+
+def _weight_casts(r: _Rows, moe: bool, ep: np.ndarray | None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, kernels): autocast casts the layer's fp32 weights to the compute dtype on
+    every forward pass and the weight gradients back to fp32 in backward, CAST_BYTES per
+    weight each way, one kernel per weight tensor, and a linear's bias apart from its weight
+    (``F.linear`` casts each of its floating inputs: torch's autocast ``cached_cast``). A
+    MoE layer's router is a linear, and torchtitan's ``GroupedExperts`` casts its local
+    experts' three weight tensors to bf16 itself (``w1.bfloat16()``, torchtitan/models/moe/
+    moe.py @08dc75ae), as its shared experts' linears are cast."""
+    model, h, t = r.model, r.h, r.t
+    q, kv = r.q, r.kv
+    n_up = 2.0 if model.gated_mlp else 1.0
+    weights = h * (q + 2 * kv) / t + q * h / t
+    n_mats: Num = 4.0
+    if moe:
+        f_moe = float(model.moe_ffn_hidden_size or 0)
+        local = model.num_experts / (1.0 if ep is None else ep.astype(float))
+        shared = float(model.num_shared_experts)
+        weights = weights + h * model.num_experts \
+            + (local + shared) * h * f_moe * (n_up + 1) / t
+        n_mats = n_mats + 1 + (n_up + 1) * (1 + (shared > 0))
+    else:
+        weights = weights + h * float(model.ffn_hidden_size or 0) / t * (n_up + 1)
+        n_mats = n_mats + n_up + 1
+    if model.bias or model.qkv_bias:  # q, k and v
+        weights, n_mats = weights + (q + 2 * kv) / t, n_mats + 3
+    if model.bias and not moe:  # the output projection and the MLP's
+        weights = weights + h + n_up * float(model.ffn_hidden_size or 0) / t + h
+        n_mats = n_mats + 1 + n_up + 1
+    elif model.bias:
+        weights, n_mats = weights + h, n_mats + 1
+    return np.where(r.ac, CAST_BYTES * weights, 0.0), np.where(r.ac, n_mats, 0.0)
+
+
+def _op_selective(r: _Rows, moe: bool, core: _Core, ew_fwd: np.ndarray, qkv_gemm: np.ndarray,
+                  k_gemm: np.ndarray, proj_gemm: np.ndarray, mlp: _Mlp
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, FLOPs) torchtitan's per-op selective AC re-runs in backward: every second
+    matmul of the block in call order (wq, wk, wv, wo, then w1, w3, w2 gated or fc1, fc2:
+    wk, wo and w3 or fc2), every memory-bound kernel (``ew_fwd``) and a non-fused attention
+    core."""
+    model, h, t, tokens = r.model, r.h, r.t, r.tokens
+    q, kv = r.q, r.kv
+    re_mlp = (0.5 * mlp.up if model.gated_mlp else mlp.down)
+    ffn = float(model.ffn_hidden_size or 0)
+    re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens)
+    re_attn, re_attn_flops = k_gemm + proj_gemm, 2 * tokens * h * (kv + q) / t
+    if model.bias:
+        # A linear with a bias runs as ``addmm``, which the policy's save list (``mm``)
+        # leaves out: every projection is re-run.
+        re_attn, re_attn_flops = qkv_gemm + proj_gemm, 2 * tokens * h * (2 * q + 2 * kv) / t
+        re_mlp = mlp.up + mlp.down
+        re_mlp_flops = (2 * tokens * h * ffn * (3 if model.gated_mlp else 2) / t
+                        if not moe else 0.0 * tokens)
+    unfused = not r.job.flash_attention
+    return (re_attn + re_mlp + ew_fwd + (core.forward if unfused else 0.0),
+            re_attn_flops + re_mlp_flops + (core.flops if unfused else 0.0))
+
+
+def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
+                    mbs: np.ndarray, sp: np.ndarray, autocast: np.ndarray | None = None
+                    ) -> tuple[LayerCompute, LayerCompute]:
+    """(embedding, head) compute for one micro-batch, per row.
+
+    Embedding: a gather of T rows of h (read + write). Head: final norm, the vocab-parallel
+    ``[T, h] x [h, V/tp]`` matmul (V padded as the trainer pads it, ``padded_vocab``), and the
+    cross entropy over fp32 logits. Megatron-LM's vocabulary-parallel cross entropy, fused
+    (``loss_kind``), casts the logits (read e, write 4), takes the softmax and loss in place
+    (read and write 4) and, in backward, writes the logit gradient (read 4, write e); by
+    default it runs op by op on the fp32 copy (megatron/core/tensor_parallel/
+    cross_entropy.py): the cast (read e, write 4), the max (read 4), an in-place subtract,
+    exp and divide (read and write 4 each) and the sum (read 4), 6 kernels, and in backward
+    an in-place multiply (read and write 4) and the cast back (read 4, write e); compiled
+    (``loss_kind``), torch's reads the logits in two passes forward and three backward. torch's
+    ``F.cross_entropy`` on an fp32 copy (torchtitan, Hugging Face models) casts (read e,
+    write 4), writes the log-softmax after a max and a sum pass (read 4 three times, write
+    4); its backward writes a dense fp32 NLL gradient (4), the log-softmax gradient (read
+    4 + 4, write 4) and casts it back (read 4, write e). ``autocast``: as in
+    ``layer_compute`` (fp32 embedding output and final norm, the head's weight and input
+    cast). A ViT has a patch projection and a small classifier instead, which this counts as
+    the same matmul shapes with V = classes.
+    """
+    dtype, e, _ = _dtypes(job)
+    fw = framework(job.framework)
+    ac = np.zeros(np.shape(tp), dtype=bool) if autocast is None else np.asarray(autocast)
+    h = float(model.hidden_size)
+    t = tp.astype(float)
+    tokens = job.seq_len / cp.astype(float) * mbs
+    rep = np.where(sp == 1, 1.0 / t, 1.0)
+    zero = 0.0 * tokens
+    e_act = np.where(ac, 4.0, e)  # the residual stream's bytes per element
+    emb_f = memory_time(gpu, 2 * e_act * tokens * h * rep, 1.0)
+    emb = LayerCompute(forward=emb_f, backward=memory_time(gpu, 2 * e_act * tokens * h * rep,
+                                                           1.0),
+                       selective=zero, flops=zero, selective_flops=zero, forward_flops=zero,
+                       core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero,
+                       proj_gemm=zero, down_gemm=zero)
+    v = padded_vocab(fw, model.vocab_size, t) / t if not model.patch_size \
+        else float(model.vocab_size) / t
+    # An fp8 job keeps its output layer in bf16: Megatron-Core runs fp8 only inside its
+    # transformer layers (Transformer Engine's fp8 autocast wraps each layer; the output
+    # layer is a plain ColumnParallelLinear), and torchtitan's float8 converter leaves
+    # ``output`` out of torchao's conversion (a fixed module filter in its 2024-25
+    # releases, ``filter_fqns`` since: ``planner.emit.torchtitan`` writes it).
+    head_gemm = gemm_time(gpu, "bf16" if dtype == "fp8" else dtype, tokens, v, h,
+                          bytes_per_element=e)
+    logits = tokens * v
+    norm = 2 * e_act * tokens * h * rep
+    cast = np.where(ac, CAST_BYTES * (tokens * h + v * h), 0.0)  # input and weight casts
+    # Per kind: bytes moved per logit and kernels, forward and backward.
+    kind = loss_kind(fw, job)
+    if kind == "vocab-parallel":  # six ops forward; the multiply and the cast back
+        ce_fwd, ce_bwd = (e + 4.0 + 4.0 + 8.0 + 8.0 + 4.0 + 8.0) * logits, (8.0 + 4.0 + e) * logits
+        kernels_f, kernels_b = 6.0, 2.0
+    elif kind == "fused":
+        ce_fwd, ce_bwd = (e + 4.0 + 4.0 + 4.0) * logits, (4.0 + e) * logits
+        kernels_f = kernels_b = 2.0
+    elif kind == "compiled":
+        # Inductor fuses the cast, log-softmax and label gather into one reduction kernel,
+        # which reads each 128k-wide row twice (max, then the exponent sum: a row outgrows one
+        # block), and the backward into one kernel that takes the two reductions again and
+        # writes the gradient (read 3e, write e). Measured on an H200 (benchmarks/
+        # op_sac_memory.py): 3.1 ms for 8192 x 128256 logits, 14 bytes per logit at the
+        # profile's bandwidth, where this counts 12.
+        ce_fwd, ce_bwd = 2 * e * logits, 4 * e * logits
+        kernels_f = kernels_b = 1.0
+    else:
+        ce_fwd, ce_bwd = (e + 4.0 + 16.0) * logits, (4.0 + 12.0 + 4.0 + e) * logits
+        kernels_f = kernels_b = 4.0
+    head_f = head_gemm + memory_time(gpu, norm + ce_fwd + cast, 1.0 + kernels_f)
+    head_b = 2 * head_gemm + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd + cast,
+                                         1.0 + kernels_b)
+    head_flops = 3 * 2 * tokens * h * v
+    head = LayerCompute(forward=head_f, backward=head_b, selective=zero, flops=head_flops,
+                        selective_flops=zero, forward_flops=head_flops / 3,
+                        core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero,
+                        proj_gemm=zero, down_gemm=zero)
+    return emb, head

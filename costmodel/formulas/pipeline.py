@@ -1,0 +1,470 @@
+"""Pipeline schedules as their trainers run them: each rank's op order, the event simulation
+of one step, and the same makespan for a whole table of configurations at once.
+
+A schedule is a fixed order of ops per pipeline rank. Each op starts when its rank is free and
+the op it depends on has ended (the previous virtual stage's forward of the micro-batch; the
+next one's backward, or the last stage's own forward; the input gradient before the weight
+gradient), so a step's pipeline time is the longest path through that dependency graph. The
+orders:
+
+- ``gpipe``: every forward, then every backward (Huang et al. 2019;
+  torch.distributed.pipelining ``ScheduleGPipe``).
+- ``1f1b``: rank ``r`` runs ``min(p - r - 1, m)`` warm-up forwards, then one forward and one
+  backward in turn, then the remaining backwards (DAPPLE, Fan et al. 2021; Megatron-LM
+  ``forward_backward_pipelining_without_interleaving``; torch ``Schedule1F1B``; DeepSpeed's
+  ``TrainSchedule``).
+- ``interleaved-1f1b``: rank ``r`` holds chunks ``r, r + p, ...`` (Narayanan et al. 2021,
+  Sec. 2.2.2). Micro-batches advance in rounds of ``k = m // max(1, m // p)`` per chunk;
+  rank ``r`` runs ``min((v - 1) k + 2 (p - r - 1), m v)`` warm-up forwards; the ``i``-th
+  forward is of chunk ``(i // k) mod v`` and the ``i``-th backward of chunk
+  ``v - 1 - (i // k) mod v`` (torch ``ScheduleInterleaved1F1B``, whose rounds generalise
+  Megatron-LM's, which needs ``m`` a multiple of ``p`` and then has ``k = p``).
+- ``zero-bubble``: ZB-H1 as torch ``ScheduleInterleavedZeroBubble`` runs it with one chunk per
+  rank (Qi et al. 2024): the backward splits into the input gradient ``B`` and the weight
+  gradient ``W`` (half the backward each); rank ``r`` runs ``min(p - r - 1, m)`` warm-up
+  forwards, then ``F``, ``B`` pairs, each followed by a deferred ``W`` once ``r`` pairs have
+  run, and the weight gradients left at the end.
+
+``makespan`` evaluates the longest path for many configurations of one shape (``p``, ``m``,
+``v``, schedule) at once, level by level of the graph; long steady states are played out only
+until they repeat (``_periodic``), GPipe is a closed form. ``pipeline_bound`` is a cheap lower
+bound, exact for equal stages, that lets a search time only the rows that can win;
+``tests/test_pipeline.py`` checks ``makespan`` against the event simulation on random uneven
+stages and the bound below it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from costmodel.config import SCHEDULES
+from costmodel.errors import SpecError
+from costmodel.formulas.arrays import SCHEDULE_CODES, stage_cumsum
+
+__all__ = ["Op", "Timeline", "makespan", "pipeline_bound", "rank_orders", "simulate",
+           "table_makespan"]
+
+
+class Op(NamedTuple):
+    """One operation on one pipeline rank: ``kind`` ``F`` (forward), ``B`` (backward; with
+    zero bubble only the input gradient) or ``W`` (zero bubble's weight gradient), of
+    micro-batch ``micro_batch`` and model chunk ``chunk`` (0 unless interleaved), from
+    ``start`` to ``end`` seconds."""
+
+    stage: int
+    kind: str
+    micro_batch: int
+    chunk: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A simulated schedule: every op of one step's pipeline phase (the optimizer step and
+    gradient synchronisation that follow are not drawn)."""
+
+    schedule: str
+    num_stages: int
+    num_micro_batches: int
+    virtual_stages: int
+    ops: tuple[Op, ...]
+
+    @property
+    def makespan(self) -> float:
+        """Seconds from the first forward to the last backward."""
+        return max(o.end for o in self.ops) - min(o.start for o in self.ops)
+
+    def busy(self, stage: int) -> float:
+        """Seconds pipeline rank ``stage`` computes."""
+        return sum(o.end - o.start for o in self.ops if o.stage == stage)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the ranks' time within the makespan."""
+        total = self.makespan * self.num_stages
+        return 1.0 - sum(self.busy(s) for s in range(self.num_stages)) / total
+
+
+def _check(p: int, m: int, v: int, schedule: str) -> None:
+    if p < 1:
+        raise SpecError("a pipeline needs at least one rank")
+    if m < 1 or v < 1:
+        raise SpecError("need at least one micro-batch and one chunk per rank")
+    if schedule not in SCHEDULES:
+        raise SpecError(f"unknown pipeline schedule {schedule!r}; one of "
+                        f"{', '.join(SCHEDULES)}")
+    if (v > 1) != (schedule == "interleaved-1f1b"):
+        raise SpecError("virtual_stages > 1 goes with the interleaved-1f1b schedule only")
+
+
+@lru_cache(maxsize=512)
+def rank_orders(p: int, m: int, v: int, schedule: str, per_round: int | None = None
+                ) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """Each rank's ops in the order it runs them: ``(kind, micro_batch, chunk)`` (module
+    docstring). ``per_round``: micro-batches per round of interleaving, by default the
+    trainer's ``m // max(1, m // p)``."""
+    _check(p, m, v, schedule)
+    k = per_round or _period(p, m, "interleaved-1f1b")
+    return tuple(_rank_order(p, m, v, schedule, k, r) for r in range(p))
+
+
+def _rank_order(p: int, m: int, v: int, schedule: str, k: int, r: int
+                ) -> tuple[tuple[str, int, int], ...]:
+    """Rank ``r``'s ops (``rank_orders``)."""
+    if schedule == "gpipe":
+        return tuple([("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)])
+    n = m * v
+    warm = min((v - 1) * k + 2 * (p - r - 1) if v > 1 else p - r - 1, n)
+    # The i-th forward and the i-th backward of the rank, in micro-batch order per chunk.
+    fwd = _numbered([(i // k) % v for i in range(n)], "F")
+    bwd = _numbered([v - 1 - (i // k) % v for i in range(n)], "B")
+    zb = schedule == "zero-bubble"
+    seq = list(fwd[:warm])
+    w_done = 0
+    for j in range(n):
+        if warm + j < n:
+            seq.append(fwd[warm + j])
+        seq.append(bwd[j])
+        if zb and j >= r:  # the weight gradient deferred by r input gradients
+            seq.append(("W", *bwd[w_done][1:]))
+            w_done += 1
+    if zb:
+        seq += [("W", *x[1:]) for x in bwd[w_done:]]
+    return tuple(seq)
+
+
+def _numbered(chunks: list[int], kind: str) -> list[tuple[str, int, int]]:
+    """Ops of ``kind`` for a sequence of chunks, each numbering its own micro-batches."""
+    seen = [0] * (max(chunks) + 1)
+    out = []
+    for c in chunks:
+        out.append((kind, seen[c], c))
+        seen[c] += 1
+    return out
+
+
+def _dep(kind: str, mb: int, vs: int, last: int) -> tuple[str, int, int] | None:
+    """The op that (kind, micro-batch, virtual stage) waits for on another rank."""
+    if kind == "F":
+        return ("F", mb, vs - 1) if vs > 0 else None
+    if kind == "B":
+        return ("B", mb, vs + 1) if vs < last else ("F", mb, vs)
+    return ("B", mb, vs)
+
+
+def _op_share(kind: str, schedule: str, v: int) -> tuple[int, float]:
+    """(0 forward / 1 backward, fraction of a rank's per-micro-batch time) of one op."""
+    if kind == "F":
+        return 0, 1.0 / v
+    return 1, 1.0 / v / (2 if schedule == "zero-bubble" else 1)
+
+
+def simulate(forward: list[float], backward: list[float], num_micro_batches: int,
+             schedule: str = "1f1b", virtual_stages: int = 1) -> Timeline:
+    """Play a pipeline schedule out. ``forward[r]`` / ``backward[r]``: seconds one
+    micro-batch takes through all of rank ``r``'s layers (its chunks together); ``schedule``:
+    ``gpipe``, ``1f1b``, ``interleaved-1f1b`` (with ``virtual_stages`` chunks per rank) or
+    ``zero-bubble``."""
+    p, m, v = len(forward), int(num_micro_batches), int(virtual_stages)
+    if len(backward) != p or p < 1:
+        raise SpecError("forward and backward need one time per pipeline rank")
+    _check(p, m, v, schedule)
+    if min(forward) < 0 or min(backward) < 0:
+        raise SpecError("stage times must be non-negative")
+    orders = rank_orders(p, m, v, schedule)
+    last = p * v - 1
+    end: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * p
+    nxt = [0] * p
+    ops: list[Op] = []
+    while any(nxt[r] < len(orders[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            while nxt[r] < len(orders[r]):
+                kind, mb, c = orders[r][nxt[r]]
+                vs = c * p + r
+                d = _dep(kind, mb, vs, last)
+                if d is not None and d not in end:
+                    break
+                side, share = _op_share(kind, schedule, v)
+                start = max(free[r], end[d] if d is not None else 0.0)
+                free[r] = start + (backward if side else forward)[r] * share
+                end[(kind, mb, vs)] = free[r]
+                ops.append(Op(r, kind, mb, c, start, free[r]))
+                nxt[r] += 1
+                moved = True
+        if not moved:  # pragma: no cover - rank_orders never deadlock (tests/test_pipeline.py)
+            raise RuntimeError(f"pipeline schedule {schedule} deadlocked")
+    return Timeline(schedule=schedule, num_stages=p, num_micro_batches=m, virtual_stages=v,
+                    ops=tuple(sorted(ops, key=lambda o: (o.stage, o.start))))
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """The dependency graph of one schedule shape, nodes sorted by level (a node's level is one
+    more than its predecessors'): node ``n`` ends at ``max(end[prev[n]], end[dep[n]]) +
+    weight[key[n]] * share[n]`` (index ``-1``: time 0), ``key`` indexing the per-rank weights
+    ``[F of rank 0..p-1, B of rank 0..p-1]``; ``bounds[l]:bounds[l + 1]`` are the nodes of
+    level ``l``. ``steady[r]``: rows of the nodes rank ``r`` runs for each of its steady-state
+    backwards (the forward just before it, the backward, and with zero bubble the weight
+    gradient just after it)."""
+
+    prev: np.ndarray
+    dep: np.ndarray
+    key: np.ndarray
+    share: np.ndarray
+    bounds: np.ndarray
+    steady: tuple[np.ndarray, ...]
+
+
+_KINDS = {"F": 0, "B": 1, "W": 2}
+
+
+@lru_cache(maxsize=256)
+def _graph(p: int, m: int, v: int, schedule: str, per_round: int | None = None) -> _Graph:
+    orders = rank_orders(p, m, v, schedule, per_round)
+    ops = [np.array([(_KINDS[k], mb, c * p + r) for k, mb, c in seq], dtype=np.int64)
+           for r, seq in enumerate(orders)]
+    sizes = np.array([len(o) for o in ops])
+    start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    allops = np.concatenate(ops)
+    n = len(allops)
+    kind, mb, vs = allops[:, 0], allops[:, 1], allops[:, 2]
+    rank = np.repeat(np.arange(p), sizes)
+    ids = np.full((3, m, p * v), -1, dtype=np.int64)
+    ids[kind, mb, vs] = np.arange(n)
+    prev = np.arange(n) - 1
+    prev[start] = -1
+    last = p * v - 1
+    # F waits for the previous virtual stage's F; B for the next one's B (the last stage's
+    # for its own F); W for its B.
+    dep = np.where(kind == 0, np.where(vs > 0, ids[0, mb, np.maximum(vs - 1, 0)], -1),
+                   np.where(kind == 1, np.where(vs < last, ids[1, mb, np.minimum(vs + 1, last)],
+                                                ids[0, mb, vs]),
+                            ids[1, mb, vs]))
+    side = (kind > 0).astype(np.int64)
+    key = side * p + rank
+    share = np.where(kind == 0, 1.0 / v,
+                     1.0 / v / (2 if schedule == "zero-bubble" else 1))
+    # Levels, rank by rank in lockstep: each round every rank runs its next op if what it
+    # waits for ran in an earlier round.
+    level = np.full(n, -1, dtype=np.int64)
+    ptr = np.zeros(p, dtype=np.int64)
+    for lv in range(n + 1):
+        live = np.flatnonzero(ptr < sizes)
+        if not len(live):
+            break
+        cand = start[live] + ptr[live]
+        d = dep[cand]
+        ready = (d < 0) | ((level[np.maximum(d, 0)] >= 0) & (level[np.maximum(d, 0)] < lv))
+        level[cand[ready]] = lv
+        ptr[live[ready]] += 1
+    else:  # pragma: no cover - rank_orders never deadlock (tests/test_pipeline.py)
+        raise RuntimeError(f"pipeline schedule {schedule} deadlocked")
+    order = np.argsort(level, kind="stable")
+    bounds = np.searchsorted(level[order], np.arange(int(level.max()) + 2))
+    new_id = np.empty(n, dtype=np.int64)
+    new_id[order] = np.arange(n)
+
+    def renum(x: np.ndarray) -> np.ndarray:
+        return np.where(x >= 0, new_id[np.maximum(x, 0)], -1)
+
+    steady = []
+    width = 3 if schedule == "zero-bubble" else 2
+    for r in range(p):
+        k = ops[r][:, 0]
+        i = np.flatnonzero((k[1:] == 1) & (k[:-1] == 0)) + 1  # a B right after an F
+        if width == 3:
+            i = i[i + 1 < len(k)]
+            i = i[k[i + 1] == 2]
+        cols = [i - 1, i] + ([i + 1] if width == 3 else [])
+        steady.append(new_id[start[r] + np.stack(cols, axis=1)])
+    return _Graph(prev=renum(prev)[order], dep=renum(dep)[order], key=key[order],
+                  share=share[order][:, None], bounds=bounds, steady=tuple(steady))
+
+
+def _play(p: int, m: int, v: int, schedule: str, weights: np.ndarray,
+          per_round: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Longest path of one shape for ``weights`` ``[2p, rows]`` (forward then backward of each
+    rank per micro-batch): the makespan per row, and the end times ``[nodes, rows]``."""
+    g = _graph(p, m, v, schedule, per_round)
+    n = len(g.key)
+    end = np.zeros((n + 1, weights.shape[1]))  # the extra last row: index -1, time 0
+    w = weights[g.key] * g.share
+    for lo, hi in itertools.pairwise(g.bounds):
+        end[lo:hi] = np.maximum(end[g.prev[lo:hi]], end[g.dep[lo:hi]]) + w[lo:hi]
+    return end[:-1].max(axis=0), end
+
+
+def _period(p: int, m: int, schedule: str) -> int:
+    """Micro-batches per period of the steady state: one, or a round of interleaving."""
+    return m // max(1, m // p) if schedule == "interleaved-1f1b" else 1
+
+
+def _cut(p: int, m: int, v: int, schedule: str) -> int:
+    """The fewest micro-batches, in whole periods, whose graph holds a window of ``4p + 2``
+    steady groups on every rank plus a period after it (``_periodic``)."""
+    k = _period(p, m, schedule)
+    warm0 = (v - 1) * k + 2 * (p - 1) if v > 1 else p - 1
+    need_groups = warm0 + (4 * p + 2) + k * v + p  # steady groups of rank 0, plus W's delay
+    return -(-need_groups // (k * v)) * k
+
+
+def _periodic(g: _Graph, p: int, k: int, v: int, end: np.ndarray) -> tuple[np.ndarray,
+                                                                            np.ndarray]:
+    """Rows whose steady state already repeats, and the time a period adds to them.
+
+    The schedule's graph is the same from one period of the steady state to the next (each
+    rank's next forward-backward group depends on the groups before it the same way), so when
+    a window of consecutive groups longer than any dependency reaches (``4p + 2`` on every
+    rank) ends exactly ``delta`` later one period on, every later period does too: the graph
+    with more micro-batches is this one with periods of ``delta`` inserted."""
+    per = k * v  # steady groups per period on a rank
+    width = 4 * p + 2
+    if len(g.steady[0]) < width + per:
+        return np.zeros(end.shape[1], dtype=bool), np.zeros(end.shape[1])
+    d = []
+    for r in range(p):
+        s = g.steady[r]
+        hi = len(g.steady[0]) - per  # rank 0 has the fewest steady groups
+        lo = max(hi - width, 0)
+        a, b = s[lo:hi].ravel(), s[lo + per:hi + per].ravel()
+        d.append(end[b] - end[a])
+    diff = np.concatenate(d, axis=0)
+    delta = diff.max(axis=0)  # all equal to rounding; max does not depend on the layout
+    scale = np.maximum(np.abs(end).max(axis=0), 1e-30)
+    return (diff.max(axis=0) - diff.min(axis=0)) <= 1e-12 * scale, delta
+
+
+def makespan(forward: np.ndarray, backward: np.ndarray, num_micro_batches: int,
+             schedule: str, virtual_stages: int = 1) -> np.ndarray:
+    """The pipeline's time (s) for many configurations of one shape: ``forward`` and
+    ``backward`` ``[p, rows]`` are each rank's seconds per micro-batch (all its chunks). Equal
+    to ``simulate(...).makespan`` row by row.
+
+    GPipe in closed form: its forward wave is a flow shop of identical jobs, ``sum_r F_r +
+    (m - 1) max_r F_r``, and its backward wave, which starts when the last rank's forwards end,
+    the same in ``B`` (Huang et al. 2019). The others play the graph out; past ``_cut``
+    micro-batches only to ``_cut``, and the rows whose steady state repeats (``_periodic``)
+    add the rest in whole periods, the others are played out for twice as many, and so on."""
+    p = forward.shape[0]
+    m, v = int(num_micro_batches), int(virtual_stages)
+    _check(p, m, v, schedule)
+    if schedule == "gpipe":
+        return (forward.sum(axis=0) + backward.sum(axis=0)
+                + (m - 1) * (forward.max(axis=0) + backward.max(axis=0)))
+    weights = np.concatenate([forward, backward], axis=0)
+    if p == 1:
+        return m * (forward[0] + backward[0])
+    k = _period(p, m, schedule)
+    cut = _cut(p, m, v, schedule)
+    out = np.empty(weights.shape[1])
+    todo = np.arange(weights.shape[1])
+    while len(todo):
+        if cut >= m:
+            out[todo] = _play(p, m, v, schedule, weights[:, todo])[0]
+            break
+        # The shorter graph keeps the trainer's rounds of k micro-batches.
+        short, end = _play(p, cut, v, schedule, weights[:, todo], k)
+        ok, delta = _periodic(_graph(p, cut, v, schedule, k), p, k, v, end)
+        out[todo[ok]] = short[ok] + (m - cut) // k * delta[ok]
+        todo = todo[~ok]
+        cut *= 2  # not yet repeating: a longer transient
+    return out
+
+
+# ---------------------------------------------------------------- tables of configurations
+# Stage columns as ``costmodel.formulas.memory.ConfigArrays`` has them, stage-major ``[W, rows]``:
+# column ``c`` stands for ranks ``index[c] .. index[c] + count[c] - 1`` (count 0: padding), in
+# ascending order of ``index``.
+
+def _before(x: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Per column, ``x`` summed over every rank before the column's last rank."""
+    return stage_cumsum(count * x) - np.where(count > 0, x, 0.0)
+
+
+def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np.ndarray,
+                   v: np.ndarray, schedule: np.ndarray) -> np.ndarray:
+    """A lower bound (s) on the pipeline's time of each row, exact for GPipe and for equal
+    stages under every schedule (interleaved: for one micro-batch or at least ``p``). ``t``
+    ``[W, rows]``: each stage's seconds per micro-batch; ``f``: its forward part (``None``:
+    unknown); ``schedule``: ``SCHEDULE_CODES`` of ``costmodel.formulas.memory``.
+
+    Rank ``r`` starts once micro-batch 0's first chunk has passed the ranks before it, then
+    works ``m t_r``; under 1F1B, interleaved 1F1B and GPipe its last op is a backward of chunk
+    0, which the ranks before it then run in turn: ``max_r (m t_r + sum_{k<r} t_k / v)``. Zero
+    bubble ends rank r with ``min(r + 1, m)`` weight gradients ``W_r`` after its last input
+    gradient, which the ranks before it then run, and rank 0 its weight gradient:
+    ``max_r (m t_r + sum_{k<r} F_k + max(0, sum_{k<r} B_k - min(r + 1, m) W_r + W_0))``, with
+    ``B = W`` half the backward (``rank_orders``). And every micro-batch goes through every
+    stage and back. GPipe (``makespan``) in closed form. ``f`` unknown (a bound for a family
+    of configurations): zero bubble counts ``m t_r`` only."""
+    on = count > 0
+    zb = schedule == 3
+    vf = v.astype(float)
+    head = _before(t, count) / vf
+    # Every micro-batch runs forward through all stages and back: the sum of their times (zero
+    # bubble: the input gradients, and rank 0's weight gradient after its own).
+    path = (count * t).sum(axis=0)
+    if f is not None:
+        # Zero bubble's rows alone (a few of a search's), written into theirs.
+        rows = np.flatnonzero(zb)
+        if rows.size:
+            def of(x: np.ndarray) -> np.ndarray:
+                return x if np.ndim(x) == 0 else np.take(x, rows, axis=-1)
+            t_z, f_z, c_z = of(t), of(f), of(count)
+            half = (t_z - f_z) / 2  # zero bubble's B and W
+            # Rank r's last input gradient (micro-batch m - 1) is followed by min(r + 1, m)
+            # weight gradients of its own, and the ranks before it then run that input
+            # gradient in turn and rank 0 its weight gradient.
+            r = stage_cumsum(c_z) - 1
+            tail = _before(half, c_z) - np.minimum(r + 1, of(m)) * half \
+                + np.where(r > 0, half[0], 0)
+            head[:, rows] = _before(f_z, c_z) + np.maximum(tail, 0.0)
+            path[rows] = (c_z * (f_z + half)).sum(axis=0) + half[0]
+    else:
+        head = np.where(zb, 0.0, head)
+        path = np.where(zb, 0.0, path)
+    out = np.maximum(np.where(on, m * t + head, -np.inf).max(axis=0), path)
+    if f is not None and (schedule == 2).any():
+        b = t - f
+        gp = ((count * t).sum(axis=0)
+              + (m - 1) * (np.where(on, f, 0).max(axis=0) + np.where(on, b, 0).max(axis=0)))
+        out = np.where(schedule == 2, gp, out)
+    return out
+
+
+_NAMES = {code: name for name, code in SCHEDULE_CODES.items()}
+
+
+def table_makespan(f: np.ndarray, b: np.ndarray, index: np.ndarray, count: np.ndarray,
+                   pp: np.ndarray, m: np.ndarray, v: np.ndarray, schedule: np.ndarray,
+                   rows: np.ndarray) -> np.ndarray:
+    """``makespan`` of the rows ``rows`` of a table (stage columns ``[W, rows]``, forward and
+    backward seconds per micro-batch), grouped by shape; returns one value per entry of
+    ``rows``."""
+    out = np.empty(len(rows))
+    if not len(rows):
+        return out
+    shapes = np.stack([pp[rows], m[rows], v[rows], schedule[rows]], axis=1).astype(np.int64)
+    uniq, inv = np.unique(shapes, axis=0, return_inverse=True)
+    for g, (p, mm, vv, s) in enumerate(uniq):
+        sel = np.flatnonzero(inv.ravel() == g)
+        r = rows[sel]
+        ranks = np.arange(p)[:, None]
+        col = np.zeros((p, len(r)), dtype=np.int64)
+        for c in range(index.shape[0]):
+            lo, n = index[c, r], count[c, r]
+            col = np.where((ranks >= lo) & (ranks < lo + n), c, col)
+        fr = np.take_along_axis(f[:, r], col, axis=0)
+        br = np.take_along_axis(b[:, r], col, axis=0)
+        # Configurations that differ only after the last backward share their stage times.
+        w, back = np.unique(np.concatenate([fr, br], axis=0), axis=1, return_inverse=True)
+        out[sel] = makespan(w[:p], w[p:], int(mm), _NAMES[int(s)], int(vv))[back.ravel()]
+    return out

@@ -1,0 +1,152 @@
+"""Roofline primitives: the time of a matmul, a fused attention and a memory-bound kernel on a GPU
+(peak rate times the profile's achieved fraction, plus a fixed cost per kernel; Williams et
+al. 2009), and the dtypes a job's matmuls run in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import hardware_profiles
+from costmodel.config import Job
+from costmodel.frameworks import framework
+from costmodel.hardware import GPU
+from costmodel.units import Num
+
+BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward moves 2
+
+
+FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
+
+
+#: Bytes a matmul's leading dimensions must be a multiple of for cuBLAS's fast kernels
+#: (NVIDIA, "Matrix Multiplication Background User's Guide", Tensor Core requirements).
+ALIGN_BYTES = 16
+
+
+def aligned(n: Num, k: Num, bytes_per_element: float) -> np.ndarray:
+    """Whether ``[m, k] x [k, n]`` runs on cuBLAS's fast kernels (bool, per element): its
+    leading dimensions k and n are multiples of ``ALIGN_BYTES`` (m never is one in these
+    layouts; measured on an H100, hardware_profiles/software.toml [cublas])."""
+    return (np.mod(np.asarray(n) * bytes_per_element, ALIGN_BYTES) == 0) \
+        & (np.mod(np.asarray(k) * bytes_per_element, ALIGN_BYTES) == 0)
+
+
+def gemm_time(gpu: GPU, dtype: str, m: Num, n: Num, k: Num, count: Num = 1.0,
+              bytes_per_element: float = 2.0, weight_bytes_per_element: Num | None = None,
+              grouped: bool = False) -> np.ndarray:
+    """Seconds for ``count`` matmuls of shape ``[m, k] x [k, n]`` on ``gpu`` (roofline).
+
+    Compute: ``2 m n k / (peak * gemm)``; memory: reading both operands and writing the
+    result once, ``bytes_per_element * (m k + m n) + weight_bytes_per_element * k n`` over
+    ``hbm * memory``; plus the fixed ``kernel_overhead_s`` per launch: one per matmul, or one
+    for all ``count`` where ``grouped`` (a grouped GEMM, torch._grouped_mm).
+    ``weight_bytes_per_element``: the bytes of one element of the ``[k, n]`` operand when it
+    is stored narrower than the activations (a quantized weight, scales included); default
+    ``bytes_per_element``.
+    """
+    eff = gpu.efficiency
+    flops = 2.0 * m * n * k
+    frac = np.where(aligned(n, k, bytes_per_element), eff.gemm_for(dtype),
+                    eff.gemm_unaligned_for(dtype))
+    compute = flops / (gpu.peak_flops(dtype) * frac)
+    w = bytes_per_element if weight_bytes_per_element is None else weight_bytes_per_element
+    traffic = bytes_per_element * (m * k + m * n) + w * k * n
+    memory = traffic / (gpu.memory_bandwidth_bytes_per_s * eff.memory)
+    launches = 1.0 if grouped else count
+    return count * np.maximum(compute, memory) + launches * eff.kernel_overhead_s
+
+
+#: What each fused attention kernel (``costmodel.config.ATTENTION_KERNELS``) is called.
+ATTENTION_NAMES = {"flash": "FlashAttention-2", "cudnn": "cuDNN attention"}
+
+
+def attention_kernel(job: Job, gpu: GPU) -> str:
+    """The fused attention kernel the job runs on ``gpu`` (``costmodel.config.
+    ATTENTION_KERNELS``): ``Job.attention_kernel`` where set, else the trainer's own choice,
+    cuDNN's on the architectures of ``Framework.cudnn_attention_archs``, FlashAttention-2
+    elsewhere."""
+    if job.attention_kernel is not None:
+        return job.attention_kernel
+    return "cudnn" if gpu.architecture in framework(job.framework).cudnn_attention_archs \
+        else "flash"
+
+
+def flash_attention_time(gpu: GPU, dtype: str, flops: Num, keys: Num | None = None,
+                         kernel: str = "flash") -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of a fused (flash) attention ``kernel`` (``"flash"`` or
+    ``"cudnn"``: ``KernelEfficiency.attention_for``) doing ``flops`` in its forward pass over
+    ``keys`` key tokens per query (the sequence, or a context-parallel chunk of it):
+    ``flops * (1 + fixed_keys / keys) / (peak * attention) + kernel_overhead``, where each
+    query block's fixed work (``hardware_profiles/software.toml [fused_attention]``, fitted
+    to measured sweeps) weighs most on short sequences; ``keys=None`` leaves it out. The
+    backward does ``FLASH_BACKWARD_FLOPS`` times the FLOPs at the ``attention_backward``
+    fraction with its own fixed work (Dao 2023, Sec. 3). fp8 and tf32 jobs run attention in
+    bf16 (FlashAttention has no tf32 or fp8 training kernel), so the peak is the bf16 one."""
+    peak = gpu.peak_flops("bf16" if dtype in ("fp8", "tf32") else dtype)
+    eff = gpu.efficiency
+    frac_f, frac_b = eff.attention_for(kernel)
+    flops = np.asarray(flops, dtype=float)
+    grow_f: Num = 1.0
+    grow_b: Num = 1.0
+    if keys is not None:
+        shape = hardware_profiles.load_software()["fused_attention"]
+        k = np.asarray(keys, dtype=float)
+        grow_f = 1.0 + float(shape["forward_fixed_keys"]) / k
+        grow_b = 1.0 + float(shape["backward_fixed_keys"]) / k
+    forward = flops * grow_f / (peak * frac_f) + eff.kernel_overhead_s
+    backward = FLASH_BACKWARD_FLOPS * flops * grow_b / (peak * frac_b) + eff.kernel_overhead_s
+    return forward, backward
+
+
+def memory_time(gpu: GPU, num_bytes: Num, kernels: Num) -> np.ndarray:
+    """Seconds for memory-bound kernels moving ``num_bytes`` in all, ``kernels`` launches."""
+    eff = gpu.efficiency
+    return (np.asarray(num_bytes, dtype=float)
+            / (gpu.memory_bandwidth_bytes_per_s * eff.memory) + kernels * eff.kernel_overhead_s)
+
+
+@dataclass(frozen=True)
+class LayerCompute:
+    """Compute of one layer (or the head) for one micro-batch on one GPU, per row, seconds
+    and FLOPs. ``forward`` / ``backward``: time of the pass; ``selective``: what selective
+    recompute re-runs in backward (the attention core when it is not fused); ``flops``: the
+    FLOPs the GPU executes in forward + backward, without any recompute; ``forward_flops``
+    those of the forward pass (what full recompute repeats); ``core_forward`` /
+    ``core_backward``: the attention core's part of the times (what context-parallel ring
+    exchanges overlap with); ``qkv_gemm`` / ``up_gemm``: one matmul of the column-parallel
+    QKV and MLP input projections (their input- and weight-gradient matmuls each take as long;
+    what Megatron-LM overlaps the backward tensor-parallel collectives with; ``up_gemm`` is
+    zero for MoE layers, whose tensor-parallel exchange belongs to the token dispatcher);
+    ``proj_gemm`` / ``down_gemm``: the same of the row-parallel attention output and MLP output
+    projections (``down_gemm`` zero for MoE layers)."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    selective: np.ndarray
+    flops: np.ndarray
+    selective_flops: np.ndarray
+    forward_flops: np.ndarray
+    core_forward: np.ndarray
+    core_backward: np.ndarray
+    qkv_gemm: np.ndarray
+    up_gemm: np.ndarray
+    proj_gemm: np.ndarray
+    down_gemm: np.ndarray
+
+
+def _dtypes(job: Job) -> tuple[str, float, float]:
+    """(matmul dtype, bytes per activation element, bytes per matmul input element)."""
+    if job.precision == "fp32":
+        return "tf32", 4.0, 4.0
+    if job.precision == "fp8":
+        return "fp8", 2.0, 1.0
+    return job.precision, 2.0, 2.0
+
+
+def matmul_dtype(job: Job) -> str:
+    """The dtype the job's matmuls run in (``GPU.peak_flops``'s key): tf32 for fp32 jobs, fp8
+    for fp8 ones (their attention runs in bf16: ``flash_attention_time``)."""
+    return _dtypes(job)[0]
