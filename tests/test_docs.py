@@ -100,6 +100,11 @@ def test_masking_is_the_same_on_both_sides() -> None:
     row = "GPT-3 175B, 1,024 A100   torchtitan   3,889,819   67,888   0.52s    1.0s    0.04G  19.64"
     assert regen.mask(row) == regen.mask(row.replace("0.52s", "0.61s").replace("0.04G", "0.05G"))
     assert regen.mask(row) != regen.mask(row.replace("19.64", "19.65"))
+    quality = "megatron2021_t1_1.7B    yes      3.85s     2.89s    1.33x  dp=32"
+    assert regen.mask(quality) == quality  # published and planned step times: checked
+    wall = "  wall 1.23 s (target 1.5 s), the three spaces 0.07 s of it; space 14,077,964"
+    assert regen.mask(wall) == regen.mask(wall.replace("1.23", "1.4").replace("0.07", "0.1"))
+    assert regen.mask(wall) != regen.mask(wall.replace("1.5 s", "2 s"))
 
 
 def test_the_readme_is_at_most_300_lines() -> None:
