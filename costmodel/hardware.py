@@ -129,11 +129,10 @@ class KernelEfficiency:
 
 #: Sanity bounds of the physical quantities a profile gives, each far beyond any device
 #: built (so a typo, an infinity or a unit slip is an error, not a plan): a kernel's fixed
-#: overhead (s: a GPU's is microseconds, but ``planner profile --device cpu`` measures a
-#: loaded CPU's at a few milliseconds), a GPU's memory (bytes) and HBM bandwidth (bytes/s), a dense peak (FLOP/s),
-#: a link's bandwidth (bytes/s) and latency (s), a GPU-hour's price (US dollars), a node's
-#: CPU memory (GiB).
-MAX_KERNEL_OVERHEAD_S = 1e-2
+#: overhead (s; ``hardware_profiles.MAX_KERNEL_OVERHEAD_US``), a GPU's memory (bytes) and
+#: HBM bandwidth (bytes/s), a dense peak (FLOP/s), a link's bandwidth (bytes/s) and latency
+#: (s), a GPU-hour's price (US dollars), a node's CPU memory (GiB).
+MAX_KERNEL_OVERHEAD_S = hardware_profiles.MAX_KERNEL_OVERHEAD_US * 1e-6
 MAX_MEMORY_BYTES = 2.0**44
 MAX_MEMORY_BANDWIDTH = 1e15
 MAX_PEAK_FLOPS = 1e18

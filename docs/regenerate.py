@@ -215,11 +215,12 @@ class Spec:
             for piece in words[words.index("lines") + 1].split(","):
                 a, _, b = piece.partition("-")
                 lines.append((int(a), int(b or a)))
-        return cls(commands=tuple(c.strip() for c in command.split(" && ")),
+        commands = tuple(c.strip() for c in command.split(" && "))
+        return cls(commands=commands,
                    lines=tuple(lines), stderr="stderr" in words,
                    tail=int(words[words.index("tail") + 1]) if "tail" in words else 0,
                    exit=int(words[words.index("exit") + 1]) if "exit" in words else 0,
-                   slow="slow" in words)
+                   slow="slow" in words or any(map(is_benchmark, commands)))
 
     def show(self, out: Output) -> str:
         """What the block holds: the output (or the lines asked for), ending in a newline."""
@@ -231,6 +232,24 @@ class Spec:
         if self.tail:
             text = "\n".join(text.split("\n")[-self.tail:])
         return text + "\n"
+
+
+#: ``planner`` commands that refit the efficiencies over every published run (seconds).
+REFITS = ("planner validate", "planner calibrate")
+
+
+def is_benchmark(command: str) -> bool:
+    """Whether ``command`` takes seconds: a benchmark script (a new interpreter) or a refit
+    over the published runs (``REFITS``). Its blocks and figures are checked with the slow
+    tests, the other commands' in the fast loop."""
+    if command.startswith(REFITS):
+        return True
+    return command.split(" ", 1)[0] in ("python", "python3") and " benchmarks/" in command
+
+
+def slow_figure(name: str) -> bool:
+    """Whether figure ``name`` comes from a benchmark script (``is_benchmark``)."""
+    return name in FIGURES and is_benchmark(FIGURES[name].command)
 
 
 def markers(text: str) -> tuple[list[Spec], list[str]]:
@@ -272,6 +291,8 @@ def _planner(args: list[str], cwd: Path) -> Output:
 
     out, err = io.StringIO(), io.StringIO()
     before, path = Path.cwd(), list(sys.path)
+    for source in cwd.glob("*.py"):  # a module of that name another test imported first
+        sys.modules.pop(source.stem, None)
     os.chdir(cwd)
     try:
         with (contextlib.redirect_stdout(out), contextlib.redirect_stderr(err),
@@ -366,8 +387,8 @@ class Outputs:
 
 def render(text: str, outputs: Outputs, slow: bool | None = None) -> str:
     """``text`` with every marked block and figure rewritten from what its command prints
-    now. ``slow`` True or False renders only the blocks of that speed (figures count as fast);
-    None renders everything."""
+    now. ``slow`` True or False renders only the blocks and figures of that speed
+    (``Spec.slow``, ``slow_figure``); None renders everything."""
     def block(m: re.Match[str]) -> str:
         spec = Spec.parse(m["spec"])
         if slow is not None and spec.slow != slow:
@@ -375,7 +396,7 @@ def render(text: str, outputs: Outputs, slow: bool | None = None) -> str:
         return f"<!-- output: {m['spec']} -->\n```{m['lang']}\n{spec.show(outputs(spec))}```"
 
     def figure(m: re.Match[str]) -> str:
-        if slow:
+        if slow is not None and slow_figure(m["name"]) != slow:
             return m.group(0)
         return f"<!--fig:{m['name']}-->{outputs.figure(m['name'])}<!--/fig-->"
 

@@ -220,11 +220,18 @@ FRACTIONS = ("gemm", "gemm_fp8", "gemm_unaligned", "memory", "attention", "atten
              "attention_cudnn", "attention_cudnn_backward")
 
 
+#: The largest fixed cost per kernel a profile may give (microseconds). A GPU's is a few
+#: microseconds (a launch); ``planner profile --device cpu`` fits a loaded CPU's at a few
+#: milliseconds. Far above both, so that a unit slip (seconds written as microseconds,
+#: 5e6) is an error, not a plan.
+MAX_KERNEL_OVERHEAD_US = 1e5
+
+
 def check_efficiency(eff: Mapping[str, Any]) -> dict[str, Any]:
     """``eff`` (an ``[efficiency]`` table) with each number it holds checked: a fraction in
     (0, 1] (a profile's ``gemm = 2.0`` is an error, not a value clamped to 1 after scaling),
-    ``comm_slowdown`` in [0, 1], ``kernel_overhead_us`` in [0, 1000] (checked even where the
-    fit replaces it)."""
+    ``comm_slowdown`` in [0, 1], ``kernel_overhead_us`` in [0, ``MAX_KERNEL_OVERHEAD_US``]
+    (checked even where the fit replaces it)."""
     out = dict(eff)
     for k in FRACTIONS:
         if k in out:
@@ -234,7 +241,8 @@ def check_efficiency(eff: Mapping[str, Any]) -> dict[str, Any]:
                                     hi=1.0)
     if "kernel_overhead_us" in out:
         out["kernel_overhead_us"] = real(out["kernel_overhead_us"],
-                                         "efficiency.kernel_overhead_us", lo=0.0, hi=1000.0)
+                                         "efficiency.kernel_overhead_us", lo=0.0,
+                                         hi=MAX_KERNEL_OVERHEAD_US)
     return out
 
 
@@ -310,7 +318,7 @@ def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture
         eff["memory"] = min(1.0, eff["memory"] * ratio_of(t.get("memory", 1.0), "memory"))
     if overhead:
         eff["kernel_overhead_us"] = real(t["kernel_overhead_us"], "[transfer] kernel_overhead_us",
-                                         lo=0.0, hi=1000.0)
+                                         lo=0.0, hi=MAX_KERNEL_OVERHEAD_US)
     if "comm_slowdown" in t:
         eff["comm_slowdown"] = real(t["comm_slowdown"], "[transfer] comm_slowdown", lo=0.0,
                                     hi=1.0)

@@ -45,7 +45,7 @@ from planner.alternatives import Choice, Option
 from planner.compare import Candidate, Comparison, compare, parse_config
 from planner.explain import Explanation, explain
 from planner.explore import Frontier, SweepPoint, frontier, sweep
-from planner.models import load_model
+from planner.models import costs_from_graph, load_model
 from planner.plan import Alternative, describe, plan
 from planner.progress import Progress
 from planner.result import Plan
@@ -89,6 +89,7 @@ __all__ = [
     "apply",
     "check",
     "compare",
+    "costs_from_graph",
     "describe",
     "estimate",
     "estimate_inference",

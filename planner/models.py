@@ -17,13 +17,20 @@ import contextlib
 import importlib
 import os
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
+from costmodel.config import Job
 from costmodel.errors import SpecError
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from hardware_profiles.files import is_file
 
-__all__ = ["build_module", "load_model", "load_model_or_module"]
+if TYPE_CHECKING:
+    from costmodel.trace.graph import LayerGraph
+
+__all__ = ["build_module", "costs_from_graph", "load_model", "load_model_or_module"]
 
 
 def load_model(spec: str | ModelSpec) -> ModelSpec:
@@ -164,3 +171,18 @@ def _meta_device() -> Any:
         return
     with torch.device("meta"):
         yield
+
+
+def costs_from_graph(graph: LayerGraph, cluster: Cluster, job: Job, *,
+                     tp_degrees: Sequence[int] | None = None,
+                     sequence_parallel: bool | Literal["both"] = False,
+                     time_limit_s: float = 10.0,
+                     autocast_graph: LayerGraph | None = None) -> LayerCosts:
+    """The ``LayerCosts`` of a traced ``LayerGraph``: each block sharded at each TP degree by
+    the sharding ILP (``costmodel.trace.blockcosts.costs_from_graph``, where the arguments are
+    described). The trace side (networkx, OR-Tools) is imported on the first call."""
+    from costmodel.trace.blockcosts import costs_from_graph as from_graph
+
+    return from_graph(graph, cluster, job, tp_degrees=tp_degrees,
+                      sequence_parallel=sequence_parallel, time_limit_s=time_limit_s,
+                      autocast_graph=autocast_graph)

@@ -51,9 +51,14 @@ def test_quoted_outputs_are_what_the_commands_print(name: str, outputs: object) 
     _check(name, outputs, slow=False)
 
 
+def _has_slow(text: str) -> bool:
+    specs, figures = regen.markers(text)
+    return any(s.slow for s in specs) or any(map(regen.slow_figure, figures))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, p in zip(NAMES, DOCS, strict=True)
-                                  if any(s.slow for s in regen.markers(p.read_text())[0])])
+                                  if _has_slow(p.read_text())])
 def test_slow_quoted_outputs_are_what_the_commands_print(name: str, outputs: object) -> None:
     _check(name, outputs, slow=True)
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from inprocess import Result, run_planner
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -194,11 +195,46 @@ def _saved_files(tmp_path: Path) -> None:
             (tmp_path / block[1]).write_text(block[0])
 
 
+#: Commands run in a new interpreter, as typed: those that start processes or measure.
+#: The others run in this process (``inprocess.run_planner``: the same ``main``, without
+#: a second of interpreter start and imports per command).
+_OWN_PROCESS = ("run", "profile")
+
+
+def _planner(words: list[str], cwd: Path, env: dict[str, str], alone: bool = False
+             ) -> subprocess.CompletedProcess[str] | Result:
+    """``planner WORDS`` in ``cwd`` with ``env``: in a new interpreter where ``alone`` or the
+    command starts processes, else in this one (the folder's modules, mymodels.py, not
+    cached between commands)."""
+    if alone or words[0] in _OWN_PROCESS:
+        # 600 s: 'planner run' trains on several processes, which a loaded 2-core machine
+        # slows past 300 s (seen once in a CI run beside other work).
+        return subprocess.run([sys.executable, "-m", "planner", *words], cwd=cwd,
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, **env})
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    saved_path = list(sys.path)
+    try:
+        for source in cwd.glob("*.py"):
+            sys.modules.pop(source.stem, None)
+        return run_planner(*words, cwd=cwd)
+    finally:
+        sys.path[:] = saved_path
+        for source in cwd.glob("*.py"):
+            sys.modules.pop(source.stem, None)
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _run_all(cmds: list[str], tmp_path: Path, quick_start: bool = False) -> None:
     """Run each command in order in ``tmp_path`` and check what it printed and wrote."""
     _saved_files(tmp_path)
     config, step = _quoted_quick_start()
-    env = {**os.environ, "PLANNER_CONFIG_DIR": str(tmp_path / ".config")}
+    env = {"PLANNER_CONFIG_DIR": str(tmp_path / ".config")}
     seen: set[str] = set()
     for i, cmd in enumerate(cmds):
         if cmd in seen:
@@ -213,10 +249,7 @@ def _run_all(cmds: list[str], tmp_path: Path, quick_start: bool = False) -> None
             # Without a GPU the profile above measured the CPU, and no published run was
             # measured on a CPU (tests/test_profile.py validates with an H100 profile).
             continue
-        # 600 s: 'planner run' trains on several processes, which a loaded 2-core machine
-        # slows past 300 s (seen once in a CI run beside other work).
-        r = subprocess.run([sys.executable, "-m", "planner", *words], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=600, env=env)
+        r = _planner(words, tmp_path, env, alone=quick_start and i == 0)
         assert r.returncode == 0, (cmd, r.stderr[-2000:])
         assert "Traceback" not in r.stderr and (r.stdout + r.stderr).strip(), cmd
         # emit and the progress lines say what they did on stderr, the results go to stdout

@@ -29,13 +29,8 @@ import planner  # noqa: E402
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate  # noqa: E402
 from costmodel.trace.blockcosts import costs_from_graph  # noqa: E402
 from planner.result import Plan  # noqa: E402
-from planner.runtime.apply import TP_PLAN  # noqa: E402
 from planner.runtime.checks import check, unsupported  # noqa: E402
-from planner.runtime.launch import prepare  # noqa: E402
 from planner.runtime.model import build_model  # noqa: E402
-from planner.runtime.modules import synthetic_batch  # noqa: E402
-from planner.runtime.stages import stage_layer_ranges  # noqa: E402
-from planner.runtime.train import reference_losses, train  # noqa: E402
 
 HERE = Path(__file__).parent
 #: A Llama-style model small enough for 8 processes on 2 cores: GQA (8 query, 4 KV heads),
@@ -250,6 +245,7 @@ def _run_cases(cases: dict[str, tuple[Any, ...]], world: int, tmp: Path) -> dict
 
 @pytest.fixture(scope="module")
 def reference() -> dict[tuple[str, str], list[float]]:
+    from planner.runtime.train import reference_losses
     return {(m.name, j.optimizer): reference_losses(m, j, steps=5, lr=LR[j.optimizer])
             for j in (JOB, SGD) for m in (SPEC, GPT, TIED, MOE)}
 
@@ -419,6 +415,7 @@ def one_process() -> Any:
 @pytest.mark.slow  # over 2 s: a search of a traced module / torch.distributed steps
 def test_plan_from_json_runs_without_search(monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path, one_process: None) -> None:
+    from planner.runtime.train import reference_losses, train
     text = make_plan({"recompute": "full", "micro_batch_size": 4}).to_json()
 
     def no_search(*args: Any, **kwargs: Any) -> None:
@@ -434,6 +431,7 @@ def test_plan_from_json_runs_without_search(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.slow  # over 2 s: a search of a traced module / torch.distributed steps
 def test_bf16_ddp_runs_under_autocast(one_process: None) -> None:
+    from planner.runtime.train import reference_losses, train
     job = dataclasses.replace(JOB, precision="bf16")
     res = train(make_plan({}, job=job), steps=3, lr=LR["adamw"])
     ref = reference_losses(SPEC, JOB, steps=3, lr=LR["adamw"])
@@ -442,6 +440,7 @@ def test_bf16_ddp_runs_under_autocast(one_process: None) -> None:
 
 
 def test_meta_device_model_is_materialised(one_process: None) -> None:
+    from planner.runtime.train import train
     res = train(make_plan({}), steps=2, lr=LR["adamw"], meta=True)
     # Random weights of N(0, 0.02): the first loss is close to ln(vocab).
     assert abs(res.losses[0] - float(torch.log(torch.tensor(128.0)))) < 0.1
@@ -494,6 +493,7 @@ def test_the_angle_tables_are_computed_once_per_model() -> None:
 
 
 def test_synthetic_data_is_learnable_and_shared() -> None:
+    from planner.runtime.modules import synthetic_batch
     x, y = synthetic_batch(JOB, 128, step=3)
     x2, _ = synthetic_batch(JOB, 128, step=3)
     assert torch.equal(x, x2) and x.shape == (8, 16)
@@ -502,6 +502,7 @@ def test_synthetic_data_is_learnable_and_shared() -> None:
 
 
 def test_stage_ranges_follow_the_cost_model() -> None:
+    from planner.runtime.stages import stage_layer_ranges
     assert stage_layer_ranges(10, 4, 1) == [(0, 2), (2, 4), (4, 7), (7, 10)]  # even_split
     assert stage_layer_ranges(8, 2, 2) == [(0, 2), (2, 4), (4, 6), (6, 8)]
     assert stage_layer_ranges(4, 2, 1, [1, 3]) == [(0, 1), (1, 4)]
@@ -562,6 +563,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_planner_run_trains(tmp_path: Path) -> None:
+    from planner.runtime.train import reference_losses
     make_plan({"dp": 2, "zero_stage": 3}).to_json(tmp_path / "plan.json")
     r = _cli("run", "plan.json", "--", "--steps", "2", "--lr", str(LR["adamw"]), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -587,6 +589,7 @@ def test_planner_run_refuses_and_dry_runs(tmp_path: Path) -> None:
 
 
 def test_multi_node_plan_writes_sbatch(tmp_path: Path) -> None:
+    from planner.runtime.launch import prepare
     p = make_plan({"dp": 4, "tp": 4, "zero_stage": 3}, nodes=2)
     p.to_json(tmp_path / "plan.json")
     r = _cli("run", "plan.json", "-o", "job.sbatch", cwd=tmp_path)
@@ -610,6 +613,7 @@ def test_a_traced_modules_plan_is_checked_like_a_presets() -> None:
     layout no style runs (a sequence split inside the model's own forward, an unfused
     nn.MultiheadAttention's split) is refused by name."""
     from costmodel.trace.graph import LayerGraph
+    from planner.runtime.apply import TP_PLAN
 
     traced = _traced(SPEC, SGD, (1, 2))
     check(make_plan({"dp": 2, "pp": 2, "zero_stage": 2}, traced, SGD))

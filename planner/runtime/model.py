@@ -33,7 +33,7 @@ from costmodel.model import ModelSpec
 from costmodel.trace.trace_ops import IN_FUSED_FORWARD
 
 __all__ = ["Attention", "Block", "FeedForward", "MoEFeedForward", "Transformer", "build_model",
-           "rope_table"]
+           "reference_refusal", "rope_table"]
 
 #: Standard deviation of the normal initialisation of weights (GPT-2, Radford et al. 2019).
 INIT_STD = 0.02
@@ -371,6 +371,19 @@ class Transformer(nn.Module):
                 module.tokens_per_expert.zero_()
 
 
+def reference_refusal(spec: ModelSpec) -> str | None:
+    """Why the reference transformer does not build ``spec`` (the parts of it it lacks), or
+    None when it does; ``build_model`` raises this as a ``SpecError``."""
+    unsupported = [(spec.patch_size > 0, "vision patch embeddings (ViT)"),
+                   (spec.num_token_types > 0, "token-type embeddings (BERT)"),
+                   (spec.embedding_norm, "an embedding norm (BERT)")]
+    missing = [what for bad, what in unsupported if bad]
+    if not missing:
+        return None
+    return (f"the reference transformer does not build {spec.name!r}: it has "
+            f"{', '.join(missing)}; pass your own torch module instead")
+
+
 def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int | None = 0,
                 dropout: float = 0.0) -> Transformer:
     """The reference transformer of ``spec`` on ``device``, initialised with ``seed``.
@@ -380,13 +393,9 @@ def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: in
     ``dropout``: the dropout probability where ``spec.dropout`` has dropout layers (0 keeps
     runs deterministic). Raises ``SpecError`` for specs it does not build.
     """
-    unsupported = [(spec.patch_size > 0, "vision patch embeddings (ViT)"),
-                   (spec.num_token_types > 0, "token-type embeddings (BERT)"),
-                   (spec.embedding_norm, "an embedding norm (BERT)")]
-    missing = [what for bad, what in unsupported if bad]
-    if missing:
-        raise SpecError(f"the reference transformer does not build {spec.name!r}: it has "
-                        f"{', '.join(missing)}; pass your own torch module instead")
+    refusal = reference_refusal(spec)
+    if refusal:
+        raise SpecError(refusal)
     if not 0.0 <= dropout < 1.0:
         raise SpecError(f"dropout must be in [0, 1), got {dropout!r}")
     with torch.device(device):
