@@ -37,7 +37,10 @@ class ModelSpec:
     ``num_kv_heads`` defaults to ``num_heads`` (MHA), ``ffn_hidden_size`` to ``4 * hidden_size``,
     ``head_dim`` to ``hidden_size // num_heads``. MoE: ``num_experts`` routed experts of
     ``moe_ffn_hidden_size`` each, ``top_k`` per token, ``num_shared_experts`` always active, and
-    the first ``first_dense_layers`` layers use a dense MLP of ``ffn_hidden_size``. Vision
+    the first ``first_dense_layers`` layers use a dense MLP of ``ffn_hidden_size``.
+    ``qk_norm``: each head's query and key pass an RMSNorm of ``head_dim`` before the rotary
+    embedding (Qwen3; Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion
+    Parameters", Sec. 2.1), one weight of ``head_dim`` each for q and k. Vision
     (ViT): ``patch_size > 0`` replaces the token embedding with a patch projection, and
     ``vocab_size`` is then the number of classes of the head.
     """
@@ -57,6 +60,7 @@ class ModelSpec:
     norm: str = "rmsnorm"
     bias: bool = False
     qkv_bias: bool = False
+    qk_norm: bool = False
     dropout: bool = False
     causal: bool = True
     num_token_types: int = 0
@@ -127,8 +131,8 @@ class ModelSpec:
     def _check_kinds(self) -> None:
         """Switches are booleans (``gated_mlp="no"`` is not a gated MLP), position embedding
         and norm are known kinds; learned positions and patches have their sizes."""
-        for key in ("gated_mlp", "tied_embeddings", "bias", "qkv_bias", "dropout", "causal",
-                    "embedding_norm", "final_norm"):
+        for key in ("gated_mlp", "tied_embeddings", "bias", "qkv_bias", "qk_norm", "dropout",
+                    "causal", "embedding_norm", "final_norm"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"ModelSpec {self.name!r}: {key} must be True or False, got "
                                 f"{getattr(self, key)!r:.60}")
@@ -219,6 +223,11 @@ class ModelSpec:
         # LayerNorm has a weight and a bias; RMSNorm only a weight.
         return 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
 
+    def qk_norm_params(self) -> int:
+        """The query and key norms' weights of one layer (``qk_norm``): ``head_dim`` each,
+        shared by the heads (every tensor-parallel rank holds them whole)."""
+        return 2 * int(self.head_dim or 0) if self.qk_norm else 0
+
     def attention_params(self) -> int:
         """Parameters of one attention block: Q, K, V, output projection and their biases."""
         h = self.hidden_size
@@ -244,14 +253,15 @@ class ModelSpec:
     def dense_layer_params(self) -> int:
         """Parameters of one transformer layer with a dense MLP (norms included)."""
         return self.attention_params() + self.mlp_params(int(self.ffn_hidden_size or 0)) \
-            + 2 * self._norm_params()
+            + 2 * self._norm_params() + self.qk_norm_params()
 
     def moe_layer_non_expert_params(self) -> int:
         """Parameters of one MoE layer outside the routed experts: attention, norms, router,
         shared experts. These are sharded by tensor parallel like a dense layer."""
         h = self.hidden_size
         shared = self.num_shared_experts * self.mlp_params(int(self.moe_ffn_hidden_size or 0))
-        return self.attention_params() + 2 * self._norm_params() + h * self.num_experts + shared
+        return (self.attention_params() + 2 * self._norm_params() + self.qk_norm_params()
+                + h * self.num_experts + shared)
 
     def layer_params(self, index: int) -> int:
         """Parameters of layer ``index`` (0-based)."""
@@ -383,7 +393,8 @@ class _HFConfig:
 
 
 def _decoder_fields(c: _HFConfig) -> dict[str, Any]:
-    """llama, mistral, qwen2, mixtral and deepseek (DeepSeekMoE): rotary, RMSNorm, SwiGLU."""
+    """llama, mistral, qwen2, qwen3, mixtral, deepseek (DeepSeekMoE) and qwen3_moe: rotary,
+    RMSNorm, SwiGLU."""
     out: dict[str, Any] = {
         "num_layers": c.need("num_hidden_layers"),
         "hidden_size": c.need("hidden_size"),
@@ -396,7 +407,12 @@ def _decoder_fields(c: _HFConfig) -> dict[str, Any]:
         "position_embedding": "rope",
         "norm": "rmsnorm",
         "qkv_bias": c.mtype == "qwen2",
+        # transformers' Qwen3Attention: q_norm and k_norm, RMSNorm(head_dim), before RoPE.
+        "qk_norm": c.mtype in ("qwen3", "qwen3_moe"),
     }
+    if c.flag("use_sliding_window", False):
+        raise SpecError(f"HF config {c.label!r}: sliding-window attention (use_sliding_window) "
+                        "is not supported yet; plan it with use_sliding_window false")
     if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
         raise SpecError(f"HF config {c.label!r}: attention_bias / mlp_bias are not supported")
     if c.cfg.get("head_dim"):
@@ -411,7 +427,22 @@ def _decoder_fields(c: _HFConfig) -> dict[str, Any]:
                    moe_ffn_hidden_size=c.need("moe_intermediate_size"),
                    num_shared_experts=c.whole("n_shared_experts", 0),
                    first_dense_layers=c.whole("first_k_dense_replace", 0))
+    if c.mtype == "qwen3_moe":
+        out.update(_qwen3_moe_fields(c))
     return out
+
+
+def _qwen3_moe_fields(c: _HFConfig) -> dict[str, Any]:
+    """Qwen3's MoE layers (transformers' Qwen3MoeDecoderLayer): ``num_experts`` routed experts
+    of ``moe_intermediate_size``, ``num_experts_per_tok`` per token, no shared expert; a
+    layer is MoE where ``(index + 1) % decoder_sparse_step == 0`` and it is not in
+    ``mlp_only_layers`` (every layer in the published checkpoints)."""
+    only = c.cfg.get("mlp_only_layers") or []
+    if c.whole("decoder_sparse_step", 1) != 1 or only:
+        raise SpecError(f"HF config {c.label!r}: MoE on only some layers (decoder_sparse_step "
+                        "!= 1 or mlp_only_layers) is not supported yet")
+    return {"num_experts": c.need("num_experts"), "top_k": c.need("num_experts_per_tok"),
+            "moe_ffn_hidden_size": c.need("moe_intermediate_size")}
 
 
 def _gpt2_fields(c: _HFConfig) -> dict[str, Any]:
@@ -452,8 +483,9 @@ def _vit_fields(c: _HFConfig) -> dict[str, Any]:
 
 
 _HF_FAMILIES = {"llama": _decoder_fields, "mistral": _decoder_fields, "qwen2": _decoder_fields,
-                "mixtral": _decoder_fields, "deepseek": _decoder_fields, "gpt2": _gpt2_fields,
-                "bert": _bert_fields, "vit": _vit_fields}
+                "qwen3": _decoder_fields, "mixtral": _decoder_fields,
+                "deepseek": _decoder_fields, "qwen3_moe": _decoder_fields,
+                "gpt2": _gpt2_fields, "bert": _bert_fields, "vit": _vit_fields}
 
 
 def _hf_fields(cfg: dict[str, Any], label: str) -> dict[str, Any]:
@@ -461,7 +493,6 @@ def _hf_fields(cfg: dict[str, Any], label: str) -> dict[str, Any]:
     c = _HFConfig(cfg, label)
     if c.mtype not in _HF_FAMILIES:
         raise SpecError(
-            f"HF config {label!r}: model_type {c.mtype!r} is not supported; supported: llama, "
-            "mistral, qwen2, mixtral, deepseek, gpt2, bert, vit (or build ModelSpec(...) "
-            "directly)")
+            f"HF config {label!r}: model_type {c.mtype!r} is not supported; supported: "
+            f"{', '.join(_HF_FAMILIES)} (or build ModelSpec(...) directly)")
     return _HF_FAMILIES[c.mtype](c)

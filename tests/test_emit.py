@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 import types
 import warnings
 from pathlib import Path
@@ -90,6 +91,12 @@ NATIVE = [
     ("mg-hybrid", "llama-3-8b", 4, "megatron",
      PC(dp=16, tp=2, zero_stage=1, sharding_group=8, sequence_parallel=True,
         recompute="full"), {}),
+    # Qwen3: query and key norms, head width 128 apart from hidden / heads (--qk-layernorm,
+    # --kv-channels; torchtitan's qwen3 flavors), 128 fine-grained experts, top-8.
+    ("mg-qwen3-dense", "qwen3-32b", 8, "megatron",
+     PC(dp=4, tp=8, pp=2, zero_stage=1, sequence_parallel=True, recompute="selective"), {}),
+    ("tt-qwen3-moe", "qwen3-30b-a3b", 4, "torchtitan",
+     PC(dp=16, tp=2, ep=8, zero_stage=3, sequence_parallel=True, recompute="full"), {}),
     ("ds-zero2", "llama-3-8b", 2, "deepspeed", PC(dp=16, zero_stage=2, micro_batch_size=2), {}),
     ("ds-zero3-offload-fp16", "llama-3-8b", 2, "deepspeed",
      PC(dp=16, zero_stage=3, offload="optimizer+params", recompute="full"),
@@ -465,3 +472,26 @@ def test_torchtitan_config_manager_rejects_an_unknown_field(tmp_path: Path) -> N
     path.write_text("[parallelism]\ntensor_parallel_size = 8\n")
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         manager().parse_args(["--job.config_file", str(path)])
+
+
+def test_qwen3_is_written_with_its_query_and_key_norms_and_head_width() -> None:
+    """Megatron-LM's --qk-layernorm and --kv-channels 128 (64 heads of 128 in a 5120-wide
+    model), and torchtitan's own qwen3 flavor (torchtitan/models/qwen3/__init__.py)."""
+    dense = make_plan("qwen3-32b", 8, PC(dp=4, tp=8, pp=2, zero_stage=1,
+                                        sequence_parallel=True), "megatron")
+    text = dense.emit("megatron")
+    assert "--qk-layernorm" in text and "--kv-channels 128" in text
+    moe = make_plan("qwen3-30b-a3b", 4, PC(dp=16, tp=2, ep=8, zero_stage=3,
+                                           sequence_parallel=True), "torchtitan")
+    toml = tomllib.loads(moe.emit("torchtitan"))
+    assert toml["model"]["name"] == "qwen3" and toml["model"]["flavor"] == "30B-A3B"
+    # A Qwen3-shaped model of another size names torchtitan's qwen3 model, not llama3.
+    other = ModelSpec(**{**ModelSpec.preset("qwen3-32b").to_dict(), "name": "my-qwen",
+                         "num_layers": 32})
+    cluster = Cluster.preset("dgx-h100", num_nodes=4)
+    job = Job(global_batch_size=64, seq_len=4096, framework="torchtitan")
+    cfg = PC(dp=16, tp=2, zero_stage=3, sequence_parallel=True)
+    mine = Plan(model=other, cluster=cluster, job=job, config=cfg,
+                estimate=estimate(other, cluster, job, cfg)).emit("torchtitan")
+    assert tomllib.loads(mine)["model"]["name"] == "qwen3"
+    assert "for model 'qwen3' (Qwen3ModelArgs" in mine and "qk_norm=True" in mine

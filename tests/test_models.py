@@ -1,5 +1,6 @@
 """ModelSpec: exact parameter counts of published models, presets, Hugging Face configs."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,16 @@ ROUNDED = {
     "deepseek-moe-16b": (16.4e9, 0.01),  # Dai et al. 2024: 16.4B total
     "bert-large": (340e6, 0.02),  # Devlin et al. 2019: 340M (pooler and MLM head excluded)
     "vit-large-16": (307e6, 0.01),  # Dosovitskiy et al. 2021, Table 1: ViT-Large 307M
+    # The Qwen3 model cards (huggingface.co/Qwen/<name>): 32.8B, 30.5B and 235B in total,
+    # embedding and output layer included.
+    "qwen3-32b": (32.8e9, 0.005),
+    "qwen3-30b-a3b": (30.5e9, 0.005),
+    "qwen3-235b-a22b": (235e9, 0.005),
 }
+
+# The same cards' non-embedding counts (all but the token embedding and the output layer):
+# Qwen3-32B 31.2B, Qwen3-30B-A3B 29.9B, Qwen3-235B-A22B 234B.
+NON_EMBEDDING = {"qwen3-32b": 31.2e9, "qwen3-30b-a3b": 29.9e9, "qwen3-235b-a22b": 234e9}
 
 
 @pytest.mark.parametrize(("name", "count"), EXACT.items())
@@ -47,6 +57,32 @@ def test_exact_parameter_counts(name: str, count: int) -> None:
 def test_published_sizes(name: str, published: tuple[float, float]) -> None:
     value, tol = published
     assert ModelSpec.preset(name).num_params() == pytest.approx(value, rel=tol)
+
+
+@pytest.mark.parametrize(("name", "published"), NON_EMBEDDING.items())
+def test_published_non_embedding_sizes(name: str, published: float) -> None:
+    spec = ModelSpec.preset(name)
+    output = spec.vocab_size * spec.hidden_size * (not spec.tied_embeddings)
+    assert spec.num_params() - spec.embedding_params() - output == pytest.approx(published,
+                                                                                 rel=0.005)
+
+
+def test_active_parameters_of_fine_grained_moe() -> None:
+    """Qwen3's MoE models activate 8 of 128 experts: 22B of 235B (model card and Qwen3
+    report, Table 2) and 3.3B of 30.5B (model card; 3.35B counted here, embedding and output
+    layer included, which the card's one decimal cuts to 3.3)."""
+    assert ModelSpec.preset("qwen3-235b-a22b").num_active_params() == pytest.approx(
+        22e9, rel=0.01)
+    assert ModelSpec.preset("qwen3-30b-a3b").num_active_params() == pytest.approx(
+        3.35e9, rel=0.005)
+
+
+def test_qk_norm_adds_a_head_wide_weight_for_q_and_k() -> None:
+    """Qwen3's q_norm and k_norm: RMSNorm(head_dim) each, per layer (transformers'
+    Qwen3Attention)."""
+    spec = ModelSpec.preset("qwen3-32b")
+    plain = ModelSpec(**{**spec.to_dict(), "qk_norm": False})
+    assert spec.num_params() - plain.num_params() == spec.num_layers * 2 * 128
 
 
 def test_active_parameters_of_moe() -> None:
@@ -63,12 +99,29 @@ def test_active_parameters_of_moe() -> None:
     ("file", "preset"),
     [("llama-2-7b.json", "llama-2-7b"), ("llama-3-8b.json", "llama-3-8b"),
      ("mixtral-8x7b.json", "mixtral-8x7b"), ("deepseek-moe-16b.json", "deepseek-moe-16b"),
-     ("bert-large.json", "bert-large")],
+     ("bert-large.json", "bert-large"), ("qwen3-32b.json", "qwen3-32b"),
+     ("qwen3-30b-a3b.json", "qwen3-30b-a3b"), ("qwen3-235b-a22b.json", "qwen3-235b-a22b")],
 )
 def test_hf_config_matches_preset(file: str, preset: str) -> None:
     from_hf = ModelSpec.from_hf_config(HF / file)
     assert from_hf.num_params() == ModelSpec.preset(preset).num_params()
     assert from_hf.name == Path(file).stem
+    want = {**ModelSpec.preset(preset).to_dict(), "name": from_hf.name, "source": ""}
+    assert from_hf.to_dict() == want
+
+
+def test_qwen3_configs_they_cannot_plan_yet_are_refused_by_name() -> None:
+    """Sliding-window layers and MoE on only some layers are not modelled yet: refused with
+    the field that asks for them, not planned as something else."""
+    dense = json.loads((HF / "qwen3-32b.json").read_text())
+    with pytest.raises(SpecError, match="use_sliding_window"):
+        ModelSpec.from_hf_config({**dense, "use_sliding_window": True})
+    moe = json.loads((HF / "qwen3-30b-a3b.json").read_text())
+    for change in ({"decoder_sparse_step": 2}, {"mlp_only_layers": [0, 1]}):
+        with pytest.raises(SpecError, match="decoder_sparse_step"):
+            ModelSpec.from_hf_config({**moe, **change})
+    with pytest.raises(SpecError, match="qwen3_moe"):  # the message lists what is supported
+        ModelSpec.from_hf_config({**moe, "model_type": "qwen9"})
 
 
 def test_gpt2_small_from_hf_config() -> None:

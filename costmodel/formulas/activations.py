@@ -114,7 +114,10 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     else:
         mlp = mlp_rep + mlp_inner(float(model.ffn_hidden_size or 0), tokens)
 
-    none = attn_rep + core_keep + core_scores + mlp
+    # qk-norm (ModelSpec.qk_norm): each norm keeps its input, the projected q and k of the
+    # rank's heads, for its backward (and RoPE then keeps the normed ones, counted above).
+    qk_in = e * tokens * (model.q_dim + model.kv_dim) / tp if model.qk_norm else 0.0 * tokens
+    none = attn_rep + core_keep + qk_in + core_scores + mlp
     full = e_res * tokens * h * rep
     if job.distribute_saved_activations:
         # Each TP rank keeps its 1/tp slice of the saved layer input (Job docstring).
@@ -156,12 +159,14 @@ def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
     2019, Sec. 3; Megatron-LM RowParallelLinear, torch RowwiseParallel), and a MoE layer's
     router, whose ``experts x hidden`` weight every rank holds whole (Megatron-Core
     ``megatron/core/transformer/moe/router.py``: a plain parameter, its gradient all-reduced
-    over tp under sequence parallelism)."""
+    over tp under sequence parallelism); and the query and key norms' weights (``qk_norm``),
+    shared by the heads."""
     norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
     row_bias = model.hidden_size if model.bias else 0
-    rep_dense = 2 * norm + 2 * row_bias
+    rep_dense = 2 * norm + 2 * row_bias + model.qk_norm_params()
     # (The routed experts' own biases are split with them.)
-    rep_moe = 2 * norm + row_bias + model.hidden_size * model.num_experts
+    rep_moe = 2 * norm + row_bias + model.hidden_size * model.num_experts \
+        + model.qk_norm_params()
     dense = (model.dense_layer_params() - rep_dense) / tp + rep_dense
     moe = (model.moe_layer_non_expert_params() - rep_moe) / tp + rep_moe
     return dense, moe, model.routed_expert_params() / (tp * ep)

@@ -331,9 +331,13 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     # and the residual adds a low-precision branch to the fp32 stream (read 4 + e, write 4).
     norm_bytes = np.where(ac, 4.0 + e if fused_casts else 8.0, 2 * e) * tokens * h * rep
     rope_bytes = 2 * e * tokens * (q + kv) / t if rope else 0.0 * tokens
+    # qk-norm (ModelSpec.qk_norm): one fused RMSNorm each over the rank's q and k heads,
+    # reading and writing them (Megatron-Core's q_layernorm / k_layernorm).
+    qk_norm = 2 * e * tokens * (q + kv) / t if model.qk_norm else 0.0 * tokens
     residual = (np.where(ac, 8.0 + e, 3 * e) + drop) * tokens * h * rep
-    ew_bytes = norm_bytes + rope_bytes + residual + core.bytes
-    ew_kernels: Num = 2.0 + (1.0 if rope else 0.0) + core.kernels
+    ew_bytes = norm_bytes + rope_bytes + qk_norm + residual + core.bytes
+    ew_kernels: Num = 2.0 + (1.0 if rope else 0.0) + (2.0 if model.qk_norm else 0.0) \
+        + core.kernels
     # MLP block: pre-norm, residual, activation, then the projections.
     ew_bytes = ew_bytes + norm_bytes + residual
     ew_kernels += 2.0

@@ -76,6 +76,9 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
         per = EAGER_RMSNORM_BYTES + 2 * e - np.where(ac, 8.0 + 2 * e, 0.0)
         out = out + 2 * per * tokens * h * rep
         kernels = kernels + 2 * (EAGER_RMSNORM_KERNELS - np.where(ac, 2.0, 0.0))
+    if model.qk_norm:  # the query and key norms decomposed too, over the rank's heads
+        out = out + (EAGER_RMSNORM_BYTES + 2 * e) * tokens * (model.q_dim + model.kv_dim) / t
+        kernels = kernels + 2 * EAGER_RMSNORM_KERNELS
     if model.position_embedding == "rope":
         out = out + EAGER_ROPE_BYTES * tokens * (model.q_dim + model.kv_dim) / t
         kernels += EAGER_ROPE_KERNELS

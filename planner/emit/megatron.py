@@ -60,8 +60,9 @@ def layout(stage_layers: tuple[int, ...]) -> str:
 
 def _model_args(m: ModelSpec, job: Job) -> list[Any]:
     """The model's shape: layers, widths, heads (grouped-query attention, the head width when
-    it is not ``hidden / heads``), the sequence length in tokens and position embeddings, the
-    norm, MLP, embeddings, biases and dropout, and the vocabulary (``NullTokenizer``)."""
+    it is not ``hidden / heads``, the query and key norms), the sequence length in tokens and
+    position embeddings, the norm, MLP, embeddings, biases and dropout, and the vocabulary
+    (``NullTokenizer``)."""
     a: list[Any] = ["--num-layers", m.num_layers, "--hidden-size", m.hidden_size,
                     "--ffn-hidden-size", m.ffn_hidden_size, "--num-attention-heads", m.num_heads]
     if m.num_kv_heads != m.num_heads:
@@ -74,6 +75,8 @@ def _model_args(m: ModelSpec, job: Job) -> list[Any]:
           "--position-embedding-type", {"rope": "rope", "learned": "learned_absolute",
                                         "none": "none"}[m.position_embedding],
           "--normalization", {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[m.norm]]
+    if m.qk_norm:  # Megatron-Core's TransformerConfig.qk_layernorm (its --normalization)
+        a.append("--qk-layernorm")
     if m.gated_mlp:
         a.append("--swiglu")
     if not m.tied_embeddings:

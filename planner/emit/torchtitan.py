@@ -43,11 +43,15 @@ from planner.emit.common import (
 
 #: Our model presets that are torchtitan 0.2.2 built-in flavors, with the shape a model must
 #: have to use one (num_layers, hidden_size, num_heads, num_kv_heads);
-#: torchtitan/models/llama3/__init__.py.
+#: torchtitan/models/llama3/__init__.py and torchtitan/models/qwen3/__init__.py.
 FLAVORS: dict[str, tuple[str, str, tuple[int, int, int, int]]] = {
     "llama-3-8b": ("llama3", "8B", (32, 4096, 32, 8)),
     "llama-3-70b": ("llama3", "70B", (80, 8192, 64, 8)),
     "llama-3-405b": ("llama3", "405B", (126, 16384, 128, 8)),
+    # torchtitan/models/qwen3/__init__.py (qk_norm=True, head_dim 128).
+    "qwen3-32b": ("qwen3", "32B", (64, 5120, 64, 8)),
+    "qwen3-30b-a3b": ("qwen3", "30B-A3B", (48, 2048, 32, 4)),
+    "qwen3-235b-a22b": ("qwen3", "235B-A22B", (94, 4096, 64, 4)),
 }
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B",
              "zero-bubble": "ZBVZeroBubble"}
@@ -155,7 +159,8 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
              ) -> dict[str, dict[str, Any]]:
     """The job config as TOML tables (a traced module's ``[model]`` names it: register a
     train spec of that name)."""
-    name, flv = ((flavor(model) or ("llama3", model.name)) if isinstance(model, ModelSpec)
+    family = "qwen3" if isinstance(model, ModelSpec) and model.qk_norm else "llama3"
+    name, flv = ((flavor(model) or (family, model.name)) if isinstance(model, ModelSpec)
                  else (model.name, model.name))
     shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage else 1
     mdl: dict[str, Any] = {"name": name, "flavor": flv}
@@ -229,11 +234,15 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
         head += _module_notes(plan, config)
     elif flavor(plan.model) is None:
         m = plan.model
+        # A model with query and key norms is torchtitan's Qwen3 (Qwen3ModelArgs qk_norm).
+        family, args = ("qwen3", "Qwen3ModelArgs") if m.qk_norm else ("llama3",
+                                                                     "TransformerModelArgs")
+        extra = f", head_dim={m.head_dim}, qk_norm=True" if m.qk_norm else ""
         head.append(f"{m.name} is not a torchtitan built-in flavor: register flavor "
-                    f"{m.name!r} for model 'llama3' (TransformerModelArgs dim={m.hidden_size}, "
+                    f"{m.name!r} for model {family!r} ({args} dim={m.hidden_size}, "
                     f"n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads="
                     f"{m.num_kv_heads}, vocab_size={m.vocab_size}, ffn hidden "
-                    f"{m.ffn_hidden_size}) or set [model] to your own train spec")
+                    f"{m.ffn_hidden_size}{extra}) or set [model] to your own train spec")
     return commented(head) + "\n\n" + to_toml(_nested(sections(plan.model, job, config)))
 
 

@@ -376,7 +376,8 @@ def reference_refusal(spec: ModelSpec) -> str | None:
     None when it does; ``build_model`` raises this as a ``SpecError``."""
     unsupported = [(spec.patch_size > 0, "vision patch embeddings (ViT)"),
                    (spec.num_token_types > 0, "token-type embeddings (BERT)"),
-                   (spec.embedding_norm, "an embedding norm (BERT)")]
+                   (spec.embedding_norm, "an embedding norm (BERT)"),
+                   (spec.qk_norm, "query and key norms (Qwen3)")]
     missing = [what for bad, what in unsupported if bad]
     if not missing:
         return None
