@@ -204,30 +204,14 @@ _OWN_PROCESS = ("run", "profile")
 def _planner(words: list[str], cwd: Path, env: dict[str, str], alone: bool = False
              ) -> subprocess.CompletedProcess[str] | Result:
     """``planner WORDS`` in ``cwd`` with ``env``: in a new interpreter where ``alone`` or the
-    command starts processes, else in this one (the folder's modules, mymodels.py, not
-    cached between commands)."""
+    command starts processes, else in this one (``inprocess.run_planner``)."""
     if alone or words[0] in _OWN_PROCESS:
         # 600 s: 'planner run' trains on several processes, which a loaded 2-core machine
         # slows past 300 s (seen once in a CI run beside other work).
         return subprocess.run([sys.executable, "-m", "planner", *words], cwd=cwd,
                               capture_output=True, text=True, timeout=600,
                               env={**os.environ, **env})
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    saved_path = list(sys.path)
-    try:
-        for source in cwd.glob("*.py"):
-            sys.modules.pop(source.stem, None)
-        return run_planner(*words, cwd=cwd)
-    finally:
-        sys.path[:] = saved_path
-        for source in cwd.glob("*.py"):
-            sys.modules.pop(source.stem, None)
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return run_planner(*words, cwd=cwd, env=env)
 
 
 def _run_all(cmds: list[str], tmp_path: Path, quick_start: bool = False) -> None:
