@@ -1,8 +1,9 @@
 """ModelSpec: the transformer hyper-parameters the cost model reads, with exact parameter counts.
 
-Covers decoder-only (GPT, Llama 2/3 with GQA and gated MLP), mixture-of-experts (Mixtral,
-DeepSeekMoE with shared experts and leading dense layers) and encoder-only (BERT, ViT)
-transformers. Presets live in ``costmodel/data/models.toml`` with their sources;
+Covers decoder-only (GPT, Llama 2/3 with GQA and gated MLP, Qwen3 with qk-norm), multi-head
+latent attention with multi-token prediction (DeepSeek-V2/V3, Kimi K2), mixture-of-experts
+(Mixtral, DeepSeekMoE with shared experts and leading dense layers, Qwen3-MoE) and encoder-only
+(BERT, ViT) transformers. Presets live in ``costmodel/data/models.toml`` with their sources;
 ``from_hf_config`` reads a Hugging Face ``config.json`` (a path or a dict; never the hub).
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import hardware_profiles
 from costmodel.errors import SpecError
+from costmodel.hfconfig import hf_fields
 from hardware_profiles.files import read_json_object
 
 __all__ = ["ModelSpec"]
@@ -38,6 +40,15 @@ class ModelSpec:
     ``head_dim`` to ``hidden_size // num_heads``. MoE: ``num_experts`` routed experts of
     ``moe_ffn_hidden_size`` each, ``top_k`` per token, ``num_shared_experts`` always active, and
     the first ``first_dense_layers`` layers use a dense MLP of ``ffn_hidden_size``.
+    Multi-head latent attention (MLA; DeepSeek-AI 2024, "DeepSeek-V2", Sec. 2.1):
+    ``kv_lora_rank > 0`` compresses each token's keys and values into a latent of
+    ``kv_lora_rank`` (and the queries into ``q_lora_rank``, 0 for a full query projection),
+    normed and projected up per head; each head's query and key hold ``head_dim`` elements,
+    of which the last ``qk_rope_head_dim`` carry the rotary embedding (the key's shared by
+    every head), and its value ``v_head_dim``. ``mtp_layers``: multi-token prediction modules
+    (DeepSeek-AI 2024, "DeepSeek-V3", Sec. 2.2), each a norm of the hidden state and of the
+    next token's embedding, a ``2h -> h`` projection and one more layer (MoE where the model's
+    last layer is), sharing the embedding and output layer, with a loss of its own.
     ``qk_norm``: each head's query and key pass an RMSNorm of ``head_dim`` before the rotary
     embedding (Qwen3; Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion
     Parameters", Sec. 2.1), one weight of ``head_dim`` each for q and k. Vision
@@ -74,6 +85,11 @@ class ModelSpec:
     moe_ffn_hidden_size: int | None = None
     num_shared_experts: int = 0
     first_dense_layers: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int | None = None
+    mtp_layers: int = 0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -106,7 +122,8 @@ class ModelSpec:
                                 f"(at most {most:,}); check the config")
         for key in ("vocab_size", "max_position_embeddings", "num_token_types", "patch_size",
                     "image_size", "num_experts", "top_k", "num_shared_experts",
-                    "first_dense_layers"):
+                    "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                    "mtp_layers"):
             self._positive(key, allow_zero=True)
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
@@ -127,6 +144,28 @@ class ModelSpec:
                 f"ModelSpec {self.name!r}: num_heads {self.num_heads} must be a multiple of "
                 f"num_kv_heads {self.num_kv_heads} (grouped-query attention)"
             )
+        if self.v_head_dim is None:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
+        self._positive("v_head_dim")
+        self._check_latent()
+
+    def _check_latent(self) -> None:
+        """Multi-head latent attention's fields agree: a latent, rotary dims inside the head,
+        one K and V per head, no attention biases."""
+        latent = ("q_lora_rank", "qk_rope_head_dim")
+        if not self.kv_lora_rank:
+            if any(getattr(self, k) for k in latent):
+                raise SpecError(f"ModelSpec {self.name!r}: q_lora_rank / qk_rope_head_dim "
+                                "are multi-head latent attention's; they need kv_lora_rank > 0")
+            return
+        if not 0 < self.qk_rope_head_dim < int(self.head_dim or 0):
+            raise SpecError(f"ModelSpec {self.name!r}: qk_rope_head_dim "
+                            f"{self.qk_rope_head_dim} must be between 1 and head_dim - 1 "
+                            f"({self.head_dim}: the no-rotary and rotary parts of a query)")
+        if self.num_kv_heads != self.num_heads or self.bias or self.qkv_bias or self.qk_norm:
+            raise SpecError(f"ModelSpec {self.name!r}: multi-head latent attention has one key "
+                            "and value per head (num_kv_heads = num_heads) and no attention "
+                            "biases or qk_norm")
 
     def _check_kinds(self) -> None:
         """Switches are booleans (``gated_mlp="no"`` is not a gated MLP), position embedding
@@ -210,8 +249,73 @@ class ModelSpec:
 
     @property
     def kv_dim(self) -> int:
-        """Width of each of the key and value projections: ``num_kv_heads * head_dim``."""
+        """Width of the keys: ``num_kv_heads * head_dim`` (of the values too, unless
+        ``v_head_dim`` differs: ``v_dim``)."""
         return int(self.num_kv_heads or 0) * int(self.head_dim or 0)
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the values: ``num_kv_heads * v_head_dim``."""
+        return int(self.num_kv_heads or 0) * int(self.v_head_dim or 0)
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the attention's output, the output projection's input:
+        ``num_heads * v_head_dim``."""
+        return self.num_heads * int(self.v_head_dim or 0)
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank > 0``)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def latent_dim(self) -> int:
+        """Elements per token MLA's down projections make: the query latent (0 without one),
+        the key-value latent and the shared rotary key (0 for other attention)."""
+        if not self.is_mla:
+            return 0
+        return self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def attention_input_dim(self) -> int:
+        """Elements per token the tensor-parallel (column-parallel) linears of the attention
+        read: the hidden state, or MLA's latents (with the hidden state where the query has
+        no latent). Under sequence parallelism this is what is all-gathered into them
+        (Megatron-Core ``MLASelfAttention.get_query_key_value_tensors``: the down
+        projections run on each rank's sequence shard with replicated weights)."""
+        if not self.is_mla:
+            return self.hidden_size
+        q_in = self.q_lora_rank or self.hidden_size
+        return q_in + self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def rotary_elements(self) -> int:
+        """Elements per token the rotary-embedding kernels read and write, all heads: the
+        queries and keys; MLA's fused kernels rotate the rotary parts and assemble each
+        head's query, key and value (Megatron-Core ``fused_apply_mla_rope_for_q`` /
+        ``_for_kv``): ``q + k + v``; 0 without rotary embeddings."""
+        if self.position_embedding != "rope":
+            return 0
+        return self.q_dim + self.kv_dim + (self.v_dim if self.is_mla else 0)
+
+    def attention_matmuls(self) -> tuple[tuple[int, int, bool], ...]:
+        """(input features, output features, split over tensor parallel) of each linear of one
+        attention block in call order: the fused Q, K, V projection and the output projection
+        (Megatron-LM column and row parallel); MLA's query down and up projections (or one
+        query projection), key-value down projection (latent and rotary key) and up
+        projection (no-rotary keys and values per head), then the output projection; the
+        down projections replicated on every tensor-parallel rank (DeepSeek-AI 2024,
+        "DeepSeek-V2", Eqs. 9-14 and 37-38; Megatron-Core ``MLASelfAttention``)."""
+        h = self.hidden_size
+        if not self.is_mla:
+            return ((h, self.q_dim + self.kv_dim + self.v_dim, True), (self.o_dim, h, True))
+        nope = int(self.head_dim or 0) - self.qk_rope_head_dim
+        q = ((h, self.q_lora_rank, False), (self.q_lora_rank, self.q_dim, True)) \
+            if self.q_lora_rank else ((h, self.q_dim, True),)
+        kv = ((h, self.kv_lora_rank + self.qk_rope_head_dim, False),
+              (self.kv_lora_rank, self.num_heads * (nope + int(self.v_head_dim or 0)), True))
+        return (*q, *kv, (self.o_dim, h, True))
 
     @property
     def num_patches(self) -> int:
@@ -229,15 +333,28 @@ class ModelSpec:
         return 2 * int(self.head_dim or 0) if self.qk_norm else 0
 
     def attention_params(self) -> int:
-        """Parameters of one attention block: Q, K, V, output projection and their biases."""
+        """Parameters of one attention block: Q, K, V, output projection and their biases;
+        MLA's projections and the RMSNorms of its latents."""
         h = self.hidden_size
-        weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        weights = sum(i * o for i, o, _ in self.attention_matmuls())
         biases = 0
         if self.bias or self.qkv_bias:
-            biases += self.q_dim + 2 * self.kv_dim
+            biases += self.q_dim + self.kv_dim + self.v_dim
         if self.bias:
             biases += h
-        return weights + biases
+        return weights + biases + self.latent_norm_params()
+
+    def latent_norm_params(self) -> int:
+        """MLA's RMSNorms of the query and key-value latents (``q_lora_rank`` and
+        ``kv_lora_rank`` weights; 0 for other attention)."""
+        return self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0
+
+    def attention_replicated_params(self) -> int:
+        """Parameters of one attention block every tensor-parallel rank holds whole: MLA's
+        down projections and latent norms (0 for other attention; its norms and the query
+        and key norms are counted with the layer's)."""
+        return sum(i * o for i, o, split in self.attention_matmuls() if not split) \
+            + self.latent_norm_params()
 
     def mlp_params(self, ffn: int) -> int:
         """Parameters of one (dense or expert) MLP of inner width ``ffn``."""
@@ -295,24 +412,49 @@ class ModelSpec:
             total += self.vocab_size * self.hidden_size + (self.vocab_size if self.bias else 0)
         return total
 
+    def mtp_extra_params(self) -> int:
+        """Parameters of one multi-token prediction module outside its layer: the norms of
+        the hidden state and of the embedding, the ``2h -> h`` projection and the norm before
+        the shared output layer (DeepSeek-V3's ``enorm``, ``hnorm``, ``eh_proj``,
+        ``shared_head.norm``)."""
+        return 2 * self.hidden_size * self.hidden_size + 3 * self._norm_params()
+
+    def mtp_params(self) -> int:
+        """Parameters of the multi-token prediction modules (``mtp_layers``; the embedding
+        and output layer they share with the model are not counted again)."""
+        if not self.mtp_layers:
+            return 0
+        return self.mtp_layers * (self.layer_params(self.num_layers - 1)
+                                  + self.mtp_extra_params())
+
     def num_params(self) -> int:
-        """Total parameters (tied embeddings counted once)."""
+        """Total parameters (tied embeddings counted once; the multi-token prediction
+        modules included: ``mtp_params``)."""
         dense = self.dense_layer_params()
         if self.is_moe:
             moe = self.moe_layer_non_expert_params() + self.routed_expert_params()
             layers = self.first_dense_layers * dense + self.num_moe_layers * moe
         else:
             layers = self.num_layers * dense
-        return self.embedding_params() + layers + self.head_params()
+        return self.embedding_params() + layers + self.head_params() + self.mtp_params()
 
     def num_active_params(self) -> int:
-        """Parameters one token passes through (``top_k`` of the routed experts)."""
+        """Parameters one token passes through (``top_k`` of the routed experts; the
+        multi-token prediction modules included)."""
         if not self.is_moe:
             return self.num_params()
         inactive = (self.num_experts - self.top_k) * self.mlp_params(
             int(self.moe_ffn_hidden_size or 0)
         )
-        return self.num_params() - self.num_moe_layers * inactive
+        return self.num_params() - (self.num_moe_layers + self.mtp_layers) * inactive
+
+    def mtp_active_params(self) -> int:
+        """Parameters one token passes through in the multi-token prediction modules."""
+        if not self.is_moe or not self.mtp_layers:
+            return self.mtp_params()
+        inactive = (self.num_experts - self.top_k) * self.mlp_params(
+            int(self.moe_ffn_hidden_size or 0))
+        return self.mtp_params() - self.mtp_layers * inactive
 
     # ------------------------------------------------------------------ constructors
     @staticmethod
@@ -334,8 +476,9 @@ class ModelSpec:
                        ) -> ModelSpec:
         """Read a Hugging Face ``config.json`` (a path or the parsed dict); no hub access.
 
-        Supported ``model_type``: llama, mistral, qwen2, mixtral, deepseek (DeepSeekMoE),
-        gpt2, bert, vit.
+        Supported ``model_type``: llama, mistral, qwen2, qwen3, mixtral, deepseek
+        (DeepSeekMoE), qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2 (multi-head latent
+        attention), gpt2, bert, vit.
         """
         if isinstance(config, dict):
             cfg, label = config, name or str(config.get("_name_or_path") or "hf-config")
@@ -343,156 +486,8 @@ class ModelSpec:
             p = Path(config)
             cfg = read_json_object(p, "HF config")
             label = name or p.stem
-        return cls(name=label, **_hf_fields(cfg, label))
+        return cls(name=label, **hf_fields(cfg, label))
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain dict (JSON-serializable)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-class _HFConfig:
-    """A Hugging Face config dict read field by field, each of the kind it must be (a
-    string where a count belongs, ``"false"`` where a switch belongs, is an error by name,
-    not a traceback or a silent misreading)."""
-
-    def __init__(self, cfg: dict[str, Any], label: str) -> None:
-        self.cfg, self.label = cfg, label
-        self.mtype = str(cfg.get("model_type", "")).lower()
-
-    def need(self, *keys: str) -> Any:
-        """The first of ``keys`` the config sets (not ``null``)."""
-        for k in keys:
-            if k in self.cfg and self.cfg[k] is not None:
-                return self.cfg[k]
-        raise SpecError(f"HF config {self.label!r} ({self.mtype}) lacks {' / '.join(keys)}")
-
-    def whole(self, key: str, default: int) -> int:
-        """An optional count: a whole number (``null`` or absent: ``default``)."""
-        v = self.cfg.get(key)
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise SpecError(f"HF config {self.label!r}: {key} must be a whole number, got "
-                            f"{v!r:.60}")
-        return v
-
-    def flag(self, key: str, default: bool) -> bool:
-        """An optional switch: JSON true or false (the string "false" is not false)."""
-        v = self.cfg.get(key, default)
-        if not isinstance(v, bool):
-            raise SpecError(f"HF config {self.label!r}: {key} must be true or false, got "
-                            f"{v!r:.60}")
-        return v
-
-    def vocabulary(self) -> Any:
-        """``vocab_size``, at least 1 where it is a number (ModelSpec checks the kind)."""
-        v = self.need("vocab_size")
-        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
-            raise SpecError(f"HF config {self.label!r}: vocab_size must be at least 1, got {v}")
-        return v
-
-
-def _decoder_fields(c: _HFConfig) -> dict[str, Any]:
-    """llama, mistral, qwen2, qwen3, mixtral, deepseek (DeepSeekMoE) and qwen3_moe: rotary,
-    RMSNorm, SwiGLU."""
-    out: dict[str, Any] = {
-        "num_layers": c.need("num_hidden_layers"),
-        "hidden_size": c.need("hidden_size"),
-        "num_heads": c.need("num_attention_heads"),
-        "num_kv_heads": c.cfg.get("num_key_value_heads") or c.need("num_attention_heads"),
-        "ffn_hidden_size": c.need("intermediate_size"),
-        "vocab_size": c.vocabulary(),
-        "gated_mlp": True,
-        "tied_embeddings": c.flag("tie_word_embeddings", False),
-        "position_embedding": "rope",
-        "norm": "rmsnorm",
-        "qkv_bias": c.mtype == "qwen2",
-        # transformers' Qwen3Attention: q_norm and k_norm, RMSNorm(head_dim), before RoPE.
-        "qk_norm": c.mtype in ("qwen3", "qwen3_moe"),
-    }
-    if c.flag("use_sliding_window", False):
-        raise SpecError(f"HF config {c.label!r}: sliding-window attention (use_sliding_window) "
-                        "is not supported yet; plan it with use_sliding_window false")
-    if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
-        raise SpecError(f"HF config {c.label!r}: attention_bias / mlp_bias are not supported")
-    if c.cfg.get("head_dim"):
-        out["head_dim"] = c.cfg["head_dim"]
-    if c.mtype == "mixtral":
-        out.update(num_experts=c.need("num_local_experts"), top_k=c.need("num_experts_per_tok"),
-                   moe_ffn_hidden_size=c.need("intermediate_size"))
-    if c.mtype == "deepseek":
-        if c.whole("moe_layer_freq", 1) != 1:
-            raise SpecError(f"HF config {c.label!r}: moe_layer_freq != 1 is not supported")
-        out.update(num_experts=c.need("n_routed_experts"), top_k=c.need("num_experts_per_tok"),
-                   moe_ffn_hidden_size=c.need("moe_intermediate_size"),
-                   num_shared_experts=c.whole("n_shared_experts", 0),
-                   first_dense_layers=c.whole("first_k_dense_replace", 0))
-    if c.mtype == "qwen3_moe":
-        out.update(_qwen3_moe_fields(c))
-    return out
-
-
-def _qwen3_moe_fields(c: _HFConfig) -> dict[str, Any]:
-    """Qwen3's MoE layers (transformers' Qwen3MoeDecoderLayer): ``num_experts`` routed experts
-    of ``moe_intermediate_size``, ``num_experts_per_tok`` per token, no shared expert; a
-    layer is MoE where ``(index + 1) % decoder_sparse_step == 0`` and it is not in
-    ``mlp_only_layers`` (every layer in the published checkpoints)."""
-    only = c.cfg.get("mlp_only_layers") or []
-    if c.whole("decoder_sparse_step", 1) != 1 or only:
-        raise SpecError(f"HF config {c.label!r}: MoE on only some layers (decoder_sparse_step "
-                        "!= 1 or mlp_only_layers) is not supported yet")
-    return {"num_experts": c.need("num_experts"), "top_k": c.need("num_experts_per_tok"),
-            "moe_ffn_hidden_size": c.need("moe_intermediate_size")}
-
-
-def _gpt2_fields(c: _HFConfig) -> dict[str, Any]:
-    h = c.need("n_embd")
-    return {
-        "num_layers": c.need("n_layer"), "hidden_size": h, "num_heads": c.need("n_head"),
-        "ffn_hidden_size": c.whole("n_inner", 0) or 4 * h, "vocab_size": c.vocabulary(),
-        "position_embedding": "learned", "max_position_embeddings": c.need("n_positions"),
-        "norm": "layernorm", "bias": True, "dropout": True, "tied_embeddings": True,
-    }
-
-
-def _bert_fields(c: _HFConfig) -> dict[str, Any]:
-    return {
-        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
-        "num_heads": c.need("num_attention_heads"), "ffn_hidden_size": c.need("intermediate_size"),
-        "vocab_size": c.vocabulary(), "position_embedding": "learned",
-        "max_position_embeddings": c.need("max_position_embeddings"),
-        "num_token_types": c.whole("type_vocab_size", 2), "embedding_norm": True,
-        "final_norm": False, "norm": "layernorm", "bias": True, "dropout": True,
-        "tied_embeddings": True, "causal": False,
-    }
-
-
-def _vit_fields(c: _HFConfig) -> dict[str, Any]:
-    labels = c.cfg.get("id2label") or {}
-    if not isinstance(labels, dict):
-        raise SpecError(f"HF config {c.label!r}: id2label must be an object of class names "
-                        f"by index, got {labels!r:.60}")
-    return {
-        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
-        "num_heads": c.need("num_attention_heads"), "ffn_hidden_size": c.need("intermediate_size"),
-        "vocab_size": len(labels), "position_embedding": "learned",
-        "patch_size": c.need("patch_size"), "image_size": c.need("image_size"),
-        "num_channels": c.whole("num_channels", 3), "norm": "layernorm", "bias": True,
-        "causal": False,
-    }
-
-
-_HF_FAMILIES = {"llama": _decoder_fields, "mistral": _decoder_fields, "qwen2": _decoder_fields,
-                "qwen3": _decoder_fields, "mixtral": _decoder_fields,
-                "deepseek": _decoder_fields, "qwen3_moe": _decoder_fields,
-                "gpt2": _gpt2_fields, "bert": _bert_fields, "vit": _vit_fields}
-
-
-def _hf_fields(cfg: dict[str, Any], label: str) -> dict[str, Any]:
-    """Map a Hugging Face config dict onto ModelSpec fields."""
-    c = _HFConfig(cfg, label)
-    if c.mtype not in _HF_FAMILIES:
-        raise SpecError(
-            f"HF config {label!r}: model_type {c.mtype!r} is not supported; supported: "
-            f"{', '.join(_HF_FAMILIES)} (or build ModelSpec(...) directly)")
-    return _HF_FAMILIES[c.mtype](c)

@@ -68,13 +68,13 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
 
     # Attention block (norm input, QKV input, core, output-projection input, dropout mask).
     attn_rep = (e_res + n_qkv * e_lin + drop) * tokens * h * rep
+    qkv = float(model.q_dim + model.kv_dim + model.v_dim)
     if job.flash_attention:
-        core_keep = (e * tokens * (model.q_dim + 2 * model.kv_dim) + e * tokens * model.q_dim
+        core_keep = (e * tokens * qkv + e * tokens * model.o_dim
                      + 4.0 * tokens * model.num_heads) / tp
         core_scores = np.zeros_like(core_keep)
     else:
-        core_keep = (e * tokens * (model.q_dim + 2 * model.kv_dim)
-                     + e_lin * tokens * model.q_dim) / tp
+        core_keep = (e * tokens * qkv + e_lin * tokens * model.o_dim) / tp
         scores = model.num_heads * a.mbs * s_local * job.seq_len / tp
         core_scores = scores * (e + drop * (1.0 + e))  # softmax out, mask, dropout out
     # MLP block: norm input, first-linear input, dropout mask replicated; inner tensors / tp.
@@ -117,7 +117,11 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     # qk-norm (ModelSpec.qk_norm): each norm keeps its input, the projected q and k of the
     # rank's heads, for its backward (and RoPE then keeps the normed ones, counted above).
     qk_in = e * tokens * (model.q_dim + model.kv_dim) / tp if model.qk_norm else 0.0 * tokens
-    none = attn_rep + core_keep + qk_in + core_scores + mlp
+    # MLA: each latent's norm keeps its input and its up projection the normed latent, on
+    # every TP rank (its sequence shard under SP; Megatron-Core MLASelfAttention); the
+    # rotations keep nothing (orthogonal: their backward rotates the gradient back).
+    latent = (e + e_lin) * tokens * float(model.latent_norm_params()) * rep
+    none = attn_rep + core_keep + qk_in + core_scores + mlp + latent
     full = e_res * tokens * h * rep
     if job.distribute_saved_activations:
         # Each TP rank keeps its 1/tp slice of the saved layer input (Job docstring).
@@ -128,14 +132,14 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         # the block input and the outputs of the matmuls it does not re-run (wq, wv, w1 or
         # fc1, w2 or fc2) and of the fused attention kernel (O and its fp32 log-sum-exp); a
         # MoE layer's expert block keeps what it keeps without recompute.
-        attn_op = (e * tokens * (2 * model.q_dim + model.kv_dim)
+        attn_op = (e * tokens * (model.q_dim + model.v_dim + model.o_dim)
                    + 4.0 * tokens * model.num_heads) / tp
         if moe:
             mlp_op = mlp - mlp_rep
         elif model.bias:
             # Linears with a bias run as ``addmm``, which the policy does not save (its
             # ``_save_list`` holds ``aten.mm``): only the attention kernel's outputs stay.
-            attn_op = (e * tokens * model.q_dim + 4.0 * tokens * model.num_heads) / tp
+            attn_op = (e * tokens * model.o_dim + 4.0 * tokens * model.num_heads) / tp
             mlp_op = 0.0 * tokens
         else:
             # Compiled, the partitioner keeps only what backward reads, and the second MLP
@@ -156,17 +160,18 @@ def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
     experts): matrices split over tp (Megatron-LM column/row parallel), experts further split
     over ep. Replicated over tp: the two norms, and the biases of the row-parallel output
     projections (attention output, MLP down), added after the all-reduce (Shoeybi et al.
-    2019, Sec. 3; Megatron-LM RowParallelLinear, torch RowwiseParallel), and a MoE layer's
+    2019, Sec. 3; Megatron-LM RowParallelLinear, torch RowwiseParallel), MLA's down
+    projections and latent norms (``ModelSpec.attention_replicated_params``), and a MoE layer's
     router, whose ``experts x hidden`` weight every rank holds whole (Megatron-Core
     ``megatron/core/transformer/moe/router.py``: a plain parameter, its gradient all-reduced
     over tp under sequence parallelism); and the query and key norms' weights (``qk_norm``),
     shared by the heads."""
     norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
     row_bias = model.hidden_size if model.bias else 0
-    rep_dense = 2 * norm + 2 * row_bias + model.qk_norm_params()
+    rep_attn = model.qk_norm_params() + model.attention_replicated_params()
+    rep_dense = 2 * norm + 2 * row_bias + rep_attn
     # (The routed experts' own biases are split with them.)
-    rep_moe = 2 * norm + row_bias + model.hidden_size * model.num_experts \
-        + model.qk_norm_params()
+    rep_moe = 2 * norm + row_bias + model.hidden_size * model.num_experts + rep_attn
     dense = (model.dense_layer_params() - rep_dense) / tp + rep_dense
     moe = (model.moe_layer_non_expert_params() - rep_moe) / tp + rep_moe
     return dense, moe, model.routed_expert_params() / (tp * ep)

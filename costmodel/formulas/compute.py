@@ -11,9 +11,13 @@ FLOPs of a matmul ``[M, K] x [K, N]`` are ``2 M N K`` (Narayanan et al. 2021, Se
 backward runs two matmuls of the same size, for the input and the weight gradient. Per layer,
 with T tokens of a micro-batch on one rank:
 
-- attention projections ``2 T h (q + 2 kv) + 2 T q h`` (GQA: ``kv = kv_heads * head_dim``),
+- attention projections ``2 T h (q + 2 kv) + 2 T q h`` (GQA: ``kv = kv_heads * head_dim``;
+  in general ``2 T`` times each linear's weights, ``ModelSpec.attention_matmuls``: multi-head
+  latent attention's down projections run whole on every TP rank, on its sequence shard
+  under SP),
 - attention core ``4 T s q`` (scores and weighted sum over the s keys; Narayanan et al. 2021,
-  Eq. 3's ``s / 6h`` term). A fused causal kernel skips the masked half (Dao 2023, Sec. 3);
+  Eq. 3's ``s / 6h`` term; ``2 T s (q + o)`` where the values are narrower than the keys).
+  A fused causal kernel skips the masked half (Dao 2023, Sec. 3);
   its backward does 5 matmuls to the forward's 2 (it recomputes the scores), 2.5x the FLOPs,
 - MLP ``2 T h f`` per projection, 2 projections or 3 when gated (Shazeer 2020),
 - MoE: a router ``2 T h E`` and top_k experts per token, times the capacity factor when tokens
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.config import Job
+from costmodel.formulas.arrays import ordered_sum
 from costmodel.formulas.eager import (
     COMPILED_MOE_KERNELS,
     COMPILED_MOE_NOGRAD_KERNELS,
@@ -110,8 +115,23 @@ class _Rows:
 
     @property
     def kv(self) -> float:
-        """Key (or value) width (KV heads x head dim)."""
+        """Key width (KV heads x head dim)."""
         return float(self.model.kv_dim)
+
+    @property
+    def v(self) -> float:
+        """Value width (KV heads x value head dim)."""
+        return float(self.model.v_dim)
+
+    @property
+    def o(self) -> float:
+        """Attention output width (heads x value head dim)."""
+        return float(self.model.o_dim)
+
+    def local(self, split: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, divisor of the output features) of a linear on this rank: split over TP
+        (column parallel), or whole on every rank, on its sequence shard under SP."""
+        return (self.tokens, self.t) if split else (self.tokens * self.rep, 1.0 + 0.0 * self.t)
 
     def gemm(self, m: Num, n: Num, k: Num, count: Num = 1.0, bytes_per_element: float = 2.0,
              grouped: bool = False) -> np.ndarray:
@@ -178,9 +198,11 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
               t, job.seq_len / cp.astype(float) * mbs,
               np.where(sp == 1, 1.0 / t, 1.0),  # norm/dropout regions: split by SP
               mbs, cp)
-    h, q, kv, tokens = r.h, r.q, r.kv, r.tokens
     qkv_gemm, k_gemm, proj_gemm = _projections(r)
-    attn_flops = 2 * tokens * h * (q + 2 * kv) / t + 2 * tokens * q * h / t  # projections
+    attn_flops = 0.0 * r.tokens  # projections
+    for n_in, n_out, split in model.attention_matmuls():
+        m, div = r.local(split)
+        attn_flops = attn_flops + 2 * m * n_in * n_out / div
     core = _attention_core(r)
     mlp = _mlp_block(r, moe, capacity_factor, ep)
     fwd = qkv_gemm + proj_gemm + core.forward + mlp.forward
@@ -197,7 +219,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                             - (BACKWARD_BYTES - 1) * casts + branch_sums + w_cast,
                             ew_kernels - nograd + w_kernels + sum_kernels)
     if r.fw.torchao_float8 and job.precision == "fp8":
-        cast_f, cast_b = float8_cast_time(model, gpu, job, tokens, t, moe, float8_gathered)
+        cast_f, cast_b = float8_cast_time(model, gpu, job, r.tokens, t, moe, float8_gathered)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
     selective, selective_flops = core.selective, core.selective_flops
     if r.fw.selective_recompute == "op":
@@ -214,14 +236,23 @@ def _projections(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q, k and v projection, the K projection's share of it, output projection) seconds:
     one fused QKV matmul, or three (``Framework.separate_projections``). The K share is what
     torchtitan's per-op selective AC re-runs."""
-    h, q, kv, t, tokens = r.h, r.q, r.kv, r.t, r.tokens
+    h, q, kv, v, t, tokens = r.h, r.q, r.kv, r.v, r.t, r.tokens
+    out = r.gemm(tokens, h, r.o / t, bytes_per_element=r.e_in)
+    if r.model.is_mla:
+        # Every linear of multi-head latent attention is one matmul; per-op selective AC
+        # re-runs every second one in call order (the query and key-value up projections).
+        ins = [r.gemm(m, n_out / div, n_in, bytes_per_element=r.e_in)
+               for n_in, n_out, split in r.model.attention_matmuls()[:-1]
+               for m, div in (r.local(split),)]
+        return ordered_sum(ins), ordered_sum(ins[1::2], 0.0 * out), out
     if r.fw.separate_projections:
         k_gemm = r.gemm(tokens, kv / t, h, bytes_per_element=r.e_in)
-        qkv_gemm = r.gemm(tokens, q / t, h, bytes_per_element=r.e_in) + 2 * k_gemm
+        qkv_gemm = r.gemm(tokens, q / t, h, bytes_per_element=r.e_in) + k_gemm \
+            + r.gemm(tokens, v / t, h, bytes_per_element=r.e_in)
     else:
-        qkv_gemm = r.gemm(tokens, (q + 2 * kv) / t, h, bytes_per_element=r.e_in)
-        k_gemm = kv / (q + 2 * kv) * qkv_gemm
-    return qkv_gemm, k_gemm, r.gemm(tokens, h, q / t, bytes_per_element=r.e_in)
+        qkv_gemm = r.gemm(tokens, (q + kv + v) / t, h, bytes_per_element=r.e_in)
+        k_gemm = kv / (q + kv + v) * qkv_gemm
+    return qkv_gemm, k_gemm, out
 
 
 def _attention_core(r: _Rows) -> _Core:
@@ -230,11 +261,11 @@ def _attention_core(r: _Rows) -> _Core:
     re-run), or two batched matmuls over ``mbs * heads / tp`` heads with a fused
     scale-mask-softmax and dropout on the scores between them."""
     model, job, t, tokens = r.model, r.job, r.t, r.tokens
-    q, s_kv = r.q, float(job.seq_len)
+    q, o, s_kv = r.q, r.o, float(job.seq_len)
     zero = 0.0 * tokens
     if job.flash_attention:
         causal = 0.5 if model.causal else 1.0
-        flops = 4 * tokens * s_kv * q / t * causal
+        flops = 2 * tokens * s_kv * (q + o) / t * causal
         # Context parallel runs the kernel over one chunk of the keys at a time (ring
         # attention, Liu et al. 2023).
         f, b = flash_attention_time(r.gpu, r.dtype, flops, s_kv / r.cp.astype(float),
@@ -244,9 +275,10 @@ def _attention_core(r: _Rows) -> _Core:
     heads = model.num_heads / t
     hd = float(model.head_dim or model.hidden_size // model.num_heads)
     s_q = job.seq_len / r.cp.astype(float)
-    one = r.gemm(s_q, s_kv, hd, count=r.mbs * heads, bytes_per_element=r.e)
-    f = 2 * one
-    flops = 4 * tokens * s_kv * q / t
+    f = r.gemm(s_q, s_kv, hd, count=r.mbs * heads, bytes_per_element=r.e) \
+        + r.gemm(s_q, float(model.v_head_dim or hd), s_kv, count=r.mbs * heads,
+                 bytes_per_element=r.e)
+    flops = 2 * tokens * s_kv * (q + o) / t
     scores = heads * tokens * s_kv
     drop = 1.0 if model.dropout else 0.0
     # Fused scale-mask-softmax reads and writes the scores; dropout reads them, writes
@@ -321,6 +353,11 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     h, q, kv = r.h, r.q, r.kv
     drop = 1.0 if model.dropout else 0.0
     rope = model.position_embedding == "rope"
+    # MLA: RMSNorms of the query and key-value latents (whole on each rank, on its sequence
+    # shard under SP: Megatron-Core's q_layernorm / kv_layernorm), read and written once.
+    latent = float(model.latent_norm_params())
+    latent_norms = 2 * e * tokens * latent * rep
+    latent_kernels = (1.0 if model.q_lora_rank else 0.0) + 1.0 if model.is_mla else 0.0
     # Compiled (TorchInductor), autocast's casts of a norm's output are its kernel's
     # epilogue (the same cast of one tensor computed once), and in backward the gradients'
     # casts and their sum fuse into the norm's backward: no kernel of their own, as a traced
@@ -330,14 +367,14 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     # residual. Under autocast the norm reads and writes fp32 (compiled, writes its cast)
     # and the residual adds a low-precision branch to the fp32 stream (read 4 + e, write 4).
     norm_bytes = np.where(ac, 4.0 + e if fused_casts else 8.0, 2 * e) * tokens * h * rep
-    rope_bytes = 2 * e * tokens * (q + kv) / t if rope else 0.0 * tokens
+    rope_bytes = 2 * e * tokens * float(model.rotary_elements) / t
     # qk-norm (ModelSpec.qk_norm): one fused RMSNorm each over the rank's q and k heads,
     # reading and writing them (Megatron-Core's q_layernorm / k_layernorm).
     qk_norm = 2 * e * tokens * (q + kv) / t if model.qk_norm else 0.0 * tokens
     residual = (np.where(ac, 8.0 + e, 3 * e) + drop) * tokens * h * rep
-    ew_bytes = norm_bytes + rope_bytes + qk_norm + residual + core.bytes
+    ew_bytes = norm_bytes + rope_bytes + qk_norm + residual + core.bytes + latent_norms
     ew_kernels: Num = 2.0 + (1.0 if rope else 0.0) + (2.0 if model.qk_norm else 0.0) \
-        + core.kernels
+        + core.kernels + latent_kernels + (1.0 if rope and model.is_mla else 0.0)
     # MLP block: pre-norm, residual, activation, then the projections.
     ew_bytes = ew_bytes + norm_bytes + residual
     ew_kernels += 2.0
@@ -397,8 +434,10 @@ def _weight_casts(r: _Rows, moe: bool, ep: np.ndarray | None
     model, h, t = r.model, r.h, r.t
     q, kv = r.q, r.kv
     n_up = 2.0 if model.gated_mlp else 1.0
-    weights = h * (q + 2 * kv) / t + q * h / t
-    n_mats: Num = 4.0
+    weights = 0.0 * t
+    for n_in, n_out, split in model.attention_matmuls():
+        weights = weights + n_in * n_out / (t if split else 1.0)
+    n_mats: Num = float(len(model.attention_matmuls())) if model.is_mla else 4.0
     if moe:
         f_moe = float(model.moe_ffn_hidden_size or 0)
         local = model.num_experts / (1.0 if ep is None else ep.astype(float))
@@ -410,7 +449,7 @@ def _weight_casts(r: _Rows, moe: bool, ep: np.ndarray | None
         weights = weights + h * float(model.ffn_hidden_size or 0) / t * (n_up + 1)
         n_mats = n_mats + n_up + 1
     if model.bias or model.qkv_bias:  # q, k and v
-        weights, n_mats = weights + (q + 2 * kv) / t, n_mats + 3
+        weights, n_mats = weights + (q + kv + r.v) / t, n_mats + 3
     if model.bias and not moe:  # the output projection and the MLP's
         weights = weights + h + n_up * float(model.ffn_hidden_size or 0) / t + h
         n_mats = n_mats + 1 + n_up + 1
@@ -431,11 +470,14 @@ def _op_selective(r: _Rows, moe: bool, core: _Core, ew_fwd: np.ndarray, qkv_gemm
     re_mlp = (0.5 * mlp.up if model.gated_mlp else mlp.down)
     ffn = float(model.ffn_hidden_size or 0)
     re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens)
-    re_attn, re_attn_flops = k_gemm + proj_gemm, 2 * tokens * h * (kv + q) / t
+    re_attn, re_attn_flops = k_gemm + proj_gemm, 2 * tokens * h * (kv + r.o) / t
+    if model.is_mla:  # every second linear in call order: the up projections
+        re_attn_flops = 2 * tokens * sum(n_in * n_out for n_in, n_out, _ in
+                                         model.attention_matmuls()[1::2]) / t
     if model.bias:
         # A linear with a bias runs as ``addmm``, which the policy's save list (``mm``)
         # leaves out: every projection is re-run.
-        re_attn, re_attn_flops = qkv_gemm + proj_gemm, 2 * tokens * h * (2 * q + 2 * kv) / t
+        re_attn, re_attn_flops = qkv_gemm + proj_gemm, 2 * tokens * h * (q + kv + r.v + r.o) / t
         re_mlp = mlp.up + mlp.down
         re_mlp_flops = (2 * tokens * h * ffn * (3 if model.gated_mlp else 2) / t
                         if not moe else 0.0 * tokens)
@@ -518,6 +560,18 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     head_b = 2 * head_gemm + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd + cast,
                                          1.0 + kernels_b)
     head_flops = 3 * 2 * tokens * h * v
+    if model.mtp_layers:
+        # Each multi-token prediction module (its layer is counted with the layers: memory.
+        # stage_layout) looks the next tokens up again, norms them and the hidden state,
+        # projects the two [2h -> h] and runs the shared output layer and its loss again
+        # (DeepSeek-AI 2024, "DeepSeek-V3", Sec. 2.2, Eqs. 21-23).
+        n = float(model.mtp_layers)
+        eh = gemm_time(gpu, "bf16" if dtype == "fp8" else dtype, tokens, h / t, 2 * h,
+                       bytes_per_element=e)
+        extra = memory_time(gpu, (2 * e_act + 3 * 2 * e) * tokens * h * rep, 4.0)
+        head_f = head_f + n * (head_f + eh + extra)
+        head_b = head_b + n * (head_b + 2 * eh + BACKWARD_BYTES * extra)
+        head_flops = head_flops * (1 + n) + n * 3 * 2 * tokens * 2 * h * h / t
     head = LayerCompute(forward=head_f, backward=head_b, selective=zero, flops=head_flops,
                         selective_flops=zero, forward_flops=head_flops / 3,
                         core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero,

@@ -79,8 +79,21 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
     if model.qk_norm:  # the query and key norms decomposed too, over the rank's heads
         out = out + (EAGER_RMSNORM_BYTES + 2 * e) * tokens * (model.q_dim + model.kv_dim) / t
         kernels = kernels + 2 * EAGER_RMSNORM_KERNELS
-    if model.position_embedding == "rope":
-        out = out + EAGER_ROPE_BYTES * tokens * (model.q_dim + model.kv_dim) / t
+    if model.is_mla:
+        # MLA eager: the latents' RMSNorms decomposed as the pre-norms are (on every rank);
+        # the rotation of the queries' and the shared key's rotary parts alone, 3 kernels
+        # each, then the queries and keys concatenated and the values copied out (what the
+        # fused count's two assembling kernels move, in three): 7 kernels more.
+        latent = float(model.latent_norm_params())
+        out = out + (EAGER_RMSNORM_BYTES + 2 * e) * tokens * latent * rep
+        kernels = kernels + (1.0 + (model.q_lora_rank > 0)) * EAGER_RMSNORM_KERNELS
+        if model.position_embedding == "rope":
+            rotated = float(model.num_heads * model.qk_rope_head_dim) / t \
+                + model.qk_rope_head_dim
+            out = out + EAGER_ROPE_BYTES * tokens * rotated
+            kernels += 7.0
+    elif model.position_embedding == "rope":
+        out = out + EAGER_ROPE_BYTES * tokens * float(model.rotary_elements) / t
         kernels += EAGER_ROPE_KERNELS
     if model.gated_mlp and not model.is_moe:
         out = out + 2 * e * tokens * float(model.ffn_hidden_size or 0) / t
@@ -158,8 +171,12 @@ def eager_cast_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: n
     per = 2 * (4.0 + e)  # up to fp32 and back, bytes per element
     if model.norm == "rmsnorm":
         out = out + 2 * np.where(ac, 0.0, per) * tokens * h * rep
+    if model.norm == "rmsnorm" and model.is_mla:  # the latents' norms (MLA)
+        out = out + per * tokens * float(model.latent_norm_params()) * rep
     if model.position_embedding == "rope":
-        out = out + per * tokens * (model.q_dim + model.kv_dim) / t
+        out = out + per * tokens * (float(model.num_heads * model.qk_rope_head_dim) / t
+                                    + model.qk_rope_head_dim if model.is_mla
+                                    else float(model.rotary_elements) / t)
     return out
 
 
@@ -173,9 +190,11 @@ def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
     h = float(model.hidden_size)
     ffn = 0.0 if moe else float(model.ffn_hidden_size or 0)
     n_up = 2.0 if model.gated_mlp else 1.0
-    ins = tokens * (3 * h + model.q_dim / t + n_up * h * (ffn > 0) + ffn / t)
-    outs = tokens * ((model.q_dim + 2 * model.kv_dim) / t + h + n_up * ffn / t + h * (ffn > 0))
-    weights = h * (2 * model.q_dim + 2 * model.kv_dim) / t + (n_up + 1.0) * h * ffn / t
+    ins = tokens * (3 * h + model.o_dim / t + n_up * h * (ffn > 0) + ffn / t)
+    outs = tokens * ((model.q_dim + model.kv_dim + model.v_dim) / t + h + n_up * ffn / t
+                     + h * (ffn > 0))
+    weights = sum(i * o / (t if split else 1.0) for i, o, split in model.attention_matmuls()) \
+        + (n_up + 1.0) * h * ffn / t
     linears = 4.0 + (n_up + 1.0) * (ffn > 0)
     return float8_casts(gpu, job, ins, outs, linears, weights, gathered)
 

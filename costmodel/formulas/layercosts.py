@@ -339,15 +339,19 @@ class LayerCosts(LayerQueries):
         Chowdhery et al. 2022, App. B), with N the parameters that take part in a matmul per
         token (active experts only; not the input embedding table, which is a lookup, unless
         tied to the output layer) and ``q = heads * head_dim``, counting the full s x s
-        attention. A traced graph: its matmul, convolution and attention FLOPs per token
-        (``torch.utils.flop_counter``)."""
+        attention (``6 L s (q + o)`` where the values are narrower, ``o = heads *
+        v_head_dim``); multi-token prediction modules (DeepSeek-V3) are layers more, each
+        running the output layer again. A traced graph: its matmul, convolution and
+        attention FLOPs per token (``torch.utils.flop_counter``)."""
         if self.spec is None:
             return self.flops(1) / float(self.micro_batch_size * self.seq_len)
         model = self.spec
         n = model.num_active_params() - model.embedding_params()
         if model.tied_embeddings and not model.patch_size:
             n += model.vocab_size * model.hidden_size
-        return 6.0 * n + 12.0 * model.num_layers * model.q_dim * seq_len
+        n += model.mtp_layers * model.vocab_size * model.hidden_size
+        layers = model.num_layers + model.mtp_layers
+        return 6.0 * n + 6.0 * layers * (model.q_dim + model.o_dim) * seq_len
 
     @classmethod
     def of(cls, model: ModelSpec | LayerCosts) -> LayerCosts:
@@ -460,14 +464,17 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
     # A MoE layer's MLP: the router (2 T h experts), each token's top-k routed experts and
     # the shared ones, their MLPs split as the dense one; model FLOPs, shared evenly by the
     # t ranks (Megatron-LM runs the small router whole on each: hardware FLOPs).
-    attn = (2 * tokens * h * (spec.q_dim + 2 * spec.kv_dim) + 2 * tokens * spec.q_dim * h
-            + 4 * tokens * job.seq_len * spec.q_dim) / t
+    attn = (2 * tokens * sum(i * o for i, o, _ in spec.attention_matmuls())
+            + 2 * tokens * job.seq_len * (spec.q_dim + spec.o_dim)) / t
     widths = 3 if spec.gated_mlp else 2
     mlp = 2 * tokens * h * float(spec.ffn_hidden_size or 0) * widths / t
     # Two all-reduces forward (after the attention and MLP output projections) and two
     # backward (of the input gradients of the column-parallel inputs); with SP each is an
     # all-gather and a reduce-scatter (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5).
-    coll = _tp_collectives(tp, cfg.sequence_parallel, 4 * one)
+    # MLA: the attention's column-parallel inputs are its latents (ModelSpec.
+    # attention_input_dim), gathered forward (SP) and their gradient reduced backward.
+    coll = _tp_collectives(tp, cfg.sequence_parallel,
+                           (3 + spec.attention_input_dim / h) * one)
     per_layer = rows.layer_params_per_gpu(np.array([t]), np.array([1.0]))
     fwd = attn + mlp
     layer = ShardCosts(params=float(per_layer[0][0][0]), forward_flops=fwd,

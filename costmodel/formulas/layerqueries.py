@@ -214,10 +214,12 @@ class LayerQueries(LayerStructure):
     def cp_kv_bytes(self, kind: int, job: Job, a: ConfigArrays) -> np.ndarray:
         """Bytes of the keys and values of one layer of ``kind`` that a context-parallel
         rank holds and passes on per ring step, per micro-batch, per row: a preset's
-        ``2 e (s / cp) b kv_dim / tp``; a traced block's attention inputs."""
+        ``e (s / cp) b (kv_dim + v_dim) / tp`` (MLA's keys and values per head, as
+        Megatron-Core's ring attention passes them); a traced block's attention inputs."""
         if self.spec is not None:
             tokens = job.seq_len / a.cp * a.mbs
-            return 2 * compute_bytes(job.precision) * tokens * self.spec.kv_dim / a.tp
+            kv = float(self.spec.kv_dim + self.spec.v_dim)
+            return compute_bytes(job.precision) * tokens * kv / a.tp
         share = self._token_share(job, a)
         return self._by_tp(self.layer_blocks()[kind], a.tp, lambda c: c.kv_bytes,
                            a.sp) * share
@@ -255,6 +257,8 @@ class LayerQueries(LayerStructure):
                             f"gathers of 2021) is modelled for a dense preset model, not "
                             f"{what}; turn it off")
         qkv = 3 if separate_projections else 1
+        if model.is_mla:  # its linears and latent norms
+            qkv = len(model.attention_matmuls()) - 1 + (1 if model.q_lora_rank else 0) + 1
         up = 2 if model.gated_mlp and separate_projections else 1
         weights = qkv + 1 + up + 1
         vectors = 2 * (2 if model.norm == "layernorm" else 1)
@@ -282,7 +286,13 @@ class LayerQueries(LayerStructure):
         final_norm = norm if model.final_norm else 0
         emb_local = word / tp + (model.embedding_params() - word)
         head_local = (model.head_params() - final_norm) / tp + final_norm
-        return emb_local, head_local, (word if model.tied_embeddings else 0) / tp
+        # Multi-token prediction (beyond its layers, ``memory.stage_layout``): the 2h -> h
+        # projection split over tp, three norms whole; it reads the embedding on the last
+        # stage, which keeps a copy of it as a tied output layer does.
+        mtp = model.mtp_layers
+        head_local = head_local + mtp * ((model.mtp_extra_params() - 3 * norm) / tp + 3 * norm)
+        shared = model.tied_embeddings or mtp > 0
+        return emb_local, head_local, (word if shared else 0) / tp
 
     def layer_activations(self, job: Job, a: ConfigArrays, kind: int, ac: np.ndarray
                           ) -> dict[str, np.ndarray]:
@@ -338,6 +348,11 @@ class LayerQueries(LayerStructure):
             ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
         head_act = (np.where(ac, 4.0 + e, 2 * e) * tokens * h * rep
                     + logit_b * tokens * model.vocab_size / tp)
+        if model.mtp_layers:
+            # Each multi-token prediction module keeps its output layer's input and logits as
+            # the model's does, its two norms' inputs and its projection's input (2h).
+            head_act = head_act * (1 + model.mtp_layers) \
+                + model.mtp_layers * e * tokens * h * (2 * rep + 2 * rep)
         return emb_act, head_act
 
     def logits_per_token(self, tp: np.ndarray) -> np.ndarray:

@@ -1,9 +1,8 @@
 """The per-micro-batch terms of the step time, per pipeline stage, for a table of
-configurations: tensor-, context- and expert-parallel communication, ZeRO-3/FSDP gathers and
+configurations: context- and expert-parallel communication, ZeRO-3/FSDP gathers and
 reduce-scatters, gradient accumulation, recompute and pipeline send/receive, each with what
-overlaps it (the rules are stated in ``costmodel.formulas.steptime``'s docstring, which assembles
-them
-into the step).
+overlaps it (the rules are stated in ``costmodel.formulas.steptime``'s docstring, which
+assembles them into the step; tensor parallel's are ``costmodel.formulas.tpcomm``).
 
 Every function reads one ``Rows``: the job's constants, the configurations as float columns
 and the compute of one layer of each kind per micro-batch.
@@ -23,7 +22,7 @@ from costmodel.config import Job
 from costmodel.formulas.arrays import ConfigArrays, Distinct, ordered_sum
 from costmodel.formulas.comm import Topology
 from costmodel.formulas.compute import autocast_rows
-from costmodel.formulas.eager import float8_gather, float8_param_gather
+from costmodel.formulas.eager import float8_param_gather
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.layerqueries import SpreadCompute
 from costmodel.formulas.memory import MemoryTable
@@ -34,9 +33,9 @@ from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.units import compute_bytes
 
-__all__ = ["Rows", "Sharded", "TensorParallel", "accumulation_time", "context_parallel",
-           "expert_parallel", "overlap", "p2p_time", "recompute_time", "sharded", "table_rows",
-           "tensor_parallel"]
+__all__ = ["Rows", "Sharded", "accumulation_time", "context_parallel", "expert_parallel",
+           "layer_groups", "overlap", "p2p_time", "pick", "recompute_time", "sharded",
+           "table_rows"]
 
 
 def overlap(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
@@ -171,253 +170,13 @@ def table_rows(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
         exp_params=mem.expert_params)
 
 
-# ---- tensor parallel: per layer, forward and backward -------------------------------------
-
-@dataclass(frozen=True)
-class _TPCollectives:
-    """One layer's TP collectives per micro-batch, seconds: an all-reduce and an all-gather
-    (reduce-scatter alike) of one activation, one forward pass's (``per_pass``: without SP two
-    all-reduces, with SP two all-gathers and two reduce-scatters), whether Megatron-LM's
-    userbuffers or torchtitan's async TP pipeline them with their matmuls (``pipelined``) and
-    the share of a matmul that hides a chunk (``chunked``, ``(tp - 1) / tp``).
-    ``gather``: one SP all-gather feeding a matmul (``compute.float8_gather``; ``ag`` but where it
-    moves float8); ``fused_gather``: whether async TP fuses those all-gathers with their
-    matmuls (``compute.float8_gather``)."""
-
-    ar: np.ndarray
-    ag: np.ndarray
-    per_pass: np.ndarray
-    pipelined: bool
-    chunked: np.ndarray
-    gather: np.ndarray
-    fused_gather: bool = True
-
-
-@dataclass(frozen=True)
-class TensorParallel:
-    """TP communication per micro-batch: ``exposed`` per stage (with the forward collectives
-    full recompute runs again), and what ``detail`` adds up into its total: one layer's
-    forward and backward collectives, the embedding's and the head's, and all that full
-    recompute adds per stage (``layer_total`` per kind of layer)."""
-
-    exposed: np.ndarray
-    layer_total: tuple[np.ndarray, ...]
-    emb: np.ndarray
-    head: np.ndarray
-    rec_total: np.ndarray
-
-
-def _tp_forward(c: _TPCollectives, sp: np.ndarray, lc: LayerCompute) -> np.ndarray:
-    """Exposed TP communication of one layer's forward pass.
-
-    Megatron-LM with Transformer Engine's userbuffers (``Job.tp_comm_overlap``, SP rows only)
-    pipelines each linear's matmul with its all-gather or reduce-scatter, split into tp chunks,
-    so that all but one chunk of the matmul hides a chunk of the collective
-    (megatron/core/model_parallel_config.py: tp_comm_overlap, tp_comm_overlap_ag/_rs)."""
-    if not c.pipelined:
-        return c.per_pass
-    # All-gathers into the column-parallel matmuls (QKV, MLP input; in backward, the output
-    # gradients' into the row-parallel ones), reduce-scatters out of the others.
-    gathers = _gathers(c, lc.qkv_gemm, lc.up_gemm)
-    scatters = sum(overlap(c.ag, c.chunked * w) for w in (lc.proj_gemm, lc.down_gemm))
-    return np.where(sp, gathers + scatters, c.per_pass)
-
-
-def _gathers(c: _TPCollectives, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """Exposed seconds of the two SP all-gathers feeding the matmuls of seconds ``first``
-    and ``second`` under a pipelined TP: each hidden but for one chunk of its matmul where
-    async TP fuses them (``_TPCollectives.fused_gather``), else both exposed."""
-    if c.fused_gather:
-        return overlap(c.gather, c.chunked * first) + overlap(c.gather, c.chunked * second)
-    return 2 * c.gather
-
-
-def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute, kind: int
-                 ) -> np.ndarray:
-    """Exposed TP communication of one layer's backward pass.
-
-    Megatron-LM's column-parallel linears (QKV, MLP input) launch their input-gradient
-    collective asynchronously and compute the weight gradient meanwhile; with SP they also
-    re-gather their input during the input-gradient matmul
-    (``LinearWithGradAccumulationAndAsyncCommunication``; Korthikanti et al. 2022,
-    Sec. 4.2.2 and 6.2). The gradient gathers of the row-parallel outputs (SP) stay exposed.
-    Without SP the overlap needs ``Job.overlap_tp_grad_comm`` (Megatron-LM's
-    ``--async-tensor-model-parallel-allreduce``, from August 2021). With userbuffers the
-    output-gradient gathers are pipelined with their input-gradient matmuls too
-    (tp_comm_bulk_wgrad/_dgrad keep the column-parallel ones bulk-overlapped).
-    """
-    if r.fw == "torchtitan":
-        return _async_tp_backward(c, r, sp, lc, kind) if c.pipelined else c.per_pass
-    if r.fw != "megatron":
-        return c.per_pass
-    windows = (lc.qkv_gemm, lc.up_gemm)
-    gathers = sum(overlap(c.ag, c.chunked * w) for w in (lc.proj_gemm, lc.down_gemm)) \
-        if c.pipelined else 2 * c.ag
-    exposed_sp = gathers + sum(2 * overlap(c.ag, w) for w in windows)
-    exposed_ar = sum(overlap(c.ar, w) for w in windows) if r.job.overlap_tp_grad_comm \
-        else 2 * c.ar
-    return np.where(sp, exposed_sp, exposed_ar)
-
-
-def _async_tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute,
-                       kind: int) -> np.ndarray:
-    """Exposed TP communication of one layer (of ``kind``)'s backward pass under torchtitan's
-    async TP.
-
-    Inductor's micro-pipeline pass fuses an all-gather with the matmul that reads it and a
-    matmul with the reduce-scatter of its output, in the backward graph as in the forward
-    one (torch/_inductor/fx_passes/micro_pipeline_tp.py, ``micro_pipeline_tp_pass``). In
-    backward the row-parallel outputs' gradients are all-gathered into their input-gradient
-    matmuls (``wo``, ``w2``): fused, each chunk hidden as in forward. A column-parallel
-    input's gradient is reduce-scattered: fused where one matmul made it, unfused (exposed,
-    as without async TP) where it is the sum of several (``_find_producer_matmul`` takes a
-    matmul, not an add): the attention's q, k and v; a gated MLP's w1 and w3; a MoE layer's
-    router and experts. A plain MLP's fc1 alone makes its input's gradient."""
-    gathers = _gathers(c, lc.proj_gemm, lc.down_gemm)
-    model = r.costs.spec
-    assert model is not None
-    summed = model.gated_mlp or r.costs.routed(kind)
-    scatters = c.ag + (c.ag if summed else overlap(c.ag, c.chunked * lc.up_gemm))
-    return np.where(sp, gathers + scatters, c.per_pass)
-
-
-def tensor_parallel(r: Rows) -> TensorParallel:
-    """TP communication per micro-batch per stage (``TensorParallel``)."""
-    if r.costs.spec is None:
-        # A traced graph: the collectives its layouts insert (LayerCosts.tp_seconds), all
-        # exposed; full recompute runs a layer's forward half of them again.
-        layers, emb, head = r.costs.tp_seconds(r.topo, r.a, r.job)
-        rec = r.recomputed_sum([x / 2 for x in layers])
-        # Per-op selective AC gathers again in backward what its layers all-gathered.
-        if framework(r.job.framework).selective_recompute == "op":
-            op_sac = r.a.recompute == 1
-            layers = tuple(x + np.where(op_sac, g, 0.0) for x, g in zip(
-                layers, r.costs.op_regather_seconds(r.topo, r.a, r.job), strict=True))
-        return TensorParallel(exposed=r.per_stage(layers, emb, head) + rec,
-                              layer_total=layers, emb=emb, head=head, rec_total=rec)
-    # One layer's collectives depend on its kernel group alone (tp, sp, tokens and the
-    # layer's matmuls): computed once per group where the layers are, and spread.
-    groups, computes = _layer_groups(r)
-    per = _tp_layers(r, computes, groups)
-    if groups is not None:
-        per = per.spread(groups)
-    # Full recompute runs each recomputed layer's forward collectives again, after gathering
-    # the saved layer input when its TP ranks kept a slice each (distributed saved
-    # activations, Job docstring; none with SP, whose input is already split).
-    rec = r.recomputed_sum(per.fwd) if _tp_pipelined(r) else r.rec_layers * per.per_pass
-    gather: np.ndarray | float = 0.0
-    if r.job.distribute_saved_activations:
-        gather = r.rec_layers * np.where(r.sp, 0.0, per.ag)
-        rec = rec + gather
-    # Per-op selective AC gathers again in backward (_op_sac_regathers).
-    op_sac = r.a.recompute == 1
-    regather = [np.where(op_sac, x, 0.0) for x in per.regather]
-    return TensorParallel(
-        exposed=r.per_stage([f + b + g for f, b, g in zip(per.fwd, per.bwd, regather,
-                                                           strict=True)], per.emb,
-                            per.head) + rec,
-        layer_total=tuple(per.total + np.where(op_sac, x, 0.0) for x in per.regather_total),
-        emb=per.emb, head=per.head, rec_total=r.rec_layers * per.per_pass + gather)
-
-
-@dataclass(frozen=True)
-class _TPLayers:
-    """One layer's TP collectives per micro-batch, seconds: exposed in forward and in
-    backward (per kind of layer), the embedding's and the head's, one forward pass's, one
-    all-gather, and a layer's in all; what per-op selective AC gathers again in backward
-    (per kind: exposed, all of it; ``_op_sac_regathers``)."""
-
-    fwd: list[np.ndarray]
-    bwd: list[np.ndarray]
-    emb: np.ndarray
-    head: np.ndarray
-    per_pass: np.ndarray
-    ag: np.ndarray
-    total: np.ndarray
-    regather: list[np.ndarray]
-    regather_total: list[np.ndarray]
-
-    def spread(self, groups: Distinct) -> _TPLayers:
-        """These, per group of ``groups``, per row."""
-        def each(xs: list[np.ndarray]) -> list[np.ndarray]:
-            return [groups.spread(x) for x in xs]
-
-        return _TPLayers(fwd=each(self.fwd), bwd=each(self.bwd), emb=groups.spread(self.emb),
-                         head=groups.spread(self.head), per_pass=groups.spread(self.per_pass),
-                         ag=groups.spread(self.ag), total=groups.spread(self.total),
-                         regather=each(self.regather),
-                         regather_total=each(self.regather_total))
-
-
-def _tp_pipelined(r: Rows) -> bool:
-    """Whether Megatron-LM's userbuffers or torchtitan's async TP pipeline the TP collectives
-    with their matmuls (``Job.tp_comm_overlap``)."""
-    return r.fw in ("megatron", "torchtitan") and r.job.tp_comm_overlap
-
-
-def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
-               ) -> _TPLayers:
-    """One layer's TP collectives per micro-batch (``_TPLayers``) per kernel group (per row
-    for ``None``; ``_layer_groups``), whose layer computes are ``layers``."""
-    tokens, tp, sp = (_pick(x, groups) for x in (r.tokens, r.tp, r.sp))
-    act = r.e * tokens * float(r.costs.hidden_size)  # one activation tensor, all of it
-    ar = r.topo.all_reduce(act, tp, 1.0)
-    ag = r.topo.all_gather(act, tp, 1.0)
-    width, fused = float8_gather(r.fw, r.job, r.e)
-    gather = ag if width == r.e else r.topo.all_gather(act * width / r.e, tp, 1.0)
-    c = _TPCollectives(ar=ar, ag=ag, per_pass=np.where(sp, 2 * (gather + ag), 2 * ar),
-                       pipelined=_tp_pipelined(r), chunked=(tp - 1) / tp, gather=gather,
-                       fused_gather=fused)
-    fwd = [_tp_forward(c, sp, lc) for lc in layers]
-    bwd = [_tp_backward(c, r, sp, lc, k) for k, lc in enumerate(layers)]
-    regather = [_op_sac_regathers(r, c, sp, lc, k) for k, lc in enumerate(layers)]
-    # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
-    # all-gather of its input with SP, all-reduce of the input gradient without; the
-    # vocabulary-parallel cross entropy all-reduces 3 fp32 values per token (max, sum, target).
-    emb = np.where(sp, ag, ar)
-    head = np.where(sp, 2 * ag, ar) + 3 * r.topo.all_reduce(4.0 * tokens, tp, 1.0)
-    total = 2 * c.per_pass + np.where(sp & (r.fw == "megatron"), 2 * ag, 0.0)
-    return _TPLayers(fwd=fwd, bwd=bwd, emb=emb, head=head, per_pass=c.per_pass, ag=ag,
-                     total=total, regather=[x for x, _ in regather],
-                     regather_total=[x for _, x in regather])
-
-
-def _op_sac_regathers(r: Rows, c: _TPCollectives, sp: np.ndarray, lc: LayerCompute,
-                      kind: int) -> tuple[np.ndarray, np.ndarray]:
-    """What torchtitan's per-op selective AC (``Framework.selective_recompute`` "op") adds
-    to one layer's backward under TP with SP, seconds per micro-batch: (exposed, all of it).
-
-    Its policy saves the outputs of matmuls (but every second), of the attention kernel and
-    of reduce-scatters and all-to-alls, not of all-gathers (torchtitan's
-    ``_apply_ac_to_transformer_block`` ``_save_list``; its later ``_COMM_OPS``, the
-    collectives saved "to avoid re-communication"). The all-gathered inputs of the attention
-    and MLP projections are read again by their weight-gradient matmuls, so backward
-    recomputes the norm and gathers them again: two all-gathers more per layer (one for a
-    MoE layer, whose expert block it keeps as without recompute). Under async TP a gather
-    hides behind the recomputed matmul it feeds (the K projection; the gated MLP's w3; a
-    plain MLP's fc1 is saved, so nothing)."""
-    zero = 0.0 * sp
-    if framework(r.job.framework).selective_recompute != "op":
-        return zero, zero
-    model = r.costs.spec
-    assert model is not None
-    mlp = 0.0 if r.costs.routed(kind) else 1.0
-    if c.pipelined and c.fused_gather:
-        k_share = model.kv_dim / (model.q_dim + 2.0 * model.kv_dim)
-        exposed = overlap(c.gather, c.chunked * k_share * lc.qkv_gemm) + mlp * (
-            overlap(c.gather, c.chunked * 0.5 * lc.up_gemm) if model.gated_mlp else c.gather)
-    else:
-        exposed = (1.0 + mlp) * c.gather
-    return np.where(sp, exposed, zero), np.where(sp, (1.0 + mlp) * c.gather, zero)
-
-
 def context_parallel(r: Rows) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """CP ring exchange of K and V per micro-batch: (exposed per stage, all of it for one
     layer of each kind).
 
     Each KV block's transfer overlaps the attention on the previous block (Liu et al. 2023),
     forward one exchange per step, backward two (the KV blocks and their gradients)."""
-    groups, computes = _layer_groups(r)  # once per kernel group, as TP's
+    groups, computes = layer_groups(r)  # once per kernel group, as TP's
     exposed, total = _cp_layers(r, computes, groups)
     if groups is not None:
         exposed, total = [groups.spread(x) for x in exposed], [groups.spread(x) for x in total]
@@ -429,7 +188,7 @@ def _cp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
     """One layer's ring exchange per micro-batch of each kind per kernel group (per row for
     ``None``), whose layer computes are ``layers``: (exposed, all of it)."""
     a = r.a if groups is None else r.a.kernel_rows  # the groups' first rows
-    cp, tp = _pick(r.cp, groups), _pick(r.tp, groups)
+    cp, tp = pick(r.cp, groups), pick(r.tp, groups)
     exposed, total = [], []
     for k, lc in enumerate(layers):
         kv_block = r.costs.cp_kv_bytes(k, r.job, a)
@@ -440,7 +199,7 @@ def _cp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
     return exposed, total
 
 
-def _layer_groups(r: Rows) -> tuple[Distinct | None, Sequence[LayerCompute]]:
+def layer_groups(r: Rows) -> tuple[Distinct | None, Sequence[LayerCompute]]:
     """(the kernel groups, each kind's layer compute per group) where the table's layer
     computes were made once per ``ConfigArrays.kernel_groups`` group (``SpreadCompute``);
     ``(None, r.layers)`` where they were made per row."""
@@ -450,7 +209,7 @@ def _layer_groups(r: Rows) -> tuple[Distinct | None, Sequence[LayerCompute]]:
     return (groups, layers) if len(layers) == len(r.layers) else (None, r.layers)
 
 
-def _pick(x: np.ndarray, groups: Distinct | None) -> np.ndarray:
+def pick(x: np.ndarray, groups: Distinct | None) -> np.ndarray:
     """A per-row column at each group's first row (all of it for ``None``)."""
     return x if groups is None else np.take(x, groups.first)
 

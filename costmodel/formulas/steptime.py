@@ -91,8 +91,8 @@ from costmodel.formulas.stepterms import (
     recompute_time,
     sharded,
     table_rows,
-    tensor_parallel,
 )
+from costmodel.formulas.tpcomm import tensor_parallel
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.units import MIB

@@ -19,7 +19,9 @@ Memory per GPU (one stage of one replica):
 - KV cache: per token and layer ``2 * kv_heads * head_dim`` elements (Kwon et al. 2023,
   vLLM, Sec. 3: 800 KB per token for OPT-13B at fp16); a GPU holds ``kv_heads / tp`` heads,
   or one replicated head when ``tp > kv_heads`` (vLLM ``QKVParallelLinear`` replicates KV
-  heads), for ``batch_size * (prompt_len + output_len)`` tokens.
+  heads), for ``batch_size * (prompt_len + output_len)`` tokens. Multi-head latent
+  attention caches ``kv_lora_rank + qk_rope_head_dim`` elements per token and layer, whole on
+  every GPU of a stage (DeepSeek-V2, Sec. 2.1.2), and decodes in the absorbed form.
 - activations: the working set of the largest forward pass, a prefill of
   ``min(batch * prompt_len, prefill_chunk_tokens)`` tokens: the residual stream and the
   normalized copy (``2 h``), and the widest intermediate (QKV, or the MLP's up-projection
@@ -110,20 +112,39 @@ def _kv_heads_per_gpu(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
     return np.maximum(kv / tp, 1.0)
 
 
+def _kv_elements_per_gpu(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
+    """KV-cache elements one GPU holds per token and layer: the keys and values of its KV
+    heads (``2 * kv_heads / tp * head_dim``, values of ``v_head_dim``); multi-head latent
+    attention caches the key-value latent and the shared rotary key of each token,
+    ``kv_lora_rank + qk_rope_head_dim``, whole on every TP rank (DeepSeek-AI 2024,
+    "DeepSeek-V2", Sec. 2.1.2 and Table 1; vLLM's MLA backends keep one latent cache per
+    rank)."""
+    if model.is_mla:
+        return np.full(np.shape(tp), float(model.kv_lora_rank + model.qk_rope_head_dim))
+    return _kv_heads_per_gpu(model, tp) * float(int(model.head_dim or 0)
+                                                 + int(model.v_head_dim or 0))
+
+
 def kv_cache_bytes_per_token(model: ModelSpec, precision: str = "bf16") -> float:
     """KV-cache bytes one token takes in the whole model: ``layers * 2 * kv_heads * head_dim``
-    elements (Kwon et al. 2023, Sec. 3)."""
+    elements (Kwon et al. 2023, Sec. 3); MLA's ``layers * (kv_lora_rank + qk_rope_head_dim)``
+    (``_kv_elements_per_gpu``)."""
     if precision not in KV_PRECISIONS:
         raise SpecError(f"kv cache precision {precision!r} is not one of "
                         f"{', '.join(KV_PRECISIONS)}")
-    return float(model.num_layers * 2 * model.kv_dim) * ELEMENT_BYTES[precision]
+    per_layer = model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla \
+        else model.kv_dim + model.v_dim
+    return float(model.num_layers * per_layer) * ELEMENT_BYTES[precision]
 
 
-def _layer_linear_params(model: ModelSpec, moe: bool) -> tuple[float, float]:
-    """(matmul weights, everything else) of one whole layer, in parameters; the router and
-    norms and biases are 'everything else', the quantizers' unquantized part."""
+def _layer_linear_params(model: ModelSpec, moe: bool) -> tuple[float, float, float]:
+    """(matmul weights split over TP, matmul weights every TP rank holds whole, everything
+    else) of one whole layer, in parameters; the router and norms and biases are
+    'everything else', the quantizers' unquantized part; MLA's down projections the whole
+    ones (vLLM ``ReplicatedLinear``)."""
     h = model.hidden_size
-    attn = h * model.q_dim + 2 * h * model.kv_dim + model.q_dim * h
+    attn = sum(i * o for i, o, split in model.attention_matmuls() if split)
+    whole = sum(i * o for i, o, split in model.attention_matmuls() if not split)
     gated = 3 if model.gated_mlp else 2
     if moe:
         ffn = int(model.moe_ffn_hidden_size or 0)
@@ -131,7 +152,7 @@ def _layer_linear_params(model: ModelSpec, moe: bool) -> tuple[float, float]:
     else:
         mlp = gated * h * int(model.ffn_hidden_size or 0)
     total = model.layer_params(model.first_dense_layers if moe else 0)
-    return float(attn + mlp), float(total - attn - mlp)
+    return float(attn + mlp), float(whole), float(total - attn - whole - mlp)
 
 
 def weight_bytes(model: ModelSpec, precision: str = "bf16", group_size: int = 128,
@@ -144,8 +165,8 @@ def weight_bytes(model: ModelSpec, precision: str = "bf16", group_size: int = 12
     total = (model.embedding_params() + model.head_params()) * e
     for moe, count in ((False, model.num_layers - model.num_moe_layers),
                        (True, model.num_moe_layers)):
-        lin, other = _layer_linear_params(model, moe)
-        total += count * (lin * wb + other * e)
+        lin, whole, other = _layer_linear_params(model, moe)
+        total += count * ((lin + whole) * wb + other * e)
     return total
 
 
@@ -168,8 +189,6 @@ def _layer(model: ModelSpec, gpu: GPU, topo: Topology, dtype: str, e: float,
     """
     h = float(model.hidden_size)
     t = tp.astype(float)
-    q = model.q_dim / t
-    kv = _kv_heads_per_gpu(model, t) * float(model.head_dim or 0)
 
     def mm(n: Num, k: Num, count: Num = 1.0, rows: np.ndarray | None = None,
            w: Num | None = None) -> tuple[np.ndarray, Num, np.ndarray]:
@@ -180,7 +199,11 @@ def _layer(model: ModelSpec, gpu: GPU, topo: Topology, dtype: str, e: float,
                         weight_bytes_per_element=w)
         return sec, count * w * n * k, count * 2.0 * rows * n * k
 
-    parts = [mm(q + 2 * kv, h), mm(h, q)]
+    # The attention's linears (ModelSpec.attention_matmuls): split over TP, or whole. MLA's
+    # absorbed decode multiplies the queries and outputs by the key-value up projection's
+    # two halves instead of the cached latents: the same weights and FLOPs per new token.
+    parts = [mm(n_out / t if split else 1.0 * n_out, 1.0 * n_in)
+             for n_in, n_out, split in model.attention_matmuls()]
     gated = 2.0 if model.gated_mlp else 1.0
     if moe:
         ffn = float(model.moe_ffn_hidden_size or 0) / t
@@ -207,7 +230,7 @@ def _layer(model: ModelSpec, gpu: GPU, topo: Topology, dtype: str, e: float,
     sec = sec + attn + eff.kernel_overhead_s
     # Memory-bound kernels: two (fused add +) norms reading and writing h, rotary embedding of
     # q and k, the MLP activation reading its input(s) and writing its output.
-    rope = 2 * (q + kv) if model.position_embedding == "rope" else 0.0 * t
+    rope = 2 * float(model.rotary_elements) / t
     ew = e * m * (2 * 2 * h + 2 * 3 * h + rope + width)
     sec = sec + memory_time(gpu, ew, 4.0)
     comm = 2 * topo.all_reduce(m * h * e, t, 1.0)
@@ -268,13 +291,20 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
     kv_e = ELEMENT_BYTES[job.kv_cache_precision]
     h = float(model.hidden_size)
     v = float(model.vocab_size)
-    hd = float(model.head_dim or 0)
     P, out = float(job.prompt_len), float(job.output_len)
     ctx = P + out
     wb = np.array([weight_bytes_per_element(p, job.quant_group_size)
                    for p in WEIGHT_PRECISIONS])[prec]
-    kv_local = _kv_heads_per_gpu(model, tp) * hd
-    q_local = model.q_dim / tp
+    kv_local = _kv_elements_per_gpu(model, tp)  # cached per token and layer
+    q_local, o_local = model.q_dim / tp, model.o_dim / tp
+    # The attention kernel's keys and values per token: the heads' (MLA's prefill expands
+    # the latents to them, vLLM's MLA prefill path), and what a decode step's kernel reads
+    # per cached token and works on per head (MLA absorbed: the latent with the rotary key as
+    # one key of kv_lora_rank + qk_rope_head_dim, the latent as its value; DeepSeek-AI 2024,
+    # "DeepSeek-V2", Sec. 2.1.2, "absorb").
+    kv_heads_local = (model.kv_dim + model.v_dim) / tp if model.is_mla else kv_local
+    decode_dims = (float(2 * model.kv_lora_rank + model.qk_rope_head_dim) * model.num_heads / tp
+                   if model.is_mla else q_local + o_local)
 
     # Prefill passes: whole batch, or chunks of prefill_chunk_tokens.
     prompt_tokens = b * P
@@ -300,12 +330,12 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
                     m = chunk[rows]
                     # Causal: a prompt token attends to (P + 1) / 2 keys on average; the
                     # kernel reads q, k, v and writes o once (compute-bound).
-                    af = 4.0 * m * (P + 1) / 2 * q_local[rows]
-                    ab = e * m * (2 * q_local[rows] + 2 * kv_local[rows])
+                    af = 2.0 * m * (P + 1) / 2 * (q_local[rows] + o_local[rows])
+                    ab = e * m * (q_local[rows] + o_local[rows] + kv_heads_local[rows])
                 else:
                     m = mb_size[rows]
-                    af = 4.0 * m * mean_ctx * q_local[rows]
-                    ab = kv_e * m * mean_ctx * 2 * kv_local[rows]
+                    af = 2.0 * m * mean_ctx * decode_dims[rows]
+                    ab = kv_e * m * mean_ctx * kv_local[rows]
                 lay = _layer(model, gpu, topo, dtype, e, wb[rows], tp[rows], m, af, ab, moe)
                 for k in acc:
                     acc[k][rows] = getattr(lay, k)
@@ -378,11 +408,11 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
 
     # Memory per stage.
     t = tp
-    lin_d, oth_d = _layer_linear_params(model, False)
-    per_gpu_d = lin_d / t * wb + oth_d * e
+    lin_d, whole_d, oth_d = _layer_linear_params(model, False)
+    per_gpu_d = (lin_d / t + whole_d) * wb + oth_d * e
     if model.is_moe:
-        lin_m, oth_m = _layer_linear_params(model, True)
-        per_gpu_m = lin_m / t * wb + oth_m * e
+        lin_m, whole_m, oth_m = _layer_linear_params(model, True)
+        per_gpu_m = (lin_m / t + whole_m) * wb + oth_m * e
     else:
         per_gpu_m = np.zeros(n)
     layers_n = dense_n + moe_n
@@ -394,12 +424,12 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
         head_bytes = np.where(pp > 1, model.embedding_params() * e / t, 0.0)
     weights = (per_gpu_d[:, None] * dense_n + per_gpu_m[:, None] * moe_n
                + emb_bytes[:, None] * first + head_bytes[:, None] * last)
-    kv_per_seq = ctx * 2 * kv_local[:, None] * kv_e * layers_n
+    kv_per_seq = ctx * kv_local[:, None] * kv_e * layers_n
     kv = b[:, None] * kv_per_seq
     ffn_max = float(max(model.ffn_hidden_size or 0,
                         (model.moe_ffn_hidden_size or 0) * max(model.top_k, 1)))
     gated = 2.0 if model.gated_mlp else 1.0
-    width = np.maximum(q_local + 2 * kv_local, (gated + 1.0) * ffn_max / t)
+    width = np.maximum(q_local + kv_heads_local, (gated + 1.0) * ffn_max / t)
     per_token = e * (2 * h + width)
     logits_per_seq = 4.0 * v
     act = per_token[:, None] * chunk[:, None] + b[:, None] * logits_per_seq * last

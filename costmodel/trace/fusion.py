@@ -365,7 +365,7 @@ def _add_conversions(sol: Solution, out: dict[str, _Tally], routed: set[int]) ->
     and, as ``op_regather``, the forward all-gathers that torchtitan's per-op selective AC
     runs again in backward: its policy saves no all-gather's output (``_op_checkpoint``),
     which the matmuls it feeds read again for their weight gradients (not in a MoE layer's
-    expert block, kept as without recompute; ``costmodel.formulas.stepterms._op_sac_regathers``)."""
+    expert block, kept as without recompute; ``costmodel.formulas.tpcomm._op_sac_regathers``)."""
     p = sol.problem
     for g, v, _slot, seconds in p.conversions(sol.choice):
         if seconds <= 0:

@@ -19,9 +19,10 @@ from costmodel.trace.nodes import (
 )
 from costmodel.trace.sharding import op_loops, view_groups, view_map, view_spans
 from costmodel.trace.trace_ops import (
-    FUSED_ATTENTION,
     IN_FUSED_FORWARD,
+    fused_attention_causal,
     fused_attention_flops,
+    is_fused_attention,
 )
 
 
@@ -227,10 +228,10 @@ class _Recorder:
         formula = flop_registry.get(func._overloadpacket)
         model_flops = other = 0.0
         causal = False
-        if name in FUSED_ATTENTION:
+        if is_fused_attention(name):
             model_flops = fused_attention_flops(name, args)
             # The kernel skips the masked half of a causal attention (Dao 2023, Sec. 3).
-            causal = name == FUSED_ATTENTION[0] and len(args) > 4 and args[4] is True
+            causal = fused_attention_causal(name, args)
         elif formula is not None:
             model_flops = float(formula(*args, **kwargs, out_val=out))
         elif name == "_grouped_mm" and len(ins) >= 2:

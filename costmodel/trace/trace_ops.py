@@ -9,8 +9,9 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["FUSED_ATTENTION", "IN_FUSED_FORWARD", "dropout", "fused_attention_flops",
-           "fused_sdpa", "rms_norm"]
+__all__ = ["FUSED_ATTENTION", "FUSED_ATTENTION_V", "IN_FUSED_FORWARD", "dropout",
+           "fused_attention_causal", "fused_attention_flops", "fused_sdpa",
+           "is_fused_attention", "rms_norm"]
 
 #: True while the ops of a fused kernel's forward run (the fused RMS norm's, inside an
 #: autograd function, where grad mode is off) and its inputs need a gradient: their backward
@@ -20,7 +21,26 @@ IN_FUSED_FORWARD: ContextVar[bool] = ContextVar("IN_FUSED_FORWARD", default=Fals
 
 #: The fused attention the trace runs ``F.scaled_dot_product_attention`` as (forward, backward).
 FUSED_ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu",
-                    "_scaled_dot_product_flash_attention_for_cpu_backward")
+                   "_scaled_dot_product_flash_attention_for_cpu_backward")
+#: The same where the values are narrower than the queries and keys (multi-head latent
+#: attention), which the CPU flash kernel refuses: the memory-efficient kernel's ops, whose
+#: meta shapes follow each operand (as cuDNN's and FlashAttention-3's kernels run it).
+FUSED_ATTENTION_V = ("_scaled_dot_product_efficient_attention",
+                     "_scaled_dot_product_efficient_attention_backward")
+#: Where each forward op's ``is_causal`` argument sits.
+_CAUSAL_ARG = {FUSED_ATTENTION[0]: 4, FUSED_ATTENTION_V[0]: 6}
+
+
+def is_fused_attention(name: str) -> bool:
+    """Whether op ``name`` is the trace's fused attention (``fused_sdpa``), forward or
+    backward."""
+    return name in FUSED_ATTENTION or name in FUSED_ATTENTION_V
+
+
+def fused_attention_causal(name: str, args: Any) -> bool:
+    """Whether a fused attention forward op runs causal (its backward: False)."""
+    i = _CAUSAL_ARG.get(name)
+    return i is not None and len(args) > i and args[i] is True
 
 
 def fused_attention_flops(name: str, args: Any) -> float:
@@ -29,10 +49,10 @@ def fused_attention_flops(name: str, args: Any) -> float:
     Dao 2023, which is hardware, not model, work)."""
     from torch.utils.flop_counter import sdpa_flop_count
 
-    q, k, v = (args[0], args[1], args[2]) if name == FUSED_ATTENTION[0] else \
-        (args[1], args[2], args[3])
+    forward_op = name in _CAUSAL_ARG
+    q, k, v = (args[0], args[1], args[2]) if forward_op else (args[1], args[2], args[3])
     forward = float(sdpa_flop_count(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
-    return forward if name == FUSED_ATTENTION[0] else 2.0 * forward
+    return forward if forward_op else 2.0 * forward
 
 
 def fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None,
@@ -44,6 +64,10 @@ def fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None,
     head count (``enable_gqa``), as the fused kernels read them."""
     import torch
 
+    if value.shape[-1] != query.shape[-1]:  # narrower values (MLA): FUSED_ATTENTION_V
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
+        return out
     out, _lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
     return out

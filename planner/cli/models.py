@@ -36,16 +36,19 @@ def cmd_models(args: argparse.Namespace) -> int:
     for name in ModelSpec.preset_names():
         m = ModelSpec.preset(name)
         rows.append({"name": name, "num_params": m.num_params(),
-                     "num_active_params": m.num_active_params(), "num_layers": m.num_layers,
-                     "hidden_size": m.hidden_size, "source": m.source})
+                     "num_active_params": m.num_active_params(), "mtp_params": m.mtp_params(),
+                     "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+                     "source": m.source})
     if args.json:
         print_json(rows)
         return 0
-    print(f"{'model':<18s} {'params':>10s} {'active':>10s} {'layers':>6s} {'hidden':>6s}")
+    print(f"{'model':<18s} {'params':>10s} {'active':>10s} {'layers':>6s} {'hidden':>6s} "
+          f"{'of them MTP':>11s}")
     for r in rows:
         total, active = r["num_params"] / 1e9, r["num_active_params"] / 1e9
+        mtp = f"{r['mtp_params'] / 1e9:.2f}B" if r["mtp_params"] else "-"
         print(f"{r['name']:<18s} {total:>9.2f}B {active:>9.2f}B"
-              f" {r['num_layers']:>6d} {r['hidden_size']:>6d}")
+              f" {r['num_layers']:>6d} {r['hidden_size']:>6d} {mtp:>11s}")
     return 0
 
 

@@ -60,7 +60,8 @@ def layout(stage_layers: tuple[int, ...]) -> str:
 
 def _model_args(m: ModelSpec, job: Job) -> list[Any]:
     """The model's shape: layers, widths, heads (grouped-query attention, the head width when
-    it is not ``hidden / heads``, the query and key norms), the sequence length in tokens and
+    it is not ``hidden / heads``, multi-head latent attention, the query and key norms),
+    multi-token prediction, the sequence length in tokens and
     position embeddings, the norm, MLP, embeddings, biases and dropout, and the vocabulary
     (``NullTokenizer``)."""
     a: list[Any] = ["--num-layers", m.num_layers, "--hidden-size", m.hidden_size,
@@ -68,8 +69,18 @@ def _model_args(m: ModelSpec, job: Job) -> list[Any]:
     if m.num_kv_heads != m.num_heads:
         a += ["--group-query-attention", "--num-query-groups", m.num_kv_heads]
     assert m.head_dim is not None  # ModelSpec.__post_init__ sets it
-    if m.head_dim * m.num_heads != m.hidden_size:
+    if m.is_mla:
+        # Megatron-Core's MLATransformerConfig (megatron/training/arguments.py at the commit of
+        # tests/data/megatron_args.json): --qk-head-dim is the no-rotary part of a head.
+        a += ["--multi-latent-attention", "--kv-lora-rank", m.kv_lora_rank,
+              "--qk-head-dim", m.head_dim - m.qk_rope_head_dim,
+              "--qk-pos-emb-head-dim", m.qk_rope_head_dim, "--v-head-dim", m.v_head_dim]
+        if m.q_lora_rank:
+            a += ["--q-lora-rank", m.q_lora_rank]
+    elif m.head_dim * m.num_heads != m.hidden_size:
         a += ["--kv-channels", m.head_dim]
+    if m.mtp_layers:
+        a += ["--mtp-num-layers", m.mtp_layers]
     a += ["--seq-length", job.seq_len,
           "--max-position-embeddings", max(job.seq_len, m.max_position_embeddings),
           "--position-embedding-type", {"rope": "rope", "learned": "learned_absolute",

@@ -52,7 +52,19 @@ FLAVORS: dict[str, tuple[str, str, tuple[int, int, int, int]]] = {
     "qwen3-32b": ("qwen3", "32B", (64, 5120, 64, 8)),
     "qwen3-30b-a3b": ("qwen3", "30B-A3B", (48, 2048, 32, 4)),
     "qwen3-235b-a22b": ("qwen3", "235B-A22B", (94, 4096, 64, 4)),
+    # torchtitan/models/deepseek_v3/__init__.py: 671B (no multi-token prediction).
+    "deepseek-v3": ("deepseek_v3", "671B", (61, 7168, 128, 128)),
 }
+
+
+def family(model: ModelSpec) -> tuple[str, str]:
+    """torchtitan's (model name, model-args class) for a preset's architecture: DeepSeek-V3
+    for multi-head latent attention, Qwen3 for query and key norms, else Llama 3."""
+    if model.is_mla:
+        return "deepseek_v3", "DeepSeekV3ModelArgs"
+    if model.qk_norm:
+        return "qwen3", "Qwen3ModelArgs"
+    return "llama3", "TransformerModelArgs"
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B",
              "zero-bubble": "ZBVZeroBubble"}
 RESHARD = {0: "default", 2: "never", 3: "always"}
@@ -91,6 +103,11 @@ def lower(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig) -> Lower
             "torchtitan 0.2.2 runs zero bubble only with 2 or more stages per rank: emitted "
             "the V-shaped ZBVZeroBubble (2 stages per rank), whose bubble is smaller than the "
             "one-stage ZB-H1 the estimate times ('planner run' runs that one)")
+    if builtin and isinstance(model, ModelSpec) and model.mtp_layers:
+        ch.warnings.append(
+            f"torchtitan 0.2.2's deepseek_v3 has no multi-token prediction: the file trains "
+            f"{model.name} without its {model.mtp_layers} MTP module(s), which the estimate "
+            f"counts (a little slower and fuller than the run)")
     uniform_stage_recompute(ch, "torchtitan")
     if ch.job.distribute_saved_activations and ch.cfg.recompute == "full" and ch.cfg.tp > 1:
         ch.set_job("torchtitan keeps each recomputed layer's whole input on every TP rank (no "
@@ -159,9 +176,8 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
              ) -> dict[str, dict[str, Any]]:
     """The job config as TOML tables (a traced module's ``[model]`` names it: register a
     train spec of that name)."""
-    family = "qwen3" if isinstance(model, ModelSpec) and model.qk_norm else "llama3"
-    name, flv = ((flavor(model) or (family, model.name)) if isinstance(model, ModelSpec)
-                 else (model.name, model.name))
+    name, flv = ((flavor(model) or (family(model)[0], model.name))
+                 if isinstance(model, ModelSpec) else (model.name, model.name))
     shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage else 1
     mdl: dict[str, Any] = {"name": name, "flavor": flv}
     if job.precision == "fp8":
@@ -235,11 +251,14 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
     elif flavor(plan.model) is None:
         m = plan.model
         # A model with query and key norms is torchtitan's Qwen3 (Qwen3ModelArgs qk_norm).
-        family, args = ("qwen3", "Qwen3ModelArgs") if m.qk_norm else ("llama3",
-                                                                     "TransformerModelArgs")
+        fam, args = family(m)
         extra = f", head_dim={m.head_dim}, qk_norm=True" if m.qk_norm else ""
+        if m.is_mla:
+            extra = (f", q_lora_rank={m.q_lora_rank}, kv_lora_rank={m.kv_lora_rank}, "
+                     f"qk_nope_head_dim={int(m.head_dim or 0) - m.qk_rope_head_dim}, "
+                     f"qk_rope_head_dim={m.qk_rope_head_dim}, v_head_dim={m.v_head_dim}")
         head.append(f"{m.name} is not a torchtitan built-in flavor: register flavor "
-                    f"{m.name!r} for model {family!r} ({args} dim={m.hidden_size}, "
+                    f"{m.name!r} for model {fam!r} ({args} dim={m.hidden_size}, "
                     f"n_layers={m.num_layers}, n_heads={m.num_heads}, n_kv_heads="
                     f"{m.num_kv_heads}, vocab_size={m.vocab_size}, ffn hidden "
                     f"{m.ffn_hidden_size}{extra}) or set [model] to your own train spec")

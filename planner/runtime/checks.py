@@ -84,7 +84,13 @@ def _reference_unsupported(model: ModelSpec, cfg: ParallelConfig) -> list[str]:
     if model.position_embedding == "learned" and cfg.sequence_parallel:
         out.append("learned position embeddings with sequence parallel are not run by "
                    "the reference transformer; plan without --sequence-parallel")
+    if model.is_mla and (cfg.tp > 1 or cfg.cp > 1):
+        out.append("multi-head latent attention split over tensor- or context-parallel ranks "
+                   "is not run by the reference transformer (its shared rotary key's "
+                   "gradient would need a reduction over the ranks it does not apply); "
+                   "use tp = 1 and cp = 1, or Megatron-LM (planner emit --target megatron)")
     for bad, what in ((model.patch_size > 0, "vision patch embeddings"),
+                      (model.mtp_layers > 0, "multi-token prediction modules"),
                       (model.num_token_types > 0, "token-type embeddings"),
                       (model.embedding_norm, "an embedding norm")):
         if bad:

@@ -12,7 +12,8 @@ allocates nothing); ``init_weights`` initialises it after ``to_empty``. The para
 equals ``ModelSpec.num_params()`` for every spec it accepts (tested).
 
 Covers decoder and encoder token models: GPT (LayerNorm, learned positions, biases, GELU MLP),
-Llama (RMSNorm, RoPE, GQA, SwiGLU), tied or untied embeddings, and mixture-of-experts layers
+Llama (RMSNorm, RoPE, GQA, SwiGLU), multi-head latent attention (DeepSeek-V2/V3, Kimi K2;
+``LatentAttention``), tied or untied embeddings, and mixture-of-experts layers
 (Mixtral, DeepSeekMoE: routed top-k experts run as torchtitan runs them, shared experts,
 leading dense layers; ``MoEFeedForward``). Not vision (patch) models, token types or
 embedding norms: ``build_model`` says so.
@@ -32,8 +33,8 @@ from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
 from costmodel.trace.trace_ops import IN_FUSED_FORWARD
 
-__all__ = ["Attention", "Block", "FeedForward", "MoEFeedForward", "Transformer", "build_model",
-           "reference_refusal", "rope_table"]
+__all__ = ["Attention", "Block", "FeedForward", "LatentAttention", "MoEFeedForward",
+           "Transformer", "build_model", "reference_refusal", "rope_table"]
 
 #: Standard deviation of the normal initialisation of weights (GPT-2, Radford et al. 2019).
 INIT_STD = 0.02
@@ -152,6 +153,67 @@ class Attention(nn.Module):
             out = checkpoint(self._core, q, k, v, rope, use_reentrant=False)
         else:
             out = self._core(q, k, v, rope)
+        return self.wo(out)
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-AI 2024, "DeepSeek-V2", Sec. 2.1, Eqs. 9-19),
+    in its training form: the query projected down to ``q_lora_rank`` (or straight to the
+    heads when 0), normed and projected up to every head's ``head_dim``; the key and value
+    compressed into one ``kv_lora_rank`` latent plus a ``qk_rope_head_dim`` rotary key shared
+    by the heads, the latent normed and projected up to each head's no-rotary key and value
+    (``v_head_dim``); the last ``qk_rope_head_dim`` of each query and key rotated; the core a
+    fused attention over keys of ``head_dim`` and values of ``v_head_dim``. Names as
+    torchtitan's deepseek_v3 (``wq_a``, ``q_norm``, ``wq_b``, ``wkv_a``, ``kv_norm``,
+    ``wkv_b``, ``wo``). Heads are read from the up projections' local width."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, hd = spec.hidden_size, int(spec.head_dim or 0)
+        self.rope_dim, self.v_dim = spec.qk_rope_head_dim, int(spec.v_head_dim or 0)
+        self.nope = hd - self.rope_dim
+        self.kv_lora = spec.kv_lora_rank
+        self.causal = spec.causal
+        self.recompute_core = False
+        q_lora = spec.q_lora_rank
+        self.wq_a = nn.Linear(h, q_lora, bias=False) if q_lora else None
+        self.q_norm = nn.RMSNorm(q_lora, eps=NORM_EPS) if q_lora else None
+        self.wq_b = nn.Linear(q_lora or h, spec.q_dim, bias=False)
+        self.wkv_a = nn.Linear(h, self.kv_lora + self.rope_dim, bias=False)
+        self.kv_norm = nn.RMSNorm(self.kv_lora, eps=NORM_EPS)
+        self.wkv_b = nn.Linear(self.kv_lora, spec.num_heads * (self.nope + self.v_dim),
+                               bias=False)
+        self.wo = nn.Linear(spec.o_dim, h, bias=False)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return out.transpose(1, 2).flatten(2)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` [batch, seq, hidden] -> [batch, seq, hidden]; ``rope``: the model's angle
+        table of ``qk_rope_head_dim`` (``rope_table``), else computed here."""
+        b, s = x.shape[0], x.shape[1]
+        latent = x if self.wq_a is None or self.q_norm is None \
+            else self.q_norm(self.wq_a(x))
+        q = self.wq_b(latent).view(b, s, -1, self.nope + self.rope_dim)
+        q_nope, q_pe = q.split([self.nope, self.rope_dim], dim=-1)
+        c, k_pe = self.wkv_a(x).split([self.kv_lora, self.rope_dim], dim=-1)
+        kv = self.wkv_b(self.kv_norm(c)).view(b, s, -1, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        # The values copied out, so that the attention keeps them alone and not the whole
+        # up projection (whose no-rotary keys the concatenation below copies).
+        v = v.contiguous()
+        k_pe = k_pe.unsqueeze(2)
+        table = _table_for(k_pe, rope)
+        q_pe, k_pe = _Rotary.apply(q_pe, table), _Rotary.apply(k_pe, table)
+        heads = q_nope.shape[2]
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(-1, -1, heads, -1)], dim=-1)
+        if self.recompute_core and torch.is_grad_enabled():
+            out = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            out = self._core(q, k, v)
         return self.wo(out)
 
 
@@ -276,7 +338,7 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec, dropout: float, moe: bool = False) -> None:
         super().__init__()
         self.attention_norm = _norm(spec)
-        self.attention = Attention(spec)
+        self.attention: nn.Module = LatentAttention(spec) if spec.is_mla else Attention(spec)
         self.ffn_norm = _norm(spec)
         self.feed_forward: nn.Module = MoEFeedForward(spec) if moe else FeedForward(spec)
         self.dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
@@ -331,7 +393,8 @@ class Transformer(nn.Module):
                 x = self.emb_dropout(x)
         rope = None
         if self.spec.position_embedding == "rope":
-            rope = rope_table(x.shape[1], int(self.spec.head_dim or 0), x.device)
+            rope = rope_table(x.shape[1], self.spec.qk_rope_head_dim
+                              or int(self.spec.head_dim or 0), x.device)
         for layer in self.layers.values():
             x = layer(x, rope=rope)
         if self.norm is not None:
@@ -377,7 +440,8 @@ def reference_refusal(spec: ModelSpec) -> str | None:
     unsupported = [(spec.patch_size > 0, "vision patch embeddings (ViT)"),
                    (spec.num_token_types > 0, "token-type embeddings (BERT)"),
                    (spec.embedding_norm, "an embedding norm (BERT)"),
-                   (spec.qk_norm, "query and key norms (Qwen3)")]
+                   (spec.qk_norm, "query and key norms (Qwen3)"),
+                   (spec.mtp_layers > 0, "multi-token prediction modules (DeepSeek-V3)")]
     missing = [what for bad, what in unsupported if bad]
     if not missing:
         return None

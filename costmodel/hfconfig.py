@@ -1,0 +1,200 @@
+"""Reading a Hugging Face ``config.json`` (already parsed: a dict) into ``ModelSpec``'s fields,
+family by family (``model_type``). Never the hub; ``ModelSpec.from_hf_config`` reads the file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from costmodel.errors import SpecError
+
+__all__ = ["HF_FAMILIES", "hf_fields"]
+
+
+class _HFConfig:
+    """A Hugging Face config dict read field by field, each of the kind it must be (a
+    string where a count belongs, ``"false"`` where a switch belongs, is an error by name,
+    not a traceback or a silent misreading)."""
+
+    def __init__(self, cfg: dict[str, Any], label: str) -> None:
+        self.cfg, self.label = cfg, label
+        self.mtype = str(cfg.get("model_type", "")).lower()
+
+    def need(self, *keys: str) -> Any:
+        """The first of ``keys`` the config sets (not ``null``)."""
+        for k in keys:
+            if k in self.cfg and self.cfg[k] is not None:
+                return self.cfg[k]
+        raise SpecError(f"HF config {self.label!r} ({self.mtype}) lacks {' / '.join(keys)}")
+
+    def whole(self, key: str, default: int) -> int:
+        """An optional count: a whole number (``null`` or absent: ``default``)."""
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SpecError(f"HF config {self.label!r}: {key} must be a whole number, got "
+                            f"{v!r:.60}")
+        return v
+
+    def flag(self, key: str, default: bool) -> bool:
+        """An optional switch: JSON true or false (the string "false" is not false)."""
+        v = self.cfg.get(key, default)
+        if not isinstance(v, bool):
+            raise SpecError(f"HF config {self.label!r}: {key} must be true or false, got "
+                            f"{v!r:.60}")
+        return v
+
+    def vocabulary(self) -> Any:
+        """``vocab_size``, at least 1 where it is a number (ModelSpec checks the kind)."""
+        v = self.need("vocab_size")
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise SpecError(f"HF config {self.label!r}: vocab_size must be at least 1, got {v}")
+        return v
+
+
+def _decoder_fields(c: _HFConfig) -> dict[str, Any]:
+    """llama, mistral, qwen2, qwen3, mixtral, deepseek (DeepSeekMoE) and qwen3_moe: rotary,
+    RMSNorm, SwiGLU."""
+    out: dict[str, Any] = {
+        "num_layers": c.need("num_hidden_layers"),
+        "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"),
+        "num_kv_heads": c.cfg.get("num_key_value_heads") or c.need("num_attention_heads"),
+        "ffn_hidden_size": c.need("intermediate_size"),
+        "vocab_size": c.vocabulary(),
+        "gated_mlp": True,
+        "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "position_embedding": "rope",
+        "norm": "rmsnorm",
+        "qkv_bias": c.mtype == "qwen2",
+        # transformers' Qwen3Attention: q_norm and k_norm, RMSNorm(head_dim), before RoPE.
+        "qk_norm": c.mtype in ("qwen3", "qwen3_moe"),
+    }
+    if c.flag("use_sliding_window", False):
+        raise SpecError(f"HF config {c.label!r}: sliding-window attention (use_sliding_window) "
+                        "is not supported yet; plan it with use_sliding_window false")
+    if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
+        raise SpecError(f"HF config {c.label!r}: attention_bias / mlp_bias are not supported")
+    if c.cfg.get("head_dim"):
+        out["head_dim"] = c.cfg["head_dim"]
+    if c.mtype == "mixtral":
+        out.update(num_experts=c.need("num_local_experts"), top_k=c.need("num_experts_per_tok"),
+                   moe_ffn_hidden_size=c.need("intermediate_size"))
+    if c.mtype == "deepseek":
+        if c.whole("moe_layer_freq", 1) != 1:
+            raise SpecError(f"HF config {c.label!r}: moe_layer_freq != 1 is not supported")
+        out.update(num_experts=c.need("n_routed_experts"), top_k=c.need("num_experts_per_tok"),
+                   moe_ffn_hidden_size=c.need("moe_intermediate_size"),
+                   num_shared_experts=c.whole("n_shared_experts", 0),
+                   first_dense_layers=c.whole("first_k_dense_replace", 0))
+    if c.mtype == "qwen3_moe":
+        out.update(_qwen3_moe_fields(c))
+    return out
+
+
+def _qwen3_moe_fields(c: _HFConfig) -> dict[str, Any]:
+    """Qwen3's MoE layers (transformers' Qwen3MoeDecoderLayer): ``num_experts`` routed experts
+    of ``moe_intermediate_size``, ``num_experts_per_tok`` per token, no shared expert; a
+    layer is MoE where ``(index + 1) % decoder_sparse_step == 0`` and it is not in
+    ``mlp_only_layers`` (every layer in the published checkpoints)."""
+    only = c.cfg.get("mlp_only_layers") or []
+    if c.whole("decoder_sparse_step", 1) != 1 or only:
+        raise SpecError(f"HF config {c.label!r}: MoE on only some layers (decoder_sparse_step "
+                        "!= 1 or mlp_only_layers) is not supported yet")
+    return {"num_experts": c.need("num_experts"), "top_k": c.need("num_experts_per_tok"),
+            "moe_ffn_hidden_size": c.need("moe_intermediate_size")}
+
+
+def _deepseek_mla_fields(c: _HFConfig) -> dict[str, Any]:
+    """DeepSeek-V2 and V3 (and Kimi K2, built as DeepSeek-V3): multi-head latent attention
+    (``kv_lora_rank``, ``q_lora_rank`` or null for a full query projection,
+    ``qk_nope_head_dim + qk_rope_head_dim`` per query and key head, ``v_head_dim`` per value
+    head), DeepSeekMoE layers after ``first_k_dense_replace`` dense ones (transformers'
+    DeepseekV3DecoderLayer; ``moe_layer_freq`` 1 in every published checkpoint), and
+    ``num_nextn_predict_layers`` multi-token prediction modules (V3). The routers'
+    score-correction biases (V3's aux-loss-free balancing, one per expert, not trained by
+    gradient) are not counted."""
+    if c.whole("moe_layer_freq", 1) != 1:
+        raise SpecError(f"HF config {c.label!r}: moe_layer_freq != 1 is not supported")
+    if c.flag("attention_bias", False):
+        raise SpecError(f"HF config {c.label!r}: attention_bias is not supported with "
+                        "multi-head latent attention")
+    heads = c.need("num_attention_heads")
+    nope, rope = c.need("qk_nope_head_dim"), c.need("qk_rope_head_dim")
+    for key, v in (("qk_nope_head_dim", nope), ("qk_rope_head_dim", rope)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpecError(f"HF config {c.label!r}: {key} must be a positive whole number, "
+                            f"got {v!r:.60}")
+    out: dict[str, Any] = {
+        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
+        "num_heads": heads, "num_kv_heads": heads,
+        "ffn_hidden_size": c.need("intermediate_size"), "vocab_size": c.vocabulary(),
+        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "position_embedding": "rope", "norm": "rmsnorm",
+        "head_dim": nope + rope, "qk_rope_head_dim": rope, "v_head_dim": c.need("v_head_dim"),
+        "kv_lora_rank": c.need("kv_lora_rank"), "q_lora_rank": c.whole("q_lora_rank", 0),
+        "mtp_layers": c.whole("num_nextn_predict_layers", 0),
+    }
+    experts = c.whole("n_routed_experts", 0)
+    if experts:
+        out.update(num_experts=experts, top_k=c.need("num_experts_per_tok"),
+                   moe_ffn_hidden_size=c.need("moe_intermediate_size"),
+                   num_shared_experts=c.whole("n_shared_experts", 0),
+                   first_dense_layers=c.whole("first_k_dense_replace", 0))
+    return out
+
+
+def _gpt2_fields(c: _HFConfig) -> dict[str, Any]:
+    h = c.need("n_embd")
+    return {
+        "num_layers": c.need("n_layer"), "hidden_size": h, "num_heads": c.need("n_head"),
+        "ffn_hidden_size": c.whole("n_inner", 0) or 4 * h, "vocab_size": c.vocabulary(),
+        "position_embedding": "learned", "max_position_embeddings": c.need("n_positions"),
+        "norm": "layernorm", "bias": True, "dropout": True, "tied_embeddings": True,
+    }
+
+
+def _bert_fields(c: _HFConfig) -> dict[str, Any]:
+    return {
+        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"), "ffn_hidden_size": c.need("intermediate_size"),
+        "vocab_size": c.vocabulary(), "position_embedding": "learned",
+        "max_position_embeddings": c.need("max_position_embeddings"),
+        "num_token_types": c.whole("type_vocab_size", 2), "embedding_norm": True,
+        "final_norm": False, "norm": "layernorm", "bias": True, "dropout": True,
+        "tied_embeddings": True, "causal": False,
+    }
+
+
+def _vit_fields(c: _HFConfig) -> dict[str, Any]:
+    labels = c.cfg.get("id2label") or {}
+    if not isinstance(labels, dict):
+        raise SpecError(f"HF config {c.label!r}: id2label must be an object of class names "
+                        f"by index, got {labels!r:.60}")
+    return {
+        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"), "ffn_hidden_size": c.need("intermediate_size"),
+        "vocab_size": len(labels), "position_embedding": "learned",
+        "patch_size": c.need("patch_size"), "image_size": c.need("image_size"),
+        "num_channels": c.whole("num_channels", 3), "norm": "layernorm", "bias": True,
+        "causal": False,
+    }
+
+
+HF_FAMILIES = {"llama": _decoder_fields, "mistral": _decoder_fields, "qwen2": _decoder_fields,
+                "qwen3": _decoder_fields, "mixtral": _decoder_fields,
+                "deepseek": _decoder_fields, "qwen3_moe": _decoder_fields,
+                "deepseek_v2": _deepseek_mla_fields, "deepseek_v3": _deepseek_mla_fields,
+                "kimi_k2": _deepseek_mla_fields,
+                "gpt2": _gpt2_fields, "bert": _bert_fields, "vit": _vit_fields}
+
+
+def hf_fields(cfg: dict[str, Any], label: str) -> dict[str, Any]:
+    """Map a Hugging Face config dict onto ModelSpec fields."""
+    c = _HFConfig(cfg, label)
+    if c.mtype not in HF_FAMILIES:
+        raise SpecError(
+            f"HF config {label!r}: model_type {c.mtype!r} is not supported; supported: "
+            f"{', '.join(HF_FAMILIES)} (or build ModelSpec(...) directly)")
+    return HF_FAMILIES[c.mtype](c)
