@@ -72,8 +72,14 @@ def _decoder_fields(c: _HFConfig) -> dict[str, Any]:
         "qk_norm": c.mtype in ("qwen3", "qwen3_moe"),
     }
     if c.flag("use_sliding_window", False):
-        raise SpecError(f"HF config {c.label!r}: sliding-window attention (use_sliding_window) "
-                        "is not supported yet; plan it with use_sliding_window false")
+        # Qwen2/3's windows start at layer max_window_layers, a pattern global_every does not
+        # describe; the published checkpoints train without them.
+        raise SpecError(f"HF config {c.label!r}: Qwen's sliding-window attention "
+                        "(use_sliding_window, from max_window_layers on) is not supported; "
+                        "plan it with use_sliding_window false")
+    if c.mtype in ("mistral", "mixtral") and c.cfg.get("sliding_window"):
+        # Mistral 7B v0.1: every layer attends to the last sliding_window keys.
+        out["sliding_window"] = c.whole("sliding_window", 0)
     if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
         raise SpecError(f"HF config {c.label!r}: attention_bias / mlp_bias are not supported")
     if c.cfg.get("head_dim"):
@@ -97,13 +103,13 @@ def _qwen3_moe_fields(c: _HFConfig) -> dict[str, Any]:
     """Qwen3's MoE layers (transformers' Qwen3MoeDecoderLayer): ``num_experts`` routed experts
     of ``moe_intermediate_size``, ``num_experts_per_tok`` per token, no shared expert; a
     layer is MoE where ``(index + 1) % decoder_sparse_step == 0`` and it is not in
-    ``mlp_only_layers`` (every layer in the published checkpoints)."""
-    only = c.cfg.get("mlp_only_layers") or []
-    if c.whole("decoder_sparse_step", 1) != 1 or only:
-        raise SpecError(f"HF config {c.label!r}: MoE on only some layers (decoder_sparse_step "
-                        "!= 1 or mlp_only_layers) is not supported yet")
+    ``mlp_only_layers`` (every layer in the published checkpoints): ``moe_every``."""
+    if c.cfg.get("mlp_only_layers"):
+        raise SpecError(f"HF config {c.label!r}: dense layers listed by mlp_only_layers are "
+                        "not supported; plan it with decoder_sparse_step alone")
     return {"num_experts": c.need("num_experts"), "top_k": c.need("num_experts_per_tok"),
-            "moe_ffn_hidden_size": c.need("moe_intermediate_size")}
+            "moe_ffn_hidden_size": c.need("moe_intermediate_size"),
+            "moe_every": c.whole("decoder_sparse_step", 1)}
 
 
 def _deepseek_mla_fields(c: _HFConfig) -> dict[str, Any]:
@@ -143,6 +149,77 @@ def _deepseek_mla_fields(c: _HFConfig) -> dict[str, Any]:
                    num_shared_experts=c.whole("n_shared_experts", 0),
                    first_dense_layers=c.whole("first_k_dense_replace", 0))
     return out
+
+
+#: What a ``layer_types`` entry of a local layer reads (transformers 4.5x).
+LOCAL_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+
+
+def window_pattern(c: _HFConfig, layers: int, default_every: int = 0) -> int:
+    """``ModelSpec.global_every`` of a config's local and global layers: from
+    ``layer_types`` (every k-th layer global, the others local; all local: 0), else
+    ``sliding_window_pattern`` (Gemma 3's), else ``default_every``. SpecError for a pattern
+    that is not periodic so."""
+    types = c.cfg.get("layer_types")
+    if types is None:
+        return c.whole("sliding_window_pattern", default_every)
+    if not isinstance(types, list) or len(types) != layers:
+        raise SpecError(f"HF config {c.label!r}: layer_types must list one type per layer "
+                        f"({layers}), got {types!r:.80}")
+    local = [t in LOCAL_LAYER_TYPES for t in types]
+    if all(local):
+        return 0
+    for every in range(1, layers + 1):
+        if all(loc == bool((i + 1) % every) for i, loc in enumerate(local)):
+            return every
+    raise SpecError(f"HF config {c.label!r}: layer_types {types[:8]!r}... are not every k-th "
+                    "layer global and the rest local, the patterns supported")
+
+
+def _gpt_oss_fields(c: _HFConfig) -> dict[str, Any]:
+    """GPT-OSS (transformers' GptOssConfig; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model
+    Card", Sec. 2.1): rotary, RMSNorm, biases on q, k, v, o, a learned sink logit per head,
+    alternating sliding-window (``sliding_window`` 128) and full attention layers
+    (``layer_types``), every layer a mixture of ``num_local_experts`` SwiGLU experts of
+    ``intermediate_size`` with biases, ``num_experts_per_tok`` per token, a router with a
+    bias; untied embeddings."""
+    layers = c.need("num_hidden_layers")
+    ffn = c.need("intermediate_size")
+    return {
+        "num_layers": layers, "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"),
+        "num_kv_heads": c.need("num_key_value_heads"), "head_dim": c.need("head_dim"),
+        "ffn_hidden_size": ffn, "moe_ffn_hidden_size": ffn, "vocab_size": c.vocabulary(),
+        "num_experts": c.need("num_local_experts"),
+        "top_k": c.need("num_experts_per_tok", "experts_per_token"),
+        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "position_embedding": "rope", "norm": "rmsnorm",
+        "bias": c.flag("attention_bias", True), "attention_sinks": True,
+        "sliding_window": c.whole("sliding_window", 0),
+        "global_every": window_pattern(c, layers, 2) if c.cfg.get("sliding_window") else 0,
+    }
+
+
+def _gemma3_fields(c: _HFConfig) -> dict[str, Any]:
+    """Gemma 3's language model (transformers' Gemma3TextConfig; Gemma Team 2025, "Gemma 3
+    Technical Report", Sec. 2): rotary, RMSNorm before and after the attention and the MLP
+    (four a layer), RMSNorm on each head's query and key, a GeGLU MLP, five local layers
+    (``sliding_window``) to one global (``sliding_window_pattern`` 6, or ``layer_types``),
+    tied embeddings. A multimodal config's ``text_config`` (``gemma3``) is read the same; a
+    key it leaves out takes Gemma3TextConfig's default (vocab_size 262208, head_dim 256,
+    num_key_value_heads 4, sliding_window 4096)."""
+    layers = c.need("num_hidden_layers")
+    return {
+        "num_layers": layers, "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"),
+        "num_kv_heads": c.whole("num_key_value_heads", 4), "head_dim": c.whole("head_dim", 256),
+        "ffn_hidden_size": c.need("intermediate_size"),
+        "vocab_size": c.whole("vocab_size", 262_208),
+        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", True),
+        "position_embedding": "rope", "norm": "rmsnorm", "qk_norm": True, "post_norms": True,
+        "sliding_window": c.whole("sliding_window", 4096),
+        "global_every": window_pattern(c, layers, 6),
+    }
 
 
 def _gpt2_fields(c: _HFConfig) -> dict[str, Any]:
@@ -186,13 +263,31 @@ HF_FAMILIES = {"llama": _decoder_fields, "mistral": _decoder_fields, "qwen2": _d
                 "qwen3": _decoder_fields, "mixtral": _decoder_fields,
                 "deepseek": _decoder_fields, "qwen3_moe": _decoder_fields,
                 "deepseek_v2": _deepseek_mla_fields, "deepseek_v3": _deepseek_mla_fields,
-                "kimi_k2": _deepseek_mla_fields,
+                "kimi_k2": _deepseek_mla_fields, "gpt_oss": _gpt_oss_fields,
+                "gemma3": _gemma3_fields, "gemma3_text": _gemma3_fields,
                 "gpt2": _gpt2_fields, "bert": _bert_fields, "vit": _vit_fields}
 
 
+#: Multimodal configs whose language model is planned: model_type -> the key holding its
+#: config (the vision encoder and projector are not planned).
+MULTIMODAL = {"gemma3": "text_config", "llama4": "text_config"}
+
+
+def language_config(cfg: dict[str, Any], label: str) -> dict[str, Any] | None:
+    """A multimodal config's language model config (``MULTIMODAL``), None for a text one."""
+    key = MULTIMODAL.get(str(cfg.get("model_type", "")).lower())
+    if key is None or key not in cfg:
+        return None
+    text = cfg[key]
+    if not isinstance(text, dict):
+        raise SpecError(f"HF config {label!r}: {key} must be an object, got {text!r:.60}")
+    return {"model_type": cfg["model_type"], **text}
+
+
 def hf_fields(cfg: dict[str, Any], label: str) -> dict[str, Any]:
-    """Map a Hugging Face config dict onto ModelSpec fields."""
-    c = _HFConfig(cfg, label)
+    """Map a Hugging Face config dict onto ModelSpec fields (a multimodal config's
+    language model: ``language_config``)."""
+    c = _HFConfig(language_config(cfg, label) or cfg, label)
     if c.mtype not in HF_FAMILIES:
         raise SpecError(
             f"HF config {label!r}: model_type {c.mtype!r} is not supported; supported: "

@@ -10,6 +10,7 @@ latent attention with multi-token prediction (DeepSeek-V2/V3, Kimi K2), mixture-
 from __future__ import annotations
 
 import tomllib
+import warnings
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import hardware_profiles
 from costmodel.errors import SpecError
-from costmodel.hfconfig import hf_fields
+from costmodel.hfconfig import hf_fields, language_config
 from hardware_profiles.files import read_json_object
 
 __all__ = ["ModelSpec"]
@@ -49,6 +50,16 @@ class ModelSpec:
     (DeepSeek-AI 2024, "DeepSeek-V3", Sec. 2.2), each a norm of the hidden state and of the
     next token's embedding, a ``2h -> h`` projection and one more layer (MoE where the model's
     last layer is), sharing the embedding and output layer, with a loss of its own.
+    Layer patterns: a MoE layer is one from ``first_dense_layers`` on whose ``(index + 1)``
+    divides by ``moe_every`` (Llama 4 Maverick and Qwen3's ``decoder_sparse_step``: 2 for every
+    other layer). ``sliding_window > 0`` makes layers local: each query attends to the last
+    ``sliding_window`` keys (Beltagy et al. 2020, "Longformer"; Mistral 7B), or with
+    ``chunked_attention`` to the keys of its own chunk of that many tokens (Llama 4); every
+    ``global_every``-th layer (``(index + 1) % global_every == 0``; 0: none) attends to all
+    (GPT-OSS 2, Gemma 3 6, Llama 4 4). ``attention_sinks``: a learned logit per head added
+    to each softmax's denominator (GPT-OSS; Xiao et al. 2024, "Efficient Streaming Language
+    Models with Attention Sinks"). ``post_norms``: a norm after the attention's and the MLP's
+    outputs too, before the residual add (Gemma 2 and 3: four norms a layer).
     ``qk_norm``: each head's query and key pass an RMSNorm of ``head_dim`` before the rotary
     embedding (Qwen3; Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion
     Parameters", Sec. 2.1), one weight of ``head_dim`` each for q and k. Vision
@@ -90,6 +101,12 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     v_head_dim: int | None = None
     mtp_layers: int = 0
+    moe_every: int = 1
+    sliding_window: int = 0
+    global_every: int = 0
+    chunked_attention: bool = False
+    attention_sinks: bool = False
+    post_norms: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -120,10 +137,11 @@ class ModelSpec:
             if isinstance(v, int) and v > most:
                 raise SpecError(f"ModelSpec {self.name!r}: {key} = {v:,} is beyond any model "
                                 f"(at most {most:,}); check the config")
+        self._positive("moe_every")
         for key in ("vocab_size", "max_position_embeddings", "num_token_types", "patch_size",
                     "image_size", "num_experts", "top_k", "num_shared_experts",
                     "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-                    "mtp_layers"):
+                    "mtp_layers", "sliding_window", "global_every"):
             self._positive(key, allow_zero=True)
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
@@ -171,7 +189,8 @@ class ModelSpec:
         """Switches are booleans (``gated_mlp="no"`` is not a gated MLP), position embedding
         and norm are known kinds; learned positions and patches have their sizes."""
         for key in ("gated_mlp", "tied_embeddings", "bias", "qkv_bias", "qk_norm", "dropout",
-                    "causal", "embedding_norm", "final_norm"):
+                    "causal", "embedding_norm", "final_norm", "chunked_attention",
+                    "attention_sinks", "post_norms"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"ModelSpec {self.name!r}: {key} must be True or False, got "
                                 f"{getattr(self, key)!r:.60}")
@@ -190,6 +209,9 @@ class ModelSpec:
                 f"ModelSpec {self.name!r}: learned position embeddings need "
                 "max_position_embeddings > 0"
             )
+        if (self.global_every or self.chunked_attention) and not self.sliding_window:
+            raise SpecError(f"ModelSpec {self.name!r}: global_every / chunked_attention "
+                            "describe local attention; they need sliding_window > 0")
         if self.patch_size and (self.image_size == 0 or self.image_size % self.patch_size):
             raise SpecError(
                 f"ModelSpec {self.name!r}: image_size {self.image_size} must be a positive "
@@ -207,10 +229,11 @@ class ModelSpec:
             if self.moe_ffn_hidden_size is None:
                 object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
             self._positive("moe_ffn_hidden_size")
-            if self.first_dense_layers >= self.num_layers:
+            if not self.num_moe_layers:
                 raise SpecError(
                     f"ModelSpec {self.name!r}: first_dense_layers {self.first_dense_layers} "
-                    f"leaves no MoE layer out of {self.num_layers}"
+                    f"and moe_every {self.moe_every} leave no MoE layer out of "
+                    f"{self.num_layers}"
                 )
         elif self.top_k or self.num_shared_experts:
             raise SpecError(
@@ -223,17 +246,54 @@ class ModelSpec:
         """Whether the model has routed experts."""
         return self.num_experts > 0
 
+    def layer_is_moe(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based) routes tokens to experts: from
+        ``first_dense_layers`` on, every ``moe_every``-th."""
+        return self.is_moe and index >= self.first_dense_layers \
+            and (index + 1) % self.moe_every == 0
+
+    def layer_is_local(self, index: int) -> bool:
+        """Whether layer ``index`` attends to a window (or chunk) of keys, not all of them."""
+        return self.sliding_window > 0 and not (
+            self.global_every and (index + 1) % self.global_every == 0)
+
+    @property
+    def layer_attributes(self) -> tuple[tuple[bool, bool], ...]:
+        """(routes to experts, attends locally) of each layer in order."""
+        return tuple((self.layer_is_moe(i), self.layer_is_local(i))
+                     for i in range(self.num_layers))
+
+    @property
+    def kind_attributes(self) -> tuple[tuple[bool, bool], ...]:
+        """The kinds of layer the model has, as (routes to experts, attends locally), in
+        order: a dense model's one kind, a MoE model's dense and MoE layers, each of those
+        local or global (``layer_kinds`` indexes this)."""
+        return tuple(sorted(set(self.layer_attributes), key=lambda a: (a[1], a[0])))
+
     @property
     def num_moe_layers(self) -> int:
-        """Layers with a routed-expert MLP (all but the first ``first_dense_layers``)."""
-        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+        """Layers with a routed-expert MLP (``layer_is_moe``)."""
+        return sum(moe for moe, _ in self.layer_attributes) if self.is_moe else 0
 
     @property
     def layer_kinds(self) -> tuple[int, ...]:
-        """The kind of each layer in order (``costmodel.formulas.arrays.Layers``): 0 for a dense
-        layer, 1 for a MoE layer (all but the first ``first_dense_layers``)."""
-        dense = self.num_layers - self.num_moe_layers
-        return (0,) * dense + (1,) * self.num_moe_layers
+        """The kind of each layer in order (``costmodel.formulas.arrays.Layers``), an index
+        into ``kind_attributes``: 0 for a dense layer, 1 for a MoE layer, as many more as
+        local attention makes."""
+        index = {a: k for k, a in enumerate(self.kind_attributes)}
+        return tuple(index[a] for a in self.layer_attributes)
+
+    def attended_keys(self, seq_len: int | float, local: bool) -> float:
+        """Keys a query attends to on average over a sequence of ``seq_len`` tokens under the
+        causal mask: ``s / 2``; a local layer's sliding window of W, ``W - W^2 / 2s`` (the
+        first W queries see fewer); chunked, ``min(s, W) / 2`` (Llama 4's chunks restart the
+        mask); non-causal: all ``s``."""
+        s, w = float(seq_len), float(self.sliding_window)
+        if not self.causal:
+            return s if not local else min(s, w)
+        if not local or s <= w:
+            return s / 2
+        return w / 2 if self.chunked_attention else w - w * w / (2 * s)
 
     @property
     def first_stage_layers(self) -> int:
@@ -334,7 +394,7 @@ class ModelSpec:
 
     def attention_params(self) -> int:
         """Parameters of one attention block: Q, K, V, output projection and their biases;
-        MLA's projections and the RMSNorms of its latents."""
+        MLA's projections and the RMSNorms of its latents; a sink logit per head."""
         h = self.hidden_size
         weights = sum(i * o for i, o, _ in self.attention_matmuls())
         biases = 0
@@ -342,7 +402,13 @@ class ModelSpec:
             biases += self.q_dim + self.kv_dim + self.v_dim
         if self.bias:
             biases += h
-        return weights + biases + self.latent_norm_params()
+        sinks = self.num_heads if self.attention_sinks else 0
+        return weights + biases + self.latent_norm_params() + sinks
+
+    def layer_norm_params(self) -> int:
+        """The norms of one layer: before the attention and the MLP (and after each, with
+        ``post_norms``), and the query and key norms."""
+        return (4 if self.post_norms else 2) * self._norm_params() + self.qk_norm_params()
 
     def latent_norm_params(self) -> int:
         """MLA's RMSNorms of the query and key-value latents (``q_lora_rank`` and
@@ -370,21 +436,25 @@ class ModelSpec:
     def dense_layer_params(self) -> int:
         """Parameters of one transformer layer with a dense MLP (norms included)."""
         return self.attention_params() + self.mlp_params(int(self.ffn_hidden_size or 0)) \
-            + 2 * self._norm_params() + self.qk_norm_params()
+            + self.layer_norm_params()
+
+    def router_params(self) -> int:
+        """A MoE layer's router: ``hidden x experts`` (and a bias per expert with ``bias``,
+        GPT-OSS's)."""
+        return (self.hidden_size + (1 if self.bias else 0)) * self.num_experts
 
     def moe_layer_non_expert_params(self) -> int:
         """Parameters of one MoE layer outside the routed experts: attention, norms, router,
         shared experts. These are sharded by tensor parallel like a dense layer."""
-        h = self.hidden_size
         shared = self.num_shared_experts * self.mlp_params(int(self.moe_ffn_hidden_size or 0))
-        return (self.attention_params() + 2 * self._norm_params() + self.qk_norm_params()
-                + h * self.num_experts + shared)
+        return (self.attention_params() + self.layer_norm_params() + self.router_params()
+                + shared)
 
     def layer_params(self, index: int) -> int:
         """Parameters of layer ``index`` (0-based)."""
         if not 0 <= index < self.num_layers:
             raise SpecError(f"layer index {index} out of range 0..{self.num_layers - 1}")
-        if self.is_moe and index >= self.first_dense_layers:
+        if self.layer_is_moe(index):
             return self.moe_layer_non_expert_params() + self.routed_expert_params()
         return self.dense_layer_params()
 
@@ -431,11 +501,10 @@ class ModelSpec:
         """Total parameters (tied embeddings counted once; the multi-token prediction
         modules included: ``mtp_params``)."""
         dense = self.dense_layer_params()
+        layers = (self.num_layers - self.num_moe_layers) * dense
         if self.is_moe:
-            moe = self.moe_layer_non_expert_params() + self.routed_expert_params()
-            layers = self.first_dense_layers * dense + self.num_moe_layers * moe
-        else:
-            layers = self.num_layers * dense
+            layers += self.num_moe_layers * (self.moe_layer_non_expert_params()
+                                             + self.routed_expert_params())
         return self.embedding_params() + layers + self.head_params() + self.mtp_params()
 
     def num_active_params(self) -> int:
@@ -478,6 +547,7 @@ class ModelSpec:
 
         Supported ``model_type``: llama, mistral, qwen2, qwen3, mixtral, deepseek
         (DeepSeekMoE), qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2 (multi-head latent
+        attention), gpt_oss, gemma3 (its language model) and gemma3_text (local and global
         attention), gpt2, bert, vit.
         """
         if isinstance(config, dict):
@@ -486,6 +556,10 @@ class ModelSpec:
             p = Path(config)
             cfg = read_json_object(p, "HF config")
             label = name or p.stem
+        if language_config(cfg, label) is not None:
+            warnings.warn(f"{label}: a multimodal config ({cfg.get('model_type')}): planning "
+                          "its language model (text_config), not its vision encoder",
+                          stacklevel=2)
         return cls(name=label, **hf_fields(cfg, label))
 
     def to_dict(self) -> dict[str, Any]:

@@ -702,7 +702,7 @@ def test_a_traced_moe_module_plans_as_its_preset() -> None:
         for ep in (1, 2, 8):
             tp_, ep_ = np.array([t]), np.array([float(ep)])
             (dense, experts), = traced.layer_params_per_gpu(tp_, ep_)
-            _, (want_dense, want_experts) = LayerCosts.of(spec).layer_params_per_gpu(tp_, ep_)
+            (want_dense, want_experts), = LayerCosts.of(spec).layer_params_per_gpu(tp_, ep_)
             assert float(experts[0]) == pytest.approx(float(want_experts[0]), rel=1e-9)
             assert float(dense[0]) == pytest.approx(float(want_dense[0]), rel=1e-3)
     got = planner.plan(traced, cluster, job)

@@ -126,7 +126,7 @@ def test_tensor_parallel_keeps_the_down_projections_whole() -> None:
     spec = ModelSpec.preset("deepseek-v3")
     whole = 7168 * 1536 + 7168 * 576 + 1536 + 512
     assert spec.attention_replicated_params() == whole
-    (dense, _), (moe, experts) = LayerCosts.of(spec).layer_params_per_gpu(
+    (dense, _), (_, experts) = LayerCosts.of(spec).layer_params_per_gpu(
         np.array([1.0, 2.0]), np.array([1.0, 8.0]))
     norms = 2 * spec.hidden_size
     assert dense[1] == pytest.approx((dense[0] - whole - norms) / 2 + whole + norms)

@@ -111,15 +111,18 @@ def test_hf_config_matches_preset(file: str, preset: str) -> None:
 
 
 def test_qwen3_configs_they_cannot_plan_yet_are_refused_by_name() -> None:
-    """Sliding-window layers and MoE on only some layers are not modelled yet: refused with
-    the field that asks for them, not planned as something else."""
+    """Qwen's sliding windows (from max_window_layers on) and dense layers listed one by one
+    are not modelled: refused with the field that asks for them, not planned as something
+    else. MoE on every k-th layer (decoder_sparse_step) is."""
     dense = json.loads((HF / "qwen3-32b.json").read_text())
     with pytest.raises(SpecError, match="use_sliding_window"):
         ModelSpec.from_hf_config({**dense, "use_sliding_window": True})
     moe = json.loads((HF / "qwen3-30b-a3b.json").read_text())
-    for change in ({"decoder_sparse_step": 2}, {"mlp_only_layers": [0, 1]}):
-        with pytest.raises(SpecError, match="decoder_sparse_step"):
-            ModelSpec.from_hf_config({**moe, **change})
+    with pytest.raises(SpecError, match="mlp_only_layers"):
+        ModelSpec.from_hf_config({**moe, "mlp_only_layers": [0, 1]})
+    every_other = ModelSpec.from_hf_config({**moe, "decoder_sparse_step": 2})
+    assert every_other.moe_every == 2 and every_other.num_moe_layers == 24
+    assert [every_other.layer_is_moe(i) for i in range(4)] == [False, True, False, True]
     with pytest.raises(SpecError, match="qwen3_moe"):  # the message lists what is supported
         ModelSpec.from_hf_config({**moe, "model_type": "qwen9"})
 

@@ -121,7 +121,10 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     # every TP rank (its sequence shard under SP; Megatron-Core MLASelfAttention); the
     # rotations keep nothing (orthogonal: their backward rotates the gradient back).
     latent = (e + e_lin) * tokens * float(model.latent_norm_params()) * rep
-    none = attn_rep + core_keep + qk_in + core_scores + mlp + latent
+    # Post-norms (Gemma's, ModelSpec.post_norms): each keeps its input, the attention's and
+    # the MLP's output (the row-parallel linears' outputs, after their reduction).
+    post = (2.0 * e * tokens * h * rep) if model.post_norms else 0.0 * tokens
+    none = attn_rep + core_keep + qk_in + core_scores + mlp + latent + post
     full = e_res * tokens * h * rep
     if job.distribute_saved_activations:
         # Each TP rank keeps its 1/tp slice of the saved layer input (Job docstring).
@@ -158,20 +161,20 @@ def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parameters one GPU holds of (a dense layer, a MoE layer's non-expert part, its routed
     experts): matrices split over tp (Megatron-LM column/row parallel), experts further split
-    over ep. Replicated over tp: the two norms, and the biases of the row-parallel output
-    projections (attention output, MLP down), added after the all-reduce (Shoeybi et al.
-    2019, Sec. 3; Megatron-LM RowParallelLinear, torch RowwiseParallel), MLA's down
+    over ep. Replicated over tp: the layer's norms (``ModelSpec.layer_norm_params``), and the
+    biases of the row-parallel output projections (attention output, MLP down), added after
+    the all-reduce (Shoeybi et al. 2019, Sec. 3; Megatron-LM RowParallelLinear, torch
+    RowwiseParallel), MLA's down
     projections and latent norms (``ModelSpec.attention_replicated_params``), and a MoE layer's
     router, whose ``experts x hidden`` weight every rank holds whole (Megatron-Core
     ``megatron/core/transformer/moe/router.py``: a plain parameter, its gradient all-reduced
     over tp under sequence parallelism); and the query and key norms' weights (``qk_norm``),
     shared by the heads."""
-    norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
     row_bias = model.hidden_size if model.bias else 0
-    rep_attn = model.qk_norm_params() + model.attention_replicated_params()
-    rep_dense = 2 * norm + 2 * row_bias + rep_attn
+    rep_attn = model.layer_norm_params() + model.attention_replicated_params()
+    rep_dense = 2 * row_bias + rep_attn
     # (The routed experts' own biases are split with them.)
-    rep_moe = 2 * norm + row_bias + model.hidden_size * model.num_experts + rep_attn
+    rep_moe = row_bias + model.router_params() + rep_attn
     dense = (model.dense_layer_params() - rep_dense) / tp + rep_dense
     moe = (model.moe_layer_non_expert_params() - rep_moe) / tp + rep_moe
     return dense, moe, model.routed_expert_params() / (tp * ep)

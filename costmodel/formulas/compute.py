@@ -102,6 +102,7 @@ class _Rows:
     rep: np.ndarray
     mbs: np.ndarray
     cp: np.ndarray
+    windowed: bool = False
 
     @property
     def h(self) -> float:
@@ -176,7 +177,8 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                   mbs: np.ndarray, sp: np.ndarray, moe: bool,
                   capacity_factor: float = 1.0, ep: np.ndarray | None = None,
                   autocast: np.ndarray | None = None,
-                  float8_gathered: np.ndarray | None = None) -> LayerCompute:
+                  float8_gathered: np.ndarray | None = None, local: bool = False
+                  ) -> LayerCompute:
     """Forward and backward time of one transformer layer for one micro-batch, per row.
 
     ``tp, cp, mbs, sp`` (and ``ep`` for MoE layers) are arrays over the rows. Matmuls are
@@ -189,7 +191,8 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     ``separate_projections`` (torchtitan) runs q, k and v, and a gated MLP's gate and up
     projections, as separate matmuls: the same FLOPs in more kernels, each reading the input.
     ``float8_gathered``: the rows whose float8 weights FSDP gathers (``float8_gathered_rows``;
-    None: ``float8_param_gather``).
+    None: ``float8_param_gather``). ``local``: the layer attends to a window or chunk of keys
+    (``ModelSpec.attended_keys``), which its fused attention's FLOPs and time follow.
     """
     dtype, e, e_in = _dtypes(job)
     t = tp.astype(float)
@@ -197,7 +200,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
               np.zeros(np.shape(tp), dtype=bool) if autocast is None else np.asarray(autocast),
               t, job.seq_len / cp.astype(float) * mbs,
               np.where(sp == 1, 1.0 / t, 1.0),  # norm/dropout regions: split by SP
-              mbs, cp)
+              mbs, cp, local)
     qkv_gemm, k_gemm, proj_gemm = _projections(r)
     attn_flops = 0.0 * r.tokens  # projections
     for n_in, n_out, split in model.attention_matmuls():
@@ -264,14 +267,18 @@ def _attention_core(r: _Rows) -> _Core:
     q, o, s_kv = r.q, r.o, float(job.seq_len)
     zero = 0.0 * tokens
     if job.flash_attention:
-        causal = 0.5 if model.causal else 1.0
-        flops = 2 * tokens * s_kv * (q + o) / t * causal
+        # Each query attends to ModelSpec.attended_keys (half the sequence under the causal
+        # mask, which the fused kernel skips; a local layer's window).
+        keys = model.attended_keys(job.seq_len, r.windowed)
+        flops = 2 * tokens * keys * (q + o) / t
         # Context parallel runs the kernel over one chunk of the keys at a time (ring
-        # attention, Liu et al. 2023).
-        f, b = flash_attention_time(r.gpu, r.dtype, flops, s_kv / r.cp.astype(float),
+        # attention, Liu et al. 2023); a local layer's keys span at most its window.
+        span = min(s_kv, float(model.sliding_window)) if r.windowed else s_kv
+        f, b = flash_attention_time(r.gpu, r.dtype, flops, span / r.cp.astype(float),
                                     attention_kernel(job, r.gpu))
         return _Core(f, b, flops, FLASH_BACKWARD_FLOPS * flops, zero, 0.0, zero, zero)
-    # Two batched matmuls: [s, d] x [d, s] and [s, s] x [s, d].
+    # Two batched matmuls: [s, d] x [d, s] and [s, s] x [s, d] (a window masks the scores,
+    # which are all computed).
     heads = model.num_heads / t
     hd = float(model.head_dim or model.hidden_size // model.num_heads)
     s_q = job.seq_len / r.cp.astype(float)
@@ -372,12 +379,15 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     # reading and writing them (Megatron-Core's q_layernorm / k_layernorm).
     qk_norm = 2 * e * tokens * (q + kv) / t if model.qk_norm else 0.0 * tokens
     residual = (np.where(ac, 8.0 + e, 3 * e) + drop) * tokens * h * rep
-    ew_bytes = norm_bytes + rope_bytes + qk_norm + residual + core.bytes + latent_norms
+    # Post-norms (ModelSpec.post_norms): one more norm of each block's output.
+    post = norm_bytes if model.post_norms else 0.0 * tokens
+    ew_bytes = norm_bytes + rope_bytes + qk_norm + residual + core.bytes + latent_norms + post
     ew_kernels: Num = 2.0 + (1.0 if rope else 0.0) + (2.0 if model.qk_norm else 0.0) \
-        + core.kernels + latent_kernels + (1.0 if rope and model.is_mla else 0.0)
-    # MLP block: pre-norm, residual, activation, then the projections.
-    ew_bytes = ew_bytes + norm_bytes + residual
-    ew_kernels += 2.0
+        + core.kernels + latent_kernels + (1.0 if rope and model.is_mla else 0.0) \
+        + (1.0 if model.post_norms else 0.0)
+    # MLP block: pre-norm, residual, activation, then the projections (and a post-norm).
+    ew_bytes = ew_bytes + (2 if model.post_norms else 1) * norm_bytes + residual
+    ew_kernels += 3.0 if model.post_norms else 2.0
     # Autocast: each linear fed by a norm casts the fp32 norm output itself (q, k and v
     # separately, the MLP's up and gate projections separately), and backward casts each
     # input gradient back and sums the branches in fp32 (read 4 + 4, write 4).

@@ -74,8 +74,9 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
         kernels += 2.0
     if model.norm == "rmsnorm":
         per = EAGER_RMSNORM_BYTES + 2 * e - np.where(ac, 8.0 + 2 * e, 0.0)
-        out = out + 2 * per * tokens * h * rep
-        kernels = kernels + 2 * (EAGER_RMSNORM_KERNELS - np.where(ac, 2.0, 0.0))
+        norms = 4 if model.post_norms else 2
+        out = out + norms * per * tokens * h * rep
+        kernels = kernels + norms * (EAGER_RMSNORM_KERNELS - np.where(ac, 2.0, 0.0))
     if model.qk_norm:  # the query and key norms decomposed too, over the rank's heads
         out = out + (EAGER_RMSNORM_BYTES + 2 * e) * tokens * (model.q_dim + model.kv_dim) / t
         kernels = kernels + 2 * EAGER_RMSNORM_KERNELS
@@ -170,7 +171,8 @@ def eager_cast_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: n
     out = 0.0 * tokens
     per = 2 * (4.0 + e)  # up to fp32 and back, bytes per element
     if model.norm == "rmsnorm":
-        out = out + 2 * np.where(ac, 0.0, per) * tokens * h * rep
+        norms = 4 if model.post_norms else 2
+        out = out + norms * np.where(ac, 0.0, per) * tokens * h * rep
     if model.norm == "rmsnorm" and model.is_mla:  # the latents' norms (MLA)
         out = out + per * tokens * float(model.latent_norm_params()) * rep
     if model.position_embedding == "rope":

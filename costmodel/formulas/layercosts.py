@@ -340,8 +340,9 @@ class LayerCosts(LayerQueries):
         token (active experts only; not the input embedding table, which is a lookup, unless
         tied to the output layer) and ``q = heads * head_dim``, counting the full s x s
         attention (``6 L s (q + o)`` where the values are narrower, ``o = heads *
-        v_head_dim``); multi-token prediction modules (DeepSeek-V3) are layers more, each
-        running the output layer again. A traced graph: its matmul, convolution and
+        v_head_dim``; a local layer's window in place of s, twice the keys a query sees);
+        multi-token prediction modules (DeepSeek-V3) are layers more, each running the
+        output layer again. A traced graph: its matmul, convolution and
         attention FLOPs per token (``torch.utils.flop_counter``)."""
         if self.spec is None:
             return self.flops(1) / float(self.micro_batch_size * self.seq_len)
@@ -350,8 +351,12 @@ class LayerCosts(LayerQueries):
         if model.tied_embeddings and not model.patch_size:
             n += model.vocab_size * model.hidden_size
         n += model.mtp_layers * model.vocab_size * model.hidden_size
-        layers = model.num_layers + model.mtp_layers
-        return 6.0 * n + 6.0 * layers * (model.q_dim + model.o_dim) * seq_len
+        # Keys per query as the whole s x s counts them; a local layer's twice the keys it
+        # sees (ModelSpec.attended_keys), as s is twice the causal s / 2.
+        keys = sum(2 * model.attended_keys(seq_len, local) if local else float(seq_len)
+                   for _, local in model.layer_attributes)
+        keys += model.mtp_layers * float(seq_len)
+        return 6.0 * n + 6.0 * keys * (model.q_dim + model.o_dim)
 
     @classmethod
     def of(cls, model: ModelSpec | LayerCosts) -> LayerCosts:
@@ -380,15 +385,18 @@ class LayerCosts(LayerQueries):
                  for t in degrees]
         tokens = micro_batch_size * job.seq_len
         out = compute_bytes(job.precision) * tokens * spec.hidden_size
-        # (name, kind, repeat, output bytes, index in _spec_shards' tuple) of each block; a
-        # MoE preset's leading dense layers (DeepSeekMoE), then its MoE layers.
-        moe = spec.num_moe_layers if spec.is_moe else 0
-        layers = [(name, "layer", n, out, i) for name, n, i in
-                  (("layers", spec.num_layers - moe, 1), ("moe layers", moe, 2)) if n > 0]
-        names = [("embedding", "embedding", 1, out, 0), *layers, ("head", "head", 1, 0.0, 3)]
-        blocks = tuple(BlockCosts(name, kind, repeat, out_bytes,
-                                  {t: p[i] for t, p in zip(degrees, parts, strict=True)})
-                       for name, kind, repeat, out_bytes, i in names)
+        # One block per kind of layer (ModelSpec.kind_attributes: dense, then MoE, then the
+        # local ones), as many layers as the model has of it, between the embedding and head.
+        counts = np.bincount(spec.layer_kinds, minlength=len(spec.kind_attributes))
+        names = ["local " * local + "moe " * routed + "layers"
+                 for routed, local in spec.kind_attributes]
+        blocks = (BlockCosts("embedding", "embedding", 1, out,
+                             {t: p[0] for t, p in zip(degrees, parts, strict=True)}),
+                  *(BlockCosts(name, "layer", int(n), out,
+                               {t: p[1][k] for t, p in zip(degrees, parts, strict=True)})
+                    for k, (name, n) in enumerate(zip(names, counts, strict=True))),
+                  BlockCosts("head", "head", 1, 0.0,
+                             {t: p[2] for t, p in zip(degrees, parts, strict=True)}))
         return cls(spec.name, "spec", micro_batch_size, job.seq_len, sequence_parallel, blocks,
                    spec=spec)
 
@@ -441,18 +449,16 @@ def default_tp_degrees(spec: ModelSpec, largest: int = 8) -> tuple[int, ...]:
 
 
 def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
-                 ) -> tuple[ShardCosts, ShardCosts, ShardCosts, ShardCosts]:
-    """(embedding, dense layer, MoE layer, head) ``ShardCosts`` of ``spec`` at degree ``tp``
-    (the MoE layer as the dense one for a dense model): parameters and activations as the
-    tables' row functions give them for a one-row table, FLOPs and collectives by
-    Megatron-LM's layout, the routed experts split over TP as Megatron-LM's expert tensor
-    parallelism splits them (``expert_params`` at ep = 1: the tables split them further
-    over ep)."""
+                 ) -> tuple[ShardCosts, tuple[ShardCosts, ...], ShardCosts]:
+    """(embedding, one layer of each kind (``ModelSpec.kind_attributes``), head)
+    ``ShardCosts`` of ``spec`` at degree ``tp``: parameters and activations as the tables'
+    row functions give them for a one-row table, FLOPs and collectives by Megatron-LM's
+    layout, the routed experts split over TP as Megatron-LM's expert tensor parallelism
+    splits them (``expert_params`` at ep = 1: the tables split them further over ep)."""
     cfg = ParallelConfig(tp=tp, micro_batch_size=mbs, sequence_parallel=sp and tp > 1)
     a = ConfigArrays.from_configs(spec, [cfg])
     rows = LayerCosts.of(spec)
     ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
-    acts = {k: float(v[0]) for k, v in rows.layer_activations(job, a, 0, ac).items()}
     e = compute_bytes(job.precision)
     h, t = float(spec.hidden_size), float(tp)
     tokens = float(mbs * job.seq_len)
@@ -460,14 +466,13 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
     one = e * tokens * h  # one activation tensor [tokens, h], all of it
 
     # Layer: Megatron-LM's column-parallel QKV and MLP input, row-parallel outputs (Shoeybi
-    # et al. 2019, Sec. 3): model FLOPs 2 T h (q + 2 kv) + 2 T q h + 4 T s q + MLP, over t.
+    # et al. 2019, Sec. 3): model FLOPs 2 T h (q + 2 kv) + 2 T q h + 4 T s q + MLP, over t
+    # (the attention's as model FLOPs count it, the whole s x s; a local layer's twice the
+    # keys a query sees, ModelSpec.attended_keys, as the whole s is twice the causal s / 2).
     # A MoE layer's MLP: the router (2 T h experts), each token's top-k routed experts and
     # the shared ones, their MLPs split as the dense one; model FLOPs, shared evenly by the
     # t ranks (Megatron-LM runs the small router whole on each: hardware FLOPs).
-    attn = (2 * tokens * sum(i * o for i, o, _ in spec.attention_matmuls())
-            + 2 * tokens * job.seq_len * (spec.q_dim + spec.o_dim)) / t
     widths = 3 if spec.gated_mlp else 2
-    mlp = 2 * tokens * h * float(spec.ffn_hidden_size or 0) * widths / t
     # Two all-reduces forward (after the attention and MLP output projections) and two
     # backward (of the input gradients of the column-parallel inputs); with SP each is an
     # all-gather and a reduce-scatter (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5).
@@ -476,22 +481,25 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
     coll = _tp_collectives(tp, cfg.sequence_parallel,
                            (3 + spec.attention_input_dim / h) * one)
     per_layer = rows.layer_params_per_gpu(np.array([t]), np.array([1.0]))
-    fwd = attn + mlp
-    layer = ShardCosts(params=float(per_layer[0][0][0]), forward_flops=fwd,
-                       backward_flops=2 * fwd, activation_bytes=acts, input_bytes=one * rep,
-                       collectives=coll)
-    moe_layer = layer
-    if spec.is_moe:
-        (moe, experts) = per_layer[1]
-        assert experts is not None
-        f_moe = float(spec.moe_ffn_hidden_size or 0)
-        active = spec.top_k + spec.num_shared_experts
-        fwd = attn + 2 * tokens * h * (spec.num_experts + f_moe * widths * active) / t
-        moe_acts = {k: float(v[0]) for k, v in rows.layer_activations(job, a, 1, ac).items()}
-        moe_layer = ShardCosts(params=float(moe[0] + experts[0]), forward_flops=fwd,
-                               backward_flops=2 * fwd, activation_bytes=moe_acts,
-                               input_bytes=one * rep, collectives=coll,
-                               expert_params=float(experts[0]))
+    layers = []
+    for kind, (routed, local) in enumerate(spec.kind_attributes):
+        keys = 2 * spec.attended_keys(job.seq_len, local) if local else float(job.seq_len)
+        attn = (2 * tokens * sum(i * o for i, o, _ in spec.attention_matmuls())
+                + 2 * tokens * keys * (spec.q_dim + spec.o_dim)) / t
+        acts = {k: float(v[0]) for k, v in rows.layer_activations(job, a, kind, ac).items()}
+        held, experts = per_layer[kind]
+        if routed:
+            assert experts is not None
+            f_moe = float(spec.moe_ffn_hidden_size or 0)
+            active = spec.top_k + spec.num_shared_experts
+            fwd = attn + 2 * tokens * h * (spec.num_experts + f_moe * widths * active) / t
+        else:
+            fwd = attn + 2 * tokens * h * float(spec.ffn_hidden_size or 0) * widths / t
+        layers.append(ShardCosts(
+            params=float(held[0] + (0.0 if experts is None else experts[0])),
+            forward_flops=fwd, backward_flops=2 * fwd, activation_bytes=acts,
+            input_bytes=one * rep, collectives=coll,
+            expert_params=0.0 if experts is None else float(experts[0])))
 
     # Input side: its output all-reduced (SP: reduce-scattered) forward. Output side: the
     # head's input gradient all-reduced (SP: its input all-gathered forward, the gradient
@@ -511,7 +519,7 @@ def _spec_shards(spec: ModelSpec, job: Job, tp: int, mbs: int, sp: bool
                       backward_flops=2 * head_flops,
                       activation_bytes=dict.fromkeys(RECOMPUTE_MODES, head_act),
                       input_bytes=one * rep, collectives=head_coll)
-    return emb, layer, moe_layer, head
+    return emb, tuple(layers), head
 
 
 def _tp_collectives(tp: int, sp: bool, nbytes: float) -> dict[str, float]:

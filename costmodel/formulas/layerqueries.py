@@ -224,6 +224,17 @@ class LayerQueries(LayerStructure):
         return self._by_tp(self.layer_blocks()[kind], a.tp, lambda c: c.kv_bytes,
                            a.sp) * share
 
+    def cp_ring_steps(self, kind: int, job: Job, a: ConfigArrays) -> np.ndarray:
+        """Ring steps a context-parallel rank takes per layer of ``kind`` per row: the other
+        ``cp - 1`` ranks' keys and values; for a preset's local layer only the blocks its
+        window reaches back into (``ceil(window / (s / cp))``, at most ``cp - 1``)."""
+        steps = a.cp.astype(float) - 1
+        if not self.local(kind):
+            return steps
+        assert self.spec is not None
+        chunk = job.seq_len / a.cp.astype(float)
+        return np.minimum(steps, np.ceil(self.spec.sliding_window / chunk))
+
     def layer_params_per_gpu(self, tp: np.ndarray, ep: np.ndarray
                              ) -> tuple[tuple[np.ndarray, np.ndarray | None], ...]:
         """Per kind of layer, the parameters one GPU holds of one layer per row: (all but
@@ -231,7 +242,8 @@ class LayerQueries(LayerStructure):
         (``costmodel.formulas.activations.layer_params_per_gpu``)."""
         if self.spec is not None:
             dense, moe, experts = layer_params_per_gpu(self.spec, tp, ep)
-            return ((dense, None), (moe, experts)) if self.spec.is_moe else ((dense, None),)
+            return tuple((moe, experts) if routed else (dense, None)
+                         for routed, _ in self.spec.kind_attributes)
         out: list[tuple[np.ndarray, np.ndarray | None]] = []
         for k, b in enumerate(self.layer_blocks()):
             held = self._by_tp(b, tp, lambda c: c.params)
@@ -379,7 +391,8 @@ class LayerQueries(LayerStructure):
         return layer_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
                              capacity_factor=capacity_factor, ep=a.ep if moe else None,
                              autocast=autocast,
-                             float8_gathered=float8_gathered_rows(job.framework, job, a.zero))
+                             float8_gathered=float8_gathered_rows(job.framework, job, a.zero),
+                             local=self.local(kind))
 
     def head_compute(self, gpu: GPU, job: Job, a: ConfigArrays,
                      autocast: np.ndarray | None = None) -> tuple[LayerCompute, LayerCompute]:

@@ -67,17 +67,19 @@ class LayerStructure:
 
     @cached_property
     def layer_kinds(self) -> tuple[int, ...]:
-        """The kind of each layer in order (``costmodel.formulas.arrays.Layers``): a preset's 0 for
-        dense and 1 for MoE layers; a traced graph's index in ``layer_blocks``."""
+        """The kind of each layer in order (``costmodel.formulas.arrays.Layers``): a preset's
+        index in ``ModelSpec.kind_attributes`` (0 for dense and 1 for MoE layers, more for
+        local attention); a traced graph's index in ``layer_blocks``."""
         if self.spec is not None:
             return self.spec.layer_kinds
         return tuple(k for k, b in enumerate(self.layer_blocks()) for _ in range(b.repeat))
 
     @property
     def kinds(self) -> int:
-        """Kinds of layer the row functions take (``kind`` 0 .. ``kinds - 1``)."""
+        """Kinds of layer the row functions take (``kind`` 0 .. ``kinds - 1``; a preset's
+        ``ModelSpec.kind_attributes``)."""
         if self.spec is not None:
-            return 2 if self.spec.is_moe else 1
+            return len(self.spec.kind_attributes)
         return len(self.layer_blocks())
 
     @cached_property
@@ -93,11 +95,16 @@ class LayerStructure:
         """Whether layers of ``kind`` route tokens to experts (a preset's MoE layers; a
         traced graph's layers holding routed experts' parameters)."""
         if self.spec is not None:
-            return self.spec.is_moe and kind == 1
+            return self.spec.kind_attributes[kind][0]
         if not self.num_experts:
             return False
         block = self.layer_blocks()[kind]
         return block.at(min(block.by_tp)).expert_params > 0
+
+    def local(self, kind: int) -> bool:
+        """Whether layers of ``kind`` attend to a window of keys (a preset's local layers,
+        ``ModelSpec.layer_is_local``; a traced graph's attention is as it was traced)."""
+        return self.spec is not None and self.spec.kind_attributes[kind][1]
 
     def layer_blocks(self) -> tuple[BlockCosts, ...]:
         """A traced graph's blocks between its input and output sides, in order: each is a

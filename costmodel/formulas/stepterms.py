@@ -193,9 +193,10 @@ def _cp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
     for k, lc in enumerate(layers):
         kv_block = r.costs.cp_kv_bytes(k, r.job, a)
         ring_step = np.where(cp > 1, r.topo.ring_step(kv_block, cp, tp), 0.0)
-        exposed.append((cp - 1) * overlap(ring_step, lc.core_forward / cp)
-                       + (cp - 1) * overlap(2 * ring_step, lc.core_backward / cp))
-        total.append((cp - 1) * 3 * ring_step)
+        steps = r.costs.cp_ring_steps(k, r.job, a)  # cp - 1, fewer for a local layer
+        exposed.append(steps * overlap(ring_step, lc.core_forward / (steps + 1))
+                       + steps * overlap(2 * ring_step, lc.core_backward / (steps + 1)))
+        total.append(steps * 3 * ring_step)
     return exposed, total
 
 

@@ -151,7 +151,8 @@ def _layer_linear_params(model: ModelSpec, moe: bool) -> tuple[float, float, flo
         mlp = gated * h * ffn * (model.num_experts + model.num_shared_experts)
     else:
         mlp = gated * h * int(model.ffn_hidden_size or 0)
-    total = model.layer_params(model.first_dense_layers if moe else 0)
+    total = model.moe_layer_non_expert_params() + model.routed_expert_params() if moe \
+        else model.dense_layer_params()
     return float(attn + mlp), float(whole), float(total - attn - whole - mlp)
 
 
@@ -238,6 +239,33 @@ def _layer(model: ModelSpec, gpu: GPU, topo: Topology, dtype: str, e: float,
                   flops=flops + attn_flops)
 
 
+def _decode_keys(model: ModelSpec, local: bool, mean_ctx: float, ctx: float) -> float:
+    """Keys a decoded token attends to, over the output on average: the mean context; a
+    sliding window's at most its width; a chunked layer's the tokens before it in its chunk,
+    half a chunk on average once the context passes one."""
+    if not local:
+        return mean_ctx
+    w = float(model.sliding_window)
+    if model.chunked_attention:
+        return mean_ctx if ctx <= w else w / 2
+    return min(mean_ctx, w)
+
+
+def _stage_kinds(model: ModelSpec, pp: np.ndarray, stages: int) -> np.ndarray:
+    """Layers of each kind (``ModelSpec.kind_attributes``) on each pipeline stage of each
+    row, ``[kinds, rows, stages]``, the layers split evenly (``even_split``)."""
+    kinds = np.asarray(model.layer_kinds)
+    out = np.zeros((len(model.kind_attributes), len(pp), stages))
+    for p_val in np.unique(pp):
+        rows = pp == p_val
+        start = 0
+        for s, count in enumerate(even_split(model.num_layers, int(p_val))):
+            out[:, rows, s] = np.bincount(kinds[start:start + count],
+                                          minlength=len(out))[:, None]
+            start += count
+    return out
+
+
 @dataclass(frozen=True)
 class InferenceTable:
     """Per-row results (arrays over the rows), SI units; see ``InferenceEstimate``.
@@ -316,9 +344,8 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
     mb_size = np.ceil(b / mb)
     mean_ctx = P + out / 2.0
 
-    layers: dict[tuple[str, bool], _Layer] = {}
-    kinds = [False] + ([True] if model.is_moe else [])
-    for moe in kinds:
+    layers: dict[tuple[str, int], _Layer] = {}
+    for kind, (moe, local) in enumerate(model.kind_attributes):
         for phase in ("prefill", "decode"):
             acc = {k: np.zeros(n) for k in ("time", "tp_comm", "bytes_read", "flops")}
             for pi, pname in enumerate(WEIGHT_PRECISIONS):
@@ -328,18 +355,21 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
                 dtype = compute_dtype(gpu, job, pname)
                 if phase == "prefill":
                     m = chunk[rows]
-                    # Causal: a prompt token attends to (P + 1) / 2 keys on average; the
-                    # kernel reads q, k, v and writes o once (compute-bound).
-                    af = 2.0 * m * (P + 1) / 2 * (q_local[rows] + o_local[rows])
+                    # Causal: a prompt token attends to (P + 1) / 2 keys on average (a local
+                    # layer's, ModelSpec.attended_keys); the kernel reads q, k, v and writes
+                    # o once (compute-bound).
+                    keys = model.attended_keys(P, True) if local else (P + 1) / 2
+                    af = 2.0 * m * keys * (q_local[rows] + o_local[rows])
                     ab = e * m * (q_local[rows] + o_local[rows] + kv_heads_local[rows])
                 else:
                     m = mb_size[rows]
-                    af = 2.0 * m * mean_ctx * decode_dims[rows]
-                    ab = kv_e * m * mean_ctx * kv_local[rows]
+                    keys = _decode_keys(model, local, mean_ctx, ctx)
+                    af = 2.0 * m * keys * decode_dims[rows]
+                    ab = kv_e * m * keys * kv_local[rows]
                 lay = _layer(model, gpu, topo, dtype, e, wb[rows], tp[rows], m, af, ab, moe)
                 for k in acc:
                     acc[k][rows] = getattr(lay, k)
-            layers[(phase, moe)] = _Layer(**acc)
+            layers[(phase, kind)] = _Layer(**acc)
 
     def ends(m: np.ndarray, rows_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(embedding, head, logit gather) seconds for ``m`` tokens in, ``rows_out`` logits."""
@@ -357,17 +387,7 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
 
     max_pp = int(pp_i.max()) if n else 1
     valid = np.arange(max_pp)[None, :] < pp_i[:, None]
-    dense_n = np.zeros((n, max_pp))
-    moe_n = np.zeros((n, max_pp))
-    for p_val in np.unique(pp_i):
-        rows = pp_i == p_val
-        start = 0
-        for s, count in enumerate(even_split(model.num_layers, int(p_val))):
-            idx = np.arange(start, start + count)
-            is_moe = (idx >= model.first_dense_layers) if model.is_moe else np.zeros(count, bool)
-            moe_n[rows, s] = float(is_moe.sum())
-            dense_n[rows, s] = float(count - is_moe.sum())
-            start += count
+    kind_n = _stage_kinds(model, pp_i, max_pp)  # [kinds, rows, stages]
     first = np.zeros((n, max_pp))
     first[:, 0] = 1.0
     last = (np.arange(max_pp)[None, :] == (pp_i - 1)[:, None]).astype(float)
@@ -376,9 +396,8 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
                   ) -> np.ndarray:
         """``[rows, stages]``: a layer quantity summed over each stage's layers, plus the
         embedding on the first stage and the head on the last."""
-        d = getattr(layers[(phase, False)], attr)[:, None] * dense_n
-        if model.is_moe:
-            d = d + getattr(layers[(phase, True)], attr)[:, None] * moe_n
+        d = sum(getattr(layers[(phase, k)], attr)[:, None] * kind_n[k]
+                for k in range(len(kind_n)))
         d = d + np.asarray(emb)[..., None] * first + np.asarray(head)[..., None] * last
         return np.where(valid, d, 0.0)
 
@@ -408,23 +427,23 @@ def inference_table(model: ModelSpec, cluster: Cluster, job: InferenceJob, tp: n
 
     # Memory per stage.
     t = tp
-    lin_d, whole_d, oth_d = _layer_linear_params(model, False)
-    per_gpu_d = (lin_d / t + whole_d) * wb + oth_d * e
-    if model.is_moe:
-        lin_m, whole_m, oth_m = _layer_linear_params(model, True)
-        per_gpu_m = (lin_m / t + whole_m) * wb + oth_m * e
-    else:
-        per_gpu_m = np.zeros(n)
-    layers_n = dense_n + moe_n
+    per_gpu = {moe: (lin / t + whole) * wb + oth * e
+               for moe in {a[0] for a in model.kind_attributes}
+               for lin, whole, oth in (_layer_linear_params(model, moe),)}
     emb_bytes = model.embedding_params() * e / t
     head_bytes = model.head_params() * e / t
     if model.tied_embeddings:
         # One matrix serves both ends on a single stage; the last stage of a pipeline holds
         # its own copy for the head.
         head_bytes = np.where(pp > 1, model.embedding_params() * e / t, 0.0)
-    weights = (per_gpu_d[:, None] * dense_n + per_gpu_m[:, None] * moe_n
+    weights = (sum(per_gpu[moe][:, None] * kind_n[k]
+                   for k, (moe, _) in enumerate(model.kind_attributes))
                + emb_bytes[:, None] * first + head_bytes[:, None] * last)
-    kv_per_seq = ctx * kv_local[:, None] * kv_e * layers_n
+    # A local layer caches its window alone (vLLM's sliding-window KV cache frees the blocks
+    # behind it; a chunked layer keeps its chunk).
+    cached = [min(ctx, float(model.sliding_window)) if local else ctx
+              for _, local in model.kind_attributes]
+    kv_per_seq = kv_local[:, None] * kv_e * sum(c * kind_n[k] for k, c in enumerate(cached))
     kv = b[:, None] * kv_per_seq
     ffn_max = float(max(model.ffn_hidden_size or 0,
                         (model.moe_ffn_hidden_size or 0) * max(model.top_k, 1)))

@@ -43,6 +43,11 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
         raise SpecError(f"the megatron target writes pretrain_gpt.py arguments for decoder-only "
                         f"models; {model.name} is not one: emit it for deepspeed instead")
     ch = to_framework(cfg, job, "megatron", "Megatron-LM")
+    for bad, what in ((model.post_norms, "norms after the attention and the MLP (Gemma)"),
+                      (model.chunked_attention, "chunked attention (Llama 4)")):
+        if bad:
+            ch.warnings.append(f"pretrain_gpt.py's GPT has no {what}: the file trains "
+                               f"{model.name} without it (use Megatron-Bridge's model for it)")
     uniform_stage_recompute(ch, "Megatron-LM")
     if job.optimizer not in ("adam", "adamw", "sgd"):
         ch.set_job(f"Megatron-LM's optimizers are Adam(W) and SGD, not {job.optimizer}: "
@@ -81,6 +86,14 @@ def _model_args(m: ModelSpec, job: Job) -> list[Any]:
         a += ["--kv-channels", m.head_dim]
     if m.mtp_layers:
         a += ["--mtp-num-layers", m.mtp_layers]
+    if m.sliding_window and not m.chunked_attention:
+        # Megatron-Core's TransformerConfig.window_size (left, right) and
+        # window_attn_skip_freq: layer n (1-based) is full where n % freq == 0.
+        a += ["--window-size", f"{m.sliding_window},0"]
+        if m.global_every:
+            a += ["--window-attn-skip-freq", m.global_every]
+    if m.attention_sinks:  # a learned logit per head in the softmax (GPT-OSS)
+        a += ["--softmax-type", "learnable"]
     a += ["--seq-length", job.seq_len,
           "--max-position-embeddings", max(job.seq_len, m.max_position_embeddings),
           "--position-embedding-type", {"rope": "rope", "learned": "learned_absolute",
@@ -113,7 +126,10 @@ def _moe_args(m: ModelSpec, job: Job) -> list[Any]:
     if m.num_shared_experts:
         a += ["--moe-shared-expert-intermediate-size",
               m.num_shared_experts * m.moe_ffn_hidden_size]
-    if m.first_dense_layers:
+    if m.moe_every > 1:  # the pattern as a list of 0 (dense) and 1 (MoE), layer by layer
+        a += ["--moe-layer-freq",
+              "[" + ",".join(str(int(m.layer_is_moe(i))) for i in range(m.num_layers)) + "]"]
+    elif m.first_dense_layers:
         a += ["--moe-layer-freq",
               f"([0]*{m.first_dense_layers}+[1]*{m.num_layers - m.first_dense_layers})"]
     if job.moe_capacity_factor is not None:

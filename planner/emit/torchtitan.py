@@ -103,6 +103,12 @@ def lower(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig) -> Lower
             "torchtitan 0.2.2 runs zero bubble only with 2 or more stages per rank: emitted "
             "the V-shaped ZBVZeroBubble (2 stages per rank), whose bubble is smaller than the "
             "one-stage ZB-H1 the estimate times ('planner run' runs that one)")
+    if isinstance(model, ModelSpec) and (model.sliding_window or model.attention_sinks
+                                         or model.post_norms):
+        ch.warnings.append(
+            f"torchtitan 0.2.2's built-in models have no local attention windows, attention "
+            f"sinks or post-norms: {model.name} needs a train spec of your own (the file "
+            f"names it as [model])")
     if builtin and isinstance(model, ModelSpec) and model.mtp_layers:
         ch.warnings.append(
             f"torchtitan 0.2.2's deepseek_v3 has no multi-token prediction: the file trains "

@@ -372,8 +372,8 @@ class Transformer(nn.Module):
             if spec.position_embedding == "learned" else None)
         # GPT-2's embedding dropout (Radford et al. 2019; Megatron-LM's embedding dropout).
         self.emb_dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
-        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, kind == 1)
-                                     for i, kind in enumerate(spec.layer_kinds)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, spec.layer_is_moe(i))
+                                     for i in range(spec.num_layers)})
         self.norm: nn.Module | None = _norm(spec) if spec.final_norm else None
         self.output: nn.Linear | None = (None if spec.tied_embeddings
                                          else nn.Linear(h, spec.vocab_size, bias=spec.bias))
