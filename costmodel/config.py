@@ -14,7 +14,7 @@ from costmodel.errors import SpecError
 from costmodel.frameworks import FRAMEWORKS
 from hardware_profiles.numbers import real
 
-__all__ = ["ATTENTION_KERNELS", "TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig"]
+__all__ = ["ATTENTION_KERNELS", "TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig", "accounted_split"]
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
@@ -35,9 +35,11 @@ def _choice(owner: str, key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise SpecError(f"{owner}.{key}={value!r} is not one of: {', '.join(allowed)}")
 
 
-def _positive_int(owner: str, key: str, value: Any, most: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise SpecError(f"{owner}.{key} must be a positive integer, got {value!r}")
+def _positive_int(owner: str, key: str, value: Any, most: int | None = None,
+                  allow_zero: bool = False) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
+        need = "a non-negative" if allow_zero else "a positive"
+        raise SpecError(f"{owner}.{key} must be {need} integer, got {value!r}")
     if most is not None and value > most:
         raise SpecError(f"{owner}.{key} = {value:,} is beyond what any training job uses (at "
                         f"most {most:,}); check the units")
@@ -248,7 +250,9 @@ class ParallelConfig:
     ``selective`` (attention core, Korthikanti et al. 2022) or ``full``; with ``full``,
     ``recompute_num_layers`` limits it to the first N layers of each pipeline chunk.
     ``offload``: ``none``, ``optimizer``, ``optimizer+params`` (to CPU memory).
-    ``stage_layers``: explicit transformer layers per pipeline stage (sums to the model's).
+    ``stage_layers``: explicit transformer layers per pipeline stage (sums to the model's);
+    interleaved, per chunk in virtual order (``chunk_layers``; ``accounted_split`` gives
+    Megatron-LM's split with the embedding and the loss counted as layers).
     ``stage_recompute_layers``: with ``recompute='full'`` and ``stage_layers``, how many of
     each stage's layers (its first ones) are fully recomputed, so stages may differ.
     """
@@ -344,14 +348,21 @@ class ParallelConfig:
                                 f"pipeline stage, or None; got {value!r:.40}")
         if self.stage_layers is not None:
             object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
-            if len(self.stage_layers) != self.pp:
+            chunks = self.pp * self.virtual_pipeline_stages
+            if len(self.stage_layers) != chunks:
                 raise SpecError(
-                    f"{owner}: stage_layers has {len(self.stage_layers)} entries but pp={self.pp}"
+                    f"{owner}: stage_layers has {len(self.stage_layers)} entries but "
+                    f"pp={self.pp}" + (f" x virtual_pipeline_stages="
+                                       f"{self.virtual_pipeline_stages} = {chunks} chunks"
+                                       if chunks != self.pp else "")
                 )
             for n in self.stage_layers:
-                _positive_int(owner, "stage_layers[i]", n)
-            if self.virtual_pipeline_stages > 1:
-                raise SpecError(f"{owner}: stage_layers cannot be combined with interleaving")
+                # A chunk of an interleaved pipeline may hold the embedding or the loss alone
+                # (Megatron-LM's --pipeline-model-parallel-layout); a stage holds a layer.
+                _positive_int(owner, "stage_layers[i]", n, allow_zero=chunks != self.pp)
+            if chunks != self.pp and 0 in (self.rank_layers or ()):
+                raise SpecError(f"{owner}: stage_layers {list(self.stage_layers)} leave a "
+                                "pipeline rank without layers")
         if self.stage_recompute_layers is None:
             return
         rec = tuple(self.stage_recompute_layers)
@@ -366,6 +377,25 @@ class ParallelConfig:
             raise SpecError(f"{owner}: stage_recompute_layers {list(rec)} must give each "
                             f"of the {self.pp} stages 0..its layers "
                             f"{list(self.stage_layers)}")
+
+    @property
+    def chunk_layers(self) -> tuple[int, ...] | None:
+        """An interleaved pipeline's explicit layers per chunk, in virtual order (chunk ``j``
+        is virtual stage ``j // pp`` of rank ``j % pp``, Megatron-LM's
+        ``--pipeline-model-parallel-layout`` order); None for an even split or without
+        interleaving."""
+        if self.stage_layers is None or self.virtual_pipeline_stages == 1:
+            return None
+        return self.stage_layers
+
+    @property
+    def rank_layers(self) -> tuple[int, ...] | None:
+        """Explicit layers per pipeline rank (each rank's chunks summed); None for an even
+        split."""
+        if self.stage_layers is None:
+            return None
+        p = self.pp
+        return tuple(sum(self.stage_layers[r::p]) for r in range(p))
 
     @property
     def world_size(self) -> int:
@@ -386,3 +416,30 @@ class ParallelConfig:
             if out[key] is not None:
                 out[key] = list(out[key])
         return out
+
+
+def accounted_split(num_layers: int, pp: int, virtual: int = 1, *, embedding: bool = True,
+                    loss: bool = True, mtp: int = 0) -> tuple[int, ...] | None:
+    """Layers per chunk (virtual order; per stage without interleaving) of Megatron-LM's
+    split with the embedding and the loss each counted as one layer
+    (``--account-for-embedding-in-pipeline-split``, ``--account-for-loss-in-pipeline-split``,
+    megatron/core/transformer/transformer_block.py ``get_num_layers_to_build``): the layers
+    and those extra units split evenly over the ``pp * virtual`` chunks, the first chunk
+    one layer fewer for the embedding, the last one fewer for the loss (and for each of
+    ``mtp`` multi-token prediction modules, which sit with it). None where the units do not
+    divide evenly, which Megatron-LM refuses. Llama 3.1 405B's 126 layers on pp 8 x virtual
+    8 with both: 2 per chunk, 1 in the first and the last; DeepSeek-V3's 61 and its MTP
+    module on pp 8 x virtual 4: 1, then 2 in each of 30, then 0 (Megatron-Bridge's layout
+    ``Et|(tt|)*30mL``)."""
+    chunks = pp * virtual
+    units = num_layers + int(embedding) + int(loss) + mtp
+    if chunks < 1 or units % chunks:
+        return None
+    per = units // chunks
+    out = [per] * chunks
+    out[0] -= int(embedding)
+    out[-1] -= int(loss) + mtp
+    if min(out) < 0 or (virtual == 1 and min(out) < 1):
+        return None
+    return tuple(out)
+

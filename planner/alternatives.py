@@ -67,6 +67,21 @@ class Alternative:
                    peak_memory_bytes=d.get("peak_memory_bytes"))
 
 
+def layer_list(values: tuple[int, ...]) -> str:
+    """Layer counts as a list, a run of one count as ``NxK`` (``[1, 2x62, 1]`` for an
+    interleaved pipeline's 64 chunks; ``planner compare`` reads it back)."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        n = j - i
+        out.append(f"{values[i]}x{n}" if n > 2 else ", ".join([str(values[i])] * n))
+        i = j
+    return "[" + ", ".join(out) + "]"
+
+
 def describe(cfg: ParallelConfig | InferenceConfig) -> str:
     """A configuration in one line: only what differs from the defaults, degrees first."""
     if isinstance(cfg, InferenceConfig):
@@ -81,7 +96,8 @@ def describe(cfg: ParallelConfig | InferenceConfig) -> str:
         if v != default:
             name = {"zero_stage": "zero", "sequence_parallel": "sp", "micro_batch_size": "mbs",
                     "virtual_pipeline_stages": "v", "sharding_group": "shard"}.get(key, key)
-            parts.append(name if v is True else f"{name}={list(v) if isinstance(v, tuple) else v}")
+            parts.append(name if v is True else f"{name}={layer_list(v)}"
+                         if isinstance(v, tuple) else f"{name}={v}")
     if cfg.pp > 1:
         parts.append(str(cfg.pipeline_schedule))
     return " ".join(parts)

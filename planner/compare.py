@@ -106,10 +106,12 @@ def _value(name: str, value: str, item: str) -> Any:
         inner = value.strip()
         if not (inner.startswith("[") and inner.endswith("]")):
             raise SpecError(f"configuration item {item!r}: write a list as [8,8,8]")
-        try:
-            return tuple(int(x) for x in inner[1:-1].split(";") if x)
+        try:  # NxK: N repeated K times (planner.alternatives.layer_list)
+            return tuple(int(n) for x in inner[1:-1].split(";") if x
+                         for n, _, k in (x.partition("x"),) for _ in range(int(k or 1)))
         except ValueError:
-            raise SpecError(f"configuration item {item!r}: the list holds integers") from None
+            raise SpecError(f"configuration item {item!r}: the list holds integers (or NxK "
+                            "for N repeated K times)") from None
     try:
         return int(value)
     except ValueError:

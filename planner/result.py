@@ -41,6 +41,7 @@ from planner.advice import (
 from planner.alternatives import (
     Alternative,
     describe,
+    layer_list,
 )
 from planner.space import Constraints
 
@@ -340,7 +341,8 @@ class Plan:
                          "cluster before committing")
         if cfg.stage_layers:
             rec = cfg.stage_recompute_layers
-            lines.append(f"stages   layers per pipeline stage {list(cfg.stage_layers)}"
+            what = "chunk (virtual order)" if cfg.chunk_layers else "stage"
+            lines.append(f"stages   layers per pipeline {what} {layer_list(cfg.stage_layers)}"
                          + (f", fully recomputed {list(rec)}" if rec else ""))
         return lines
 

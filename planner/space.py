@@ -26,9 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.config import FRAMEWORK_NAMES, Job, ParallelConfig
+from costmodel.config import FRAMEWORK_NAMES, Job, ParallelConfig, accounted_split
 from costmodel.errors import SpecError
-from costmodel.formulas.arrays import divisors, input_split
+from costmodel.formulas.arrays import (
+    accounted_columns,
+    divisors,
+    input_split,
+    interleaved_split,
+)
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
 from costmodel.frameworks import Framework, framework, schedule_problem
@@ -86,7 +91,9 @@ RULES: dict[str, str] = {
                          "0.2.2 runs multi-stage schedules only with 2 or more stages per "
                          "rank, torchtitan/distributed/pipeline_parallel.py, so not one-stage "
                          "zero bubble; estimate it explicitly for 'planner run')",
-    "virtual_layers": "interleaving splits the layers evenly: pp * virtual stages divides them",
+    "virtual_layers": "interleaving splits the layers evenly: pp * virtual stages divides "
+                      "them, or them with the embedding and the loss counted as layers "
+                      "(Megatron-LM's --account-for-embedding/loss-in-pipeline-split)",
     "schedule_micro_batches": "the trainer's schedule runs this many micro-batches "
                               "(torch.distributed.pipelining: 1F1B needs at least pp, "
                               "interleaved and zero bubble a multiple of micro-batches // pp; "
@@ -411,27 +418,35 @@ def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
     L, need = model.num_layers, model.first_stage_layers
     heavy = {int(p): s for p in np.unique(c["pp"])
              if (s := input_split(L, int(p), need))} if need else {}
-    exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"])
+    # An accounted split's chunks hold one layer fewer at the ends: the classes of
+    # uniform_stages hold for it when the layers are all of one kind.
+    uneven = (c["v"] > 1) & (L % np.maximum(c["pp"] * c["v"], 1) != 0)
+    exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"]) and (
+        not uneven.any() or len(set(model.layer_kinds)) == 1)
     index, count, layers, start = _stage_columns(L, c["pp"], exact)
     for p, split in heavy.items():
         rows = (c["pp"] == p) & (c["v"] == 1)
         layers[rows, :p] = split
         start[rows, :p] = np.cumsum(split) - np.array(split)
+    chunks = accounted_columns(L, model.mtp_layers, c["pp"], c["v"], index, layers, start)
     shard = np.where(c["zero"] > 0, c["group"] * c["cp"], 1)
     return ConfigArrays(
         dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero=c["zero"],
         shard=shard, sp=c["sp"], mbs=c["mbs"], schedule=c["schedule"], v=c["v"],
         recompute=c["recompute"], recompute_layers=c["recompute_layers"],
         offload=c["offload"], stage_layers=layers, stage_index=index, stage_count=count,
-        stage_start=start)
+        stage_start=start, chunk_layers=chunks)
 
 
 def row_config(r: np.ndarray, model: ModelSpec | LayerCosts | None = None) -> ParallelConfig:
     """One row of a space table (``COLUMNS``) as a ParallelConfig; with ``model``, the stage
     split the search costed it with where it is not the even one (``arrays``)."""
     c = dict(zip(COLUMNS, (int(x) for x in r), strict=True))
-    split = input_split(model.num_layers, c["pp"], model.first_stage_layers) \
-        if model is not None and c["v"] == 1 else None
+    split = None
+    if model is not None:
+        split = input_split(model.num_layers, c["pp"], model.first_stage_layers) \
+            if c["v"] == 1 else interleaved_split(model.num_layers, c["pp"], c["v"],
+                                                  model.mtp_layers)
     return ParallelConfig(
         stage_layers=tuple(split) if split else None,
         dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero_stage=c["zero"],
@@ -501,10 +516,11 @@ def _shardings(fw: Framework, f: _Filter, dp: int, pp: int, cp: int, ep: int
     return np.array(out, dtype=np.int64).reshape(-1, 3)
 
 
-def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int, need: int = 0
-               ) -> list[tuple[int, int]]:
+def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int, need: int = 0,
+               mtp: int = 0) -> list[tuple[int, int]]:
     """(schedule, virtual stages) options of a pipeline degree; ``need``: the layers the
-    first chunk must hold (``LayerCosts.first_stage_layers``)."""
+    first chunk must hold (``LayerCosts.first_stage_layers``); ``mtp``: the model's
+    multi-token prediction modules, which an accounted split counts with the loss."""
     if pp == 1:
         # Without a pipeline the schedule means nothing; its canonical form is 1F1B, v = 1.
         if f.cons.allows("pipeline_schedule", "1f1b") and \
@@ -522,7 +538,8 @@ def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int, need: int = 
                 out.append((SCHEDULE_CODES[s], 1))
             continue
         vs = f.keep("virtual_pipeline_stages", range(2, num_layers // pp + 1), [
-            ("virtual_layers", lambda v: num_layers % (pp * v) == 0),
+            ("virtual_layers", lambda v: num_layers % (pp * v) == 0
+             or (not need and accounted_split(num_layers, pp, v, mtp=mtp) is not None)),
             ("pp_inputs", lambda v: num_layers // (pp * v) >= need)],
             show=lambda v: f"pp={pp} virtual_pipeline_stages={v}")
         out += [(SCHEDULE_CODES[s], v) for v in vs]
@@ -594,7 +611,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
             ("pp_inputs", lambda p: p == 1 or L - need >= p - 1)],
             show=lambda p, tp=tp: f"tp={tp} pp={p}")
         for pp in pps:
-            scheds = _schedules(fw, f, L, pp, need)
+            scheds = _schedules(fw, f, L, pp, need, model.mtp_layers)
             cps = f.keep("cp", divisors(world // (tp * pp)), [
                 ("cp_seq", lambda c: job.seq_len % c == 0),
                 ("cp_traced", lambda c: c == 1 or not traced
@@ -634,7 +651,8 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                             rej.add("schedule_micro_batches", f"tp={tp} pp={pp} dp={dp} "
                                     f"mbs={mbs}: {problem}")
                             continue
-                        chunk = L // (pp * v)
+                        split = interleaved_split(L, pp, v, model.mtp_layers)
+                        chunk = max(split) if split else L // (pp * v)
                         if chunk not in recomputes:
                             recomputes[chunk] = len(r_tables)
                             r_tables.append(_recomputes(f, chunk))

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
+from costmodel.config import accounted_split
 from costmodel.errors import SpecError
 from costmodel.formulas.memory import SCHEDULE_CODES
 from costmodel.formulas.pipeline import makespan, pipeline_bound, rank_orders, simulate
@@ -139,7 +140,7 @@ def test_bad_schedules_are_refused() -> None:
 
 
 MODELS = [ModelSpec.preset("llama-3-8b"), ModelSpec.preset("gpt3-175b"),
-          ModelSpec.preset("mixtral-8x7b")]
+          ModelSpec.preset("mixtral-8x7b"), ModelSpec.preset("deepseek-v2-lite")]
 H100 = Cluster.preset("dgx-h100", num_nodes=8)
 
 
@@ -154,10 +155,7 @@ def pipelines(draw: st.DrawFn) -> tuple[ModelSpec, Job, ParallelConfig]:
                                      "deepspeed": ("1f1b",),
                                      "torchtitan": SCHEDULES}[fw]))
     L = model.num_layers
-    vs = [x for x in range(2, 5) if L % (pp * x) == 0]
-    if schedule == "interleaved-1f1b" and not vs:
-        schedule = "1f1b"
-    v = draw(st.sampled_from(vs)) if schedule == "interleaved-1f1b" else 1
+    v = draw(st.integers(2, 4)) if schedule == "interleaved-1f1b" else 1
     dp = 64 // pp // 8
     m = draw(st.integers(1, 24))
     if schedule == "interleaved-1f1b":
@@ -166,7 +164,16 @@ def pipelines(draw: st.DrawFn) -> tuple[ModelSpec, Job, ParallelConfig]:
         m = max(m, pp)
     stage_layers = None
     recompute, per_stage = draw(st.sampled_from(("none", "selective", "full"))), None
-    if schedule != "interleaved-1f1b" and draw(st.booleans()):
+    if schedule == "interleaved-1f1b" and (L % (pp * v) or draw(st.booleans())):
+        # Uneven chunks in virtual order, some empty (Megatron-LM's layouts): every rank
+        # holds a layer.
+        cuts = sorted(draw(st.lists(st.integers(0, L), min_size=pp * v - 1,
+                                    max_size=pp * v - 1)))
+        stage_layers = tuple(int(x) for x in np.diff([0, *cuts, L]))
+        if any(sum(stage_layers[r::pp]) == 0 for r in range(pp)):
+            stage_layers = accounted_split(L, pp, v) or tuple(
+                int(x) for x in np.diff(np.linspace(0, L, pp * v + 1).round()))
+    elif schedule != "interleaved-1f1b" and draw(st.booleans()):
         cuts = sorted(draw(st.lists(st.integers(1, L - 1), min_size=pp - 1, max_size=pp - 1,
                                     unique=True)))
         stage_layers = tuple(int(x) for x in np.diff([0, *cuts, L]))

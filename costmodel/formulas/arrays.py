@@ -13,7 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from costmodel.config import ParallelConfig
+from costmodel.config import ParallelConfig, accounted_split
+from costmodel.errors import SpecError
 
 
 class Layers(Protocol):
@@ -28,8 +29,8 @@ class Layers(Protocol):
     def layer_kinds(self) -> tuple[int, ...]: ...
 
 __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Distinct",
-           "Stages", "distinct_rows", "divisors", "even_split", "first_argmax", "input_split",
-           "ordered_sum"]
+           "Stages", "accounted_columns", "distinct_rows", "divisors", "even_split",
+           "first_argmax", "input_split", "interleaved_split", "ordered_sum"]
 
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
@@ -73,6 +74,7 @@ class ConfigArrays:
     stage_count: np.ndarray
     stage_start: np.ndarray
     stage_recompute: np.ndarray | None = None  # layers fully recomputed per stage; -1: the row's
+    chunk_layers: np.ndarray | None = None  # [rows, pp * v] explicit interleaved chunks; 0 pads
 
     @property
     def rows(self) -> int:
@@ -190,12 +192,14 @@ class ConfigArrays:
         vs = np.array([c.virtual_pipeline_stages for c in configs], dtype=np.int64)
         explicit = any(c.stage_layers is not None for c in configs)
         per_stage_rec = None
+        chunks = None
         if all_stages or explicit or not cls.classes_exact(model, pps, vs):
             index, count, layers, start = cls.every_stage(model.num_layers, pps)
             if explicit:
                 for r, c in enumerate(configs):
-                    layers[r, : c.pp] = c.stage_layers or even_split(model.num_layers, c.pp)
+                    layers[r, : c.pp] = c.rank_layers or even_split(model.num_layers, c.pp)
                 start = np.cumsum(layers, axis=1) - layers
+                chunks = cls._chunk_columns(configs, model.num_layers)
             width = index.shape[1]
             if any(c.stage_recompute_layers is not None for c in configs):
                 per_stage_rec = np.full((n, width), -1, dtype=np.int64)
@@ -228,7 +232,24 @@ class ConfigArrays:
             stage_count=count,
             stage_start=start,
             stage_recompute=per_stage_rec,
+            chunk_layers=chunks,
         )
+
+    @staticmethod
+    def _chunk_columns(configs: Sequence[ParallelConfig], num_layers: int
+                       ) -> np.ndarray | None:
+        """``chunk_layers`` of ``configs``: each interleaved config's explicit chunks (an
+        even split's where it has none, 0 where it is not interleaved); None when no config
+        has explicit chunks."""
+        if not any(c.chunk_layers for c in configs):
+            return None
+        width = max(c.pp * c.virtual_pipeline_stages for c in configs)
+        out = np.zeros((len(configs), width), dtype=np.int64)
+        for r, c in enumerate(configs):
+            if c.virtual_pipeline_stages > 1:
+                n = c.pp * c.virtual_pipeline_stages
+                out[r, :n] = c.chunk_layers or [num_layers // n] * n
+        return out
 
 
 def divisors(n: int) -> list[int]:
@@ -260,6 +281,42 @@ def even_split(num_layers: int, pp: int) -> list[int]:
     """The even split of ``num_layers`` over ``pp`` stages, remainder to the last stages."""
     base, rem = divmod(num_layers, pp)
     return [base + (i >= pp - rem) for i in range(pp)]
+
+
+def interleaved_split(num_layers: int, pp: int, v: int, mtp: int = 0
+                      ) -> tuple[int, ...] | None:
+    """Layers per chunk (virtual order) an interleaved pipeline whose chunks do not split
+    the layers evenly runs: Megatron-LM's accounted split (``costmodel.config.
+    accounted_split``: the embedding, the loss and ``mtp`` multi-token prediction modules
+    counted as layers; None where that does not divide either); None for an even split or
+    no interleaving."""
+    if v == 1 or num_layers % (pp * v) == 0:
+        return None
+    return accounted_split(num_layers, pp, v, mtp=mtp)
+
+
+def accounted_columns(num_layers: int, mtp: int, pp: np.ndarray, v: np.ndarray,
+                      index: np.ndarray, layers: np.ndarray, start: np.ndarray
+                      ) -> np.ndarray | None:
+    """``ConfigArrays.chunk_layers`` of the rows of a table whose interleaving splits the
+    layers unevenly (``interleaved_split``), with their stage columns' layers and starts
+    set to its ranks' (in place); None when no row does."""
+    uneven = (v > 1) & (num_layers % np.maximum(pp * v, 1) != 0)
+    if not uneven.any():
+        return None
+    out = np.zeros((len(pp), int((pp * v)[uneven].max())), dtype=np.int64)
+    for p, vv in {(int(a), int(b)) for a, b in zip(pp[uneven], v[uneven], strict=True)}:
+        split = interleaved_split(num_layers, p, vv, mtp)
+        if split is None:
+            raise SpecError(f"pp={p} x virtual_pipeline_stages={vv} splits neither the "
+                            f"{num_layers} layers nor them with the embedding and loss evenly")
+        rows = (pp == p) & (v == vv)
+        ranks = np.array([sum(split[r::p]) for r in range(p)])
+        out[rows, :p * vv] = split
+        at = np.clip(index[rows], 0, p - 1)
+        layers[rows] = np.where(layers[rows] > 0, ranks[at], 0)
+        start[rows] = (np.cumsum(ranks) - ranks)[at]
+    return out
 
 
 def input_split(num_layers: int, pp: int, first: int) -> list[int] | None:

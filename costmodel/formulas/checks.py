@@ -87,10 +87,12 @@ def _check_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
             f"the model has {model.num_layers} layers, fewer than pp*virtual stages = {chunks}; "
             "lower pp or virtual_pipeline_stages"
         )
-    if cfg.virtual_pipeline_stages > 1 and model.num_layers % chunks:
+    if cfg.virtual_pipeline_stages > 1 and model.num_layers % chunks and cfg.chunk_layers is None:
         raise SpecError(
             f"interleaving needs num_layers={model.num_layers} divisible by "
-            f"pp*virtual_pipeline_stages={chunks}"
+            f"pp*virtual_pipeline_stages={chunks}, or explicit layers per chunk "
+            f"(stage_layers, pp*virtual_pipeline_stages of them; "
+            f"costmodel.config.accounted_split gives Megatron-LM's)"
         )
     if cfg.stage_layers is not None and sum(cfg.stage_layers) != model.num_layers:
         raise SpecError(

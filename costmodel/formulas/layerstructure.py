@@ -50,6 +50,12 @@ class LayerStructure:
         return self
 
     @property
+    def mtp_layers(self) -> int:
+        """A preset's multi-token prediction modules (``ModelSpec.mtp_layers``; 0 for a
+        traced graph)."""
+        return self.spec.mtp_layers if self.spec is not None else 0
+
+    @property
     def tp_degrees(self) -> tuple[int, ...]:
         """The TP degrees every block has costs for."""
         if not self.blocks:

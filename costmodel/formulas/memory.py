@@ -195,10 +195,18 @@ def _stage_kinds(costs: LayerCosts, a: ConfigArrays, st: Stages) -> np.ndarray:
         return contig
     p, v = a.pp, a.v
     chunk = np.where(v > 1, L // (p * v), 0)
+    # Explicit chunks (ParallelConfig.chunk_layers, virtual order): where each begins.
+    ends = None if a.chunk_layers is None else np.cumsum(a.chunk_layers, axis=1)
     il = np.zeros_like(contig)
     for k in range(int(v.max())):
-        g = k * p + st.index
-        il = il + np.where(k < v, between(g * chunk, (g + 1) * chunk), 0)
+        g = k * p + st.index  # [P, rows]
+        lo, hi = g * chunk, (g + 1) * chunk
+        if ends is not None:
+            at = np.clip(g, 0, ends.shape[1] - 1).T  # [rows, P]
+            hi_x = np.take_along_axis(ends, at, axis=1).T
+            lo_x = hi_x - np.take_along_axis(a.chunk_layers, at, axis=1).T
+            lo, hi = np.where(ends[:, -1] > 0, lo_x, lo), np.where(ends[:, -1] > 0, hi_x, hi)
+        il = il + np.where(k < v, between(lo, hi), 0)
     return np.where(v > 1, il, contig)
 
 

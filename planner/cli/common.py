@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -78,6 +79,26 @@ def _whole_number(text: str, least: int, words: str) -> int:
 def positive_int(text: str) -> int:
     """argparse type: a whole number of at least 1 (degrees, sizes, counts)."""
     return _whole_number(text, 1, "at least 1")
+
+
+def stage_layers(text: str) -> tuple[int, ...]:
+    """argparse type: layers per pipeline stage (chunk): counts, a run written ``NxK``
+    (``1,2x30,0``), or a Megatron-LM ``--pipeline-model-parallel-layout`` string
+    (``Et|(tt|)*30mL``)."""
+    from planner.emit.megatron import layout_layers
+
+    t = text.strip()
+    if any(c in t for c in "Et|L"):
+        if not re.fullmatch(r"[EtmL|(),*0-9 ]+", t):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a pipeline layout: use E, t, "
+                                             "m, L, |, (...)*n and t*n")
+        return layout_layers(t)
+    try:
+        return tuple(int(n) for x in t.replace(" ", "").split(",") if x
+                     for n, _, k in (x.partition("x"),) for _ in range(int(k or 1)))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of layer counts (e.g. "
+                                         "'1,2x30,0')") from None
 
 
 def top_k(text: str) -> int:

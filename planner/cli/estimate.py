@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
+from costmodel.formulas.arrays import interleaved_split
 from costmodel.formulas.eager import float8_gathered_rows
 from costmodel.formulas.estimate import NEAR_CAPACITY, Estimate
 from costmodel.formulas.layercosts import LayerCosts
@@ -19,6 +20,7 @@ from costmodel.formulas.roofline import ATTENTION_NAMES, attention_kernel
 from costmodel.formulas.steptime import TIME_TERMS
 from costmodel.serving.inference import InferenceConfig, InferenceJob, estimate_inference
 from costmodel.units import GIB, count, plural
+from planner.alternatives import layer_list
 from planner.cli.common import (
     add_command,
     add_common_args,
@@ -26,6 +28,8 @@ from planner.cli.common import (
     load_problem,
     positive_int,
     print_json,
+    stage_layers,
+    warn,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +70,12 @@ def add_parser(sub: Subparsers) -> None:
     pc.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     pc.add_argument("--virtual-stages", type=positive_int, default=1,
                     help="virtual pipeline stages per rank (interleaved 1F1B)")
+    pc.add_argument("--stage-layers", type=stage_layers,
+                    help="layers per pipeline stage, or per chunk in virtual order when "
+                         "interleaved: counts ('1,2x30,0': 1, thirty 2s, 0) or Megatron-LM's "
+                         "--pipeline-model-parallel-layout ('Et|(tt|)*30mL'). Default: even; "
+                         "interleaved chunks that do not split the layers evenly count the "
+                         "embedding and the loss as layers (Megatron-LM's accounted split)")
     pc.add_argument("--recompute", default="none", choices=RECOMPUTE)
     pc.add_argument("--recompute-num-layers", type=positive_int,
                     help="with --recompute full: only the first N layers of each chunk")
@@ -80,7 +90,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     model, cluster, job = load_problem(args)
     if isinstance(job, InferenceJob):
         return _estimate_inference(args, model, cluster, job)
-    cfg = _config(args, cluster)
+    cfg = _config(args, cluster, model)
     est = estimate(model, cluster, job, cfg)
     if args.json:
         print_json({"config": cfg.to_dict(), "estimate": est.to_dict(),
@@ -102,7 +112,7 @@ def _cluster_dict(cluster: Cluster) -> dict[str, object]:
             "gpus_per_node": cluster.gpus_per_node}
 
 
-def _config(args: argparse.Namespace, cluster: Cluster) -> ParallelConfig:
+def _config(args: argparse.Namespace, cluster: Cluster, model: ModelSpec) -> ParallelConfig:
     """The configuration of the flags; without ``--dp``, data parallelism fills the cluster."""
     rest = args.tp * args.pp * args.cp
     dp = args.dp
@@ -113,12 +123,19 @@ def _config(args: argparse.Namespace, cluster: Cluster) -> ParallelConfig:
                 "change the degrees"
             )
         dp = cluster.num_gpus // rest
+    split = args.stage_layers or interleaved_split(model.num_layers, args.pp,
+                                                   args.virtual_stages, model.mtp_layers)
+    if split and not args.stage_layers:
+        warn(f"{model.num_layers} layers on pp={args.pp} x {args.virtual_stages} virtual "
+             f"stages: estimated with Megatron-LM's accounted split {layer_list(split)} "
+             "(the embedding and the loss counted as layers); --stage-layers sets another")
     return ParallelConfig(
         dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero_stage=args.zero,
         sharding_group=args.sharding_group, sequence_parallel=args.sequence_parallel == "on",
         micro_batch_size=args.micro_batch_size, pipeline_schedule=args.schedule,
         virtual_pipeline_stages=args.virtual_stages, recompute=args.recompute,
         recompute_num_layers=args.recompute_num_layers, offload=args.offload,
+        stage_layers=split,
     )
 
 

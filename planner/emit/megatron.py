@@ -55,12 +55,26 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
     return ch.result()
 
 
-def layout(stage_layers: tuple[int, ...]) -> str:
-    """A ``--pipeline-model-parallel-layout`` string for explicit layers per stage."""
+def layout(stage_layers: tuple[int, ...], mtp: int = 0) -> str:
+    """A ``--pipeline-model-parallel-layout`` string for explicit layers per stage (per
+    chunk in virtual order when interleaved: Megatron-Core's ``PipelineParallelLayerLayout``
+    reads ``len / pp`` virtual stages), the multi-token prediction modules ("m") with the
+    loss; commas are cosmetic there."""
     stages = [f"t*{n}" if n else "" for n in stage_layers]
     stages[0] = "E" + ("," + stages[0] if stages[0] else "")
-    stages[-1] = (stages[-1] + "," if stages[-1] else "") + "L"
+    end = "m," * mtp + "L"
+    stages[-1] = (stages[-1] + "," if stages[-1] else "") + end
     return "|".join(stages)
+
+
+def layout_layers(text: str) -> tuple[int, ...]:
+    """Transformer layers per stage (chunk) of a ``--pipeline-model-parallel-layout``
+    string, read as Megatron-Core's ``parse_str_to_list`` does: commas dropped,
+    ``(...)*n`` and ``x*n`` unrolled, stages split at ``|``, a ``t`` per layer."""
+    s = text.replace(",", "")
+    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), s)
+    s = re.sub(r"(.)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), s)
+    return tuple(stage.count("t") for stage in s.split("|"))
 
 
 def _model_args(m: ModelSpec, job: Job) -> list[Any]:
@@ -143,12 +157,13 @@ def _pipeline_args(m: ModelSpec, job: Job, cfg: ParallelConfig) -> list[Any]:
     layers per stage."""
     a: list[Any] = []
     if cfg.virtual_pipeline_stages > 1:
-        a += ["--num-layers-per-virtual-pipeline-stage",
-              m.num_layers // (cfg.pp * cfg.virtual_pipeline_stages)]
+        if not cfg.stage_layers:  # an explicit layout gives the virtual stages itself
+            a += ["--num-layers-per-virtual-pipeline-stage",
+                  m.num_layers // (cfg.pp * cfg.virtual_pipeline_stages)]
         if not job.overlap_p2p_comm:
             a.append("--no-overlap-p2p-communication")
     if cfg.stage_layers:
-        a += ["--pipeline-model-parallel-layout", layout(cfg.stage_layers)]
+        a += ["--pipeline-model-parallel-layout", layout(cfg.stage_layers, m.mtp_layers)]
     return a
 
 
@@ -316,9 +331,8 @@ def read(text: str, model: ModelSpec) -> ReadBack:
          if ns.num_layers_per_virtual_pipeline_stage else 1)
     stage_layers = None
     if ns.pipeline_model_parallel_layout:
-        expanded = re.sub(r"(.)\*(\d+)", lambda x: x.group(1) * int(x.group(2)),
-                          ns.pipeline_model_parallel_layout)
-        stage_layers = tuple(s.count("t") for s in expanded.split("|"))
+        stage_layers = layout_layers(ns.pipeline_model_parallel_layout)
+        v = len(stage_layers) // pp
     zero = 3 if ns.use_megatron_fsdp else 1 if ns.use_distributed_optimizer else 0
     inst = ns.num_distributed_optimizer_instances
     rec = ns.recompute_granularity or "none"

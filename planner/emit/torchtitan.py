@@ -25,6 +25,7 @@ from typing import Any
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
+from costmodel.formulas.arrays import even_split
 from costmodel.formulas.eager import float8_gathered_rows
 from costmodel.formulas.estimate import Estimate
 from costmodel.formulas.layercosts import LayerCosts
@@ -148,7 +149,9 @@ def _parts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> list[list[str]
     else:
         chunks = cfg.pp * (2 if cfg.pipeline_schedule == "zero-bubble"
                            else cfg.virtual_pipeline_stages)
-        sizes = [model.num_layers // chunks] * chunks
+        # The cost model's even split: the remainder to the last parts (ConfigArrays.
+        # uniform_stages).
+        sizes = even_split(model.num_layers, chunks)
     if isinstance(model, LayerCosts):
         names = model.layer_names()
         emb, head = model.edges()
