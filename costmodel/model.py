@@ -12,6 +12,7 @@ from __future__ import annotations
 import tomllib
 import warnings
 from dataclasses import dataclass, fields
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -257,25 +258,25 @@ class ModelSpec:
         return self.sliding_window > 0 and not (
             self.global_every and (index + 1) % self.global_every == 0)
 
-    @property
+    @cached_property
     def layer_attributes(self) -> tuple[tuple[bool, bool], ...]:
         """(routes to experts, attends locally) of each layer in order."""
         return tuple((self.layer_is_moe(i), self.layer_is_local(i))
                      for i in range(self.num_layers))
 
-    @property
+    @cached_property
     def kind_attributes(self) -> tuple[tuple[bool, bool], ...]:
         """The kinds of layer the model has, as (routes to experts, attends locally), in
         order: a dense model's one kind, a MoE model's dense and MoE layers, each of those
         local or global (``layer_kinds`` indexes this)."""
         return tuple(sorted(set(self.layer_attributes), key=lambda a: (a[1], a[0])))
 
-    @property
+    @cached_property
     def num_moe_layers(self) -> int:
         """Layers with a routed-expert MLP (``layer_is_moe``)."""
         return sum(moe for moe, _ in self.layer_attributes) if self.is_moe else 0
 
-    @property
+    @cached_property
     def layer_kinds(self) -> tuple[int, ...]:
         """The kind of each layer in order (``costmodel.formulas.arrays.Layers``), an index
         into ``kind_attributes``: 0 for a dense layer, 1 for a MoE layer, as many more as

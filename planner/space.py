@@ -435,7 +435,7 @@ def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
         shard=shard, sp=c["sp"], mbs=c["mbs"], schedule=c["schedule"], v=c["v"],
         recompute=c["recompute"], recompute_layers=c["recompute_layers"],
         offload=c["offload"], stage_layers=layers, stage_index=index, stage_count=count,
-        stage_start=start, chunk_layers=chunks)
+        stage_start=start, chunks=chunks)
 
 
 def row_config(r: np.ndarray, model: ModelSpec | LayerCosts | None = None) -> ParallelConfig:

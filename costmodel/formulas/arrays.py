@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property, lru_cache
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,13 +28,51 @@ class Layers(Protocol):
     @property
     def layer_kinds(self) -> tuple[int, ...]: ...
 
-__all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ConfigArrays", "Distinct",
+__all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ChunkPatterns", "ConfigArrays",
+           "Distinct",
            "Stages", "accounted_columns", "distinct_rows", "divisors", "even_split",
            "first_argmax", "input_split", "interleaved_split", "ordered_sum"]
 
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 OFFLOAD_CODES = {"none": 0, "optimizer": 1, "optimizer+params": 2}
+
+
+@dataclass(frozen=True)
+class ChunkPatterns:
+    """The explicit chunk splits of a table's interleaved rows (``ParallelConfig.
+    chunk_layers``), each distinct one once: ``layers`` ``[patterns, width]`` (virtual order,
+    0 padding beyond ``count``), ``pp`` and ``count`` (chunks) ``[patterns]``, and ``of``
+    ``[rows]`` each row's pattern (-1: an even split, or no interleaving). A search's table
+    holds a handful of patterns for hundreds of thousands of rows."""
+
+    layers: np.ndarray
+    pp: np.ndarray
+    count: np.ndarray
+    of: np.ndarray
+
+    @staticmethod
+    def of_splits(splits: Sequence[tuple[int, tuple[int, ...] | None]]) -> ChunkPatterns | None:
+        """Patterns of each row's (pp, chunks or None); None when no row has chunks."""
+        ids: dict[tuple[int, tuple[int, ...]], int] = {}
+        of = np.full(len(splits), -1, dtype=np.int64)
+        for r, (p, chunks) in enumerate(splits):
+            if chunks:
+                of[r] = ids.setdefault((p, chunks), len(ids))
+        if not ids:
+            return None
+        width = max(len(c) for _, c in ids)
+        layers = np.zeros((len(ids), width), dtype=np.int64)
+        pp = np.zeros(len(ids), dtype=np.int64)
+        count = np.zeros(len(ids), dtype=np.int64)
+        for (p, chunks), i in ids.items():
+            layers[i, :len(chunks)] = chunks
+            pp[i], count[i] = p, len(chunks)
+        return ChunkPatterns(layers=layers, pp=pp, count=count, of=of)
+
+    def take(self, rows: np.ndarray) -> ChunkPatterns:
+        """The patterns of the sub-table of ``rows``."""
+        return replace(self, of=np.take(self.of, rows))
 
 
 @dataclass(frozen=True)
@@ -74,7 +112,7 @@ class ConfigArrays:
     stage_count: np.ndarray
     stage_start: np.ndarray
     stage_recompute: np.ndarray | None = None  # layers fully recomputed per stage; -1: the row's
-    chunk_layers: np.ndarray | None = None  # [rows, pp * v] explicit interleaved chunks; 0 pads
+    chunks: ChunkPatterns | None = None  # explicit interleaved chunks, by pattern
 
     @property
     def rows(self) -> int:
@@ -119,8 +157,11 @@ class ConfigArrays:
         must hold every existing stage column of those rows)."""
         # np.take along the first axis: numpy's fancy indexing of the (rows, stages) columns
         # copies element by element, an order of magnitude slower.
-        cols: dict[str, np.ndarray] = {f.name: np.take(getattr(self, f.name), rows, axis=0)
-                                       for f in fields(self) if getattr(self, f.name) is not None}
+        cols: dict[str, Any] = {f.name: np.take(getattr(self, f.name), rows, axis=0)
+                                for f in fields(self)
+                                if getattr(self, f.name) is not None and f.name != "chunks"}
+        if self.chunks is not None:
+            cols["chunks"] = self.chunks.take(rows)
         if width is not None:
             for key in ("stage_layers", "stage_index", "stage_count", "stage_start",
                         "stage_recompute"):
@@ -192,14 +233,13 @@ class ConfigArrays:
         vs = np.array([c.virtual_pipeline_stages for c in configs], dtype=np.int64)
         explicit = any(c.stage_layers is not None for c in configs)
         per_stage_rec = None
-        chunks = None
         if all_stages or explicit or not cls.classes_exact(model, pps, vs):
             index, count, layers, start = cls.every_stage(model.num_layers, pps)
             if explicit:
                 for r, c in enumerate(configs):
                     layers[r, : c.pp] = c.rank_layers or even_split(model.num_layers, c.pp)
                 start = np.cumsum(layers, axis=1) - layers
-                chunks = cls._chunk_columns(configs, model.num_layers)
+
             width = index.shape[1]
             if any(c.stage_recompute_layers is not None for c in configs):
                 per_stage_rec = np.full((n, width), -1, dtype=np.int64)
@@ -232,24 +272,8 @@ class ConfigArrays:
             stage_count=count,
             stage_start=start,
             stage_recompute=per_stage_rec,
-            chunk_layers=chunks,
+            chunks=ChunkPatterns.of_splits([(c.pp, c.chunk_layers) for c in configs]),
         )
-
-    @staticmethod
-    def _chunk_columns(configs: Sequence[ParallelConfig], num_layers: int
-                       ) -> np.ndarray | None:
-        """``chunk_layers`` of ``configs``: each interleaved config's explicit chunks (an
-        even split's where it has none, 0 where it is not interleaved); None when no config
-        has explicit chunks."""
-        if not any(c.chunk_layers for c in configs):
-            return None
-        width = max(c.pp * c.virtual_pipeline_stages for c in configs)
-        out = np.zeros((len(configs), width), dtype=np.int64)
-        for r, c in enumerate(configs):
-            if c.virtual_pipeline_stages > 1:
-                n = c.pp * c.virtual_pipeline_stages
-                out[r, :n] = c.chunk_layers or [num_layers // n] * n
-        return out
 
 
 def divisors(n: int) -> list[int]:
@@ -283,6 +307,7 @@ def even_split(num_layers: int, pp: int) -> list[int]:
     return [base + (i >= pp - rem) for i in range(pp)]
 
 
+@lru_cache(maxsize=4096)
 def interleaved_split(num_layers: int, pp: int, v: int, mtp: int = 0
                       ) -> tuple[int, ...] | None:
     """Layers per chunk (virtual order) an interleaved pipeline whose chunks do not split
@@ -297,26 +322,34 @@ def interleaved_split(num_layers: int, pp: int, v: int, mtp: int = 0
 
 def accounted_columns(num_layers: int, mtp: int, pp: np.ndarray, v: np.ndarray,
                       index: np.ndarray, layers: np.ndarray, start: np.ndarray
-                      ) -> np.ndarray | None:
-    """``ConfigArrays.chunk_layers`` of the rows of a table whose interleaving splits the
-    layers unevenly (``interleaved_split``), with their stage columns' layers and starts
-    set to its ranks' (in place); None when no row does."""
+                      ) -> ChunkPatterns | None:
+    """``ConfigArrays.chunks`` of the rows of a table whose interleaving splits the layers
+    unevenly (``interleaved_split``), with their stage columns' layers and starts set to its
+    ranks' (in place); None when no row does."""
     uneven = (v > 1) & (num_layers % np.maximum(pp * v, 1) != 0)
     if not uneven.any():
         return None
-    out = np.zeros((len(pp), int((pp * v)[uneven].max())), dtype=np.int64)
-    for p, vv in {(int(a), int(b)) for a, b in zip(pp[uneven], v[uneven], strict=True)}:
+    rows = np.flatnonzero(uneven)
+    pairs, pid = np.unique(pp[rows] * 4096 + v[rows], return_inverse=True)
+    splits = []
+    ranks = np.zeros((len(pairs), int(pp[rows].max())), dtype=np.int64)
+    for i, key in enumerate(int(k) for k in pairs):
+        p, vv = divmod(key, 4096)
         split = interleaved_split(num_layers, p, vv, mtp)
         if split is None:
             raise SpecError(f"pp={p} x virtual_pipeline_stages={vv} splits neither the "
                             f"{num_layers} layers nor them with the embedding and loss evenly")
-        rows = (pp == p) & (v == vv)
-        ranks = np.array([sum(split[r::p]) for r in range(p)])
-        out[rows, :p * vv] = split
-        at = np.clip(index[rows], 0, p - 1)
-        layers[rows] = np.where(layers[rows] > 0, ranks[at], 0)
-        start[rows] = (np.cumsum(ranks) - ranks)[at]
-    return out
+        splits.append((p, split))
+        ranks[i, :p] = [sum(split[r::p]) for r in range(p)]
+    starts = np.cumsum(ranks, axis=1) - ranks
+    at = np.clip(index[rows], 0, ranks.shape[1] - 1)
+    layers[rows] = np.where(layers[rows] > 0, ranks[pid[:, None], at], 0)
+    start[rows] = starts[pid[:, None], at]
+    of = np.full(len(pp), -1, dtype=np.int64)
+    of[rows] = pid
+    table = ChunkPatterns.of_splits(splits)
+    assert table is not None
+    return replace(table, of=of)
 
 
 def input_split(num_layers: int, pp: int, first: int) -> list[int] | None:

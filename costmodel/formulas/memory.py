@@ -42,6 +42,7 @@ from costmodel.formulas.arrays import (
     OFFLOAD_CODES,
     RECOMPUTE_CODES,
     SCHEDULE_CODES,
+    ChunkPatterns,
     ConfigArrays,
     Stages,
     even_split,
@@ -194,20 +195,32 @@ def _stage_kinds(costs: LayerCosts, a: ConfigArrays, st: Stages) -> np.ndarray:
     if not np.any(a.v > 1):
         return contig
     p, v = a.pp, a.v
+    pat = a.chunks
+    even = (v > 1) if pat is None else (v > 1) & (pat.of < 0)  # interleaved, even chunks
     chunk = np.where(v > 1, L // (p * v), 0)
-    # Explicit chunks (ParallelConfig.chunk_layers, virtual order): where each begins.
-    ends = None if a.chunk_layers is None else np.cumsum(a.chunk_layers, axis=1)
     il = np.zeros_like(contig)
-    for k in range(int(v.max())):
-        g = k * p + st.index  # [P, rows]
-        lo, hi = g * chunk, (g + 1) * chunk
-        if ends is not None:
-            at = np.clip(g, 0, ends.shape[1] - 1).T  # [rows, P]
-            hi_x = np.take_along_axis(ends, at, axis=1).T
-            lo_x = hi_x - np.take_along_axis(a.chunk_layers, at, axis=1).T
-            lo, hi = np.where(ends[:, -1] > 0, lo_x, lo), np.where(ends[:, -1] > 0, hi_x, hi)
-        il = il + np.where(k < v, between(lo, hi), 0)
-    return np.where(v > 1, il, contig)
+    for k in range(int(v[even].max()) if even.any() else 0):
+        g = k * p + st.index
+        il = il + np.where(k < v, between(g * chunk, (g + 1) * chunk), 0)
+    out = np.where(v > 1, il, contig)
+    if pat is not None:  # explicit chunks: each pattern's ranks, gathered by row
+        table = _pattern_kinds(prefix, pat)
+        got = table[np.maximum(pat.of, 0)[None, :], np.clip(st.index, 0, table.shape[1] - 1)]
+        out = np.where((pat.of >= 0)[None, None, :], np.moveaxis(got, -1, 0), out)
+    return out
+
+
+def _pattern_kinds(prefix: np.ndarray, pat: ChunkPatterns) -> np.ndarray:
+    """Layers of each kind each rank holds under each chunk pattern, ``[patterns, ranks,
+    kinds]`` (``prefix``: ``LayerCosts.kind_prefix``)."""
+    table = np.zeros((len(pat.pp), int(pat.pp.max()), prefix.shape[0]), dtype=prefix.dtype)
+    for u in range(len(pat.pp)):
+        p, n = int(pat.pp[u]), int(pat.count[u])
+        chunks = pat.layers[u, :n]
+        ends = np.cumsum(chunks)
+        per_chunk = prefix[:, ends] - prefix[:, ends - chunks]  # [kinds, chunks]
+        table[u, :p] = per_chunk.reshape(prefix.shape[0], n // p, p).sum(axis=1).T
+    return table
 
 
 def _largest(on: Sequence[np.ndarray] | np.ndarray, value: Callable[[int], np.ndarray]
