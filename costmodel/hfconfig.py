@@ -166,14 +166,52 @@ def window_pattern(c: _HFConfig, layers: int, default_every: int = 0) -> int:
     if not isinstance(types, list) or len(types) != layers:
         raise SpecError(f"HF config {c.label!r}: layer_types must list one type per layer "
                         f"({layers}), got {types!r:.80}")
-    local = [t in LOCAL_LAYER_TYPES for t in types]
+    return periodic_globals(c, "layer_types", [t in LOCAL_LAYER_TYPES for t in types], types)
+
+
+def periodic_globals(c: _HFConfig, key: str, local: list[bool], shown: list[Any]) -> int:
+    """``ModelSpec.global_every`` of a per-layer list of local (True) and global layers: the
+    k for which every k-th layer alone is global (0: all local); SpecError otherwise."""
     if all(local):
         return 0
-    for every in range(1, layers + 1):
+    for every in range(1, len(local) + 1):
         if all(loc == bool((i + 1) % every) for i, loc in enumerate(local)):
             return every
-    raise SpecError(f"HF config {c.label!r}: layer_types {types[:8]!r}... are not every k-th "
-                    "layer global and the rest local, the patterns supported")
+    raise SpecError(f"HF config {c.label!r}: {key} {shown[:8]!r}... are not every k-th layer "
+                    "global and the rest local, the patterns supported")
+
+
+def _llama4_fields(c: _HFConfig) -> dict[str, Any]:
+    """Llama 4's language model (transformers' Llama4TextConfig; Meta 2025, "The Llama 4
+    herd"): rotary, RMSNorm, GQA; chunked attention of ``attention_chunk_size`` on the layers
+    with rotary embeddings and full attention on the others (``no_rope_layers``, 0 marking
+    them; empty: every ``no_rope_layer_interval``-th, default 4); a mixture of
+    ``num_local_experts`` experts of ``intermediate_size`` (top ``num_experts_per_tok``) and
+    one shared expert on every ``interleave_moe_layer_step``-th layer, dense MLPs of
+    ``intermediate_size_mlp`` on the others. Its query and key L2 norms have no weights."""
+    layers = c.need("num_hidden_layers")
+    flags = c.cfg.get("no_rope_layers") or []
+    if flags:
+        if not isinstance(flags, list) or len(flags) != layers:
+            raise SpecError(f"HF config {c.label!r}: no_rope_layers must list one 0 or 1 per "
+                            f"layer ({layers}), got {flags!r:.80}")
+        every = periodic_globals(c, "no_rope_layers", [bool(f) for f in flags], flags)
+    else:
+        every = c.whole("no_rope_layer_interval", 4)
+    return {
+        "num_layers": layers, "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"),
+        "num_kv_heads": c.need("num_key_value_heads"), "head_dim": c.need("head_dim"),
+        "ffn_hidden_size": c.need("intermediate_size_mlp"), "vocab_size": c.vocabulary(),
+        "moe_ffn_hidden_size": c.need("intermediate_size"),
+        "num_experts": c.need("num_local_experts"), "top_k": c.need("num_experts_per_tok"),
+        "num_shared_experts": 1, "moe_every": c.whole("interleave_moe_layer_step", 1),
+        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "position_embedding": "rope", "norm": "rmsnorm",
+        "sliding_window": c.whole("attention_chunk_size", 0),
+        "chunked_attention": bool(c.cfg.get("attention_chunk_size")),
+        "global_every": every if c.cfg.get("attention_chunk_size") else 0,
+    }
 
 
 def _gpt_oss_fields(c: _HFConfig) -> dict[str, Any]:
@@ -265,6 +303,7 @@ HF_FAMILIES = {"llama": _decoder_fields, "mistral": _decoder_fields, "qwen2": _d
                 "deepseek_v2": _deepseek_mla_fields, "deepseek_v3": _deepseek_mla_fields,
                 "kimi_k2": _deepseek_mla_fields, "gpt_oss": _gpt_oss_fields,
                 "gemma3": _gemma3_fields, "gemma3_text": _gemma3_fields,
+                "llama4": _llama4_fields, "llama4_text": _llama4_fields,
                 "gpt2": _gpt2_fields, "bert": _bert_fields, "vit": _vit_fields}
 
 

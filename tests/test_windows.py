@@ -182,3 +182,60 @@ def test_the_plan_of_a_windowed_model_is_searched() -> None:
     assert again.step_time_s == pytest.approx(got.estimate.step_time_s, rel=1e-9)
     with pytest.warns(UserWarning, match="local attention windows"):
         got.emit("torchtitan")
+
+
+# (published total, tolerance), (published activated, tolerance, counted with the embedding):
+# gpt-oss: the model card's Table 1 (OpenAI 2025), active counts without the embedding;
+# Mixtral 8x22B: Mistral AI's announcement, 141B and 39B (rounded: half a billion);
+# Llama 4: meta-llama/llama-models MODEL_CARD.md, 400B (Maverick) and 17B activated
+# (rounded), everything a token passes through; Scout's 109B holds its vision encoder,
+# which a language model's plan leaves out (107.8B here).
+PUBLISHED = {
+    "gpt-oss-120b": ((116.83e9, 0.0005), (5.13e9, 0.002, False)),
+    "gpt-oss-20b": ((20.91e9, 0.0005), (3.61e9, 0.002, False)),
+    "mixtral-8x22b": ((141e9, 0.5 / 141), (39e9, 0.5 / 39, False)),
+    "llama-4-maverick": ((400e9, 0.005), (17e9, 0.5 / 17, True)),
+    "llama-4-scout": ((109e9, 0.015), (17e9, 0.5 / 17, True)),
+}
+
+
+@pytest.mark.parametrize(("name", "published"), PUBLISHED.items())
+def test_published_counts(name: str, published: tuple) -> None:
+    (total, t_tol), (active, a_tol, with_embedding) = published
+    spec = ModelSpec.preset(name)
+    assert spec.num_params() == pytest.approx(total, rel=t_tol)
+    got = spec.num_active_params() - (0 if with_embedding else spec.embedding_params())
+    assert got == pytest.approx(active, rel=a_tol)
+
+
+def test_gemma_3_counts_are_the_reports() -> None:
+    """Gemma 3 Technical Report, Table 1, 27B: 25,600M non-embedding parameters (and 1,416M
+    embedding, of a 262K vocabulary: 1,409.6M counted here from the config's 262208)."""
+    spec = ModelSpec.preset("gemma-3-27b")
+    assert spec.num_params() - spec.embedding_params() == pytest.approx(25_600e6, rel=0.0005)
+    assert spec.embedding_params() == pytest.approx(1_416e6, rel=0.005)
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "gpt-oss-20b", "gemma-3-27b",
+                                  "mixtral-8x22b", "llama-4-scout", "llama-4-maverick"])
+def test_published_config_json_is_the_preset(name: str) -> None:
+    import warnings
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "hf_configs" / f"{name}.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the multimodal ones say they plan the text model
+        got = ModelSpec.from_hf_config(path, name=name)
+    want = ModelSpec.preset(name)
+    assert {k: v for k, v in got.to_dict().items() if k != "source"} == \
+        {k: v for k, v in want.to_dict().items() if k != "source"}
+
+
+def test_llama_4_layers() -> None:
+    """Maverick: MoE on the odd layers, chunked attention on all but every fourth, which
+    attends to all keys without rotary embeddings."""
+    spec = ModelSpec.preset("llama-4-maverick")
+    assert [spec.layer_is_moe(i) for i in range(4)] == [False, True, False, True]
+    assert [spec.layer_is_local(i) for i in range(4)] == [True, True, True, False]
+    assert spec.chunked_attention and spec.sliding_window == 8192
+    assert spec.attended_keys(32768, True) == 4096.0

@@ -91,6 +91,9 @@ def _reference_unsupported(model: ModelSpec, cfg: ParallelConfig) -> list[str]:
                    "use tp = 1 and cp = 1, or Megatron-LM (planner emit --target megatron)")
     for bad, what in ((model.patch_size > 0, "vision patch embeddings"),
                       (model.mtp_layers > 0, "multi-token prediction modules"),
+                      (model.sliding_window > 0, "local attention windows"),
+                      (model.attention_sinks, "attention sinks"),
+                      (model.post_norms, "norms after the attention and the MLP"),
                       (model.num_token_types > 0, "token-type embeddings"),
                       (model.embedding_norm, "an embedding norm")):
         if bad:

@@ -441,7 +441,12 @@ def reference_refusal(spec: ModelSpec) -> str | None:
                    (spec.num_token_types > 0, "token-type embeddings (BERT)"),
                    (spec.embedding_norm, "an embedding norm (BERT)"),
                    (spec.qk_norm, "query and key norms (Qwen3)"),
-                   (spec.mtp_layers > 0, "multi-token prediction modules (DeepSeek-V3)")]
+                   (spec.mtp_layers > 0, "multi-token prediction modules (DeepSeek-V3)"),
+                   (spec.sliding_window > 0, "local attention windows (GPT-OSS, Gemma 3, "
+                                             "Llama 4)"),
+                   (spec.attention_sinks, "attention sinks (GPT-OSS)"),
+                   (spec.post_norms, "norms after the attention and the MLP (Gemma)"),
+                   (spec.is_moe and spec.bias, "a router with biases (GPT-OSS)")]
     missing = [what for bad, what in unsupported if bad]
     if not missing:
         return None
