@@ -53,10 +53,11 @@ MEASURES = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
 
 def default_runs_path(which: str = "calibration") -> Path:
-    """The shipped ``calibration.json`` (``"calibration"``) or ``published_runs.json``
-    (``"published"``; ``"heldout"`` is its former name)."""
+    """The shipped ``calibration.json`` (``"calibration"``), ``published_runs.json``
+    (``"published"``; ``"heldout"`` is its former name) or ``frontier_runs.json``
+    (``"frontier"``: runs of frontier architectures, held out of the fit)."""
     name = {"calibration": "calibration.json", "published": "published_runs.json",
-            "heldout": "published_runs.json"}[which]
+            "heldout": "published_runs.json", "frontier": "frontier_runs.json"}[which]
     return Path(str(resources.files("costmodel").joinpath("data", name)))
 
 
@@ -182,7 +183,11 @@ def _from_calibration_row(row: dict[str, Any]) -> PublishedRun:
 def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
     """A row in the planner's own schema (``model`` / ``cluster`` / ``job`` / ``config``)."""
     m = row["model"]
-    if m.get("style") == "gpt":
+    if m.get("preset"):
+        # A shipped preset (ModelSpec.preset), with the fields the run changes (an MTP module
+        # a trainer leaves out, say).
+        model = replace(ModelSpec.preset(str(m["preset"])), **dict(m.get("overrides") or {}))
+    elif m.get("style") == "gpt":
         model = _gpt(m, row["id"], dropout=bool(m.get("dropout", False)))
     else:
         model = _llama(m, row["id"])

@@ -20,6 +20,7 @@ EPILOG = """examples:
   planner validate --summary
   planner validate --heldout --json
   planner validate --runs ../shared/data/calibration.json
+  planner validate --frontier
   planner validate --heldout --profile h100-sxm-2026-11-22.toml"""
 
 
@@ -40,6 +41,10 @@ def add_parser(sub: Subparsers) -> None:
                      "the calibration set")
     val.add_argument("--calibration", action="store_true", help="only the calibration set "
                      "(Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Table 5)")
+    val.add_argument("--frontier", action="store_true", help="the shipped runs of frontier "
+                     "architectures (DeepSeek-V3, Kimi K2, Qwen3-MoE at scale; "
+                     "costmodel/data/frontier_runs.json), held out of the fit: their error "
+                     "under it")
     val.add_argument("--summary", action="store_true", help="the per-source table only")
     val.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out "
                      "refits (a few seconds)")
@@ -56,9 +61,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from costmodel.fitting.published import default_runs_path, load_runs
     from planner.accuracy import describe, print_results, result_rows, summary
 
-    chosen = [k for k in ("runs", "heldout", "calibration") if getattr(args, k)]
+    chosen = [k for k in ("runs", "heldout", "calibration", "frontier") if getattr(args, k)]
     if len(chosen) > 1:
-        raise SpecError("give one of --runs FILE, --heldout and --calibration")
+        raise SpecError("give one of --runs FILE, --heldout, --calibration and --frontier")
+    if args.frontier:
+        args.runs = str(default_runs_path("frontier"))
     if args.profile:
         path = args.runs or default_runs_path("published" if args.heldout else "calibration")
         return _validate_profile(args, path)
