@@ -214,6 +214,30 @@ def _llama4_fields(c: _HFConfig) -> dict[str, Any]:
     }
 
 
+def _glm4_moe_fields(c: _HFConfig) -> dict[str, Any]:
+    """GLM-4.5 (transformers' Glm4MoeConfig; Zhipu AI 2025, "GLM-4.5"): rotary on
+    ``partial_rotary_factor`` of each head (costed as a whole head's: a memory-bound kernel),
+    biases on q, k and v (``attention_bias``), RMSNorm on each head's query and key where
+    ``use_qk_norm``, ``first_k_dense_replace`` dense layers of ``intermediate_size`` then
+    ``n_routed_experts`` experts of ``moe_intermediate_size`` (top ``num_experts_per_tok``)
+    and ``n_shared_experts`` shared ones, ``num_nextn_predict_layers`` MTP modules. The
+    routers' score-correction biases are not counted (as DeepSeek-V3's)."""
+    return {
+        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
+        "num_heads": c.need("num_attention_heads"),
+        "num_kv_heads": c.need("num_key_value_heads"), "head_dim": c.need("head_dim"),
+        "ffn_hidden_size": c.need("intermediate_size"), "vocab_size": c.vocabulary(),
+        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "position_embedding": "rope", "norm": "rmsnorm",
+        "qkv_bias": c.flag("attention_bias", False), "qk_norm": c.flag("use_qk_norm", False),
+        "num_experts": c.need("n_routed_experts"), "top_k": c.need("num_experts_per_tok"),
+        "moe_ffn_hidden_size": c.need("moe_intermediate_size"),
+        "num_shared_experts": c.whole("n_shared_experts", 0),
+        "first_dense_layers": c.whole("first_k_dense_replace", 0),
+        "mtp_layers": c.whole("num_nextn_predict_layers", 0),
+    }
+
+
 def _gpt_oss_fields(c: _HFConfig) -> dict[str, Any]:
     """GPT-OSS (transformers' GptOssConfig; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model
     Card", Sec. 2.1): rotary, RMSNorm, biases on q, k, v, o, a learned sink logit per head,
@@ -304,6 +328,7 @@ HF_FAMILIES = {"llama": _decoder_fields, "mistral": _decoder_fields, "qwen2": _d
                 "kimi_k2": _deepseek_mla_fields, "gpt_oss": _gpt_oss_fields,
                 "gemma3": _gemma3_fields, "gemma3_text": _gemma3_fields,
                 "llama4": _llama4_fields, "llama4_text": _llama4_fields,
+                "glm4_moe": _glm4_moe_fields,
                 "gpt2": _gpt2_fields, "bert": _bert_fields, "vit": _vit_fields}
 
 

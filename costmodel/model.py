@@ -548,8 +548,8 @@ class ModelSpec:
 
         Supported ``model_type``: llama, mistral, qwen2, qwen3, mixtral, deepseek
         (DeepSeekMoE), qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2 (multi-head latent
-        attention), gpt_oss, gemma3 (its language model) and gemma3_text (local and global
-        attention), gpt2, bert, vit.
+        attention), glm4_moe, gpt_oss, gemma3 (its language model), gemma3_text, llama4 (its
+        language model) and llama4_text (local and global attention), gpt2, bert, vit.
         """
         if isinstance(config, dict):
             cfg, label = config, name or str(config.get("_name_or_path") or "hf-config")

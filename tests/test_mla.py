@@ -264,3 +264,17 @@ def test_frontier_runs_are_held_out_and_validated() -> None:
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["runs"]
     assert len(rows) == len(runs) and all(row["predicted"] > 0 for row in rows)
+
+
+def test_glm_4_5_air_from_its_config() -> None:
+    """GLM-4.5-Air (zai-org/GLM-4.5 README: 106B total, 12B active): biases on q, k and v,
+    one dense layer then 128 experts of 1408 + 1 shared, top-8, one MTP module. Here 106.85B
+    without the MTP module, and 12.18B active without the embedding and the output layer
+    (the card's "12B"; 12.80B with the output layer)."""
+    spec = ModelSpec.from_hf_config(HF / "glm-4.5-air.json")
+    assert spec.qkv_bias and not spec.qk_norm and spec.mtp_layers == 1
+    assert spec.first_dense_layers == 1 and spec.num_moe_layers == 45
+    assert spec.num_params() - spec.mtp_params() == pytest.approx(106e9, rel=0.01)
+    head = spec.vocab_size * spec.hidden_size
+    active = _activated(spec) - head
+    assert active == pytest.approx(12e9, rel=0.02)
