@@ -10,7 +10,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["EncoderDecoder", "MLPMixer", "ViT"]
+from costmodel.model import ModelSpec
+from planner.runtime.model import Transformer
+
+__all__ = ["EncoderDecoder", "LatentMoE", "MLPMixer", "ViT"]
 
 
 class ViT(nn.Module):
@@ -121,3 +124,29 @@ class MLPMixer(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x).mean(dim=1))
+
+
+def latent_moe_spec(layers: int = 4, dim: int = 1024, heads: int = 16, experts: int = 16,
+                    top_k: int = 4, vocab: int = 8192) -> ModelSpec:
+    """The ``ModelSpec`` of ``LatentMoE`` with these sizes."""
+    return ModelSpec(name="latent-moe", num_layers=layers, hidden_size=dim, num_heads=heads,
+                     head_dim=96, v_head_dim=64, qk_rope_head_dim=32, q_lora_rank=dim // 2,
+                     kv_lora_rank=dim // 4, ffn_hidden_size=4 * dim, moe_ffn_hidden_size=dim // 2,
+                     num_experts=experts, top_k=top_k, num_shared_experts=1,
+                     first_dense_layers=1, vocab_size=vocab, gated_mlp=True)
+
+
+class LatentMoE(Transformer):
+    """A DeepSeek-V3-shaped language model at a small size (DeepSeek-AI 2024, "DeepSeek-V3
+    Technical Report", Sec. 2.1): multi-head latent attention (a query latent of ``dim / 2``,
+    a key-value latent of ``dim / 4`` with a 32-wide rotary key, heads of 96 for queries and
+    keys and 64 for values), the first layer's MLP dense, then ``experts`` fine-grained
+    experts of ``dim / 2`` with ``top_k`` routed and one shared; the project's reference
+    transformer (``planner.runtime.model``) of ``latent_moe_spec``. It takes token ids
+    ``[batch, seq]`` (``planner plan --model planner.examples:LatentMoE --input-shape 1x512
+    --input-dtype int64``)."""
+
+    def __init__(self, layers: int = 4, dim: int = 1024, heads: int = 16, experts: int = 16,
+                 top_k: int = 4, vocab: int = 8192) -> None:
+        super().__init__(latent_moe_spec(layers, dim, heads, experts, top_k, vocab))
+
