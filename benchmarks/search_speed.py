@@ -4,7 +4,9 @@
    2,048, the whole space, for each trainer: wall time (single process; target <= 1 s) and
    the peak memory the search allocates (tracemalloc; target <= 2 GiB).
 2. Llama-3 405B on 16,384 H100 (2,048 nodes of 8), global batch 2,048, seq 8,192, with context
-   parallel and the whole space (target <= 5 s, <= 2 GiB).
+   parallel and the whole space (target <= 5 s, <= 2 GiB); DeepSeek-V3 (61 layers and an MTP
+   module, so interleaving takes Megatron-LM's accounted splits) on 1,024 H100, global batch
+   4,096 of 4,096 tokens (target <= 2 s).
 3. Llama-3 405B on 131,072 H100 (16,384 nodes of 8), global batch 131,072, seq 8,192, one
    plan over all three trainers (megatron, deepspeed, torchtitan, as ``planner plan
    --frameworks megatron,deepspeed,torchtitan``): the least wall time of ``--repeats`` runs
@@ -55,6 +57,8 @@ def speed() -> None:
          1536, 2048, 1.0),
         ("Llama-3 405B, 16,384 H100", ModelSpec.preset("llama-3-405b"),
          Cluster(gpu=GPU.preset("h100-sxm"), num_nodes=2048, gpus_per_node=8), 2048, 8192, 5.0),
+        ("DeepSeek-V3, 1,024 H100", ModelSpec.preset("deepseek-v3"),
+         Cluster(gpu=GPU.preset("h100-sxm"), num_nodes=128, gpus_per_node=8), 4096, 4096, 2.0),
     ]
     print(f"{'case':<28s} {'trainer':<11s} {'space':>10s} {'evaluated':>10s} {'wall':>7s} "
           f"{'target':>7s} {'peak mem':>9s}  plan")
