@@ -184,8 +184,11 @@ _ARCHITECTURES = ("gpt3-350m", "llama-2-70b", "llama-3-8b", "mixtral-8x7b", "dee
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp-sp"])
 @pytest.mark.parametrize("name", [n if n in _ARCHITECTURES else pytest.param(
-    n, marks=pytest.mark.slow) for n in _buildable() if not ModelSpec.preset(n).is_mla])
+    n, marks=pytest.mark.slow) for n in _buildable()
+    if not ModelSpec.preset(n).is_mla and not ModelSpec.preset(n).sliding_window])
 def test_every_buildable_preset_through_the_trace(name: str, sp: bool) -> None:
+    """(Latent attention and local windows have tests of their own: test_latent_attention_
+    through_the_trace, tests/test_windows.py.)"""
     traced, analytic, _ = _pair(name, sp)
     _check(traced, analytic)
     # A MoE preset's routing, found in the trace: what expert parallelism is costed with.

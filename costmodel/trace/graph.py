@@ -66,6 +66,7 @@ from costmodel.trace.recorder import (
     _truncated,
 )
 from costmodel.trace.trace_ops import (
+    TRACING,
     dropout,
     fused_sdpa,
     rms_norm,
@@ -257,7 +258,9 @@ def _trace(module: Any, example_inputs: Any, loss_fn: Callable[[Any], Any] | Non
                     autocast, lambda t: rec.param_storages.add(t.untyped_storage()._cdata))
                 replacements.update({f: lowering(fused.get(f, f)) for f in funcs})
                 names_too = _swapped(torch, replacements)
-            with tracker, names_too, _swapped(F, replacements), Fused(), Mode(rec), \
+            tracing = TRACING.set(True)
+            with _reset(TRACING, tracing), tracker, names_too, _swapped(F, replacements), \
+                    Fused(), Mode(rec), \
                     torch.autograd.graph.saved_tensors_hooks(
                     rec.saved, lambda t: t), _removing(hooks):
                 if isinstance(inputs, dict):
@@ -331,6 +334,15 @@ def _same_shape(mod: Any, args: Any, out: Any) -> None:
     if hasattr(first, "shape") and hasattr(out, "shape") and first.shape != out.shape:
         raise _ShapeChange(f"{type(mod).__name__} maps {tuple(first.shape)} to "
                            f"{tuple(out.shape)}")
+
+
+@contextlib.contextmanager
+def _reset(var: Any, token: Any) -> Iterator[None]:
+    """Reset the context variable ``var`` to what ``token`` set it from on leaving."""
+    try:
+        yield
+    finally:
+        var.reset(token)
 
 
 @contextlib.contextmanager

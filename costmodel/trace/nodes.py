@@ -141,7 +141,8 @@ class OpNode:
     for views, ``view_map`` (the input dim of each output dim), ``view_spans`` (the input
     dims each output dim runs along) and, for a reshape, ``view_groups`` (its input and
     output dims grouped by equal products); a fused attention, whether
-    it is ``causal``. ``reads_input``: a forward op that reads one of the model's own
+    it is ``causal`` and the ``window`` of keys a query sees (0: all; ``local_attention``).
+    ``reads_input``: a forward op that reads one of the model's own
     input tensors (what only the first stage of torch's pipelining is given).
     """
 
@@ -164,6 +165,7 @@ class OpNode:
     fused_grad: bool = False
     reads_input: bool = False
     causal: bool = False
+    window: int = 0
     loops: tuple[Loop, ...] = ()
     view_map: tuple[int | None, ...] | None = None
     view_spans: tuple[tuple[int, ...], ...] | None = None
@@ -182,7 +184,9 @@ class OpNode:
         if self.family != "attention" or len(self.inputs) < 2:
             return None
         shape = self.inputs[1].shape
-        return float(shape[-2]) if len(shape) >= 2 and shape[-2] > 0 else None
+        if len(shape) < 2 or shape[-2] <= 0:
+            return None
+        return float(min(shape[-2], self.window) if self.window else shape[-2])
 
 
 @dataclass

@@ -19,10 +19,12 @@ from costmodel.trace.nodes import (
 )
 from costmodel.trace.sharding import op_loops, view_groups, view_map, view_spans
 from costmodel.trace.trace_ops import (
+    ATTENTION_WINDOW,
     IN_FUSED_FORWARD,
     fused_attention_causal,
     fused_attention_flops,
     is_fused_attention,
+    window_keys,
 )
 
 
@@ -78,10 +80,13 @@ def _output_sum(output: Any) -> Any:
 
 def _signature(mod: Any) -> tuple[Any, ...]:
     """What makes two blocks identical: class and every parameter's and buffer's name,
-    shape and dtype."""
+    shape and dtype, and what a submodule says sets its computation apart beyond them (a
+    ``trace_key`` attribute: the reference transformer's attention gives its window)."""
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in mod.named_parameters())
     bufs = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in mod.named_buffers())
-    return (type(mod), params, bufs)
+    keys = tuple((n, m.trace_key) for n, m in mod.named_modules()
+                 if getattr(m, "trace_key", None) is not None)
+    return (type(mod), params, bufs, keys)
 
 
 def _runs(module: Any) -> dict[str, tuple[str, list[str]]]:
@@ -183,6 +188,9 @@ class _Recorder:
         # The module path of the forward op during which each autograd node was made, by
         # the node's sequence number: a backward op runs the node of its forward op.
         self.forward_path: dict[int, str] = {}
+        # A local attention's window (ATTENTION_WINDOW) and the share of the full kernel's
+        # work it does, by its autograd node's sequence number (its backward runs that node).
+        self.windows: dict[int, tuple[int, float]] = {}
 
     def module_path(self) -> str:
         if self.in_loss:
@@ -193,6 +201,26 @@ class _Recorder:
         deepest = max(parents, key=lambda p: (p.count("."), len(p)))
         return deepest[len(self.prefix):].lstrip(".") if deepest.startswith(self.prefix) \
             else deepest
+
+    def _window(self, backward: bool, args: Any) -> tuple[int, float]:
+        """(window, share of the causal kernel's work) of a fused attention op run by
+        ``local_attention`` (``ATTENTION_WINDOW``; its backward: its forward's), else (0, 1):
+        a query's keys, ``window_keys``, over the causal mask's half of the sequence, the
+        model FLOPs counted as the whole ``s x s`` counts them."""
+        import torch
+
+        if backward:
+            node = torch._C._current_autograd_node()
+            return self.windows.get(node._sequence_nr(), (0, 1.0)) if node is not None \
+                else (0, 1.0)
+        spec = ATTENTION_WINDOW.get()
+        if spec is None or not spec[0]:
+            return 0, 1.0
+        window, chunked = spec
+        seq = int(args[0].shape[-2])
+        share = window_keys(seq, window, chunked) / (seq / 2)
+        self.windows[torch._C._autograd._get_sequence_nr() - 1] = (window, share)
+        return window, share
 
     def record(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         import torch
@@ -228,10 +256,13 @@ class _Recorder:
         formula = flop_registry.get(func._overloadpacket)
         model_flops = other = 0.0
         causal = False
+        window = 0
         if is_fused_attention(name):
             model_flops = fused_attention_flops(name, args)
             # The kernel skips the masked half of a causal attention (Dao 2023, Sec. 3).
             causal = fused_attention_causal(name, args)
+            window, share = self._window(backward, args)
+            model_flops *= share
         elif formula is not None:
             model_flops = float(formula(*args, **kwargs, out_val=out))
         elif name == "_grouped_mm" and len(ins) >= 2:
@@ -258,7 +289,7 @@ class _Recorder:
             # (below it, in this mode, it does not yet): an output needs one when an input does.
             grad = bool(outs) and (outs[0].is_floating_point() or outs[0].is_complex()) \
                 and any(r.grad for r in refs)
-            extra = dict(inputs=refs, grad=grad, causal=causal,
+            extra = dict(inputs=refs, grad=grad, causal=causal, window=window,
                          fused_grad=IN_FUSED_FORWARD.get(),
                          reads_input=any(id(t) in self.model_inputs for t in ins))
             if family == "view" and refs:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["FUSED_ATTENTION", "FUSED_ATTENTION_V", "IN_FUSED_FORWARD", "dropout",
-           "fused_attention_causal", "fused_attention_flops", "fused_sdpa",
-           "is_fused_attention", "rms_norm"]
+__all__ = ["ATTENTION_WINDOW", "FUSED_ATTENTION", "FUSED_ATTENTION_V", "IN_FUSED_FORWARD",
+           "TRACING", "dropout", "fused_attention_causal", "fused_attention_flops",
+           "fused_sdpa", "is_fused_attention", "local_attention", "rms_norm", "window_keys"]
 
 #: True while the ops of a fused kernel's forward run (the fused RMS norm's, inside an
 #: autograd function, where grad mode is off) and its inputs need a gradient: their backward
@@ -53,6 +53,62 @@ def fused_attention_flops(name: str, args: Any) -> float:
     q, k, v = (args[0], args[1], args[2]) if forward_op else (args[1], args[2], args[3])
     forward = float(sdpa_flop_count(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
     return forward if forward_op else 2.0 * forward
+
+
+#: True while a module is traced (``LayerGraph.from_module``): ``local_attention`` then runs
+#: as the fused kernel, its window (and whether it is chunked) in ``ATTENTION_WINDOW`` for the
+#: recorder to scale the kernel's work by.
+TRACING: ContextVar[bool] = ContextVar("TRACING", default=False)
+ATTENTION_WINDOW: ContextVar[tuple[int, bool] | None] = ContextVar("ATTENTION_WINDOW",
+                                                                   default=None)
+
+
+def window_keys(seq_len: int, window: int, chunked: bool) -> float:
+    """Keys a query attends to on average under a causal mask limited to the last
+    ``window`` keys (``chunked``: to its own chunk of ``window``): ``ModelSpec.
+    attended_keys`` of a local layer."""
+    s, w = float(seq_len), float(window)
+    if not window or s <= w:
+        return s / 2
+    return w / 2 if chunked else w - w * w / (2 * s)
+
+
+def local_attention(query: Any, key: Any, value: Any, window: int = 0, chunked: bool = False,
+                    sinks: Any = None) -> Any:
+    """Causal attention of ``query`` ``[batch, heads, seq, dim]`` over ``key`` and
+    ``value`` (fewer heads: grouped), each query seeing the last ``window`` keys (0: all;
+    ``chunked``: the keys of its own chunk of ``window``, Llama 4), with a learned logit per
+    head in each softmax's denominator (``sinks`` ``[heads]``, GPT-OSS; Xiao et al. 2024).
+    Run as softmax attention written out; traced (``TRACING``), as the fused kernel over the
+    keys each query sees, what FlashAttention's sliding-window and sink support runs."""
+    import torch
+    import torch.nn.functional as F
+
+    if TRACING.get():
+        token = ATTENTION_WINDOW.set((window, chunked))
+        try:
+            return F.scaled_dot_product_attention(query, key, value, is_causal=True,
+                                                  enable_gqa=key.shape[1] != query.shape[1])
+        finally:
+            ATTENTION_WINDOW.reset(token)
+    heads, s = query.shape[1], query.shape[2]
+    if key.shape[1] != heads:
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)
+        value = value.repeat_interleave(heads // value.shape[1], dim=1)
+    scores = query @ key.transpose(-1, -2) / query.shape[-1] ** 0.5
+    i = torch.arange(s, device=query.device)[:, None]
+    j = torch.arange(s, device=query.device)[None, :]
+    allowed = j <= i
+    if window:
+        allowed = allowed & ((i // window == j // window) if chunked else (i - j < window))
+    scores = scores.masked_fill(~allowed, float("-inf")).float()
+    if sinks is not None:
+        sink = sinks.float().view(1, heads, 1, 1).expand(*scores.shape[:3], 1)
+        scores = torch.cat([scores, sink], dim=-1)
+    p = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        p = p[..., :-1]
+    return p.to(value.dtype) @ value
 
 
 def fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None,

@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from costmodel.errors import SpecError
 from costmodel.model import ModelSpec
-from costmodel.trace.trace_ops import IN_FUSED_FORWARD
+from costmodel.trace.trace_ops import IN_FUSED_FORWARD, local_attention
 
 __all__ = ["Attention", "Block", "FeedForward", "LatentAttention", "MoEFeedForward",
            "Transformer", "build_model", "reference_refusal", "rope_table"]
@@ -116,7 +116,7 @@ class Attention(nn.Module):
     in backward instead of keeping what it saved.
     """
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, local: bool = False) -> None:
         super().__init__()
         h, hd = spec.hidden_size, int(spec.head_dim or 0)
         qkv_bias = spec.bias or spec.qkv_bias
@@ -124,10 +124,17 @@ class Attention(nn.Module):
         self.rope = spec.position_embedding == "rope"
         self.causal = spec.causal
         self.recompute_core = False
+        # A local layer's window (ModelSpec.layer_is_local) and GPT-OSS's sink logits.
+        self.window = spec.sliding_window if local else 0
+        self.chunked = spec.chunked_attention
+        # Sets a local layer apart from a global one of the same weights when a trace looks
+        # for repeated blocks (costmodel.trace.recorder._signature).
+        self.trace_key = (self.window, self.chunked) if self.window else None
         self.wq = nn.Linear(h, spec.q_dim, bias=qkv_bias)
         self.wk = nn.Linear(h, spec.kv_dim, bias=qkv_bias)
         self.wv = nn.Linear(h, spec.kv_dim, bias=qkv_bias)
         self.wo = nn.Linear(spec.q_dim, h, bias=spec.bias)
+        self.sinks = nn.Parameter(torch.empty(spec.num_heads)) if spec.attention_sinks else None
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               rope: torch.Tensor | None = None) -> torch.Tensor:
@@ -135,6 +142,9 @@ class Attention(nn.Module):
             table = _table_for(q, rope)
             q, k = _Rotary.apply(q, table), _Rotary.apply(k, table)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.window or self.sinks is not None:
+            out = local_attention(q, k, v, self.window, self.chunked, self.sinks)
+            return out.transpose(1, 2).flatten(2)
         # Grouped-query attention: each K/V head serves num_heads / num_kv_heads query heads,
         # without materialising repeated K and V.
         out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
@@ -335,10 +345,12 @@ class Block(nn.Module):
     """One pre-norm transformer layer: ``x + attention(norm(x))``, then ``+ mlp(norm(.))``
     (a mixture of experts where ``moe``)."""
 
-    def __init__(self, spec: ModelSpec, dropout: float, moe: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, dropout: float, moe: bool = False,
+                 local: bool = False) -> None:
         super().__init__()
         self.attention_norm = _norm(spec)
-        self.attention: nn.Module = LatentAttention(spec) if spec.is_mla else Attention(spec)
+        self.attention: nn.Module = LatentAttention(spec) if spec.is_mla \
+            else Attention(spec, local)
         self.ffn_norm = _norm(spec)
         self.feed_forward: nn.Module = MoEFeedForward(spec) if moe else FeedForward(spec)
         self.dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
@@ -372,7 +384,8 @@ class Transformer(nn.Module):
             if spec.position_embedding == "learned" else None)
         # GPT-2's embedding dropout (Radford et al. 2019; Megatron-LM's embedding dropout).
         self.emb_dropout = nn.Dropout(dropout) if spec.dropout and dropout > 0 else None
-        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, spec.layer_is_moe(i))
+        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, spec.layer_is_moe(i),
+                                                   spec.layer_is_local(i))
                                      for i in range(spec.num_layers)})
         self.norm: nn.Module | None = _norm(spec) if spec.final_norm else None
         self.output: nn.Linear | None = (None if spec.tied_embeddings
@@ -423,6 +436,8 @@ class Transformer(nn.Module):
                     nn.init.zeros_(bias)
             elif isinstance(module, nn.RMSNorm | nn.LayerNorm):
                 module.reset_parameters()
+            elif isinstance(module, Attention) and module.sinks is not None:
+                nn.init.zeros_(module.sinks)
             elif isinstance(module, MoEFeedForward):
                 for w, std in ((module.w1, INIT_STD), (module.w3, INIT_STD), (module.w2, deep)):
                     if w is not None:
@@ -442,9 +457,8 @@ def reference_refusal(spec: ModelSpec) -> str | None:
                    (spec.embedding_norm, "an embedding norm (BERT)"),
                    (spec.qk_norm, "query and key norms (Qwen3)"),
                    (spec.mtp_layers > 0, "multi-token prediction modules (DeepSeek-V3)"),
-                   (spec.sliding_window > 0, "local attention windows (GPT-OSS, Gemma 3, "
-                                             "Llama 4)"),
-                   (spec.attention_sinks, "attention sinks (GPT-OSS)"),
+                   (spec.is_mla and (spec.sliding_window > 0 or spec.attention_sinks),
+                    "latent attention with windows or sinks"),
                    (spec.post_norms, "norms after the attention and the MLP (Gemma)"),
                    (spec.is_moe and spec.bias, "a router with biases (GPT-OSS)")]
     missing = [what for bad, what in unsupported if bad]
