@@ -84,6 +84,11 @@ def _reference_unsupported(model: ModelSpec, cfg: ParallelConfig) -> list[str]:
     if model.position_embedding == "learned" and cfg.sequence_parallel:
         out.append("learned position embeddings with sequence parallel are not run by "
                    "the reference transformer; plan without --sequence-parallel")
+    if model.sliding_window or model.attention_sinks:
+        out.append("local attention windows and attention sinks are traced but not trained "
+                   "by the reference transformer (its TP plan does not split the sinks and "
+                   "its windowed attention is written out, not fused); emit the plan for a "
+                   "trainer (planner emit --target megatron)")
     if model.is_mla and (cfg.tp > 1 or cfg.cp > 1):
         out.append("multi-head latent attention split over tensor- or context-parallel ranks "
                    "is not run by the reference transformer (its shared rotary key's "
@@ -91,8 +96,6 @@ def _reference_unsupported(model: ModelSpec, cfg: ParallelConfig) -> list[str]:
                    "use tp = 1 and cp = 1, or Megatron-LM (planner emit --target megatron)")
     for bad, what in ((model.patch_size > 0, "vision patch embeddings"),
                       (model.mtp_layers > 0, "multi-token prediction modules"),
-                      (model.sliding_window > 0, "local attention windows"),
-                      (model.attention_sinks, "attention sinks"),
                       (model.post_norms, "norms after the attention and the MLP"),
                       (model.num_token_types > 0, "token-type embeddings"),
                       (model.embedding_norm, "an embedding norm")):
