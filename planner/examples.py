@@ -127,7 +127,7 @@ class MLPMixer(nn.Module):
 
 
 def latent_moe_spec(layers: int = 4, dim: int = 1024, heads: int = 16, experts: int = 16,
-                    top_k: int = 4, vocab: int = 8192) -> ModelSpec:
+                    top_k: int = 4, vocab: int = 32000) -> ModelSpec:
     """The ``ModelSpec`` of ``LatentMoE`` with these sizes."""
     return ModelSpec(name="latent-moe", num_layers=layers, hidden_size=dim, num_heads=heads,
                      head_dim=96, v_head_dim=64, qk_rope_head_dim=32, q_lora_rank=dim // 2,
@@ -147,6 +147,6 @@ class LatentMoE(Transformer):
     --input-dtype int64``)."""
 
     def __init__(self, layers: int = 4, dim: int = 1024, heads: int = 16, experts: int = 16,
-                 top_k: int = 4, vocab: int = 8192) -> None:
+                 top_k: int = 4, vocab: int = 32000) -> None:
         super().__init__(latent_moe_spec(layers, dim, heads, experts, top_k, vocab))
 

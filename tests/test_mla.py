@@ -284,10 +284,10 @@ def test_the_traced_latent_moe_example_plans_as_its_spec() -> None:
     """planner.examples.LatentMoE (multi-head latent attention, a dense first layer, fine-
     grained experts with a shared one), traced on the meta device, costed and planned as a
     module: the same configuration as its ModelSpec's plan, peak memory within 1 % and step
-    time within 3 % (measured 1.022-1.024x: the reference transformer's eager MoE routing
-    and loss run a few memory-bound kernels more than torchtitan's conventions count, as
-    DeepSeekMoE's preset shows too; DeepSeek-V2-Lite's trace over TP is within 2 %:
-    tests/test_layercosts.py::test_latent_attention_through_the_trace)."""
+    time within 2 % (measured 1.014x: the reference transformer's eager MoE routing runs a
+    few memory-bound kernels more than torchtitan's conventions count, as DeepSeekMoE's
+    preset shows too; at a 8,192-token vocabulary and 2,048 tokens the loss's small kernels
+    made it 1.023x)."""
     torch = pytest.importorskip("torch")
     import planner
     from costmodel.trace.blockcosts import costs_from_graph
@@ -302,8 +302,8 @@ def test_the_traced_latent_moe_example_plans_as_its_spec() -> None:
     with torch.device("meta"):
         module = LatentMoE(layers=8, dim=2048)
     cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8)
-    job = Job(global_batch_size=64, seq_len=2048, framework="torchtitan")
-    graph = LayerGraph.from_module(module, torch.zeros(1, 2048, dtype=torch.long),
+    job = Job(global_batch_size=64, seq_len=4096, framework="torchtitan")
+    graph = LayerGraph.from_module(module, torch.zeros(1, 4096, dtype=torch.long),
                                    dtype=torch.bfloat16, loss_fn=loss)
     traced = costs_from_graph(graph, cluster, job, sequence_parallel="both")
     spec = latent_moe_spec(layers=8, dim=2048)
@@ -313,6 +313,6 @@ def test_the_traced_latent_moe_example_plans_as_its_spec() -> None:
         got = planner.plan(traced, cluster, job, constraints={"fixed": fixed})
         want = planner.plan(spec, cluster, job, constraints={"fixed": fixed})
         assert got.config == want.config
-        assert got.estimate.step_time_s == pytest.approx(want.estimate.step_time_s, rel=0.03)
+        assert got.estimate.step_time_s == pytest.approx(want.estimate.step_time_s, rel=0.02)
         assert got.estimate.peak_memory_bytes == pytest.approx(
             want.estimate.peak_memory_bytes, rel=0.01)
