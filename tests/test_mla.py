@@ -280,6 +280,7 @@ def test_glm_4_5_air_from_its_config() -> None:
     assert active == pytest.approx(12e9, rel=0.02)
 
 
+@pytest.mark.slow  # traces 8 layers at 4,096 tokens and plans four times: 7 s
 def test_the_traced_latent_moe_example_plans_as_its_spec() -> None:
     """planner.examples.LatentMoE (multi-head latent attention, a dense first layer, fine-
     grained experts with a shared one), traced on the meta device, costed and planned as a

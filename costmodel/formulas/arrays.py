@@ -29,9 +29,8 @@ class Layers(Protocol):
     def layer_kinds(self) -> tuple[int, ...]: ...
 
 __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ChunkPatterns", "ConfigArrays",
-           "Distinct",
-           "Stages", "accounted_columns", "distinct_rows", "divisors", "even_split",
-           "first_argmax", "input_split", "interleaved_split", "ordered_sum"]
+           "Distinct", "Stages", "accounted_columns", "distinct_rows", "divisors",
+           "even_split", "first_argmax", "input_split", "interleaved_split", "ordered_sum"]
 
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}

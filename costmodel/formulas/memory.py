@@ -167,16 +167,17 @@ def stage_layout(costs: LayerCosts, a: ConfigArrays, st: Stages) -> np.ndarray:
 
     Rank i holds chunks i, i + p, ..., i + (v - 1)p of L/(pv) layers when interleaved, else a
     contiguous run of ``stage_layers`` from ``stage_start``. A preset's multi-token
-    prediction modules (``ModelSpec.mtp_layers``) are layers of the last kind more on the
-    last rank, beside the output layer they share (Megatron-Core builds them into the last
-    pipeline stage's post-processing).
+    prediction modules (``ModelSpec.mtp_layers``) are layers of its last layer's kind more on
+    the last rank, beside the output layer they share (Megatron-Core builds them into the
+    last pipeline stage's post-processing).
     """
     out = _stage_kinds(costs, a, st)
     spec = costs.spec
     if spec is not None and spec.mtp_layers:
         out = out.copy()
-        out[-1] = out[-1] + np.where((st.index == a.pp - 1) & (st.count > 0),
-                                     spec.mtp_layers, 0)
+        kind = spec.layer_kinds[-1]
+        out[kind] = out[kind] + np.where((st.index == a.pp - 1) & (st.count > 0),
+                                         spec.mtp_layers, 0)
     return out
 
 
