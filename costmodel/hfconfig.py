@@ -210,6 +210,7 @@ def _llama4_fields(c: _HFConfig) -> dict[str, Any]:
         "position_embedding": "rope", "norm": "rmsnorm",
         "sliding_window": c.whole("attention_chunk_size", 0),
         "chunked_attention": bool(c.cfg.get("attention_chunk_size")),
+        "global_nope": True,  # the global layers are the ones without rotary embeddings
         "global_every": every if c.cfg.get("attention_chunk_size") else 0,
     }
 

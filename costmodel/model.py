@@ -60,7 +60,8 @@ class ModelSpec:
     (GPT-OSS 2, Gemma 3 6, Llama 4 4). ``attention_sinks``: a learned logit per head added
     to each softmax's denominator (GPT-OSS; Xiao et al. 2024, "Efficient Streaming Language
     Models with Attention Sinks"). ``post_norms``: a norm after the attention's and the MLP's
-    outputs too, before the residual add (Gemma 2 and 3: four norms a layer).
+    outputs too, before the residual add (Gemma 2 and 3: four norms a layer). ``global_nope``:
+    the global layers take no rotary embedding (Llama 4's NoPE layers).
     ``qk_norm``: each head's query and key pass an RMSNorm of ``head_dim`` before the rotary
     embedding (Qwen3; Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion
     Parameters", Sec. 2.1), one weight of ``head_dim`` each for q and k. Vision
@@ -108,6 +109,7 @@ class ModelSpec:
     chunked_attention: bool = False
     attention_sinks: bool = False
     post_norms: bool = False
+    global_nope: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -191,7 +193,7 @@ class ModelSpec:
         and norm are known kinds; learned positions and patches have their sizes."""
         for key in ("gated_mlp", "tied_embeddings", "bias", "qkv_bias", "qk_norm", "dropout",
                     "causal", "embedding_norm", "final_norm", "chunked_attention",
-                    "attention_sinks", "post_norms"):
+                    "attention_sinks", "post_norms", "global_nope"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"ModelSpec {self.name!r}: {key} must be True or False, got "
                                 f"{getattr(self, key)!r:.60}")
@@ -283,6 +285,10 @@ class ModelSpec:
         local attention makes."""
         index = {a: k for k, a in enumerate(self.kind_attributes)}
         return tuple(index[a] for a in self.layer_attributes)
+
+    def has_rotary(self, local: bool) -> bool:
+        """Whether a (``local`` or global) layer rotates its queries and keys."""
+        return self.position_embedding == "rope" and (local or not self.global_nope)
 
     def attended_keys(self, seq_len: int | float, local: bool) -> float:
         """Keys a query attends to on average over a sequence of ``seq_len`` tokens under the

@@ -239,6 +239,16 @@ def test_llama_4_layers() -> None:
     assert [spec.layer_is_local(i) for i in range(4)] == [True, True, True, False]
     assert spec.chunked_attention and spec.sliding_window == 8192
     assert spec.attended_keys(32768, True) == 4096.0
+    # The global layers take no rotary embedding: their rotary kernels' time is gone.
+    assert spec.global_nope and spec.has_rotary(True) and not spec.has_rotary(False)
+    job = Job(global_batch_size=8, seq_len=8192)
+    a = ConfigArrays.from_configs(spec, [ParallelConfig(dp=8, ep=8)])
+    gpu = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8).gpu
+    local, glob = (dataclasses.replace(spec, global_nope=False), spec)
+    kind = spec.kind_attributes.index((True, False))  # a global MoE layer
+    with_rope = LayerCosts.of(local).layer_compute(gpu, job, a, kind).forward[0]
+    without = LayerCosts.of(glob).layer_compute(gpu, job, a, kind).forward[0]
+    assert without < with_rope
 
 
 def test_local_attention_is_softmax_attention_over_its_window() -> None:

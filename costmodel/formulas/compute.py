@@ -359,7 +359,7 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     model, job, fw, e, ac, tokens, rep, t = r.model, r.job, r.fw, r.e, r.ac, r.tokens, r.rep, r.t
     h, q, kv = r.h, r.q, r.kv
     drop = 1.0 if model.dropout else 0.0
-    rope = model.position_embedding == "rope"
+    rope = model.has_rotary(r.windowed)
     # MLA: RMSNorms of the query and key-value latents (whole on each rank, on its sequence
     # shard under SP: Megatron-Core's q_layernorm / kv_layernorm), read and written once.
     latent = float(model.latent_norm_params())
@@ -374,7 +374,7 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     # residual. Under autocast the norm reads and writes fp32 (compiled, writes its cast)
     # and the residual adds a low-precision branch to the fp32 stream (read 4 + e, write 4).
     norm_bytes = np.where(ac, 4.0 + e if fused_casts else 8.0, 2 * e) * tokens * h * rep
-    rope_bytes = 2 * e * tokens * float(model.rotary_elements) / t
+    rope_bytes = 2 * e * tokens * float(model.rotary_elements) / t if rope else 0.0 * tokens
     # qk-norm (ModelSpec.qk_norm): one fused RMSNorm each over the rank's q and k heads,
     # reading and writing them (Megatron-Core's q_layernorm / k_layernorm).
     qk_norm = 2 * e * tokens * (q + kv) / t if model.qk_norm else 0.0 * tokens
@@ -405,8 +405,8 @@ def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
     casts = ac_casts
     nograd, nograd_bytes = 0.0, 0.0 * tokens  # kernels among them without a backward
     if fw.eager_kernels and not job.compile:
-        x_bytes, x_kernels = eager_bytes(model, tokens, rep, t, e, ac)
-        casts = casts + eager_cast_bytes(model, tokens, rep, t, e, ac)
+        x_bytes, x_kernels = eager_bytes(model, tokens, rep, t, e, ac, rotary=rope)
+        casts = casts + eager_cast_bytes(model, tokens, rep, t, e, ac, rotary=rope)
         if moe and mlp.routed is not None:
             m_bytes, m_kernels, m_casts, nograd_bytes = eager_moe_bytes(model, mlp.routed, t, e)
             x_bytes, x_kernels, casts = x_bytes + m_bytes, x_kernels + m_kernels, casts + m_casts

@@ -52,7 +52,7 @@ EAGER_ROPE_KERNELS = 5.0
 
 
 def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.ndarray,
-                e: float, ac: Num = False) -> tuple[np.ndarray, Num]:
+                e: float, ac: Num = False, rotary: bool = True) -> tuple[np.ndarray, Num]:
     """(bytes, kernels) that one layer's memory-bound forward moves beyond the fused count
     when run as PyTorch eager kernels: RMSNorm decomposed (``EAGER_RMSNORM_BYTES`` + 2e, two
     norms), the complex rotary embedding (``EAGER_ROPE_BYTES``) and SwiGLU as ``silu`` then a
@@ -88,12 +88,12 @@ def eager_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.nda
         latent = float(model.latent_norm_params())
         out = out + (EAGER_RMSNORM_BYTES + 2 * e) * tokens * latent * rep
         kernels = kernels + (1.0 + (model.q_lora_rank > 0)) * EAGER_RMSNORM_KERNELS
-        if model.position_embedding == "rope":
+        if model.position_embedding == "rope" and rotary:
             rotated = float(model.num_heads * model.qk_rope_head_dim) / t \
                 + model.qk_rope_head_dim
             out = out + EAGER_ROPE_BYTES * tokens * rotated
             kernels += 7.0
-    elif model.position_embedding == "rope":
+    elif model.position_embedding == "rope" and rotary:
         out = out + EAGER_ROPE_BYTES * tokens * float(model.rotary_elements) / t
         kernels += EAGER_ROPE_KERNELS
     if model.gated_mlp and not model.is_moe:
@@ -160,7 +160,7 @@ def eager_moe_bytes(model: ModelSpec, routed: np.ndarray, t: np.ndarray, e: floa
 
 
 def eager_cast_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: np.ndarray,
-                     e: float, ac: Num = False) -> np.ndarray:
+                     e: float, ac: Num = False, rotary: bool = True) -> np.ndarray:
     """The bytes of ``eager_bytes``'s kernels (and of the fused count they extend) that are
     dtype casts: each eager RMSNorm's and each rotary embedding's cast to fp32 and back
     (read e, write 4; read 4, write e; none for a norm under autocast, ``ac``, whose input
@@ -175,7 +175,7 @@ def eager_cast_bytes(model: ModelSpec, tokens: np.ndarray, rep: np.ndarray, t: n
         out = out + norms * np.where(ac, 0.0, per) * tokens * h * rep
     if model.norm == "rmsnorm" and model.is_mla:  # the latents' norms (MLA)
         out = out + per * tokens * float(model.latent_norm_params()) * rep
-    if model.position_embedding == "rope":
+    if model.position_embedding == "rope" and rotary:
         out = out + per * tokens * (float(model.num_heads * model.qk_rope_head_dim) / t
                                     + model.qk_rope_head_dim if model.is_mla
                                     else float(model.rotary_elements) / t)

@@ -121,7 +121,7 @@ class Attention(nn.Module):
         h, hd = spec.hidden_size, int(spec.head_dim or 0)
         qkv_bias = spec.bias or spec.qkv_bias
         self.head_dim = hd
-        self.rope = spec.position_embedding == "rope"
+        self.rope = spec.has_rotary(local)  # Llama 4's global layers have none
         self.causal = spec.causal
         self.recompute_core = False
         # A local layer's window (ModelSpec.layer_is_local) and GPT-OSS's sink logits.
@@ -129,7 +129,7 @@ class Attention(nn.Module):
         self.chunked = spec.chunked_attention
         # Sets a local layer apart from a global one of the same weights when a trace looks
         # for repeated blocks (costmodel.trace.recorder._signature).
-        self.trace_key = (self.window, self.chunked) if self.window else None
+        self.trace_key = (self.window, self.chunked, self.rope) if self.window else None
         self.wq = nn.Linear(h, spec.q_dim, bias=qkv_bias)
         self.wk = nn.Linear(h, spec.kv_dim, bias=qkv_bias)
         self.wv = nn.Linear(h, spec.kv_dim, bias=qkv_bias)
