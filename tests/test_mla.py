@@ -196,6 +196,7 @@ def test_the_mtp_module_sits_on_the_last_stage() -> None:
     assert extra == pytest.approx(want, rel=1e-9)
 
 
+@pytest.mark.slow  # the whole search for 1,024 GPUs: 2 s
 def test_deepseek_v3_on_1024_h100s(tmp_path: Path) -> None:
     """The issue's example: a plan for DeepSeek-V3 on 1,024 H100s, emitted for Megatron-LM
     with its latent attention and MTP flags, which its parser reads back."""
@@ -218,6 +219,7 @@ def test_deepseek_v3_on_1024_h100s(tmp_path: Path) -> None:
     assert ns.num_experts == 256 and ns.moe_router_topk == 8
 
 
+@pytest.mark.slow  # a search of DeepSeek-V3 on 256 GPUs: 2 s
 def test_torchtitan_trains_deepseek_v3_as_its_flavor_without_mtp() -> None:
     import planner
     from planner.emit.torchtitan import flavor

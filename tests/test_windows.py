@@ -273,6 +273,7 @@ def test_local_attention_is_softmax_attention_over_its_window() -> None:
     assert torch.all(chunked[:, :, 4:] == 0)
 
 
+@pytest.mark.slow  # traces 4 layers at 4,096 tokens, costed at four TP degrees: 2 s
 def test_a_traced_sliding_window_block_with_sinks_plans_as_its_spec() -> None:
     """The reference transformer with every layer a 128-token sliding window and a sink
     logit per head (Mistral 7B v0.1's windows, GPT-OSS's sinks), traced at 4,096 tokens: its
