@@ -14,7 +14,7 @@ import numpy as np
 
 from costmodel.config import ParallelConfig
 from costmodel.serving.inference import InferenceConfig
-from costmodel.units import GIB
+from costmodel.units import GIB, count
 from planner.search import Found, SearchResult
 from planner.space import RULES, row_config
 
@@ -65,6 +65,15 @@ class Alternative:
         return cls(framework=d["framework"], config=kind(**cfg) if cfg else None,
                    verdict=d["verdict"], reason=d["reason"], step_time_s=d.get("step_time_s"),
                    peak_memory_bytes=d.get("peak_memory_bytes"))
+
+
+def params_text(model: Any) -> str:
+    """A model's parameter count for a report line, the multi-token prediction modules'
+    share named where it has them (DeepSeek-V3's 671B model is 682.64B with its MTP
+    module)."""
+    text = count(model.num_params())
+    mtp = model.mtp_params() if hasattr(model, "mtp_params") else 0
+    return f"{text} ({count(mtp, 'in its MTP modules')})" if mtp else text
 
 
 def layer_list(values: tuple[int, ...]) -> str:
@@ -179,9 +188,9 @@ def alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
     rows.sort(key=lambda r: (r[0], r[1], r[2].reason))
     out += [r[2] for r in rows]
     for fw, rejected in res.rejected.items():
-        for rule, (count, example) in sorted(rejected.items()):
+        for rule, (times, example) in sorted(rejected.items()):
             out.append(Alternative(framework=fw, config=None, verdict="invalid",
-                                   reason=f"{count} value(s) such as {example}: {RULES[rule]}"))
+                                   reason=f"{times} value(s) such as {example}: {RULES[rule]}"))
     return tuple(out)
 
 

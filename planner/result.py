@@ -31,7 +31,7 @@ from costmodel.serving.inference import (
     InferenceJob,
     estimate_inference,
 )
-from costmodel.units import GIB, count
+from costmodel.units import GIB
 from hardware_profiles.files import is_file, loads_json, printable, read_text, write_text
 from planner.advice import (
     idle_warning,
@@ -42,6 +42,7 @@ from planner.alternatives import (
     Alternative,
     describe,
     layer_list,
+    params_text,
 )
 from planner.space import Constraints
 
@@ -366,7 +367,7 @@ class Plan:
         c = self.counts
         if isinstance(self.job, InferenceJob):
             return "<pre>" + html.escape(self.summary()) + "</pre>"
-        head = [("model", f"{self.model.name} ({count(self.model.num_params())})"),
+        head = [("model", f"{self.model.name} ({params_text(self.model)})"),
                 ("cluster", f"{self.cluster.num_nodes} x {self.cluster.gpus_per_node} "
                  f"{self.cluster.gpu.name}"),
                 ("job", f"{self.job.global_batch_size} x {self.job.seq_len} {self.job.unit}, "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from costmodel import Job, ModelSpec, ParallelConfig, SpecError
 from costmodel.formulas.estimate import Estimate
 from costmodel.formulas.layercosts import LayerCosts
-from costmodel.units import count
+from planner.alternatives import params_text
 from planner.cli.common import (
     EXIT_INFEASIBLE,
     EXIT_USAGE,
@@ -95,7 +95,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_dict())
     else:
-        print(f"model    {model.name}: {count(model.num_params())}\n")
+        print(f"model    {model.name}: {params_text(model)}\n")
         print(result.table())
     if all(c.estimate is None for c in candidates):
         infeasible = all((c.error or "").startswith("infeasible") for c in candidates)

@@ -19,8 +19,8 @@ from costmodel.formulas.memory import TERMS
 from costmodel.formulas.roofline import ATTENTION_NAMES, attention_kernel
 from costmodel.formulas.steptime import TIME_TERMS
 from costmodel.serving.inference import InferenceConfig, InferenceJob, estimate_inference
-from costmodel.units import GIB, count, plural
-from planner.alternatives import layer_list
+from costmodel.units import GIB, plural
+from planner.alternatives import layer_list, params_text
 from planner.cli.common import (
     add_command,
     add_common_args,
@@ -156,7 +156,7 @@ def _estimate_inference(args: argparse.Namespace, model: ModelSpec, cluster: Clu
                     "model": _model_dict(model), "cluster": _cluster_dict(cluster),
                     "job": job.to_dict()})
     else:
-        print(f"model    {model.name}: {count(model.num_params())}; "
+        print(f"model    {model.name}: {params_text(model)}; "
               f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; serving "
               f"{job.prompt_len:,}-token prompts, {job.output_len:,} output tokens")
         print(est.summary())
@@ -190,7 +190,7 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
     fit = hardware_profiles.fit_note(cluster.gpu.name)
     return [
         *([f"fit      {fit}"] if fit else []),
-        f"model    {model.name}: {count(model.num_params())}",
+        f"model    {model.name}: {params_text(model)}",
         f"cluster  {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name} "
         f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {cluster.intra_link.name} "
         + (f"inside nodes, {cluster.nics_per_node} x {cluster.inter_link.name} per node"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from costmodel import Cluster, Job, ModelSpec, SpecError
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.serving.inference import InferenceJob
-from costmodel.units import count
+from planner.alternatives import params_text
 from planner.cli.common import (
     add_command,
     add_common_args,
@@ -111,7 +111,7 @@ def _print_training(args: argparse.Namespace, model: ModelSpec | LayerCosts, clu
         traced = (f" (traced: {len(model.blocks)} blocks, {layer.name} x{layer.repeat}; "
                   f"{_sp_note(model)})")
     unit = "tokens" if job.seq_len > 1 else "samples"
-    print(f"model    {model.name}: {count(model.num_params())}{traced}; "
+    print(f"model    {model.name}: {params_text(model)}{traced}; "
           f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}; "
           f"{job.global_batch_size} x {job.seq_len} {unit}, {job.precision}")
     print(result.summary(rows=max(0, args.why)))
