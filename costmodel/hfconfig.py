@@ -53,20 +53,33 @@ class _HFConfig:
         return v
 
 
+def _rotary_decoder(c: _HFConfig, tied: bool = False) -> dict[str, Any]:
+    """The fields each rotary, RMSNorm, gated-MLP decoder family here shares (``tied``: the
+    family's default for ``tie_word_embeddings``)."""
+    return {"num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
+            "num_heads": c.need("num_attention_heads"), "gated_mlp": True,
+            "tied_embeddings": c.flag("tie_word_embeddings", tied),
+            "position_embedding": "rope", "norm": "rmsnorm"}
+
+
+def _deepseek_moe(c: _HFConfig) -> dict[str, Any]:
+    """DeepSeekMoE's layers (DeepSeek, DeepSeek-V2/V3, GLM-4.5): ``n_routed_experts`` experts
+    of ``moe_intermediate_size``, top ``num_experts_per_tok``, ``n_shared_experts`` shared
+    ones, after ``first_k_dense_replace`` dense layers."""
+    return {"num_experts": c.need("n_routed_experts"), "top_k": c.need("num_experts_per_tok"),
+            "moe_ffn_hidden_size": c.need("moe_intermediate_size"),
+            "num_shared_experts": c.whole("n_shared_experts", 0),
+            "first_dense_layers": c.whole("first_k_dense_replace", 0)}
+
+
 def _decoder_fields(c: _HFConfig) -> dict[str, Any]:
     """llama, mistral, qwen2, qwen3, mixtral, deepseek (DeepSeekMoE) and qwen3_moe: rotary,
     RMSNorm, SwiGLU."""
     out: dict[str, Any] = {
-        "num_layers": c.need("num_hidden_layers"),
-        "hidden_size": c.need("hidden_size"),
-        "num_heads": c.need("num_attention_heads"),
+        **_rotary_decoder(c),
         "num_kv_heads": c.cfg.get("num_key_value_heads") or c.need("num_attention_heads"),
         "ffn_hidden_size": c.need("intermediate_size"),
         "vocab_size": c.vocabulary(),
-        "gated_mlp": True,
-        "tied_embeddings": c.flag("tie_word_embeddings", False),
-        "position_embedding": "rope",
-        "norm": "rmsnorm",
         "qkv_bias": c.mtype == "qwen2",
         # transformers' Qwen3Attention: q_norm and k_norm, RMSNorm(head_dim), before RoPE.
         "qk_norm": c.mtype in ("qwen3", "qwen3_moe"),
@@ -90,10 +103,7 @@ def _decoder_fields(c: _HFConfig) -> dict[str, Any]:
     if c.mtype == "deepseek":
         if c.whole("moe_layer_freq", 1) != 1:
             raise SpecError(f"HF config {c.label!r}: moe_layer_freq != 1 is not supported")
-        out.update(num_experts=c.need("n_routed_experts"), top_k=c.need("num_experts_per_tok"),
-                   moe_ffn_hidden_size=c.need("moe_intermediate_size"),
-                   num_shared_experts=c.whole("n_shared_experts", 0),
-                   first_dense_layers=c.whole("first_k_dense_replace", 0))
+        out.update(_deepseek_moe(c))
     if c.mtype == "qwen3_moe":
         out.update(_qwen3_moe_fields(c))
     return out
@@ -133,21 +143,14 @@ def _deepseek_mla_fields(c: _HFConfig) -> dict[str, Any]:
             raise SpecError(f"HF config {c.label!r}: {key} must be a positive whole number, "
                             f"got {v!r:.60}")
     out: dict[str, Any] = {
-        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
-        "num_heads": heads, "num_kv_heads": heads,
+        **_rotary_decoder(c), "num_kv_heads": heads,
         "ffn_hidden_size": c.need("intermediate_size"), "vocab_size": c.vocabulary(),
-        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", False),
-        "position_embedding": "rope", "norm": "rmsnorm",
         "head_dim": nope + rope, "qk_rope_head_dim": rope, "v_head_dim": c.need("v_head_dim"),
         "kv_lora_rank": c.need("kv_lora_rank"), "q_lora_rank": c.whole("q_lora_rank", 0),
         "mtp_layers": c.whole("num_nextn_predict_layers", 0),
     }
-    experts = c.whole("n_routed_experts", 0)
-    if experts:
-        out.update(num_experts=experts, top_k=c.need("num_experts_per_tok"),
-                   moe_ffn_hidden_size=c.need("moe_intermediate_size"),
-                   num_shared_experts=c.whole("n_shared_experts", 0),
-                   first_dense_layers=c.whole("first_k_dense_replace", 0))
+    if c.whole("n_routed_experts", 0):
+        out.update(_deepseek_moe(c))
     return out
 
 
@@ -199,15 +202,12 @@ def _llama4_fields(c: _HFConfig) -> dict[str, Any]:
     else:
         every = c.whole("no_rope_layer_interval", 4)
     return {
-        "num_layers": layers, "hidden_size": c.need("hidden_size"),
-        "num_heads": c.need("num_attention_heads"),
+        **_rotary_decoder(c),
         "num_kv_heads": c.need("num_key_value_heads"), "head_dim": c.need("head_dim"),
         "ffn_hidden_size": c.need("intermediate_size_mlp"), "vocab_size": c.vocabulary(),
         "moe_ffn_hidden_size": c.need("intermediate_size"),
         "num_experts": c.need("num_local_experts"), "top_k": c.need("num_experts_per_tok"),
         "num_shared_experts": 1, "moe_every": c.whole("interleave_moe_layer_step", 1),
-        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", False),
-        "position_embedding": "rope", "norm": "rmsnorm",
         "sliding_window": c.whole("attention_chunk_size", 0),
         "chunked_attention": bool(c.cfg.get("attention_chunk_size")),
         "global_nope": True,  # the global layers are the ones without rotary embeddings
@@ -224,17 +224,10 @@ def _glm4_moe_fields(c: _HFConfig) -> dict[str, Any]:
     and ``n_shared_experts`` shared ones, ``num_nextn_predict_layers`` MTP modules. The
     routers' score-correction biases are not counted (as DeepSeek-V3's)."""
     return {
-        "num_layers": c.need("num_hidden_layers"), "hidden_size": c.need("hidden_size"),
-        "num_heads": c.need("num_attention_heads"),
+        **_rotary_decoder(c), **_deepseek_moe(c),
         "num_kv_heads": c.need("num_key_value_heads"), "head_dim": c.need("head_dim"),
         "ffn_hidden_size": c.need("intermediate_size"), "vocab_size": c.vocabulary(),
-        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", False),
-        "position_embedding": "rope", "norm": "rmsnorm",
         "qkv_bias": c.flag("attention_bias", False), "qk_norm": c.flag("use_qk_norm", False),
-        "num_experts": c.need("n_routed_experts"), "top_k": c.need("num_experts_per_tok"),
-        "moe_ffn_hidden_size": c.need("moe_intermediate_size"),
-        "num_shared_experts": c.whole("n_shared_experts", 0),
-        "first_dense_layers": c.whole("first_k_dense_replace", 0),
         "mtp_layers": c.whole("num_nextn_predict_layers", 0),
     }
 
@@ -249,14 +242,11 @@ def _gpt_oss_fields(c: _HFConfig) -> dict[str, Any]:
     layers = c.need("num_hidden_layers")
     ffn = c.need("intermediate_size")
     return {
-        "num_layers": layers, "hidden_size": c.need("hidden_size"),
-        "num_heads": c.need("num_attention_heads"),
+        **_rotary_decoder(c),
         "num_kv_heads": c.need("num_key_value_heads"), "head_dim": c.need("head_dim"),
         "ffn_hidden_size": ffn, "moe_ffn_hidden_size": ffn, "vocab_size": c.vocabulary(),
         "num_experts": c.need("num_local_experts"),
         "top_k": c.need("num_experts_per_tok", "experts_per_token"),
-        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", False),
-        "position_embedding": "rope", "norm": "rmsnorm",
         "bias": c.flag("attention_bias", True), "attention_sinks": True,
         "sliding_window": c.whole("sliding_window", 0),
         "global_every": window_pattern(c, layers, 2) if c.cfg.get("sliding_window") else 0,
@@ -273,13 +263,10 @@ def _gemma3_fields(c: _HFConfig) -> dict[str, Any]:
     num_key_value_heads 4, sliding_window 4096)."""
     layers = c.need("num_hidden_layers")
     return {
-        "num_layers": layers, "hidden_size": c.need("hidden_size"),
-        "num_heads": c.need("num_attention_heads"),
+        **_rotary_decoder(c, tied=True),
         "num_kv_heads": c.whole("num_key_value_heads", 4), "head_dim": c.whole("head_dim", 256),
         "ffn_hidden_size": c.need("intermediate_size"),
-        "vocab_size": c.whole("vocab_size", 262_208),
-        "gated_mlp": True, "tied_embeddings": c.flag("tie_word_embeddings", True),
-        "position_embedding": "rope", "norm": "rmsnorm", "qk_norm": True, "post_norms": True,
+        "vocab_size": c.whole("vocab_size", 262_208), "qk_norm": True, "post_norms": True,
         "sliding_window": c.whole("sliding_window", 4096),
         "global_every": window_pattern(c, layers, 6),
     }
