@@ -326,7 +326,15 @@ class Link:
     """One interconnect: per-direction bandwidth (bytes/s), one-way latency per hop (s) of
     NCCL's LL protocol and of its Simple protocol (``simple_latency_s``; ``None``: the same),
     and ``efficiency``, the fraction of the bandwidth a large NCCL transfer achieves (bus
-    bandwidth measured by nccl-tests over the wire rate)."""
+    bandwidth measured by nccl-tests over the wire rate).
+
+    ``mesh_peers``: 0 for a switched link (NVLink through NVSwitch, a NIC into a fabric),
+    where any group of GPUs gets the whole ``bandwidth_bytes_per_s`` of each; otherwise the
+    number of direct point-to-point links of a GPU in a fully connected mesh (AMD Infinity
+    Fabric: 7 in an 8-GPU platform), ``bandwidth_bytes_per_s`` being their sum. A collective
+    among ``k`` GPUs of the mesh then drives only the ``k - 1`` links that join them
+    (``share``): RCCL builds its rings and all-to-all sends on direct links.
+    """
 
     name: str
     description: str = ""
@@ -336,9 +344,14 @@ class Link:
     efficiency: float = 1.0
     source: str = ""
     simple_latency_s: float | None = None
+    mesh_peers: int = 0
 
     def __post_init__(self) -> None:
         who = f"link {self.name!r}"
+        if not isinstance(self.mesh_peers, int) or isinstance(self.mesh_peers, bool) \
+                or not 0 <= self.mesh_peers <= 1024:
+            raise SpecError(f"{who}: mesh_peers must be a whole number from 0 (a switch) to "
+                            f"1024 (direct links of a GPU), got {self.mesh_peers!r}")
         if self.simple_latency_s is not None:
             object.__setattr__(self, "simple_latency_s", real(
                 self.simple_latency_s, f"{who}: simple_latency_s", lo=0.0, hi=MAX_LATENCY_S))
@@ -354,6 +367,14 @@ class Link:
     def achieved_bytes_per_s(self) -> float:
         """Bandwidth a large transfer achieves: ``bandwidth * efficiency``."""
         return self.bandwidth_bytes_per_s * self.efficiency
+
+    def share(self, ranks: float) -> float:
+        """Fraction of the bandwidth a collective among ``ranks`` GPUs of this link's domain
+        can use: all of it through a switch; ``(ranks - 1) / mesh_peers`` of a full mesh
+        (the direct links between them; one link for a send between two GPUs)."""
+        if not self.mesh_peers:
+            return 1.0
+        return min(1.0, max(ranks - 1.0, 1.0) / self.mesh_peers)
 
     @classmethod
     def from_profile(cls, data: dict[str, Any]) -> Link:
@@ -377,6 +398,7 @@ class Link:
                 source=_document(data),
                 simple_latency_s=(number("simple_latency_us", 1e-6, MAX_LATENCY_S)
                                   if "simple_latency_us" in data else None),
+                mesh_peers=data.get("mesh_peers", 0),
             )
         except KeyError as e:
             raise SpecError(f"link profile {name!r} lacks the key {e.args[0]!r}") from None
@@ -407,7 +429,16 @@ def _as_link(value: Link | str) -> Link:
 
 @dataclass(frozen=True, kw_only=True)
 class Cluster:
-    """``num_nodes`` nodes of ``gpus_per_node`` GPUs; one link inside a node, NICs across nodes.
+    """``num_nodes`` nodes of ``gpus_per_node`` GPUs; one scale-up link joins the GPUs of a
+    domain of ``gpus_per_domain`` GPUs (one node, or several: an NVL72 rack's NVLink joins 18
+    trays of 4), NICs join the domains.
+
+    ``gpus_per_domain`` defaults to ``gpus_per_node`` (a DGX/HGX box, whose NVLink ends at
+    the box); it must be a multiple of it, and the cluster holds whole domains (or fewer GPUs
+    than one). A node is what one host holds: its CPU memory, the NICs it drives
+    (``nics_per_node``, one per GPU on rail-optimized systems), the processes one launcher
+    starts. Every collective is costed by the level its group spans: the scale-up link
+    inside a domain, the NICs between domains (``costmodel.formulas.comm``).
 
     ``gpu`` and the links accept a profile name or an object; ``gpu`` also a GPU profile TOML
     file (``planner profile`` writes one). ``intra_node_link`` defaults to the GPU's own
@@ -425,12 +456,14 @@ class Cluster:
     nics_per_node: int | None = None
     host_memory_gib: float | None = None
     name: str = "custom"
+    gpus_per_domain: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("num_nodes", "gpus_per_node"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecError(f"Cluster.{key} must be a positive integer, got {v!r}")
+        self._check_domain()
         # Sanity bound: the largest clusters built hold ~10^5 GPUs; 2^20 catches typos.
         if self.num_nodes * self.gpus_per_node > 2**20:
             raise SpecError(f"Cluster: {self.num_nodes * self.gpus_per_node:,} GPUs is beyond "
@@ -451,6 +484,39 @@ class Cluster:
         object.__setattr__(self, "host_memory_gib", real(
             host, "Cluster.host_memory_gib (CPU memory per node, GiB)", lo=0.0, lo_open=True,
             hi=MAX_HOST_MEMORY_GIB))
+
+    def _check_domain(self) -> None:
+        """Fill ``gpus_per_domain`` (default: a node) and check that domains hold whole
+        nodes and the cluster whole domains."""
+        g, d = self.gpus_per_node, self.gpus_per_domain
+        if d is None:
+            object.__setattr__(self, "gpus_per_domain", g)
+            return
+        if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+            raise SpecError(f"Cluster.gpus_per_domain must be a positive integer, got {d!r}")
+        if d % g:
+            raise SpecError(f"gpus_per_domain={d} is not a multiple of gpus_per_node={g}: a "
+                            "scale-up domain (NVLink / Infinity Fabric) holds whole nodes")
+        n = self.num_nodes * g
+        if n > d and n % d:
+            raise SpecError(
+                f"{n} GPUs do not fill whole scale-up domains of {d}; use a multiple of {d} "
+                f"GPUs ({d // g} nodes of {g}), or at most {d}")
+
+    @property
+    def scale_up(self) -> int:
+        """GPUs the scale-up link joins (``gpus_per_domain``, at most the cluster)."""
+        d = self.gpus_per_domain
+        assert d is not None, "Cluster.__post_init__ fills gpus_per_domain"
+        return min(d, self.num_gpus)
+
+    def domain_words(self) -> str:
+        """The scale-up domain in words: "the 8 GPUs of a node", "the 72 GPUs of an nvlink5
+        domain (18 nodes of 4)"."""
+        if self.scale_up <= self.gpus_per_node:
+            return f"the {self.scale_up} GPUs of a node"
+        return (f"the {self.scale_up} GPUs of an {self.intra_link.name} domain "
+                f"({self.scale_up // self.gpus_per_node} nodes of {self.gpus_per_node})")
 
     @property
     def host_memory_bytes_per_gpu(self) -> float:
@@ -510,9 +576,11 @@ class Cluster:
         gpu: GPU | str | None = None,
         gpus_per_node: int | None = None,
     ) -> Cluster:
-        """A shipped cluster (``selene``, ``dgx-a100``, ``dgx-h100``, ``generic-ib``).
+        """A shipped cluster (``planner clusters`` lists them: ``dgx-h100``,
+        ``gb200-nvl72``, ...).
 
-        ``num_nodes`` defaults to the preset's own; ``gpu`` and ``gpus_per_node`` override it.
+        ``num_nodes`` defaults to the preset's own; ``gpu`` and ``gpus_per_node`` override it
+        (another node size ends the preset's multi-node domain: the domain is the node).
         """
         data = hardware_profiles.load("clusters", name)
         preset_name = str(data["name"])
@@ -531,4 +599,6 @@ class Cluster:
             inter_node_link=data.get("inter_node_link"),
             nics_per_node=int(data["nics_per_node"]) if "nics_per_node" in data else None,
             host_memory_gib=data.get("host_memory_gib"),
+            gpus_per_domain=(int(data["gpus_per_domain"]) if "gpus_per_domain" in data
+                             and gpus_per_node is None else None),
         )

@@ -54,7 +54,7 @@ MAX_SEARCH_BATCH = 4096
 
 #: Rule name -> what it requires (the sentence a user reads when it rejects a value).
 RULES: dict[str, str] = {
-    "tp_node": "tensor parallel stays inside a node: tp divides the GPUs per node",
+    "tp_node": "tensor parallel stays inside a node or NVLink domain: tp divides its GPUs",
     "tp_heads": "tp divides the attention heads, and divides or is a multiple of the KV heads",
     "tp_ffn": "tp divides the MLP (and expert MLP) hidden size",
     "pp_layers": "a pipeline stage holds at least one layer: pp <= layers",
@@ -95,9 +95,10 @@ def _check_constraints(cons: Constraints) -> None:
 
 def _tensor_parallel_degrees(model: ModelSpec, cluster: Cluster, cons: Constraints,
                              reject: Callable[[str, str], None]) -> list[int]:
-    """The valid tensor-parallel degrees: dividing the GPUs of a node, the attention heads
-    (and the KV heads, or a multiple of them), and every MLP width; allowed by ``cons``."""
-    g = cluster.gpus_per_node
+    """The valid tensor-parallel degrees: dividing the GPUs of a scale-up domain, the
+    attention heads (and the KV heads, or a multiple of them), and every MLP width; allowed
+    by ``cons``."""
+    g = cluster.scale_up
     kv = int(model.num_kv_heads or model.num_heads)
     ffns = [int(model.ffn_hidden_size or 0)] + ([int(model.moe_ffn_hidden_size or 0)]
                                                  if model.is_moe else [])

@@ -55,7 +55,7 @@ CAPPABLE = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_
 
 #: Rule name -> what it requires. Each rejected value is counted under its rule.
 RULES: dict[str, str] = {
-    "tp_node": "tensor parallel stays inside a node: tp divides the GPUs per node",
+    "tp_node": "tensor parallel stays inside a node or NVLink domain: tp divides its GPUs",
     "tp_heads": "tp divides the attention heads and the KV heads",
     "tp_ffn": "tp divides the MLP (and expert MLP) hidden size",
     "tp_traced": "a traced graph is costed at the TP degrees its blocks were sharded at",
@@ -71,8 +71,8 @@ RULES: dict[str, str] = {
                  "op that reads its own inputs: torch.distributed.pipelining gives a later "
                  "stage only the previous stage's outputs (LayerCosts.first_stage_layers)",
     "cp_seq": "context parallel splits the sequence: cp divides seq_len",
-    "mesh_nodes": "the tp x cp block tiles the nodes: it divides, or is a multiple of, the "
-                  "GPUs per node",
+    "mesh_nodes": "the tp x cp block tiles the nodes (NVLink domains): it divides, or is a "
+                  "multiple of, the GPUs per node (domain)",
     "dp_batch": "every data-parallel rank gets whole sequences: dp divides the global batch",
     "ep_dense": "expert parallel needs a mixture-of-experts model",
     "ep_experts": "ep divides the number of experts",
@@ -585,7 +585,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     fw = framework(job.framework)
     rej = Rejections()
     f = _Filter(cons, rej)
-    world, gpn, L = cluster.num_gpus, cluster.gpus_per_node, model.num_layers
+    world, gpn, L = cluster.num_gpus, cluster.scale_up, model.num_layers
     traced = isinstance(model, LayerCosts) and model.spec is None
     need = model.first_stage_layers
     refused: dict[tuple[int, bool], bool] = {}

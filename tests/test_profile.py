@@ -78,7 +78,7 @@ def synthetic(gpu: str | None = "h100-sxm", *, links: bool = True) -> Measuremen
         meas.transfer = [TransferPoint(d, s, s / HOST_BW + HOST_LAT) for d in ("h2d", "d2h")
                          for s in _sizes(16, 28, 4)]
         nccl = hardware_profiles.load_software()["nccl"]
-        topo = Topology(gpus_per_node=8, base_lat=nccl["base_latency_us"] * 1e-6,
+        topo = Topology(gpus_per_domain=8, base_lat=nccl["base_latency_us"] * 1e-6,
                         intra_bw=LINK_BW, intra_lat=LINK_LAT, nic_bw_per_gpu=1.0, inter_lat=1.0,
                         base_lat_simple=nccl["base_latency_simple_us"] * 1e-6,
                         intra_lat_simple=LINK_SIMPLE_LAT, inter_lat_simple=1.0,

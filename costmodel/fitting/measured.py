@@ -389,7 +389,7 @@ def fit_link(points: list[CollectivePoint], bandwidth: float | None = None,
 
     def topo(x: np.ndarray) -> Topology:
         bw, ll, simple = unpack(x)
-        return Topology(gpus_per_node=n, base_lat=float(nccl["base_latency_us"]) * 1e-6,
+        return Topology(gpus_per_domain=n, base_lat=float(nccl["base_latency_us"]) * 1e-6,
                         intra_bw=bw, intra_lat=ll, nic_bw_per_gpu=bw, inter_lat=ll,
                         base_lat_simple=float(nccl["base_latency_simple_us"]) * 1e-6,
                         intra_lat_simple=simple, inter_lat_simple=simple,

@@ -33,17 +33,18 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
 
 def _check_placement(model: ModelSpec | LayerCosts, cluster: Cluster, cfg: ParallelConfig
                      ) -> None:
-    """The degrees fill the cluster; tensor parallel stays in a node and divides the heads
+    """The degrees fill the cluster; tensor parallel stays in a scale-up domain (a node, or
+    an NVLink domain of several) and divides the heads
     and the MLP (a traced graph: is one of the degrees its blocks were sharded at)."""
     if cfg.world_size != cluster.num_gpus:
         raise SpecError(
             f"dp*tp*pp*cp = {cfg.dp}*{cfg.tp}*{cfg.pp}*{cfg.cp} = {cfg.world_size} but the "
             f"cluster has {cluster.num_gpus} GPUs; make the degrees multiply to {cluster.num_gpus}"
         )
-    if cfg.tp > cluster.gpus_per_node:
+    if cfg.tp > cluster.scale_up:
         raise SpecError(
-            f"tp={cfg.tp} exceeds the {cluster.gpus_per_node} GPUs of a node; tensor parallel "
-            "must stay inside a node"
+            f"tp={cfg.tp} exceeds {cluster.domain_words()}; tensor parallel must stay inside a "
+            "node or NVLink domain"
         )
     if not isinstance(model, ModelSpec):
         if model.spec is None:

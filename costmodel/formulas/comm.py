@@ -1,14 +1,26 @@
 """Collective communication time on a two-level topology, for a table of configurations.
 
-A node has ``gpus_per_node`` GPUs joined by the intra-node link (NVLink/NVSwitch, PCIe) and
-``nics_per_node`` NICs of the inter-node link (InfiniBand, RoCE). Bandwidths are per direction
-and derated by each link's ``efficiency`` (nccl-tests bus bandwidth over wire rate).
+The two levels are the scale-up domain and the scale-out network. A domain of
+``gpus_per_domain`` GPUs is joined by one scale-up link (NVLink through NVSwitch, AMD's
+Infinity Fabric mesh, PCIe): one node of a DGX/HGX box, or 18 trays of 4 in a GB200/GB300
+NVL72 rack, whose NVLink switch trays join all 72 GPUs (NVIDIA GB200 NVL72 product page).
+Each GPU has its share of its node's ``nics_per_node`` NICs of the scale-out link
+(InfiniBand, RoCE), which join the domains. "Node" below means a domain. Bandwidths are per
+direction and derated by each link's ``efficiency`` (nccl-tests bus bandwidth over wire rate).
+
+A switched scale-up link gives any group its full per-GPU bandwidth. A full mesh (AMD
+Infinity Fabric: 7 direct links per GPU in an 8-GPU platform, ROCm "MI300 series
+microarchitecture") gives a group of ``k`` GPUs of one domain only the ``k - 1`` links
+between them, and a send between two GPUs one link (``Link.share``): RCCL lays its rings
+and its all-to-all sends on direct xGMI links.
 
 Placement (Megatron-LM ``RankGenerator`` order tp-cp-ep-dp-pp, torchtitan's mesh
 [pp, dp_replicate, dp_shard, cp, tp]): tensor parallel is innermost (stride 1), then context
 parallel, then data parallel (expert parallel is carved out of its innermost ranks), pipeline
 parallel outermost. A group of ``n`` ranks with stride ``d`` on nodes of ``g`` GPUs has
-``k = min(n, g / d)`` ranks per node (1 when ``d >= g``) on ``n / k`` nodes.
+``k = min(n, g / d)`` ranks per node (1 when ``d >= g``) on ``n / k`` nodes; where the group
+does not tile the nodes (16 ranks on 72-GPU domains), its worst instance, the one cut by a
+domain boundary, has ``gcd(n d, g) / d`` ranks on each side and sets the pace.
 
 Cost of a collective over ``S`` bytes on ``n`` ranks (alpha-beta model; Thakur et al. 2005;
 Patarasuk & Yuan 2009 for the ring; NCCL's double binary tree, Sanders et al. 2009):
@@ -91,7 +103,7 @@ class Topology:
     the group), ``stride`` (rank distance between consecutive members) and ``nbytes``.
     """
 
-    gpus_per_node: int
+    gpus_per_domain: int
     base_lat: float
     intra_bw: float
     intra_lat: float
@@ -103,6 +115,8 @@ class Topology:
     intra_lat_simple: float | None = None
     inter_lat_simple: float | None = None
     ll_share: float = 1.0
+    #: Direct links per GPU of a full-mesh scale-up link (``Link.mesh_peers``; 0: switched).
+    intra_mesh: int = 0
     #: A table's rows grouped so that every communicator it forms is the same within a group
     #: (``ConfigArrays.mesh_groups``): ``group`` computes a new communicator's coefficients
     #: once per group, after checking that its ranks and stride are.
@@ -117,21 +131,21 @@ class Topology:
         see the field."""
         intra = cluster.intra_link
         inter = cluster.inter_link
-        g = cluster.gpus_per_node
         nics = cluster.nics_per_node
         assert nics is not None, "Cluster.__post_init__ fills nics_per_node"
         nccl = hardware_profiles.load_software()["nccl"]
         return cls(
-            gpus_per_node=g,
+            gpus_per_domain=cluster.scale_up,
             base_lat=float(nccl["base_latency_us"]) * 1e-6,
             intra_bw=intra.achieved_bytes_per_s,
             intra_lat=intra.latency_s,
-            nic_bw_per_gpu=inter.achieved_bytes_per_s * nics / g,
+            nic_bw_per_gpu=inter.achieved_bytes_per_s * nics / cluster.gpus_per_node,
             inter_lat=inter.latency_s,
             base_lat_simple=float(nccl["base_latency_simple_us"]) * 1e-6,
             intra_lat_simple=intra.simple_latency_s,
             inter_lat_simple=inter.simple_latency_s,
             ll_share=float(nccl["ll_bandwidth_share"]),
+            intra_mesh=intra.mesh_peers,
             rows=rows,
         )
 
@@ -170,16 +184,28 @@ class Topology:
         return np.minimum(ll + wire / self.ll_share, simple + wire)
 
     def place(self, size: Num, stride: Num) -> tuple[np.ndarray, np.ndarray]:
-        """(ranks per node, nodes) of a group of ``size`` ranks ``stride`` apart."""
+        """(ranks per domain, domains) of a group of ``size`` ranks ``stride`` apart: of its
+        worst instance, where a domain boundary cuts it (the module docstring)."""
         size = np.asarray(size, dtype=float)
         stride = np.asarray(stride, dtype=float)
-        g = float(self.gpus_per_node)
-        k = np.where(stride >= g, 1.0, np.minimum(size, np.maximum(np.floor(g / stride), 1.0)))
+        g = self.gpus_per_domain
+        span = np.gcd(np.rint(size * stride).astype(np.int64), g).astype(float)
+        k = np.where(stride >= g, 1.0,
+                     np.minimum(size, np.maximum(np.floor(span / stride), 1.0)))
         return k, np.ceil(size / k)
 
+    def intra(self, k: Num) -> np.ndarray:
+        """Scale-up bandwidth (bytes/s per direction) a collective among ``k`` GPUs of one
+        domain drives: all of it through a switch, ``k - 1`` of a mesh's direct links
+        (``Link.share``)."""
+        k = np.asarray(k, dtype=float)
+        if not self.intra_mesh:
+            return np.full_like(k, self.intra_bw)
+        return self.intra_bw * np.minimum(1.0, np.maximum(k - 1.0, 1.0) / self.intra_mesh)
+
     def _ring_bw(self, k: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        return np.where(nodes > 1, np.minimum(self.intra_bw, k * self.nic_bw_per_gpu),
-                        self.intra_bw)
+        return np.where(nodes > 1, np.minimum(self.intra(k), k * self.nic_bw_per_gpu),
+                        self.intra(k))
 
     def _ring_hops(self, n: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(intra-node, inter-node) hops of the n - 1 steps of a ring, each as slow as the
@@ -240,7 +266,7 @@ class Topology:
         busier of the rank's NVLink and NIC shares."""
         n = np.asarray(size, dtype=float)
         k, nodes = self.place(n, stride)
-        intra = (k - 1) / n * nbytes / self.intra_bw
+        intra = (k - 1) / n * nbytes / self.intra(k)
         inter = (n - k) / n * nbytes / self.nic_bw_per_gpu
         t = self._one_hop(nodes > 1, np.maximum(intra, inter))
         return np.where(n > 1, t, 0.0)
@@ -255,12 +281,12 @@ class Topology:
 
     def p2p(self, nbytes: Num, stride: Num) -> np.ndarray:
         """Seconds to send ``nbytes`` to the rank ``stride`` away (same node if stride < g)."""
-        return self._send(nbytes, np.asarray(stride, dtype=float) >= self.gpus_per_node)
+        return self._send(nbytes, np.asarray(stride, dtype=float) >= self.gpus_per_domain)
 
     def _send(self, nbytes: Num, across: np.ndarray) -> np.ndarray:
         """Seconds of one send of ``nbytes``: inside the node, or through the sender's NIC
         where ``across`` (bool per element)."""
-        wire = np.where(across, nbytes / self.nic_bw_per_gpu, nbytes / self.intra_bw)
+        wire = np.where(across, nbytes / self.nic_bw_per_gpu, nbytes / self.intra(2.0))
         return self._one_hop(across, wire)
 
     def _one_hop(self, across: np.ndarray, wire: np.ndarray) -> np.ndarray:
@@ -298,7 +324,7 @@ class Group:
         # Two-level: only across nodes (infinite latency within one).
         multi = nodes > 1
         b_two = 2 * (nodes - 1) / nodes / (k * topo.nic_bw_per_gpu) \
-            + 2 * (k - 1) / k / topo.intra_bw
+            + 2 * (k - 1) / k / topo.intra(k)
         two = topo._lines(2 * (k - 1), 2 * (nodes - 1), b_two, live)
         two = _Lines(np.where(multi | ~live, two.ll, np.inf),
                      np.where(multi | ~live, two.simple, np.inf), two.beta, two.ll_share)

@@ -183,9 +183,9 @@ def validate_inference(model: ModelSpec, cluster: Cluster, job: InferenceJob,
     if cfg.world_size > cluster.num_gpus:
         raise SpecError(f"tp*pp*replicas = {cfg.tp}*{cfg.pp}*{cfg.replicas} = {cfg.world_size} "
                         f"exceeds the cluster's {cluster.num_gpus} GPUs")
-    if cfg.tp > cluster.gpus_per_node:
-        raise SpecError(f"tp={cfg.tp} exceeds the {cluster.gpus_per_node} GPUs of a node; "
-                        "tensor parallel stays inside a node (use pp across nodes)")
+    if cfg.tp > cluster.scale_up:
+        raise SpecError(f"tp={cfg.tp} exceeds {cluster.domain_words()}; tensor parallel "
+                        "stays inside a node or NVLink domain (use pp across them)")
     kv = int(model.num_kv_heads or model.num_heads)
     if model.num_heads % cfg.tp:
         raise SpecError(f"tp={cfg.tp} does not divide num_heads={model.num_heads}")

@@ -54,13 +54,23 @@ from costmodel.units import compute_bytes
 __all__ = ["block_costs", "first_stage_layers", "graph_blocks"]
 
 
+def traced_degrees(cluster: Cluster) -> tuple[int, ...]:
+    """The tensor-parallel degrees a traced graph is sharded at by default: every divisor of
+    a node's GPUs; on a scale-up domain of several nodes (an NVL72 rack), those dividing
+    both the domain and 8 (a traced graph is sharded once per degree, and wider tensor
+    parallelism splits a layer's matmuls too thin to pay)."""
+    if cluster.scale_up <= cluster.gpus_per_node:
+        return tuple(divisors(cluster.gpus_per_node))
+    return tuple(divisors(math.gcd(cluster.scale_up, 8)))
+
+
 def block_costs(graph: LayerGraph, cluster: Cluster, job: Job, *,
                 tp_degrees: Sequence[int] | None = None, sequence_parallel: bool = False,
                 time_limit_s: float = 10.0) -> LayerCosts:
     """``LayerCosts`` of ``graph`` (traced on one micro-batch) at each of ``tp_degrees``
-    (default: every divisor of a node's GPUs); ``sequence_parallel``: the norm and
-    elementwise regions may split the sequence (``ShardingProblem``)."""
-    degrees = tuple(tp_degrees) if tp_degrees else tuple(divisors(cluster.gpus_per_node))
+    (default: ``traced_degrees``); ``sequence_parallel``: the norm and elementwise regions
+    may split the sequence (``ShardingProblem``)."""
+    degrees = tuple(tp_degrees) if tp_degrees else traced_degrees(cluster)
     tallies: dict[int, dict[str, _Tally]] = {}
     layouts: dict[int, tuple[tuple[int, str, str, str, str], ...]] = {}
     mixers: set[str] = set()

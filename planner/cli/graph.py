@@ -143,21 +143,21 @@ def _trace(args: argparse.Namespace) -> tuple[LayerGraph, Job]:
 
 
 def _degrees(text: str | None, cluster: Cluster) -> list[int]:
-    """``--tp``: degrees dividing a node's GPUs (default: every divisor)."""
-    from costmodel.formulas.arrays import divisors
+    """``--tp``: degrees dividing a scale-up domain's GPUs (default: ``traced_degrees``)."""
+    from costmodel.trace.blockcosts import traced_degrees
 
     if not text:
-        return list(divisors(cluster.gpus_per_node))
+        return list(traced_degrees(cluster))
     try:
         out = sorted({int(x) for x in text.split(",")})
     except ValueError:
         raise SpecError(f"--tp {text!r}: give degrees separated by commas, e.g. 1,2,4,8") \
             from None
-    bad = [t for t in out if t < 1 or cluster.gpus_per_node % t]
+    bad = [t for t in out if t < 1 or cluster.scale_up % t]
     if bad:
-        raise SpecError(f"--tp {text}: {', '.join(map(str, bad))} does not divide the "
-                        f"{cluster.gpus_per_node} GPUs of a node (tensor parallelism stays "
-                        "inside a node)")
+        raise SpecError(f"--tp {text}: {', '.join(map(str, bad))} does not divide "
+                        f"{cluster.domain_words()} (tensor parallelism stays inside a node or "
+                        "NVLink domain)")
     return out
 
 
