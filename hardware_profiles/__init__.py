@@ -246,6 +246,32 @@ def check_efficiency(eff: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def provenance(name: str) -> dict[str, Any]:
+    """What backs the GPU profile ``name``: each efficiency it gives as ``measured`` (on this
+    GPU) or ``assumed`` (from another GPU or a paper; its ``[efficiency] assumed`` list),
+    its default scale-up link and whether that link's efficiency is measured
+    (``efficiency_assumed``), and how many published runs of its architecture the fit in
+    ``transfer_path()`` rests on (the ``[bands]`` cells ``architecture/trainer``)."""
+    data = load("gpus", name, calibrated=False)
+    eff = data["efficiency"]
+    assumed = set(eff.get("assumed", ()))
+    link = data.get("intra_node_link", "pcie5")
+    link_data = link if isinstance(link, dict) else load("links", str(link))
+    arch = str(data.get("architecture", ""))
+    bands = load_file(transfer_path()).get("bands", {}) if transfer_path().is_file() else {}
+    runs = sum(int(b.get("runs", 0)) for k, b in bands.items()
+               if isinstance(b, dict) and k.count("/") == 1 and k.split("/")[0] == arch)
+    return {
+        "name": name, "architecture": arch,
+        "efficiency": {k: ("assumed" if k in assumed else "measured")
+                       for k in ("gemm", "gemm_fp8", "memory", "attention") if k in eff},
+        "link": str(link_data.get("name", link)),
+        "link_efficiency": ("assumed" if link_data.get("efficiency_assumed", True)
+                            else "measured"),
+        "runs": runs,
+    }
+
+
 def transfer_path() -> Path:
     """The fitted in-training/microbenchmark ratios every GPU profile takes: the user's own
     (``planner calibrate`` without ``-o``: ``user_calibrated_path("transfer")``), else the

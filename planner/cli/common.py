@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 #: Types of the keys of a cluster TOML file.
 CLUSTER_KEYS: dict[str, type | tuple[type, ...]] = {
     "gpu": str, "num_nodes": int, "gpus_per_node": int, "intra_node_link": str,
-    "inter_node_link": str, "nics_per_node": int, "host_memory_gib": (int, float), "name": str}
+    "inter_node_link": str, "nics_per_node": int, "host_memory_gib": (int, float), "name": str,
+    "gpus_per_domain": int}
 CLUSTER_KINDS = {str: "a name in quotes", int: "a whole number", (int, float): "a number"}
 #: Exit statuses: bad input, and a valid question with no configuration that fits.
 EXIT_USAGE = 2
@@ -267,6 +268,9 @@ def _add_cluster_args(p: argparse.ArgumentParser, *, many: bool) -> None:
     hw.add_argument("--gpus", type=positive_int, help="total GPUs (short form, with --gpu)", **rep)
     hw.add_argument("--gpu", help="GPU profile name ('planner gpus'); default h100-sxm", **rep)
     hw.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default 8)")
+    hw.add_argument("--gpus-per-domain", type=positive_int, metavar="N",
+                    help="GPUs one NVLink / Infinity Fabric domain joins, a multiple of the "
+                    "GPUs per node (default: one node; 72 on an NVL72 rack of 18 trays of 4)")
     hw.add_argument("--intra-node", help="link inside a node (default: the GPU's own)")
     hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)", **rep)
     hw.add_argument("--profile", metavar="FILE", help="plan with a measured GPU profile "
@@ -399,7 +403,8 @@ def load_cluster(args: argparse.Namespace) -> Cluster:
     """``--cluster`` (preset or TOML file) or the short form ``--gpus --gpu --gpus-per-node``,
     with the GPU of ``--profile`` where given."""
     return make_cluster(args.cluster, args.num_nodes, args.gpus, args.gpu, args.gpus_per_node,
-                        args.intra_node, args.inter_node, load_profile(args))
+                        args.intra_node, args.inter_node, load_profile(args),
+                        domain=args.gpus_per_domain)
 
 
 def load_clusters(args: argparse.Namespace) -> list[Cluster]:
@@ -411,12 +416,12 @@ def load_clusters(args: argparse.Namespace) -> list[Cluster]:
     for c, n, kind, nic in itertools.product(args.cluster or [], args.num_nodes or [None],
                                              kinds, nics):
         out.append(make_cluster(c, n, None, kind, args.gpus_per_node, args.intra_node, nic,
-                                measured))
+                                measured, domain=args.gpus_per_domain))
     if args.gpus and args.num_nodes and not args.cluster:
         raise SpecError("--num-nodes goes with --cluster; with --gpus give the total GPUs")
     for g, kind, nic in itertools.product(args.gpus or [], kinds, nics):
         out.append(make_cluster(None, None, g, kind, args.gpus_per_node, args.intra_node,
-                                nic, measured))
+                                nic, measured, domain=args.gpus_per_domain))
     if not out:
         raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME (each may be "
                         "repeated to compare clusters)")
@@ -425,21 +430,26 @@ def load_clusters(args: argparse.Namespace) -> list[Cluster]:
 
 def make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
                  gpu: str | None, gpus_per_node: int | None, intra: str | None,
-                 inter: str | None, measured: GPU | None = None) -> Cluster:
+                 inter: str | None, measured: GPU | None = None, *,
+                 domain: int | None = None) -> Cluster:
     """The cluster of the flags' values: a cluster preset or TOML file (``cluster``), or the
     short form of ``gpus`` GPUs of kind ``gpu``; ``measured``: the ``--profile`` GPU, which
-    must be the GPU the other flags name, if they name one."""
+    must be the GPU the other flags name, if they name one; ``domain``: ``--gpus-per-domain``
+    (the preset's or file's own, else a node)."""
     if cluster and gpus:
         raise SpecError("give either --cluster or --gpus/--gpu, not both")
     _check_profile(measured, gpu, "--gpu")
     if not cluster:
         nodes, per_node = _short_form_nodes(num_nodes, gpus, gpus_per_node)
         return Cluster(gpu=resolve_gpu(gpu, measured), num_nodes=nodes,
-                       gpus_per_node=per_node, intra_node_link=intra, inter_node_link=inter)
+                       gpus_per_node=per_node, intra_node_link=intra, inter_node_link=inter,
+                       gpus_per_domain=domain)
     if hardware_profiles.is_path(cluster):
-        return _cluster_file(cluster, num_nodes, measured)
-    _not_shadowed("clusters", cluster, "--cluster")
-    return _cluster_preset(cluster, num_nodes, gpu, gpus_per_node, intra, inter, measured)
+        out = _cluster_file(cluster, num_nodes, measured)
+    else:
+        _not_shadowed("clusters", cluster, "--cluster")
+        out = _cluster_preset(cluster, num_nodes, gpu, gpus_per_node, intra, inter, measured)
+    return out if domain is None else dataclasses.replace(out, gpus_per_domain=domain)
 
 
 def _not_shadowed(kind: str, name: str, flag: str) -> None:

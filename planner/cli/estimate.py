@@ -193,7 +193,9 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         f"model    {model.name}: {params_text(model)}",
         f"cluster  {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name} "
         f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {cluster.intra_link.name} "
-        + (f"inside nodes, {cluster.nics_per_node} x {cluster.inter_link.name} per node"
+        + (f"across {cluster.scale_up}-GPU domains, {cluster.nics_per_node} x "
+           f"{cluster.inter_link.name} per node" if cluster.scale_up > cluster.gpus_per_node
+           else f"inside nodes, {cluster.nics_per_node} x {cluster.inter_link.name} per node"
            if cluster.num_nodes > 1 else "inside the node (one node)"),
         f"job      {job.global_batch_size} x {job.seq_len} {job.unit}, {job.precision}, "
         f"{job.optimizer}, {job.framework} conventions"

@@ -27,6 +27,11 @@ def add_parser(sub: Subparsers) -> None:
         p = add_command(sub, name, help=text, description=text,
                         epilog=f"example:\n  planner {name} --json")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "gpus":
+            p.add_argument("--provenance", action="store_true",
+                           help="per GPU, which kernel and link efficiencies were measured on "
+                           "it and which are assumed from another, and the published runs "
+                           "behind its generation's fit")
         p.set_defaults(func=func)
 
 
@@ -53,7 +58,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
-    """``planner gpus``: the GPU profiles with memory and dense peaks."""
+    """``planner gpus``: the GPU profiles with memory and dense peaks (``--provenance``: what
+    backs each profile's efficiencies)."""
+    if args.provenance:
+        return _provenance(args)
     rows: list[dict[str, Any]] = []
     for name in hardware_profiles.names("gpus"):
         g = GPU.preset(name)
@@ -76,6 +84,29 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The efficiencies ``--provenance`` shows, by their ``[efficiency]`` key.
+SHOWN = (("gemm", "matmul"), ("gemm_fp8", "fp8 matmul"), ("memory", "memory"),
+         ("attention", "attention"))
+
+
+def _provenance(args: argparse.Namespace) -> int:
+    """``planner gpus --provenance``: measured or assumed, per GPU and efficiency."""
+    rows = [hardware_profiles.provenance(n) for n in hardware_profiles.names("gpus")]
+    if args.json:
+        print_json(rows)
+        return 0
+    width = max(len("gpu"), *(len(r["name"]) for r in rows))
+    head = " ".join(f"{label:>10s}" for _, label in SHOWN)
+    print(f"{'gpu':<{width}s} {head}  {'scale-up link':<32s} published runs of its generation")
+    for r in rows:
+        cells = " ".join(f"{r['efficiency'].get(k, '-'):>10s}" for k, _ in SHOWN)
+        link = f"{r['link']} {r['link_efficiency']}"
+        runs = (f"{r['runs']} ({r['architecture']})" if r["runs"]
+                else f"none ({r['architecture'] or 'no architecture'}): bands extrapolated")
+        print(f"{r['name']:<{width}s} {cells}  {link:<32s} {runs}")
+    return 0
+
+
 def cmd_clusters(args: argparse.Namespace) -> int:
     """``planner clusters``: the cluster presets."""
     rows = [hardware_profiles.load("clusters", n) for n in hardware_profiles.names("clusters")]
@@ -83,7 +114,9 @@ def cmd_clusters(args: argparse.Namespace) -> int:
         print_json(rows)
         return 0
     for r in rows:
-        print(f"{r['name']:<11s} {r['gpus_per_node']} x {r['gpu']} per node, "
+        domain = (f" ({r['gpus_per_domain']} per {r['intra_node_link']} domain)"
+                  if r.get("gpus_per_domain", r["gpus_per_node"]) != r["gpus_per_node"] else "")
+        print(f"{r['name']:<11s} {r['gpus_per_node']} x {r['gpu']} per node{domain}, "
               f"{r['intra_node_link']} + {r['nics_per_node']} x {r['inter_node_link']}: "
               f"{r['description']}")
     return 0

@@ -1,0 +1,263 @@
+"""Scale-up domains (NVLink across trays of an NVL72 rack), full-mesh links (AMD Infinity
+Fabric), the new GPU and cluster profiles, and the bands of estimates on generations and
+trainers without enough published runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from inprocess import run_planner
+
+import hardware_profiles
+from costmodel import GPU, Cluster, Job, Link, ModelSpec, ParallelConfig, SpecError, estimate
+from costmodel.fitting.uncertainty import MIN_CELL_RUNS, band_for
+from costmodel.formulas.comm import Topology
+from planner import plan
+
+GIB = 2**30
+
+
+def nvl72(racks: int, gpu: str = "gb200") -> Cluster:
+    """``racks`` GB200 NVL72 racks (18 trays of 4 GPUs on one NVLink domain each)."""
+    return Cluster.preset("gb200-nvl72", num_nodes=18 * racks, gpu=gpu)
+
+
+def boxes(gpus: int, gpu: str = "gb200") -> Cluster:
+    """The same GPUs in 8-GPU boxes whose NVLink ends at the box (DGX B200 layout: one
+    400 Gb/s NIC per GPU)."""
+    return Cluster(gpu=gpu, gpus_per_node=8, num_nodes=gpus // 8, intra_node_link="nvlink5",
+                   inter_node_link="ib-ndr", nics_per_node=8)
+
+
+# ---- the cluster -----------------------------------------------------------------------
+
+def test_a_rack_is_one_domain_of_several_nodes() -> None:
+    c = nvl72(16)
+    assert (c.num_gpus, c.gpus_per_node, c.scale_up) == (1152, 4, 72)
+    assert "72 GPUs of an nvlink5 domain (18 nodes of 4)" in c.domain_words()
+    # Host memory and NICs stay per tray: 2 Grace x 480 GB (GB200 NVL72 product page).
+    assert c.host_memory_gib == pytest.approx(894.1)
+    assert c.nics_per_node == 4
+    # A box's domain is the box.
+    assert boxes(64).scale_up == 8
+    # Fewer GPUs than one rack: the domain is all of them.
+    assert Cluster.preset("gb200-nvl72", num_nodes=2).scale_up == 8
+    # Saved and read back, the domain survives (and an old record without it is a node).
+    assert Cluster.from_dict(c.to_dict()) == c
+    old = {k: v for k, v in boxes(16).to_dict().items() if k != "gpus_per_domain"}
+    assert Cluster.from_dict(old).scale_up == 8
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"gpus_per_node": 4, "num_nodes": 18, "gpus_per_domain": 6}, "not a multiple of"),
+    ({"gpus_per_node": 4, "num_nodes": 20, "gpus_per_domain": 72}, "whole scale-up domains"),
+    ({"gpus_per_node": 4, "num_nodes": 18, "gpus_per_domain": 0}, "positive integer"),
+])
+def test_a_domain_that_does_not_tile_is_refused_by_name(kwargs: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        Cluster(gpu="gb200", **kwargs)
+
+
+def test_the_domain_flag_and_its_errors() -> None:
+    args = ["estimate", "--model", "llama-3-8b", "--global-batch-size", "72", "--seq-len",
+            "4096", "--dp", "9", "--tp", "8", "--gpus-per-node", "4", "--gpu", "gb200"]
+    r = run_planner(*args, "--gpus", "72", "--gpus-per-domain", "72")
+    assert r.returncode == 0, r.stderr
+    assert "nvlink5 across 72-GPU domains" in r.stdout
+    # Without the domain, tp=8 leaves the 4-GPU tray: refused with the reason.
+    r = run_planner(*args, "--gpus", "72")
+    assert r.returncode == 2 and "tp=8 exceeds the 4 GPUs of a node" in r.stderr
+    r = run_planner(*args, "--gpus", "80", "--gpus-per-domain", "72")
+    assert r.returncode == 2 and "use a multiple of 72 GPUs" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# ---- placement on the topology ------------------------------------------------------------
+
+def test_groups_are_placed_by_the_domain_they_span() -> None:
+    rack, box = Topology.of(nvl72(2)), Topology.of(boxes(144))
+    # A group of 9 ranks 8 apart (data parallel beside tp x cp = 8): one rack, nine boxes.
+    assert [float(x) for x in rack.place(9, 8)] == [9, 1]
+    assert [float(x) for x in box.place(9, 8)] == [1, 9]
+    # 16 contiguous ranks on 72-GPU domains: the instance at ranks 64..79 is cut 8 | 8, and
+    # sets the pace (the module docstring of costmodel.formulas.comm).
+    assert [float(x) for x in rack.place(16, 1)] == [8, 2]
+    assert [float(x) for x in rack.place(8, 1)] == [8, 1]
+    # Past the domain, each rank is on its own: pipeline neighbours 72 apart.
+    assert [float(x) for x in rack.place(16, 72)] == [1, 16]
+    big = 2.0**30
+    assert rack.all_gather(big, 9, 8) < box.all_gather(big, 9, 8) / 5
+    assert float(rack.p2p(big, 8)) < float(box.p2p(big, 8)) / 5
+    assert float(rack.p2p(big, 72)) == pytest.approx(float(box.p2p(big, 72)))
+
+
+def test_llama_405b_on_16_nvl72_racks_keeps_its_groups_in_a_rack() -> None:
+    """Issue 58's check: the plan for llama-3-405b on 1,152 GB200 keeps tensor, context and
+    data parallel inside a rack (pipeline parallel crosses racks), and the same plan on 144
+    8-GPU boxes is costed with the scale-out link for the groups that leave a box."""
+    model = ModelSpec.preset("llama-3-405b")
+    job = Job(global_batch_size=1152, seq_len=8192, framework="megatron")
+    rack = nvl72(16)
+    got = plan(model, rack, job)
+    cfg = got.config
+    topo = Topology.of(rack)
+    inner = cfg.tp * cfg.cp * cfg.dp
+    assert inner <= rack.scale_up and rack.scale_up % inner == 0, cfg
+    for size, stride in ((cfg.tp, 1), (cfg.cp, cfg.tp), (cfg.dp, cfg.tp * cfg.cp)):
+        k, domains = topo.place(size, stride)
+        assert (float(k), float(domains)) == (size, 1), (size, stride)
+    # The same configuration in 8-GPU boxes: the groups wider than a box pay the NICs.
+    on_rack = estimate(model, rack, job, cfg).time_breakdown_s
+    on_boxes = estimate(model, boxes(1152), job, cfg).time_breakdown_s
+    leaves = [(n, s) for n, s in ((cfg.cp, cfg.tp), (cfg.dp, cfg.tp * cfg.cp))
+              if n > 1 and n * s > 8]
+    assert leaves, cfg
+    assert on_boxes["dp_comm_total"] > 3 * on_rack["dp_comm_total"]
+    assert on_boxes["tp_comm_total"] == pytest.approx(on_rack["tp_comm_total"])
+    assert on_boxes["pp_comm_total"] == pytest.approx(on_rack["pp_comm_total"])
+
+
+def test_an_expert_group_wider_than_a_box_stays_on_nvlink_in_a_rack() -> None:
+    """Expert parallel over 64 ranks: inside one rack's NVLink when each rack runs 64 GPUs
+    (16 of its 18 trays), across the NICs in 8-GPU boxes; on all 72 GPUs of each rack a
+    64-rank group straddles two racks and pays the NICs too (256 experts admit no group of
+    72)."""
+    model = ModelSpec.preset("deepseek-v3")
+    job = Job(global_batch_size=4096, seq_len=4096, framework="megatron")
+    cfg = ParallelConfig(dp=64, pp=16, ep=64, zero_stage=1, recompute="full",
+                         pipeline_schedule="1f1b")
+    racks = dataclasses.replace(nvl72(16), num_nodes=256, gpus_per_domain=64)
+
+    def ep(cluster: Cluster, pp: int = 16) -> float:
+        got = estimate(model, cluster, job, dataclasses.replace(cfg, pp=pp))
+        return got.time_breakdown_s["ep_comm_total"]
+
+    # NVLink 5 (900 GB/s a direction) against a 400 Gb/s NIC per GPU for 56 of 63 peers.
+    assert ep(boxes(1024)) > 5 * ep(racks)
+    straddling = Cluster(gpu="gb200", gpus_per_node=4, num_nodes=288, gpus_per_domain=72,
+                         intra_node_link="nvlink5", nics_per_node=4)
+    assert ep(straddling, pp=18) > 5 * ep(racks)
+
+
+# ---- a full mesh -------------------------------------------------------------------------
+
+def test_a_group_of_a_mesh_drives_only_its_own_links() -> None:
+    """MI300X: 7 xGMI links of 64 GB/s a direction, a pair of GPUs joined by one (ROCm
+    'MI300 series microarchitecture'); the measured figures below are the AMD ROCm blog's
+    (ROCm/rocm-blogs@c2631766: blogs/software-tools-optimization/mi300x-rccl-xgmi)."""
+    link = Link.preset("infinity-fabric")
+    assert link.mesh_peers == 7
+    assert [link.share(k) for k in (2, 4, 8)] == pytest.approx([1 / 7, 3 / 7, 1.0])
+    topo = Topology.of(Cluster.preset("mi300x-8"))
+    big = 16 * GIB
+    # 8 GPUs: all_reduce bus bandwidth 318.98 GB/s at 16 GiB.
+    bus8 = big / float(topo.all_reduce(big, 8, 1)) * 2 * 7 / 8 / 1e9
+    assert bus8 == pytest.approx(318.98, rel=0.01)
+    # A pair: one link, TransferBench 45.1 to 47.2 GB/s per link.
+    pair = 64 * 2**20 / float(topo.p2p(64 * 2**20, 1)) / 1e9
+    assert 44 < pair < 47.2
+    # Four GPUs drive three links each: three sevenths of the eight's bandwidth.
+    t4, t8 = (float(topo.all_gather(big, n, 1)) for n in (4, 8))
+    assert (3 / 4 * big / t4) / (7 / 8 * big / t8) == pytest.approx(3 / 7, rel=0.01)
+    # A switch gives the pair the whole per-GPU bandwidth.
+    h100 = Topology.of(Cluster.preset("dgx-h100"))
+    assert float(h100.p2p(big, 1)) == pytest.approx(float(h100.p2p(big, 4)))
+
+
+def test_tensor_parallel_pairs_cost_more_on_a_mesh_than_on_a_switch() -> None:
+    model = ModelSpec.preset("llama-3-70b")
+    job = Job(global_batch_size=64, seq_len=4096, framework="megatron")
+    cfg = ParallelConfig(dp=4, tp=2, pp=1, zero_stage=1, recompute="full")
+    mi = Cluster.preset("mi300x-8")
+    # The same GPU with a switched 448 GB/s link (what the profile said before meshes).
+    switched = dataclasses.replace(
+        mi, intra_node_link=dataclasses.replace(Link.preset("infinity-fabric"), mesh_peers=0))
+    mesh = estimate(model, mi, job, cfg).time_breakdown_s["tp_comm_total"]
+    switch = estimate(model, switched, job, cfg).time_breakdown_s["tp_comm_total"]
+    assert mesh > 3 * switch
+
+
+# ---- profiles ---------------------------------------------------------------------------
+
+NEW_GPUS = ("gb200", "gb300", "b300", "h800", "h20", "mi325x", "mi355x")
+NEW_CLUSTERS = ("dgx-b200", "gb200-nvl72", "gb300-nvl72", "dgx-b300", "hgx-h800", "hgx-h20",
+                "mi300x-8", "mi325x-8", "mi355x-8")
+
+
+@pytest.mark.parametrize("name", NEW_GPUS)
+def test_new_gpu_profiles_cite_their_figures(name: str) -> None:
+    data = hardware_profiles.load("gpus", name)
+    gpu = GPU.preset(name)
+    assert data["source"]["url"].startswith("https://")
+    # Every fraction assumed from another GPU says so.
+    assert "ASSUMED" in data["efficiency"]["source"]
+    assert gpu.peak_flops("bf16") > 0
+
+
+def test_h800_is_an_h100_with_nvlink_cut_to_400_gb_s() -> None:
+    """DeepSeek-AI, arXiv 2505.09343 Sec. 4.1 ('reduced from 900 GB/s to 400 GB/s'); the
+    DeepSeek-V3 report (arXiv 2412.19437 Sec. 3.2.2) gives 160 GB/s achieved."""
+    h800, h100 = GPU.preset("h800"), GPU.preset("h100-sxm")
+    assert h800.peak_flops("bf16") == h100.peak_flops("bf16")
+    link = h800.intra_link()
+    assert link.bandwidth_bytes_per_s * 2 == pytest.approx(400e9)
+    assert link.achieved_bytes_per_s == pytest.approx(160e9)
+
+
+def test_cdna4_has_no_tf32_and_says_so() -> None:
+    """AMD CDNA 4 white paper: TF32 'moved out of hardware'."""
+    assert not GPU.preset("mi355x").supports("tf32")
+    with pytest.raises(SpecError, match="no tf32 peak"):
+        GPU.preset("mi355x").peak_flops("tf32")
+
+
+@pytest.mark.parametrize("name", NEW_CLUSTERS)
+def test_new_cluster_presets_plan(name: str) -> None:
+    cluster = Cluster.preset(name)
+    got = plan(ModelSpec.preset("llama-3-8b"), cluster,
+               Job(global_batch_size=8 * cluster.num_gpus, seq_len=4096))
+    assert got.config.world_size == cluster.num_gpus
+    assert got.estimate.peak_memory_bytes <= cluster.gpu.memory_bytes
+
+
+def test_listing_names_the_domain() -> None:
+    r = run_planner("clusters")
+    line = next(x for x in r.stdout.splitlines() if x.startswith("gb200-nvl72"))
+    assert "4 x gb200 per node (72 per nvlink5 domain)" in line
+    rows = json.loads(run_planner("clusters", "--json").stdout)
+    assert {r["name"]: r.get("gpus_per_domain") for r in rows}["gb300-nvl72"] == 72
+
+
+# ---- bands -------------------------------------------------------------------------------
+
+def test_a_cell_without_enough_runs_is_extrapolated_with_a_wide_band() -> None:
+    """Issue 58: a B200 plan with no Blackwell runs behind its trainer prints
+    "extrapolated" and a band of at least 25 %."""
+    band, basis, extrapolated = band_for("blackwell", "torchtitan", 8)
+    assert extrapolated and band >= 0.25
+    assert "no published run on blackwell with torchtitan" in basis
+    got = plan(ModelSpec.preset("llama-3-8b"), Cluster.preset("dgx-b200"),
+               Job(global_batch_size=32, seq_len=8192, framework="torchtitan"))
+    assert got.estimate.step_time_band_extrapolated
+    assert got.estimate.step_time_band >= 0.25
+    assert "extrapolated" in got.summary()
+    # AMD has no run at all.
+    assert band_for("cdna3", "megatron", 64)[2]
+
+
+def test_a_cell_with_its_own_runs_keeps_its_own_band() -> None:
+    band, basis, extrapolated = band_for("hopper", "torchtitan", 64)
+    assert not extrapolated and band < 0.25
+    runs = int(basis.split("RMS error of ")[1].split()[0])
+    assert runs >= MIN_CELL_RUNS
+
+
+def test_the_widening_is_the_spread_of_the_fitted_ratios() -> None:
+    fit = hardware_profiles.load_file(hardware_profiles.transfer_path())
+    pooled = fit["transfer"]["gemm"]
+    spread = max(abs(r / pooled - 1) for r in fit["transfer"]["architecture"].values())
+    borrowed = fit["bands"]["*/torchtitan"]["band"]
+    assert band_for("cdna3", "torchtitan", 8)[0] == pytest.approx(np.hypot(borrowed, spread))
