@@ -20,6 +20,11 @@ PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
+#: Storage dtypes of Adam's two moments (Megatron-LM's precision-aware optimizer,
+#: ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` choices at the recorded commit) and their bytes.
+STATE_DTYPES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+#: Storage dtypes of the master weights (``--main-params-dtype``) and their bytes.
+MASTER_DTYPES = {"fp32": 4.0, "fp16": 2.0}
 #: Fused attention kernels: FlashAttention-2 (the flash-attn package, SDPA's flash backend)
 #: and cuDNN's fused flash attention (Transformer Engine's FusedAttention, SDPA's cuDNN
 #: backend).
@@ -139,6 +144,16 @@ class Job:
     (one scale per tensor) or ``rowwise`` (one per row; its casts write a transposed bf16 copy
     and cast it again along the other axis, ``costmodel.formulas.compute.float8_cast_time``). Other
     trainers ignore it.
+    ``optimizer_state_dtype``: the dtype Adam's two moments (SGD's momentum) are kept in:
+    ``fp32`` (every trainer's default), or ``bf16`` / ``fp16`` / ``fp8`` with Megatron-LM's
+    precision-aware optimizer (``--use-precision-aware-optimizer --exp-avg-dtype
+    --exp-avg-sq-dtype``, Transformer Engine's FusedAdam; NeMo's ``optim.dtype``). Memory and
+    the optimizer step's traffic follow (``costmodel.formulas.states``). Other trainers refuse
+    anything but fp32 (``costmodel.formulas.checks``).
+    ``master_weights_dtype``: the dtype of the master copy of the weights the optimizer
+    updates: ``fp32``, or ``fp16`` with Megatron-LM's ``--main-params-dtype fp16`` (the
+    precision-aware optimizer keeps fp16 masters with their remainders in the states). Other
+    trainers refuse fp16.
     ``attention_kernel``: which fused attention kernel runs, ``"flash"`` (FlashAttention-2)
     or ``"cudnn"`` (cuDNN's, ``ATTENTION_KERNELS``); ``None``: the trainer's own choice on
     the GPU (``costmodel.formulas.compute.attention_kernel``, ``Framework.cudnn_attention_archs``).
@@ -187,6 +202,8 @@ class Job:
     zero3_synchronous_gather: bool = False
     float8_recipe: str = "tensorwise"
     attention_kernel: str | None = None
+    optimizer_state_dtype: str = "fp32"
+    master_weights_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         _positive_int("Job", "global_batch_size", self.global_batch_size, MAX_GLOBAL_BATCH)
@@ -199,6 +216,13 @@ class Job:
         _choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("Job", "framework", self.framework, FRAMEWORK_NAMES)
         _choice("Job", "float8_recipe", self.float8_recipe, FLOAT8_RECIPES)
+        _choice("Job", "optimizer_state_dtype", self.optimizer_state_dtype, tuple(STATE_DTYPES))
+        _choice("Job", "master_weights_dtype", self.master_weights_dtype, tuple(MASTER_DTYPES))
+        for key in ("optimizer_state_dtype", "master_weights_dtype"):
+            if self.optimizer not in ("adam", "adamw") and getattr(self, key) != "fp32":
+                raise SpecError(f"Job.{key}={getattr(self, key)!r} is Megatron-LM's "
+                                "precision-aware Adam (Transformer Engine's FusedAdam); "
+                                f"{self.optimizer} keeps its own states: leave it fp32")
         if self.attention_kernel is not None:
             _choice("Job", "attention_kernel", self.attention_kernel, ATTENTION_KERNELS)
             if not self.flash_attention:

@@ -6,7 +6,7 @@ bytes/s, FLOP/s and seconds. GB here is decimal (1e9) for bandwidths, GiB binary
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -140,6 +140,7 @@ MAX_LINK_BANDWIDTH = 1e14
 MAX_LATENCY_S = 1.0
 MAX_USD_PER_GPU_HOUR = 1e4
 MAX_HOST_MEMORY_GIB = 2.0**20
+MAX_POWER_W = 1e5
 
 
 def _price(table: Any, name: str) -> float | None:
@@ -210,9 +211,22 @@ class GPU:
     #: ``planner calibrate`` fits are per architecture (``hardware_profiles/calibrated/
     #: transfer.toml``); "" takes the pooled ratio.
     architecture: str = ""
+    #: Thermal design power (W) of the datasheet; ``None`` where the profile gives none.
+    tdp_w: float | None = None
+    #: The power limit (W) this GPU's efficiencies are scaled to (``power_limited``);
+    #: ``None``: its TDP.
+    power_limit_w: float | None = None
+    #: The efficiencies the profile takes from another GPU or a paper rather than a
+    #: measurement on this one (its ``[efficiency] assumed`` list): an estimate on a GPU with
+    #: any, and no published run of its own behind the fit, carries a widened band.
+    assumed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         who = f"GPU {self.name!r}"
+        object.__setattr__(self, "assumed", tuple(str(a) for a in self.assumed))
+        if self.tdp_w is not None:
+            object.__setattr__(self, "tdp_w", real(self.tdp_w, f"{who}: tdp_w (W)", lo=0.0,
+                                                   lo_open=True, hi=MAX_POWER_W))
         if self.usd_per_gpu_hour is not None:
             object.__setattr__(self, "usd_per_gpu_hour", real(
                 self.usd_per_gpu_hour, f"{who}: usd_per_gpu_hour", lo=0.0, lo_open=True,
@@ -253,9 +267,30 @@ class GPU:
                 source=_document(data),
                 usd_per_gpu_hour=_price(data.get("price"), name),
                 architecture=str(data.get("architecture", "")),
+                tdp_w=data.get("tdp_w"),
+                assumed=tuple(data["efficiency"].get("assumed", ())),
             )
         except KeyError as e:
             raise SpecError(f"GPU profile {name!r} lacks the key {e.args[0]!r}") from None
+
+    def power_limited(self, limit_w: float) -> GPU:
+        """This GPU held at ``limit_w`` watts: its compute-bound fractions (matmul, fused
+        attention) times ``(limit / TDP) ** compute_exponent`` (``software.toml`` ``[power]``,
+        fitted to NVIDIA's MLPerf MaxQ/MaxP pairs on H100), its memory-bound ones unchanged.
+        The GPU itself at or above its TDP, or without one."""
+        if self.tdp_w is None:
+            return self
+        alpha = float(hardware_profiles.load_software()["power"]["compute_exponent"])
+        now = min(self.power_limit_w or self.tdp_w, self.tdp_w)
+        new = min(limit_w, self.tdp_w)
+        if new == now:
+            return self
+        f = (new / now) ** alpha
+        e = self.efficiency
+        scaled = {k: getattr(e, k) * f for k in (
+            "gemm", "gemm_fp8", "gemm_unaligned", "attention", "attention_backward",
+            "attention_cudnn", "attention_cudnn_backward") if getattr(e, k) is not None}
+        return replace(self, efficiency=replace(e, **scaled), power_limit_w=new)
 
     @property
     def usd_per_gpu_second(self) -> float | None:
@@ -440,6 +475,9 @@ class Cluster:
     starts. Every collective is costed by the level its group spans: the scale-up link
     inside a domain, the NICs between domains (``costmodel.formulas.comm``).
 
+    ``power_limit_w``: the power limit each GPU is held at (W; ``nvidia-smi -pl``), below
+    its profile's ``tdp_w``: the compute-bound efficiencies scale down (``GPU.power_limited``).
+
     ``gpu`` and the links accept a profile name or an object; ``gpu`` also a GPU profile TOML
     file (``planner profile`` writes one). ``intra_node_link`` defaults to the GPU's own
     (NVLink generation or PCIe, or the link a measured profile measured),
@@ -457,6 +495,7 @@ class Cluster:
     host_memory_gib: float | None = None
     name: str = "custom"
     gpus_per_domain: int | None = None
+    power_limit_w: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("num_nodes", "gpus_per_node"):
@@ -469,6 +508,14 @@ class Cluster:
             raise SpecError(f"Cluster: {self.num_nodes * self.gpus_per_node:,} GPUs is beyond "
                             "any cluster (at most 1,048,576); check --gpus / --num-nodes")
         gpu = _as_gpu(self.gpu)
+        if self.power_limit_w is not None:
+            limit = real(self.power_limit_w, "Cluster.power_limit_w (W per GPU)", lo=0.0,
+                         lo_open=True, hi=MAX_POWER_W)
+            object.__setattr__(self, "power_limit_w", limit)
+            if gpu.tdp_w is None:
+                raise SpecError(f"Cluster.power_limit_w={limit:g}: GPU profile {gpu.name!r} "
+                                "gives no tdp_w to scale from; add it to the profile")
+            gpu = gpu.power_limited(limit)
         object.__setattr__(self, "gpu", gpu)
         intra = self.intra_node_link if self.intra_node_link is not None else gpu.intra_node_link
         object.__setattr__(self, "intra_node_link", _as_link(intra))

@@ -154,6 +154,12 @@ FIGURES: dict[str, Figure] = {
     "megatron2021-fit": Figure(VALIDATE, pick=_row("megatron2021", 2)),
     "mtnlg-loso": Figure(VALIDATE, pick=_row("mtnlg-530b", 4)),
     "mbridge-loso": Figure(VALIDATE, pick=_row("megatron-bridge-perf", 4)),
+    # per GPU generation and trainer (the cells table of planner validate --summary)
+    **{f"cell-{c.replace('/', '-')}-{what}": Figure(VALIDATE, pick=_row(c, col))
+       for c in ("hopper/megatron", "hopper/torchtitan", "ampere/megatron",
+                 "ampere/torchtitan", "ampere/deepspeed", "blackwell/megatron",
+                 "blackwell/torchtitan", "cdna3/torchtitan", "cdna4/megatron")
+       for what, col in (("runs", 1), ("sources", 2), ("loso", 4), ("band", 5))},
     "peak-runs": Figure(VALIDATE, r"^peak memory, (\d+) runs"),
     "peak-mean": Figure(VALIDATE, r"^peak memory, .*mean \|error\| ([\d.]+%)"),
     "peak-max": Figure(VALIDATE, r"^peak memory, .*max ([\d.]+%)"),

@@ -251,16 +251,19 @@ def provenance(name: str) -> dict[str, Any]:
     GPU) or ``assumed`` (from another GPU or a paper; its ``[efficiency] assumed`` list),
     its default scale-up link and whether that link's efficiency is measured
     (``efficiency_assumed``), and how many published runs of its architecture the fit in
-    ``transfer_path()`` rests on (the ``[bands]`` cells ``architecture/trainer``)."""
+    ``transfer_path()`` holds (its ``[cells]``), and how many of them it was fitted on (cells
+    with two sources or more)."""
     data = load("gpus", name, calibrated=False)
     eff = data["efficiency"]
     assumed = set(eff.get("assumed", ()))
     link = data.get("intra_node_link", "pcie5")
     link_data = link if isinstance(link, dict) else load("links", str(link))
     arch = str(data.get("architecture", ""))
-    bands = load_file(transfer_path()).get("bands", {}) if transfer_path().is_file() else {}
-    runs = sum(int(b.get("runs", 0)) for k, b in bands.items()
-               if isinstance(b, dict) and k.count("/") == 1 and k.split("/")[0] == arch)
+    fit = load_file(transfer_path()) if transfer_path().is_file() else {}
+    cells = [c for k, c in (fit.get("cells") or {}).items()
+             if isinstance(c, dict) and k.split("/")[0] == arch]
+    runs = sum(int(c.get("runs", 0)) for c in cells)
+    fitted = sum(int(c.get("runs", 0)) for c in cells if int(c.get("sources", 0)) >= 2)
     return {
         "name": name, "architecture": arch,
         "efficiency": {k: ("assumed" if k in assumed else "measured")
@@ -269,6 +272,7 @@ def provenance(name: str) -> dict[str, Any]:
         "link_efficiency": ("assumed" if link_data.get("efficiency_assumed", True)
                             else "measured"),
         "runs": runs,
+        "fitted_runs": fitted,
     }
 
 

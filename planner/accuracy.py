@@ -16,8 +16,8 @@ from costmodel.fitting.calibration import Fit, RunResult, run_group
 if TYPE_CHECKING:
     from costmodel.fitting.published import Comparison
 
-__all__ = ["UNITS", "comparison_rows", "comparison_summary", "describe", "print_comparisons",
-           "print_results", "result_rows", "summary"]
+__all__ = ["UNITS", "cells", "comparison_rows", "comparison_summary", "describe",
+           "print_comparisons", "print_results", "result_rows", "summary"]
 
 UNITS = {"iteration_time_s": "s/iter", "tokens_per_s_per_gpu": "tok/s/GPU",
          "tflops_per_gpu": "TFLOP/s/GPU"}
@@ -75,6 +75,45 @@ def summary(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def cells(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
+    """Per (GPU generation, trainer) cell, ``"hopper/megatron"``: its runs, sources, the
+    GPUs they ran on, the fit's and the left-out mean |error|, and the band an estimate in
+    that cell carries (``costmodel.fitting.uncertainty.band_for``: extrapolated where the cell
+    has too few runs)."""
+    from costmodel.fitting.uncertainty import band_for
+
+    out: dict[str, dict[str, Any]] = {}
+    keyed: dict[str, list[RunResult]] = {}
+    for r in results:
+        arch = r.run.cluster.gpu.architecture or "?"
+        keyed.setdefault(f"{arch}/{r.run.job.framework}", []).append(r)
+    for key, mine in sorted(keyed.items()):
+        arch, trainer = key.split("/")
+        loso = [r.loso_error for r in mine if r.loso_error is not None]
+        band = band_for(arch, trainer, 64)
+        out[key] = {"runs": len(mine), "sources": len({run_group(r.run) for r in mine}),
+                    "gpus": sorted({r.run.cluster.gpu.name for r in mine}),
+                    "mean_abs_error": float(np.mean([abs(r.error) for r in mine])),
+                    **({"loso_mean_abs_error": float(np.mean(np.abs(loso)))}
+                       if len(loso) == len(mine) else {}),
+                    "band": band[0] if band else None,
+                    "extrapolated": band[2] if band else True}
+    return out
+
+
+def _print_cells(results: Sequence[RunResult]) -> None:
+    print(f"\n{'generation/trainer':<22s} {'runs':>4s} {'sources':>7s}  {'fit mean':>8s}  "
+          f"{'left out':>8s}  {'band':>6s}  gpus")
+    for key, c in cells(results).items():
+        loso = (f"{100 * c['loso_mean_abs_error']:>7.2f}%" if "loso_mean_abs_error" in c
+                else f"{'-':>8s}")
+        band = "-" if c["band"] is None else f"±{100 * c['band']:.0f}%"
+        band += " extrapolated" if c["extrapolated"] else ""
+        print(f"{key:<22s} {c['runs']:>4d} {c['sources']:>7d}  "
+              f"{100 * c['mean_abs_error']:>7.2f}%  {loso}  {band:<6s}  "
+              f"{', '.join(c['gpus'])}")
+
+
 def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: bool = True
                   ) -> None:
     """The per-run table (unless ``runs_table`` is False), the per-source table and the
@@ -102,6 +141,7 @@ def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: 
             line += (f"  {100 * row['loso_mean_abs_error']:>13.2f}% "
                      f"{100 * row['loso_max_abs_error']:>6.1f}%")
         print(line)
+    _print_cells(results)
     allrow = sm["all"]
     if "loso_mean_abs_error" in allrow:
         print(f"\nleft out of the fit (leave-one-source-out), {allrow['runs']} runs: mean "

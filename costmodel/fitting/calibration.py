@@ -70,6 +70,12 @@ MEDIUM_WEIGHT = 0.5
 #: sources; with fewer, its GPUs take the pooled ratio (one source's trainer or flags could
 #: otherwise set a whole generation's efficiency).
 ARCH_MIN_SOURCES = 2
+#: A run steers the fit only when its (architecture, trainer) cell has runs from at least
+#: this many independent sources: a lone source on new hardware or a new software stack (one
+#: vendor's early B200 numbers) carries that stack's offset, which the shared parameters
+#: would otherwise absorb for every other GPU. Such a run is still predicted, by a fit that
+#: never saw its source: its error is out of sample, as a left-out source's is.
+CELL_MIN_SOURCES = 2
 #: A band needs this many runs from this many independent sources; else the next broader class.
 BAND_MIN_RUNS = 6
 BAND_MIN_SOURCES = 2
@@ -141,6 +147,20 @@ def _fit_from(x: np.ndarray, archs: Sequence[str], weights: Sequence[float]) -> 
                comm_slowdown=float(x[-1]))
 
 
+def cell(run: PublishedRun) -> str:
+    """The (GPU generation, trainer) cell of a run: ``"hopper/megatron"``."""
+    return f"{run.cluster.gpu.architecture or '?'}/{run.job.framework}"
+
+
+def unfitted(runs: Sequence[PublishedRun]) -> set[str]:
+    """Ids of the runs whose cell has fewer than ``CELL_MIN_SOURCES`` sources: predicted, not
+    fitted on."""
+    sources: dict[str, set[str]] = {}
+    for r in runs:
+        sources.setdefault(cell(r), set()).add(run_group(r))
+    return {r.id for r in runs if len(sources[cell(r)]) < CELL_MIN_SOURCES}
+
+
 def fitted_architectures(runs: Sequence[PublishedRun], arch_of: Sequence[str]) -> list[str]:
     """The architectures whose ratio ``runs`` determine (``ARCH_MIN_SOURCES``), sorted."""
     sources: dict[str, set[str]] = {}
@@ -166,14 +186,20 @@ class _Model:
                                     "calibrate fits the shipped profiles (see 'planner gpus')"
                                     ) from None
         self.arch_of = [r.cluster.gpu.architecture for r in self.runs]
-        #: Square roots of the runs' weights in the fit (``MEDIUM_WEIGHT``).
-        self.root_w = np.sqrt([MEDIUM_WEIGHT if r.confidence == "medium" else 1.0
+        #: Runs predicted but not fitted on (``unfitted``).
+        self.held = unfitted(self.runs)
+        #: Square roots of the runs' weights in the fit (``MEDIUM_WEIGHT``; 0 for ``held``).
+        self.root_w = np.sqrt([0.0 if r.id in self.held else
+                               MEDIUM_WEIGHT if r.confidence == "medium" else 1.0
                                for r in self.runs])
-        self.archs = fitted_architectures(self.runs, self.arch_of)
+        fitting = [i for i, r in enumerate(self.runs) if r.id not in self.held]
+        self.archs = fitted_architectures([self.runs[i] for i in fitting],
+                                          [self.arch_of[i] for i in fitting])
 
     def counts(self, archs: Sequence[str], idx: Indices | None = None) -> list[int]:
         """Runs (all, or those at ``idx``) on each of ``archs``: the pooled ratio's weights."""
-        mine = self.arch_of if idx is None else [self.arch_of[i] for i in idx]
+        mine = [self.arch_of[i] for i in (range(len(self.runs)) if idx is None else idx)
+                if self.runs[i].id not in self.held]
         return [mine.count(a) for a in archs]
 
     def gpus(self, fit: Fit) -> dict[str, GPU]:
@@ -316,8 +342,9 @@ def leave_one_source_out(runs: Sequence[PublishedRun], fit: Fit,
         if refit is not None:
             fold_fit = refit([runs[int(i)] for i in train], fit)
         else:
-            seen = fitted_architectures([runs[int(i)] for i in train],
-                                        [model.arch_of[i] for i in train])
+            fitting = [int(i) for i in train if runs[int(i)].id not in model.held]
+            seen = fitted_architectures([runs[i] for i in fitting],
+                                        [model.arch_of[i] for i in fitting])
             n = len(archs)
             cols = np.array([archs.index(a) for a in seen]
                             + [n + archs.index(a) for a in seen]
@@ -360,7 +387,10 @@ def loso_log_errors(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dic
 def bands(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, dict[str, float]]:
     """Uncertainty bands from the leave-one-source-out errors: for each class (``band_key``)
     with at least ``BAND_MIN_RUNS`` runs from ``BAND_MIN_SOURCES`` sources, the RMS of their
-    log errors as a relative band (``exp(rms) - 1``), with its run and source counts."""
+    log errors as a relative band (``exp(rms) - 1``), with its run and source counts; and
+    ``"extrapolated"``, the same over the runs of cells the fit had no second source in
+    (``unfitted``): how far off an estimate in a generation/trainer cell without published
+    runs has been."""
     errs: dict[str, list[float]] = {}
     srcs: dict[str, set[str]] = {}
     loso = loso_log_errors(runs, folds)
@@ -370,6 +400,9 @@ def bands(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, dic
         for key in band_key(r.cluster.gpu.architecture, r.job.framework, r.cluster.num_gpus):
             errs.setdefault(key, []).append(loso[r.id])
             srcs.setdefault(key, set()).add(run_group(r))
+    held = unfitted(runs)
+    errs["extrapolated"] = [loso[r.id] for r in runs if r.id in held and r.id in loso]
+    srcs["extrapolated"] = {run_group(r) for r in runs if r.id in held}
     out = {}
     for key, e in errs.items():
         if (len(e) >= BAND_MIN_RUNS and len(srcs[key]) >= BAND_MIN_SOURCES) or key == "*":
@@ -398,6 +431,11 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
         "bands": {key: {"band": round(b["band"], 4), "runs": b["runs"],
                         "sources": b["sources"]}
                   for key, b in sorted(bands(runs, folds).items())},
+        "gpus": {g: sum(1 for r in runs if r.cluster.gpu.name == g)
+                 for g in sorted({r.cluster.gpu.name for r in runs})},
+        "cells": {c: {"runs": sum(1 for r in runs if cell(r) == c),
+                      "sources": len({run_group(r) for r in runs if cell(r) == c})}
+                  for c in sorted({cell(r) for r in runs})},
         "runs": {r.id: {"fit": round(math.expm1(float(err)), 4),
                         **({"loso": round(loso[r.id], 4)} if r.id in loso else {})}
                  for r, err in zip(runs, log_errors, strict=True)},
@@ -414,10 +452,14 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
         "bands": "Relative uncertainty of a step-time estimate: the RMS leave-one-source-out "
                  "error\nof the published runs of its class (architecture/trainer/GPUs), broadest "
                  "last.",
+        "gpus": "Published runs per GPU profile: an estimate on a GPU whose profile assumes "
+                "some\nefficiencies and that no run was on carries a widened band.",
+        "cells": "Runs and sources per GPU generation and trainer; a cell with one source is "
+                 "predicted,\nnot fitted on.",
         "runs": "Each run's error under the fit and with its source left out of the fit.",
     }
     return to_toml(table, "Written by `planner calibrate`; do not edit by hand, re-run the "
-                   "command.", notes, inline=("bands", "runs"))
+                   "command.", notes, inline=("bands", "cells", "runs"))
 
 
 def load_fit(path: str | Path | None = None) -> Fit:

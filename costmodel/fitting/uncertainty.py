@@ -5,6 +5,7 @@ trainer, scale), stored in ``[bands]`` of ``hardware_profiles/calibrated/transfe
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import hardware_profiles
@@ -39,23 +40,41 @@ SMALLEST_PUBLISHED_PARAMS = 125_311_488
 MIN_CELL_RUNS = 3
 
 
-def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float | None = None
+@dataclass(frozen=True)
+class _Bands:
+    """What a fit file says about uncertainty. ``bands``: (band, runs, sources) per class
+    (``band_key``) and ``"extrapolated"``; ``spread``: the largest relative distance of a
+    generation's fitted matmul ratio from the pooled one; ``gpus``: published runs per GPU
+    profile; ``cells``: (runs, sources) per (generation, trainer) cell, fitted or not."""
+
+    bands: dict[str, tuple[float, int, int]]
+    spread: float
+    gpus: dict[str, int]
+    cells: dict[str, tuple[int, int]]
+
+
+def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float | None = None,
+             gpu: str | None = None, assumed: tuple[str, ...] = ()
              ) -> tuple[float, str, bool] | None:
     """(relative band, what it rests on, whether it is extrapolated) for an estimate of this
     class; None when no fit with bands is installed.
 
     The band is the RMS leave-one-source-out error of the published runs of its own
     (GPU generation, trainer) cell, of its scale class where that has enough runs. A cell
-    with fewer than ``MIN_CELL_RUNS`` runs (a B200 under torchtitan, any AMD GPU, a CPU
-    profile) is extrapolated: it takes the trainer's band over every generation, widened by
-    how far one generation's fitted in-training matmul ratio strays from the pooled one
-    (``_spread``: Blackwell's 0.61 against the pooled 0.79 in the shipped fit), added in
-    quadrature. Tiny models (``num_params`` under half the smallest published run's) are
-    extrapolated as well, their band unchanged."""
+    with fewer than ``MIN_CELL_RUNS`` runs, or without a band of its own (one source: a B200
+    under torchtitan, an AMD GPU, a CPU profile), is extrapolated: it takes the trainer's
+    band over every generation widened by the spread of the generations' fitted matmul
+    ratios (in quadrature), or the fit's ``extrapolated`` band where that is wider: how far
+    off the runs of cells the fit had no second source in were
+    (``costmodel.fitting.calibration.bands``). A GPU (``gpu``) whose profile assumes some
+    efficiencies (``assumed``) and that no published run behind the fit was on is widened by
+    the spread too: its cell's runs ran on other parts. Tiny models (``num_params`` under
+    half the smallest published run's) are extrapolated as well, their band unchanged."""
     path = hardware_profiles.transfer_path()
     if not is_file(path):
         return None
-    table, spread = _bands(str(path), path.stat().st_mtime_ns)
+    fit = _bands(str(path), path.stat().st_mtime_ns)
+    table = fit.bands
     keys = band_key(architecture, trainer, num_gpus)
     own = [k for k in keys[:2] if k in table and table[k][1] >= MIN_CELL_RUNS]
     key = own[0] if own else next((k for k in keys[2:] if k in table), None)
@@ -65,28 +84,43 @@ def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float |
     what = key.replace("*/", "").replace("/", ", ") if key != "*" else "all"
     basis = (f"RMS error of {runs} published runs ({what}; {sources} sources) "
              "predicted with their source left out of the fit")
-    reasons = []
+    spread = (f"widened by the {100 * fit.spread:.0f}% spread of the generations' fitted "
+              "matmul ratios")
     if not own:
-        cell = table.get(keys[1], (0.0, 0, 0))[1]
-        have = (f"only {cell} published run{'s' if cell != 1 else ''}" if cell
-                else "no published run")
-        reasons.append(f"{have} on {architecture or 'this GPU'} with {trainer}, fewer than "
-                       f"{MIN_CELL_RUNS}; widened by the {100 * spread:.0f}% spread of the "
-                       "generations' fitted matmul ratios")
-        band = (band ** 2 + spread ** 2) ** 0.5
+        band = (band ** 2 + fit.spread ** 2) ** 0.5
+        basis += f", {spread}"
+        far = table.get("extrapolated")
+        if far is not None and far[0] > band:
+            band = far[0]
+            basis = (f"RMS error of the {far[1]} published runs in generation/trainer cells "
+                     f"the fit had no second source in ({far[2]} sources)")
+        basis = f"extrapolated: {_cell_words(fit, architecture, trainer)}; the band is the {basis}"
+    elif assumed and gpu is not None and fit.gpus and not fit.gpus.get(gpu):
+        band = (band ** 2 + fit.spread ** 2) ** 0.5
+        basis = (f"extrapolated: no published run on {gpu}, whose profile assumes its "
+                 f"{', '.join(assumed)} efficienc{'ies' if len(assumed) > 1 else 'y'}; the "
+                 f"band is the {basis} on other parts, {spread}")
+    extrapolated = basis.startswith("extrapolated")
     if num_params is not None and num_params < SMALLEST_PUBLISHED_PARAMS / 2:
-        reasons.append("a model smaller than any published run's")
-    if reasons:
-        basis += f"; extrapolated ({' and '.join(reasons)})"
-    return band, basis, bool(reasons)
+        basis += "; extrapolated (a model smaller than any published run's)"
+        extrapolated = True
+    return band, basis, extrapolated
+
+
+def _cell_words(fit: _Bands, architecture: str, trainer: str) -> str:
+    """What backs a cell that has no band of its own, in words."""
+    runs, sources = fit.cells.get(f"{architecture}/{trainer}", (0, 0))
+    where = f"on {architecture or 'this GPU'} with {trainer}"
+    if not runs:
+        return f"no published run {where}"
+    return (f"{runs} published run{'s' if runs != 1 else ''} {where}, from {sources} "
+            f"source{'s' if sources != 1 else ''}: too few for a band of its own")
 
 
 @functools.lru_cache(maxsize=8)
-def _bands(path: str, mtime_ns: int) -> tuple[dict[str, tuple[float, int, int]], float]:
-    """The ``[bands]`` table of a fit file as (band, runs, sources) per class, and the
-    largest relative distance of a generation's fitted matmul ratio from the pooled one
-    (``[transfer.architecture]`` against ``[transfer] gemm``); parsed once per file
-    version: every estimate looks its band up."""
+def _bands(path: str, mtime_ns: int) -> _Bands:
+    """The uncertainty tables of a fit file (``_Bands``; a table a fit written before it
+    lacks is empty), parsed once per file version: every estimate looks its band up."""
     data: Any = hardware_profiles.load_file(path)
     table = data.get("bands")
     bands = {} if not isinstance(table, dict) else {
@@ -99,4 +133,11 @@ def _bands(path: str, mtime_ns: int) -> tuple[dict[str, tuple[float, int, int]],
     if isinstance(pooled, (int, float)) and pooled > 0 and isinstance(ratios, dict):
         spread = max((abs(float(r) / pooled - 1.0) for r in ratios.values()
                       if isinstance(r, (int, float))), default=0.0)
-    return bands, spread
+    table_gpus = data.get("gpus")
+    gpus = ({str(k): int(v) for k, v in table_gpus.items() if isinstance(v, int)}
+            if isinstance(table_gpus, dict) else {})
+    table_cells = data.get("cells")
+    cells = ({str(k): (int(v.get("runs", 0)), int(v.get("sources", 0)))
+              for k, v in table_cells.items() if isinstance(v, dict)}
+             if isinstance(table_cells, dict) else {})
+    return _Bands(bands, spread, gpus, cells)

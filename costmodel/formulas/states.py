@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import hardware_profiles
-from costmodel.config import Job
+from costmodel.config import MASTER_DTYPES, STATE_DTYPES, Job
 
 
 class Widths(Protocol):
@@ -18,7 +18,7 @@ class Widths(Protocol):
     @property
     def hidden_size(self) -> int: ...
 
-__all__ = ["megatron_grad_bytes", "optimizer_state_bytes", "state_bytes"]
+__all__ = ["master_bytes", "megatron_grad_bytes", "optimizer_state_bytes", "state_bytes"]
 
 
 def optimizer_state_bytes(job: Job, model: Widths) -> float:
@@ -27,17 +27,21 @@ def optimizer_state_bytes(job: Job, model: Widths) -> float:
     Adam/AdamW: fp32 momentum and variance, 8 (Kingma & Ba 2015; ZeRO paper Sec. 3.1).
     8-bit Adam: two uint8 states plus one fp32 absmax per 256-element block per state
     (Dettmers et al. 2022; bitsandbytes/optim/optimizer.py). SGD with momentum: 4.
+    Moments in ``Job.optimizer_state_dtype`` (Megatron-LM's precision-aware optimizer keeps
+    them in bf16, fp16 or fp8: 2, 2 or 1 byte each; TransformerEngine's FusedAdam, which it
+    calls, computes in fp32 and stores in the given dtype).
     Adafactor: no first moment by default and a factored second moment, one row and one column
     vector per matrix (Shazeer & Stern 2018, Alg. 4), at most ``2 / hidden_size`` fp32 values
     per parameter for the transformer's matrices (every dimension is >= hidden_size).
     """
+    moment = STATE_DTYPES[job.optimizer_state_dtype]
     if job.optimizer in ("adam", "adamw"):
-        return 8.0
+        return 2 * moment
     if job.optimizer == "adam8bit":
         bnb = hardware_profiles.load_software()["bitsandbytes"]
         return float(bnb["state_bytes_per_param"]) + 2 * 4.0 / float(bnb["block_size"])
     if job.optimizer == "sgd":
-        return 4.0
+        return moment
     return 4.0 * 2.0 / model.hidden_size
 
 
@@ -51,6 +55,13 @@ def megatron_grad_bytes(job: Job) -> float:
     if job.grad_reduce_in_fp32 is not None:
         return 4.0 if job.grad_reduce_in_fp32 else 2.0
     return 2.0 if job.precision == "fp16" else 4.0
+
+
+def master_bytes(job: Job) -> float:
+    """Bytes per parameter of the master weights the optimizer updates
+    (``Job.master_weights_dtype``: 4 in fp32, 2 in fp16 with Megatron-LM's
+    ``--main-params-dtype fp16``)."""
+    return MASTER_DTYPES[job.master_weights_dtype]
 
 
 def state_bytes(job: Job, model: Widths) -> tuple[float, float, float]:
@@ -67,7 +78,8 @@ def state_bytes(job: Job, model: Widths) -> tuple[float, float, float]:
     if job.framework == "megatron":
         weights = 2.0 if mixed else 4.0
         grads = megatron_grad_bytes(job)
-        optim = states + (4.0 if mixed else 0.0) + (4.0 if job.precision == "fp16" else 0.0)
+        master = master_bytes(job) if mixed else 0.0
+        optim = states + master + (4.0 if job.precision == "fp16" else 0.0)
         return weights, grads, optim
     if job.framework == "deepspeed":
         weights = 2.0 if mixed else 4.0

@@ -79,7 +79,7 @@ from costmodel.formulas.arrays import ConfigArrays, first_argmax
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import MemoryTable
 from costmodel.formulas.pipeline import pipeline_bound, table_makespan
-from costmodel.formulas.states import Widths, optimizer_state_bytes
+from costmodel.formulas.states import Widths, master_bytes, optimizer_state_bytes
 from costmodel.formulas.stepterms import (
     Rows,
     Sharded,
@@ -166,7 +166,10 @@ def optimizer_bytes(job: Job, model: Widths) -> tuple[float, float]:
     """
     fw = job.framework
     s = optimizer_state_bytes(job, model)
-    p = g = 4.0  # every trainer keeps fp32 parameters (or masters) and fp32 optimizer gradients
+    # Every trainer keeps fp32 parameters (or masters) and fp32 optimizer gradients, except
+    # Megatron-LM's fp16 masters (Job.master_weights_dtype).
+    p = master_bytes(job) if fw == "megatron" else 4.0
+    g = 4.0
     w = 2.0  # the 16-bit model weights a mixed-precision master copy writes
     per = 2 * p + 2 * s + g + g
     zeroed = 0.0

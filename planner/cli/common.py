@@ -27,11 +27,13 @@ from costmodel.config import (
     ATTENTION_KERNELS,
     FLOAT8_RECIPES,
     FRAMEWORK_NAMES,
+    MASTER_DTYPES,
     OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
     SCHEDULES,
+    STATE_DTYPES,
 )
 from costmodel.hardware import GPU
 from costmodel.serving.inference import KV_PRECISIONS, OBJECTIVES, WEIGHT_PRECISIONS, InferenceJob
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 CLUSTER_KEYS: dict[str, type | tuple[type, ...]] = {
     "gpu": str, "num_nodes": int, "gpus_per_node": int, "intra_node_link": str,
     "inter_node_link": str, "nics_per_node": int, "host_memory_gib": (int, float), "name": str,
-    "gpus_per_domain": int}
+    "gpus_per_domain": int, "power_limit_w": (int, float)}
 CLUSTER_KINDS = {str: "a name in quotes", int: "a whole number", (int, float): "a number"}
 #: Exit statuses: bad input, and a valid question with no configuration that fits.
 EXIT_USAGE = 2
@@ -271,6 +273,9 @@ def _add_cluster_args(p: argparse.ArgumentParser, *, many: bool) -> None:
     hw.add_argument("--gpus-per-domain", type=positive_int, metavar="N",
                     help="GPUs one NVLink / Infinity Fabric domain joins, a multiple of the "
                     "GPUs per node (default: one node; 72 on an NVL72 rack of 18 trays of 4)")
+    hw.add_argument("--power-limit", type=float, metavar="WATTS",
+                    help="power limit each GPU is held at, below its TDP (nvidia-smi -pl): "
+                    "matmul and attention slow by (limit/TDP)^0.47 (software.toml [power])")
     hw.add_argument("--intra-node", help="link inside a node (default: the GPU's own)")
     hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)", **rep)
     hw.add_argument("--profile", metavar="FILE", help="plan with a measured GPU profile "
@@ -327,6 +332,13 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
                     "default: the trainer's own on the GPU (Megatron-LM's Transformer Engine "
                     "and torchtitan pick cuDNN's on Hopper and Blackwell)")
     jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    jb.add_argument("--optimizer-state-dtype", default="fp32", choices=tuple(STATE_DTYPES),
+                    help="dtype of Adam's moments: bf16/fp16/fp8 is Megatron-LM's "
+                    "precision-aware optimizer (--exp-avg-dtype; NeMo's optim.dtype); "
+                    "default fp32")
+    jb.add_argument("--master-weights-dtype", default="fp32", choices=tuple(MASTER_DTYPES),
+                    help="dtype of the master weights: fp16 is Megatron-LM's "
+                    "--main-params-dtype fp16; default fp32")
     jb.add_argument("--framework", default="torchtitan", choices=FRAMEWORK_NAMES,
                     help="trainer whose conventions to follow (default torchtitan)")
     for flag, what in JOB_SWITCHES:
@@ -404,7 +416,7 @@ def load_cluster(args: argparse.Namespace) -> Cluster:
     with the GPU of ``--profile`` where given."""
     return make_cluster(args.cluster, args.num_nodes, args.gpus, args.gpu, args.gpus_per_node,
                         args.intra_node, args.inter_node, load_profile(args),
-                        domain=args.gpus_per_domain)
+                        domain=args.gpus_per_domain, power=args.power_limit)
 
 
 def load_clusters(args: argparse.Namespace) -> list[Cluster]:
@@ -416,12 +428,14 @@ def load_clusters(args: argparse.Namespace) -> list[Cluster]:
     for c, n, kind, nic in itertools.product(args.cluster or [], args.num_nodes or [None],
                                              kinds, nics):
         out.append(make_cluster(c, n, None, kind, args.gpus_per_node, args.intra_node, nic,
-                                measured, domain=args.gpus_per_domain))
+                                measured, domain=args.gpus_per_domain,
+                                power=args.power_limit))
     if args.gpus and args.num_nodes and not args.cluster:
         raise SpecError("--num-nodes goes with --cluster; with --gpus give the total GPUs")
     for g, kind, nic in itertools.product(args.gpus or [], kinds, nics):
         out.append(make_cluster(None, None, g, kind, args.gpus_per_node, args.intra_node,
-                                nic, measured, domain=args.gpus_per_domain))
+                                nic, measured, domain=args.gpus_per_domain,
+                                power=args.power_limit))
     if not out:
         raise SpecError("say which GPUs: --cluster NAME, or --gpus N --gpu NAME (each may be "
                         "repeated to compare clusters)")
@@ -431,11 +445,20 @@ def load_clusters(args: argparse.Namespace) -> list[Cluster]:
 def make_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
                  gpu: str | None, gpus_per_node: int | None, intra: str | None,
                  inter: str | None, measured: GPU | None = None, *,
-                 domain: int | None = None) -> Cluster:
+                 domain: int | None = None, power: float | None = None) -> Cluster:
     """The cluster of the flags' values: a cluster preset or TOML file (``cluster``), or the
     short form of ``gpus`` GPUs of kind ``gpu``; ``measured``: the ``--profile`` GPU, which
     must be the GPU the other flags name, if they name one; ``domain``: ``--gpus-per-domain``
-    (the preset's or file's own, else a node)."""
+    (the preset's or file's own, else a node); ``power``: ``--power-limit`` (W)."""
+    out = _flagged_cluster(cluster, num_nodes, gpus, gpu, gpus_per_node, intra, inter,
+                           measured, domain)
+    return out if power is None else dataclasses.replace(out, power_limit_w=power)
+
+
+def _flagged_cluster(cluster: str | None, num_nodes: int | None, gpus: int | None,
+                     gpu: str | None, gpus_per_node: int | None, intra: str | None,
+                     inter: str | None, measured: GPU | None, domain: int | None) -> Cluster:
+    """``make_cluster`` without the power limit."""
     if cluster and gpus:
         raise SpecError("give either --cluster or --gpus/--gpu, not both")
     _check_profile(measured, gpu, "--gpu")
@@ -588,6 +611,8 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                distribute_saved_activations=args.distribute_saved_activations,
                zero3_synchronous_gather=args.zero3_synchronous_gather,
                float8_recipe=args.float8_recipe,
+               optimizer_state_dtype=args.optimizer_state_dtype,
+               master_weights_dtype=args.master_weights_dtype,
                attention_kernel=getattr(args, "attention_kernel", None),
                fused_cross_entropy=True if args.fused_cross_entropy else None,
                compile_loss=False if args.no_compile_loss else None,

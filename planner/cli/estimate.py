@@ -192,13 +192,15 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         *([f"fit      {fit}"] if fit else []),
         f"model    {model.name}: {params_text(model)}",
         f"cluster  {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name} "
-        f"({cluster.gpu.memory_bytes / GIB:.1f} GiB), {cluster.intra_link.name} "
+        f"({cluster.gpu.memory_bytes / GIB:.1f} GiB"
+        + (f", held at {cluster.power_limit_w:g} W" if cluster.power_limit_w else "")
+        + f"), {cluster.intra_link.name} "
         + (f"across {cluster.scale_up}-GPU domains, {cluster.nics_per_node} x "
            f"{cluster.inter_link.name} per node" if cluster.scale_up > cluster.gpus_per_node
            else f"inside nodes, {cluster.nics_per_node} x {cluster.inter_link.name} per node"
            if cluster.num_nodes > 1 else "inside the node (one node)"),
         f"job      {job.global_batch_size} x {job.seq_len} {job.unit}, {job.precision}, "
-        f"{job.optimizer}, {job.framework} conventions"
+        f"{job.optimizer}{_state_dtypes(job)}, {job.framework} conventions"
         + (", TP collectives pipelined with matmuls (--tp-comm-overlap)"
            if job.tp_comm_overlap and job.framework != "deepspeed" else "")
         + (", torch.compile" if job.compile and job.framework == "torchtitan" else "")
@@ -217,6 +219,14 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         + (f"({cfg.recompute_num_layers} layers)" if cfg.recompute_num_layers else "")
         + (f" offload={cfg.offload}" if cfg.offload != "none" else ""),
     ]
+
+
+def _state_dtypes(job: Job) -> str:
+    """The optimizer's state and master dtypes where not fp32: " (bf16 states, fp16
+    masters)"."""
+    low = [f"{v} {what}" for v, what in ((job.optimizer_state_dtype, "states"),
+                                         (job.master_weights_dtype, "masters")) if v != "fp32"]
+    return f" ({', '.join(low)})" if low else ""
 
 
 def _memory_lines(est: Estimate) -> list[str]:

@@ -101,8 +101,11 @@ def _provenance(args: argparse.Namespace) -> int:
     for r in rows:
         cells = " ".join(f"{r['efficiency'].get(k, '-'):>10s}" for k, _ in SHOWN)
         link = f"{r['link']} {r['link_efficiency']}"
-        runs = (f"{r['runs']} ({r['architecture']})" if r["runs"]
-                else f"none ({r['architecture'] or 'no architecture'}): bands extrapolated")
+        arch = r["architecture"] or "no architecture"
+        runs = (f"none ({arch}): bands extrapolated" if not r["runs"] else
+                f"{r['runs']} ({arch})" if r["fitted_runs"] == r["runs"] else
+                f"{r['runs']} ({arch}), {r['fitted_runs']} fitted on" if r["fitted_runs"] else
+                f"{r['runs']} ({arch}), one source: bands extrapolated")
         print(f"{r['name']:<{width}s} {cells}  {link:<32s} {runs}")
     return 0
 

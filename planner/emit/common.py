@@ -149,6 +149,13 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set_job(f"{trainer}'s file runs its loss "
                    f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
                    "as the plan assumed: re-estimated with it", compile_loss=None)
+    low = {k: getattr(job, k) for k in ("optimizer_state_dtype", "master_weights_dtype")
+           if getattr(job, k) != "fp32"}
+    if low and fw.name != "megatron":
+        ch.set_job(f"{trainer} keeps fp32 optimizer states and master weights, not the plan's "
+                   f"{', '.join(f'{k}={v}' for k, v in low.items())} (Megatron-LM's "
+                   "precision-aware optimizer): re-estimated with fp32",
+                   optimizer_state_dtype="fp32", master_weights_dtype="fp32")
     own_grads = megatron_grad_bytes(dataclasses.replace(job, grad_reduce_in_fp32=None))
     if fw.name == "megatron" and megatron_grad_bytes(job) != own_grads:
         ch.set_job(f"{trainer} keeps {'fp32' if own_grads == 4 else '16-bit'} main gradients "

@@ -241,6 +241,13 @@ def _precision_args(job: Job, cfg: ParallelConfig) -> list[Any]:
     a: list[Any] = list(PRECISION_FLAGS[job.precision])
     if job.precision == "fp8" and job.fp8_param_gather and cfg.zero_stage >= 1:
         a.append("--fp8-param-gather")
+    if job.optimizer_state_dtype != "fp32" or job.master_weights_dtype != "fp32":
+        # Transformer Engine's FusedAdam keeps the moments and masters in these dtypes
+        # (megatron/training/arguments.py: _add_training_args, --use-precision-aware-optimizer).
+        a += ["--use-precision-aware-optimizer",
+              "--exp-avg-dtype", job.optimizer_state_dtype,
+              "--exp-avg-sq-dtype", job.optimizer_state_dtype,
+              "--main-params-dtype", job.master_weights_dtype]
     return a
 
 

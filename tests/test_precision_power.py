@@ -1,0 +1,141 @@
+"""Optimizer states and master weights in low precision (Megatron-LM's precision-aware
+optimizer), and GPUs held under a power limit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from inprocess import run_planner
+from test_emit import make_plan, megatron_parser
+
+import hardware_profiles
+from costmodel import GPU, Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
+from costmodel.formulas.states import state_bytes
+from planner.emit import emit
+from planner.emit.megatron import parse_array
+
+GIB = 2**30
+LLAMA = ModelSpec.preset("llama-3-70b")
+CFG = ParallelConfig(dp=8, tp=8, zero_stage=1, recompute="full")
+
+
+def _job(**kw: object) -> Job:
+    return Job(global_batch_size=256, seq_len=4096, framework="megatron", **kw)  # type: ignore[arg-type]
+
+
+# ---- optimizer state and master dtypes ---------------------------------------------------
+
+@pytest.mark.parametrize(("states", "master", "optim"), [
+    ("fp32", "fp32", 4 + 8), ("bf16", "fp32", 4 + 4), ("bf16", "fp16", 2 + 4),
+    ("fp8", "fp16", 2 + 2)])
+def test_megatron_bytes_per_parameter_follow_the_dtypes(states: str, master: str,
+                                                        optim: float) -> None:
+    """Megatron-LM keeps bf16 weights, fp32 main gradients and (masters + two Adam moments):
+    4 + 8 = 12 bytes in fp32 (Korthikanti et al. 2022 count 18 bytes in all); with
+    --exp-avg-dtype/--exp-avg-sq-dtype bf16 the moments take 2 + 2, fp8 1 + 1, and
+    --main-params-dtype fp16 makes the masters 2."""
+    job = _job(optimizer_state_dtype=states, master_weights_dtype=master)
+    assert state_bytes(job, LLAMA) == (2.0, 4.0, optim)
+
+
+def test_low_precision_states_shrink_memory_and_the_optimizer_step() -> None:
+    cluster = Cluster(gpu="h100-sxm", num_nodes=8)
+    full = estimate(LLAMA, cluster, _job(), CFG)
+    low = estimate(LLAMA, cluster, _job(optimizer_state_dtype="bf16",
+                                        master_weights_dtype="fp16"), CFG)
+    assert low.memory.optimizer_bytes == pytest.approx(full.memory.optimizer_bytes * 6 / 12)
+    assert low.time_breakdown_s["optimizer"] < full.time_breakdown_s["optimizer"]
+
+
+def test_other_trainers_refuse_low_precision_states_by_name() -> None:
+    cluster = Cluster(gpu="h100-sxm", num_nodes=8)
+    for fw in ("torchtitan", "deepspeed"):
+        job = Job(global_batch_size=256, seq_len=4096, framework=fw,
+                  optimizer_state_dtype="bf16")
+        with pytest.raises(SpecError, match="precision-aware optimizer"):
+            estimate(LLAMA, cluster, job, ParallelConfig(dp=8, tp=8, zero_stage=2))
+    with pytest.raises(SpecError, match="sgd keeps its own states"):
+        Job(global_batch_size=8, seq_len=8, optimizer="sgd", optimizer_state_dtype="bf16")
+    with pytest.raises(SpecError, match="optimizer_state_dtype"):
+        Job(global_batch_size=8, seq_len=8, optimizer_state_dtype="int4")
+
+
+def test_megatron_emits_the_precision_aware_optimizer_its_parser_reads() -> None:
+    plan = make_plan("llama-3-8b", 2, ParallelConfig(dp=16, zero_stage=1), "megatron",
+                     optimizer_state_dtype="bf16", master_weights_dtype="fp16")
+    ns = megatron_parser().parse_args(parse_array(emit(plan, "megatron").text))
+    assert ns.use_precision_aware_optimizer
+    assert (ns.exp_avg_dtype, ns.exp_avg_sq_dtype, ns.main_params_dtype) == (
+        "bf16", "bf16", "fp16")
+    # The default writes none of it.
+    plain = make_plan("llama-3-8b", 2, ParallelConfig(dp=16, zero_stage=1), "megatron")
+    assert not megatron_parser().parse_args(
+        parse_array(emit(plain, "megatron").text)).use_precision_aware_optimizer
+
+
+def test_torchtitan_file_says_it_keeps_fp32_states() -> None:
+    plan = make_plan("llama-3-8b", 2, ParallelConfig(dp=16, zero_stage=1), "megatron",
+                     optimizer_state_dtype="bf16")
+    out = emit(plan, "torchtitan")
+    assert "torchtitan keeps fp32 optimizer states and master weights" in out.text
+
+
+def test_the_dtype_flags_reach_the_job_line() -> None:
+    r = run_planner("estimate", "--model", "llama-3-8b", "--gpus", "16",
+                    "--global-batch-size", "64", "--seq-len", "4096", "--dp", "16",
+                    "--zero", "1", "--framework", "megatron",
+                    "--optimizer-state-dtype", "bf16", "--master-weights-dtype", "fp16")
+    assert r.returncode == 0, r.stderr
+    assert "adamw (bf16 states, fp16 masters), megatron conventions" in r.stdout
+    r = run_planner("estimate", "--model", "llama-3-8b", "--gpus", "16",
+                    "--global-batch-size", "64", "--seq-len", "4096", "--dp", "16",
+                    "--optimizer-state-dtype", "bf16")
+    assert r.returncode == 2 and "precision-aware optimizer" in r.stderr
+
+
+# ---- power limit -------------------------------------------------------------------------
+
+def test_a_power_limit_scales_compute_by_the_mlperf_exponent() -> None:
+    """software.toml [power]: H100 MaxQ/MaxP in MLPerf Inference v4.0 (BERT-99 at 400 of
+    700 W: 0.766 of the throughput) gives exponents 0.44-0.49."""
+    alpha = hardware_profiles.load_software()["power"]["compute_exponent"]
+    assert (400 / 700) ** alpha == pytest.approx(0.766, abs=0.02)
+    b200 = GPU.preset("b200")
+    held = Cluster(gpu="b200", num_nodes=1, power_limit_w=750).gpu
+    factor = (750 / 1000) ** alpha
+    assert held.efficiency.gemm == pytest.approx(b200.efficiency.gemm * factor)
+    assert held.efficiency.attention == pytest.approx(b200.efficiency.attention * factor)
+    assert held.efficiency.memory == b200.efficiency.memory
+    assert held.power_limit_w == 750
+    # At or above the TDP nothing changes; a saved cluster is not scaled twice.
+    assert Cluster(gpu="b200", num_nodes=1, power_limit_w=1000).gpu == b200
+    saved = Cluster(gpu="b200", num_nodes=1, power_limit_w=750)
+    again = Cluster.from_dict(saved.to_dict())
+    assert again.gpu.efficiency.gemm == pytest.approx(held.efficiency.gemm)
+    assert dataclasses.replace(saved, num_nodes=2).gpu.efficiency.gemm == \
+        pytest.approx(held.efficiency.gemm)
+
+
+def test_a_power_limited_step_is_slower_and_says_so() -> None:
+    job = Job(global_batch_size=16, seq_len=8192)
+    cfg = ParallelConfig(dp=8, zero_stage=3)
+    model = ModelSpec.preset("llama-3-8b")
+    full = estimate(model, Cluster(gpu="b200", num_nodes=1), job, cfg).step_time_s
+    held = estimate(model, Cluster(gpu="b200", num_nodes=1, power_limit_w=750), job,
+                    cfg).step_time_s
+    assert 1.05 < held / full < 1 / 0.87
+    r = run_planner("estimate", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "b200",
+                    "--power-limit", "750", "--global-batch-size", "16", "--seq-len", "8192",
+                    "--dp", "8", "--zero", "3")
+    assert r.returncode == 0 and "held at 750 W" in r.stdout
+    r = run_planner("estimate", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "b200",
+                    "--power-limit", "0", "--global-batch-size", "16", "--seq-len", "8192",
+                    "--dp", "8")
+    assert r.returncode == 2 and "power_limit_w" in r.stderr
+
+
+def test_a_gpu_without_a_tdp_cannot_be_limited() -> None:
+    gpu = dataclasses.replace(GPU.preset("h100-sxm"), tdp_w=None)
+    with pytest.raises(SpecError, match="no tdp_w"):
+        Cluster(gpu=gpu, num_nodes=1, power_limit_w=500)
