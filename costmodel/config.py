@@ -19,7 +19,7 @@ __all__ = ["ATTENTION_KERNELS", "TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig", 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
-FLOAT8_RECIPES = ("tensorwise", "rowwise")
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "mxfp8", "blockwise")
 #: Storage dtypes of Adam's two moments (Megatron-LM's precision-aware optimizer,
 #: ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` choices at the recorded commit) and their bytes.
 STATE_DTYPES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
@@ -140,10 +140,15 @@ class Job:
     megatron/core/tensor_parallel/random.py ``CheckpointFunction``; metaseq's
     ``--distribute-checkpointed-activations``; DeepSpeed's ``partition_activations``).
     Rows with another recompute mode, with SP or with tp = 1 ignore it.
-    ``float8_recipe``: with fp8 under torchtitan, torchao's scaling recipe: ``tensorwise``
-    (one scale per tensor) or ``rowwise`` (one per row; its casts write a transposed bf16 copy
-    and cast it again along the other axis, ``costmodel.formulas.compute.float8_cast_time``). Other
-    trainers ignore it.
+    ``float8_recipe``: with fp8, the scaling recipe. Under torchtitan, torchao's: ``tensorwise``
+    (one scale per tensor), ``rowwise`` (one per row; its casts write a transposed bf16 copy
+    and cast it again along the other axis, ``costmodel.formulas.eager.float8_cast_time``) or
+    ``mxfp8`` (torchao's MX training, ``quantize.linear.mx``: one E8M0 scale per 32 elements,
+    cast along both axes in one pass each, on GPUs whose profile has an ``mxfp8`` peak:
+    Blackwell, CDNA 4). Under Megatron-LM, Transformer Engine's ``--fp8-recipe``: ``mxfp8``,
+    or ``blockwise`` (DeepSeek-V3's 1x128 activation and 128x128 weight scales); the others
+    are its default scaling, which the cost model does not tell apart. torchtitan 0.2 has no
+    block-wise recipe.
     ``optimizer_state_dtype``: the dtype Adam's two moments (SGD's momentum) are kept in:
     ``fp32`` (every trainer's default), or ``bf16`` / ``fp16`` / ``fp8`` with Megatron-LM's
     precision-aware optimizer (``--use-precision-aware-optimizer --exp-avg-dtype

@@ -18,7 +18,7 @@ from hardware_profiles.numbers import real
 
 __all__ = ["GPU", "Cluster", "KernelEfficiency", "Link"]
 
-DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
 
 
 @dataclass(frozen=True, kw_only=True)

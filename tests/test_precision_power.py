@@ -139,3 +139,70 @@ def test_a_gpu_without_a_tdp_cannot_be_limited() -> None:
     gpu = dataclasses.replace(GPU.preset("h100-sxm"), tdp_w=None)
     with pytest.raises(SpecError, match="no tdp_w"):
         Cluster(gpu=gpu, num_nodes=1, power_limit_w=500)
+
+
+# ---- block-scaled float8 recipes ---------------------------------------------------------
+
+def _b200_plan(framework: str, recipe: str, **job: object) -> object:
+    from planner.result import Plan
+
+    m, c = ModelSpec.preset("llama-3-8b"), Cluster.preset("dgx-b200", num_nodes=2)
+    j = Job(global_batch_size=512, seq_len=4096, framework=framework, precision="fp8",
+            float8_recipe=recipe, **job)  # type: ignore[arg-type]
+    cfg = ParallelConfig(dp=16, zero_stage=3 if framework == "torchtitan" else 1)
+    return Plan(model=m, cluster=c, job=j, config=cfg, estimate=estimate(m, c, j, cfg))
+
+
+def test_mxfp8_needs_block_scaled_tensor_cores() -> None:
+    """MXFP8 runs on Blackwell and CDNA 4 (the MI355X's white paper lists its MXFP8 rate);
+    a Hopper profile has no mxfp8 peak and says which GPUs do."""
+    job = Job(global_batch_size=64, seq_len=4096, precision="fp8", float8_recipe="mxfp8")
+    cfg = ParallelConfig(dp=8, zero_stage=3)
+    model = ModelSpec.preset("llama-3-8b")
+    with pytest.raises(SpecError, match=r"no mxfp8 in its profile.*Blackwell"):
+        estimate(model, Cluster.preset("dgx-h100"), job, cfg)
+    for cluster in ("dgx-b200", "mi355x-8"):
+        assert estimate(model, Cluster.preset(cluster), job, cfg).step_time_s > 0
+    assert GPU.preset("mi355x").peak_flops("mxfp8") == GPU.preset("mi355x").peak_flops("fp8")
+
+
+def test_mxfp8_casts_differ_from_tensorwise() -> None:
+    """torchao's MX casts take each block's amax in the cast (no amax pass) but cannot gather
+    float8 weights through FSDP: the cast time changes with the recipe."""
+    from costmodel.formulas.eager import float8_casts
+
+    gpu = GPU.preset("b200")
+    for compiled in (False, True):
+        tw, mx = (float8_casts(gpu, Job(global_batch_size=8, seq_len=8, precision="fp8",
+                                        compile=compiled, float8_recipe=r),
+                               1e8, 1e8, 7, 1e7) for r in ("tensorwise", "mxfp8"))
+        assert sum(map(float, mx)) != pytest.approx(sum(map(float, tw)))
+
+
+def test_mxfp8_is_emitted_in_each_trainers_own_words(tmp_path) -> None:
+    from test_emit import _torchtitan_config_manager
+
+    ns = megatron_parser().parse_args(parse_array(emit(_b200_plan("megatron", "mxfp8"),
+                                                       "megatron").text))
+    assert (ns.fp8, ns.fp8_recipe) == ("e4m3", "mxfp8")
+    ns = megatron_parser().parse_args(parse_array(emit(_b200_plan("megatron", "blockwise"),
+                                                       "megatron").text))
+    assert (ns.fp8, ns.fp8_recipe) == ("hybrid", "blockwise")
+    out = emit(_b200_plan("torchtitan", "mxfp8"), "torchtitan")
+    manager = _torchtitan_config_manager()
+    path = tmp_path / "job.toml"
+    path.write_text(out.text)
+    jc = manager().parse_args(["--job.config_file", str(path)])
+    assert jc.model.converters == ["quantize.linear.mx"]
+    assert jc.quantize.linear.mx.recipe_name == "mxfp8_cublas"
+    assert "output" in jc.quantize.linear.mx.filter_fqns
+
+
+def test_blockwise_is_megatrons_and_elsewhere_refused_or_mapped() -> None:
+    job = Job(global_batch_size=64, seq_len=4096, precision="fp8", float8_recipe="blockwise")
+    with pytest.raises(SpecError, match="torchtitan has no block-wise float8"):
+        estimate(ModelSpec.preset("llama-3-8b"), Cluster.preset("dgx-h100"), job,
+                 ParallelConfig(dp=8, zero_stage=3))
+    out = emit(_b200_plan("megatron", "blockwise"), "torchtitan")
+    assert "no block-wise float8 recipe" in out.text
+    assert 'recipe_name = "tensorwise"' in out.text

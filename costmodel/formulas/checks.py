@@ -200,8 +200,16 @@ def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:
 
 
 def _check_precision(cluster: Cluster, job: Job) -> None:
-    """The GPU supports the job's precision."""
+    """The GPU supports the job's precision (and its float8 recipe)."""
     gpu = cluster.gpu
+    if job.precision == "fp8" and job.float8_recipe == "mxfp8" and not gpu.supports("mxfp8"):
+        raise SpecError(f"{gpu.name} has no mxfp8 in its profile: MXFP8's block-scaled matmuls "
+                        "run on Blackwell (B200, B300, GB200, GB300) and CDNA 4 (MI355X); use "
+                        "--float8-recipe tensorwise or rowwise here")
+    if job.precision == "fp8" and job.float8_recipe == "blockwise" and job.framework != "megatron":
+        raise SpecError(f"float8_recipe='blockwise' is Transformer Engine's (Megatron-LM "
+                        f"--fp8-recipe blockwise); {job.framework} has no block-wise float8 "
+                        "linear: use tensorwise, rowwise or mxfp8")
     dtype = "bf16" if job.precision == "fp8" else job.precision
     for need in {dtype, job.precision}:
         if not gpu.supports(need):

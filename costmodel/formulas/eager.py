@@ -246,6 +246,12 @@ def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights:
     kernels = np.asarray(linears, dtype=float) * (1.0 if job.compile else 2.0)
     w = np.asarray(weights, dtype=float)
     rowwise = job.float8_recipe == "rowwise"
+    if job.float8_recipe == "mxfp8":
+        # torchao's MX casts take each 32-element block's amax inside the cast kernel (no
+        # amax pass: read e, write 1 and a 1/32 scale byte) along dim 0 in forward and dim 1
+        # for the transposed operands of backward, and cast the weight on every micro-batch
+        # (no float8 FSDP gather; torchao/prototype/mx_formats/mx_linear.py).
+        cast = e + 1.0 + 1.0 / 32
     extra = e if rowwise else 0.0
     fwd = memory_time(gpu, (cast + extra) * ins, kernels)
     bwd = memory_time(gpu, (cast + extra) * outs + (e + 1.0) * (ins + outs), 2 * kernels)
@@ -302,6 +308,8 @@ def float8_gather(framework_name: str, job: Job, e: float) -> tuple[float, bool]
     against 9-16 % tensorwise and bf16). ``e``: the activations' bytes per element."""
     if framework_name != "torchtitan" or job.precision != "fp8":
         return e, True
-    if job.float8_recipe == "rowwise":
+    if job.float8_recipe in ("rowwise", "mxfp8"):
+        # torchtitan's float8 TP styles are the tensorwise recipe's alone; MX matmuls are not
+        # the pattern async TP fuses either (like row-wise's).
         return e, False
     return 1.0, True

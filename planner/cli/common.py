@@ -326,7 +326,9 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     jb.add_argument("--seq-len", type=positive_int, help="tokens per sequence (required)")
     jb.add_argument("--precision", default="bf16", choices=PRECISIONS)
     jb.add_argument("--float8-recipe", default="tensorwise", choices=FLOAT8_RECIPES,
-                    help="torchtitan fp8: torchao's scaling recipe (default tensorwise)")
+                    help="fp8 scaling recipe: torchao's tensorwise (default) or rowwise, "
+                    "mxfp8 (Blackwell, MI355X: torchao MX / Megatron-LM --fp8-recipe mxfp8), "
+                    "blockwise (Megatron-LM: DeepSeek-V3's 1x128 / 128x128 scales)")
     jb.add_argument("--attention-kernel", choices=ATTENTION_KERNELS,
                     help="fused attention kernel: flash (FlashAttention-2) or cudnn (cuDNN's); "
                     "default: the trainer's own on the GPU (Megatron-LM's Transformer Engine "

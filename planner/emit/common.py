@@ -149,6 +149,10 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set_job(f"{trainer}'s file runs its loss "
                    f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
                    "as the plan assumed: re-estimated with it", compile_loss=None)
+    if job.precision == "fp8" and job.float8_recipe == "blockwise" and fw.name != "megatron":
+        ch.set_job(f"{trainer} has no block-wise float8 recipe (Transformer Engine's): emitted "
+                   "torchao's tensor-wise one and re-estimated with it",
+                   float8_recipe="tensorwise")
     low = {k: getattr(job, k) for k in ("optimizer_state_dtype", "master_weights_dtype")
            if getattr(job, k) != "fp32"}
     if low and fw.name != "megatron":

@@ -239,6 +239,13 @@ def _precision_args(job: Job, cfg: ParallelConfig) -> list[Any]:
     """The training precision (``PRECISION_FLAGS``), and fp8 parameters gathered by the
     distributed optimizer when the job asks for them."""
     a: list[Any] = list(PRECISION_FLAGS[job.precision])
+    if job.precision == "fp8" and job.float8_recipe in ("mxfp8", "blockwise"):
+        # Transformer Engine's block-scaled recipes (megatron/training/arguments.py
+        # --fp8-recipe choices at the recorded commit: tensorwise, delayed, mxfp8, blockwise);
+        # MXFP8 keeps e4m3 for gradients too.
+        a += ["--fp8-recipe", job.float8_recipe]
+        if job.float8_recipe == "mxfp8":
+            a[a.index("hybrid")] = "e4m3"
     if job.precision == "fp8" and job.fp8_param_gather and cfg.zero_stage >= 1:
         a.append("--fp8-param-gather")
     if job.optimizer_state_dtype != "fp32" or job.master_weights_dtype != "fp32":

@@ -69,6 +69,8 @@ def family(model: ModelSpec) -> tuple[str, str]:
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B",
              "zero-bubble": "ZBVZeroBubble"}
 RESHARD = {0: "default", 2: "never", 3: "always"}
+#: torchtitan's model converter for float8 linears: torchao's float8 recipes, or its MX ones.
+_QUANTIZE = {False: "quantize.linear.float8", True: "quantize.linear.mx"}
 
 
 def flavor(model: ModelSpec) -> tuple[str, str] | None:
@@ -190,7 +192,7 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
     shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage else 1
     mdl: dict[str, Any] = {"name": name, "flavor": flv}
     if job.precision == "fp8":
-        mdl["converters"] = ["quantize.linear.float8"]
+        mdl["converters"] = [_QUANTIZE[job.float8_recipe == "mxfp8"]]
     par: dict[str, Any] = {
         "data_parallel_replicate_degree": cfg.dp // shard,
         "data_parallel_shard_degree": shard,
@@ -232,8 +234,14 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
         # a
         # MoE router) kept in bf16 as the cost model keeps them (compute.lm_head_compute):
         # torchtitan converts every linear whose FQN contains none of filter_fqns.
-        out["quantize.linear.float8"] = {"recipe_name": job.float8_recipe,
+        if job.float8_recipe == "mxfp8":
+            # torchao's MX training (torchtitan JobConfig quantize.linear.mx: recipe
+            # mxfp8_cublas, the cuBLAS block-scaled matmul).
+            out["quantize.linear.mx"] = {"recipe_name": "mxfp8_cublas",
                                          "filter_fqns": _float8_filter(model)}
+        else:
+            out["quantize.linear.float8"] = {"recipe_name": job.float8_recipe,
+                                             "filter_fqns": _float8_filter(model)}
         if float8_gathered_rows(job.framework, job, cfg.zero_stage):
             # FSDP gathers the float8 weights the cost model counts at 1 byte
             # (costmodel.formulas.eager.float8_param_gather), with one amax all-reduce for all.
