@@ -557,6 +557,12 @@ class Cluster:
         assert d is not None, "Cluster.__post_init__ fills gpus_per_domain"
         return min(d, self.num_gpus)
 
+    def whole_domains(self, nodes: int) -> int:
+        """``nodes`` rounded up to whole scale-up domains once they fill more than one (the
+        node counts a cluster of this kind can have: 36 trays of an NVL72 rack, not 32)."""
+        per = int(self.gpus_per_domain or self.gpus_per_node) // self.gpus_per_node
+        return nodes if nodes <= per else -(-nodes // per) * per
+
     def domain_words(self) -> str:
         """The scale-up domain in words: "the 8 GPUs of a node", "the 72 GPUs of an nvlink5
         domain (18 nodes of 4)"."""

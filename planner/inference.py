@@ -329,11 +329,12 @@ def _alternatives(job: InferenceJob, res: InferenceSearch, best: InferenceEstima
 
 def _least_gpus(model: ModelSpec, cluster: Cluster, job: InferenceJob,
                 cons: Constraints) -> int | None:
-    """The fewest GPUs (whole nodes, doubling) on which one configuration fits."""
+    """The fewest GPUs (whole nodes, doubling; whole scale-up domains past one) on which one
+    configuration fits."""
     nodes = cluster.num_nodes
     for _ in range(12):
         nodes *= 2
-        bigger = replace(cluster, num_nodes=nodes)
+        bigger = replace(cluster, num_nodes=cluster.whole_domains(nodes))
         free = Constraints(fixed={k: v for k, v in cons.fixed.items() if k != "replicas"},
                            allowed=cons.allowed, max=cons.max)
         res = search_inference(model, bigger, job, free)

@@ -539,11 +539,12 @@ def nodes_of(gpus: int, gpus_per_node: int) -> str:
 
 def least_gpus(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                constraints: Constraints | None = None, doublings: int = 6) -> int | None:
-    """The fewest GPUs, doubling the nodes up to ``doublings`` times, on which some
-    configuration with micro-batch 1 fits in memory; None if none does."""
+    """The fewest GPUs, doubling the nodes up to ``doublings`` times (rounded up to whole
+    scale-up domains past one), on which some configuration with micro-batch 1 fits in
+    memory; None if none does."""
     cons = (constraints or Constraints()).merge(Constraints(fixed={"micro_batch_size": 1}))
     for d in range(1, doublings + 1):
-        bigger = replace(cluster, num_nodes=cluster.num_nodes * 2**d)
+        bigger = replace(cluster, num_nodes=cluster.whole_domains(cluster.num_nodes * 2**d))
         res = search(model, bigger, job, cons, top_k=1)
         if res.top:
             return bigger.num_gpus

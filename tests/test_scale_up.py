@@ -286,3 +286,15 @@ def test_a_gpu_that_borrows_its_efficiencies_and_has_no_runs_is_widened() -> Non
     assert h800[2] and not h100[2]
     assert h800[0] > h100[0]
     assert "no published run on h800" in h800[1]
+
+
+def test_the_advice_to_grow_counts_whole_racks() -> None:
+    """Past one rack, a cluster of NVL72 racks grows by whole racks: 8 trays of a rack
+    doubled three times is 64 trays, which is not whole racks; 72 are."""
+    rack = Cluster.preset("gb200-nvl72", num_nodes=8)
+    assert [rack.whole_domains(n) for n in (8, 16, 18, 32, 64)] == [8, 16, 18, 36, 72]
+    assert boxes(64).whole_domains(24) == 24
+    r = run_planner("plan", "--model", "kimi-k2", "--cluster", "gb200-nvl72", "--num-nodes",
+                    "8", "--global-batch-size", "64", "--seq-len", "4096")
+    assert r.returncode == 3, r.stderr
+    assert "36 nodes of 4 GPUs (144 GPUs)" in r.stderr
