@@ -65,7 +65,10 @@ ACCEPTS = {"estimate": [f for f in SEARCH if f not in ("--max", "--preset", "--f
                                                        "--sequence-parallel")] + COMMON,
            "plan": SEARCH + COMMON, "compare": ["--config", "--max", "--preset",
                                                 "--frameworks", *COMMON]}
-BAD_NUMBER = re.compile(r"(?i)(?<![\w.])(nan|-?inf(inity)?)(?![\w])|(?<![\w.=:/+-])-\d")
+#: A NaN, an infinity or a negative number in output; not AMD's "Infinity Fabric" (the
+#: interconnect's name, also the link profile ``infinity-fabric``).
+BAD_NUMBER = re.compile(r"(?i)(?<![\w.])(nan|-?inf(inity)?)(?![\w-]| fabric)"
+                        r"|(?<![\w.=:/+-])-\d")
 
 
 def _invoke(argv: list[str]) -> tuple[int, str, str]:

@@ -298,3 +298,23 @@ def test_the_advice_to_grow_counts_whole_racks() -> None:
                     "8", "--global-batch-size", "64", "--seq-len", "4096")
     assert r.returncode == 3, r.stderr
     assert "36 nodes of 4 GPUs (144 GPUs)" in r.stderr
+
+
+def test_profiles_carry_their_published_microbenchmarks() -> None:
+    """benchmarks/data/microbench-frontier.json: each measured figure over its datasheet peak
+    is the profile's fraction, the peak is the profile's own, and the key is not listed as
+    assumed."""
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).parents[1] / "benchmarks/data/microbench-frontier.json")
+                      .read_text())["rows"]
+    assert {r["gpu"] for r in rows} >= {"gb200", "b300", "mi325x", "mi355x", "mi300x"}
+    for r in rows:
+        data = hardware_profiles.load("gpus", r["gpu"], calibrated=False)
+        assert data["efficiency"][r["key"]] == pytest.approx(r["measured"] / r["peak"],
+                                                             abs=5e-4), r
+        assert r["key"].replace("_backward", "") not in data["efficiency"]["assumed"], r
+        peak = (data["memory_bandwidth_gb_per_s"] if r["unit"] == "GB/s" else
+                data["peak_tflops"]["fp8" if "fp8" in r["key"] else "bf16"])
+        assert peak == pytest.approx(r["peak"]), r
+        assert "@" in r["source"] or "arXiv" in r["source"] or "PR #" in r["source"], r

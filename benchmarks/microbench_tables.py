@@ -1,0 +1,47 @@
+"""The published microbenchmarks behind the newer GPU profiles' efficiencies, beside what the
+profiles carry.
+
+    python benchmarks/microbench_tables.py [--data benchmarks/data/microbench-frontier.json]
+
+Each row: the GPU, the ``[efficiency]`` key, the measured figure over the datasheet peak it is
+divided by, that fraction, the profile's value (the two agree: tests/test_scale_up.py), and
+the source. Then, per GPU, the efficiencies the profile still assumes (``planner gpus
+--provenance``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import hardware_profiles  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(ROOT / "benchmarks/data/microbench-frontier.json"))
+    args = ap.parse_args(argv)
+    rows = json.loads(Path(args.data).read_text())["rows"]
+    print(f"{'gpu':<8s} {'efficiency':<19s} {'measured':>18s} {'fraction':>9s} {'profile':>8s}"
+          "  source")
+    for r in rows:
+        prof = hardware_profiles.load("gpus", r["gpu"], calibrated=False)["efficiency"][r["key"]]
+        got = f"{r['measured']:g} / {r['peak']:g}"
+        print(f"{r['gpu']:<8s} {r['key']:<19s} {got:>18s} {r['measured'] / r['peak']:>9.3f} "
+              f"{prof:>8.3f}  {r['source'][:100]}")
+    print()
+    for gpu in sorted({r["gpu"] for r in rows}):
+        p = hardware_profiles.provenance(gpu)
+        assumed = [k for k, v in p["efficiency"].items() if v == "assumed"]
+        print(f"{gpu}: still assumed: {', '.join(assumed) or 'none'}; {p['link']} efficiency "
+              f"{p['link_efficiency']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
