@@ -318,3 +318,22 @@ def test_profiles_carry_their_published_microbenchmarks() -> None:
                 data["peak_tflops"]["fp8" if "fp8" in r["key"] else "bf16"])
         assert peak == pytest.approx(r["peak"]), r
         assert "@" in r["source"] or "arXiv" in r["source"] or "PR #" in r["source"], r
+
+
+def test_the_sbatch_script_asks_for_whole_nvlink_domains() -> None:
+    """The plan keeps its groups inside racks only if the ranks follow the racks: Slurm's
+    block topology allocates whole segments (--segment, Slurm's topology guide)."""
+    from planner.emit import emit
+    from planner.result import Plan
+
+    model = ModelSpec.preset("llama-3-8b")
+    job = Job(global_batch_size=144, seq_len=4096, framework="megatron")
+    cfg = ParallelConfig(dp=144, zero_stage=1)
+    rack = nvl72(2)
+    text = emit(Plan(model=model, cluster=rack, job=job, config=cfg,
+                     estimate=estimate(model, rack, job, cfg)), "slurm").text
+    assert "#SBATCH --segment=18" in text.splitlines()
+    box = boxes(144)
+    text = emit(Plan(model=model, cluster=box, job=job, config=cfg,
+                     estimate=estimate(model, box, job, cfg)), "slurm").text
+    assert "--segment" not in text

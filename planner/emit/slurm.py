@@ -60,6 +60,18 @@ def _link_family(name: str) -> str | None:
     return next((f for f in NCCL_ENV if name.startswith(f + "-")), None)
 
 
+def _segment(c: Any) -> list[str]:
+    """On NVLink domains of several nodes (an NVL72 rack's trays), ask Slurm's block topology
+    for whole domains (``--segment``: allocate the job in segments of that many nodes of one
+    block, Slurm's topology guide, topology/block): the plan keeps its tensor, context and
+    data parallel groups inside a domain, which holds only if rank order follows the racks."""
+    per = c.scale_up // c.gpus_per_node
+    if per <= 1 or c.num_nodes <= per:
+        return []
+    return [f"# whole {c.scale_up}-GPU NVLink domains (needs TopologyPlugin=topology/block)",
+            f"#SBATCH --segment={per}"]
+
+
 def sbatch_preamble(plan: Any, head: list[str]) -> list[str]:
     """The lines every planner sbatch script starts with: the header of predictions as
     comments, the allocation (nodes, one task per node, the node's GPUs), the NCCL
@@ -72,6 +84,7 @@ def sbatch_preamble(plan: Any, head: list[str]) -> list[str]:
              f"#SBATCH --gpus-per-node={c.gpus_per_node}",
              "#SBATCH --exclusive",
              "#SBATCH --output=%x-%j.out",
+             *_segment(c),
              "set -euo pipefail", "",
              "# NCCL (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html)",
              "export NCCL_DEBUG=WARN"]
