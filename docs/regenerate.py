@@ -131,6 +131,7 @@ def _row(source: str, column: int) -> Callable[[str], str]:
 
 
 VALIDATE = "planner validate --summary"
+MLPERF = "python benchmarks/heldout_runs.py"
 QUICK = ("planner plan --model llama-3-70b --gpus 64 --gpu h100-sxm --gpus-per-node 8 "
          "--global-batch-size 512 --seq-len 8192")
 KORTHIKANTI = (
@@ -160,6 +161,8 @@ FIGURES: dict[str, Figure] = {
                  "ampere/torchtitan", "ampere/deepspeed", "blackwell/megatron",
                  "blackwell/torchtitan", "cdna3/torchtitan", "cdna4/megatron")
        for what, col in (("runs", 1), ("sources", 2), ("loso", 4), ("band", 5))},
+    "mlperf-held-runs": Figure(MLPERF, pick=_row("all", 1)),
+    "mlperf-held-mean": Figure(MLPERF, pick=_row("all", 2)),
     "peak-runs": Figure(VALIDATE, r"^peak memory, (\d+) runs"),
     "peak-mean": Figure(VALIDATE, r"^peak memory, .*mean \|error\| ([\d.]+%)"),
     "peak-max": Figure(VALIDATE, r"^peak memory, .*max ([\d.]+%)"),

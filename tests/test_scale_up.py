@@ -337,3 +337,16 @@ def test_the_sbatch_script_asks_for_whole_nvlink_domains() -> None:
     text = emit(Plan(model=model, cluster=box, job=job, config=cfg,
                      estimate=estimate(model, box, job, cfg)), "slurm").text
     assert "--segment" not in text
+
+
+def test_the_held_out_mlperf_runs_load_and_stay_out_of_the_fit() -> None:
+    """benchmarks/data/mlperf-training-blackwell.json: MLPerf Training runs of NVIDIA's code
+    on Blackwell, each citing its submission, none of them in the fitted files."""
+    from pathlib import Path
+
+    from costmodel.fitting.published import load_runs, shipped_runs
+
+    runs = load_runs(Path(__file__).parents[1] / "benchmarks/data/mlperf-training-blackwell.json")
+    assert {r.cluster.gpu.name for r in runs} >= {"b200", "gb200", "gb300"}
+    assert all("training_results_v5" in r.source and r.note for r in runs)
+    assert not {r.id for r in runs} & {r.id for r in shipped_runs()}
