@@ -288,6 +288,7 @@ def test_a_gpu_that_borrows_its_efficiencies_and_has_no_runs_is_widened() -> Non
     assert "no published run on h800" in h800[1]
 
 
+@pytest.mark.slow
 def test_the_advice_to_grow_counts_whole_racks() -> None:
     """Past one rack, a cluster of NVL72 racks grows by whole racks: 8 trays of a rack
     doubled three times is 64 trays, which is not whole racks; 72 are."""
