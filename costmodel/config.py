@@ -223,9 +223,9 @@ class Job:
         _choice("Job", "float8_recipe", self.float8_recipe, FLOAT8_RECIPES)
         _choice("Job", "optimizer_state_dtype", self.optimizer_state_dtype, tuple(STATE_DTYPES))
         _choice("Job", "master_weights_dtype", self.master_weights_dtype, tuple(MASTER_DTYPES))
-        for key in ("optimizer_state_dtype", "master_weights_dtype"):
-            if self.optimizer not in ("adam", "adamw") and getattr(self, key) != "fp32":
-                raise SpecError(f"Job.{key}={getattr(self, key)!r} is Megatron-LM's "
+        for key, value in self.low_precision_states.items():
+            if self.optimizer not in ("adam", "adamw"):
+                raise SpecError(f"Job.{key}={value!r} is Megatron-LM's "
                                 "precision-aware Adam (Transformer Engine's FusedAdam); "
                                 f"{self.optimizer} keeps its own states: leave it fp32")
         if self.attention_kernel is not None:
@@ -253,6 +253,14 @@ class Job:
         object.__setattr__(self, "memory_reserve", real(
             self.memory_reserve, "Job.memory_reserve (the share of GPU memory a plan keeps "
             "free, e.g. 0.05 for 5 %)", lo=0.0, hi=0.9, hi_open=True))
+
+    @property
+    def low_precision_states(self) -> dict[str, str]:
+        """``optimizer_state_dtype`` and ``master_weights_dtype`` where not fp32 (Megatron-LM's
+        precision-aware optimizer), by field name."""
+        return {k: v for k, v in (("optimizer_state_dtype", self.optimizer_state_dtype),
+                                  ("master_weights_dtype", self.master_weights_dtype))
+                if v != "fp32"}
 
     @property
     def unit(self) -> str:

@@ -11,12 +11,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import hardware_profiles
 from costmodel.errors import SpecError
 from costmodel.units import GB, GIB, TFLOPS
 from hardware_profiles.numbers import real
 
-__all__ = ["GPU", "Cluster", "KernelEfficiency", "Link"]
+__all__ = ["GPU", "Cluster", "KernelEfficiency", "Link", "mesh_share"]
 
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
 
@@ -405,11 +407,8 @@ class Link:
 
     def share(self, ranks: float) -> float:
         """Fraction of the bandwidth a collective among ``ranks`` GPUs of this link's domain
-        can use: all of it through a switch; ``(ranks - 1) / mesh_peers`` of a full mesh
-        (the direct links between them; one link for a send between two GPUs)."""
-        if not self.mesh_peers:
-            return 1.0
-        return min(1.0, max(ranks - 1.0, 1.0) / self.mesh_peers)
+        can use (``mesh_share``)."""
+        return float(mesh_share(ranks, self.mesh_peers))
 
     @classmethod
     def from_profile(cls, data: dict[str, Any]) -> Link:
@@ -442,6 +441,17 @@ class Link:
     def preset(cls, name: str) -> Link:
         """A shipped link profile by name (``nvlink4``, ``ib-ndr``, ...)."""
         return cls.from_profile(hardware_profiles.load("links", name))
+
+
+def mesh_share(ranks: Any, mesh_peers: int) -> Any:
+    """Fraction of a scale-up link's bandwidth a collective among ``ranks`` GPUs of its
+    domain can use (``ranks`` a number or an array): all of it through a switch
+    (``mesh_peers`` 0); ``(ranks - 1) / mesh_peers`` of a full mesh, the direct links between
+    them (one link for a send between two GPUs)."""
+    ranks = np.asarray(ranks, dtype=float)
+    if not mesh_peers:
+        return np.ones_like(ranks)
+    return np.minimum(1.0, np.maximum(ranks - 1.0, 1.0) / mesh_peers)
 
 
 def _link_entry(value: Any) -> str | Link:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from costmodel.fitting.calibration import Fit, RunResult, run_group
+from costmodel.fitting.calibration import Fit, RunResult, cell, run_group
 
 if TYPE_CHECKING:
     from costmodel.fitting.published import Comparison
@@ -85,8 +85,7 @@ def cells(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     keyed: dict[str, list[RunResult]] = {}
     for r in results:
-        arch = r.run.cluster.gpu.architecture or "?"
-        keyed.setdefault(f"{arch}/{r.run.job.framework}", []).append(r)
+        keyed.setdefault(cell(r.run), []).append(r)
     for key, mine in sorted(keyed.items()):
         arch, trainer = key.split("/")
         loso = [r.loso_error for r in mine if r.loso_error is not None]

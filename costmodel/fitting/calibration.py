@@ -51,9 +51,9 @@ from costmodel.units import GIB
 from hardware_profiles.files import to_toml
 
 __all__ = ["BAND_MIN_RUNS", "BAND_MIN_SOURCES", "Fit", "Fold", "RunResult", "band_key", "bands",
-           "compared_memory_gib", "fit_transfer", "leave_one_source_out", "load_fit",
+           "cell", "compared_memory_gib", "fit_transfer", "leave_one_source_out", "load_fit",
            "loso_log_errors", "run_group", "scale_class",
-           "transfer_toml", "validation_report"]
+           "transfer_toml", "unfitted", "validation_report"]
 
 OVERHEAD_BOUNDS_US = (0.0, 50.0)
 SLOWDOWN_BOUNDS = (0.0, 0.6)

@@ -180,13 +180,12 @@ def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:
         how = " pipelines with torch.distributed.pipelining:" if fw.torch_pipelining else ":"
         raise SpecError(f"framework={fw.name!r}{how} {problem}; change micro_batch_size or "
                         "the schedule")
-    if fw.name != "megatron":
-        for key in ("optimizer_state_dtype", "master_weights_dtype"):
-            if getattr(job, key) != "fp32":
-                raise SpecError(
-                    f"framework={fw.name!r} keeps its optimizer states and master weights in "
-                    f"fp32; {key}={getattr(job, key)!r} is Megatron-LM's precision-aware "
-                    "optimizer: use framework='megatron' or leave it fp32")
+    for key, value in job.low_precision_states.items():
+        if fw.name != "megatron":
+            raise SpecError(
+                f"framework={fw.name!r} keeps its optimizer states and master weights in "
+                f"fp32; {key}={value!r} is Megatron-LM's precision-aware "
+                "optimizer: use framework='megatron' or leave it fp32")
     least = dict(fw.offloads).get(cfg.offload)
     if least is None:
         raise SpecError(

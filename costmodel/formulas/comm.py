@@ -11,8 +11,8 @@ direction and derated by each link's ``efficiency`` (nccl-tests bus bandwidth ov
 A switched scale-up link gives any group its full per-GPU bandwidth. A full mesh (AMD
 Infinity Fabric: 7 direct links per GPU in an 8-GPU platform, ROCm "MI300 series
 microarchitecture") gives a group of ``k`` GPUs of one domain only the ``k - 1`` links
-between them, and a send between two GPUs one link (``Link.share``): RCCL lays its rings
-and its all-to-all sends on direct xGMI links.
+between them, and a send between two GPUs one link (``costmodel.hardware.mesh_share``):
+RCCL lays its rings and its all-to-all sends on direct xGMI links.
 
 Placement (Megatron-LM ``RankGenerator`` order tp-cp-ep-dp-pp, torchtitan's mesh
 [pp, dp_replicate, dp_shard, cp, tp]): tensor parallel is innermost (stride 1), then context
@@ -60,7 +60,7 @@ import numpy as np
 
 import hardware_profiles
 from costmodel.formulas.arrays import Distinct
-from costmodel.hardware import Cluster
+from costmodel.hardware import Cluster, mesh_share
 from costmodel.units import Num
 
 __all__ = ["Group", "Topology"]
@@ -197,11 +197,8 @@ class Topology:
     def intra(self, k: Num) -> np.ndarray:
         """Scale-up bandwidth (bytes/s per direction) a collective among ``k`` GPUs of one
         domain drives: all of it through a switch, ``k - 1`` of a mesh's direct links
-        (``Link.share``)."""
-        k = np.asarray(k, dtype=float)
-        if not self.intra_mesh:
-            return np.full_like(k, self.intra_bw)
-        return self.intra_bw * np.minimum(1.0, np.maximum(k - 1.0, 1.0) / self.intra_mesh)
+        (``mesh_share``)."""
+        return self.intra_bw * mesh_share(k, self.intra_mesh)
 
     def _ring_bw(self, k: np.ndarray, nodes: np.ndarray) -> np.ndarray:
         return np.where(nodes > 1, np.minimum(self.intra(k), k * self.nic_bw_per_gpu),

@@ -153,8 +153,7 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set_job(f"{trainer} has no block-wise float8 recipe (Transformer Engine's): emitted "
                    "torchao's tensor-wise one and re-estimated with it",
                    float8_recipe="tensorwise")
-    low = {k: getattr(job, k) for k in ("optimizer_state_dtype", "master_weights_dtype")
-           if getattr(job, k) != "fp32"}
+    low = job.low_precision_states
     if low and fw.name != "megatron":
         ch.set_job(f"{trainer} keeps fp32 optimizer states and master weights, not the plan's "
                    f"{', '.join(f'{k}={v}' for k, v in low.items())} (Megatron-LM's "

@@ -248,7 +248,7 @@ def _precision_args(job: Job, cfg: ParallelConfig) -> list[Any]:
             a[a.index("hybrid")] = "e4m3"
     if job.precision == "fp8" and job.fp8_param_gather and cfg.zero_stage >= 1:
         a.append("--fp8-param-gather")
-    if job.optimizer_state_dtype != "fp32" or job.master_weights_dtype != "fp32":
+    if job.low_precision_states:
         # Transformer Engine's FusedAdam keeps the moments and masters in these dtypes
         # (megatron/training/arguments.py: _add_training_args, --use-precision-aware-optimizer).
         a += ["--use-precision-aware-optimizer",
