@@ -16,7 +16,7 @@ from hardware_profiles.numbers import real
 
 __all__ = ["ATTENTION_KERNELS", "TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig", "accounted_split"]
 
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4", "fp32")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "mxfp8", "blockwise")
@@ -67,7 +67,11 @@ class Job:
     """What is trained: batch (sequences per step), sequence length (tokens), number formats.
 
     ``precision``: ``bf16`` / ``fp16`` (mixed precision with fp32 master state), ``fp8``
-    (fp8 matmuls, bf16 weights and activations, fp32 master state) or ``fp32``.
+    (fp8 matmuls, bf16 weights and activations, fp32 master state), ``nvfp4`` (Transformer
+    Engine's NVFP4 recipe under Megatron-LM, ``--fp4-format e2m1 --fp4-recipe nvfp4``: every
+    transformer layer's linears, forward and both backward matmuls, take E2M1 operands with
+    one E4M3 scale per 16 elements at the GPU's nvfp4 rate; attention and the output layer
+    stay bf16, as for fp8; Blackwell only) or ``fp32``.
     ``framework``: the trainer whose memory conventions the estimate follows.
     ``flash_attention``: whether attention runs as a fused kernel that saves no
     sequence-by-sequence score matrix (Dao et al. 2022); off for runs that predate it.

@@ -20,7 +20,7 @@ from hardware_profiles.numbers import real
 
 __all__ = ["GPU", "Cluster", "KernelEfficiency", "Link", "mesh_share"]
 
-DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,8 +79,10 @@ class KernelEfficiency:
         return self.gemm_for(dtype) * ratio
 
     def gemm_for(self, dtype: str) -> float:
-        """The matmul fraction for ``dtype`` (``gemm_fp8`` for fp8 where the profile has it)."""
-        if dtype == "fp8" and self.gemm_fp8 is not None:
+        """The matmul fraction for ``dtype`` (``gemm_fp8`` for fp8 where the profile has it,
+        and for nvfp4 too: no published NVFP4 matmul microbenchmark was found, so its
+        fraction of the nvfp4 peak is assumed to be fp8's, as each Blackwell profile says)."""
+        if dtype in ("fp8", "nvfp4") and self.gemm_fp8 is not None:
             return self.gemm_fp8
         return self.gemm
 

@@ -267,7 +267,8 @@ def provenance(name: str) -> dict[str, Any]:
     return {
         "name": name, "architecture": arch,
         "efficiency": {k: ("assumed" if k in assumed else "measured")
-                       for k in ("gemm", "gemm_fp8", "memory", "attention") if k in eff},
+                       for k in ("gemm", "gemm_fp8", "memory", "attention", "attention_cudnn")
+                       if k in eff},
         "link": str(link_data.get("name", link)),
         "link_efficiency": ("assumed" if link_data.get("efficiency_assumed", True)
                             else "measured"),

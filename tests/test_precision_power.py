@@ -206,3 +206,83 @@ def test_blockwise_is_megatrons_and_elsewhere_refused_or_mapped() -> None:
     out = emit(_b200_plan("megatron", "blockwise"), "torchtitan")
     assert "no block-wise float8 recipe" in out.text
     assert 'recipe_name = "tensorwise"' in out.text
+
+
+# ---- NVFP4 and the bytes of block scales -------------------------------------------------
+
+def _megatron_b200(precision: str, recipe: str = "tensorwise") -> tuple[float, float, float]:
+    """(step seconds, activation bytes, weight-cache bytes) of Llama 3 8B on 8 B200s under
+    Megatron-LM in ``precision`` (fp8 with ``recipe``)."""
+    job = Job(global_batch_size=64, seq_len=4096, framework="megatron", precision=precision,
+              float8_recipe=recipe)
+    est = estimate(ModelSpec.preset("llama-3-8b"), Cluster.preset("dgx-b200"), job,
+                   ParallelConfig(dp=8, zero_stage=1, micro_batch_size=1))
+    assert est.step_time_s is not None
+    return est.step_time_s, est.memory.activations_bytes, est.memory.weights_bytes
+
+
+def test_nvfp4_matmuls_run_at_the_fp4_rate_and_keep_half_a_byte() -> None:
+    """NVFP4 (Transformer Engine's recipe under Megatron-LM) runs a layer's linears at the
+    datasheet's nvfp4 rate (B200: 9 PF dense, twice fp8's), so the step is shorter, though
+    not twice: attention and the output layer stay bf16 and the quantize kernels remain.
+    It saves each linear's input in half a byte plus one E4M3 scale per 16 elements, and
+    caches half-byte weight copies."""
+    assert GPU.preset("b200").peak_flops("nvfp4") == 2 * GPU.preset("b200").peak_flops("fp8")
+    fp8 = _megatron_b200("fp8")
+    fp4 = _megatron_b200("nvfp4")
+    assert 0.5 * fp8[0] < fp4[0] < 0.9 * fp8[0]
+    assert fp4[1] < fp8[1] and fp4[2] < fp8[2]
+
+
+def test_block_scales_cost_memory() -> None:
+    """MXFP8 keeps one E8M0 scale per 32 elements and block-wise fp8 one fp32 per 128 beside
+    each saved fp8 input (roofline.QUANTIZED_BYTES): more activation memory than per-tensor
+    fp8, and MXFP8's more than block-wise's (1/32 against 4/128 = 1/32 of a byte: equal)."""
+    tw, mx, bw = (_megatron_b200("fp8", r)[1] for r in ("tensorwise", "mxfp8", "blockwise"))
+    assert mx > tw and bw > tw
+    assert mx == pytest.approx(bw, rel=1e-6)
+
+
+def test_transformer_engine_quantizes_count_in_the_step() -> None:
+    """Each linear's input and output gradient is quantized row- and column-wise (read 2
+    bytes, write twice the format's): a Megatron-LM fp8 layer spends memory-bound time that
+    a bf16 layer does not, and NVFP4's narrower copies cost less of it than fp8's."""
+    from costmodel.formulas.eager import te_quantize
+
+    gpu = GPU.preset("b200")
+    fp8, fp4 = (te_quantize(gpu, Job(global_batch_size=8, seq_len=8, precision=p), 1e9, 1e9, 4)
+                for p in ("fp8", "nvfp4"))
+    over = gpu.efficiency.kernel_overhead_s * 4
+    bw = gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory
+    assert float(fp8[0]) == pytest.approx(4.0 * 1e9 / bw + over)
+    assert float(fp4[1]) == pytest.approx((2.0 + 2 * (0.5 + 1 / 16)) * 1e9 / bw + over)
+
+
+def test_nvfp4_is_blackwell_and_megatron_and_refused_by_name_elsewhere() -> None:
+    model, cfg = ModelSpec.preset("llama-3-8b"), ParallelConfig(dp=8, zero_stage=1)
+    job = Job(global_batch_size=64, seq_len=4096, framework="megatron", precision="nvfp4")
+    with pytest.raises(SpecError, match=r"h100-sxm has no nvfp4 in its profile.*Blackwell"):
+        estimate(model, Cluster.preset("dgx-h100"), job, cfg)
+    with pytest.raises(SpecError, match=r"mi355x has no nvfp4"):
+        estimate(model, Cluster.preset("mi355x-8"), job, cfg)
+    with pytest.raises(SpecError, match="torchtitan has no NVFP4 training linear"):
+        estimate(model, Cluster.preset("dgx-b200"),
+                 dataclasses.replace(job, framework="torchtitan"),
+                 ParallelConfig(dp=8, zero_stage=3))
+    with pytest.raises(SpecError, match="--fp4-param-gather"):
+        estimate(model, Cluster.preset("dgx-b200"),
+                 dataclasses.replace(job, fp8_param_gather=True), cfg)
+
+
+def test_nvfp4_is_emitted_as_megatrons_fp4_flags_and_mapped_to_mxfp8_elsewhere() -> None:
+    from planner.result import Plan
+
+    m, c = ModelSpec.preset("llama-3-8b"), Cluster.preset("dgx-b200")
+    j = Job(global_batch_size=512, seq_len=4096, framework="megatron", precision="nvfp4")
+    cfg = ParallelConfig(dp=8, zero_stage=1)
+    p = Plan(model=m, cluster=c, job=j, config=cfg, estimate=estimate(m, c, j, cfg))
+    ns = megatron_parser().parse_args(parse_array(emit(p, "megatron").text))
+    assert (ns.fp4, ns.fp4_recipe, ns.fp8) == ("e2m1", "nvfp4", None)
+    out = emit(p, "torchtitan")
+    assert "no NVFP4 training recipe" in out.text
+    assert 'recipe_name = "mxfp8_cublas"' in out.text

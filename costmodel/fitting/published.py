@@ -119,7 +119,9 @@ def _gpt(m: dict[str, Any], name: str, dropout: bool) -> ModelSpec:
 
 
 def _llama(m: dict[str, Any], name: str) -> ModelSpec:
-    """A Llama-style model (RoPE, RMSNorm, SwiGLU, no biases, untied), MoE when it has experts."""
+    """A Llama-style model (RoPE, RMSNorm, SwiGLU, untied), MoE when it has experts; with
+    ``sliding_window`` / ``global_every`` its local layers (``ModelSpec``), ``bias`` and
+    ``attention_sinks`` where the model has them (GPT-OSS)."""
     num_experts, top_k = 0, 0  # ModelSpec's defaults: a dense model
     moe_ffn_hidden_size: int | None = None
     if m.get("num_experts"):
@@ -131,6 +133,8 @@ def _llama(m: dict[str, Any], name: str) -> ModelSpec:
         ffn_hidden_size=int(m["ffn_hidden"]), vocab_size=int(m["vocab"]),
         head_dim=int(m["head_dim"]) if m.get("head_dim") else None, gated_mlp=True,
         num_experts=num_experts, top_k=top_k, moe_ffn_hidden_size=moe_ffn_hidden_size,
+        sliding_window=int(m.get("sliding_window", 0)), global_every=int(m.get("global_every", 0)),
+        bias=bool(m.get("bias", False)), attention_sinks=bool(m.get("attention_sinks", False)),
     )
 
 

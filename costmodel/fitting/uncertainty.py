@@ -39,6 +39,13 @@ SMALLEST_PUBLISHED_PARAMS = 125_311_488
 #: extrapolated").
 MIN_CELL_RUNS = 3
 
+#: The narrowest band an extrapolated estimate prints (issue 58: "a B200 plan with no
+#: Blackwell runs behind its trainer prints extrapolated and a band of at least +-25 %"): the
+#: published runs of generations before the fit held them were off by 17-83 % on average
+#: (docs/accuracy.md), so a cell no run backs never claims the precision of one that has
+#: them, however narrow the borrowed trainer band is.
+EXTRAPOLATED_MIN_BAND = 0.25
+
 
 @dataclass(frozen=True)
 class _Bands:
@@ -68,7 +75,8 @@ def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float |
     off the runs of cells the fit had no second source in were
     (``costmodel.fitting.calibration.bands``). A GPU (``gpu``) whose profile assumes some
     efficiencies (``assumed``) and that no published run behind the fit was on is widened by
-    the spread too: its cell's runs ran on other parts. Tiny models (``num_params`` under
+    the spread too: its cell's runs ran on other parts. Either extrapolated band is at least
+    ``EXTRAPOLATED_MIN_BAND``. Tiny models (``num_params`` under
     half the smallest published run's) are extrapolated as well, their band unchanged."""
     path = hardware_profiles.transfer_path()
     if not is_file(path):
@@ -101,6 +109,10 @@ def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float |
                  f"{', '.join(assumed)} efficienc{'ies' if len(assumed) > 1 else 'y'}; the "
                  f"band is the {basis} on other parts, {spread}")
     extrapolated = basis.startswith("extrapolated")
+    if extrapolated and band < EXTRAPOLATED_MIN_BAND:
+        band = EXTRAPOLATED_MIN_BAND
+        basis += (f", and no narrower than {100 * EXTRAPOLATED_MIN_BAND:.0f}% for a cell no "
+                  "run backs")
     if num_params is not None and num_params < SMALLEST_PUBLISHED_PARAMS / 2:
         basis += "; extrapolated (a model smaller than any published run's)"
         extrapolated = True

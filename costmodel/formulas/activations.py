@@ -10,6 +10,7 @@ import numpy as np
 from costmodel.config import Job
 from costmodel.formulas.arrays import ConfigArrays
 from costmodel.formulas.compute import autocast_rows
+from costmodel.formulas.roofline import quantized_bytes
 from costmodel.frameworks import Framework
 from costmodel.model import ModelSpec
 from costmodel.units import compute_bytes
@@ -28,16 +29,19 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     selective recompute drops the 5as^2b score terms; full recompute keeps the layer input.
     Generalized here to GQA (K and V of kv_heads * head_dim), gated MLPs, models without
     dropout, fused attention (saves Q, K, V, O and a fp32 log-sum-exp per query and head, Dao
-    et al. 2022, instead of the score matrix), Transformer Engine's fp8 linear inputs (1 byte),
-    context parallel (s/cp tokens per rank) and MoE layers (routed tokens: top_k copies,
-    Fedus et al. 2022).
+    et al. 2022, instead of the score matrix), Transformer Engine's fp8 and nvfp4 linear
+    inputs (1 byte, or half a byte, block scales added), context parallel (s/cp tokens per
+    rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022).
     """
     e = compute_bytes(job.precision)
     # Transformer Engine keeps a linear's fp8 input for backward; torchao's Float8Linear keeps
     # the high-precision one (torchao/float8/float8_linear.py, matmul_with_hp_or_float8_args:
     # save_for_backward(input_hp, weight_hp_t)), so float8 saves what bf16 saves (torchtitan
     # published 61.8 GiB float8 vs 62.0 bf16, torchao 47.77 vs 47.65).
-    e_lin = 1.0 if job.precision == "fp8" and not fw.torchao_float8 else e
+    # Block-scaled formats keep their scales beside the values (roofline.QUANTIZED_BYTES):
+    # MXFP8 1/32 byte, block-wise fp8 4/128, NVFP4 half a byte and 1/16.
+    e_lin = quantized_bytes(job) if job.precision in ("fp8", "nvfp4") and not fw.torchao_float8 \
+        else e
     h = float(model.hidden_size)
     tp = a.tp.astype(float)
     s_local = job.seq_len / a.cp.astype(float)

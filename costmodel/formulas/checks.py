@@ -11,6 +11,7 @@ from __future__ import annotations
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.roofline import high_precision
 from costmodel.frameworks import Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
@@ -209,7 +210,20 @@ def _check_precision(cluster: Cluster, job: Job) -> None:
         raise SpecError(f"float8_recipe='blockwise' is Transformer Engine's (Megatron-LM "
                         f"--fp8-recipe blockwise); {job.framework} has no block-wise float8 "
                         "linear: use tensorwise, rowwise or mxfp8")
-    dtype = "bf16" if job.precision == "fp8" else job.precision
+    if job.precision == "nvfp4" and not gpu.supports("nvfp4"):
+        raise SpecError(f"{gpu.name} has no nvfp4 in its profile: NVFP4's block-scaled matmuls "
+                        "run on Blackwell (B200, B300, GB200, GB300); use --precision fp8 "
+                        "here (MI355X: --float8-recipe mxfp8)")
+    if job.precision == "nvfp4" and job.framework != "megatron":
+        raise SpecError(f"precision='nvfp4' is Transformer Engine's NVFP4 training recipe "
+                        f"(Megatron-LM --fp4-format e2m1 --fp4-recipe nvfp4); {job.framework} "
+                        "has no NVFP4 training linear: use --framework megatron, or "
+                        "--precision fp8 with --float8-recipe mxfp8")
+    if job.precision == "nvfp4" and job.fp8_param_gather:
+        raise SpecError("fp8_param_gather is Megatron-LM's --fp8-param-gather, for fp8 jobs; "
+                        "its NVFP4 counterpart (--fp4-param-gather) is not modelled: drop "
+                        "--fp8-param-gather with --precision nvfp4")
+    dtype = high_precision(job.precision)
     for need in {dtype, job.precision}:
         if not gpu.supports(need):
             raise SpecError(

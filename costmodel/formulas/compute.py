@@ -47,6 +47,7 @@ from costmodel.formulas.eager import (
     eager_moe_bytes,
     float8_cast_time,
     loss_kind,
+    te_quantize_time,
 )
 from costmodel.formulas.roofline import (
     BACKWARD_BYTES,
@@ -56,6 +57,7 @@ from costmodel.formulas.roofline import (
     attention_kernel,
     flash_attention_time,
     gemm_time,
+    high_precision,
     memory_time,
 )
 from costmodel.frameworks import Framework, framework, padded_vocab
@@ -223,6 +225,9 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                             ew_kernels - nograd + w_kernels + sum_kernels)
     if r.fw.torchao_float8 and job.precision == "fp8":
         cast_f, cast_b = float8_cast_time(model, gpu, job, r.tokens, t, moe, float8_gathered)
+        fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
+    elif r.fw.name == "megatron" and job.precision in ("fp8", "nvfp4"):
+        cast_f, cast_b = te_quantize_time(model, gpu, job, r.tokens, t, mlp.routed)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
     selective, selective_flops = core.selective, core.selective_flops
     if r.fw.selective_recompute == "op":
@@ -536,12 +541,12 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
                        proj_gemm=zero, down_gemm=zero)
     v = padded_vocab(fw, model.vocab_size, t) / t if not model.patch_size \
         else float(model.vocab_size) / t
-    # An fp8 job keeps its output layer in bf16: Megatron-Core runs fp8 only inside its
+    # An fp8 (or nvfp4) job keeps its output layer in bf16: Megatron-Core runs fp8 only inside its
     # transformer layers (Transformer Engine's fp8 autocast wraps each layer; the output
     # layer is a plain ColumnParallelLinear), and torchtitan's float8 converter leaves
     # ``output`` out of torchao's conversion (a fixed module filter in its 2024-25
     # releases, ``filter_fqns`` since: ``planner.emit.torchtitan`` writes it).
-    head_gemm = gemm_time(gpu, "bf16" if dtype == "fp8" else dtype, tokens, v, h,
+    head_gemm = gemm_time(gpu, high_precision(dtype), tokens, v, h,
                           bytes_per_element=e)
     logits = tokens * v
     norm = 2 * e_act * tokens * h * rep
@@ -576,7 +581,7 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
         # projects the two [2h -> h] and runs the shared output layer and its loss again
         # (DeepSeek-AI 2024, "DeepSeek-V3", Sec. 2.2, Eqs. 21-23).
         n = float(model.mtp_layers)
-        eh = gemm_time(gpu, "bf16" if dtype == "fp8" else dtype, tokens, h / t, 2 * h,
+        eh = gemm_time(gpu, high_precision(dtype), tokens, h / t, 2 * h,
                        bytes_per_element=e)
         extra = memory_time(gpu, (2 * e_act + 3 * 2 * e) * tokens * h * rep, 4.0)
         head_f = head_f + n * (head_f + eh + extra)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.config import Job
-from costmodel.formulas.roofline import memory_time
+from costmodel.formulas.roofline import memory_time, quantized_bytes
 from costmodel.frameworks import Framework
 from costmodel.hardware import GPU
 from costmodel.model import ModelSpec
@@ -199,6 +199,50 @@ def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
         + (n_up + 1.0) * h * ffn / t
     linears = 4.0 + (n_up + 1.0) * (ffn > 0)
     return float8_casts(gpu, job, ins, outs, linears, weights, gathered)
+
+
+def te_quantize_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
+                     t: np.ndarray, routed: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of Transformer Engine's quantize kernels in one layer of
+    an fp8 or nvfp4 Megatron-LM job (``te_quantize``): the attention's fused QKV and output
+    linears, the MLP's two, and a MoE layer's routed (``routed`` tokens, top-k copies) and
+    shared experts' instead of the dense MLP's (the router stays bf16)."""
+    h = float(model.hidden_size)
+    n_up = 2.0 if model.gated_mlp else 1.0
+    ffn = 0.0 if routed is not None else float(model.ffn_hidden_size or 0)
+    ins = tokens * (h + model.o_dim / t + (h + ffn / t) * (ffn > 0))
+    outs = tokens * ((model.q_dim + model.kv_dim + model.v_dim) / t + h
+                     + (n_up * ffn / t + h) * (ffn > 0))
+    linears = 2.0 + 2.0 * (ffn > 0)
+    if routed is not None:
+        fe = float(model.moe_ffn_hidden_size or 0)
+        shared = fe * model.num_shared_experts
+        ins = ins + routed * (h + fe / t) + tokens * (h + shared / t) * (shared > 0)
+        outs = outs + routed * (n_up * fe / t + h) + tokens * (n_up * shared / t + h) \
+            * (shared > 0)
+        linears = linears + 2.0 + 2.0 * (shared > 0)
+    return te_quantize(gpu, job, ins, outs, linears)
+
+
+def te_quantize(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of Transformer Engine's quantize kernels for linears
+    reading ``ins`` input elements and writing ``outs`` output elements in all (Megatron-LM
+    with ``--fp8-format`` or ``--fp4-format``). Forward quantizes each linear's input into a
+    row-wise copy for its own matmul and a column-wise one that backward's weight-gradient
+    matmul reads (TE's cast-transpose; for MXFP8 and NVFP4 the two carry scales along
+    different axes): read 2 bytes, write twice the format's bytes with scales
+    (``roofline.QUANTIZED_BYTES``), one kernel per linear. Backward quantizes each output
+    gradient the same way for the data- and weight-gradient matmuls; NVFP4 applies its
+    16-point random Hadamard transform to the column-wise operands in that pass (NVIDIA,
+    "Pretraining Large Language Models with NVFP4", arXiv 2509.25149, Sec. 4.2), which
+    stays memory-bound. Where TE fuses a quantize into the norm or activation before it
+    (LayerNormLinear, LayerNormMLP), the bf16 read and a launch are saved; they are counted
+    here all the same (a few per cent of the quantize traffic's upper bound)."""
+    width = 2.0 + 2.0 * quantized_bytes(job)
+    return (memory_time(gpu, width * np.asarray(ins, dtype=float), linears),
+            memory_time(gpu, width * np.asarray(outs, dtype=float), linears))
 
 
 def float8_casts(gpu: GPU, job: Job, ins: Num, outs: Num, linears: Num, weights: Num = 0.0,

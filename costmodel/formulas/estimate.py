@@ -29,9 +29,9 @@ __all__ = ["NEAR_CAPACITY", "Estimate", "MemoryBreakdown", "StageMemory", "estim
 # its states, activations and buffers hold, and the CUDA context and NCCL's buffers, but not
 # the caching allocator's fragmentation (``Job.memory_reserve``).
 NEAR_CAPACITY = 0.95
-# MFU is quoted against the dense bf16 peak for fp8 runs too (torchtitan, Megatron-LM), and
-# against TF32 tensor cores for fp32.
-PEAK_DTYPE = {"fp8": "bf16", "fp32": "tf32"}
+# MFU is quoted against the dense bf16 peak for fp8 runs too (torchtitan, Megatron-LM; nvfp4
+# the same), and against TF32 tensor cores for fp32.
+PEAK_DTYPE = {"fp8": "bf16", "nvfp4": "bf16", "fp32": "tf32"}
 
 
 def plan_capacity(cluster: Cluster, job: Job) -> float:
@@ -332,7 +332,7 @@ def _html_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
 
 def mfu_peak_flops(cluster: Cluster, precision: str) -> float:
     """The dense peak FLOP/s of one GPU that MFU is measured against for a job in
-    ``precision`` (fp8 against bf16, fp32 against tf32: ``PEAK_DTYPE``)."""
+    ``precision`` (fp8 and nvfp4 against bf16, fp32 against tf32: ``PEAK_DTYPE``)."""
     return cluster.gpu.peak_flops(PEAK_DTYPE.get(precision, precision))
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.config import Job
-from costmodel.formulas.eager import float8_casts
+from costmodel.formulas.eager import float8_casts, te_quantize
 from costmodel.formulas.roofline import (
     FLASH_BACKWARD_FLOPS,
     LayerCompute,
@@ -160,6 +160,19 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
                         selective_flops=sel_flops, forward_flops=fwd_flops,
                         core_forward=core_f, core_backward=core_b, qkv_gemm=zero,
                         up_gemm=zero, proj_gemm=zero, down_gemm=zero)
+
+
+def te_quantize_compute(gpu: GPU, job: Job, k: Kernels, r: Num) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds per row of Transformer Engine's quantize kernels for the
+    linears among ``k``'s matmuls (``Gemm.cast_in``: a layer's linears; a traced MoE layer's
+    expert matmuls are not marked, so their quantizes are not counted here) at ``r`` times
+    the traced tokens (``costmodel.formulas.eager.te_quantize``, as the formulas count a
+    layer's)."""
+    r = np.asarray(r, dtype=float)
+    linears = [g for g in k.gemms if g.cast_in]
+    return te_quantize(gpu, job, sum(g.count * g.cast_in for g in linears) * r,
+                       sum(g.count * g.cast_out for g in linears) * r,
+                       sum(g.count for g in linears))
 
 
 def float8_cast_compute(gpu: GPU, job: Job, k: Kernels, r: Num, gathered: Num | None = None

@@ -18,9 +18,20 @@ from costmodel.formulas.activations import layer_activations, layer_params_per_g
 from costmodel.formulas.arrays import ConfigArrays, Distinct
 from costmodel.formulas.compute import autocast_rows, layer_compute, lm_head_compute
 from costmodel.formulas.eager import float8_gather, float8_gathered_rows, loss_kind
-from costmodel.formulas.kernels import Kernels, float8_cast_compute, kernel_compute
+from costmodel.formulas.kernels import (
+    Kernels,
+    float8_cast_compute,
+    kernel_compute,
+    te_quantize_compute,
+)
 from costmodel.formulas.layerstructure import LayerStructure
-from costmodel.formulas.roofline import LayerCompute, attention_kernel, matmul_dtype
+from costmodel.formulas.roofline import (
+    LayerCompute,
+    attention_kernel,
+    high_precision,
+    matmul_dtype,
+    quantized_bytes,
+)
 from costmodel.formulas.shardcosts import (
     NONE_COMPILED,
     OP_SELECTIVE,
@@ -98,13 +109,14 @@ class SpreadCompute(LayerCompute):
         return value
 
 
-def _fp8_operands(k: Kernels) -> Kernels:
-    """``k`` with its fp8 matmuls (a layer's linears, ``Gemm.cast_in``, and routed experts)
-    reading and writing one byte per element where the trace moved two, as the formulas
-    time a layer's fp8 matmuls (``compute.gemm_time`` at one byte per element)."""
+def _fp8_operands(k: Kernels, narrow: float = 0.5) -> Kernels:
+    """``k`` with its quantized matmuls (a layer's linears, ``Gemm.cast_in``, and routed
+    experts) moving ``narrow`` times the bytes the trace moved in bf16: one byte per element
+    for fp8 (half), the format's bytes with scales for the others
+    (``roofline.QUANTIZED_BYTES``), as the formulas time a layer's quantized matmuls."""
     return dataclasses.replace(k, gemms=tuple(
-        dataclasses.replace(g, activation_bytes=g.activation_bytes / 2,
-                            weight_bytes=g.weight_bytes / 2)
+        dataclasses.replace(g, activation_bytes=g.activation_bytes * narrow,
+                            weight_bytes=g.weight_bytes * narrow)
         if g.cast_in or g.expert else g for g in k.gemms))
 
 
@@ -423,13 +435,15 @@ class LayerQueries(LayerStructure):
         # moved are as traced. fp8 runs in the layers only: the input and output sides stay
         # in bf16 (``compute.lm_head_compute``).
         dtype = matmul_dtype(job)
-        if dtype == "fp8" and block.kind != "layer":
-            dtype = "bf16"
+        if block.kind != "layer":
+            dtype = high_precision(dtype)
         fw = framework(job.framework)
         op = fw.selective_recompute == "op"
         # torchao's float8 training casts each Float8Linear's input and output gradient in
         # a layer (the formulas' ``compute.float8_cast_time``; the head stays in bf16).
         casts = fw.torchao_float8 and job.precision == "fp8" and block.kind == "layer"
+        te_casts = fw.name == "megatron" and job.precision in ("fp8", "nvfp4") \
+            and block.kind == "layer"
         gathered = float8_gathered_rows(job.framework, job, a.zero)
         kernel = attention_kernel(job, gpu)
         for c, rows in _autocast_rows(block, self._degree_rows(block, a), autocast):
@@ -443,8 +457,9 @@ class LayerQueries(LayerStructure):
                                             attention_flops=0.0, attention_kernels=0,
                                             attention_backward=False,
                                             attention_flops_per_key=0.0)
-            if dtype == "fp8" and block.kind == "layer":
-                run, again = _fp8_operands(run), again and _fp8_operands(again)
+            if dtype in ("fp8", "nvfp4") and block.kind == "layer":
+                narrow = quantized_bytes(job) / 2
+                run, again = _fp8_operands(run, narrow), again and _fp8_operands(again, narrow)
             lc = kernel_compute(gpu, dtype, run, share[rows], again, ep=a.ep[rows],
                                 attention_kernel=kernel)
             if casts:
@@ -455,6 +470,10 @@ class LayerQueries(LayerStructure):
                                          backward=lc.backward + cast_b,
                                          selective=lc.selective + cast_f if op
                                          else lc.selective)
+            if te_casts:
+                cast_f, cast_b = te_quantize_compute(gpu, job, run, share[rows])
+                lc = dataclasses.replace(lc, forward=lc.forward + cast_f,
+                                         backward=lc.backward + cast_b)
             for name in fields:
                 out[name][rows] = getattr(lc, name)
         return LayerCompute(**out)

@@ -52,6 +52,7 @@ from costmodel.formulas.arrays import (
 from costmodel.formulas.compute import autocast_rows
 from costmodel.formulas.eager import float8_param_gather, loss_kind
 from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.roofline import quantized_bytes
 from costmodel.formulas.states import optimizer_state_bytes, state_bytes
 from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
@@ -371,11 +372,14 @@ def _model_states(s: _Stage) -> _States:
         extra = np.where(zero == 2, np.maximum(low * all_params, unsharded), extra)
         weights = weights + extra
     # Transformer Engine caches fp8 copies of each weight and its transpose across
-    # micro-batches (Megatron-LM with --fp8-format): 2 bytes per layer parameter.
-    # With --fp8-param-gather the parameters are those fp8 tensors (1 byte and the transpose,
-    # what w_b counts), with no bf16 copy beside them.
-    if fw.name == "megatron" and job.precision == "fp8" and not job.fp8_param_gather:
-        weights = weights + 2.0 * (s.layer_params + expert_params)
+    # micro-batches (Megatron-LM with --fp8-format): 2 bytes per layer parameter, with the
+    # block scales of MXFP8, block-wise fp8 and NVFP4 (--fp4-format: half a byte each way;
+    # roofline.QUANTIZED_BYTES). With --fp8-param-gather the parameters are those fp8
+    # tensors (1 byte and the transpose, what w_b counts), with no bf16 copy beside them.
+    if fw.name == "megatron" and job.precision in ("fp8", "nvfp4") \
+            and not job.fp8_param_gather:
+        weights = weights + 2.0 * quantized_bytes(job, weight=True) \
+            * (s.layer_params + expert_params)
     grads = sharded(g_b, g_sharded)
     # With a pipeline, torch.distributed.pipelining turns FSDP's gradient sync off for every
     # backward but the last (stage.py, backward_maybe_with_nosync), and FSDP2 then accumulates

@@ -83,9 +83,10 @@ def flash_attention_time(gpu: GPU, dtype: str, flops: Num, keys: Num | None = No
     query block's fixed work (``hardware_profiles/software.toml [fused_attention]``, fitted
     to measured sweeps) weighs most on short sequences; ``keys=None`` leaves it out. The
     backward does ``FLASH_BACKWARD_FLOPS`` times the FLOPs at the ``attention_backward``
-    fraction with its own fixed work (Dao 2023, Sec. 3). fp8 and tf32 jobs run attention in
-    bf16 (FlashAttention has no tf32 or fp8 training kernel), so the peak is the bf16 one."""
-    peak = gpu.peak_flops("bf16" if dtype in ("fp8", "tf32") else dtype)
+    fraction with its own fixed work (Dao 2023, Sec. 3). fp8, nvfp4 and tf32 jobs run
+    attention in bf16 (FlashAttention has no tf32 or fp8 training kernel), so the peak is the
+    bf16 one."""
+    peak = gpu.peak_flops("bf16" if dtype == "tf32" else high_precision(dtype))
     eff = gpu.efficiency
     frac_f, frac_b = eff.attention_for(kernel)
     flops = np.asarray(flops, dtype=float)
@@ -137,16 +138,48 @@ class LayerCompute:
     down_gemm: np.ndarray
 
 
+#: Bytes per element of a quantized matmul operand, its block scales included, by recipe
+#: (``Job.float8_recipe``, or ``nvfp4`` for that precision): (activation or gradient,
+#: weight). NVFP4: E2M1 values two to a byte with one E4M3 scale per 16 (NVIDIA technical
+#: blog "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference", 2025), the
+#: weights with one scale per 16x16 block (NVIDIA, "Pretraining Large Language Models with
+#: NVFP4", arXiv 2509.25149, Sec. 4.3: 2D weight scaling); MXFP8: one E8M0 scale per 32
+#: elements (OCP Microscaling Formats MX v1.0, Sec. 5.2); block-wise fp8: one fp32 scale per
+#: 1x128 activation tile and per 128x128 weight block (DeepSeek-V3 technical report,
+#: arXiv 2412.19437, Sec. 3.3.1); per-tensor and per-row fp8: one byte (a scale per tensor or
+#: per row is a few bytes in millions). Per-tensor fp32 scales are left out.
+QUANTIZED_BYTES = {
+    "tensorwise": (1.0, 1.0),
+    "rowwise": (1.0, 1.0),
+    "mxfp8": (1.0 + 1.0 / 32, 1.0 + 1.0 / 32),
+    "blockwise": (1.0 + 4.0 / 128, 1.0 + 4.0 / (128 * 128)),
+    "nvfp4": (0.5 + 1.0 / 16, 0.5 + 1.0 / 256),
+}
+
+
+def quantized_bytes(job: Job, weight: bool = False) -> float:
+    """Bytes per element of the job's quantized matmul operands (``QUANTIZED_BYTES``): an
+    activation's or gradient's, or with ``weight`` a weight's. Only for fp8 and nvfp4 jobs."""
+    recipe = "nvfp4" if job.precision == "nvfp4" else job.float8_recipe
+    return QUANTIZED_BYTES[recipe][1 if weight else 0]
+
+
+def high_precision(dtype: str) -> str:
+    """The dtype of what a job with matmul ``dtype`` keeps out of its quantized matmuls
+    (attention, the output layer, MFU's peak): bf16 for fp8 and nvfp4 jobs."""
+    return "bf16" if dtype in ("fp8", "nvfp4") else dtype
+
+
 def _dtypes(job: Job) -> tuple[str, float, float]:
     """(matmul dtype, bytes per activation element, bytes per matmul input element)."""
     if job.precision == "fp32":
         return "tf32", 4.0, 4.0
-    if job.precision == "fp8":
-        return "fp8", 2.0, 1.0
+    if job.precision in ("fp8", "nvfp4"):
+        return job.precision, 2.0, quantized_bytes(job)  # MXFP8, block-wise at fp8's rate
     return job.precision, 2.0, 2.0
 
 
 def matmul_dtype(job: Job) -> str:
     """The dtype the job's matmuls run in (``GPU.peak_flops``'s key): tf32 for fp32 jobs, fp8
-    for fp8 ones (their attention runs in bf16: ``flash_attention_time``)."""
+    or nvfp4 for those (their attention runs in bf16: ``flash_attention_time``)."""
     return _dtypes(job)[0]

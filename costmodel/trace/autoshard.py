@@ -72,6 +72,7 @@ from costmodel.config import Job
 from costmodel.errors import SpecError
 from costmodel.formulas.comm import Topology
 from costmodel.formulas.memory import state_bytes
+from costmodel.formulas.roofline import high_precision
 from costmodel.hardware import Cluster
 from costmodel.trace.graph import LayerGraph
 from costmodel.trace.layouts import (
@@ -118,7 +119,7 @@ class ShardingProblem(StrategyCosts):
         self.micro_batches, self.in_flight = int(micro_batches), int(in_flight)
         self.budget = float(cluster.gpu.memory_bytes if budget is None else budget)
         self.topo = Topology.of(cluster)
-        self.dtype = "bf16" if job.precision == "fp8" else job.precision
+        self.dtype = high_precision(job.precision)
         self.elem = 4.0 if job.precision == "fp32" else 2.0
         self.tensor_parallel = tensor_parallel
         self.sequence_parallel = sequence_parallel

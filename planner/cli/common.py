@@ -324,7 +324,10 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     jb = p.add_argument_group("job")
     jb.add_argument("--global-batch-size", type=positive_int, help="sequences per step (required)")
     jb.add_argument("--seq-len", type=positive_int, help="tokens per sequence (required)")
-    jb.add_argument("--precision", default="bf16", choices=PRECISIONS)
+    jb.add_argument("--precision", default="bf16", choices=PRECISIONS,
+                    help="number format of the matmuls: bf16 (default), fp16, fp8 (see "
+                    "--float8-recipe), nvfp4 (Blackwell, Megatron-LM: Transformer Engine's "
+                    "NVFP4 recipe, --fp4-format e2m1) or fp32")
     jb.add_argument("--float8-recipe", default="tensorwise", choices=FLOAT8_RECIPES,
                     help="fp8 scaling recipe: torchao's tensorwise (default) or rowwise, "
                     "mxfp8 (Blackwell, MI355X: torchao MX / Megatron-LM --fp8-recipe mxfp8), "

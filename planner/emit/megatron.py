@@ -33,8 +33,13 @@ from planner.emit.common import (
     uniform_stage_recompute,
 )
 
-PRECISION_FLAGS = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format",
-                                                                   "hybrid"], "fp32": []}
+# NVFP4: Transformer Engine's NVFP4BlockScaling recipe, every transformer layer's linears
+# (megatron/training/arguments.py: --fp4-format e2m1, --fp4-recipe nvfp4; without
+# --first-last-layers-bf16, as the cost model assumes, no layer is kept in bf16).
+PRECISION_FLAGS = {"bf16": ["--bf16"], "fp16": ["--fp16"],
+                   "fp8": ["--bf16", "--fp8-format", "hybrid"],
+                   "nvfp4": ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"],
+                   "fp32": []}
 
 
 def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
