@@ -265,7 +265,7 @@ def test_nvfp4_is_blackwell_and_megatron_and_refused_by_name_elsewhere() -> None
         estimate(model, Cluster.preset("dgx-h100"), job, cfg)
     with pytest.raises(SpecError, match=r"mi355x has no nvfp4"):
         estimate(model, Cluster.preset("mi355x-8"), job, cfg)
-    with pytest.raises(SpecError, match="torchtitan has no NVFP4 training linear"):
+    with pytest.raises(SpecError, match="torchtitan's NVFP4 linears are not modelled"):
         estimate(model, Cluster.preset("dgx-b200"),
                  dataclasses.replace(job, framework="torchtitan"),
                  ParallelConfig(dp=8, zero_stage=3))
@@ -284,5 +284,5 @@ def test_nvfp4_is_emitted_as_megatrons_fp4_flags_and_mapped_to_mxfp8_elsewhere()
     ns = megatron_parser().parse_args(parse_array(emit(p, "megatron").text))
     assert (ns.fp4, ns.fp4_recipe, ns.fp8) == ("e2m1", "nvfp4", None)
     out = emit(p, "torchtitan")
-    assert "no NVFP4 training recipe" in out.text
+    assert "own NVFP4 linears are not modelled: emitted MXFP8" in out.text
     assert 'recipe_name = "mxfp8_cublas"' in out.text

@@ -215,10 +215,10 @@ def _check_precision(cluster: Cluster, job: Job) -> None:
                         "run on Blackwell (B200, B300, GB200, GB300); use --precision fp8 "
                         "here (MI355X: --float8-recipe mxfp8)")
     if job.precision == "nvfp4" and job.framework != "megatron":
-        raise SpecError(f"precision='nvfp4' is Transformer Engine's NVFP4 training recipe "
-                        f"(Megatron-LM --fp4-format e2m1 --fp4-recipe nvfp4); {job.framework} "
-                        "has no NVFP4 training linear: use --framework megatron, or "
-                        "--precision fp8 with --float8-recipe mxfp8")
+        raise SpecError(f"precision='nvfp4' is modelled as Transformer Engine's NVFP4 training "
+                        "recipe (Megatron-LM --fp4-format e2m1 --fp4-recipe nvfp4); "
+                        f"{job.framework}'s NVFP4 linears are not modelled: use --framework "
+                        "megatron, or --precision fp8 with --float8-recipe mxfp8")
     if job.precision == "nvfp4" and job.fp8_param_gather:
         raise SpecError("fp8_param_gather is Megatron-LM's --fp8-param-gather, for fp8 jobs; "
                         "its NVFP4 counterpart (--fp4-param-gather) is not modelled: drop "

@@ -150,8 +150,9 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
                    f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
                    "as the plan assumed: re-estimated with it", compile_loss=None)
     if job.precision == "nvfp4" and fw.name != "megatron":
-        ch.set_job(f"{trainer} has no NVFP4 training recipe (Transformer Engine's): emitted "
-                   "MXFP8 and re-estimated with it", precision="fp8", float8_recipe="mxfp8")
+        ch.set_job(f"the plan's NVFP4 is Transformer Engine's recipe (Megatron-LM); {trainer}'s "
+                   "own NVFP4 linears are not modelled: emitted MXFP8 and re-estimated with it",
+                   precision="fp8", float8_recipe="mxfp8")
     if job.precision == "fp8" and job.float8_recipe == "blockwise" and fw.name != "megatron":
         ch.set_job(f"{trainer} has no block-wise float8 recipe (Transformer Engine's): emitted "
                    "torchao's tensor-wise one and re-estimated with it",
