@@ -42,8 +42,8 @@ MIN_CELL_RUNS = 3
 #: The narrowest band an extrapolated estimate prints (issue 58: "a B200 plan with no
 #: Blackwell runs behind its trainer prints extrapolated and a band of at least +-25 %"): the
 #: published runs of generations before the fit held them were off by 17-83 % on average
-#: (docs/accuracy.md), so a cell no run backs never claims the precision of one that has
-#: them, however narrow the borrowed trainer band is.
+#: (planner validate --summary, docs/step-time.md#calibration), so a cell no run backs never
+#: claims the precision of one that has them, however narrow the borrowed trainer band is.
 EXTRAPOLATED_MIN_BAND = 0.25
 
 
