@@ -38,18 +38,22 @@ def predicted_bus_gb_per_s(series: dict, nbytes: int) -> float:
     return bus_bandwidth(series["op"], nbytes, n, seconds) / 1e9
 
 
+def print_series(series: list[dict], width: int = 24) -> None:
+    """Each published point of ``series`` beside the model's bus bandwidth, a line each."""
+    print(f"{'series':<{width}s} {'bytes':>12s} {'measured GB/s':>14s} {'model GB/s':>11s} "
+          f"{'model/measured':>15s}")
+    for s in series:
+        for nbytes, measured in s["points"]:
+            model = predicted_bus_gb_per_s(s, int(nbytes))
+            print(f"{s['id']:<{width}s} {int(nbytes):>12d} {measured:>14.2f} {model:>11.2f} "
+                  f"{model / measured:>15.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT / "benchmarks/data/collectives-scale-up.json"))
     args = ap.parse_args(argv)
-    data = json.loads(Path(args.data).read_text())
-    print(f"{'series':<24s} {'bytes':>12s} {'measured GB/s':>14s} {'model GB/s':>11s} "
-          f"{'model/measured':>15s}")
-    for s in data["series"]:
-        for nbytes, measured in s["points"]:
-            model = predicted_bus_gb_per_s(s, int(nbytes))
-            print(f"{s['id']:<24s} {int(nbytes):>12d} {measured:>14.2f} {model:>11.2f} "
-                  f"{model / measured:>15.3f}")
+    print_series(json.loads(Path(args.data).read_text())["series"])
     return 0
 
 

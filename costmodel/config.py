@@ -20,6 +20,8 @@ PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4", "fp32")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "mxfp8", "blockwise")
+#: MoE token dispatchers (``costmodel.formulas.moe.dispatch_combine``).
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 #: Storage dtypes of Adam's two moments (Megatron-LM's precision-aware optimizer,
 #: ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` choices at the recorded commit) and their bytes.
 STATE_DTYPES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
@@ -178,7 +180,16 @@ class Job:
     'torch.distributed.all_gather will do implicit memcpy'). ``False``: later DeepSpeed,
     whose coalesced gathers overlap compute like FSDP's. Other trainers ignore it.
     ``moe_capacity_factor``: expert capacity as a multiple of the even share of routed tokens
-    (Fedus et al. 2022); ``None`` is dropless routing with an even load.
+    (Fedus et al. 2022), the busiest expert-parallel rank taken at capacity; ``None`` is
+    dropless routing. ``moe_load_imbalance``: with dropless routing, the routed tokens on the
+    busiest expert-parallel rank over the even share (1.0: the forced even routing of
+    benchmark tables, Megatron-LM's ``--moe-router-force-load-balancing``); ``None`` takes the
+    imbalance published for trained routers (``costmodel.formulas.moe.routed_load``). Both
+    scale the busiest rank's expert matmuls and its dispatch and combine (its activation
+    memory counts the even share). ``moe_dispatcher``: how tokens reach their experts:
+    ``alltoall`` (an NCCL all-to-all), ``allgather`` (Megatron-LM's all-gather dispatcher)
+    or ``deepep`` (DeepEP's kernels, one network copy per destination node;
+    ``costmodel.formulas.moe``).
     ``memory_reserve``: the share of each GPU's memory a plan keeps free for what the estimate
     does not count: the caching allocator's fragmentation (GMLake, Guo et al. ASPLOS 2024,
     measured 15 % of reserved memory on average, up to 33 %, over eight LLM training jobs on
@@ -201,6 +212,8 @@ class Job:
     tp_comm_overlap: bool = False
     overlap_p2p_comm: bool = True
     moe_capacity_factor: float | None = None
+    moe_load_imbalance: float | None = None
+    moe_dispatcher: str = "alltoall"
     memory_reserve: float = 0.05
     compile: bool = False
     fp8_param_gather: bool = False
@@ -254,6 +267,15 @@ class Job:
             object.__setattr__(self, "moe_capacity_factor", real(
                 self.moe_capacity_factor, "Job.moe_capacity_factor (or None: dropless)",
                 lo=0.0, lo_open=True, hi=1000.0))
+        _choice("Job", "moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
+        if self.moe_load_imbalance is not None:
+            if self.moe_capacity_factor is not None:
+                raise SpecError("Job: give moe_capacity_factor (tokens over capacity dropped) "
+                                "or moe_load_imbalance (dropless routing's busiest rank), not "
+                                "both")
+            object.__setattr__(self, "moe_load_imbalance", real(
+                self.moe_load_imbalance, "Job.moe_load_imbalance (busiest expert-parallel "
+                "rank's tokens over the even share, at least 1; or None)", lo=1.0, hi=1000.0))
         object.__setattr__(self, "memory_reserve", real(
             self.memory_reserve, "Job.memory_reserve (the share of GPU memory a plan keeps "
             "free, e.g. 0.05 for 5 %)", lo=0.0, hi=0.9, hi_open=True))

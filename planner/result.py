@@ -23,6 +23,7 @@ from costmodel.formulas.estimate import (
     estimate,
 )
 from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.moe import routing_words
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.serving.inference import (
@@ -333,6 +334,8 @@ class Plan:
             f"{c.get('evaluated', 0):,} evaluated ({c.get('fit', 0):,} fit), "
             f"{c.get('bounded', 0):,} skipped by a lower bound",
         ]
+        if getattr(self.model, "is_moe", False):
+            lines.append(f"routing  {routing_words(job)}")
         lines += [f"warning  {w}" for w in self.warnings]
         close = self.runners_up_within_band()
         if close:

@@ -226,7 +226,9 @@ def test_latent_attention_through_the_trace(name: str) -> None:
 
     graph, _, degrees = _graph(name)
     cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8)
-    job = Job(global_batch_size=16, seq_len=SEQ, framework="torchtitan")
+    # Even routing: the traced and formula MoE layers count the same kernels (the load of a
+    # trained router scales a traced layer's expert matmuls only: the MoE module test).
+    job = Job(global_batch_size=16, seq_len=SEQ, framework="torchtitan", moe_load_imbalance=1.0)
     both = costs_from_graph(graph, cluster, job, tp_degrees=degrees, sequence_parallel="both")
     configs = [ParallelConfig(dp=16 // t, tp=t, zero_stage=3, micro_batch_size=1,
                               recompute=r, sequence_parallel=sp and t > 1)
@@ -688,7 +690,9 @@ def test_a_traced_moe_module_plans_as_its_preset() -> None:
                      num_kv_heads=8, vocab_size=32000, ffn_hidden_size=2816, gated_mlp=True,
                      num_experts=8, top_k=2, moe_ffn_hidden_size=1408)
     cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8)
-    job = Job(global_batch_size=64, seq_len=SEQ, framework="torchtitan")
+    # Even routing: a traced layer's memory-bound kernels on the routed tokens are not told
+    # apart from the rest, so only its expert matmuls take a busier rank's load (below).
+    job = Job(global_batch_size=64, seq_len=SEQ, framework="torchtitan", moe_load_imbalance=1.0)
     graph = LayerGraph.from_module(build_model(spec, device="meta"),
                                    torch.zeros(1, SEQ, dtype=torch.long), dtype=torch.bfloat16,
                                    loss_fn=_cross_entropy)
@@ -717,6 +721,13 @@ def test_a_traced_moe_module_plans_as_its_preset() -> None:
     assert at_1.estimate.step_time_s == pytest.approx(want_1.estimate.step_time_s, rel=0.01)
     back = planner.Plan.from_json(got.to_json())
     assert back.model.moe_routing() == (2, 8) and back.config.ep == got.config.ep
+    # Trained routing (the published default load): the busiest rank's experts slow both,
+    # the traced one by its expert matmuls and all-to-all alone.
+    busy = dataclasses.replace(job, moe_load_imbalance=None)
+    cfg = {"fixed": {"ep": got.config.ep}}
+    slow, slow_want = (planner.plan(m, cluster, busy, constraints=cfg) for m in (traced, spec))
+    assert got.estimate.step_time_s < slow.estimate.step_time_s < slow_want.estimate.step_time_s
+    assert slow.estimate.step_time_s == pytest.approx(slow_want.estimate.step_time_s, rel=0.03)
     # Under sequence parallelism the expert block may run whole on the gathered tokens, as
     # Megatron-LM runs it (routing and combine on every rank, one reduce-scatter after the
     # combine). Made to split every memory-bound op along the sequence, it reduce-scattered

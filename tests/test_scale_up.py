@@ -281,13 +281,13 @@ def test_the_extrapolated_band_is_the_error_of_cells_the_fit_never_saw() -> None
 
 def test_a_gpu_that_borrows_its_efficiencies_and_has_no_runs_is_widened() -> None:
     fit = _fit()
-    assert not fit["gpus"].get("h800") and fit["gpus"]["h100-sxm"] > 0
-    h800 = band_for("hopper", "megatron", 64, gpu="h800", assumed=GPU.preset("h800").assumed)
+    assert not fit["gpus"].get("h20") and fit["gpus"]["h100-sxm"] > 0
+    h20 = band_for("hopper", "megatron", 64, gpu="h20", assumed=GPU.preset("h20").assumed)
     h100 = band_for("hopper", "megatron", 64, gpu="h100-sxm",
                     assumed=GPU.preset("h100-sxm").assumed)
-    assert h800[2] and not h100[2]
-    assert h800[0] > h100[0]
-    assert "no published run on h800" in h800[1]
+    assert h20[2] and not h100[2]
+    assert h20[0] > h100[0]
+    assert "no published run on h20" in h20[1]
 
 
 @pytest.mark.slow

@@ -29,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.config import FLOAT8_RECIPES, TRI_STATE_JOB_FLAGS, Job, ParallelConfig
+from costmodel.config import (
+    FLOAT8_RECIPES,
+    MOE_DISPATCHERS,
+    TRI_STATE_JOB_FLAGS,
+    Job,
+    ParallelConfig,
+)
 from costmodel.errors import SpecError
 from costmodel.formulas.estimate import Estimate, estimate
 from costmodel.hardware import GPU, Cluster, Link
@@ -219,7 +225,9 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     (Megatron-LM's fp8 parameters; torchtitan's float8 FSDP all-gather), ``fused_cross_entropy``,
     ``compile_loss``,
     ``grad_reduce_in_fp32``, ``distribute_saved_activations`` and
-    ``zero3_synchronous_gather`` (DeepSpeed's ZeRO-3 of 2021) and ``float8_recipe``."""
+    ``zero3_synchronous_gather`` (DeepSpeed's ZeRO-3 of 2021), ``float8_recipe``,
+    ``moe_dispatcher`` and ``moe_router_force_load_balancing`` (the forced even routing of
+    benchmark tables: ``Job.moe_load_imbalance`` 1.0)."""
     out: dict[str, Any] = {}
     if "compile" in flags:
         out["compile"] = bool(flags["compile"])
@@ -236,6 +244,10 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
         out["zero3_synchronous_gather"] = True
     if flags.get("float8_recipe") in FLOAT8_RECIPES:  # torchao's; Transformer Engine's differ
         out["float8_recipe"] = str(flags["float8_recipe"])
+    if flags.get("moe_dispatcher") in MOE_DISPATCHERS:
+        out["moe_dispatcher"] = str(flags["moe_dispatcher"])
+    if flags.get("moe_router_force_load_balancing"):
+        out["moe_load_imbalance"] = 1.0
     return out
 
 

@@ -265,7 +265,7 @@ class Topology:
         k, nodes = self.place(n, stride)
         intra = (k - 1) / n * nbytes / self.intra(k)
         inter = (n - k) / n * nbytes / self.nic_bw_per_gpu
-        t = self._one_hop(nodes > 1, np.maximum(intra, inter))
+        t = self.one_hop(nodes > 1, np.maximum(intra, inter))
         return np.where(n > 1, t, 0.0)
 
     def ring_step(self, nbytes: Num, size: Num, stride: Num) -> np.ndarray:
@@ -284,9 +284,9 @@ class Topology:
         """Seconds of one send of ``nbytes``: inside the node, or through the sender's NIC
         where ``across`` (bool per element)."""
         wire = np.where(across, nbytes / self.nic_bw_per_gpu, nbytes / self.intra(2.0))
-        return self._one_hop(across, wire)
+        return self.one_hop(across, wire)
 
-    def _one_hop(self, across: np.ndarray, wire: np.ndarray) -> np.ndarray:
+    def one_hop(self, across: np.ndarray, wire: np.ndarray) -> np.ndarray:
         """``_fastest`` of a transfer over one hop, between nodes where ``across``."""
         across = np.asarray(across)
         return self._fastest(np.where(across, 0.0, 1.0), np.where(across, 1.0, 0.0), wire)

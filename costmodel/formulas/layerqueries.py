@@ -120,6 +120,14 @@ def _fp8_operands(k: Kernels, narrow: float = 0.5) -> Kernels:
         if g.cast_in or g.expert else g for g in k.gemms))
 
 
+def _routed(k: Kernels, load: float) -> Kernels:
+    """``k`` with its routed experts' matmuls (``Gemm.expert``) on ``load`` times the traced
+    tokens: their FLOPs and activations grow, their weights do not."""
+    return dataclasses.replace(k, gemms=tuple(
+        dataclasses.replace(g, flops=g.flops * load, activation_bytes=g.activation_bytes * load)
+        if g.expert else g for g in k.gemms))
+
+
 def _float8_gather_share(job: Job) -> float:
     """The share of a traced layer's all-gather bytes (traced in bf16) that ``job`` moves:
     torchtitan's tensorwise float8 TP styles gather the float8 cast of a linear's input
@@ -398,7 +406,8 @@ class LayerQueries(LayerStructure):
     def _layer_compute(self, gpu: GPU, job: Job, a: ConfigArrays, kind: int,
                        capacity_factor: float, autocast: np.ndarray | None) -> LayerCompute:
         if self.spec is None:
-            return self._kernel_compute(self.layer_blocks()[kind], gpu, job, a, autocast)
+            return self._kernel_compute(self.layer_blocks()[kind], gpu, job, a, autocast,
+                                        load=capacity_factor)
         moe = self.routed(kind)
         return layer_compute(self.spec, gpu, job, a.tp, a.cp, a.mbs, a.sp, moe=moe,
                              capacity_factor=capacity_factor, ep=a.ep if moe else None,
@@ -422,10 +431,11 @@ class LayerQueries(LayerStructure):
                                autocast=autocast)
 
     def _kernel_compute(self, block: BlockCosts | None, gpu: GPU, job: Job, a: ConfigArrays,
-                        autocast: np.ndarray | None = None) -> LayerCompute:
+                        autocast: np.ndarray | None = None, load: float = 1.0) -> LayerCompute:
         """A traced block's ``LayerCompute`` per row: its kernels at the row's TP degree
         (its ``autocast`` kernels on the rows ``autocast`` marks, where it has them), scaled
-        to the row's micro-batch (zero without the block)."""
+        to the row's micro-batch (zero without the block); a MoE layer's expert matmuls at
+        the busiest rank's ``load`` (``moe.routed_load``), as the formulas run them."""
         share = self._token_share(job, a)
         fields = [f.name for f in dataclasses.fields(LayerCompute)]
         out = {name: np.zeros(np.shape(a.tp)) for name in fields}
@@ -457,6 +467,8 @@ class LayerQueries(LayerStructure):
                                             attention_flops=0.0, attention_kernels=0,
                                             attention_backward=False,
                                             attention_flops_per_key=0.0)
+            if load != 1.0:
+                run, again = _routed(run, load), again and _routed(again, load)
             if dtype in ("fp8", "nvfp4") and block.kind == "layer":
                 narrow = quantized_bytes(job) / 2
                 run, again = _fp8_operands(run, narrow), again and _fp8_operands(again, narrow)

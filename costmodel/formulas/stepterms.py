@@ -26,6 +26,7 @@ from costmodel.formulas.eager import float8_param_gather
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.layerqueries import SpreadCompute
 from costmodel.formulas.memory import MemoryTable
+from costmodel.formulas.moe import dispatch_combine, routed_load
 from costmodel.formulas.roofline import LayerCompute, memory_time
 from costmodel.formulas.states import state_bytes
 from costmodel.frameworks import framework
@@ -59,7 +60,7 @@ class Rows:
     e: float  # bytes per activation element and per parameter as gathered (compute_bytes)
     w_b: float  # bytes per weight as gathered after the optimizer (ZeRO 1/2)
     g_b: float  # bytes per gradient element as reduced
-    cf: float  # MoE capacity factor
+    cf: float  # the busiest expert-parallel rank's routed load (moe.routed_load)
     host_bw: float  # achieved GPU-host bytes/s (offload)
     stage: np.ndarray
     count: np.ndarray
@@ -148,7 +149,7 @@ def table_rows(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     w_b, g_b, _ = state_bytes(job, costs)
     if job.framework == "torchtitan":
         g_b = float(soft["torchtitan"]["reduce_dtype_bytes"])
-    cf = float(job.moe_capacity_factor or 1.0)
+    cf = routed_load(job) if costs.is_moe else 1.0
     gpu = cluster.gpu
     st = a.stage_major  # [P, rows], like mem's arrays
     cp = a.cp.astype(float)
@@ -216,16 +217,18 @@ def pick(x: np.ndarray, groups: Distinct | None) -> np.ndarray:
 
 
 def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
-    """EP dispatch and combine all-to-alls per micro-batch per stage, all exposed (Megatron-LM
-    and torchtitan defaults); full recompute runs the forward pair again. Zeros shaped
-    ``like`` for a dense model."""
+    """EP dispatch and combine per micro-batch per stage (``moe.dispatch_combine`` with the
+    job's dispatcher and the busiest rank's load ``Rows.cf``), all exposed (Megatron-LM and
+    torchtitan defaults): forward and backward each run a pair; full recompute runs the
+    forward pair again. Zeros shaped ``like`` for a dense model."""
     if not r.costs.is_moe:
         return np.zeros_like(like)
     h = float(r.costs.hidden_size)
     top_k = r.costs.moe_routing()[0]
-    a2a = 2 * r.topo.all_to_all(r.e * r.tokens * top_k * r.cf * h, r.ep, r.tp)
-    return r.routed_layers(r.counts) * (2 * a2a) \
-        + r.routed_layers(r.recomputed) * a2a * (r.a.recompute == 2)
+    pair = dispatch_combine(r.topo, r.job.moe_dispatcher, r.e * r.tokens * h, top_k, r.cf,
+                            r.ep, r.tp)
+    return r.routed_layers(r.counts) * (2 * pair) \
+        + r.routed_layers(r.recomputed) * pair * (r.a.recompute == 2)
 
 
 # ---- ZeRO-3 / FSDP per-layer gathers and reduce-scatters ---------------------------------

@@ -28,6 +28,7 @@ from costmodel.config import (
     FLOAT8_RECIPES,
     FRAMEWORK_NAMES,
     MASTER_DTYPES,
+    MOE_DISPATCHERS,
     OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
@@ -349,7 +350,14 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     for flag, what in JOB_SWITCHES:
         jb.add_argument(flag, action="store_true", help=what)
     jb.add_argument("--moe-capacity-factor", type=float,
-                    help="expert capacity factor (default: dropless, even routing)")
+                    help="expert capacity factor, tokens beyond it dropped (default: dropless)")
+    jb.add_argument("--moe-load-imbalance", type=float, metavar="RATIO",
+                    help="dropless routing: the busiest expert-parallel rank's routed tokens "
+                    "over the even share (1 = forced even routing; default: the published "
+                    "imbalance of trained routers)")
+    jb.add_argument("--moe-dispatcher", default="alltoall", choices=MOE_DISPATCHERS,
+                    help="MoE token dispatcher: alltoall (NCCL, default), allgather "
+                    "(Megatron-LM's) or deepep (one network copy per destination node)")
     jb.add_argument("--memory-reserve", type=float, default=5.0, metavar="PERCENT",
                     help="share of each GPU's memory a plan keeps free for allocator "
                     "fragmentation and buffers the estimate does not count (default 5)")
@@ -624,6 +632,8 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                grad_reduce_in_fp32=False if args.no_grad_reduce_in_fp32 else None,
                overlap_p2p_comm=not args.no_overlap_p2p_communication,
                moe_capacity_factor=args.moe_capacity_factor,
+               moe_load_imbalance=args.moe_load_imbalance,
+               moe_dispatcher=args.moe_dispatcher,
                memory_reserve=args.memory_reserve / 100)
 
 

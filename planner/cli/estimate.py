@@ -16,6 +16,7 @@ from costmodel.formulas.eager import float8_gathered_rows
 from costmodel.formulas.estimate import NEAR_CAPACITY, Estimate
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import TERMS
+from costmodel.formulas.moe import routing_words
 from costmodel.formulas.roofline import ATTENTION_NAMES, attention_kernel
 from costmodel.formulas.steptime import TIME_TERMS
 from costmodel.serving.inference import InferenceConfig, InferenceJob, estimate_inference
@@ -218,6 +219,7 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         + f" recompute={cfg.recompute}"
         + (f"({cfg.recompute_num_layers} layers)" if cfg.recompute_num_layers else "")
         + (f" offload={cfg.offload}" if cfg.offload != "none" else ""),
+        *([f"routing  {routing_words(job)}"] if getattr(model, "is_moe", False) else []),
     ]
 
 

@@ -12,6 +12,7 @@ from costmodel.config import Job, ParallelConfig
 from costmodel.formulas.eager import loss_kind
 from costmodel.formulas.estimate import Estimate
 from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.moe import routing_words
 from costmodel.formulas.states import megatron_grad_bytes
 from costmodel.frameworks import framework
 from costmodel.hardware import Cluster
@@ -149,6 +150,10 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set_job(f"{trainer}'s file runs its loss "
                    f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
                    "as the plan assumed: re-estimated with it", compile_loss=None)
+    if job.moe_dispatcher != "alltoall" and fw.name != "megatron":
+        ch.set_job(f"{trainer}'s file dispatches a MoE layer's tokens with its own all-to-all, "
+                   f"not the {job.moe_dispatcher} dispatcher the plan assumed (Megatron-LM's): "
+                   "re-estimated with it", moe_dispatcher="alltoall")
     if job.precision == "nvfp4" and fw.name != "megatron":
         ch.set_job(f"the plan's NVFP4 is Transformer Engine's recipe (Megatron-LM); {trainer}'s "
                    "own NVFP4 linears are not modelled: emitted MXFP8 and re-estimated with it",
@@ -211,6 +216,8 @@ def header_lines(plan: Planned, config: ParallelConfig, job: Job, est: Estimate,
         f"{est.memory_capacity_bytes / GIB:.1f} GiB per GPU",
         f"command: {command}",
     ]
+    if getattr(plan.model, "is_moe", False):
+        lines.append(f"routing: {routing_words(job)}")
     fit = hardware_profiles.fit_note(c.gpu.name)
     if fit:
         lines.append(f"fit: {fit}")

@@ -133,6 +133,14 @@ def _model_args(m: ModelSpec, job: Job) -> list[Any]:
     return [*a, "--tokenizer-type", "NullTokenizer", "--vocab-size", m.vocab_size]
 
 
+#: Megatron-LM's token dispatcher for each of ``Job.moe_dispatcher``'s (megatron/training/
+#: arguments.py at the recorded commit: --moe-token-dispatcher-type {allgather,alltoall,
+#: flex}; DeepEP is the flex dispatcher with --moe-enable-deepep).
+DISPATCHER_FLAGS = {"alltoall": ["--moe-token-dispatcher-type", "alltoall"],
+                    "allgather": ["--moe-token-dispatcher-type", "allgather"],
+                    "deepep": ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"]}
+
+
 def _moe_args(m: ModelSpec, job: Job) -> list[Any]:
     """The mixture-of-experts layers (none for a dense model): experts, top-k routing, the
     expert MLP width, shared experts, the leading dense layers and the capacity factor."""
@@ -140,7 +148,7 @@ def _moe_args(m: ModelSpec, job: Job) -> list[Any]:
         return []
     a: list[Any] = ["--num-experts", m.num_experts, "--moe-router-topk", m.top_k,
                     "--moe-ffn-hidden-size", m.moe_ffn_hidden_size, "--moe-grouped-gemm",
-                    "--moe-token-dispatcher-type", "alltoall"]
+                    *DISPATCHER_FLAGS[job.moe_dispatcher]]
     assert m.moe_ffn_hidden_size is not None  # ModelSpec.__post_init__ sets it for MoE
     if m.num_shared_experts:
         a += ["--moe-shared-expert-intermediate-size",

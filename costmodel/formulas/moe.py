@@ -1,0 +1,97 @@
+"""Mixture-of-experts token routing: how unevenly the routed tokens land on the
+expert-parallel ranks (``routed_load``), and what the dispatch and combine of each token
+dispatcher (``Job.moe_dispatcher``) move over the topology (``dispatch_combine``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hardware_profiles
+from costmodel.config import Job
+from costmodel.formulas.comm import Topology
+from costmodel.units import Num
+
+__all__ = ["dispatch_combine", "remote_domains", "routed_load", "routing_words"]
+
+
+def routed_load(job: Job) -> float:
+    """Routed tokens on the busiest expert-parallel rank, as a multiple of the even share:
+    what sets the pace of the experts' matmuls and of the all-to-all each step, since every
+    rank waits for the busiest at the combine.
+
+    With a capacity factor (``Job.moe_capacity_factor``) no expert takes more than that
+    multiple, and the estimate takes the busiest rank at capacity. Dropless routing takes
+    ``Job.moe_load_imbalance`` where the job says it (1.0: the forced even routing that
+    NVIDIA's performance tables benchmark with), else the imbalance published for
+    auxiliary-loss and bias balancing (``hardware_profiles/software.toml [moe]``)."""
+    if job.moe_capacity_factor is not None:
+        return float(job.moe_capacity_factor)
+    if job.moe_load_imbalance is not None:
+        return float(job.moe_load_imbalance)
+    return float(hardware_profiles.load_software()["moe"]["load_imbalance"])
+
+
+def remote_domains(top_k: int, size: Num, per_domain: Num) -> np.ndarray:
+    """Expected number of other scale-up domains a token's ``top_k`` experts are in, for an
+    expert-parallel group of ``size`` ranks with ``per_domain`` of them in each domain and
+    the experts spread evenly over the ranks: each of the ``size / per_domain - 1`` other
+    domains holds a share ``per_domain / size`` of the experts and gets none of a token's
+    experts with probability ``(1 - per_domain / size) ** top_k`` (routing taken as
+    independent draws; DeepSeek-V3's node-limited routing, report Sec. 2.1.2, caps it at
+    4 nodes and is not modelled)."""
+    n = np.asarray(size, dtype=float)
+    k = np.asarray(per_domain, dtype=float)
+    share = np.minimum(k / n, 1.0)
+    return (n / k - 1.0) * (1.0 - (1.0 - share) ** float(top_k))
+
+
+def dispatch_combine(topo: Topology, dispatcher: str, token_bytes: Num, top_k: int,
+                     load: float, size: Num, stride: Num) -> np.ndarray:
+    """Seconds of one dispatch and one combine of a MoE layer on each rank of an
+    expert-parallel group of ``size`` ranks ``stride`` apart, each rank holding
+    ``token_bytes`` of tokens (one copy of its micro-batch's hidden states) of which
+    ``top_k`` copies are routed, ``load`` times the even share landing on the busiest rank.
+
+    - ``alltoall`` (Megatron-LM's ``--moe-token-dispatcher-type alltoall``, torchtitan's
+      default): an NCCL all-to-all of the routed copies each way (``Topology.all_to_all``).
+    - ``allgather`` (Megatron-LM's ``allgather``): every rank all-gathers the group's tokens
+      and picks those its experts take, and the combine reduce-scatters the outputs back:
+      independent of ``top_k``, growing with the group.
+    - ``deepep`` (DeepEP's normal kernels: Megatron-LM's ``flex`` dispatcher with DeepEP,
+      torchtitan's DeepEP backend): a token bound for another domain crosses the scale-out
+      network once per domain its experts are in (to the rank of the same local index
+      there), and is forwarded over the scale-up link inside that domain
+      (deepseek-ai/DeepEP README, "normal kernels with NVLink and RDMA forwarding"). The
+      network carries ``remote_domains`` copies of each token, the scale-up link the routed
+      copies for the own domain and the forwarded ones; the busier of the two sets the
+      time, as in the all-to-all."""
+    b = np.asarray(token_bytes, dtype=float)
+    if dispatcher == "allgather":
+        gathered = b * np.asarray(size, dtype=float)
+        return topo.all_gather(gathered, size, stride) + topo.reduce_scatter(gathered, size,
+                                                                             stride)
+    copies = b * top_k * load
+    if dispatcher == "alltoall":
+        return 2.0 * topo.all_to_all(copies, size, stride)
+    n = np.asarray(size, dtype=float)
+    k, domains = topo.place(n, stride)
+    # Copies for ranks of the own domain, and the remote copies forwarded to the other
+    # ranks of the domain they arrive in.
+    intra = ((k - 1.0) / n + (n - k) / n * (k - 1.0) / k) * copies / topo.intra(k)
+    inter = remote_domains(top_k, n, k) * b * load / topo.nic_bw_per_gpu
+    wire = np.where(domains > 1, np.maximum(intra, inter), intra)
+    one = topo.one_hop(domains > 1, wire)
+    return np.where(n > 1, 2.0 * one, 0.0)
+
+
+def routing_words(job: Job) -> str:
+    """What the estimate assumed about a MoE layer's routing, for its summary: the
+    dispatcher and the busiest rank's load (``routed_load``) with where it comes from."""
+    if job.moe_capacity_factor is not None:
+        why = "the capacity factor"
+    elif job.moe_load_imbalance is not None:
+        why = "as the job gives it"
+    else:
+        why = str(hardware_profiles.load_software()["moe"]["load_imbalance_basis"])
+    return (f"{job.moe_dispatcher} dispatcher; the busiest expert-parallel rank takes "
+            f"{routed_load(job):.2f}x the even share of routed tokens ({why})")

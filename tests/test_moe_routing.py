@@ -1,0 +1,128 @@
+"""MoE routing at scale (issue 60): the busiest expert-parallel rank's load and the token
+dispatchers costed on the topology they run on."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_emit import megatron_parser
+
+from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
+from costmodel.formulas.comm import Topology
+from costmodel.formulas.moe import dispatch_combine, remote_domains, routed_load
+from planner.emit import emit
+from planner.emit.megatron import parse_array
+from planner.result import Plan
+
+QWEN = ModelSpec.preset("qwen3-30b-a3b")
+
+
+def _job(**kw: object) -> Job:
+    return Job(global_batch_size=256, seq_len=4096, framework="megatron", **kw)  # type: ignore[arg-type]
+
+
+def _est(cluster: Cluster, cfg: ParallelConfig, **kw: object):
+    return estimate(QWEN, cluster, _job(**kw), cfg)
+
+
+def test_the_busiest_rank_sets_the_expert_time_and_memory() -> None:
+    """Dropless routing is never even: the busiest rank's routed tokens, ``load`` times the
+    even share, set the experts' matmuls and the all-to-all; a capacity factor caps the
+    load; forced even routing (1.0) is the floor."""
+    cluster = Cluster.preset("dgx-h100", num_nodes=2)
+    cfg = ParallelConfig(dp=16, ep=16, zero_stage=1)
+    even = _est(cluster, cfg, moe_load_imbalance=1.0)
+    busy = _est(cluster, cfg, moe_load_imbalance=1.5)
+    assert busy.step_time_s > even.step_time_s
+    assert busy.time_breakdown_s["ep_comm"] == pytest.approx(
+        even.time_breakdown_s["ep_comm"] * 1.5, rel=0.05)
+    capped = _est(cluster, cfg, moe_capacity_factor=1.5)
+    assert capped.step_time_s == pytest.approx(busy.step_time_s)
+    assert routed_load(_job()) >= 1.0  # the published default, never better than even
+    with pytest.raises(SpecError, match="not both"):
+        _job(moe_load_imbalance=1.2, moe_capacity_factor=1.25)
+    with pytest.raises(SpecError, match="at least 1"):
+        _job(moe_load_imbalance=0.5)
+
+
+def test_remote_domains_counts_distinct_destination_nodes() -> None:
+    """One domain: no remote copies. Many domains and a large top-k: every other domain.
+    Brute force over all routings of a small case agrees with the closed form's independent
+    draws within the sampling approximation."""
+    assert float(remote_domains(8, 8, 8)) == 0.0
+    assert float(remote_domains(64, 64, 8)) == pytest.approx(7.0, rel=1e-3)
+    # top-2 of 8 experts on 4 domains of one expert-rank pair each: exact expectation of
+    # distinct other domains, over all (8 choose 2) routings from domain 0.
+    import itertools
+
+    experts = [e // 2 for e in range(8)]  # 2 experts per domain, 4 domains
+    picks = list(itertools.combinations(range(8), 2))
+    exact = np.mean([len({experts[a], experts[b]} - {0}) for a, b in picks])
+    assert float(remote_domains(2, 4, 1)) == pytest.approx(exact, rel=0.1)
+
+
+def test_deepep_sends_one_network_copy_per_destination_node() -> None:
+    """Across nodes DeepEP's normal kernels send a token once per destination node and
+    forward it over NVLink: fewer network bytes than an all-to-all of every routed copy; in
+    one node they move the same; the all-gather dispatcher moves the whole group's tokens,
+    whatever top-k."""
+    topo = Topology.of(Cluster.preset("dgx-h100", num_nodes=8))
+    nbytes = 2 * 4096 * 2048.0
+    a2a = dispatch_combine(topo, "alltoall", nbytes, 8, 1.0, 64, 1)
+    deep = dispatch_combine(topo, "deepep", nbytes, 8, 1.0, 64, 1)
+    assert float(deep) < float(a2a)
+    one = Topology.of(Cluster.preset("dgx-h100"))
+    assert float(dispatch_combine(one, "deepep", nbytes, 8, 1.0, 8, 1)) == pytest.approx(
+        float(dispatch_combine(one, "alltoall", nbytes, 8, 1.0, 8, 1)), rel=0.35)
+    ag = [float(dispatch_combine(topo, "allgather", nbytes, k, 1.0, 64, 1)) for k in (2, 8)]
+    assert ag[0] == ag[1]
+    assert float(dispatch_combine(topo, "allgather", nbytes, 8, 1.0, 1, 1)) == 0.0
+
+
+def test_the_dispatcher_is_emitted_in_megatrons_words_and_mapped_elsewhere() -> None:
+    cluster = Cluster.preset("dgx-h100", num_nodes=2)
+    cfg = ParallelConfig(dp=16, ep=16, zero_stage=1)
+    for dispatcher, want in (("alltoall", ("alltoall", False)), ("allgather", ("allgather", False)),
+                             ("deepep", ("flex", True))):
+        job = _job(moe_dispatcher=dispatcher)
+        plan = Plan(model=QWEN, cluster=cluster, job=job, config=cfg,
+                    estimate=estimate(QWEN, cluster, job, cfg))
+        out = emit(plan, "megatron").text
+        ns = megatron_parser().parse_args(parse_array(out))
+        assert (ns.moe_token_dispatcher_type, bool(ns.moe_enable_deepep)) == want
+        assert f"routing: {dispatcher} dispatcher" in out
+    job = dataclasses.replace(_job(moe_dispatcher="deepep"), framework="torchtitan")
+    plan = Plan(model=QWEN, cluster=cluster, job=job, config=dataclasses.replace(cfg, zero_stage=3),
+                estimate=estimate(QWEN, cluster, job, dataclasses.replace(cfg, zero_stage=3)))
+    assert "not the deepep dispatcher the plan assumed" in emit(plan, "torchtitan").text
+
+
+def test_the_summary_states_the_imbalance_it_assumed() -> None:
+    from planner import plan
+
+    got = plan(QWEN, Cluster.preset("dgx-h100", num_nodes=2),
+               _job(moe_load_imbalance=1.25))
+    assert "routing  alltoall dispatcher; the busiest expert-parallel rank takes 1.25x" \
+        in got.summary()
+
+
+def test_the_default_load_is_what_its_calibration_fits() -> None:
+    """software.toml's [moe] load_imbalance is benchmarks/moe_imbalance.py's fit to the
+    published forced-vs-trained routing runs, and one load explains all four sequence
+    lengths (the slowdown shrinks as attention's share grows)."""
+    import importlib.util
+    from pathlib import Path
+
+    import hardware_profiles
+
+    path = Path(__file__).parents[1] / "benchmarks/moe_imbalance.py"
+    spec = importlib.util.spec_from_file_location("moe_imbalance", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    loads = [f for *_, f in mod.fitted_loads()]
+    assert max(loads) - min(loads) < 0.1
+    shipped = float(hardware_profiles.load_software()["moe"]["load_imbalance"])
+    assert shipped == pytest.approx(sum(loads) / len(loads), abs=0.01)
