@@ -33,6 +33,7 @@ from planner.alternatives import Choice, Option
 from planner.inference import InferenceExplanation, explain_inference
 from planner.plan import TERM_LABELS, describe, slower_reason
 from planner.result import Plan
+from planner.routing import ROUTING_FIELDS, routing_choices
 from planner.search import Found, search
 from planner.space import (
     _OFFLOAD_NAMES,
@@ -56,7 +57,8 @@ _DECODE: dict[str, Callable[[int], Any]] = {
     "recompute": _RECOMPUTE_NAMES.__getitem__, "offload": _OFFLOAD_NAMES.__getitem__,
 }
 _SHORT = {"zero_stage": "zero", "sequence_parallel": "sp", "micro_batch_size": "mbs",
-          "pipeline_schedule": "schedule", "virtual_pipeline_stages": "v"}
+          "pipeline_schedule": "schedule", "virtual_pipeline_stages": "v",
+          "moe_dispatcher": "dispatcher", "moe_load": "load"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +106,8 @@ class Explanation:
             "why each choice (for every other value: the fastest configuration with it)",
         ]
         for c in self.choices:
-            tag = "fixed by the constraints" if c.fixed else \
+            tag = "the job's (what changing it would do)" if c.field in ROUTING_FIELDS else \
+                "fixed by the constraints" if c.fixed else \
                 "the only valid value" if not c.options else "chosen"
             lines.append(f"  {_label(c.field, c.chosen):<24s} {tag}")
             for o in c.options:
@@ -112,7 +115,8 @@ class Explanation:
                 where = f"   [{describe(o.config)}" + \
                     (f", {o.framework}]" if o.framework != job.framework else "]") \
                     if o.config else ""
-                why = o.reason if o.verdict == "slower" else f"{o.verdict}: {o.reason}"
+                why = o.reason if o.verdict in ("slower", "faster") \
+                    else f"{o.verdict}: {o.reason}"
                 lines.append(f"    {head:<22s} {why}{where}")
         return "\n".join(lines)
 
@@ -219,6 +223,7 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
             o.step_time_s if o.step_time_s is not None else (o.peak_memory_bytes or 0.0)))
         choices.append(Choice(field=f, chosen=chosen, fixed=f in cons.fixed,
                               options=tuple(opts)))
+    choices += routing_choices(plan)
     return Explanation(plan=plan, choices=tuple(choices),
                        search_seconds=time.perf_counter() - t0, notes=notes(plan))
 

@@ -495,3 +495,16 @@ def test_qwen3_is_written_with_its_query_and_key_norms_and_head_width() -> None:
                 estimate=estimate(other, cluster, job, cfg)).emit("torchtitan")
     assert tomllib.loads(mine)["model"]["name"] == "qwen3"
     assert "for model 'qwen3' (Qwen3ModelArgs" in mine and "qk_norm=True" in mine
+
+
+def test_deepspeed_takes_per_stage_recompute_before_dropping_the_stage_split() -> None:
+    """A plan recomputing a different number of layers per stage of an explicit split (the
+    docs' quick DeepSpeed plan, llama-3-70b on 64 H100s) is emitted: the counts become the
+    largest, then the split the uniform one. Before, dropping the split first left per-stage
+    counts without one, and emit stopped with an invalid configuration."""
+    cfg = ParallelConfig(dp=4, tp=4, pp=2, cp=2, zero_stage=1, recompute="full",
+                         stage_layers=(40, 40), stage_recompute_layers=(1, 0),
+                         offload="optimizer")
+    out = emit(make_plan("llama-3-70b", 8, cfg, "deepspeed"), "deepspeed")
+    assert out.config.stage_layers is None and out.config.stage_recompute_layers is None
+    assert any("recomputes the same number of layers" in w for w in out.warnings)

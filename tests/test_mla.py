@@ -306,7 +306,10 @@ def test_the_traced_latent_moe_example_plans_as_its_spec() -> None:
     with torch.device("meta"):
         module = LatentMoE(layers=8, dim=2048)
     cluster = Cluster(gpu="h100-sxm", num_nodes=2, gpus_per_node=8)
-    job = Job(global_batch_size=64, seq_len=4096, framework="torchtitan")
+    # Even routing: a traced MoE layer takes a busier rank's load on its expert matmuls
+    # only (tests/test_layercosts.py, the MoE module test), the formulas on its routed
+    # memory-bound kernels too.
+    job = Job(global_batch_size=64, seq_len=4096, framework="torchtitan", moe_load_imbalance=1.0)
     graph = LayerGraph.from_module(module, torch.zeros(1, 4096, dtype=torch.long),
                                    dtype=torch.bfloat16, loss_fn=loss)
     traced = costs_from_graph(graph, cluster, job, sequence_parallel="both")

@@ -20,7 +20,7 @@ QWEN = ModelSpec.preset("qwen3-30b-a3b")
 
 
 def _job(**kw: object) -> Job:
-    return Job(global_batch_size=256, seq_len=4096, framework="megatron", **kw)  # type: ignore[arg-type]
+    return Job(**{"global_batch_size": 256, "seq_len": 4096, "framework": "megatron", **kw})  # type: ignore[arg-type]
 
 
 def _est(cluster: Cluster, cfg: ParallelConfig, **kw: object):
@@ -126,3 +126,24 @@ def test_the_default_load_is_what_its_calibration_fits() -> None:
     assert max(loads) - min(loads) < 0.1
     shipped = float(hardware_profiles.load_software()["moe"]["load_imbalance"])
     assert shipped == pytest.approx(sum(loads) / len(loads), abs=0.01)
+
+
+def test_explain_says_what_each_dispatcher_and_even_routing_would_cost() -> None:
+    """A MoE plan's explanation searches the job again with every other dispatcher and
+    with forced even routing (never slower than the trained router's load); a dense plan's
+    has no routing choices."""
+    from planner import explain, plan
+
+    got = explain(plan(QWEN, Cluster.preset("dgx-h100"), _job(global_batch_size=64)),
+                  fields=["ep"])
+    by = {c.field: c for c in got.choices}
+    assert {o.value for o in by["moe_dispatcher"].options} == {"allgather", "deepep"}
+    assert by["moe_dispatcher"].chosen == "alltoall"
+    even = by["moe_load"].options[0]
+    assert even.value == 1.0 and even.verdict == "faster"
+    assert even.step_time_s < got.plan.estimate.step_time_s
+    assert "dispatcher=deepep" in got.summary()
+    dense = explain(plan(ModelSpec.preset("llama-3-8b"), Cluster.preset("dgx-h100"),
+                         Job(global_batch_size=64, seq_len=4096, framework="megatron")),
+                    fields=["tp"])
+    assert not {c.field for c in dense.choices} & {"moe_dispatcher", "moe_load"}

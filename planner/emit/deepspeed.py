@@ -44,6 +44,8 @@ PERSISTENCE_THRESHOLD = 100_000
 def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
     """``cfg`` as DeepSpeed runs it (see the module docstring)."""
     ch = to_framework(cfg, job, "deepspeed", "DeepSpeed")
+    # Per-stage recompute counts first: they need the plan's stage split, dropped next.
+    uniform_stage_recompute(ch, "DeepSpeed")
     if ch.cfg.stage_layers:
         ch.set(f"DeepSpeed's PipelineModule partitions layers by a method, not by explicit "
                f"counts: emitted the uniform split (the plan's stages hold "
@@ -51,7 +53,6 @@ def lower(model: ModelSpec, job: Job, cfg: ParallelConfig) -> Lowered:
     if ch.cfg.sequence_parallel:
         ch.set("DeepSpeed AutoTP has no sequence parallelism: emitted tensor parallelism "
                "without it", sequence_parallel=False)
-    uniform_stage_recompute(ch, "DeepSpeed")
     if ch.cfg.recompute == "selective":
         ch.set("DeepSpeed checkpoints whole layers, not the attention core: emitted full "
                "recompute", recompute="full", recompute_num_layers=None)
