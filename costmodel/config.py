@@ -304,7 +304,11 @@ class Job:
 class ParallelConfig:
     """One way to split training. Degrees: ``dp, tp, pp, cp`` multiply to the world size;
     ``ep`` (expert parallel) is carved out of ``dp * cp`` for the expert layers, as Megatron-LM
-    and torchtitan lay out their meshes.
+    and torchtitan lay out their meshes. ``etp``: the experts' own tensor-parallel degree
+    (Megatron-Core's MoE parallel folding, ``--expert-tensor-parallel-size``): the experts
+    then form their own mesh of etp x ep x expert-data-parallel over the same ``tp * cp * dp``
+    ranks of a pipeline stage, etp innermost, so ``etp * ep`` must divide them; ``None`` is
+    ``tp`` (the experts split as the attention).
 
     ``zero_stage``: 0 (replicated), 1 (optimizer sharded), 2 (+ gradients), 3 (+ parameters;
     FSDP). ``sharding_group``: the data-parallel ranks one shard spans (HSDP / hybrid sharding);
@@ -325,6 +329,7 @@ class ParallelConfig:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int | None = None
     zero_stage: int = 0
     sharding_group: int | None = None
     sequence_parallel: bool = False
@@ -341,6 +346,8 @@ class ParallelConfig:
         owner = "ParallelConfig"
         for key in ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages"):
             _positive_int(owner, key, getattr(self, key))
+        if self.etp is not None:
+            _positive_int(owner, "etp", self.etp)
         if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
             raise SpecError(f"{owner}.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         self._check_schedule()
@@ -464,6 +471,11 @@ class ParallelConfig:
     def world_size(self) -> int:
         """GPUs this configuration occupies: ``dp * tp * pp * cp``."""
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree: ``etp``, or ``tp`` where it is not set."""
+        return self.tp if self.etp is None else self.etp
 
     @property
     def shard_degree(self) -> int:

@@ -65,11 +65,20 @@ def _rotary_decoder(c: _HFConfig, tied: bool = False) -> dict[str, Any]:
 def _deepseek_moe(c: _HFConfig) -> dict[str, Any]:
     """DeepSeekMoE's layers (DeepSeek, DeepSeek-V2/V3, GLM-4.5): ``n_routed_experts`` experts
     of ``moe_intermediate_size``, top ``num_experts_per_tok``, ``n_shared_experts`` shared
-    ones, after ``first_k_dense_replace`` dense layers."""
+    ones, after ``first_k_dense_replace`` dense layers, and their group-limited routing."""
     return {"num_experts": c.need("n_routed_experts"), "top_k": c.need("num_experts_per_tok"),
             "moe_ffn_hidden_size": c.need("moe_intermediate_size"),
             "num_shared_experts": c.whole("n_shared_experts", 0),
-            "first_dense_layers": c.whole("first_k_dense_replace", 0)}
+            "first_dense_layers": c.whole("first_k_dense_replace", 0), **_group_limit(c)}
+
+
+def _group_limit(c: _HFConfig) -> dict[str, Any]:
+    """DeepSeek-V2/V3's group-limited routing: ``topk_group`` of ``n_group`` expert groups
+    per token (nothing where the limit does not bind: one group, or all of them)."""
+    groups, limit = c.whole("n_group", 0), c.whole("topk_group", 0)
+    if groups > 1 and 0 < limit < groups:
+        return {"expert_groups": groups, "expert_group_limit": limit}
+    return {}
 
 
 def _decoder_fields(c: _HFConfig) -> dict[str, Any]:

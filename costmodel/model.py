@@ -41,7 +41,10 @@ class ModelSpec:
     ``num_kv_heads`` defaults to ``num_heads`` (MHA), ``ffn_hidden_size`` to ``4 * hidden_size``,
     ``head_dim`` to ``hidden_size // num_heads``. MoE: ``num_experts`` routed experts of
     ``moe_ffn_hidden_size`` each, ``top_k`` per token, ``num_shared_experts`` always active, and
-    the first ``first_dense_layers`` layers use a dense MLP of ``ffn_hidden_size``.
+    the first ``first_dense_layers`` layers use a dense MLP of ``ffn_hidden_size``. Group-limited
+    routing (DeepSeek-V2/V3's ``n_group`` / ``topk_group``): the experts form ``expert_groups``
+    equal groups and a token's experts come from at most ``expert_group_limit`` of them (0: no
+    limit; DeepSeek-V3 8 and 4, its node-limited routing, report Sec. 2.1.2).
     Multi-head latent attention (MLA; DeepSeek-AI 2024, "DeepSeek-V2", Sec. 2.1):
     ``kv_lora_rank > 0`` compresses each token's keys and values into a latent of
     ``kv_lora_rank`` (and the queries into ``q_lora_rank``, 0 for a full query projection),
@@ -98,6 +101,8 @@ class ModelSpec:
     moe_ffn_hidden_size: int | None = None
     num_shared_experts: int = 0
     first_dense_layers: int = 0
+    expert_groups: int = 0
+    expert_group_limit: int = 0
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
@@ -116,6 +121,17 @@ class ModelSpec:
         self._check_sizes()
         self._check_kinds()
         self._check_experts()
+
+    def _check_expert_groups(self) -> None:
+        """Group-limited routing needs experts split into equal groups and a limit below
+        their count."""
+        g, m = self.expert_groups, self.expert_group_limit
+        if not g and not m:
+            return
+        if not (0 < m < g) or (self.num_experts % g if self.num_experts else True):
+            raise SpecError(f"ModelSpec {self.name!r}: expert_groups={g} and "
+                            f"expert_group_limit={m} need 0 < limit < groups and groups "
+                            f"dividing num_experts={self.num_experts} (or both 0: no limit)")
 
     def _positive(self, key: str, allow_zero: bool = False) -> int:
         """Field ``key`` must be a positive (``allow_zero``: non-negative) integer; its value."""
@@ -144,8 +160,10 @@ class ModelSpec:
         for key in ("vocab_size", "max_position_embeddings", "num_token_types", "patch_size",
                     "image_size", "num_experts", "top_k", "num_shared_experts",
                     "first_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-                    "mtp_layers", "sliding_window", "global_every"):
+                    "mtp_layers", "sliding_window", "global_every", "expert_groups",
+                    "expert_group_limit"):
             self._positive(key, allow_zero=True)
+        self._check_expert_groups()
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         kv_heads = self._positive("num_kv_heads")

@@ -96,7 +96,8 @@ def describe(cfg: ParallelConfig | InferenceConfig) -> str:
     if isinstance(cfg, InferenceConfig):
         return cfg.describe()
     parts = [f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"]
-    for key, default in (("cp", 1), ("ep", 1), ("zero_stage", 0), ("sharding_group", None),
+    for key, default in (("cp", 1), ("ep", 1), ("etp", None), ("zero_stage", 0),
+                         ("sharding_group", None),
                          ("sequence_parallel", False), ("micro_batch_size", None),
                          ("virtual_pipeline_stages", 1), ("recompute", "none"),
                          ("recompute_num_layers", None), ("offload", "none"),

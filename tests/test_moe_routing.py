@@ -147,3 +147,90 @@ def test_explain_says_what_each_dispatcher_and_even_routing_would_cost() -> None
                          Job(global_batch_size=64, seq_len=4096, framework="megatron")),
                     fields=["tp"])
     assert not {c.field for c in dense.choices} & {"moe_dispatcher", "moe_load"}
+
+
+def test_node_limited_routing_caps_the_destination_nodes() -> None:
+    """DeepSeek-V3's routing (top-8 from at most 4 of 8 expert groups) on EP64 over 8 nodes,
+    one group a node: a token reaches 3.5 other nodes on average, as brute force over every
+    choice of 4 groups says, where unlimited top-8 routing reaches 4.6."""
+    import itertools
+
+    picks = list(itertools.combinations(range(8), 4))
+    exact = np.mean([len(set(p) - {0}) for p in picks])
+    assert float(remote_domains(8, 64, 8, 8, 4)) == pytest.approx(exact)
+    assert float(remote_domains(8, 64, 8)) > exact + 1.0
+    v3 = ModelSpec.preset("deepseek-v3")
+    assert (v3.expert_groups, v3.expert_group_limit) == (8, 4)
+    with pytest.raises(SpecError, match="expert_group_limit"):
+        dataclasses.replace(v3, expert_group_limit=8)
+
+
+# ---- MoE parallel folding: the experts' own tensor-parallel degree -----------------------
+
+QWEN235 = ModelSpec.preset("qwen3-235b-a22b")
+
+
+def _folded(etp: int | None, ep: int = 8, tp: int = 2, dp: int = 8) -> ParallelConfig:
+    from costmodel.config import accounted_split
+
+    return ParallelConfig(dp=dp, tp=tp, pp=8, ep=ep, etp=etp, zero_stage=1,
+                          sequence_parallel=True, virtual_pipeline_stages=4,
+                          recompute="selective",
+                          stage_layers=accounted_split(QWEN235.num_layers, 8, 4))
+
+
+def test_etp_equal_to_tp_is_the_unfolded_layout() -> None:
+    cluster = Cluster.preset("dgx-h100", num_nodes=16)
+    job = _job(global_batch_size=1024, moe_load_imbalance=1.0)
+    a, b = (estimate(QWEN235, cluster, job, _folded(etp)) for etp in (None, 2))
+    assert a.step_time_s == b.step_time_s
+    assert a.peak_memory_bytes == b.peak_memory_bytes
+
+
+def test_folding_the_experts_over_the_tp_ranks() -> None:
+    """etp = 1 under tp = 2 (Megatron-Core's MoE parallel folding): each rank dispatches its
+    own sequence share (half the all-to-all bytes), runs whole experts (the same FLOPs), drops
+    its MoE layers' MLP-half TP exchanges, and holds the experts split ep * etp ways: the
+    expert data-parallel group grows by tp / etp. It also admits ep = 16 over a stage's 16
+    ranks (tp 2 x dp 8), where the unfolded mesh (ep borrowing dp) cannot."""
+    cluster = Cluster.preset("dgx-h100", num_nodes=16)
+    job = _job(global_batch_size=1024, moe_load_imbalance=1.0)
+    even, folded = (estimate(QWEN235, cluster, job, _folded(etp)) for etp in (None, 1))
+    t, f = even.time_breakdown_s, folded.time_breakdown_s
+    assert f["ep_comm_total"] < t["ep_comm_total"]
+    assert f["tp_comm_total"] <= t["tp_comm_total"] and f["tp_comm"] < t["tp_comm"]
+    assert folded.step_time_s < even.step_time_s
+    assert folded.peak_memory_bytes < even.peak_memory_bytes
+    wide = estimate(QWEN235, cluster, job, _folded(1, ep=16))
+    assert wide.step_time_s > 0
+    with pytest.raises(SpecError, match="ep=16 must divide dp"):
+        estimate(QWEN235, cluster, job, _folded(None, ep=16))
+
+
+def test_folding_is_refused_where_it_does_not_apply() -> None:
+    cluster = Cluster.preset("dgx-h100", num_nodes=16)
+    job = _job(global_batch_size=1024)
+    with pytest.raises(SpecError, match=r"etp\*ep = 64 must divide tp\*cp\*dp = 16"):
+        estimate(QWEN235, cluster, job, _folded(1, ep=64, dp=8))
+    with pytest.raises(SpecError, match="zero_stage=3"):
+        estimate(QWEN235, cluster, job, dataclasses.replace(_folded(1), zero_stage=3))
+    with pytest.raises(SpecError, match="torchtitan's experts split as its tp"):
+        estimate(QWEN235, cluster, dataclasses.replace(job, framework="torchtitan"),
+                 dataclasses.replace(_folded(1), zero_stage=0))
+    with pytest.raises(SpecError, match="needs a mixture-of-experts model"):
+        estimate(ModelSpec.preset("llama-3-70b"), cluster, job,
+                 ParallelConfig(dp=64, tp=2, etp=1, zero_stage=1, sequence_parallel=True))
+
+
+def test_a_folded_plan_is_emitted_for_megatron_and_refused_elsewhere() -> None:
+    cluster = Cluster.preset("dgx-h100", num_nodes=16)
+    job = _job(global_batch_size=1024)
+    cfg = _folded(1, ep=16)
+    plan = Plan(model=QWEN235, cluster=cluster, job=job, config=cfg,
+                estimate=estimate(QWEN235, cluster, job, cfg))
+    ns = megatron_parser().parse_args(parse_array(emit(plan, "megatron").text))
+    assert (ns.expert_tensor_parallel_size, ns.expert_model_parallel_size) == (1, 16)
+    with pytest.raises(SpecError, match="cannot run the plan's folded expert mesh"):
+        emit(plan, "torchtitan")
+    back = Plan.from_json(plan.to_json())
+    assert back.config.etp == 1

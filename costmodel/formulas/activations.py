@@ -96,6 +96,10 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     if moe:
         f_moe = float(model.moe_ffn_hidden_size or 0)
         routed = tokens * model.top_k
+        # The routed copies a rank holds in the hidden size: its TP group's (gathered)
+        # with the experts split as tp, its own share folded (ParallelConfig.etp); their
+        # MLP's inner tensors hold routed * f_moe / tp either way.
+        held = routed * a.expert_tp / tp
         # The experts' outputs are weighted by the router's probabilities as they are
         # combined, and that product keeps them for the probabilities' gradient: Megatron-
         # Core's unpermute multiplies the permuted tokens by the probs
@@ -111,8 +115,8 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         # projections casts them itself (torchtitan's ``x.bfloat16()`` per grouped matmul).
         mlp = (mlp_rep + 4.0 * tokens * model.num_experts * rep  # fp32 router probabilities
                # permuted expert inputs (tokens gathered over TP)
-               + np.where(copies, n_in, 1.0) * e_lin * routed * h
-               + kept * routed * h  # the experts' outputs (or inputs) the scores' product keeps
+               + np.where(copies, n_in, 1.0) * e_lin * held * h
+               + kept * held * h  # the experts' outputs (or inputs) the scores' product keeps
                + mlp_inner(f_moe, routed)
                + mlp_inner(f_moe * model.num_shared_experts, tokens))
     else:

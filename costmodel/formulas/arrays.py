@@ -112,6 +112,7 @@ class ConfigArrays:
     stage_start: np.ndarray
     stage_recompute: np.ndarray | None = None  # layers fully recomputed per stage; -1: the row's
     chunks: ChunkPatterns | None = None  # explicit interleaved chunks, by pattern
+    etp: np.ndarray | None = None  # the experts' TP degree (ParallelConfig.etp); None: tp
 
     @property
     def rows(self) -> int:
@@ -130,13 +131,25 @@ class ConfigArrays:
                       recompute=None if rec is None else t(rec))
 
     @cached_property
+    def expert_tp(self) -> np.ndarray:
+        """The experts' tensor-parallel degree per row (``ParallelConfig.expert_tp``)."""
+        return self.tp if self.etp is None else self.etp
+
+    @cached_property
+    def expert_share(self) -> np.ndarray:
+        """How many more ways the routed experts' parameters split than the rest of a layer
+        (``ep * etp / tp``): their shard per GPU is the tensor-parallel share over this, and
+        their data-parallel group ``dp * cp`` over it (``ep`` without folding)."""
+        return self.ep * self.expert_tp / self.tp
+
+    @cached_property
     def kernel_groups(self) -> Distinct:
         """The rows grouped by all that one layer's kernels and saved activations per
         micro-batch depend on: ``tp, cp, mbs, sp, ep``, and whether ``torch.autocast`` may
         apply (ZeRO 0 and ``pp`` 1, ``costmodel.formulas.compute.autocast_rows``); their TP and CP
         collectives too. A search's chunk of tens of thousands of rows has a hundred or two
         such groups: ``LayerCosts`` and ``costmodel.formulas.stepterms`` compute each once."""
-        return distinct_rows(self.tp, self.cp, self.mbs, self.sp, self.ep,
+        return distinct_rows(self.tp, self.cp, self.mbs, self.sp, self.ep, self.expert_tp,
                              (self.zero == 0) & (self.pp == 1))
 
     @cached_property
@@ -144,7 +157,7 @@ class ConfigArrays:
         """The rows grouped by their device mesh: ``dp, tp, cp, ep`` and the shard degree,
         all that the ranks and stride of a communicator a row forms depend on
         (``costmodel.formulas.comm.Topology.rows``)."""
-        return distinct_rows(self.dp, self.tp, self.cp, self.ep, self.shard)
+        return distinct_rows(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.shard)
 
     @cached_property
     def kernel_rows(self) -> ConfigArrays:
@@ -257,6 +270,8 @@ class ConfigArrays:
             pp=pps,
             cp=col([c.cp for c in configs]),
             ep=col([c.ep for c in configs]),
+            etp=col([c.expert_tp for c in configs])
+            if any(c.etp is not None for c in configs) else None,
             zero=col([c.zero_stage for c in configs]),
             shard=col([c.shard_degree for c in configs]),
             sp=col([int(c.sequence_parallel) for c in configs]),

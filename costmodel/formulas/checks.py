@@ -28,6 +28,10 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
     _check_first_stage(model, cfg)
     _check_batch(job, cfg)
     _check_experts(model, cfg)
+    if cfg.etp is not None and cfg.etp != cfg.tp and job.framework != "megatron":
+        raise SpecError(f"etp={cfg.etp} (expert tensor parallel other than tp) is Megatron-Core's "
+                        f"MoE parallel folding (--expert-tensor-parallel-size); {job.framework}'s "
+                        "experts split as its tp: leave etp unset or use --framework megatron")
     _check_framework(framework(job.framework), job, cfg)
     _check_precision(cluster, job)
 
@@ -140,7 +144,11 @@ def _check_batch(job: Job, cfg: ParallelConfig) -> None:
 
 
 def _check_experts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
-    """Expert parallel needs an MoE model whose experts, and the ranks it reuses, it divides."""
+    """Expert parallel needs an MoE model whose experts, and the ranks it reuses, it divides;
+    a folded expert mesh (``etp``) the same (``_check_folding``)."""
+    if cfg.etp is not None and cfg.etp != cfg.tp:
+        _check_folding(model, cfg)
+        return
     if cfg.ep <= 1:
         return
     if not model.is_moe:
@@ -158,6 +166,31 @@ def _check_experts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
             f"ep={cfg.ep} must divide the ZeRO shard degree {cfg.shard_degree} "
             "(sharding_group*cp) so expert states shard evenly"
         )
+
+
+def _check_folding(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
+    """Megatron-Core's MoE parallel folding: the experts' etp x ep x expert-DP mesh covers a
+    pipeline stage's tp * cp * dp ranks (megatron/core/parallel_state.py
+    ``initialize_model_parallel``: the expert data-parallel size is the world over
+    etp * ep * pp, which must divide it), the experts divide by ep and their MLP width by
+    etp, with the distributed optimizer (ZeRO-1) or none."""
+    if not isinstance(model, ModelSpec):
+        raise SpecError("etp (expert tensor parallel other than tp) is costed for model "
+                        "presets and configs, not traced modules; leave etp unset")
+    if not model.is_moe:
+        raise SpecError(f"etp={cfg.etp} needs a mixture-of-experts model; {model.name} is dense")
+    ranks = cfg.tp * cfg.cp * cfg.dp
+    if ranks % (cfg.expert_tp * cfg.ep):
+        raise SpecError(f"etp*ep = {cfg.expert_tp * cfg.ep} must divide tp*cp*dp = {ranks} "
+                        "(the experts' mesh folds over a pipeline stage's ranks)")
+    if model.num_experts % cfg.ep:
+        raise SpecError(f"ep={cfg.ep} does not divide num_experts={model.num_experts}")
+    if (model.moe_ffn_hidden_size or 0) % cfg.expert_tp:
+        raise SpecError(f"etp={cfg.expert_tp} does not divide the experts' MLP width "
+                        f"{model.moe_ffn_hidden_size}")
+    if cfg.zero_stage > 1:
+        raise SpecError(f"etp={cfg.etp} with zero_stage={cfg.zero_stage}: folded expert meshes "
+                        "are costed with the distributed optimizer (zero_stage 0 or 1)")
 
 
 def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:

@@ -179,8 +179,8 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                   mbs: np.ndarray, sp: np.ndarray, moe: bool,
                   capacity_factor: float = 1.0, ep: np.ndarray | None = None,
                   autocast: np.ndarray | None = None,
-                  float8_gathered: np.ndarray | None = None, local: bool = False
-                  ) -> LayerCompute:
+                  float8_gathered: np.ndarray | None = None, local: bool = False,
+                  etp: np.ndarray | None = None) -> LayerCompute:
     """Forward and backward time of one transformer layer for one micro-batch, per row.
 
     ``tp, cp, mbs, sp`` (and ``ep`` for MoE layers) are arrays over the rows. Matmuls are
@@ -195,6 +195,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     ``float8_gathered``: the rows whose float8 weights FSDP gathers (``float8_gathered_rows``;
     None: ``float8_param_gather``). ``local``: the layer attends to a window or chunk of keys
     (``ModelSpec.attended_keys``), which its fused attention's FLOPs and time follow.
+    ``etp``: the experts' tensor-parallel degree (``ParallelConfig.etp``; default ``tp``).
     """
     dtype, e, e_in = _dtypes(job)
     t = tp.astype(float)
@@ -209,7 +210,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         m, div = r.local(split)
         attn_flops = attn_flops + 2 * m * n_in * n_out / div
     core = _attention_core(r)
-    mlp = _mlp_block(r, moe, capacity_factor, ep)
+    mlp = _mlp_block(r, moe, capacity_factor, ep, etp)
     fwd = qkv_gemm + proj_gemm + core.forward + mlp.forward
     bwd = 2 * (qkv_gemm + proj_gemm) + core.backward + 2 * mlp.forward
     f_flops = attn_flops + core.flops + mlp.flops
@@ -227,7 +228,8 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         cast_f, cast_b = float8_cast_time(model, gpu, job, r.tokens, t, moe, float8_gathered)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
     elif r.fw.name == "megatron" and job.precision in ("fp8", "nvfp4"):
-        cast_f, cast_b = te_quantize_time(model, gpu, job, r.tokens, t, mlp.routed)
+        cast_f, cast_b = te_quantize_time(model, gpu, job, r.tokens, t, mlp.routed,
+                                          None if etp is None else etp.astype(float))
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
     selective, selective_flops = core.selective, core.selective_flops
     if r.fw.selective_recompute == "op":
@@ -301,14 +303,18 @@ def _attention_core(r: _Rows) -> _Core:
                  f + memory_time(r.gpu, nbytes, kernels), flops)
 
 
-def _mlp(r: _Rows, ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | None = None
+def _mlp(r: _Rows, ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | None = None,
+         split: np.ndarray | None = None
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(forward time, forward FLOPs, activation bytes, input projection time, output
     projection time) of an MLP on ``m_tokens`` tokens.
 
     ``per_expert``: tokens per local expert (the matmuls' M) for a grouped expert GEMM.
+    ``split``: the tensor-parallel degree its width splits by (the experts' ``etp``; default
+    the layer's tp).
     """
-    model, h, t = r.model, r.h, r.t
+    model, h = r.model, r.h
+    t = r.t if split is None else split
     n_up = ffn * (2 if model.gated_mlp else 1) / t
     m_shape = m_tokens if per_expert is None else per_expert
     count = 1.0 if per_expert is None else m_tokens / per_expert
@@ -325,10 +331,15 @@ def _mlp(r: _Rows, ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | No
     return up + down, fl, width * r.e * m_tokens * ffn / t, up, down
 
 
-def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | None) -> _Mlp:
+def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | None,
+               etp: np.ndarray | None = None) -> _Mlp:
     """The layer's MLP: dense, or a MoE layer's router, its routed experts (``top_k`` copies
     of each token times ``capacity_factor``, ``ep`` experts' shares per rank as a grouped
-    matmul) and its shared experts."""
+    matmul) and its shared experts. The experts split their width over ``etp`` (default
+    the layer's tp): with etp = tp each rank runs its TP group's routed tokens (gathered
+    over the sequence-parallel ranks) through 1/tp of each local expert; folded
+    (Megatron-Core's MoE parallel folding, etp < tp), its own share of them through 1/etp:
+    the same FLOPs, wider and shorter matmuls."""
     model, h, tokens = r.model, r.h, r.tokens
     if not moe:
         f, flops, act, up, down = _mlp(r, float(model.ffn_hidden_size or 0), tokens)
@@ -336,9 +347,11 @@ def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | Non
     ffn = float(model.moe_ffn_hidden_size or 0)
     n_exp = float(model.num_experts)
     ep_f = (ep if ep is not None else np.ones_like(r.t)).astype(float)
-    routed = tokens * model.top_k * capacity_factor
+    et = r.t if etp is None else etp.astype(float)
+    # The routed copies this rank computes.
+    routed = tokens * model.top_k * capacity_factor * et / r.t
     router = r.gemm(tokens * r.rep, n_exp, h, bytes_per_element=r.e)
-    f, flops, act, _, _ = _mlp(r, ffn, routed, routed * ep_f / n_exp)
+    f, flops, act, _, _ = _mlp(r, ffn, routed, routed * ep_f / n_exp, split=et)
     f = f + router
     flops = flops + 2 * tokens * r.rep * h * n_exp
     # Token permutation before the experts and un-permutation after: read + write each.

@@ -202,12 +202,13 @@ def float8_cast_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
 
 
 def te_quantize_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
-                     t: np.ndarray, routed: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     t: np.ndarray, routed: np.ndarray | None = None,
+                     etp: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of Transformer Engine's quantize kernels in one layer of
     an fp8 or nvfp4 Megatron-LM job (``te_quantize``): the attention's fused QKV and output
-    linears, the MLP's two, and a MoE layer's routed (``routed`` tokens, top-k copies) and
-    shared experts' instead of the dense MLP's (the router stays bf16)."""
+    linears, the MLP's two, and a MoE layer's routed (``routed`` tokens the rank computes,
+    top-k copies, through experts split ``etp`` ways, default ``t``) and shared experts'
+    instead of the dense MLP's (the router stays bf16)."""
     h = float(model.hidden_size)
     n_up = 2.0 if model.gated_mlp else 1.0
     ffn = 0.0 if routed is not None else float(model.ffn_hidden_size or 0)
@@ -217,9 +218,10 @@ def te_quantize_time(model: ModelSpec, gpu: GPU, job: Job, tokens: np.ndarray,
     linears = 2.0 + 2.0 * (ffn > 0)
     if routed is not None:
         fe = float(model.moe_ffn_hidden_size or 0)
+        et = t if etp is None else etp
         shared = fe * model.num_shared_experts
-        ins = ins + routed * (h + fe / t) + tokens * (h + shared / t) * (shared > 0)
-        outs = outs + routed * (n_up * fe / t + h) + tokens * (n_up * shared / t + h) \
+        ins = ins + routed * (h + fe / et) + tokens * (h + shared / t) * (shared > 0)
+        outs = outs + routed * (n_up * fe / et + h) + tokens * (n_up * shared / t + h) \
             * (shared > 0)
         linears = linears + 2.0 + 2.0 * (shared > 0)
     return te_quantize(gpu, job, ins, outs, linears)

@@ -413,7 +413,8 @@ class LayerQueries(LayerStructure):
                              capacity_factor=capacity_factor, ep=a.ep if moe else None,
                              autocast=autocast,
                              float8_gathered=float8_gathered_rows(job.framework, job, a.zero),
-                             local=self.local(kind))
+                             local=self.local(kind),
+                             etp=a.etp if moe and a.etp is not None else None)
 
     def head_compute(self, gpu: GPU, job: Job, a: ConfigArrays,
                      autocast: np.ndarray | None = None) -> tuple[LayerCompute, LayerCompute]:

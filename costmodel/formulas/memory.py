@@ -284,8 +284,8 @@ class _Stage:
 
     @property
     def z_exp(self) -> np.ndarray:
-        """ZeRO shard degree of the routed experts (their data-parallel group is ep times
-        smaller)."""
+        """ZeRO shard degree of the routed experts (their data-parallel group is
+        ``ConfigArrays.expert_share`` times smaller)."""
         return np.maximum(self.z_dense / self.ep, 1.0)
 
 
@@ -294,7 +294,7 @@ def _stage(costs: LayerCosts, job: Job, a: ConfigArrays) -> _Stage:
     replicated) every term reads."""
     st = a.stage_major
     tp = a.tp.astype(float)
-    ep = a.ep.astype(float)
+    ep = a.expert_share.astype(float)  # the experts' parameter and data-parallel split
     first = st.index == 0
     last = st.index == a.pp - 1
     counts = stage_layout(costs, a, st)  # [kinds, P, rows]

@@ -5,6 +5,7 @@ dispatcher (``Job.moe_dispatcher``) move over the topology (``dispatch_combine``
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import comb
 
 import hardware_profiles
 from costmodel.config import Job
@@ -31,22 +32,40 @@ def routed_load(job: Job) -> float:
     return float(hardware_profiles.load_software()["moe"]["load_imbalance"])
 
 
-def remote_domains(top_k: int, size: Num, per_domain: Num) -> np.ndarray:
+def remote_domains(top_k: int, size: Num, per_domain: Num, groups: int = 0,
+                   limit: int = 0) -> np.ndarray:
     """Expected number of other scale-up domains a token's ``top_k`` experts are in, for an
     expert-parallel group of ``size`` ranks with ``per_domain`` of them in each domain and
     the experts spread evenly over the ranks: each of the ``size / per_domain - 1`` other
     domains holds a share ``per_domain / size`` of the experts and gets none of a token's
     experts with probability ``(1 - per_domain / size) ** top_k`` (routing taken as
-    independent draws; DeepSeek-V3's node-limited routing, report Sec. 2.1.2, caps it at
-    4 nodes and is not modelled)."""
+    independent draws).
+
+    Group-limited routing (``ModelSpec.expert_groups`` / ``expert_group_limit``, DeepSeek-V3's
+    node-limited routing, report Sec. 2.1.2: a token's experts come from at most ``limit`` of
+    ``groups`` contiguous groups) caps it: where each domain holds whole groups, a domain
+    holds none of the ``limit`` groups drawn with probability ``C(groups - g, limit) /
+    C(groups, limit)`` (``g`` groups a domain); where a group spans several domains, a token
+    reaches at most ``limit`` groups' domains. The smaller of the two counts is taken."""
     n = np.asarray(size, dtype=float)
     k = np.asarray(per_domain, dtype=float)
     share = np.minimum(k / n, 1.0)
-    return (n / k - 1.0) * (1.0 - (1.0 - share) ** float(top_k))
+    domains = n / k
+    uniform = (domains - 1.0) * (1.0 - (1.0 - share) ** float(top_k))
+    if not (groups and 0 < limit < groups):
+        return uniform
+    whole = np.mod(groups, domains) == 0  # each domain holds groups / domains whole groups
+    per = np.where(whole, groups / domains, 1.0)
+    miss = comb(groups - per, limit) / comb(groups, limit)
+    limited = np.where(whole, (domains - 1.0) * (1.0 - miss),
+                       np.where(np.mod(domains, groups) == 0,
+                                limit * domains / groups * (domains - 1.0) / domains, uniform))
+    return np.minimum(uniform, limited)
 
 
 def dispatch_combine(topo: Topology, dispatcher: str, token_bytes: Num, top_k: int,
-                     load: float, size: Num, stride: Num) -> np.ndarray:
+                     load: float, size: Num, stride: Num, groups: int = 0,
+                     limit: int = 0) -> np.ndarray:
     """Seconds of one dispatch and one combine of a MoE layer on each rank of an
     expert-parallel group of ``size`` ranks ``stride`` apart, each rank holding
     ``token_bytes`` of tokens (one copy of its micro-batch's hidden states) of which
@@ -62,9 +81,9 @@ def dispatch_combine(topo: Topology, dispatcher: str, token_bytes: Num, top_k: i
       network once per domain its experts are in (to the rank of the same local index
       there), and is forwarded over the scale-up link inside that domain
       (deepseek-ai/DeepEP README, "normal kernels with NVLink and RDMA forwarding"). The
-      network carries ``remote_domains`` copies of each token, the scale-up link the routed
-      copies for the own domain and the forwarded ones; the busier of the two sets the
-      time, as in the all-to-all."""
+      network carries ``remote_domains`` copies of each token (fewer under group-limited
+      routing: ``groups``, ``limit``), the scale-up link the routed copies for the own domain
+      and the forwarded ones; the busier of the two sets the time, as in the all-to-all."""
     b = np.asarray(token_bytes, dtype=float)
     if dispatcher == "allgather":
         gathered = b * np.asarray(size, dtype=float)
@@ -78,7 +97,7 @@ def dispatch_combine(topo: Topology, dispatcher: str, token_bytes: Num, top_k: i
     # Copies for ranks of the own domain, and the remote copies forwarded to the other
     # ranks of the domain they arrive in.
     intra = ((k - 1.0) / n + (n - k) / n * (k - 1.0) / k) * copies / topo.intra(k)
-    inter = remote_domains(top_k, n, k) * b * load / topo.nic_bw_per_gpu
+    inter = remote_domains(top_k, n, k, groups, limit) * b * load / topo.nic_bw_per_gpu
     wire = np.where(domains > 1, np.maximum(intra, inter), intra)
     one = topo.one_hop(domains > 1, wire)
     return np.where(n > 1, 2.0 * one, 0.0)

@@ -72,6 +72,8 @@ class Rows:
     dp: np.ndarray
     pp: np.ndarray
     ep: np.ndarray
+    etp: np.ndarray  # the experts' TP degree (ConfigArrays.expert_tp)
+    ep_share: np.ndarray  # ConfigArrays.expert_share: the experts' parameter and DP split
     v: np.ndarray
     tokens: np.ndarray  # per micro-batch per GPU
     z: np.ndarray  # ZeRO/FSDP shard degree of the dense parameters (1 without ZeRO)
@@ -165,6 +167,7 @@ def table_rows(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
         stage=st.index, count=st.count, first=(st.index == 0), last=(st.index == a.pp - 1),
         m=mem.num_micro_batches.astype(float), tp=a.tp.astype(float), cp=cp,
         dp=a.dp.astype(float), pp=a.pp.astype(float), ep=a.ep.astype(float),
+        etp=a.expert_tp.astype(float), ep_share=a.expert_share.astype(float),
         v=a.v.astype(float), tokens=job.seq_len / cp * a.mbs, sp=a.sp == 1, autocast=ac,
         layers=layers, emb=emb, head=head,
         dense_params=mem.layer_params - mem.expert_params + mem.embedding_params,
@@ -225,8 +228,13 @@ def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
         return np.zeros_like(like)
     h = float(r.costs.hidden_size)
     top_k = r.costs.moe_routing()[0]
-    pair = dispatch_combine(r.topo, r.job.moe_dispatcher, r.e * r.tokens * h, top_k, r.cf,
-                            r.ep, r.tp)
+    spec = r.costs.spec
+    # Each rank dispatches the routed copies it computes (``compute._mlp_block``): its TP
+    # group's under etp = tp, its own sequence share folded; the EP group's ranks sit etp
+    # apart (the experts' mesh is etp x ep x expert-DP, etp innermost).
+    pair = dispatch_combine(r.topo, r.job.moe_dispatcher, r.e * r.tokens * h * r.etp / r.tp,
+                            top_k, r.cf, r.ep, r.etp, spec.expert_groups if spec else 0,
+                            spec.expert_group_limit if spec else 0)
     return r.routed_layers(r.counts) * (2 * pair) \
         + r.routed_layers(r.recomputed) * pair * (r.a.recompute == 2)
 
@@ -324,7 +332,7 @@ def sharded(r: Rows) -> Sharded:
     the first gather and the last reduce-scatter of a micro-batch are exposed."""
     zero, fw = r.a.zero, r.fw
     z = r.z
-    z_exp = np.maximum(z / r.ep, 1.0)
+    z_exp = np.maximum(z / r.ep_share, 1.0)
     ag_fwd = (zero == 3) | ((zero == 2) & (fw == "torchtitan"))
     ag_bwd = zero == 3
     rs_each = (zero == 3) | ((zero == 2) & (fw in ("torchtitan", "deepspeed")))
@@ -334,7 +342,7 @@ def sharded(r: Rows) -> Sharded:
     # and are reduce-scattered once per step, like a data-parallel all-reduce.
     nosync = framework(fw).torch_pipelining & (r.a.pp > 1) & (zero >= 2)
     rs_each = rs_each & ~nosync
-    tp, tp_ep = r.tp, r.tp * r.ep
+    tp, tp_ep = r.tp, r.tp * r.ep_share
     ag, rs = [], []  # one layer of each kind: its gather, its gradients' reduce-scatter
     # DeepSpeed's ZeRO-3 of 2021 (Job.zero3_synchronous_gather) on its ZeRO-3 rows.
     synchronous = (zero == 3) & (fw == "deepspeed" and r.job.zero3_synchronous_gather)
@@ -343,7 +351,7 @@ def sharded(r: Rows) -> Sharded:
     # torchtitan's float8 all-gather: a layer's linear weights gathered in 1 byte (the
     # experts' grouped weights are not Float8Linears and stay bf16).
     w8 = 1.0 if float8_param_gather(fw, r.job) else None
-    for i, (local, experts) in enumerate(r.costs.layer_params_per_gpu(r.tp, r.ep)):
+    for i, (local, experts) in enumerate(r.costs.layer_params_per_gpu(r.tp, r.ep_share)):
         g, sc = _gather(r, local, z, tp, w8), _scatter(r, local, z, tp)
         if tensors is not None:
             g_each, sc_each = _per_tensor(r, local, tensors[i], z, tp)

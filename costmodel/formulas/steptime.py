@@ -244,7 +244,8 @@ def _grad_sync(r: Rows, sh: Sharded) -> np.ndarray:
     """Seconds per stage of the once-per-step gradient reduction: an all-reduce without ZeRO,
     a reduce-scatter then an all-reduce across replicas with ZeRO-1 (Megatron-LM's ZeRO-2
     too) and under torch pipelining's no-sync; none when every micro-batch reduce-scatters."""
-    topo, g_b, tp, ep = r.topo, r.g_b, r.tp, r.ep
+    # The experts' data-parallel group: dp * cp over the ways they split beyond tp.
+    topo, g_b, tp, ep = r.topo, r.g_b, r.tp, r.ep_share
     dense, exp, z, z_exp = r.dense_params, r.exp_params, sh.z, sh.z_exp
     dpcp = r.dp * r.cp
     zero = r.a.zero
@@ -289,7 +290,7 @@ def _after_backward(r: Rows, sh: Sharded, last_backward: np.ndarray, fwd: np.nda
     gather_after = r.topo.all_gather(gather_b * r.dense_params, sh.z, r.tp)
     if r.costs.is_moe:
         gather_after = gather_after + r.topo.all_gather(gather_b * r.exp_params, sh.z_exp,
-                                                        r.tp * r.ep)
+                                                        r.tp * r.ep_share)
     gather_after = np.where((zero == 1) | ((zero == 2) & (fw == "deepspeed")),
                             gather_after, 0.0)
     if fw == "megatron" and job.overlap_grad_reduce:

@@ -244,6 +244,19 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
                        fused_gather=fused, ar_in=ar_in, ag_in=ag_in, gather_in=gather_in)
     fwd = [_tp_forward(c, sp, lc) for lc in layers]
     bwd = [_tp_backward(c, r, sp, lc, k) for k, lc in enumerate(layers)]
+    # Folded experts (ParallelConfig.etp < tp, Megatron-Core's MoE parallel folding): a MoE
+    # layer's tokens stay split over the TP ranks into the dispatcher, whose all-to-all
+    # spans the experts' own etp x ep mesh, so its MLP half's TP exchanges (the SP gather
+    # before it and the reduce-scatter after, or the all-reduce) leave; its attention's
+    # stay, their share of the layer's.
+    fold = pick(r.etp, groups) < tp
+    if np.any(fold):
+        attn = np.where(sp, (gather_in + ag) / (gather_in + gather + 2 * ag),
+                        ar_in / (ar_in + ar))
+        keep = np.where(fold, attn, 1.0)
+        for k in range(len(layers)):
+            if r.costs.routed(k):
+                fwd[k], bwd[k] = fwd[k] * keep, bwd[k] * keep
     regather = [_op_sac_regathers(r, c, sp, lc, k) for k, lc in enumerate(layers)]
     # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
     # all-gather of its input with SP, all-reduce of the input gradient without; the

@@ -62,6 +62,9 @@ def add_parser(sub: Subparsers) -> None:
     pc.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel")
     pc.add_argument("--cp", type=positive_int, default=1, help="context parallel")
     pc.add_argument("--ep", type=positive_int, default=1, help="expert parallel (within dp*cp)")
+    pc.add_argument("--etp", type=positive_int,
+                    help="the experts' own tensor parallel degree (Megatron-Core's MoE "
+                    "parallel folding: etp*ep divides tp*cp*dp); default: tp")
     pc.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
     pc.add_argument("--sharding-group", type=positive_int,
                     help="HSDP: data-parallel ranks per shard")
@@ -131,7 +134,8 @@ def _config(args: argparse.Namespace, cluster: Cluster, model: ModelSpec) -> Par
              f"stages: estimated with Megatron-LM's accounted split {layer_list(split)} "
              "(the embedding and the loss counted as layers); --stage-layers sets another")
     return ParallelConfig(
-        dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, zero_stage=args.zero,
+        dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, etp=args.etp,
+        zero_stage=args.zero,
         sharding_group=args.sharding_group, sequence_parallel=args.sequence_parallel == "on",
         micro_batch_size=args.micro_batch_size, pipeline_schedule=args.schedule,
         virtual_pipeline_stages=args.virtual_stages, recompute=args.recompute,
@@ -212,7 +216,8 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         + (", " + ATTENTION_NAMES[attention_kernel(job, cluster.gpu)] if job.flash_attention
            else ", unfused attention"),
         f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
-        f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "
+        + (f"etp={cfg.etp} " if cfg.etp is not None else "")
+        + f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "
         f"mbs={cfg.micro_batch_size} ({plural(est.num_micro_batches, 'micro-batch')}) "
         f"schedule={cfg.pipeline_schedule}"
         + (f" v={cfg.virtual_pipeline_stages}" if cfg.virtual_pipeline_stages > 1 else "")

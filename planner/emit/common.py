@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import hardware_profiles
 from costmodel.config import Job, ParallelConfig
+from costmodel.errors import SpecError
 from costmodel.formulas.eager import loss_kind
 from costmodel.formulas.estimate import Estimate
 from costmodel.formulas.layercosts import LayerCosts
@@ -150,6 +151,10 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set_job(f"{trainer}'s file runs its loss "
                    f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
                    "as the plan assumed: re-estimated with it", compile_loss=None)
+    if cfg.etp is not None and cfg.etp != cfg.tp and fw.name != "megatron":
+        raise SpecError(f"{trainer} cannot run the plan's folded expert mesh (etp={cfg.etp} "
+                        f"under tp={cfg.tp}, Megatron-Core's MoE parallel folding): emit "
+                        "megatron, or plan with etp unset")
     if job.moe_dispatcher != "alltoall" and fw.name != "megatron":
         ch.set_job(f"{trainer}'s file dispatches a MoE layer's tokens with its own all-to-all, "
                    f"not the {job.moe_dispatcher} dispatcher the plan assumed (Megatron-LM's): "

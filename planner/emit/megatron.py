@@ -194,6 +194,8 @@ def _parallel_args(m: ModelSpec, job: Job, cfg: ParallelConfig) -> list[Any]:
     return ["--tensor-model-parallel-size", cfg.tp, "--pipeline-model-parallel-size", cfg.pp,
             *_pipeline_args(m, job, cfg), *_sequence_parallel_args(job, cfg),
             "--context-parallel-size", cfg.cp, "--expert-model-parallel-size", cfg.ep,
+            # MoE parallel folding: the experts' own TP degree (default: tp).
+            *(["--expert-tensor-parallel-size", cfg.etp] if cfg.etp is not None else []),
             "--micro-batch-size", cfg.micro_batch_size,
             "--global-batch-size", job.global_batch_size]
 
@@ -331,6 +333,7 @@ def _parser() -> argparse.ArgumentParser:
     for flag in ("--num-layers", "--tensor-model-parallel-size",
                  "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
                  "--context-parallel-size", "--expert-model-parallel-size",
+                 "--expert-tensor-parallel-size",
                  "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
                  "--num-distributed-optimizer-instances", "--seq-length"):
         p.add_argument(flag, type=int)
@@ -365,7 +368,7 @@ def read(text: str, model: ModelSpec) -> ReadBack:
     rec = ns.recompute_granularity or "none"
     cfg = ParallelConfig(
         dp=dp, tp=ns.tensor_model_parallel_size, pp=pp, cp=ns.context_parallel_size,
-        ep=ns.expert_model_parallel_size, zero_stage=zero,
+        ep=ns.expert_model_parallel_size, etp=ns.expert_tensor_parallel_size, zero_stage=zero,
         sharding_group=dp // inst if inst and inst > 1 else None,
         sequence_parallel=ns.sequence_parallel, micro_batch_size=ns.micro_batch_size,
         virtual_pipeline_stages=v, stage_layers=stage_layers, recompute=rec,
