@@ -20,6 +20,10 @@ PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4", "fp32")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "mxfp8", "blockwise")
+#: Megatron-LM's ``--recompute-modules`` the cost model counts (megatron/training/
+#: arguments.py at the recorded commit: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
+#: shared_experts; Megatron's default is core_attn).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm")
 #: MoE token dispatchers (``costmodel.formulas.moe.dispatch_combine``).
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 #: Storage dtypes of Adam's two moments (Megatron-LM's precision-aware optimizer,
@@ -62,6 +66,19 @@ MAX_TOKENS_PER_STEP = 2**36
 
 #: Job flags that are true, false or None (None: the trainer's own).
 TRI_STATE_JOB_FLAGS = ("fused_cross_entropy", "compile_loss", "grad_reduce_in_fp32")
+
+
+def _modules(mods: object) -> tuple[str, ...]:
+    """``Job.recompute_modules`` checked (``RECOMPUTE_MODULES``), as a tuple without repeats."""
+    if isinstance(mods, str) or not isinstance(mods, tuple | list) or not mods:
+        raise SpecError(f"Job.recompute_modules must be a non-empty list of "
+                        f"{', '.join(RECOMPUTE_MODULES)}, got {mods!r}")
+    for m in mods:
+        if m not in RECOMPUTE_MODULES:
+            raise SpecError(f"Job.recompute_modules: {m!r} is not costed (Megatron-LM's "
+                            "mla_up_proj, mlp, moe and shared_experts are not modelled); "
+                            f"choose from {', '.join(RECOMPUTE_MODULES)}")
+    return tuple(dict.fromkeys(str(m) for m in mods))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +207,13 @@ class Job:
     ``alltoall`` (an NCCL all-to-all), ``allgather`` (Megatron-LM's all-gather dispatcher)
     or ``deepep`` (DeepEP's kernels, one network copy per destination node;
     ``costmodel.formulas.moe``).
+    ``recompute_modules``: what a row's ``selective`` recompute re-runs under Megatron-LM
+    (``--recompute-granularity selective --recompute-modules``): ``core_attn`` (the
+    attention core, Korthikanti et al. 2022; Megatron's default), ``moe_act`` (the routed
+    experts' activation function: their fc2 input is not kept) and ``layernorm`` (the two
+    norms: their outputs, the QKV and MLP inputs, are not kept); each one re-runs its
+    kernels in backward (``costmodel.formulas.compute``, ``activations``). Other trainers
+    take the default.
     ``memory_reserve``: the share of each GPU's memory a plan keeps free for what the estimate
     does not count: the caching allocator's fragmentation (GMLake, Guo et al. ASPLOS 2024,
     measured 15 % of reserved memory on average, up to 33 %, over eight LLM training jobs on
@@ -214,6 +238,7 @@ class Job:
     moe_capacity_factor: float | None = None
     moe_load_imbalance: float | None = None
     moe_dispatcher: str = "alltoall"
+    recompute_modules: tuple[str, ...] = ("core_attn",)
     memory_reserve: float = 0.05
     compile: bool = False
     fp8_param_gather: bool = False
@@ -268,6 +293,7 @@ class Job:
                 self.moe_capacity_factor, "Job.moe_capacity_factor (or None: dropless)",
                 lo=0.0, lo_open=True, hi=1000.0))
         _choice("Job", "moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
+        object.__setattr__(self, "recompute_modules", _modules(self.recompute_modules))
         if self.moe_load_imbalance is not None:
             if self.moe_capacity_factor is not None:
                 raise SpecError("Job: give moe_capacity_factor (tokens over capacity dropped) "

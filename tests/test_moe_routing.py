@@ -234,3 +234,31 @@ def test_a_folded_plan_is_emitted_for_megatron_and_refused_elsewhere() -> None:
         emit(plan, "torchtitan")
     back = Plan.from_json(plan.to_json())
     assert back.config.etp == 1
+
+
+# ---- Megatron-LM's recompute modules ------------------------------------------------------
+
+def test_recompute_modules_trade_the_experts_and_norms_memory_for_kernels() -> None:
+    """Megatron-LM's selective recompute with --recompute-modules layernorm moe_act (the
+    GPT-OSS and ModelZoo Qwen3 recipes) frees the routed experts' activation outputs and the
+    two norms' outputs and re-runs those kernels in backward: less activation memory, more
+    recompute time than the default (the attention core, nothing with a fused attention)."""
+    cluster = Cluster.preset("dgx-h100", num_nodes=16)
+    cfg = _folded(1, ep=16)
+    plain = estimate(QWEN235, cluster, _job(global_batch_size=1024), cfg)
+    mods = estimate(QWEN235, cluster,
+                    _job(global_batch_size=1024, recompute_modules=("layernorm", "moe_act")), cfg)
+    assert mods.memory.activations_bytes < 0.9 * plain.memory.activations_bytes
+    assert mods.time_breakdown_s["recompute"] > plain.time_breakdown_s.get("recompute", 0.0)
+    with pytest.raises(SpecError, match="'mlp' is not costed"):
+        _job(recompute_modules=("mlp",))
+    with pytest.raises(SpecError, match="Megatron-LM's --recompute-modules"):
+        estimate(QWEN, Cluster.preset("dgx-h100"),
+                 _job(framework="torchtitan", recompute_modules=("moe_act",)),
+                 ParallelConfig(dp=8, ep=8, zero_stage=2, recompute="selective"))
+    plan = Plan(model=QWEN235, cluster=cluster,
+                job=_job(global_batch_size=1024, recompute_modules=("layernorm", "moe_act")),
+                config=cfg, estimate=mods)
+    ns = megatron_parser().parse_args(parse_array(emit(plan, "megatron").text))
+    assert ns.recompute_granularity == "selective"
+    assert ns.recompute_modules == ["layernorm", "moe_act"]

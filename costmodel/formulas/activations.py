@@ -138,6 +138,9 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         # Each TP rank keeps its 1/tp slice of the saved layer input (Job docstring).
         full = full * np.where(a.sp == 1, 1.0, 1.0 / tp)
     selective = none - core_scores
+    if fw.name == "megatron":
+        selective = selective - _recomputed_modules(model, job, moe, e_lin, tokens * h * rep,
+                                                    tokens * model.top_k / tp, core_scores)
     if fw.selective_recompute == "op":
         # torchtitan's per-op selective AC (frameworks.Framework.selective_recompute) keeps
         # the block input and the outputs of the matmuls it does not re-run (wq, wv, w1 or
@@ -163,6 +166,27 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
             mlp_op = e * tokens * (ffn / tp + (0.0 if job.compile else h))
         selective = np.minimum(full + attn_op + mlp_op, selective)
     return {"none": none, "selective": selective, "full": full}
+
+
+def _recomputed_modules(model: ModelSpec, job: Job, moe: bool, e_lin: float,
+                        hidden: np.ndarray, routed_per_tp: np.ndarray, scores: np.ndarray
+                        ) -> np.ndarray:
+    """Bytes Megatron-LM's selective recompute drops beyond the attention core's scores
+    (``Job.recompute_modules``; megatron/core/transformer/transformer_layer.py and
+    moe/experts.py checkpoint each without keeping its output): ``moe_act``, the routed
+    experts' activation output, their fc2 input (the fc1 output it is recomputed from stays);
+    ``layernorm``, the two norms' outputs, the QKV and MLP input projections' inputs
+    (``hidden``: one [tokens, h] tensor as the rank holds it). Without ``core_attn`` the
+    attention scores stay (a negative drop; nothing with a fused attention)."""
+    mods = job.recompute_modules
+    out = 0.0 * hidden
+    if "core_attn" not in mods:
+        out = out - scores
+    if "moe_act" in mods and moe:
+        out = out + e_lin * routed_per_tp * float(model.moe_ffn_hidden_size or 0)
+    if "layernorm" in mods:
+        out = out + 2 * e_lin * hidden
+    return out
 
 
 def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray, ep: np.ndarray

@@ -28,6 +28,10 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
     _check_first_stage(model, cfg)
     _check_batch(job, cfg)
     _check_experts(model, cfg)
+    if job.recompute_modules != ("core_attn",) and job.framework != "megatron":
+        raise SpecError(f"recompute_modules {list(job.recompute_modules)} is Megatron-LM's "
+                        f"--recompute-modules; {job.framework}'s selective recompute is its own: "
+                        "leave it at core_attn or use --framework megatron")
     if cfg.etp is not None and cfg.etp != cfg.tp and job.framework != "megatron":
         raise SpecError(f"etp={cfg.etp} (expert tensor parallel other than tp) is Megatron-Core's "
                         f"MoE parallel folding (--expert-tensor-parallel-size); {job.framework}'s "

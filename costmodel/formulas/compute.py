@@ -232,6 +232,9 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                                           None if etp is None else etp.astype(float))
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
     selective, selective_flops = core.selective, core.selective_flops
+    if r.fw.name == "megatron":
+        selective = _recomputed_kernels(r, core, mlp, moe,
+                                        r.t if etp is None else etp.astype(float))
     if r.fw.selective_recompute == "op":
         selective, selective_flops = _op_selective(r, moe, core, ew_fwd, qkv_gemm, k_gemm,
                                                    proj_gemm, mlp)
@@ -363,6 +366,24 @@ def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | Non
         kernels += 1.0
     zero = 0.0 * tokens
     return _Mlp(f, flops, act, zero, zero, kernels, routed)
+
+
+def _recomputed_kernels(r: _Rows, core: _Core, mlp: _Mlp, moe: bool, et: np.ndarray
+                        ) -> np.ndarray:
+    """Seconds Megatron-LM's selective recompute re-runs in backward (``Job.
+    recompute_modules``, ``activations._recomputed_modules`` the memory it frees): the
+    attention core (``core_attn``, nothing with a fused attention), the routed experts'
+    activation function (``moe_act``: reads the fc1 output's gate and up halves, writes the
+    activation, over the rank's routed tokens) and the two norms (``layernorm``: each reads
+    and writes one [tokens, h] tensor)."""
+    mods = r.job.recompute_modules
+    out = core.selective if "core_attn" in mods else 0.0 * r.tokens
+    if "moe_act" in mods and moe and mlp.routed is not None:
+        width = float(r.model.moe_ffn_hidden_size or 0) / et
+        out = out + memory_time(r.gpu, 3 * r.e * mlp.routed * width, 1.0)
+    if "layernorm" in mods:
+        out = out + memory_time(r.gpu, 2 * 2 * r.e * r.tokens * r.h * r.rep, 2.0)
+    return out
 
 
 def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool

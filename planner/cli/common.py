@@ -33,6 +33,7 @@ from costmodel.config import (
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
+    RECOMPUTE_MODULES,
     SCHEDULES,
     STATE_DTYPES,
 )
@@ -325,10 +326,8 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     jb = p.add_argument_group("job")
     jb.add_argument("--global-batch-size", type=positive_int, help="sequences per step (required)")
     jb.add_argument("--seq-len", type=positive_int, help="tokens per sequence (required)")
-    jb.add_argument("--precision", default="bf16", choices=PRECISIONS,
-                    help="number format of the matmuls: bf16 (default), fp16, fp8 (see "
-                    "--float8-recipe), nvfp4 (Blackwell, Megatron-LM: Transformer Engine's "
-                    "NVFP4 recipe, --fp4-format e2m1) or fp32")
+    jb.add_argument("--precision", default="bf16", choices=PRECISIONS, help="matmul format: "
+                    "fp8 (see --float8-recipe), nvfp4 (Blackwell, Megatron-LM's NVFP4 recipe)")
     jb.add_argument("--float8-recipe", default="tensorwise", choices=FLOAT8_RECIPES,
                     help="fp8 scaling recipe: torchao's tensorwise (default) or rowwise, "
                     "mxfp8 (Blackwell, MI355X: torchao MX / Megatron-LM --fp8-recipe mxfp8), "
@@ -351,13 +350,14 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
         jb.add_argument(flag, action="store_true", help=what)
     jb.add_argument("--moe-capacity-factor", type=float,
                     help="expert capacity factor, tokens beyond it dropped (default: dropless)")
-    jb.add_argument("--moe-load-imbalance", type=float, metavar="RATIO",
-                    help="dropless routing: the busiest expert-parallel rank's routed tokens "
-                    "over the even share (1 = forced even routing; default: the published "
-                    "imbalance of trained routers)")
+    jb.add_argument("--moe-load-imbalance", type=float, metavar="RATIO", help="busiest "
+                    "expert-parallel rank's routed tokens over the even share (1 = forced even)")
     jb.add_argument("--moe-dispatcher", default="alltoall", choices=MOE_DISPATCHERS,
                     help="MoE token dispatcher: alltoall (NCCL, default), allgather "
                     "(Megatron-LM's) or deepep (one network copy per destination node)")
+    jb.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES,
+                    default=["core_attn"], help="what Megatron-LM's selective recompute "
+                    "re-runs (--recompute-modules; default core_attn)")
     jb.add_argument("--memory-reserve", type=float, default=5.0, metavar="PERCENT",
                     help="share of each GPU's memory a plan keeps free for allocator "
                     "fragmentation and buffers the estimate does not count (default 5)")
@@ -633,7 +633,7 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                overlap_p2p_comm=not args.no_overlap_p2p_communication,
                moe_capacity_factor=args.moe_capacity_factor,
                moe_load_imbalance=args.moe_load_imbalance,
-               moe_dispatcher=args.moe_dispatcher,
+               moe_dispatcher=args.moe_dispatcher, recompute_modules=args.recompute_modules,
                memory_reserve=args.memory_reserve / 100)
 
 

@@ -239,7 +239,10 @@ def _recompute_args(job: Job, cfg: ParallelConfig) -> list[Any]:
     inputs split over the TP ranks when the job distributes them (Megatron-LM allows it with
     full recompute, tp > 1 and no sequence parallel)."""
     if cfg.recompute == "selective":
-        return ["--recompute-granularity", "selective"]
+        mods = list(job.recompute_modules)
+        # --recompute-modules: what selective recompute re-runs (default core_attn alone).
+        return ["--recompute-granularity", "selective",
+                *(["--recompute-modules", *mods] if mods != ["core_attn"] else [])]
     if cfg.recompute == "full":
         n = cfg.recompute_num_layers
         a: list[Any] = ["--recompute-granularity", "full", "--recompute-method",
