@@ -180,7 +180,9 @@ def alternatives(res: SearchResult, capacity: float) -> tuple[Alternative, ...]:
                 framework=fw, config=row_config(np.array(n.row), res.model), verdict="does not fit",
                 reason=why, peak_memory_bytes=n.peak_memory)))
         elif o.best is None and np.isfinite(o.floor):
-            mesh = dict(zip(("dp", "tp", "pp", "cp", "ep"), degrees, strict=True))
+            mesh = dict(zip(("dp", "tp", "pp", "cp", "ep", "etp"), degrees, strict=True))
+            if mesh["etp"] == mesh["tp"]:
+                del mesh["etp"]  # the experts split as the layer: nothing to say
             rows.append((2, o.floor, Alternative(
                 framework=fw, config=None, verdict="bounded",
                 reason=" ".join(f"{k}={v}" for k, v in mesh.items()) + ": slower: at least "

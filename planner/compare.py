@@ -30,7 +30,7 @@ RANKINGS = ("throughput", "cost")
 
 # Keys ``parse_config`` reads: the short names ``describe`` writes, and the field names.
 _KEYS = {
-    "dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "zero": "zero_stage",
+    "dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "etp": "etp", "zero": "zero_stage",
     "zero_stage": "zero_stage", "shard": "sharding_group", "sharding_group": "sharding_group",
     "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
     "mbs": "micro_batch_size", "micro_batch_size": "micro_batch_size",

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.config import ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.formulas.estimate import estimate, plan_capacity
 from costmodel.formulas.memory import TERMS
@@ -48,7 +49,7 @@ __all__ = ["CHOICES", "Choice", "Explanation", "Option", "explain"]
 
 #: The fields ``explain`` reports, with the column of the search space each reads.
 CHOICES: dict[str, str] = {
-    "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "zero_stage": "zero",
+    "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "etp": "etp", "zero_stage": "zero",
     "sequence_parallel": "sp", "micro_batch_size": "mbs", "pipeline_schedule": "schedule",
     "virtual_pipeline_stages": "v", "recompute": "recompute", "offload": "offload",
 }
@@ -141,6 +142,12 @@ class Explanation:
                 + "".join(rows) + "</table>")
 
 
+def _chosen(cfg: ParallelConfig, field: str) -> Any:
+    """The plan's value of a choice, as the search's column holds it (the experts' TP
+    degree is ``tp`` where ``etp`` is unset)."""
+    return cfg.expert_tp if field == "etp" else getattr(cfg, field)
+
+
 def _label(field: str, value: Any) -> str:
     if field == "sequence_parallel":
         return f"sp={'on' if value else 'off'}"
@@ -206,7 +213,7 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
     for f in asked:
         col = CHOICES[f]
         for v, code in values[f]:
-            if v != getattr(cfg, f):
+            if v != _chosen(cfg, f):
                 outcomes.setdefault(f, []).append(_option(
                     plan, v, res.best_by[col].get(code), res.least_by[col].get(code)))
     for i, fw in enumerate(others):
@@ -217,7 +224,7 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
             progress((i + 2) / steps)
     choices = []
     for f in [*names, *(["framework"] if len(frameworks) > 1 else [])]:
-        chosen = job.framework if f == "framework" else getattr(cfg, f)
+        chosen = job.framework if f == "framework" else _chosen(cfg, f)
         opts = sorted(outcomes.get(f, []), key=lambda o: (
             {"slower": 0, "does not fit": 1, "invalid": 2}[o.verdict],
             o.step_time_s if o.step_time_s is not None else (o.peak_memory_bytes or 0.0)))

@@ -24,6 +24,7 @@ so smaller degrees and simpler options win ties.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -50,7 +51,7 @@ from planner.space import (
 
 __all__ = ["Found", "MeshOutcome", "SearchResult", "least_gpus", "nodes_of", "search"]
 
-MESH = ("dp", "tp", "pp", "cp", "ep")
+MESH = ("dp", "tp", "pp", "cp", "ep", "etp")
 # Step-time terms that follow the last backward (the rest is the pipeline's time).
 POST_TERMS = ("dp_comm", "optimizer", "offload")
 _MESH_COLS = [COLUMNS.index(c) for c in MESH]
@@ -89,7 +90,7 @@ class SearchResult:
     rule rejected per trainer, and the configuration with the least peak memory evaluated."""
 
     top: list[Found]
-    meshes: dict[tuple[str, int, int, int, int, int], MeshOutcome]
+    meshes: dict[tuple[str, int, int, int, int, int, int], MeshOutcome]
     counts: dict[str, int]
     rejected: dict[str, dict[str, tuple[int, str]]]
     least_memory: Found | None
@@ -143,7 +144,12 @@ def _mesh_key(rows: np.ndarray) -> np.ndarray:
     mesh = rows[:, _MESH_COLS]
     if not len(mesh):
         return np.zeros(0, dtype=np.int64)
-    return np.ravel_multi_index(mesh.T, tuple(int(x) + 1 for x in mesh.max(axis=0)))
+    dims = tuple(int(x) + 1 for x in mesh.max(axis=0))
+    if math.prod(dims) < 2**62:
+        return np.ravel_multi_index(mesh.T, dims)
+    # Degrees too large to number every combination: number the distinct meshes (in the
+    # same lexicographic order).
+    return np.unique(mesh, axis=0, return_inverse=True)[1].ravel().astype(np.int64)
 
 
 def _firsts(group: np.ndarray, rows: np.ndarray, *keys: np.ndarray) -> np.ndarray:
@@ -228,7 +234,7 @@ class _State:
         self.capacity = capacity
         self.host_capacity = host_capacity
         self.top: list[tuple[tuple[float, ...], Found]] = []
-        self.meshes: dict[tuple[str, int, int, int, int, int], MeshOutcome] = {}
+        self.meshes: dict[tuple[str, int, int, int, int, int, int], MeshOutcome] = {}
         self.counts = {"space": 0, "evaluated": 0, "fit": 0, "did_not_fit": 0, "bounded": 0}
         self.least: tuple[tuple[float, ...], Found] | None = None
         self.values = {COLUMNS.index(c): np.unique(v) for c, v in (by or {}).items()}
@@ -271,8 +277,8 @@ class _State:
         return out
 
     def mesh(self, fw: str, row: np.ndarray) -> MeshOutcome:
-        dp, tp, pp, cp, ep = (int(row[c]) for c in _MESH_COLS)
-        return self.meshes.setdefault((fw, dp, tp, pp, cp, ep), MeshOutcome())
+        dp, tp, pp, cp, ep, etp = (int(row[c]) for c in _MESH_COLS)
+        return self.meshes.setdefault((fw, dp, tp, pp, cp, ep, etp), MeshOutcome())
 
     def floors(self, fw: str, rows: np.ndarray, floor: np.ndarray) -> None:
         """Record configurations skipped by their bound (one row per mesh is enough)."""

@@ -39,12 +39,13 @@ from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_C
 from costmodel.frameworks import Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
+from planner.space_rules import RULES
 
 __all__ = ["FIELDS", "INFERENCE_FIELDS", "PRESETS", "RULES", "Constraints", "Space", "build_space",
            "divisors"]
 
 #: ParallelConfig fields a constraint may name.
-FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding_group", "sequence_parallel",
+FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp", "zero_stage", "sharding_group", "sequence_parallel",
           "micro_batch_size", "pipeline_schedule", "virtual_pipeline_stages", "recompute",
           "recompute_num_layers", "offload")
 #: Fields of an inference search (``costmodel.serving.inference.InferenceConfig``).
@@ -53,55 +54,6 @@ INFERENCE_FIELDS = ("tp", "pp", "replicas", "batch_size", "weight_precision")
 CAPPABLE = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages",
             "sharding_group", "recompute_num_layers", "replicas", "batch_size")
 
-#: Rule name -> what it requires. Each rejected value is counted under its rule.
-RULES: dict[str, str] = {
-    "tp_node": "tensor parallel stays inside a node or NVLink domain: tp divides its GPUs",
-    "tp_heads": "tp divides the attention heads and the KV heads",
-    "tp_ffn": "tp divides the MLP (and expert MLP) hidden size",
-    "tp_traced": "a traced graph is costed at the TP degrees its blocks were sharded at",
-    "cp_traced": "context parallel splits a traced graph's sequences only where its layers "
-                 "mix tokens in fused attention alone (ring attention)",
-    "sp_traced": "a traced graph is costed with the sequence parallelism its blocks were "
-                 "sharded with (LayerCosts.sp_options)",
-    "tp_runs": "a traced graph's TP layout runs: no module split in a layout no TP style "
-               "runs, no sequence split inside the model's own forward "
-               "(LayerCosts.tp_refusal)",
-    "pp_layers": "a pipeline stage holds at least one layer: pp <= layers",
-    "pp_inputs": "the first pipeline stage (chunk) holds the layers before the model's last "
-                 "op that reads its own inputs: torch.distributed.pipelining gives a later "
-                 "stage only the previous stage's outputs (LayerCosts.first_stage_layers)",
-    "cp_seq": "context parallel splits the sequence: cp divides seq_len",
-    "mesh_nodes": "the tp x cp block tiles the nodes (NVLink domains): it divides, or is a "
-                  "multiple of, the GPUs per node (domain)",
-    "dp_batch": "every data-parallel rank gets whole sequences: dp divides the global batch",
-    "ep_dense": "expert parallel needs a mixture-of-experts model",
-    "ep_experts": "ep divides the number of experts",
-    "ep_ranks": "expert parallel reuses data- and context-parallel ranks: ep divides dp * cp",
-    "zero_framework": "the trainer runs this ZeRO stage",
-    "zero_pipeline": "the trainer combines this ZeRO stage with pipeline parallel",
-    "shard_hybrid": "the trainer shards over part of the data-parallel ranks (HSDP) at "
-                    "this ZeRO stage",
-    "shard_experts": "expert states shard evenly: ep divides the shard degree",
-    "sp_seq": "sequence parallel splits seq_len / cp over tp",
-    "sp_framework": "the trainer has sequence parallelism (DeepSpeed's AutoTP has none; its "
-                    "Ulysses sequence split is the planner's cp)",
-    "mbs_batch": "dp * micro_batch_size divides the global batch",
-    "schedule_framework": "the trainer has this pipeline schedule",
-    "schedule_launcher": "the trainer's launcher runs the schedule as estimated (torchtitan "
-                         "0.2.2 runs multi-stage schedules only with 2 or more stages per "
-                         "rank, torchtitan/distributed/pipeline_parallel.py, so not one-stage "
-                         "zero bubble; estimate it explicitly for 'planner run')",
-    "virtual_layers": "interleaving splits the layers evenly: pp * virtual stages divides "
-                      "them, or them with the embedding and the loss counted as layers "
-                      "(Megatron-LM's --account-for-embedding/loss-in-pipeline-split)",
-    "schedule_micro_batches": "the trainer's schedule runs this many micro-batches "
-                              "(torch.distributed.pipelining: 1F1B needs at least pp, "
-                              "interleaved and zero bubble a multiple of micro-batches // pp; "
-                              "Megatron-LM's interleaved schedule a multiple of pp, "
-                              "megatron/core/pipeline_parallel/schedules.py)",
-    "offload_framework": "the trainer offloads this to the CPU at this ZeRO stage",
-    "constraint": "excluded by the constraints given",
-}
 
 
 #: Fields whose values are whole numbers (``None`` allowed: the trainer's own), booleans,
@@ -240,7 +192,7 @@ PRESETS: dict[str, Constraints] = {
 }
 
 # Row layout of ``Space.table`` (int64 columns).
-COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "group", "sp", "mbs", "schedule", "v",
+COLUMNS = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "group", "sp", "mbs", "schedule", "v",
            "recompute", "recompute_layers", "offload")
 _SCHEDULE_NAMES = {v: k for k, v in SCHEDULE_CODES.items()}
 _RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
@@ -259,7 +211,7 @@ class Rejections:
 
 
 # Columns of a core (what sets the compute and the pipeline) and of the two option tables.
-CORE = ("dp", "tp", "pp", "cp", "ep", "sp", "mbs", "schedule", "v")
+CORE = ("dp", "tp", "pp", "cp", "ep", "etp", "sp", "mbs", "schedule", "v")
 SHARDING = ("zero", "group", "offload")
 RECOMPUTATION = ("recompute", "recompute_layers")
 
@@ -431,8 +383,8 @@ def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
     chunks = accounted_columns(L, model.mtp_layers, c["pp"], c["v"], index, layers, start)
     shard = np.where(c["zero"] > 0, c["group"] * c["cp"], 1)
     return ConfigArrays(
-        dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero=c["zero"],
-        shard=shard, sp=c["sp"], mbs=c["mbs"], schedule=c["schedule"], v=c["v"],
+        dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
+        zero=c["zero"], shard=shard, sp=c["sp"], mbs=c["mbs"], schedule=c["schedule"], v=c["v"],
         recompute=c["recompute"], recompute_layers=c["recompute_layers"],
         offload=c["offload"], stage_layers=layers, stage_index=index, stage_count=count,
         stage_start=start, chunks=chunks)
@@ -449,7 +401,8 @@ def row_config(r: np.ndarray, model: ModelSpec | LayerCosts | None = None) -> Pa
                                                   model.mtp_layers)
     return ParallelConfig(
         stage_layers=tuple(split) if split else None,
-        dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero_stage=c["zero"],
+        dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"],
+        etp=c["etp"] if c["etp"] != c["tp"] else None, zero_stage=c["zero"],
         sharding_group=c["group"] if c["zero"] and c["group"] != c["dp"] else None,
         sequence_parallel=bool(c["sp"]), micro_batch_size=c["mbs"],
         pipeline_schedule=_SCHEDULE_NAMES[c["schedule"]], virtual_pipeline_stages=c["v"],
@@ -460,7 +413,7 @@ def row_config(r: np.ndarray, model: ModelSpec | LayerCosts | None = None) -> Pa
 
 def config_row(cfg: ParallelConfig) -> np.ndarray:
     """A ParallelConfig as a row of ``COLUMNS`` (the inverse of ``row_config``)."""
-    return np.array([cfg.dp, cfg.tp, cfg.pp, cfg.cp, cfg.ep, cfg.zero_stage,
+    return np.array([cfg.dp, cfg.tp, cfg.pp, cfg.cp, cfg.ep, cfg.expert_tp, cfg.zero_stage,
                      cfg.sharding_group or cfg.dp, int(cfg.sequence_parallel),
                      cfg.micro_batch_size, SCHEDULE_CODES[str(cfg.pipeline_schedule)],
                      cfg.virtual_pipeline_stages, RECOMPUTE_CODES[cfg.recompute],
@@ -493,12 +446,37 @@ class _Filter:
         return out
 
 
-def _shardings(fw: Framework, f: _Filter, dp: int, pp: int, cp: int, ep: int
-               ) -> np.ndarray:
-    """(zero, group, offload) options of one set of degrees."""
+def _expert_meshes(model: ModelSpec | LayerCosts, fw: Framework, f: _Filter, dp: int, tp: int,
+                   pp: int, cp: int) -> list[tuple[int, int]]:
+    """(ep, etp) options of one set of degrees: ep dividing the experts and, with the experts
+    split as tp, borrowing dp * cp; under Megatron-LM a preset's experts may also fold over
+    the TP ranks with their own etp dividing tp (Megatron-Core's MoE parallel folding:
+    etp * ep divides tp * cp * dp)."""
+    if not model.is_moe:
+        return [(e, tp) for e in f.keep("ep", [1])]
+    experts = model.moe_routing()[1] if isinstance(model, LayerCosts) else model.num_experts
+    folds = fw.name == "megatron" and isinstance(model, ModelSpec) and tp > 1
+    etps = f.keep("etp", sorted(divisors(tp), reverse=True) if folds else [tp], [
+        ("etp_ffn", lambda t: (model.moe_ffn_hidden_size or 0) % t == 0
+         if isinstance(model, ModelSpec) else True)],
+        show=lambda t: f"tp={tp} etp={t}")
+    out = []
+    for etp in etps:
+        eps = f.keep("ep", divisors(dp * cp * tp // etp), [
+            ("ep_experts", lambda e: experts % e == 0)],
+            show=lambda e, etp=etp: f"tp={tp} pp={pp} cp={cp} ep={e} etp={etp}")
+        out += [(ep, etp) for ep in eps if etp == tp or ep * etp > 1]
+    return out
+
+
+def _shardings(fw: Framework, f: _Filter, dp: int, pp: int, cp: int, ep: int,
+               folded: bool = False) -> np.ndarray:
+    """(zero, group, offload) options of one set of degrees (``folded``: the experts fold
+    over the TP ranks, which the distributed optimizer alone shards)."""
     zeros = f.keep("zero_stage", range(4), [
         ("zero_framework", lambda z: z in fw.zero_stages),
-        ("zero_pipeline", lambda z: pp == 1 or z in fw.zero_with_pp)],
+        ("zero_pipeline", lambda z: pp == 1 or z in fw.zero_with_pp),
+        ("zero_folded", lambda z: not folded or z <= 1)],
         show=lambda z: f"pp={pp} zero_stage={z}")
     least = dict(fw.offloads)
     out = []
@@ -506,7 +484,8 @@ def _shardings(fw: Framework, f: _Filter, dp: int, pp: int, cp: int, ep: int
         groups = [dp] if z == 0 else f.keep(
             "sharding_group", sorted(divisors(dp), reverse=True),
             [("shard_hybrid", lambda g, z=z: g == dp or z in fw.hybrid_shard_stages),
-             ("shard_experts", lambda g: (g * cp) % ep == 0)],
+             ("shard_experts", lambda g: folded or (g * cp) % ep == 0),
+             ("shard_folded", lambda g: not folded or g == dp)],
             show=lambda g, z=z: f"zero_stage={z} sharding_group={g}",
             canon=lambda g: None if g == dp else g)
         offs = f.keep("offload", list(OFFLOAD_CODES), [
@@ -633,15 +612,11 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                               ("tp_runs", lambda s, tp=tp: not traced or runs(tp, s)),
                               ("sp_framework", lambda s: not s or fw.sequence_parallel)])
                 mbss = f.keep("micro_batch_size", divisors(job.global_batch_size // dp))
-                eps = f.keep("ep", divisors(dp * cp) if model.is_moe else [1], [
-                    ("ep_experts", lambda e: e == 1 or model.moe_routing()[1] % e == 0
-                     if isinstance(model, LayerCosts) else model.num_experts % e == 0)],
-                    show=lambda e, tp=tp, pp=pp, cp=cp: f"tp={tp} pp={pp} cp={cp} ep={e}")
-                for ep in eps:
-                    key = (dp, pp, cp, ep)
+                for ep, etp in _expert_meshes(model, fw, f, dp, tp, pp, cp):
+                    key = (dp, pp, cp, ep, etp != tp)
                     if key not in shardings:
                         shardings[key] = len(z_tables)
-                        z_tables.append(_shardings(fw, f, dp, pp, cp, ep))
+                        z_tables.append(_shardings(fw, f, dp, pp, cp, ep, etp != tp))
                     if not len(z_tables[shardings[key]]):
                         continue
                     for (s, v), sp, mbs in itertools.product(scheds, sps, mbss):
@@ -658,7 +633,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                             r_tables.append(_recomputes(f, chunk))
                         if not len(r_tables[recomputes[chunk]]):
                             continue
-                        cores.append((dp, tp, pp, cp, ep, int(sp), mbs, s, v))
+                        cores.append((dp, tp, pp, cp, ep, etp, int(sp), mbs, s, v))
                         shard_of.append(shardings[key])
                         rec_of.append(recomputes[chunk])
     if not model.is_moe and cons.fixed.get("ep", 1) != 1:

@@ -262,3 +262,30 @@ def test_recompute_modules_trade_the_experts_and_norms_memory_for_kernels() -> N
     ns = megatron_parser().parse_args(parse_array(emit(plan, "megatron").text))
     assert ns.recompute_granularity == "selective"
     assert ns.recompute_modules == ["layernorm", "moe_act"]
+
+
+def test_the_search_folds_experts_where_it_pays_and_equals_brute_force() -> None:
+    """Under Megatron-LM the search covers the experts' own TP degree with tp, cp and ep
+    (etp dividing tp; etp * ep dividing tp * cp * dp): on a small MoE space every row,
+    folded ones included, is costed as estimate() costs it and the plan is the brute-force
+    fastest that fits (tests/brute.py)."""
+    from brute import search_equals_brute_force
+
+    from planner.space import COLUMNS, Constraints
+
+    model = dataclasses.replace(ModelSpec.preset("qwen3-30b-a3b"), num_layers=4, name="qwen-4l")
+    cluster = Cluster.preset("dgx-h100")
+    job = _job(global_batch_size=16, seq_len=2048, moe_load_imbalance=1.0)
+    cons = Constraints(fixed={"tp": 2, "pp": 1, "cp": 1, "offload": "none"},
+                       allowed={"recompute": ["none"], "zero_stage": [1]})
+    space = search_equals_brute_force(model, cluster, job, cons)
+    t = space.table
+    etp, tp = t[:, COLUMNS.index("etp")], t[:, COLUMNS.index("tp")]
+    assert (etp < tp).any() and (etp == tp).any()
+    # torchtitan's experts split as its tp: no folded row in its space.
+    tt = Constraints(fixed={"tp": 2, "pp": 1, "cp": 1}, frameworks=("torchtitan",))
+    from planner.space import build_space
+
+    other = build_space(model, cluster, dataclasses.replace(job, framework="torchtitan"), tt)
+    o = other.table
+    assert (o[:, COLUMNS.index("etp")] == o[:, COLUMNS.index("tp")]).all()

@@ -285,7 +285,9 @@ def test_table_columns_cover_parallel_config() -> None:
                          pipeline_schedule="interleaved-1f1b", virtual_pipeline_stages=2,
                          recompute="full", recompute_num_layers=1, offload="optimizer")
     assert row_config(config_row(cfg)) == cfg
-    assert len(COLUMNS) == 14
+    folded = ParallelConfig(dp=8, tp=2, ep=16, etp=1, zero_stage=1)
+    assert row_config(config_row(folded)) == folded
+    assert len(COLUMNS) == 15
 
 
 def test_cli_plan(tmp_path) -> None:

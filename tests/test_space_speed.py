@@ -77,8 +77,8 @@ def arrays_by_rows(model: ModelSpec, table: np.ndarray) -> ConfigArrays:
                                    ConfigArrays.every_stage)(L, c["pp"])
     shard = np.where(c["zero"] > 0, c["group"] * c["cp"], 1)
     return ConfigArrays(
-        dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], zero=c["zero"],
-        shard=shard, sp=c["sp"], mbs=c["mbs"], schedule=c["schedule"], v=c["v"],
+        dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
+        zero=c["zero"], shard=shard, sp=c["sp"], mbs=c["mbs"], schedule=c["schedule"], v=c["v"],
         recompute=c["recompute"], recompute_layers=c["recompute_layers"],
         offload=c["offload"], stage_layers=layers, stage_index=index, stage_count=count,
         stage_start=start)

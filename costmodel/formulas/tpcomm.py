@@ -251,8 +251,9 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
     # stay, their share of the layer's.
     fold = pick(r.etp, groups) < tp
     if np.any(fold):
-        attn = np.where(sp, (gather_in + ag) / (gather_in + gather + 2 * ag),
-                        ar_in / (ar_in + ar))
+        num = np.where(sp, gather_in + ag, ar_in)
+        den = np.where(sp, gather_in + gather + 2 * ag, ar_in + ar)
+        attn = np.divide(num, den, out=np.ones_like(den), where=den > 0)
         keep = np.where(fold, attn, 1.0)
         for k in range(len(layers)):
             if r.costs.routed(k):
