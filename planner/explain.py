@@ -193,10 +193,15 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
     job, cfg, _ = plan.training()
     cons = plan.constraints
     values = _values(plan)
+    # The experts' own TP degree is a choice only where experts may fold (a MoE preset under
+    # Megatron-LM); elsewhere it follows tp.
+    folds = isinstance(plan.model, ModelSpec) and plan.model.is_moe \
+        and "megatron" in (cons.frameworks or (job.framework,))
     names = list(fields) if fields is not None else [
         f for f in CHOICES
         if (len(values[f]) > 1 or f in cons.fixed)
-        and (cfg.pp > 1 or f not in ("pipeline_schedule", "virtual_pipeline_stages"))]
+        and (cfg.pp > 1 or f not in ("pipeline_schedule", "virtual_pipeline_stages"))
+        and (f != "etp" or folds)]
     for f in names:
         if f not in CHOICES:
             raise SpecError(f"cannot explain field {f!r}; choose from {', '.join(CHOICES)}")
