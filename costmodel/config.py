@@ -17,6 +17,9 @@ from hardware_profiles.numbers import real
 __all__ = ["ATTENTION_KERNELS", "TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig", "accounted_split"]
 
 PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4", "fp32")
+#: The precisions whose matmuls run quantized (block scales: roofline.QUANTIZED_BYTES); their
+#: attention, output layer and optimizer stay in bf16 or above.
+QUANTIZED_PRECISIONS = ("fp8", "nvfp4")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "mxfp8", "blockwise")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 import hardware_profiles
+from costmodel.config import QUANTIZED_PRECISIONS
 from costmodel.errors import SpecError
 from costmodel.units import GB, GIB, TFLOPS
 from hardware_profiles.numbers import real
@@ -82,7 +83,7 @@ class KernelEfficiency:
         """The matmul fraction for ``dtype`` (``gemm_fp8`` for fp8 where the profile has it,
         and for nvfp4 too: no published NVFP4 matmul microbenchmark was found, so its
         fraction of the nvfp4 peak is assumed to be fp8's, as each Blackwell profile says)."""
-        if dtype in ("fp8", "nvfp4") and self.gemm_fp8 is not None:
+        if dtype in QUANTIZED_PRECISIONS and self.gemm_fp8 is not None:
             return self.gemm_fp8
         return self.gemm
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.config import Job
+from costmodel.config import QUANTIZED_PRECISIONS, Job
 from costmodel.formulas.arrays import ConfigArrays
 from costmodel.formulas.compute import autocast_rows
 from costmodel.formulas.roofline import quantized_bytes
@@ -40,8 +40,8 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     # published 61.8 GiB float8 vs 62.0 bf16, torchao 47.77 vs 47.65).
     # Block-scaled formats keep their scales beside the values (roofline.QUANTIZED_BYTES):
     # MXFP8 1/32 byte, block-wise fp8 4/128, NVFP4 half a byte and 1/16.
-    e_lin = quantized_bytes(job) if job.precision in ("fp8", "nvfp4") and not fw.torchao_float8 \
-        else e
+    e_lin = quantized_bytes(job) if job.precision in QUANTIZED_PRECISIONS \
+        and not fw.torchao_float8 else e
     h = float(model.hidden_size)
     tp = a.tp.astype(float)
     s_local = job.seq_len / a.cp.astype(float)

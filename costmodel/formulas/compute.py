@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.config import Job
+from costmodel.config import QUANTIZED_PRECISIONS, Job
 from costmodel.formulas.arrays import ordered_sum
 from costmodel.formulas.eager import (
     COMPILED_MOE_KERNELS,
@@ -199,6 +199,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     """
     dtype, e, e_in = _dtypes(job)
     t = tp.astype(float)
+    et = t if etp is None else etp.astype(float)  # the experts' TP split
     r = _Rows(model, gpu, job, framework(job.framework), dtype, e, e_in,
               np.zeros(np.shape(tp), dtype=bool) if autocast is None else np.asarray(autocast),
               t, job.seq_len / cp.astype(float) * mbs,
@@ -210,7 +211,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         m, div = r.local(split)
         attn_flops = attn_flops + 2 * m * n_in * n_out / div
     core = _attention_core(r)
-    mlp = _mlp_block(r, moe, capacity_factor, ep, etp)
+    mlp = _mlp_block(r, moe, capacity_factor, ep, et)
     fwd = qkv_gemm + proj_gemm + core.forward + mlp.forward
     bwd = 2 * (qkv_gemm + proj_gemm) + core.backward + 2 * mlp.forward
     f_flops = attn_flops + core.flops + mlp.flops
@@ -227,14 +228,12 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     if r.fw.torchao_float8 and job.precision == "fp8":
         cast_f, cast_b = float8_cast_time(model, gpu, job, r.tokens, t, moe, float8_gathered)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
-    elif r.fw.name == "megatron" and job.precision in ("fp8", "nvfp4"):
-        cast_f, cast_b = te_quantize_time(model, gpu, job, r.tokens, t, mlp.routed,
-                                          None if etp is None else etp.astype(float))
+    elif r.fw.name == "megatron" and job.precision in QUANTIZED_PRECISIONS:
+        cast_f, cast_b = te_quantize_time(model, gpu, job, r.tokens, t, mlp.routed, et)
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
     selective, selective_flops = core.selective, core.selective_flops
     if r.fw.name == "megatron":
-        selective = _recomputed_kernels(r, core, mlp, moe,
-                                        r.t if etp is None else etp.astype(float))
+        selective = _recomputed_kernels(r, core, mlp, moe, et)
     if r.fw.selective_recompute == "op":
         selective, selective_flops = _op_selective(r, moe, core, ew_fwd, qkv_gemm, k_gemm,
                                                    proj_gemm, mlp)
@@ -335,12 +334,12 @@ def _mlp(r: _Rows, ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | No
 
 
 def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | None,
-               etp: np.ndarray | None = None) -> _Mlp:
+               et: np.ndarray) -> _Mlp:
     """The layer's MLP: dense, or a MoE layer's router, its routed experts (``top_k`` copies
     of each token times ``capacity_factor``, ``ep`` experts' shares per rank as a grouped
-    matmul) and its shared experts. The experts split their width over ``etp`` (default
-    the layer's tp): with etp = tp each rank runs its TP group's routed tokens (gathered
-    over the sequence-parallel ranks) through 1/tp of each local expert; folded
+    matmul) and its shared experts. The experts split their width over ``et`` (their etp:
+    the layer's tp unless folded): with etp = tp each rank runs its TP group's routed tokens
+    (gathered over the sequence-parallel ranks) through 1/tp of each local expert; folded
     (Megatron-Core's MoE parallel folding, etp < tp), its own share of them through 1/etp:
     the same FLOPs, wider and shorter matmuls."""
     model, h, tokens = r.model, r.h, r.tokens
@@ -350,7 +349,6 @@ def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | Non
     ffn = float(model.moe_ffn_hidden_size or 0)
     n_exp = float(model.num_experts)
     ep_f = (ep if ep is not None else np.ones_like(r.t)).astype(float)
-    et = r.t if etp is None else etp.astype(float)
     # The routed copies this rank computes.
     routed = tokens * model.top_k * capacity_factor * et / r.t
     router = r.gemm(tokens * r.rep, n_exp, h, bytes_per_element=r.e)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from costmodel.config import Job
+from costmodel.config import QUANTIZED_PRECISIONS, Job
 from costmodel.errors import SpecError
 from costmodel.formulas.activations import layer_activations, layer_params_per_gpu
 from costmodel.formulas.arrays import ConfigArrays, Distinct
@@ -453,7 +453,7 @@ class LayerQueries(LayerStructure):
         # torchao's float8 training casts each Float8Linear's input and output gradient in
         # a layer (the formulas' ``compute.float8_cast_time``; the head stays in bf16).
         casts = fw.torchao_float8 and job.precision == "fp8" and block.kind == "layer"
-        te_casts = fw.name == "megatron" and job.precision in ("fp8", "nvfp4") \
+        te_casts = fw.name == "megatron" and job.precision in QUANTIZED_PRECISIONS \
             and block.kind == "layer"
         gathered = float8_gathered_rows(job.framework, job, a.zero)
         kernel = attention_kernel(job, gpu)
@@ -470,7 +470,7 @@ class LayerQueries(LayerStructure):
                                             attention_flops_per_key=0.0)
             if load != 1.0:
                 run, again = _routed(run, load), again and _routed(again, load)
-            if dtype in ("fp8", "nvfp4") and block.kind == "layer":
+            if dtype in QUANTIZED_PRECISIONS and block.kind == "layer":
                 narrow = quantized_bytes(job) / 2
                 run, again = _fp8_operands(run, narrow), again and _fp8_operands(again, narrow)
             lc = kernel_compute(gpu, dtype, run, share[rows], again, ep=a.ep[rows],

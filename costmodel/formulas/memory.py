@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 import hardware_profiles
-from costmodel.config import Job
+from costmodel.config import QUANTIZED_PRECISIONS, Job
 from costmodel.formulas.activations import layer_params_per_gpu
 from costmodel.formulas.arrays import (
     OFFLOAD_CODES,
@@ -254,7 +254,7 @@ class _Stage:
     first: np.ndarray
     last: np.ndarray
     tp: np.ndarray
-    ep: np.ndarray
+    ep_share: np.ndarray  # ConfigArrays.expert_share: the experts' parameter and DP split
     m: np.ndarray
     counts: np.ndarray
     per_layer: tuple[tuple[np.ndarray, np.ndarray | None], ...]
@@ -286,7 +286,7 @@ class _Stage:
     def z_exp(self) -> np.ndarray:
         """ZeRO shard degree of the routed experts (their data-parallel group is
         ``ConfigArrays.expert_share`` times smaller)."""
-        return np.maximum(self.z_dense / self.ep, 1.0)
+        return np.maximum(self.z_dense / self.ep_share, 1.0)
 
 
 def _stage(costs: LayerCosts, job: Job, a: ConfigArrays) -> _Stage:
@@ -294,12 +294,12 @@ def _stage(costs: LayerCosts, job: Job, a: ConfigArrays) -> _Stage:
     replicated) every term reads."""
     st = a.stage_major
     tp = a.tp.astype(float)
-    ep = a.expert_share.astype(float)  # the experts' parameter and data-parallel split
+    ep_share = a.expert_share.astype(float)
     first = st.index == 0
     last = st.index == a.pp - 1
     counts = stage_layout(costs, a, st)  # [kinds, P, rows]
     kinds = range(costs.kinds)
-    per_layer = costs.layer_params_per_gpu(tp, ep)  # per kind: (local, routed experts)
+    per_layer = costs.layer_params_per_gpu(tp, ep_share)  # per kind: (local, routed experts)
     layer_params = ordered_sum(counts[k] * per_layer[k][0] for k in kinds)
     expert_params = ordered_sum((counts[k] * x for k in kinds
                           if (x := per_layer[k][1]) is not None), np.zeros_like(layer_params))
@@ -308,7 +308,7 @@ def _stage(costs: LayerCosts, job: Job, a: ConfigArrays) -> _Stage:
     emb_params = np.where(first, emb_local, 0.0) + np.where(last, head_local, 0.0)
     return _Stage(costs=costs, job=job, a=a, fw=framework(job.framework),
                   soft=hardware_profiles.load_software(), st=st, valid=st.count > 0,
-                  first=first, last=last, tp=tp, ep=ep,
+                  first=first, last=last, tp=tp, ep_share=ep_share,
                   m=job.global_batch_size // (a.dp * a.mbs), counts=counts,
                   per_layer=per_layer, layer_params=layer_params,
                   expert_params=expert_params, emb_params=emb_params)
@@ -376,7 +376,7 @@ def _model_states(s: _Stage) -> _States:
     # block scales of MXFP8, block-wise fp8 and NVFP4 (--fp4-format: half a byte each way;
     # roofline.QUANTIZED_BYTES). With --fp8-param-gather the parameters are those fp8
     # tensors (1 byte and the transpose, what w_b counts), with no bf16 copy beside them.
-    if fw.name == "megatron" and job.precision in ("fp8", "nvfp4") \
+    if fw.name == "megatron" and job.precision in QUANTIZED_PRECISIONS \
             and not job.fp8_param_gather:
         weights = weights + 2.0 * quantized_bytes(job, weight=True) \
             * (s.layer_params + expert_params)

@@ -25,11 +25,17 @@ def routed_load(job: Job) -> float:
     ``Job.moe_load_imbalance`` where the job says it (1.0: the forced even routing that
     NVIDIA's performance tables benchmark with), else the imbalance published for
     auxiliary-loss and bias balancing (``hardware_profiles/software.toml [moe]``)."""
+    return _load(job)[0]
+
+
+def _load(job: Job) -> tuple[float, str]:
+    """``routed_load`` and where it comes from, in words (``routing_words``)."""
     if job.moe_capacity_factor is not None:
-        return float(job.moe_capacity_factor)
+        return float(job.moe_capacity_factor), "the capacity factor"
     if job.moe_load_imbalance is not None:
-        return float(job.moe_load_imbalance)
-    return float(hardware_profiles.load_software()["moe"]["load_imbalance"])
+        return float(job.moe_load_imbalance), "as the job gives it"
+    moe = hardware_profiles.load_software()["moe"]
+    return float(moe["load_imbalance"]), str(moe["load_imbalance_basis"])
 
 
 def remote_domains(top_k: int, size: Num, per_domain: Num, groups: int = 0,
@@ -106,11 +112,6 @@ def dispatch_combine(topo: Topology, dispatcher: str, token_bytes: Num, top_k: i
 def routing_words(job: Job) -> str:
     """What the estimate assumed about a MoE layer's routing, for its summary: the
     dispatcher and the busiest rank's load (``routed_load``) with where it comes from."""
-    if job.moe_capacity_factor is not None:
-        why = "the capacity factor"
-    elif job.moe_load_imbalance is not None:
-        why = "as the job gives it"
-    else:
-        why = str(hardware_profiles.load_software()["moe"]["load_imbalance_basis"])
+    load, why = _load(job)
     return (f"{job.moe_dispatcher} dispatcher; the busiest expert-parallel rank takes "
-            f"{routed_load(job):.2f}x the even share of routed tokens ({why})")
+            f"{load:.2f}x the even share of routed tokens ({why})")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import hardware_profiles
-from costmodel.config import Job
+from costmodel.config import QUANTIZED_PRECISIONS, Job
 from costmodel.frameworks import framework
 from costmodel.hardware import GPU
 from costmodel.units import Num
@@ -167,14 +167,14 @@ def quantized_bytes(job: Job, weight: bool = False) -> float:
 def high_precision(dtype: str) -> str:
     """The dtype of what a job with matmul ``dtype`` keeps out of its quantized matmuls
     (attention, the output layer, MFU's peak): bf16 for fp8 and nvfp4 jobs."""
-    return "bf16" if dtype in ("fp8", "nvfp4") else dtype
+    return "bf16" if dtype in QUANTIZED_PRECISIONS else dtype
 
 
 def _dtypes(job: Job) -> tuple[str, float, float]:
     """(matmul dtype, bytes per activation element, bytes per matmul input element)."""
     if job.precision == "fp32":
         return "tf32", 4.0, 4.0
-    if job.precision in ("fp8", "nvfp4"):
+    if job.precision in QUANTIZED_PRECISIONS:
         return job.precision, 2.0, quantized_bytes(job)  # MXFP8, block-wise at fp8's rate
     return job.precision, 2.0, 2.0
 
