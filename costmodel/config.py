@@ -38,7 +38,11 @@ MASTER_DTYPES = {"fp32": 4.0, "fp16": 2.0}
 #: and cuDNN's fused flash attention (Transformer Engine's FusedAttention, SDPA's cuDNN
 #: backend).
 ATTENTION_KERNELS = ("flash", "cudnn")
-SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble")
+#: Pipeline schedules (``costmodel.formulas.pipeline``); ``zbv`` and ``dualpipev`` are V-shaped,
+#: two chunks per rank (``costmodel.formulas.vschedules``).
+SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", "zbv", "dualpipev")
+#: The schedules that place two model chunks per rank as a V.
+V_SCHEDULES = ("zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 FRAMEWORK_NAMES = tuple(f.name for f in FRAMEWORKS)
@@ -394,6 +398,13 @@ class ParallelConfig:
             auto = "interleaved-1f1b" if self.virtual_pipeline_stages > 1 else "1f1b"
             object.__setattr__(self, "pipeline_schedule", auto)
         _choice(owner, "pipeline_schedule", self.pipeline_schedule, SCHEDULES)
+        if self.pipeline_schedule in V_SCHEDULES:
+            if self.virtual_pipeline_stages != 2 or self.pp < 2:
+                raise SpecError(
+                    f"{owner}: pipeline_schedule={self.pipeline_schedule!r} places two chunks "
+                    f"per rank as a V: it needs virtual_pipeline_stages=2 and pp >= 2, got "
+                    f"virtual_pipeline_stages={self.virtual_pipeline_stages}, pp={self.pp}")
+            return
         interleaved = self.pipeline_schedule == "interleaved-1f1b"
         if interleaved and self.virtual_pipeline_stages < 2:
             raise SpecError(
@@ -481,8 +492,8 @@ class ParallelConfig:
     def chunk_layers(self) -> tuple[int, ...] | None:
         """An interleaved pipeline's explicit layers per chunk, in virtual order (chunk ``j``
         is virtual stage ``j // pp`` of rank ``j % pp``, Megatron-LM's
-        ``--pipeline-model-parallel-layout`` order); None for an even split or without
-        interleaving."""
+        ``--pipeline-model-parallel-layout`` order; V-shaped, rank ``j`` for ``j < pp`` and
+        ``2 pp - 1 - j`` after); None for an even split or without interleaving."""
         if self.stage_layers is None or self.virtual_pipeline_stages == 1:
             return None
         return self.stage_layers
@@ -494,6 +505,9 @@ class ParallelConfig:
         if self.stage_layers is None:
             return None
         p = self.pp
+        if self.pipeline_schedule in V_SCHEDULES:  # rank r: chunks r and 2p - 1 - r
+            return tuple(self.stage_layers[r] + self.stage_layers[2 * p - 1 - r]
+                         for r in range(p))
         return tuple(sum(self.stage_layers[r::p]) for r in range(p))
 
     @property

@@ -135,10 +135,14 @@ def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | 
     """What torch.distributed.pipelining's schedule needs of the micro-batch count, when
     ``num_micro_batches`` breaks it (torch/distributed/pipelining/schedules.py: 1F1B refuses
     fewer micro-batches than stages; interleaved 1F1B and zero bubble run them in rounds of
-    max(1, m // pp) and need m to be a multiple); ``None`` when it runs."""
+    max(1, m // pp) and need m to be a multiple; DualPipeV needs at least as many as its 2pp
+    stages; ZBVZeroBubble runs any count); ``None`` when it runs."""
     m = num_micro_batches
     if pp > 1 and schedule == "1f1b" and m < pp:
         return f"1F1B schedule needs at least pp={pp} micro-batches, got {m}"
+    if pp > 1 and schedule == "dualpipev" and m < 2 * pp:
+        return (f"DualPipeV schedule needs at least 2 * pp = {2 * pp} micro-batches, got {m} "
+                f"(it runs two stages per rank)")
     rounds = max(1, m // pp)
     if pp > 1 and schedule in ("interleaved-1f1b", "zero-bubble") and m % rounds:
         return (f"{schedule} schedule needs the number of micro-batches ({m}) to be a "
@@ -216,7 +220,9 @@ FRAMEWORKS: tuple[Framework, ...] = (
     Framework(
         name="torchtitan",
         zero_stages=(0, 2, 3),
-        schedules=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"),
+        # ZBVZeroBubble and DualPipeV (torch.distributed.pipelining, two stages per rank placed
+        # as a V: torchtitan/distributed/pipeline_parallel.py).
+        schedules=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev"),
         offloads=(("none", 0), ("optimizer+params", 3)),
         zero_with_pp=(0, 2, 3),
         # FSDP shards the stored fp32 parameters at "ZeRO-2" too; only the bf16 unsharded
@@ -239,7 +245,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         # torchtitan 0.2.2 refuses a multi-stage schedule with one stage per rank
         # (torchtitan/distributed/pipeline_parallel.py), and zero bubble as estimated (ZB-H1,
         # torch's ScheduleInterleavedZeroBubble with one stage per rank) is one; it runs zero
-        # bubble only as the V-shaped ZBVZeroBubble, which the model does not time.
+        # bubble as the V-shaped ZBVZeroBubble (``zbv``).
         unsearched_schedules=("zero-bubble",),
         # ScaledDotProductAttention asks SDPA for cuDNN first (sdpa_kernel([CUDNN_ATTENTION,
         # FLASH_ATTENTION, ...], set_priority=True), torchtitan/models/common/attention.py,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from costmodel.config import Job
+from costmodel.formulas.arrays import SCHEDULE_CODES
 from costmodel.formulas.estimate import plan_capacity
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.steptime import TIME_TERMS
@@ -55,6 +56,7 @@ MESH = ("dp", "tp", "pp", "cp", "ep", "etp")
 # Step-time terms that follow the last backward (the rest is the pipeline's time).
 POST_TERMS = ("dp_comm", "optimizer", "offload")
 _MESH_COLS = [COLUMNS.index(c) for c in MESH]
+_SCHEDULE_COL = COLUMNS.index("schedule")
 FIRST_BATCH = 8
 MAX_BATCH = 8192
 
@@ -417,6 +419,13 @@ def _timed(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, rows: np.n
     """Evaluate ``rows`` into ``state``: memory and lower bounds on the step time first; then
     the pipeline schedules played out in order of the bound while the bound does not exceed
     the k-th best (each played-out row can only lower it)."""
+    vee = rows[:, _SCHEDULE_COL] >= SCHEDULE_CODES["zbv"]
+    if vee.any() and not vee.all():
+        # V-shaped rows need a column per stage (``space.arrays``): apart, the others keep
+        # the four representative columns.
+        for part in (rows[~vee], rows[vee]):
+            _timed(model, cluster, job, part, state, fw, rank)
+        return
     res = evaluate(model, cluster, job, arrays(model, rows), capacity=state.capacity,
                    host_capacity=state.host_capacity, exact_below=-np.inf)
     lazy = np.isfinite(res.step_time) & ~res.exact

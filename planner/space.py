@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.config import FRAMEWORK_NAMES, Job, ParallelConfig, accounted_split
+from costmodel.config import FRAMEWORK_NAMES, V_SCHEDULES, Job, ParallelConfig, accounted_split
 from costmodel.errors import SpecError
 from costmodel.formulas.arrays import (
     accounted_columns,
@@ -36,6 +36,7 @@ from costmodel.formulas.arrays import (
 )
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
+from costmodel.formulas.vschedules import v_split
 from costmodel.frameworks import Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
@@ -373,14 +374,18 @@ def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
     # An accounted split's chunks hold one layer fewer at the ends: the classes of
     # uniform_stages hold for it when the layers are all of one kind.
     uneven = (c["v"] > 1) & (L % np.maximum(c["pp"] * c["v"], 1) != 0)
+    # A V-shaped schedule's ranks differ one by one (its split, the output layer on rank 0,
+    # what each holds in flight): every stage its own column.
+    vshaped = (c["schedule"] >= SCHEDULE_CODES["zbv"]) & (c["pp"] > 1)
     exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"]) and (
-        not uneven.any() or len(set(model.layer_kinds)) == 1)
+        not uneven.any() or len(set(model.layer_kinds)) == 1) and not vshaped.any()
     index, count, layers, start = _stage_columns(L, c["pp"], exact)
     for p, split in heavy.items():
         rows = (c["pp"] == p) & (c["v"] == 1)
         layers[rows, :p] = split
         start[rows, :p] = np.cumsum(split) - np.array(split)
-    chunks = accounted_columns(L, model.mtp_layers, c["pp"], c["v"], index, layers, start)
+    chunks = accounted_columns(L, model.mtp_layers, c["pp"], c["v"], index, layers, start,
+                               c["schedule"])
     shard = np.where(c["zero"] > 0, c["group"] * c["cp"], 1)
     return ConfigArrays(
         dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
@@ -394,11 +399,12 @@ def row_config(r: np.ndarray, model: ModelSpec | LayerCosts | None = None) -> Pa
     """One row of a space table (``COLUMNS``) as a ParallelConfig; with ``model``, the stage
     split the search costed it with where it is not the even one (``arrays``)."""
     c = dict(zip(COLUMNS, (int(x) for x in r), strict=True))
-    split = None
+    split: Sequence[int] | None = None
     if model is not None:
-        split = input_split(model.num_layers, c["pp"], model.first_stage_layers) \
-            if c["v"] == 1 else interleaved_split(model.num_layers, c["pp"], c["v"],
-                                                  model.mtp_layers)
+        if c["v"] == 1:
+            split = input_split(model.num_layers, c["pp"], model.first_stage_layers)
+        elif _SCHEDULE_NAMES[c["schedule"]] not in V_SCHEDULES:  # V: the default v_split
+            split = interleaved_split(model.num_layers, c["pp"], c["v"], model.mtp_layers)
     return ParallelConfig(
         stage_layers=tuple(split) if split else None,
         dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"],
@@ -512,6 +518,13 @@ def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int, need: int = 
         ("schedule_framework", lambda s: s in fw.schedules),
         ("schedule_launcher", lambda s: s not in fw.unsearched_schedules)])
     for s in names:
+        if s in V_SCHEDULES:
+            # Two stages per rank as a V, torchtitan's split (vschedules.v_split), at least
+            # a layer per stage on average (costmodel.formulas.checks).
+            if f.cons.allows("virtual_pipeline_stages", 2) and num_layers >= 2 * pp \
+                    and v_split(num_layers, pp)[0] >= need:
+                out.append((SCHEDULE_CODES[s], 2))
+            continue
         if s != "interleaved-1f1b":
             if f.cons.allows("virtual_pipeline_stages", 1):
                 out.append((SCHEDULE_CODES[s], 1))

@@ -54,7 +54,8 @@ RULES: dict[str, str] = {
                       "(Megatron-LM's --account-for-embedding/loss-in-pipeline-split)",
     "schedule_micro_batches": "the trainer's schedule runs this many micro-batches "
                               "(torch.distributed.pipelining: 1F1B needs at least pp, "
-                              "interleaved and zero bubble a multiple of micro-batches // pp; "
+                              "interleaved and zero bubble a multiple of micro-batches // pp, "
+                              "DualPipeV at least 2 * pp; "
                               "Megatron-LM's interleaved schedule a multiple of pp, "
                               "megatron/core/pipeline_parallel/schedules.py)",
     "offload_framework": "the trainer offloads this to the CPU at this ZeRO stage",

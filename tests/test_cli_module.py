@@ -149,7 +149,8 @@ def test_micro_batch_search_is_the_best_fixed_size(models_dir: Path) -> None:
     job = Job(global_batch_size=32, seq_len=256)
     ids = torch.zeros(1, 256, dtype=torch.long)
     fixed = [plan(net, cluster, job, example_inputs=ids,
-                  constraints=Constraints(fixed={"micro_batch_size": b})) for b in (1, 2, 4)]
+                  constraints=Constraints(fixed={"micro_batch_size": b}))
+             for b in (1, 2, 4, 8, 16, 32)]
     searched = plan(net, cluster, job, example_inputs=ids)
     assert searched.estimate.step_time_s == pytest.approx(
         min(f.estimate.step_time_s for f in fixed))

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from costmodel.config import V_SCHEDULES
 from costmodel.formulas.checks import validate
 from costmodel.formulas.memory import ConfigArrays, memory_table
 from costmodel.frameworks import framework
@@ -81,6 +82,8 @@ def random_config(draw: st.DrawFn, m: ModelSpec, world: int, fw_name: str) -> Pa
             vs = [x for x in (2, 4) if m.num_layers % (pp * x) == 0]
             assume(vs)
             v = draw(st.sampled_from(vs))
+        elif schedule in V_SCHEDULES:
+            v = 2
     recompute = draw(st.sampled_from(RECOMPUTES))
     rec_layers = None
     if recompute == "full" and draw(st.booleans()):

@@ -23,7 +23,8 @@ from costmodel.formulas.memory import SCHEDULE_CODES
 from costmodel.formulas.pipeline import makespan, pipeline_bound, rank_orders, simulate
 from planner import plan, timeline
 
-SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", "zbv", "dualpipev")
+V = ("zbv", "dualpipev")
 
 
 @st.composite
@@ -31,8 +32,8 @@ def shapes(draw: st.DrawFn) -> tuple[int, int, int, str]:
     """(p, m, v, schedule) that the trainers run (interleaved: m a multiple of its rounds)."""
     p = draw(st.integers(2, 8))
     schedule = draw(st.sampled_from(SCHEDULES))
-    v = draw(st.integers(2, 4)) if schedule == "interleaved-1f1b" else 1
-    m = draw(st.integers(1, 30 * p))
+    v = draw(st.integers(2, 4)) if schedule == "interleaved-1f1b" else 2 if schedule in V else 1
+    m = draw(st.integers(2 * p if schedule == "dualpipev" else 1, 30 * p))
     if schedule == "interleaved-1f1b":
         rounds = max(1, m // p)
         m -= m % rounds
@@ -73,7 +74,7 @@ def test_the_vectorized_makespan_is_the_event_simulation(data: st.DataObject) ->
         assert bound <= want * (1 + 1e-12)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", SCHEDULES[:4])
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 32), (4, 3), (4, 1), (6, 200)])
 def test_the_bound_is_exact_for_equal_stages(schedule: str, p: int, m: int) -> None:
     """Equal stages, forward 1 s and backward 2 s: the bound is the simulated makespan, so a
@@ -155,9 +156,9 @@ def pipelines(draw: st.DrawFn) -> tuple[ModelSpec, Job, ParallelConfig]:
                                      "deepspeed": ("1f1b",),
                                      "torchtitan": SCHEDULES}[fw]))
     L = model.num_layers
-    v = draw(st.integers(2, 4)) if schedule == "interleaved-1f1b" else 1
+    v = draw(st.integers(2, 4)) if schedule == "interleaved-1f1b" else 2 if schedule in V else 1
     dp = 64 // pp // 8
-    m = draw(st.integers(1, 24))
+    m = draw(st.integers(2 * pp if schedule == "dualpipev" else 1, 24))
     if schedule == "interleaved-1f1b":
         m = pp * max(1, m // pp) if fw == "megatron" else m - m % max(1, m // pp)
     if fw == "torchtitan" and schedule == "1f1b":
@@ -173,7 +174,12 @@ def pipelines(draw: st.DrawFn) -> tuple[ModelSpec, Job, ParallelConfig]:
         if any(sum(stage_layers[r::pp]) == 0 for r in range(pp)):
             stage_layers = accounted_split(L, pp, v) or tuple(
                 int(x) for x in np.diff(np.linspace(0, L, pp * v + 1).round()))
-    elif schedule != "interleaved-1f1b" and draw(st.booleans()):
+    elif schedule in V and draw(st.booleans()):
+        # Uneven V stages in virtual order, every stage a layer.
+        cuts = sorted(draw(st.lists(st.integers(1, L - 1), min_size=2 * pp - 1,
+                                    max_size=2 * pp - 1, unique=True)))
+        stage_layers = tuple(int(x) for x in np.diff([0, *cuts, L]))
+    elif schedule not in ("interleaved-1f1b", *V) and draw(st.booleans()):
         cuts = sorted(draw(st.lists(st.integers(1, L - 1), min_size=pp - 1, max_size=pp - 1,
                                     unique=True)))
         stage_layers = tuple(int(x) for x in np.diff([0, *cuts, L]))

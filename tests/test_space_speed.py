@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from costmodel import GPU, Cluster, Job, ModelSpec
-from costmodel.formulas.arrays import ConfigArrays, divisors, input_split
+from costmodel.formulas.arrays import (
+    SCHEDULE_CODES,
+    ChunkPatterns,
+    ConfigArrays,
+    accounted_columns,
+    divisors,
+    input_split,
+)
 from planner import search as search_mod
 from planner import space as space_mod
 from planner.space import COLUMNS, CORE, RECOMPUTATION, SHARDING, Constraints, Space, arrays
@@ -72,16 +79,20 @@ def arrays_by_rows(model: ModelSpec, table: np.ndarray) -> ConfigArrays:
     L, need = model.num_layers, model.first_stage_layers
     heavy = {int(p): s for p in np.unique(c["pp"])
              if (s := input_split(L, int(p), need))} if need else {}
-    exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"])
+    # V-shaped rows (zbv, dualpipev) take a column per stage and their V split's chunks.
+    vee = c["schedule"] >= SCHEDULE_CODES["zbv"]
+    exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"]) and not vee.any()
     index, count, layers, start = (ConfigArrays.uniform_stages if exact else
                                    ConfigArrays.every_stage)(L, c["pp"])
+    chunks = accounted_columns(L, model.mtp_layers, c["pp"], c["v"], index, layers, start,
+                               c["schedule"])
     shard = np.where(c["zero"] > 0, c["group"] * c["cp"], 1)
     return ConfigArrays(
         dp=c["dp"], tp=c["tp"], pp=c["pp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
         zero=c["zero"], shard=shard, sp=c["sp"], mbs=c["mbs"], schedule=c["schedule"], v=c["v"],
         recompute=c["recompute"], recompute_layers=c["recompute_layers"],
         offload=c["offload"], stage_layers=layers, stage_index=index, stage_count=count,
-        stage_start=start)
+        stage_start=start, chunks=chunks)
 
 
 def firsts_by_unique(group: np.ndarray, rows: np.ndarray, *keys: np.ndarray) -> np.ndarray:
@@ -156,7 +167,10 @@ def _same_rows(model: ModelSpec, space: Space) -> None:
     for f in fields(ConfigArrays):
         x, y = getattr(got, f.name), getattr(ref, f.name)
         assert (x is None) == (y is None), f.name
-        if x is not None:
+        if isinstance(x, ChunkPatterns):
+            for g in fields(ChunkPatterns):
+                assert np.array_equal(getattr(x, g.name), getattr(y, g.name)), g.name
+        elif x is not None:
             assert x.dtype == y.dtype and np.array_equal(x, y), f.name
             assert x.flags.c_contiguous, f.name
 

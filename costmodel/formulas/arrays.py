@@ -13,8 +13,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from costmodel.config import ParallelConfig, accounted_split
+from costmodel.config import V_SCHEDULES, ParallelConfig, accounted_split
 from costmodel.errors import SpecError
+from costmodel.formulas.vschedules import v_rank_layers, v_split
 
 
 class Layers(Protocol):
@@ -32,7 +33,8 @@ __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ChunkPatterns"
            "Distinct", "Stages", "accounted_columns", "distinct_rows", "divisors",
            "even_split", "first_argmax", "input_split", "interleaved_split", "ordered_sum"]
 
-SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3}
+SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3, "zbv": 4,
+                  "dualpipev": 5}
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 OFFLOAD_CODES = {"none": 0, "optimizer": 1, "optimizer+params": 2}
 
@@ -49,25 +51,40 @@ class ChunkPatterns:
     pp: np.ndarray
     count: np.ndarray
     of: np.ndarray
+    vshape: np.ndarray | None = None  # [patterns] bool: chunks placed as a V (V_SCHEDULES)
 
     @staticmethod
-    def of_splits(splits: Sequence[tuple[int, tuple[int, ...] | None]]) -> ChunkPatterns | None:
-        """Patterns of each row's (pp, chunks or None); None when no row has chunks."""
-        ids: dict[tuple[int, tuple[int, ...]], int] = {}
+    def of_splits(splits: Sequence[tuple[int, tuple[int, ...] | None]],
+                  vshape: Sequence[bool] | None = None) -> ChunkPatterns | None:
+        """Patterns of each row's (pp, chunks or None), V-shaped where ``vshape`` says so;
+        None when no row has chunks."""
+        ids: dict[tuple[int, tuple[int, ...], bool], int] = {}
         of = np.full(len(splits), -1, dtype=np.int64)
         for r, (p, chunks) in enumerate(splits):
             if chunks:
-                of[r] = ids.setdefault((p, chunks), len(ids))
+                v = bool(vshape[r]) if vshape is not None else False
+                of[r] = ids.setdefault((p, chunks, v), len(ids))
         if not ids:
             return None
-        width = max(len(c) for _, c in ids)
+        width = max(len(c) for _, c, _ in ids)
         layers = np.zeros((len(ids), width), dtype=np.int64)
         pp = np.zeros(len(ids), dtype=np.int64)
         count = np.zeros(len(ids), dtype=np.int64)
-        for (p, chunks), i in ids.items():
+        vs = np.zeros(len(ids), dtype=bool)
+        for (p, chunks, v), i in ids.items():
             layers[i, :len(chunks)] = chunks
-            pp[i], count[i] = p, len(chunks)
-        return ChunkPatterns(layers=layers, pp=pp, count=count, of=of)
+            pp[i], count[i], vs[i] = p, len(chunks), v
+        return ChunkPatterns(layers=layers, pp=pp, count=count, of=of,
+                             vshape=vs if vs.any() else None)
+
+    def rank_chunks(self, u: int) -> np.ndarray:
+        """Pattern ``u``'s chunk indices per rank, ``[pp, chunks per rank]`` (interleaved:
+        ``r, r + p, ...``; V-shaped: ``r`` and ``2p - 1 - r``)."""
+        p, n = int(self.pp[u]), int(self.count[u])
+        if self.vshape is not None and self.vshape[u]:
+            r = np.arange(p)
+            return np.stack([r, 2 * p - 1 - r], axis=1)
+        return np.arange(n).reshape(n // p, p).T
 
     def take(self, rows: np.ndarray) -> ChunkPatterns:
         """The patterns of the sub-table of ``rows``."""
@@ -129,6 +146,13 @@ class ConfigArrays:
         return Stages(index=t(self.stage_index), count=t(self.stage_count),
                       layers=t(self.stage_layers), start=t(self.stage_start),
                       recompute=None if rec is None else t(rec))
+
+    @cached_property
+    def head_rank(self) -> np.ndarray:
+        """The pipeline rank holding the last virtual stage (the output layer) per row:
+        ``pp - 1``, or 0 where the chunks are placed as a V (``V_SCHEDULES``)."""
+        vshaped = np.isin(self.schedule, [SCHEDULE_CODES[s] for s in V_SCHEDULES])
+        return np.where(vshaped, 0, self.pp - 1)
 
     @cached_property
     def expert_tp(self) -> np.ndarray:
@@ -244,12 +268,15 @@ class ConfigArrays:
         pps = np.array([c.pp for c in configs], dtype=np.int64)
         vs = np.array([c.virtual_pipeline_stages for c in configs], dtype=np.int64)
         explicit = any(c.stage_layers is not None for c in configs)
+        vshaped = [c.pipeline_schedule in V_SCHEDULES for c in configs]
         per_stage_rec = None
-        if all_stages or explicit or not cls.classes_exact(model, pps, vs):
+        if all_stages or explicit or any(vshaped) or not cls.classes_exact(model, pps, vs):
             index, count, layers, start = cls.every_stage(model.num_layers, pps)
-            if explicit:
+            if explicit or any(vshaped):
                 for r, c in enumerate(configs):
-                    layers[r, : c.pp] = c.rank_layers or even_split(model.num_layers, c.pp)
+                    layers[r, : c.pp] = c.rank_layers or (
+                        v_rank_layers(v_split(model.num_layers, c.pp)) if vshaped[r]
+                        else even_split(model.num_layers, c.pp))
                 start = np.cumsum(layers, axis=1) - layers
 
             width = index.shape[1]
@@ -286,7 +313,9 @@ class ConfigArrays:
             stage_count=count,
             stage_start=start,
             stage_recompute=per_stage_rec,
-            chunks=ChunkPatterns.of_splits([(c.pp, c.chunk_layers) for c in configs]),
+            chunks=ChunkPatterns.of_splits(
+                [(c.pp, c.chunk_layers or (v_split(model.num_layers, c.pp) if vsh else None))
+                 for c, vsh in zip(configs, vshaped, strict=True)], vshaped),
         )
 
 
@@ -335,33 +364,46 @@ def interleaved_split(num_layers: int, pp: int, v: int, mtp: int = 0
 
 
 def accounted_columns(num_layers: int, mtp: int, pp: np.ndarray, v: np.ndarray,
-                      index: np.ndarray, layers: np.ndarray, start: np.ndarray
-                      ) -> ChunkPatterns | None:
+                      index: np.ndarray, layers: np.ndarray, start: np.ndarray,
+                      schedule: np.ndarray | None = None) -> ChunkPatterns | None:
     """``ConfigArrays.chunks`` of the rows of a table whose interleaving splits the layers
-    unevenly (``interleaved_split``), with their stage columns' layers and starts set to its
-    ranks' (in place); None when no row does."""
-    uneven = (v > 1) & (num_layers % np.maximum(pp * v, 1) != 0)
+    unevenly (``interleaved_split``) or whose chunks are placed as a V (``schedule`` one of
+    ``V_SCHEDULES``: torchtitan's split, ``v_split``), with their stage columns' layers and
+    starts set to its ranks' (in place); None when no row does."""
+    vshaped = np.zeros(len(pp), dtype=bool) if schedule is None else \
+        np.isin(schedule, [SCHEDULE_CODES[s] for s in V_SCHEDULES])
+    uneven = ((v > 1) & (num_layers % np.maximum(pp * v, 1) != 0)) | vshaped
     if not uneven.any():
         return None
     rows = np.flatnonzero(uneven)
-    pairs, pid = np.unique(pp[rows] * 4096 + v[rows], return_inverse=True)
-    splits = []
+    keys = pp[rows] * 8192 + v[rows] * 2 + vshaped[rows]
+    pairs, pid = np.unique(keys, return_inverse=True)
+    splits: list[tuple[int, tuple[int, ...] | None]] = []
+    shapes = []
     ranks = np.zeros((len(pairs), int(pp[rows].max())), dtype=np.int64)
     for i, key in enumerate(int(k) for k in pairs):
-        p, vv = divmod(key, 4096)
-        split = interleaved_split(num_layers, p, vv, mtp)
-        if split is None:
-            raise SpecError(f"pp={p} x virtual_pipeline_stages={vv} splits neither the "
-                            f"{num_layers} layers nor them with the embedding and loss evenly")
+        p, rest = divmod(key, 8192)
+        vv, vsh = divmod(rest, 2)
+        if vsh:
+            split: tuple[int, ...] | None = v_split(num_layers, p)
+            assert split is not None
+            ranks[i, :p] = v_rank_layers(split)
+        else:
+            split = interleaved_split(num_layers, p, vv, mtp)
+            if split is None:
+                raise SpecError(f"pp={p} x virtual_pipeline_stages={vv} splits neither the "
+                                f"{num_layers} layers nor them with the embedding and loss "
+                                f"evenly")
+            ranks[i, :p] = [sum(split[r::p]) for r in range(p)]
         splits.append((p, split))
-        ranks[i, :p] = [sum(split[r::p]) for r in range(p)]
+        shapes.append(bool(vsh))
     starts = np.cumsum(ranks, axis=1) - ranks
     at = np.clip(index[rows], 0, ranks.shape[1] - 1)
     layers[rows] = np.where(layers[rows] > 0, ranks[pid[:, None], at], 0)
     start[rows] = starts[pid[:, None], at]
     of = np.full(len(pp), -1, dtype=np.int64)
     of[rows] = pid
-    table = ChunkPatterns.of_splits(splits)
+    table = ChunkPatterns.of_splits(splits, shapes)
     assert table is not None
     return replace(table, of=of)
 

@@ -8,7 +8,7 @@ raises ``SpecError`` naming the offending values and a fix, never ``assert``.
 
 from __future__ import annotations
 
-from costmodel.config import Job, ParallelConfig
+from costmodel.config import V_SCHEDULES, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.roofline import high_precision
@@ -90,7 +90,8 @@ def _check_traced(costs: LayerCosts, cfg: ParallelConfig) -> None:
 
 
 def _check_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
-    """The pipeline's stages and chunks split the model's layers."""
+    """The pipeline's stages and chunks split the model's layers (a V schedule's uneven
+    split is torchtitan's own, ``vschedules.v_split``)."""
     chunks = cfg.pp * cfg.virtual_pipeline_stages
     # Explicit layers per chunk may leave a chunk only the embedding or the loss
     # (Megatron-LM's accounted split of 94 layers over 32 x 3 chunks).
@@ -99,7 +100,8 @@ def _check_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
             f"the model has {model.num_layers} layers, fewer than pp*virtual stages = {chunks}; "
             "lower pp or virtual_pipeline_stages"
         )
-    if cfg.virtual_pipeline_stages > 1 and model.num_layers % chunks and cfg.chunk_layers is None:
+    if cfg.virtual_pipeline_stages > 1 and model.num_layers % chunks and \
+            cfg.chunk_layers is None and cfg.pipeline_schedule not in V_SCHEDULES:
         raise SpecError(
             f"interleaving needs num_layers={model.num_layers} divisible by "
             f"pp*virtual_pipeline_stages={chunks}, or explicit layers per chunk "

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 import hardware_profiles
-from costmodel.config import QUANTIZED_PRECISIONS, Job
+from costmodel.config import QUANTIZED_PRECISIONS, V_SCHEDULES, Job
 from costmodel.formulas.activations import layer_params_per_gpu
 from costmodel.formulas.arrays import (
     OFFLOAD_CODES,
@@ -54,6 +54,7 @@ from costmodel.formulas.eager import float8_param_gather, loss_kind
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.roofline import quantized_bytes
 from costmodel.formulas.states import optimizer_state_bytes, state_bytes
+from costmodel.formulas.vschedules import in_flight as v_in_flight
 from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
@@ -132,7 +133,10 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
     ``[rows]``, those of the first and the last stage. The layers factor is in units of "all of
     this stage's layers for one micro-batch".
 
-    1F1B (Narayanan et al. 2021, Sec. 2.2; DAPPLE): stage i holds min(p - i, m). Zero bubble
+    1F1B (Narayanan et al. 2021, Sec. 2.2; DAPPLE): stage i holds min(p - i, m). The V
+    schedules' counts are played from their op orders (``vschedules.in_flight``): ZB-V holds
+    1F1B's p on every rank (Qi et al. 2024, Sec. 6), DualPipeV p + 1/2 (2p + 1 chunks:
+    DeepSeek-V3 report Table 2, "PP + 1"). Zero bubble
     ZB-H1 keeps the 1F1B peak (Qi et al. 2024, Sec. 3). GPipe holds all m. Interleaved 1F1B
     (``costmodel.formulas.pipeline.rank_orders``: micro-batches in rounds of k = m // max(1, m // p)
     per chunk, k = p in Megatron-LM): stage i runs (v - 1)k + 2(p - i - 1) warm-up forwards of
@@ -154,12 +158,35 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
         return np.minimum(k * full + np.clip(rest - chunk * k, 0, k), m)
 
     layers = np.where(sched == 1, warm(stage) / v,
-                      np.where(sched == 2, m, np.minimum(p - stage, m)))
+                      np.where(sched == 2, m, np.minimum(p - stage, m))).astype(float)
     # The embedding sits on the first stage in chunk 0, the head on the last in chunk v - 1;
     # without interleaving they are held like the layers of their stage.
-    emb = np.where(sched == 1, chunk_count(warm(0), 0), np.where(sched == 2, m, np.minimum(p, m)))
-    head = np.where(sched == 1, chunk_count(warm(p - 1), v - 1), np.where(sched == 2, m, 1))
-    return layers.astype(float), emb.astype(float), head.astype(float)
+    emb = np.where(sched == 1, chunk_count(warm(0), 0),
+                   np.where(sched == 2, m, np.minimum(p, m))).astype(float)
+    head = np.where(sched == 1, chunk_count(warm(p - 1), v - 1),
+                    np.where(sched == 2, m, 1)).astype(float)
+    vshaped = sched >= SCHEDULE_CODES["zbv"]
+    if vshaped.any():  # played from the V schedules' op orders (vschedules.in_flight)
+        _v_in_flight(layers, emb, head, vshaped, p, m, sched, stage)
+    return layers, emb, head
+
+
+_V_NAMES = {SCHEDULE_CODES[s]: s for s in V_SCHEDULES}
+
+
+def _v_in_flight(layers: np.ndarray, emb: np.ndarray, head: np.ndarray, vshaped: np.ndarray,
+                 p: np.ndarray, m: np.ndarray, sched: np.ndarray, stage: np.ndarray) -> None:
+    """``_in_flight`` of the V-shaped rows, written into its arrays (the embedding and the
+    head both on rank 0)."""
+    rows = np.flatnonzero(vshaped)
+    keys = np.stack([p[rows], m[rows], sched[rows]], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    for g, (pp, mm, code) in enumerate(uniq):
+        sel = rows[inv.ravel() == g]
+        per_rank, e, h = v_in_flight(int(pp), int(mm), _V_NAMES[int(code)])
+        table = np.array(per_rank)
+        layers[:, sel] = table[np.clip(stage[:, sel], 0, len(table) - 1)]
+        emb[sel], head[sel] = e, h
 
 
 def stage_layout(costs: LayerCosts, a: ConfigArrays, st: Stages) -> np.ndarray:
@@ -177,7 +204,7 @@ def stage_layout(costs: LayerCosts, a: ConfigArrays, st: Stages) -> np.ndarray:
     if spec is not None and spec.mtp_layers:
         out = out.copy()
         kind = spec.layer_kinds[-1]
-        out[kind] = out[kind] + np.where((st.index == a.pp - 1) & (st.count > 0),
+        out[kind] = out[kind] + np.where((st.index == a.head_rank) & (st.count > 0),
                                          spec.mtp_layers, 0)
     return out
 
@@ -221,7 +248,7 @@ def _pattern_kinds(prefix: np.ndarray, pat: ChunkPatterns) -> np.ndarray:
         chunks = pat.layers[u, :n]
         ends = np.cumsum(chunks)
         per_chunk = prefix[:, ends] - prefix[:, ends - chunks]  # [kinds, chunks]
-        table[u, :p] = per_chunk.reshape(prefix.shape[0], n // p, p).sum(axis=1).T
+        table[u, :p] = per_chunk[:, pat.rank_chunks(u)].sum(axis=2).T
     return table
 
 
@@ -296,7 +323,7 @@ def _stage(costs: LayerCosts, job: Job, a: ConfigArrays) -> _Stage:
     tp = a.tp.astype(float)
     ep_share = a.expert_share.astype(float)
     first = st.index == 0
-    last = st.index == a.pp - 1
+    last = st.index == a.head_rank
     counts = stage_layout(costs, a, st)  # [kinds, P, rows]
     kinds = range(costs.kinds)
     per_layer = costs.layer_params_per_gpu(tp, ep_share)  # per kind: (local, routed experts)

@@ -45,6 +45,12 @@ import numpy as np
 from costmodel.config import SCHEDULES
 from costmodel.errors import SpecError
 from costmodel.formulas.arrays import SCHEDULE_CODES, stage_cumsum
+from costmodel.formulas.vschedules import (
+    V_SCHEDULES,
+    check_v,
+    v_orders,
+    virtual_stage,
+)
 
 __all__ = ["Op", "Timeline", "makespan", "pipeline_bound", "rank_orders", "simulate",
            "table_makespan"]
@@ -52,9 +58,11 @@ __all__ = ["Op", "Timeline", "makespan", "pipeline_bound", "rank_orders", "simul
 
 class Op(NamedTuple):
     """One operation on one pipeline rank: ``kind`` ``F`` (forward), ``B`` (backward; with
-    zero bubble only the input gradient) or ``W`` (zero bubble's weight gradient), of
-    micro-batch ``micro_batch`` and model chunk ``chunk`` (0 unless interleaved), from
-    ``start`` to ``end`` seconds."""
+    zero bubble only the input gradient), ``I`` (the V schedules' input gradient alone),
+    ``W`` (a deferred weight gradient) or ``O`` (DualPipeV's forward of ``micro_batch`` /
+    ``chunk`` overlapped with the full backward of ``b_micro_batch`` / ``b_chunk``), of
+    micro-batch ``micro_batch`` and model chunk ``chunk`` (0 unless interleaved or V-shaped),
+    from ``start`` to ``end`` seconds."""
 
     stage: int
     kind: str
@@ -62,6 +70,8 @@ class Op(NamedTuple):
     chunk: int
     start: float
     end: float
+    b_micro_batch: int = -1
+    b_chunk: int = -1
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,12 @@ def _check(p: int, m: int, v: int, schedule: str) -> None:
     if schedule not in SCHEDULES:
         raise SpecError(f"unknown pipeline schedule {schedule!r}; one of "
                         f"{', '.join(SCHEDULES)}")
-    if (v > 1) != (schedule == "interleaved-1f1b"):
+    if schedule in V_SCHEDULES:
+        if v != 2:
+            raise SpecError(f"the {schedule} schedule runs two chunks per rank "
+                            f"(virtual_stages=2), got {v}")
+        check_v(p, m, schedule)
+    elif (v > 1) != (schedule == "interleaved-1f1b"):
         raise SpecError("virtual_stages > 1 goes with the interleaved-1f1b schedule only")
 
 
@@ -110,8 +125,16 @@ def rank_orders(p: int, m: int, v: int, schedule: str, per_round: int | None = N
     docstring). ``per_round``: micro-batches per round of interleaving, by default the
     trainer's ``m // max(1, m // p)``."""
     _check(p, m, v, schedule)
+    if schedule in V_SCHEDULES:
+        return v_orders(p, m, schedule)
     k = per_round or _period(p, m, "interleaved-1f1b")
     return tuple(_rank_order(p, m, v, schedule, k, r) for r in range(p))
+
+
+def _vs(chunk: int, rank: int, p: int, schedule: str) -> int:
+    """The virtual stage of ``chunk`` on ``rank``: interleaved ``chunk * p + rank``, V-shaped
+    ``costmodel.formulas.vschedules.virtual_stage``."""
+    return virtual_stage(chunk, rank, p) if schedule in V_SCHEDULES else chunk * p + rank
 
 
 def _rank_order(p: int, m: int, v: int, schedule: str, k: int, r: int
@@ -150,33 +173,60 @@ def _numbered(chunks: list[int], kind: str) -> list[tuple[str, int, int]]:
 
 
 def _dep(kind: str, mb: int, vs: int, last: int) -> tuple[str, int, int] | None:
-    """The op that (kind, micro-batch, virtual stage) waits for on another rank."""
+    """The op that (kind, micro-batch, virtual stage) waits for on another rank: a forward
+    the previous stage's forward, an input gradient (``B`` or ``I``, both keyed ``B``) the
+    next stage's or the last stage's own forward, a weight gradient its input gradient."""
     if kind == "F":
         return ("F", mb, vs - 1) if vs > 0 else None
-    if kind == "B":
+    if kind in ("B", "I"):
         return ("B", mb, vs + 1) if vs < last else ("F", mb, vs)
     return ("B", mb, vs)
 
 
 def _op_share(kind: str, schedule: str, v: int) -> tuple[int, float]:
-    """(0 forward / 1 backward, fraction of a rank's per-micro-batch time) of one op."""
+    """(0 forward / 1 backward / 2 overlapped pair, fraction of a rank's per-micro-batch time
+    of that side) of one op: the input and weight gradients half a backward each."""
     if kind == "F":
         return 0, 1.0 / v
-    return 1, 1.0 / v / (2 if schedule == "zero-bubble" else 1)
+    if kind == "O":
+        return 2, 1.0 / v
+    half = kind in ("I", "W") or schedule == "zero-bubble"
+    return 1, 1.0 / v / (2 if half else 1)
+
+
+def _parts(op: tuple, r: int, p: int, schedule: str, last: int
+           ) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+    """(what one op of rank ``r`` completes, what it waits for), keyed as ``_dep``."""
+    if op[0] == "O":
+        _, mf, cf, mb, cb = op
+        done = [("F", mf, _vs(cf, r, p, schedule)), ("B", mb, _vs(cb, r, p, schedule))]
+        return done, [d for d in (_dep("F", *done[0][1:], last), _dep("B", *done[1][1:], last))
+                      if d is not None]
+    kind, mb, c = op
+    vs = _vs(c, r, p, schedule)
+    d = _dep(kind, mb, vs, last)
+    return [("B" if kind == "I" else kind, mb, vs)], [] if d is None else [d]
 
 
 def simulate(forward: list[float], backward: list[float], num_micro_batches: int,
-             schedule: str = "1f1b", virtual_stages: int = 1) -> Timeline:
+             schedule: str = "1f1b", virtual_stages: int = 1,
+             hidden: list[float] | None = None) -> Timeline:
     """Play a pipeline schedule out. ``forward[r]`` / ``backward[r]``: seconds one
     micro-batch takes through all of rank ``r``'s layers (its chunks together); ``schedule``:
-    ``gpipe``, ``1f1b``, ``interleaved-1f1b`` (with ``virtual_stages`` chunks per rank) or
-    ``zero-bubble``."""
+    ``gpipe``, ``1f1b``, ``interleaved-1f1b`` (with ``virtual_stages`` chunks per rank),
+    ``zero-bubble``, or the V-shaped ``zbv`` and ``dualpipev`` (two chunks per rank).
+    ``hidden[r]``: seconds per micro-batch (all chunks) that running a forward overlapped with
+    another micro-batch's backward saves on rank ``r`` (DualPipeV's paired ops; 0 if
+    ``None``)."""
     p, m, v = len(forward), int(num_micro_batches), int(virtual_stages)
     if len(backward) != p or p < 1:
         raise SpecError("forward and backward need one time per pipeline rank")
     _check(p, m, v, schedule)
     if min(forward) < 0 or min(backward) < 0:
         raise SpecError("stage times must be non-negative")
+    saved = [0.0] * p if hidden is None else list(hidden)
+    weight = (forward, backward, [f + b - h for f, b, h in zip(forward, backward, saved,
+                                                                      strict=True)])
     orders = rank_orders(p, m, v, schedule)
     last = p * v - 1
     end: dict[tuple[str, int, int], float] = {}
@@ -187,16 +237,16 @@ def simulate(forward: list[float], backward: list[float], num_micro_batches: int
         moved = False
         for r in range(p):
             while nxt[r] < len(orders[r]):
-                kind, mb, c = orders[r][nxt[r]]
-                vs = c * p + r
-                d = _dep(kind, mb, vs, last)
-                if d is not None and d not in end:
+                op = orders[r][nxt[r]]
+                done, deps = _parts(op, r, p, schedule, last)
+                if any(d not in end for d in deps):
                     break
-                side, share = _op_share(kind, schedule, v)
-                start = max(free[r], end[d] if d is not None else 0.0)
-                free[r] = start + (backward if side else forward)[r] * share
-                end[(kind, mb, vs)] = free[r]
-                ops.append(Op(r, kind, mb, c, start, free[r]))
+                side, share = _op_share(op[0], schedule, v)
+                start = max([free[r]] + [end[d] for d in deps])
+                free[r] = start + weight[side][r] * share
+                for key in done:
+                    end[key] = free[r]
+                ops.append(Op(r, op[0], op[1], op[2], start, free[r], *op[3:]))
                 nxt[r] += 1
                 moved = True
         if not moved:  # pragma: no cover - rank_orders never deadlock (tests/test_pipeline.py)
@@ -208,61 +258,90 @@ def simulate(forward: list[float], backward: list[float], num_micro_batches: int
 @dataclass(frozen=True)
 class _Graph:
     """The dependency graph of one schedule shape, nodes sorted by level (a node's level is one
-    more than its predecessors'): node ``n`` ends at ``max(end[prev[n]], end[dep[n]]) +
-    weight[key[n]] * share[n]`` (index ``-1``: time 0), ``key`` indexing the per-rank weights
-    ``[F of rank 0..p-1, B of rank 0..p-1]``; ``bounds[l]:bounds[l + 1]`` are the nodes of
-    level ``l``. ``steady[r]``: rows of the nodes rank ``r`` runs for each of its steady-state
-    backwards (the forward just before it, the backward, and with zero bubble the weight
-    gradient just after it)."""
+    more than its predecessors'): node ``n`` ends at ``max(end[prev[n]], end[dep[n]],
+    end[dep2[n]]) + weight[key[n]] * share[n]`` (index ``-1``: time 0), ``key`` indexing the
+    per-rank weights ``[F of rank 0..p-1, B of rank 0..p-1]`` and, for the V schedules'
+    overlapped pairs, ``[O of rank 0..p-1]`` after them; ``bounds[l]:bounds[l + 1]`` are the
+    nodes of level ``l``. ``steady[r]``: rows of the nodes rank ``r`` runs for each of its
+    steady-state backwards (the forward just before it, the backward, and with zero bubble the
+    weight gradient just after it); empty for the V schedules, which are played in full."""
 
     prev: np.ndarray
     dep: np.ndarray
+    dep2: np.ndarray | None
     key: np.ndarray
     share: np.ndarray
     bounds: np.ndarray
     steady: tuple[np.ndarray, ...]
 
 
-_KINDS = {"F": 0, "B": 1, "W": 2}
+_KINDS = {"F": 0, "B": 1, "I": 1, "W": 2, "O": 3}
+
+
+def _op_rows(p: int, orders: tuple, schedule: str) -> list[np.ndarray]:
+    """Each rank's ops as rows ``(kind code, micro-batch, virtual stage, the pair's backward
+    micro-batch, its virtual stage, half a backward)``."""
+    out = []
+    for r, seq in enumerate(orders):
+        rows = []
+        for op in seq:
+            vs = _vs(op[2], r, p, schedule)
+            pair = (op[3], _vs(op[4], r, p, schedule)) if op[0] == "O" else (0, 0)
+            half = op[0] in ("I", "W") or (op[0] == "B" and schedule == "zero-bubble")
+            rows.append((_KINDS[op[0]], op[1], vs, *pair, half))
+        out.append(np.array(rows, dtype=np.int64).reshape(-1, 6))
+    return out
 
 
 @lru_cache(maxsize=256)
 def _graph(p: int, m: int, v: int, schedule: str, per_round: int | None = None) -> _Graph:
     orders = rank_orders(p, m, v, schedule, per_round)
-    ops = [np.array([(_KINDS[k], mb, c * p + r) for k, mb, c in seq], dtype=np.int64)
-           for r, seq in enumerate(orders)]
+    ops = _op_rows(p, orders, schedule)
     sizes = np.array([len(o) for o in ops])
     start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     allops = np.concatenate(ops)
     n = len(allops)
-    kind, mb, vs = allops[:, 0], allops[:, 1], allops[:, 2]
+    kind, mb, vs, mb2, vs2 = (allops[:, i] for i in range(5))
     rank = np.repeat(np.arange(p), sizes)
     ids = np.full((3, m, p * v), -1, dtype=np.int64)
-    ids[kind, mb, vs] = np.arange(n)
+    plain = kind < 3
+    ids[kind[plain], mb[plain], vs[plain]] = np.flatnonzero(plain)
+    pair = np.flatnonzero(~plain)  # an overlapped pair completes a forward and a backward
+    ids[0, mb[pair], vs[pair]] = pair
+    ids[1, mb2[pair], vs2[pair]] = pair
     prev = np.arange(n) - 1
     prev[start] = -1
     last = p * v - 1
-    # F waits for the previous virtual stage's F; B for the next one's B (the last stage's
-    # for its own F); W for its B.
-    dep = np.where(kind == 0, np.where(vs > 0, ids[0, mb, np.maximum(vs - 1, 0)], -1),
-                   np.where(kind == 1, np.where(vs < last, ids[1, mb, np.minimum(vs + 1, last)],
-                                                ids[0, mb, vs]),
-                            ids[1, mb, vs]))
-    side = (kind > 0).astype(np.int64)
+
+    def waits(k: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+        # F waits for the previous virtual stage's F; B for the next one's B (the last
+        # stage's for its own F); W for its B.
+        return np.where(k == 0, np.where(s > 0, ids[0, b, np.maximum(s - 1, 0)], -1),
+                        np.where(k == 1, np.where(s < last, ids[1, b, np.minimum(s + 1, last)],
+                                                  ids[0, b, s]),
+                                 ids[1, b, s]))
+
+    dep = waits(np.where(kind == 3, 0, kind), mb, vs)
+    dep2 = np.where(kind == 3, waits(np.ones_like(kind), mb2, vs2), -1) if pair.size else None
+    side = np.minimum(kind, 1) + (kind == 3)
     key = side * p + rank
-    share = np.where(kind == 0, 1.0 / v,
-                     1.0 / v / (2 if schedule == "zero-bubble" else 1))
+    share = np.where(allops[:, 5] == 1, 0.5, 1.0) / v
     # Levels, rank by rank in lockstep: each round every rank runs its next op if what it
     # waits for ran in an earlier round.
     level = np.full(n, -1, dtype=np.int64)
     ptr = np.zeros(p, dtype=np.int64)
+
+    def done(d: np.ndarray, lv: int) -> np.ndarray:
+        return (d < 0) | ((level[np.maximum(d, 0)] >= 0) & (level[np.maximum(d, 0)] < lv))
+
     for lv in range(n + 1):
         live = np.flatnonzero(ptr < sizes)
         if not len(live):
             break
         cand = start[live] + ptr[live]
-        d = dep[cand]
-        ready = (d < 0) | ((level[np.maximum(d, 0)] >= 0) & (level[np.maximum(d, 0)] < lv))
+        ready = done(dep[cand], lv)
+        if dep2 is not None:
+            ready &= done(dep2[cand], lv)
         level[cand[ready]] = lv
         ptr[live[ready]] += 1
     else:  # pragma: no cover - rank_orders never deadlock (tests/test_pipeline.py)
@@ -277,7 +356,7 @@ def _graph(p: int, m: int, v: int, schedule: str, per_round: int | None = None) 
 
     steady = []
     width = 3 if schedule == "zero-bubble" else 2
-    for r in range(p):
+    for r in range(p) if schedule not in V_SCHEDULES else ():
         k = ops[r][:, 0]
         i = np.flatnonzero((k[1:] == 1) & (k[:-1] == 0)) + 1  # a B right after an F
         if width == 3:
@@ -285,20 +364,25 @@ def _graph(p: int, m: int, v: int, schedule: str, per_round: int | None = None) 
             i = i[k[i + 1] == 2]
         cols = [i - 1, i] + ([i + 1] if width == 3 else [])
         steady.append(new_id[start[r] + np.stack(cols, axis=1)])
-    return _Graph(prev=renum(prev)[order], dep=renum(dep)[order], key=key[order],
+    return _Graph(prev=renum(prev)[order], dep=renum(dep)[order],
+                  dep2=None if dep2 is None else renum(dep2)[order], key=key[order],
                   share=share[order][:, None], bounds=bounds, steady=tuple(steady))
 
 
 def _play(p: int, m: int, v: int, schedule: str, weights: np.ndarray,
           per_round: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Longest path of one shape for ``weights`` ``[2p, rows]`` (forward then backward of each
-    rank per micro-batch): the makespan per row, and the end times ``[nodes, rows]``."""
+    rank per micro-batch; ``[3p, rows]`` with the overlapped pairs' after them): the makespan
+    per row, and the end times ``[nodes, rows]``."""
     g = _graph(p, m, v, schedule, per_round)
     n = len(g.key)
     end = np.zeros((n + 1, weights.shape[1]))  # the extra last row: index -1, time 0
     w = weights[g.key] * g.share
     for lo, hi in itertools.pairwise(g.bounds):
-        end[lo:hi] = np.maximum(end[g.prev[lo:hi]], end[g.dep[lo:hi]]) + w[lo:hi]
+        before = np.maximum(end[g.prev[lo:hi]], end[g.dep[lo:hi]])
+        if g.dep2 is not None:
+            before = np.maximum(before, end[g.dep2[lo:hi]])
+        end[lo:hi] = before + w[lo:hi]
     return end[:-1].max(axis=0), end
 
 
@@ -343,16 +427,19 @@ def _periodic(g: _Graph, p: int, k: int, v: int, end: np.ndarray) -> tuple[np.nd
 
 
 def makespan(forward: np.ndarray, backward: np.ndarray, num_micro_batches: int,
-             schedule: str, virtual_stages: int = 1) -> np.ndarray:
+             schedule: str, virtual_stages: int = 1, hidden: np.ndarray | None = None
+             ) -> np.ndarray:
     """The pipeline's time (s) for many configurations of one shape: ``forward`` and
-    ``backward`` ``[p, rows]`` are each rank's seconds per micro-batch (all its chunks). Equal
-    to ``simulate(...).makespan`` row by row.
+    ``backward`` ``[p, rows]`` are each rank's seconds per micro-batch (all its chunks);
+    ``hidden`` ``[p, rows]`` what an overlapped pair saves (``simulate``). Equal to
+    ``simulate(...).makespan`` row by row.
 
     GPipe in closed form: its forward wave is a flow shop of identical jobs, ``sum_r F_r +
     (m - 1) max_r F_r``, and its backward wave, which starts when the last rank's forwards end,
     the same in ``B`` (Huang et al. 2019). The others play the graph out; past ``_cut``
     micro-batches only to ``_cut``, and the rows whose steady state repeats (``_periodic``)
-    add the rest in whole periods, the others are played out for twice as many, and so on."""
+    add the rest in whole periods, the others are played out for twice as many, and so on.
+    The V schedules are played out in full."""
     p = forward.shape[0]
     m, v = int(num_micro_batches), int(virtual_stages)
     _check(p, m, v, schedule)
@@ -360,6 +447,9 @@ def makespan(forward: np.ndarray, backward: np.ndarray, num_micro_batches: int,
         return (forward.sum(axis=0) + backward.sum(axis=0)
                 + (m - 1) * (forward.max(axis=0) + backward.max(axis=0)))
     weights = np.concatenate([forward, backward], axis=0)
+    if schedule in V_SCHEDULES:
+        pair = forward + backward - (0.0 if hidden is None else hidden)
+        return _play(p, m, v, schedule, np.concatenate([weights, pair], axis=0))[0]
     if p == 1:
         return m * (forward[0] + backward[0])
     k = _period(p, m, schedule)
@@ -390,11 +480,14 @@ def _before(x: np.ndarray, count: np.ndarray) -> np.ndarray:
 
 
 def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np.ndarray,
-                   v: np.ndarray, schedule: np.ndarray) -> np.ndarray:
+                   v: np.ndarray, schedule: np.ndarray, hidden: np.ndarray | None = None
+                   ) -> np.ndarray:
     """A lower bound (s) on the pipeline's time of each row, exact for GPipe and for equal
-    stages under every schedule (interleaved: for one micro-batch or at least ``p``). ``t``
-    ``[W, rows]``: each stage's seconds per micro-batch; ``f``: its forward part (``None``:
-    unknown); ``schedule``: ``SCHEDULE_CODES`` of ``costmodel.formulas.memory``.
+    stages under every schedule but the V-shaped ones (interleaved: for one micro-batch or
+    at least ``p``). ``t`` ``[W, rows]``: each stage's seconds per micro-batch; ``f``: its
+    forward part (``None``: unknown); ``schedule``: ``SCHEDULE_CODES`` of
+    ``costmodel.formulas.memory``; ``hidden``: what an overlapped pair saves per micro-batch
+    (``simulate``; V schedules only, ``None``: nothing).
 
     Rank ``r`` starts once micro-batch 0's first chunk has passed the ranks before it, then
     works ``m t_r``; under 1F1B, interleaved 1F1B and GPipe its last op is a backward of chunk
@@ -431,6 +524,17 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
     else:
         head = np.where(zb, 0.0, head)
         path = np.where(zb, 0.0, path)
+    vee = schedule >= SCHEDULE_CODES["zbv"]
+    if vee.any():
+        # V-shaped rows: rank r starts after micro-batch 0's chunk-0 forwards on the ranks
+        # before it, then works m t_r less what its overlapped pairs save (``hidden``, all
+        # of them at most one per micro-batch); no path term (a weight gradient may end
+        # the step anywhere).
+        start = 0.0 if f is None else _before(f, count) / vf
+        head = np.where(vee, start, head)
+        path = np.where(vee, 0.0, path)
+        if hidden is not None:
+            t = t - np.where(vee, hidden, 0.0)
     out = np.maximum(np.where(on, m * t + head, -np.inf).max(axis=0), path)
     if f is not None and (schedule == 2).any():
         b = t - f

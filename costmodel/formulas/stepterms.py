@@ -164,7 +164,7 @@ def table_rows(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
         topo=Topology.of(cluster, a.mesh_groups),
         soft=soft, e=compute_bytes(job.precision), w_b=w_b, g_b=g_b, cf=cf,
         host_bw=gpu.host().achieved_bytes_per_s, z=a.shard.astype(float),
-        stage=st.index, count=st.count, first=(st.index == 0), last=(st.index == a.pp - 1),
+        stage=st.index, count=st.count, first=(st.index == 0), last=(st.index == a.head_rank),
         m=mem.num_micro_batches.astype(float), tp=a.tp.astype(float), cp=cp,
         dp=a.dp.astype(float), pp=a.pp.astype(float), ep=a.ep.astype(float),
         etp=a.expert_tp.astype(float), ep_share=a.expert_share.astype(float),

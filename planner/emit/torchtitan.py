@@ -14,7 +14,8 @@ plan's micro-batches all run in one step. ``[activation_checkpoint]`` "selective
 "op" is per-op selective recompute; with a digit k it checkpoints every k-th block
 (torchtitan/distributed/activation_checkpoint.py). Schedules are the names of
 ``torch.distributed.pipelining.schedules.get_schedule_class``; torch runs zero bubble as the
-V-shaped ``ZBVZeroBubble`` with two stages per rank.
+V-shaped ``ZBVZeroBubble`` with two stages per rank, and DeepSeek's ``DualPipeV`` likewise
+(``costmodel.formulas.vschedules``); their parts are torchtitan's own V split.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import dataclasses
 import tomllib
 from typing import Any
 
-from costmodel.config import Job, ParallelConfig
+from costmodel.config import V_SCHEDULES, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.formulas.arrays import even_split
 from costmodel.formulas.eager import float8_gathered_rows
 from costmodel.formulas.estimate import Estimate
 from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.vschedules import v_split
 from costmodel.model import ModelSpec
 from hardware_profiles.files import to_toml
 from planner.emit.common import (
@@ -67,7 +69,7 @@ def family(model: ModelSpec) -> tuple[str, str]:
         return "qwen3", "Qwen3ModelArgs"
     return "llama3", "TransformerModelArgs"
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B",
-             "zero-bubble": "ZBVZeroBubble"}
+             "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 RESHARD = {0: "default", 2: "never", 3: "always"}
 #: torchtitan's model converter for float8 linears: torchao's float8 recipes, or its MX ones.
 _QUANTIZE = {False: "quantize.linear.float8", True: "quantize.linear.mx"}
@@ -93,19 +95,19 @@ def lower(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig) -> Lower
     if builtin and ch.cfg.tp > 1 and not ch.cfg.sequence_parallel:
         ch.set("torchtitan 0.2 always shards norms and dropout over the sequence with tensor "
                "parallelism: emitted sequence parallel", sequence_parallel=True)
-    if ch.cfg.pipeline_schedule == "zero-bubble" and (
-            model.num_layers % (2 * ch.cfg.pp) or ch.cfg.stage_layers):
-        ch.set(f"torch runs zero bubble as the V schedule with 2 stages per rank, which needs "
-               f"uniform stages and layers ({model.num_layers}) divisible by 2 x pp: emitted "
-               f"1F1B", pipeline_schedule="1f1b")
-    elif ch.cfg.pipeline_schedule == "zero-bubble":
+    if ch.cfg.pipeline_schedule == "zero-bubble":
         # torchtitan/distributed/pipeline_parallel.py (0.2.2) refuses a multi-stage schedule
         # with one stage per rank, which ZB-H1 as estimated (and as 'planner run' runs it,
-        # torch's ScheduleInterleavedZeroBubble) is.
-        ch.warnings.append(
-            "torchtitan 0.2.2 runs zero bubble only with 2 or more stages per rank: emitted "
-            "the V-shaped ZBVZeroBubble (2 stages per rank), whose bubble is smaller than the "
-            "one-stage ZB-H1 the estimate times ('planner run' runs that one)")
+        # torch's ScheduleInterleavedZeroBubble) is; it runs zero bubble as the V-shaped
+        # ZBVZeroBubble, which the estimate times as ``zbv``.
+        if ch.cfg.stage_layers:
+            ch.set("torchtitan 0.2.2 runs zero bubble only with 2 stages per rank (the V "
+                   "schedule), which these uneven one-stage-per-rank layers are not: emitted "
+                   "1F1B", pipeline_schedule="1f1b")
+        else:
+            ch.set("torchtitan 0.2.2 runs zero bubble only with 2 stages per rank: emitted the "
+                   "V-shaped ZBVZeroBubble (zbv)", pipeline_schedule="zbv",
+                   virtual_pipeline_stages=2)
     if isinstance(model, ModelSpec) and (model.sliding_window or model.attention_sinks
                                          or model.post_norms):
         ch.warnings.append(
@@ -148,12 +150,12 @@ def _parts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> list[list[str]
     paths, the input side's modules first and the output side's last)."""
     if cfg.stage_layers:
         sizes = list(cfg.stage_layers)
+    elif cfg.pipeline_schedule in V_SCHEDULES:
+        sizes = list(v_split(model.num_layers, cfg.pp))  # torchtitan's own V split
     else:
-        chunks = cfg.pp * (2 if cfg.pipeline_schedule == "zero-bubble"
-                           else cfg.virtual_pipeline_stages)
         # The cost model's even split: the remainder to the last parts (ConfigArrays.
         # uniform_stages).
-        sizes = even_split(model.num_layers, chunks)
+        sizes = even_split(model.num_layers, cfg.pp * cfg.virtual_pipeline_stages)
     if isinstance(model, LayerCosts):
         names = model.layer_names()
         emb, head = model.edges()
@@ -331,6 +333,10 @@ def read(text: str, model: ModelSpec) -> ReadBack:
                  for part in par["module_fqns_per_model_part"]]
         if schedule == "interleaved-1f1b":
             v = len(sizes) // pp
+        elif schedule in V_SCHEDULES:
+            v = 2
+            if tuple(sizes) != v_split(model.num_layers, pp):
+                stage_layers = tuple(sizes)
         elif len(set(sizes)) > 1:
             stage_layers = tuple(sizes)
     cfg = ParallelConfig(
