@@ -39,8 +39,12 @@ MASTER_DTYPES = {"fp32": 4.0, "fp16": 2.0}
 #: backend).
 ATTENTION_KERNELS = ("flash", "cudnn")
 #: Pipeline schedules (``costmodel.formulas.pipeline``); ``zbv`` and ``dualpipev`` are V-shaped,
-#: two chunks per rank (``costmodel.formulas.vschedules``).
-SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", "zbv", "dualpipev")
+#: two chunks per rank (``costmodel.formulas.vschedules``); ``combined-1f1b`` is Megatron-LM's
+#: 1F1B with each steady-state forward and backward merged so that one hides the other's
+#: expert-parallel all-to-alls (``--overlap-moe-expert-parallel-comm``), interleaved when
+#: pp > 1.
+SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", "zbv", "dualpipev",
+             "combined-1f1b")
 #: The schedules that place two model chunks per rank as a V.
 V_SCHEDULES = ("zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
@@ -404,6 +408,18 @@ class ParallelConfig:
                     f"{owner}: pipeline_schedule={self.pipeline_schedule!r} places two chunks "
                     f"per rank as a V: it needs virtual_pipeline_stages=2 and pp >= 2, got "
                     f"virtual_pipeline_stages={self.virtual_pipeline_stages}, pp={self.pp}")
+            return
+        if self.pipeline_schedule == "combined-1f1b":
+            # megatron/core/transformer/transformer_config.py: with pipeline parallel the
+            # overlap needs the interleaved (virtual) pipeline.
+            if self.pp > 1 and self.virtual_pipeline_stages < 2:
+                raise SpecError(
+                    f"{owner}: pipeline_schedule='combined-1f1b' (Megatron-LM's "
+                    f"--overlap-moe-expert-parallel-comm) with pp={self.pp} needs the "
+                    f"interleaved pipeline: virtual_pipeline_stages >= 2")
+            if self.pp == 1 and self.virtual_pipeline_stages > 1:
+                raise SpecError(f"{owner}: virtual_pipeline_stages="
+                                f"{self.virtual_pipeline_stages} needs pp >= 2")
             return
         interleaved = self.pipeline_schedule == "interleaved-1f1b"
         if interleaved and self.virtual_pipeline_stages < 2:

@@ -158,7 +158,7 @@ def schedule_problem(fw: Framework, schedule: str, pp: int, num_micro_batches: i
         return None
     if fw.torch_pipelining:
         return pipelining_problem(schedule, pp, num_micro_batches)
-    if fw.interleaved_needs_multiple and schedule == "interleaved-1f1b" \
+    if fw.interleaved_needs_multiple and schedule in ("interleaved-1f1b", "combined-1f1b") \
             and num_micro_batches % pp:
         return (f"Megatron-LM's interleaved schedule needs the number of micro-batches "
                 f"({num_micro_batches}) to be a multiple of pp={pp}")
@@ -177,7 +177,8 @@ FRAMEWORKS: tuple[Framework, ...] = (
     Framework(
         name="megatron",
         zero_stages=(0, 1, 3),
-        schedules=("1f1b", "interleaved-1f1b"),
+        # combined-1f1b: --overlap-moe-expert-parallel-comm (core_v0.14.0, combined_1f1b.py).
+        schedules=("1f1b", "interleaved-1f1b", "combined-1f1b"),
         offloads=(("none", 0), ("optimizer", 1)),
         zero_with_pp=(0, 1),
         param_shard_stage=3,

@@ -30,7 +30,8 @@ __all__ = ["plot_frontier", "plot_memory", "plot_plan", "plot_step_time", "plot_
 # One colour per memory term and per step-time term (matplotlib's tab10/tab20 palettes).
 _MEMORY_COLORS = dict(zip(TERMS, ("tab:blue", "tab:orange", "tab:green", "tab:red",
                                   "tab:purple", "tab:gray"), strict=True))
-_OP_COLORS = {"F": "tab:blue", "B": "tab:green", "W": "yellowgreen"}
+_OP_COLORS = {"F": "tab:blue", "B": "tab:green", "I": "mediumseagreen", "W": "yellowgreen",
+              "O": "tab:purple"}
 
 
 def _axes(ax: Any, size: tuple[float, float] = (7.0, 4.0)) -> Any:
@@ -138,9 +139,10 @@ def plot_frontier(front: Frontier, plan: Plan | None = None, ax: Any = None) -> 
 
 def plot_timeline(tl: Timeline, ax: Any = None, max_micro_batches: int | None = None) -> Any:
     """The pipeline schedule: one row per pipeline rank, a box per forward (blue), backward
-    (green) and, for zero bubble, weight-gradient (light green) op, labelled with the
-    micro-batch. ``max_micro_batches``: draw only the ops of the first N micro-batches'
-    worth of time (all by default)."""
+    (green), input-gradient and weight-gradient (light greens: zero bubble, the V schedules)
+    and overlapped forward-backward pair (purple: DualPipeV, combined 1F1B) op, labelled with
+    the (forward's) micro-batch. ``max_micro_batches``: draw only the ops of the first N
+    micro-batches' worth of time (all by default)."""
     ax = _axes(ax, (9.0, 0.45 * tl.num_stages + 1.5))
     ops = tl.ops
     shown = ""
@@ -169,10 +171,11 @@ def plot_timeline(tl: Timeline, ax: Any = None, max_micro_batches: int | None = 
     ax.set_yticks(range(tl.num_stages), [f"rank {r}" for r in range(tl.num_stages)])
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
-    kinds = sorted({o.kind for o in ops}, key="FBW".index)
+    kinds = sorted({o.kind for o in ops}, key="FBIWO".index)
     import matplotlib.patches as mpatches
 
-    names = {"F": "forward", "B": "backward", "W": "weight gradient"}
+    names = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
+             "O": "forward + another's backward, overlapped"}
     # Beside the ranks, not over the ops.
     ax.legend(handles=[mpatches.Patch(color=_OP_COLORS[k], label=names[k]) for k in kinds],
               fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from costmodel.config import Job
-from costmodel.formulas.arrays import SCHEDULE_CODES
+from costmodel.formulas.arrays import is_v
 from costmodel.formulas.estimate import plan_capacity
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.steptime import TIME_TERMS
@@ -419,7 +419,7 @@ def _timed(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, rows: np.n
     """Evaluate ``rows`` into ``state``: memory and lower bounds on the step time first; then
     the pipeline schedules played out in order of the bound while the bound does not exceed
     the k-th best (each played-out row can only lower it)."""
-    vee = rows[:, _SCHEDULE_COL] >= SCHEDULE_CODES["zbv"]
+    vee = is_v(rows[:, _SCHEDULE_COL])
     if vee.any() and not vee.all():
         # V-shaped rows need a column per stage (``space.arrays``): apart, the others keep
         # the four representative columns.

@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.config import FRAMEWORK_NAMES, V_SCHEDULES, Job, ParallelConfig, accounted_split
+from costmodel.config import FRAMEWORK_NAMES, V_SCHEDULES, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.formulas.arrays import (
     accounted_columns,
     divisors,
     input_split,
     interleaved_split,
+    is_v,
 )
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
@@ -40,7 +41,17 @@ from costmodel.formulas.vschedules import v_split
 from costmodel.frameworks import Framework, framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
-from planner.space_rules import RULES
+from planner.space_rules import (
+    RULES,
+    Filter,
+    Rejections,
+    combined_runs,
+    expert_meshes,
+    recompute_options,
+    schedule_options,
+    sharding_options,
+    tp_rules,
+)
 
 __all__ = ["FIELDS", "INFERENCE_FIELDS", "PRESETS", "RULES", "Constraints", "Space", "build_space",
            "divisors"]
@@ -198,17 +209,6 @@ COLUMNS = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "group", "sp", "mbs", "s
 _SCHEDULE_NAMES = {v: k for k, v in SCHEDULE_CODES.items()}
 _RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
 _OFFLOAD_NAMES = {v: k for k, v in OFFLOAD_CODES.items()}
-
-
-@dataclass
-class Rejections:
-    """Values each rule rejected: rule -> (count, first example)."""
-
-    counts: dict[str, list[Any]] = field(default_factory=dict)
-
-    def add(self, rule: str, example: str, n: int = 1) -> None:
-        entry = self.counts.setdefault(rule, [0, example])
-        entry[0] += n
 
 
 # Columns of a core (what sets the compute and the pipeline) and of the two option tables.
@@ -376,7 +376,7 @@ def arrays(model: ModelSpec | LayerCosts, table: np.ndarray) -> ConfigArrays:
     uneven = (c["v"] > 1) & (L % np.maximum(c["pp"] * c["v"], 1) != 0)
     # A V-shaped schedule's ranks differ one by one (its split, the output layer on rank 0,
     # what each holds in flight): every stage its own column.
-    vshaped = (c["schedule"] >= SCHEDULE_CODES["zbv"]) & (c["pp"] > 1)
+    vshaped = is_v(c["schedule"]) & (c["pp"] > 1)
     exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"]) and (
         not uneven.any() or len(set(model.layer_kinds)) == 1) and not vshaped.any()
     index, count, layers, start = _stage_columns(L, c["pp"], exact)
@@ -427,144 +427,33 @@ def config_row(cfg: ParallelConfig) -> np.ndarray:
                     dtype=np.int64)
 
 
-class _Filter:
-    """Keeps the values of one field that pass the rules, counting what each rule rejects."""
+class _Tables:
+    """Option tables made once per key (the shardings of a mesh, the recomputes of a chunk
+    size), numbered in the order they are made."""
 
-    def __init__(self, cons: Constraints, rej: Rejections) -> None:
-        self.cons = cons
-        self.rej = rej
+    def __init__(self) -> None:
+        self.index: dict[tuple[int | bool, ...], int] = {}
+        self.tables: list[np.ndarray] = []
 
-    def keep(self, key: str, values: Iterable[Any],
-             rules: Sequence[tuple[str, Any]] = (), show: Any = None,
-             canon: Any = None) -> list[Any]:
-        """The values passing every rule and the constraints; ``show`` labels a rejected
-        value, ``canon`` maps it to the value the constraints name."""
-        out = []
-        for v in values:
-            label = show(v) if show else f"{key}={v}"
-            failed = next((name for name, ok in rules if not ok(v)), None)
-            if failed:
-                self.rej.add(failed, label)
-            elif not self.cons.allows(key, canon(v) if canon else v):
-                self.rej.add("constraint", label)
-            else:
-                out.append(v)
-        return out
+    def of(self, key: tuple[int | bool, ...], make: Callable[..., np.ndarray],
+           *args: Any) -> int | None:
+        """The number of ``key``'s table (``make(*args)`` the first time), None if empty."""
+        if key not in self.index:
+            self.index[key] = len(self.tables)
+            self.tables.append(make(*args))
+        i = self.index[key]
+        return i if len(self.tables[i]) else None
 
 
-def _expert_meshes(model: ModelSpec | LayerCosts, fw: Framework, f: _Filter, dp: int, tp: int,
-                   pp: int, cp: int) -> list[tuple[int, int]]:
-    """(ep, etp) options of one set of degrees: ep dividing the experts and, with the experts
-    split as tp, borrowing dp * cp; under Megatron-LM a preset's experts may also fold over
-    the TP ranks with their own etp dividing tp (Megatron-Core's MoE parallel folding:
-    etp * ep divides tp * cp * dp)."""
-    if not model.is_moe:
-        return [(e, tp) for e in f.keep("ep", [1])]
-    experts = model.moe_routing()[1] if isinstance(model, LayerCosts) else model.num_experts
-    folds = fw.name == "megatron" and isinstance(model, ModelSpec) and tp > 1
-    etps = f.keep("etp", sorted(divisors(tp), reverse=True) if folds else [tp], [
-        ("etp_ffn", lambda t: (model.moe_ffn_hidden_size or 0) % t == 0
-         if isinstance(model, ModelSpec) else True)],
-        show=lambda t: f"tp={tp} etp={t}")
-    out = []
-    for etp in etps:
-        eps = f.keep("ep", divisors(dp * cp * tp // etp), [
-            ("ep_experts", lambda e: experts % e == 0)],
-            show=lambda e, etp=etp: f"tp={tp} pp={pp} cp={cp} ep={e} etp={etp}")
-        out += [(ep, etp) for ep in eps if etp == tp or ep * etp > 1]
-    return out
-
-
-def _shardings(fw: Framework, f: _Filter, dp: int, pp: int, cp: int, ep: int,
-               folded: bool = False) -> np.ndarray:
-    """(zero, group, offload) options of one set of degrees (``folded``: the experts fold
-    over the TP ranks, which the distributed optimizer alone shards)."""
-    zeros = f.keep("zero_stage", range(4), [
-        ("zero_framework", lambda z: z in fw.zero_stages),
-        ("zero_pipeline", lambda z: pp == 1 or z in fw.zero_with_pp),
-        ("zero_folded", lambda z: not folded or z <= 1)],
-        show=lambda z: f"pp={pp} zero_stage={z}")
-    least = dict(fw.offloads)
-    out = []
-    for z in zeros:
-        groups = [dp] if z == 0 else f.keep(
-            "sharding_group", sorted(divisors(dp), reverse=True),
-            [("shard_hybrid", lambda g, z=z: g == dp or z in fw.hybrid_shard_stages),
-             ("shard_experts", lambda g: folded or (g * cp) % ep == 0),
-             ("shard_folded", lambda g: not folded or g == dp)],
-            show=lambda g, z=z: f"zero_stage={z} sharding_group={g}",
-            canon=lambda g: None if g == dp else g)
-        offs = f.keep("offload", list(OFFLOAD_CODES), [
-            ("offload_framework", lambda o, z=z: o in least and z >= least[o])],
-            show=lambda o, z=z: f"zero_stage={z} offload={o}")
-        out += [(z, g, OFFLOAD_CODES[o]) for g in groups for o in offs]
-    return np.array(out, dtype=np.int64).reshape(-1, 3)
-
-
-def _schedules(fw: Framework, f: _Filter, num_layers: int, pp: int, need: int = 0,
-               mtp: int = 0) -> list[tuple[int, int]]:
-    """(schedule, virtual stages) options of a pipeline degree; ``need``: the layers the
-    first chunk must hold (``LayerCosts.first_stage_layers``); ``mtp``: the model's
-    multi-token prediction modules, which an accounted split counts with the loss."""
-    if pp == 1:
-        # Without a pipeline the schedule means nothing; its canonical form is 1F1B, v = 1.
-        if f.cons.allows("pipeline_schedule", "1f1b") and \
-                f.cons.allows("virtual_pipeline_stages", 1):
-            return [(SCHEDULE_CODES["1f1b"], 1)]
-        f.rej.add("constraint", "pp=1 with the pipeline schedule constrained")
-        return []
-    out = []
-    names = f.keep("pipeline_schedule", list(SCHEDULE_CODES), [
-        ("schedule_framework", lambda s: s in fw.schedules),
-        ("schedule_launcher", lambda s: s not in fw.unsearched_schedules)])
-    for s in names:
-        if s in V_SCHEDULES:
-            # Two stages per rank as a V, torchtitan's split (vschedules.v_split), at least
-            # a layer per stage on average (costmodel.formulas.checks).
-            if f.cons.allows("virtual_pipeline_stages", 2) and num_layers >= 2 * pp \
-                    and v_split(num_layers, pp)[0] >= need:
-                out.append((SCHEDULE_CODES[s], 2))
-            continue
-        if s != "interleaved-1f1b":
-            if f.cons.allows("virtual_pipeline_stages", 1):
-                out.append((SCHEDULE_CODES[s], 1))
-            continue
-        vs = f.keep("virtual_pipeline_stages", range(2, num_layers // pp + 1), [
-            ("virtual_layers", lambda v: num_layers % (pp * v) == 0
-             or (not need and accounted_split(num_layers, pp, v, mtp=mtp) is not None)),
-            ("pp_inputs", lambda v: num_layers // (pp * v) >= need)],
-            show=lambda v: f"pp={pp} virtual_pipeline_stages={v}")
-        out += [(SCHEDULE_CODES[s], v) for v in vs]
-    return out
-
-
-def _recomputes(f: _Filter, chunk: int) -> np.ndarray:
-    """(recompute, recompute_layers) options for chunks of ``chunk`` layers: none first."""
-    out = []
-    for r in f.keep("recompute", list(RECOMPUTE_CODES)):
-        code = RECOMPUTE_CODES[r]
-        if r != "full":
-            out.append((code, 0))
-            continue
-        if f.cons.allows("recompute_num_layers", None):
-            out.append((code, 0))
-        out += [(code, n) for n in range(1, chunk)
-                if f.cons.allows("recompute_num_layers", n)]
-    return np.array(out, dtype=np.int64).reshape(-1, 2)
-
-
-def _tp_rules(model: ModelSpec | LayerCosts) -> list[tuple[str, Callable[[int], bool]]]:
-    """What a TP degree must divide in a preset (the heads, the MLP); for a traced graph,
-    the degrees its blocks were sharded at."""
-    if isinstance(model, LayerCosts) and model.spec is None:
-        return [("tp_traced", lambda t: t in model.tp_degrees)]
-    spec = model.spec if isinstance(model, LayerCosts) else model
-    assert spec is not None
-    ffn = [spec.ffn_hidden_size or 0] + ([spec.moe_ffn_hidden_size or 0] if spec.is_moe
-                                         else [])
-    return [("tp_heads", lambda t: spec.num_heads % t == 0
-             and int(spec.num_kv_heads or spec.num_heads) % t == 0),
-            ("tp_ffn", lambda t: all(x % t == 0 for x in ffn))]
+def _core_problem(fw: Framework, schedule: int, ep: int, pp: int, micro_batches: int
+                  ) -> tuple[str, str] | None:
+    """(rule, what) a core breaks in its schedule: combined 1F1B without expert parallel, or
+    a micro-batch count the trainer's schedule does not run; None when it runs."""
+    name = _SCHEDULE_NAMES[schedule]
+    if name == "combined-1f1b" and ep == 1:
+        return "combined_ep", "pipeline_schedule=combined-1f1b"
+    problem = schedule_problem(fw, name, pp, micro_batches)
+    return ("schedule_micro_batches", problem) if problem else None
 
 
 def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
@@ -576,7 +465,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     cons = constraints or Constraints()
     fw = framework(job.framework)
     rej = Rejections()
-    f = _Filter(cons, rej)
+    f = Filter(cons, rej)
     world, gpn, L = cluster.num_gpus, cluster.scale_up, model.num_layers
     traced = isinstance(model, LayerCosts) and model.spec is None
     need = model.first_stage_layers
@@ -589,21 +478,19 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
         return not refused[tp, sp]
 
     tps = f.keep("tp", divisors(world), [("tp_node", lambda t: gpn % t == 0),
-                                         *_tp_rules(model)])
+                                         *tp_rules(model)])
     cores: list[tuple[int, ...]] = []
     shard_of: list[int] = []
     rec_of: list[int] = []
-    shardings: dict[tuple[int, ...], int] = {}
-    recomputes: dict[int, int] = {}
-    z_tables: list[np.ndarray] = []
-    r_tables: list[np.ndarray] = []
+    shardings, recomputes = _Tables(), _Tables()
+    combined = combined_runs(model, job)
     for tp in tps:
         pps = f.keep("pp", divisors(world // tp), [
             ("pp_layers", lambda p: p <= L),
             ("pp_inputs", lambda p: p == 1 or L - need >= p - 1)],
             show=lambda p, tp=tp: f"tp={tp} pp={p}")
         for pp in pps:
-            scheds = _schedules(fw, f, L, pp, need, model.mtp_layers)
+            scheds = schedule_options(fw, f, L, pp, need, model.mtp_layers, combined)
             cps = f.keep("cp", divisors(world // (tp * pp)), [
                 ("cp_seq", lambda c: job.seq_len % c == 0),
                 ("cp_traced", lambda c: c == 1 or not traced
@@ -625,37 +512,34 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                               ("tp_runs", lambda s, tp=tp: not traced or runs(tp, s)),
                               ("sp_framework", lambda s: not s or fw.sequence_parallel)])
                 mbss = f.keep("micro_batch_size", divisors(job.global_batch_size // dp))
-                for ep, etp in _expert_meshes(model, fw, f, dp, tp, pp, cp):
-                    key = (dp, pp, cp, ep, etp != tp)
-                    if key not in shardings:
-                        shardings[key] = len(z_tables)
-                        z_tables.append(_shardings(fw, f, dp, pp, cp, ep, etp != tp))
-                    if not len(z_tables[shardings[key]]):
+                for ep, etp in expert_meshes(model, fw, f, dp, tp, pp, cp):
+                    z = shardings.of((dp, pp, cp, ep, etp != tp), sharding_options,
+                                     fw, f, dp, pp, cp, ep, etp != tp)
+                    if z is None:
                         continue
                     for (s, v), sp, mbs in itertools.product(scheds, sps, mbss):
-                        problem = schedule_problem(
-                            fw, _SCHEDULE_NAMES[s], pp, job.global_batch_size // (dp * mbs))
+                        problem = _core_problem(fw, s, ep, pp, job.global_batch_size // (dp * mbs))
                         if problem:
-                            rej.add("schedule_micro_batches", f"tp={tp} pp={pp} dp={dp} "
-                                    f"mbs={mbs}: {problem}")
+                            rej.add(problem[0], f"tp={tp} pp={pp} dp={dp} ep={ep} "
+                                    f"mbs={mbs}: {problem[1]}")
                             continue
-                        split = interleaved_split(L, pp, v, model.mtp_layers)
+                        comb = s == SCHEDULE_CODES["combined-1f1b"]
+                        split = v_split(L, pp) if _SCHEDULE_NAMES[s] in V_SCHEDULES \
+                            else interleaved_split(L, pp, v, model.mtp_layers)
                         chunk = max(split) if split else L // (pp * v)
-                        if chunk not in recomputes:
-                            recomputes[chunk] = len(r_tables)
-                            r_tables.append(_recomputes(f, chunk))
-                        if not len(r_tables[recomputes[chunk]]):
+                        rc = recomputes.of((chunk, comb), recompute_options, f, chunk, not comb)
+                        if rc is None:
                             continue
                         cores.append((dp, tp, pp, cp, ep, etp, int(sp), mbs, s, v))
-                        shard_of.append(shardings[key])
-                        rec_of.append(recomputes[chunk])
+                        shard_of.append(z)
+                        rec_of.append(rc)
     if not model.is_moe and cons.fixed.get("ep", 1) != 1:
         rej.add("ep_dense", f"ep={cons.fixed['ep']} on the dense {model.name}")
     return Space(framework=fw.name,
                  cores=np.array(cores, dtype=np.int64).reshape(-1, len(CORE)),
                  shard_of=np.array(shard_of, dtype=np.int64),
                  recompute_of=np.array(rec_of, dtype=np.int64),
-                 shardings=tuple(z_tables), recomputes=tuple(r_tables),
+                 shardings=tuple(shardings.tables), recomputes=tuple(recomputes.tables),
                  rejected={k: (int(n), str(ex)) for k, (n, ex) in rej.counts.items()})
 
 

@@ -1,10 +1,27 @@
 """The validity rules of the training search space (``planner.space``), as data: each
-rule's name and what it requires. The search counts every value each rejects
-(``Space.rejected``), and ``planner.alternatives`` and ``planner.advice`` quote them."""
+rule's name and what it requires, and the option generators that apply them field by field
+(``Filter``): the expert meshes, shardings, schedules and recomputes a set of degrees
+admits. The search counts every value each rejects (``Space.rejected``), and
+``planner.alternatives`` and ``planner.advice`` quote them."""
 
 from __future__ import annotations
 
-__all__ = ["RULES"]
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from costmodel.config import V_SCHEDULES, Job, accounted_split
+from costmodel.formulas.arrays import divisors
+from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES
+from costmodel.formulas.vschedules import v_split
+from costmodel.frameworks import Framework
+from costmodel.model import ModelSpec
+
+__all__ = ["RULES", "Filter", "Rejections", "combined_runs", "expert_meshes",
+           "recompute_options", "schedule_options", "sharding_options", "tp_rules"]
 
 #: Rule name -> what it requires. Each rejected value is counted under its rule.
 RULES: dict[str, str] = {
@@ -58,6 +75,192 @@ RULES: dict[str, str] = {
                               "DualPipeV at least 2 * pp; "
                               "Megatron-LM's interleaved schedule a multiple of pp, "
                               "megatron/core/pipeline_parallel/schedules.py)",
+    "schedule_combined": "Megatron-LM's combined 1F1B (--overlap-moe-expert-parallel-comm) "
+                         "needs a mixture of experts, the alltoall or deepep dispatcher, bf16 "
+                         "or fp16 training and at most one MTP module "
+                         "(megatron/core/transformer/transformer_config.py)",
+    "combined_ep": "combined 1F1B overlaps expert-parallel all-to-alls: ep >= 2",
+    "combined_recompute": "combined 1F1B refuses full recompute",
     "offload_framework": "the trainer offloads this to the CPU at this ZeRO stage",
     "constraint": "excluded by the constraints given",
 }
+
+
+class Allows(Protocol):
+    """What ``Filter`` asks of the constraints (``planner.space.Constraints``)."""
+
+    def allows(self, key: str, value: Any) -> bool: ...
+
+
+@dataclass
+class Rejections:
+    """Values each rule rejected: rule -> (count, first example)."""
+
+    counts: dict[str, list[Any]] = field(default_factory=dict)
+
+    def add(self, rule: str, example: str, n: int = 1) -> None:
+        entry = self.counts.setdefault(rule, [0, example])
+        entry[0] += n
+
+
+
+class Filter:
+    """Keeps the values of one field that pass the rules, counting what each rule rejects."""
+
+    def __init__(self, cons: Allows, rej: Rejections) -> None:
+        self.cons = cons
+        self.rej = rej
+
+    def keep(self, key: str, values: Iterable[Any],
+             rules: Sequence[tuple[str, Any]] = (), show: Any = None,
+             canon: Any = None) -> list[Any]:
+        """The values passing every rule and the constraints; ``show`` labels a rejected
+        value, ``canon`` maps it to the value the constraints name."""
+        out = []
+        for v in values:
+            label = show(v) if show else f"{key}={v}"
+            failed = next((name for name, ok in rules if not ok(v)), None)
+            if failed:
+                self.rej.add(failed, label)
+            elif not self.cons.allows(key, canon(v) if canon else v):
+                self.rej.add("constraint", label)
+            else:
+                out.append(v)
+        return out
+
+
+def expert_meshes(model: ModelSpec | LayerCosts, fw: Framework, f: Filter, dp: int, tp: int,
+                   pp: int, cp: int) -> list[tuple[int, int]]:
+    """(ep, etp) options of one set of degrees: ep dividing the experts and, with the experts
+    split as tp, borrowing dp * cp; under Megatron-LM a preset's experts may also fold over
+    the TP ranks with their own etp dividing tp (Megatron-Core's MoE parallel folding:
+    etp * ep divides tp * cp * dp)."""
+    if not model.is_moe:
+        return [(e, tp) for e in f.keep("ep", [1])]
+    experts = model.moe_routing()[1] if isinstance(model, LayerCosts) else model.num_experts
+    folds = fw.name == "megatron" and isinstance(model, ModelSpec) and tp > 1
+    etps = f.keep("etp", sorted(divisors(tp), reverse=True) if folds else [tp], [
+        ("etp_ffn", lambda t: (model.moe_ffn_hidden_size or 0) % t == 0
+         if isinstance(model, ModelSpec) else True)],
+        show=lambda t: f"tp={tp} etp={t}")
+    out = []
+    for etp in etps:
+        eps = f.keep("ep", divisors(dp * cp * tp // etp), [
+            ("ep_experts", lambda e: experts % e == 0)],
+            show=lambda e, etp=etp: f"tp={tp} pp={pp} cp={cp} ep={e} etp={etp}")
+        out += [(ep, etp) for ep in eps if etp == tp or ep * etp > 1]
+    return out
+
+
+def sharding_options(fw: Framework, f: Filter, dp: int, pp: int, cp: int, ep: int,
+               folded: bool = False) -> np.ndarray:
+    """(zero, group, offload) options of one set of degrees (``folded``: the experts fold
+    over the TP ranks, which the distributed optimizer alone shards)."""
+    zeros = f.keep("zero_stage", range(4), [
+        ("zero_framework", lambda z: z in fw.zero_stages),
+        ("zero_pipeline", lambda z: pp == 1 or z in fw.zero_with_pp),
+        ("zero_folded", lambda z: not folded or z <= 1)],
+        show=lambda z: f"pp={pp} zero_stage={z}")
+    least = dict(fw.offloads)
+    out = []
+    for z in zeros:
+        groups = [dp] if z == 0 else f.keep(
+            "sharding_group", sorted(divisors(dp), reverse=True),
+            [("shard_hybrid", lambda g, z=z: g == dp or z in fw.hybrid_shard_stages),
+             ("shard_experts", lambda g: folded or (g * cp) % ep == 0),
+             ("shard_folded", lambda g: not folded or g == dp)],
+            show=lambda g, z=z: f"zero_stage={z} sharding_group={g}",
+            canon=lambda g: None if g == dp else g)
+        offs = f.keep("offload", list(OFFLOAD_CODES), [
+            ("offload_framework", lambda o, z=z: o in least and z >= least[o])],
+            show=lambda o, z=z: f"zero_stage={z} offload={o}")
+        out += [(z, g, OFFLOAD_CODES[o]) for g in groups for o in offs]
+    return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+
+def schedule_options(fw: Framework, f: Filter, num_layers: int, pp: int, need: int = 0,
+               mtp: int = 0, combined: bool = False) -> list[tuple[int, int]]:
+    """(schedule, virtual stages) options of a pipeline degree; ``need``: the layers the
+    first chunk must hold (``LayerCosts.first_stage_layers``); ``mtp``: the model's
+    multi-token prediction modules, which an accounted split counts with the loss;
+    ``combined``: whether the model and job may run Megatron-LM's combined 1F1B
+    (``_combined_runs``)."""
+    rules = [("schedule_framework", lambda s: s in fw.schedules),
+             ("schedule_launcher", lambda s: s not in fw.unsearched_schedules),
+             ("schedule_combined", lambda s: s != "combined-1f1b" or combined)]
+    if pp == 1:
+        # Without a pipeline the schedule means nothing (its canonical form is 1F1B, v = 1)
+        # but for combined 1F1B, which pairs micro-batches on one stage too.
+        out = []
+        if f.cons.allows("pipeline_schedule", "1f1b") and \
+                f.cons.allows("virtual_pipeline_stages", 1):
+            out.append((SCHEDULE_CODES["1f1b"], 1))
+        if "combined-1f1b" in fw.schedules and combined and \
+                f.cons.allows("pipeline_schedule", "combined-1f1b") and \
+                f.cons.allows("virtual_pipeline_stages", 1):
+            out.append((SCHEDULE_CODES["combined-1f1b"], 1))
+        if not out:
+            f.rej.add("constraint", "pp=1 with the pipeline schedule constrained")
+        return out
+    out = []
+    names = f.keep("pipeline_schedule", list(SCHEDULE_CODES), rules)
+    for s in names:
+        if s in V_SCHEDULES:
+            # Two stages per rank as a V, torchtitan's split (vschedules.v_split), at least
+            # a layer per stage on average (costmodel.formulas.checks).
+            if f.cons.allows("virtual_pipeline_stages", 2) and num_layers >= 2 * pp \
+                    and v_split(num_layers, pp)[0] >= need:
+                out.append((SCHEDULE_CODES[s], 2))
+            continue
+        if s not in ("interleaved-1f1b", "combined-1f1b"):
+            if f.cons.allows("virtual_pipeline_stages", 1):
+                out.append((SCHEDULE_CODES[s], 1))
+            continue
+        vs = f.keep("virtual_pipeline_stages", range(2, num_layers // pp + 1), [
+            ("virtual_layers", lambda v: num_layers % (pp * v) == 0
+             or (not need and accounted_split(num_layers, pp, v, mtp=mtp) is not None)),
+            ("pp_inputs", lambda v: num_layers // (pp * v) >= need)],
+            show=lambda v: f"pp={pp} virtual_pipeline_stages={v}")
+        out += [(SCHEDULE_CODES[s], v) for v in vs]
+    return out
+
+
+def combined_runs(model: ModelSpec | LayerCosts, job: Job) -> bool:
+    """Whether the model and job meet what combined 1F1B needs beyond the configuration
+    (``costmodel.formulas.checks``: a mixture of experts, not the allgather dispatcher, not
+    fp32, at most one multi-token prediction module)."""
+    return bool(getattr(model, "is_moe", False)) and job.moe_dispatcher != "allgather" \
+        and job.precision != "fp32" and model.mtp_layers <= 1
+
+
+def recompute_options(f: Filter, chunk: int, full: bool = True) -> np.ndarray:
+    """(recompute, recompute_layers) options for chunks of ``chunk`` layers: none first;
+    ``full``: whether full recompute is one (combined 1F1B refuses it)."""
+    out = []
+    for r in f.keep("recompute", list(RECOMPUTE_CODES)):
+        if r == "full" and not full:
+            f.rej.add("combined_recompute", "pipeline_schedule=combined-1f1b recompute=full")
+            continue
+        code = RECOMPUTE_CODES[r]
+        if r != "full":
+            out.append((code, 0))
+            continue
+        if f.cons.allows("recompute_num_layers", None):
+            out.append((code, 0))
+        out += [(code, n) for n in range(1, chunk)
+                if f.cons.allows("recompute_num_layers", n)]
+    return np.array(out, dtype=np.int64).reshape(-1, 2)
+
+
+def tp_rules(model: ModelSpec | LayerCosts) -> list[tuple[str, Callable[[int], bool]]]:
+    """What a TP degree must divide in a preset (the heads, the MLP); for a traced graph,
+    the degrees its blocks were sharded at."""
+    if isinstance(model, LayerCosts) and model.spec is None:
+        return [("tp_traced", lambda t: t in model.tp_degrees)]
+    spec = model.spec if isinstance(model, LayerCosts) else model
+    assert spec is not None
+    ffn = [spec.ffn_hidden_size or 0] + ([spec.moe_ffn_hidden_size or 0] if spec.is_moe
+                                         else [])
+    return [("tp_heads", lambda t: spec.num_heads % t == 0
+             and int(spec.num_kv_heads or spec.num_heads) % t == 0),
+            ("tp_ffn", lambda t: all(x % t == 0 for x in ffn))]

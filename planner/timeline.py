@@ -28,7 +28,8 @@ def timeline(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
              ) -> Timeline:
     """The schedule of ``config``'s pipeline as the cost model times it: each rank's time per
     micro-batch (``time_table``'s stage times, communication included) split into forward and
-    backward by their compute share."""
+    backward by their compute share, and what an overlapped pair saves there
+    (``TimeTable.hidden``)."""
     validate(model, cluster, job, config)
     a = ConfigArrays.from_configs(model, [config])
     mem = memory_table(model, cluster, job, a)
@@ -37,5 +38,6 @@ def timeline(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
     stage, share = t.stage_time[:, 0], t.forward_share[:, 0]
     fwd = [float(stage[r] * share[r]) for r in range(config.pp)]
     bwd = [float(stage[r] - stage[r] * share[r]) for r in range(config.pp)]
+    hidden = None if t.hidden is None else [float(x) for x in t.hidden[:, 0]]
     return simulate(fwd, bwd, int(mem.num_micro_batches[0]), str(config.pipeline_schedule),
-                    config.virtual_pipeline_stages)
+                    config.virtual_pipeline_stages, hidden)

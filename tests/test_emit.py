@@ -88,6 +88,12 @@ NATIVE = [
      PC(dp=2, tp=8, pp=4, sequence_parallel=True, stage_layers=(19, 21, 21, 19),
         recompute="full"), {}),
     ("mg-fsdp", "llama-3-8b", 2, "megatron", PC(dp=16, zero_stage=3), {}),
+    # Combined 1F1B: Megatron-LM's expert all-to-all overlap, interleaved and without a pipeline.
+    ("mg-combined-1f1b", "qwen3-30b-a3b", 4, "megatron",
+     PC(dp=8, pp=4, ep=8, zero_stage=1, pipeline_schedule="combined-1f1b",
+        virtual_pipeline_stages=2, recompute="selective"), {}),
+    ("mg-combined-pp1", "qwen3-30b-a3b", 2, "megatron",
+     PC(dp=16, ep=8, zero_stage=1, pipeline_schedule="combined-1f1b"), {}),
     ("mg-moe-offload-fp8", "mixtral-8x7b", 4, "megatron",
      PC(dp=8, tp=2, pp=2, ep=4, zero_stage=1, sequence_parallel=True, offload="optimizer"),
      {"precision": "fp8"}),

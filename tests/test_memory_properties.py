@@ -78,7 +78,7 @@ def random_config(draw: st.DrawFn, m: ModelSpec, world: int, fw_name: str) -> Pa
     v = 1
     if pp > 1:
         schedule = draw(st.sampled_from(fw.schedules))
-        if schedule == "interleaved-1f1b":
+        if schedule in ("interleaved-1f1b", "combined-1f1b"):
             vs = [x for x in (2, 4) if m.num_layers % (pp * x) == 0]
             assume(vs)
             v = draw(st.sampled_from(vs))

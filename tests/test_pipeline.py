@@ -152,20 +152,21 @@ def pipelines(draw: st.DrawFn) -> tuple[ModelSpec, Job, ParallelConfig]:
     model = draw(st.sampled_from(MODELS))
     fw = draw(st.sampled_from(("megatron", "torchtitan", "deepspeed")))
     pp = draw(st.sampled_from((2, 4, 8)))
-    schedule = draw(st.sampled_from({"megatron": ("1f1b", "interleaved-1f1b"),
+    schedule = draw(st.sampled_from({"megatron": ("1f1b", "interleaved-1f1b", "combined-1f1b"),
                                      "deepspeed": ("1f1b",),
                                      "torchtitan": SCHEDULES}[fw]))
     L = model.num_layers
-    v = draw(st.integers(2, 4)) if schedule == "interleaved-1f1b" else 2 if schedule in V else 1
+    interleaved = schedule in ("interleaved-1f1b", "combined-1f1b")
+    v = draw(st.integers(2, 4)) if interleaved else 2 if schedule in V else 1
     dp = 64 // pp // 8
     m = draw(st.integers(2 * pp if schedule == "dualpipev" else 1, 24))
-    if schedule == "interleaved-1f1b":
+    if interleaved:
         m = pp * max(1, m // pp) if fw == "megatron" else m - m % max(1, m // pp)
     if fw == "torchtitan" and schedule == "1f1b":
         m = max(m, pp)
     stage_layers = None
     recompute, per_stage = draw(st.sampled_from(("none", "selective", "full"))), None
-    if schedule == "interleaved-1f1b" and (L % (pp * v) or draw(st.booleans())):
+    if interleaved and (L % (pp * v) or draw(st.booleans())):
         # Uneven chunks in virtual order, some empty (Megatron-LM's layouts): every rank
         # holds a layer.
         cuts = sorted(draw(st.lists(st.integers(0, L), min_size=pp * v - 1,
@@ -179,13 +180,15 @@ def pipelines(draw: st.DrawFn) -> tuple[ModelSpec, Job, ParallelConfig]:
         cuts = sorted(draw(st.lists(st.integers(1, L - 1), min_size=2 * pp - 1,
                                     max_size=2 * pp - 1, unique=True)))
         stage_layers = tuple(int(x) for x in np.diff([0, *cuts, L]))
-    elif schedule not in ("interleaved-1f1b", *V) and draw(st.booleans()):
+    elif not interleaved and schedule not in V and draw(st.booleans()):
         cuts = sorted(draw(st.lists(st.integers(1, L - 1), min_size=pp - 1, max_size=pp - 1,
                                     unique=True)))
         stage_layers = tuple(int(x) for x in np.diff([0, *cuts, L]))
         if recompute == "full" and fw != "deepspeed":
             per_stage = tuple(draw(st.integers(0, n)) for n in stage_layers)
-    cfg = ParallelConfig(dp=dp, tp=8, pp=pp, sequence_parallel=True, micro_batch_size=1,
+    # Combined 1F1B overlaps expert all-to-alls: a MoE model's experts over the DP ranks.
+    ep = dp if schedule == "combined-1f1b" and model.is_moe else 1
+    cfg = ParallelConfig(dp=dp, tp=8, pp=pp, ep=ep, sequence_parallel=True, micro_batch_size=1,
                          pipeline_schedule=schedule, virtual_pipeline_stages=v,
                          recompute=recompute, stage_layers=stage_layers,
                          stage_recompute_layers=per_stage)

@@ -522,6 +522,8 @@ def test_stage_ranges_follow_the_cost_model() -> None:
     # Megatron's own schedule runs 2 micro-batches on 4 stages; torch's 1F1B does not.
     ({"pp": 4, "micro_batch_size": 4}, dataclasses.replace(JOB, framework="megatron"),
      "at least pp=4 micro-batches"),
+    ({"pp": 2, "pipeline_schedule": "zbv", "virtual_pipeline_stages": 2}, JOB,
+     "V-shaped zbv schedule"),
 ])
 def test_unrunnable_features_are_refused(config: dict[str, Any], job: Job,
                                          needle: str) -> None:

@@ -13,12 +13,12 @@ import pytest
 
 from costmodel import GPU, Cluster, Job, ModelSpec
 from costmodel.formulas.arrays import (
-    SCHEDULE_CODES,
     ChunkPatterns,
     ConfigArrays,
     accounted_columns,
     divisors,
     input_split,
+    is_v,
 )
 from planner import search as search_mod
 from planner import space as space_mod
@@ -80,7 +80,7 @@ def arrays_by_rows(model: ModelSpec, table: np.ndarray) -> ConfigArrays:
     heavy = {int(p): s for p in np.unique(c["pp"])
              if (s := input_split(L, int(p), need))} if need else {}
     # V-shaped rows (zbv, dualpipev) take a column per stage and their V split's chunks.
-    vee = c["schedule"] >= SCHEDULE_CODES["zbv"]
+    vee = is_v(c["schedule"])
     exact = not heavy and ConfigArrays.classes_exact(model, c["pp"], c["v"]) and not vee.any()
     index, count, layers, start = (ConfigArrays.uniform_stages if exact else
                                    ConfigArrays.every_stage)(L, c["pp"])

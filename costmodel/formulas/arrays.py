@@ -34,7 +34,14 @@ __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ChunkPatterns"
            "even_split", "first_argmax", "input_split", "interleaved_split", "ordered_sum"]
 
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3, "zbv": 4,
-                  "dualpipev": 5}
+                  "dualpipev": 5, "combined-1f1b": 6}
+#: The codes of the V-shaped schedules (``V_SCHEDULES``).
+V_CODES = tuple(SCHEDULE_CODES[s] for s in V_SCHEDULES)
+
+
+def is_v(schedule: np.ndarray) -> np.ndarray:
+    """Whether each row's schedule code is V-shaped (``V_CODES``)."""
+    return np.isin(schedule, V_CODES)
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 OFFLOAD_CODES = {"none": 0, "optimizer": 1, "optimizer+params": 2}
 
@@ -151,8 +158,7 @@ class ConfigArrays:
     def head_rank(self) -> np.ndarray:
         """The pipeline rank holding the last virtual stage (the output layer) per row:
         ``pp - 1``, or 0 where the chunks are placed as a V (``V_SCHEDULES``)."""
-        vshaped = np.isin(self.schedule, [SCHEDULE_CODES[s] for s in V_SCHEDULES])
-        return np.where(vshaped, 0, self.pp - 1)
+        return np.where(is_v(self.schedule), 0, self.pp - 1)
 
     @cached_property
     def expert_tp(self) -> np.ndarray:
@@ -370,8 +376,7 @@ def accounted_columns(num_layers: int, mtp: int, pp: np.ndarray, v: np.ndarray,
     unevenly (``interleaved_split``) or whose chunks are placed as a V (``schedule`` one of
     ``V_SCHEDULES``: torchtitan's split, ``v_split``), with their stage columns' layers and
     starts set to its ranks' (in place); None when no row does."""
-    vshaped = np.zeros(len(pp), dtype=bool) if schedule is None else \
-        np.isin(schedule, [SCHEDULE_CODES[s] for s in V_SCHEDULES])
+    vshaped = np.zeros(len(pp), dtype=bool) if schedule is None else is_v(schedule)
     uneven = ((v > 1) & (num_layers % np.maximum(pp * v, 1) != 0)) | vshaped
     if not uneven.any():
         return None

@@ -37,6 +37,8 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
                         f"MoE parallel folding (--expert-tensor-parallel-size); {job.framework}'s "
                         "experts split as its tp: leave etp unset or use --framework megatron")
     _check_framework(framework(job.framework), job, cfg)
+    if cfg.pipeline_schedule == "combined-1f1b":
+        _check_combined(model, framework(job.framework), job, cfg)
     _check_precision(cluster, job)
 
 
@@ -197,6 +199,30 @@ def _check_folding(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
     if cfg.zero_stage > 1:
         raise SpecError(f"etp={cfg.etp} with zero_stage={cfg.zero_stage}: folded expert meshes "
                         "are costed with the distributed optimizer (zero_stage 0 or 1)")
+
+
+def _check_combined(model: ModelSpec | LayerCosts, fw: Framework, job: Job,
+                    cfg: ParallelConfig) -> None:
+    """What Megatron-LM's --overlap-moe-expert-parallel-comm (combined 1F1B) needs, as
+    megatron/core/transformer/transformer_config.py asserts it (core_v0.14.0): expert
+    parallel over a mixture of experts, the alltoall or flex dispatcher, no full recompute,
+    bf16 or fp16 training, at most one multi-token prediction module."""
+    what = "pipeline_schedule='combined-1f1b' (--overlap-moe-expert-parallel-comm)"
+    if "combined-1f1b" not in fw.schedules:
+        raise SpecError(f"{what} is Megatron-LM's; framework={fw.name!r} does not run it")
+    if not LayerCosts.of(model).is_moe or cfg.ep < 2:
+        raise SpecError(f"{what} overlaps expert-parallel all-to-alls: it needs a mixture of "
+                        f"experts with ep >= 2, got ep={cfg.ep}")
+    if job.moe_dispatcher == "allgather":
+        raise SpecError(f"{what} runs with the alltoall or deepep (flex) dispatcher, not "
+                        "allgather")
+    if cfg.recompute == "full":
+        raise SpecError(f"{what} refuses full recompute; use recompute 'selective' or 'none'")
+    if job.precision == "fp32":
+        raise SpecError(f"{what} needs bf16 or fp16 training")
+    if isinstance(model, ModelSpec) and model.mtp_layers > 1:
+        raise SpecError(f"{what} runs with at most one multi-token prediction module, "
+                        f"{model.name} has {model.mtp_layers}")
 
 
 def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:

@@ -47,6 +47,7 @@ from costmodel.formulas.arrays import (
     Stages,
     even_split,
     first_argmax,
+    is_v,
     ordered_sum,
 )
 from costmodel.formulas.compute import autocast_rows
@@ -133,7 +134,9 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
     ``[rows]``, those of the first and the last stage. The layers factor is in units of "all of
     this stage's layers for one micro-batch".
 
-    1F1B (Narayanan et al. 2021, Sec. 2.2; DAPPLE): stage i holds min(p - i, m). The V
+    1F1B (Narayanan et al. 2021, Sec. 2.2; DAPPLE): stage i holds min(p - i, m); Megatron-LM's
+    combined 1F1B one chunk-micro-batch more than interleaving (one more warm-up forward;
+    without a pipeline, two micro-batches). The V
     schedules' counts are played from their op orders (``vschedules.in_flight``): ZB-V holds
     1F1B's p on every rank (Qi et al. 2024, Sec. 6), DualPipeV p + 1/2 (2p + 1 chunks:
     DeepSeek-V3 report Table 2, "PP + 1"). Zero bubble
@@ -157,15 +160,22 @@ def _in_flight(a: ConfigArrays, stage: np.ndarray, m: np.ndarray) -> tuple[np.nd
         full, rest = np.divmod(w, v * k)
         return np.minimum(k * full + np.clip(rest - chunk * k, 0, k), m)
 
-    layers = np.where(sched == 1, warm(stage) / v,
+    # Combined 1F1B runs one warm-up forward more, and each pair holds its forward's
+    # activations before its backward frees the other's (``pipeline._combined_order``).
+    comb = sched == SCHEDULE_CODES["combined-1f1b"]
+
+    def held(i: np.ndarray | int) -> np.ndarray:
+        return np.where(comb, np.minimum(warm(i) + 1, m * v), warm(i))
+
+    layers = np.where((sched == 1) | comb, held(stage) / v,
                       np.where(sched == 2, m, np.minimum(p - stage, m))).astype(float)
     # The embedding sits on the first stage in chunk 0, the head on the last in chunk v - 1;
     # without interleaving they are held like the layers of their stage.
-    emb = np.where(sched == 1, chunk_count(warm(0), 0),
+    emb = np.where((sched == 1) | comb, chunk_count(held(0), 0),
                    np.where(sched == 2, m, np.minimum(p, m))).astype(float)
-    head = np.where(sched == 1, chunk_count(warm(p - 1), v - 1),
+    head = np.where((sched == 1) | comb, chunk_count(held(p - 1), v - 1),
                     np.where(sched == 2, m, 1)).astype(float)
-    vshaped = sched >= SCHEDULE_CODES["zbv"]
+    vshaped = is_v(sched)
     if vshaped.any():  # played from the V schedules' op orders (vschedules.in_flight)
         _v_in_flight(layers, emb, head, vshaped, p, m, sched, stage)
     return layers, emb, head

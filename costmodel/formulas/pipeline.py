@@ -44,7 +44,7 @@ import numpy as np
 
 from costmodel.config import SCHEDULES
 from costmodel.errors import SpecError
-from costmodel.formulas.arrays import SCHEDULE_CODES, stage_cumsum
+from costmodel.formulas.arrays import SCHEDULE_CODES, is_v, stage_cumsum
 from costmodel.formulas.vschedules import (
     V_SCHEDULES,
     check_v,
@@ -52,7 +52,7 @@ from costmodel.formulas.vschedules import (
     virtual_stage,
 )
 
-__all__ = ["Op", "Timeline", "makespan", "pipeline_bound", "rank_orders", "simulate",
+__all__ = ["Op", "Timeline", "makespan", "pairs", "pipeline_bound", "rank_orders", "simulate",
            "table_makespan"]
 
 
@@ -114,6 +114,10 @@ def _check(p: int, m: int, v: int, schedule: str) -> None:
             raise SpecError(f"the {schedule} schedule runs two chunks per rank "
                             f"(virtual_stages=2), got {v}")
         check_v(p, m, schedule)
+    elif schedule == "combined-1f1b":
+        if (p > 1 and v < 2) or (p == 1 and v != 1):
+            raise SpecError("combined-1f1b runs interleaved (virtual_stages >= 2) when p > 1, "
+                            "one chunk without a pipeline")
     elif (v > 1) != (schedule == "interleaved-1f1b"):
         raise SpecError("virtual_stages > 1 goes with the interleaved-1f1b schedule only")
 
@@ -144,6 +148,8 @@ def _rank_order(p: int, m: int, v: int, schedule: str, k: int, r: int
         return tuple([("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)])
     n = m * v
     warm = min((v - 1) * k + 2 * (p - r - 1) if v > 1 else p - r - 1, n)
+    if schedule == "combined-1f1b":
+        return _combined_order(n, v, k, min(warm + 1, n))
     # The i-th forward and the i-th backward of the rank, in micro-batch order per chunk.
     fwd = _numbered([(i // k) % v for i in range(n)], "F")
     bwd = _numbered([v - 1 - (i // k) % v for i in range(n)], "B")
@@ -160,6 +166,17 @@ def _rank_order(p: int, m: int, v: int, schedule: str, k: int, r: int
     if zb:
         seq += [("W", *x[1:]) for x in bwd[w_done:]]
     return tuple(seq)
+
+
+def _combined_order(n: int, v: int, k: int, warm: int) -> tuple[tuple, ...]:
+    """Megatron-LM's combined 1F1B on one rank (``--overlap-moe-expert-parallel-comm``,
+    megatron/core/pipeline_parallel/combined_1f1b.py): the interleaved order's warm-up with
+    one forward more, then each steady-state forward merged with the oldest backward into one
+    overlapped op ``("O", mb_f, chunk_f, mb_b, chunk_b)``, then the backwards left."""
+    fwd = _numbered([(i // k) % v for i in range(n)], "F")
+    bwd = _numbered([v - 1 - (i // k) % v for i in range(n)], "B")
+    pairs = [("O", *fwd[warm + j][1:], *bwd[j][1:]) for j in range(n - warm)]
+    return tuple(fwd[:warm] + pairs + bwd[n - warm:])
 
 
 def _numbered(chunks: list[int], kind: str) -> list[tuple[str, int, int]]:
@@ -356,7 +373,10 @@ def _graph(p: int, m: int, v: int, schedule: str, per_round: int | None = None) 
 
     steady = []
     width = 3 if schedule == "zero-bubble" else 2
-    for r in range(p) if schedule not in V_SCHEDULES else ():
+    for r in range(p) if schedule == "combined-1f1b" else ():
+        k = ops[r][:, 0]  # each overlapped pair is a group of its own
+        steady.append(new_id[start[r] + np.flatnonzero(k == 3)][:, None])
+    for r in range(p) if schedule not in (*V_SCHEDULES, "combined-1f1b") else ():
         k = ops[r][:, 0]
         i = np.flatnonzero((k[1:] == 1) & (k[:-1] == 0)) + 1  # a B right after an F
         if width == 3:
@@ -388,14 +408,14 @@ def _play(p: int, m: int, v: int, schedule: str, weights: np.ndarray,
 
 def _period(p: int, m: int, schedule: str) -> int:
     """Micro-batches per period of the steady state: one, or a round of interleaving."""
-    return m // max(1, m // p) if schedule == "interleaved-1f1b" else 1
+    return m // max(1, m // p) if schedule in ("interleaved-1f1b", "combined-1f1b") else 1
 
 
 def _cut(p: int, m: int, v: int, schedule: str) -> int:
     """The fewest micro-batches, in whole periods, whose graph holds a window of ``4p + 2``
     steady groups on every rank plus a period after it (``_periodic``)."""
     k = _period(p, m, schedule)
-    warm0 = (v - 1) * k + 2 * (p - 1) if v > 1 else p - 1
+    warm0 = ((v - 1) * k + 2 * (p - 1) if v > 1 else p - 1) + (schedule == "combined-1f1b")
     need_groups = warm0 + (4 * p + 2) + k * v + p  # steady groups of rank 0, plus W's delay
     return -(-need_groups // (k * v)) * k
 
@@ -447,9 +467,15 @@ def makespan(forward: np.ndarray, backward: np.ndarray, num_micro_batches: int,
         return (forward.sum(axis=0) + backward.sum(axis=0)
                 + (m - 1) * (forward.max(axis=0) + backward.max(axis=0)))
     weights = np.concatenate([forward, backward], axis=0)
+    saved = 0.0 if hidden is None else hidden
     if schedule in V_SCHEDULES:
-        pair = forward + backward - (0.0 if hidden is None else hidden)
+        pair = forward + backward - saved
         return _play(p, m, v, schedule, np.concatenate([weights, pair], axis=0))[0]
+    if schedule == "combined-1f1b":
+        h = np.broadcast_to(saved, forward.shape)
+        if p == 1:  # a forward, m - 1 overlapped pairs, a backward
+            return m * (forward[0] + backward[0]) - (m - 1) * h[0]
+        weights = np.concatenate([weights, forward + backward - h], axis=0)
     if p == 1:
         return m * (forward[0] + backward[0])
     k = _period(p, m, schedule)
@@ -487,7 +513,8 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
     at least ``p``). ``t`` ``[W, rows]``: each stage's seconds per micro-batch; ``f``: its
     forward part (``None``: unknown); ``schedule``: ``SCHEDULE_CODES`` of
     ``costmodel.formulas.memory``; ``hidden``: what an overlapped pair saves per micro-batch
-    (``simulate``; V schedules only, ``None``: nothing).
+    (``simulate``; ``None``: nothing), taken off each rank's work for its pairs
+    (``_pairs``; exact without a pipeline, where combined 1F1B's bound is its time).
 
     Rank ``r`` starts once micro-batch 0's first chunk has passed the ranks before it, then
     works ``m t_r``; under 1F1B, interleaved 1F1B and GPipe its last op is a backward of chunk
@@ -524,7 +551,7 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
     else:
         head = np.where(zb, 0.0, head)
         path = np.where(zb, 0.0, path)
-    vee = schedule >= SCHEDULE_CODES["zbv"]
+    vee = is_v(schedule)
     if vee.any():
         # V-shaped rows: rank r starts after micro-batch 0's chunk-0 forwards on the ranks
         # before it, then works m t_r less what its overlapped pairs save (``hidden``, all
@@ -533,9 +560,12 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
         start = 0.0 if f is None else _before(f, count) / vf
         head = np.where(vee, start, head)
         path = np.where(vee, 0.0, path)
-        if hidden is not None:
-            t = t - np.where(vee, hidden, 0.0)
-    out = np.maximum(np.where(on, m * t + head, -np.inf).max(axis=0), path)
+    work = m * t
+    if hidden is not None:
+        work = work - pairs(count, m, v, schedule) * hidden / vf
+    comb = schedule == SCHEDULE_CODES["combined-1f1b"]
+    path = np.where(comb, 0.0, path)  # a pair may carry a micro-batch faster than alone
+    out = np.maximum(np.where(on, work + head, -np.inf).max(axis=0), path)
     if f is not None and (schedule == 2).any():
         b = t - f
         gp = ((count * t).sum(axis=0)
@@ -544,15 +574,30 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
     return out
 
 
+def pairs(count: np.ndarray, m: np.ndarray, v: np.ndarray, schedule: np.ndarray
+           ) -> np.ndarray:
+    """Per stage column, the most overlapped pairs a rank of it runs (its last rank's): a V
+    schedule's chunk-micro-batches at most (``vschedules``: a pair holds one forward), and
+    under combined 1F1B every chunk-micro-batch past the warm-up (``_combined_order``): ``m
+    v - min((v - 1) k + 2 (p - r - 1) + 1, m v)``, ``m - 1`` without a pipeline."""
+    r = stage_cumsum(count) - 1
+    p = count.sum(axis=0)
+    k = m // np.maximum(1, m // p)
+    warm = np.where(v > 1, (v - 1) * k + 2 * (p - r - 1), 0) + 1
+    comb = np.maximum(m * v - np.minimum(warm, m * v), 0)
+    return np.where(schedule == SCHEDULE_CODES["combined-1f1b"], comb,
+                    np.where(is_v(schedule), m * v, 0)).astype(float)
+
+
 _NAMES = {code: name for name, code in SCHEDULE_CODES.items()}
 
 
 def table_makespan(f: np.ndarray, b: np.ndarray, index: np.ndarray, count: np.ndarray,
                    pp: np.ndarray, m: np.ndarray, v: np.ndarray, schedule: np.ndarray,
-                   rows: np.ndarray) -> np.ndarray:
+                   rows: np.ndarray, hidden: np.ndarray | None = None) -> np.ndarray:
     """``makespan`` of the rows ``rows`` of a table (stage columns ``[W, rows]``, forward and
-    backward seconds per micro-batch), grouped by shape; returns one value per entry of
-    ``rows``."""
+    backward seconds per micro-batch, and what an overlapped pair saves), grouped by shape;
+    returns one value per entry of ``rows``."""
     out = np.empty(len(rows))
     if not len(rows):
         return out
@@ -568,7 +613,12 @@ def table_makespan(f: np.ndarray, b: np.ndarray, index: np.ndarray, count: np.nd
             col = np.where((ranks >= lo) & (ranks < lo + n), c, col)
         fr = np.take_along_axis(f[:, r], col, axis=0)
         br = np.take_along_axis(b[:, r], col, axis=0)
+        parts = [fr, br]
+        if hidden is not None:
+            parts.append(np.take_along_axis(hidden[:, r], col, axis=0))
         # Configurations that differ only after the last backward share their stage times.
-        w, back = np.unique(np.concatenate([fr, br], axis=0), axis=1, return_inverse=True)
-        out[sel] = makespan(w[:p], w[p:], int(mm), _NAMES[int(s)], int(vv))[back.ravel()]
+        w, back = np.unique(np.concatenate(parts, axis=0), axis=1, return_inverse=True)
+        h = w[2 * p:] if hidden is not None else None
+        out[sel] = makespan(w[:p], w[p:2 * p], int(mm), _NAMES[int(s)], int(vv),
+                            h)[back.ravel()]
     return out

@@ -75,10 +75,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.config import Job
-from costmodel.formulas.arrays import ConfigArrays, first_argmax
+from costmodel.formulas.arrays import SCHEDULE_CODES, ConfigArrays, first_argmax
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import MemoryTable
-from costmodel.formulas.pipeline import pipeline_bound, table_makespan
+from costmodel.formulas.pipeline import pairs, pipeline_bound, table_makespan
 from costmodel.formulas.states import Widths, master_bytes, optimizer_state_bytes
 from costmodel.formulas.stepterms import (
     Rows,
@@ -122,7 +122,9 @@ class TimeTable:
     ``forward_share`` ``[P, rows]``: the forward pass's part of each stage's compute
     (recompute counts with the backward), to split ``stage_time`` into forward and backward.
     A table made with ``detail=False`` has no ``comm_total`` (empty), ``hardware_flops`` or
-    ``forward_share`` (None). ``exact`` ``[rows]``: whether the row's pipeline time is its
+    ``forward_share`` (None). ``hidden`` ``[P, rows]``: what one overlapped forward-backward
+    pair saves per micro-batch on each stage (``pair_saving``; None where no row pairs).
+    ``exact`` ``[rows]``: whether the row's pipeline time is its
     schedule played out (``costmodel.formulas.pipeline``); rows of a table made with ``exact_below``
     whose lower bound on the step time exceeds it keep the bound (``step_time`` is then a
     lower bound).
@@ -138,6 +140,7 @@ class TimeTable:
     floor: np.ndarray
     forward_share: np.ndarray | None = None
     exact: np.ndarray | None = None
+    hidden: np.ndarray | None = None
 
 
 def model_flops_per_token(model: ModelSpec | LayerCosts, seq_len: int) -> float:
@@ -185,7 +188,28 @@ def optimizer_bytes(job: Job, model: Widths) -> tuple[float, float]:
     return per, zeroed
 
 
-def _floor(r: Rows, bare: np.ndarray) -> np.ndarray:
+def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray
+                ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(what one overlapped forward-backward pair saves per micro-batch on each stage, its
+    most over every recompute and sharding of the row) under Megatron-LM's combined 1F1B;
+    (None, None) where no row runs it.
+
+    A pair runs one micro-batch's forward beside another's backward on two streams, each
+    one's expert dispatch and combine under the other's compute (megatron/core/
+    pipeline_parallel/combined_1f1b.py; DeepSeek-V3 report, Sec. 3.2.1). Communication beside
+    compute slows it by ``k`` seconds per second (``GPU.efficiency.comm_slowdown``, the one
+    fitted for every overlapped collective: the kernels take SMs and HBM bandwidth), so with
+    the all-to-alls ``A`` (both passes') beside the compute ``C`` the pair takes
+    ``max(C + k A, A)``, saving ``min((1 - k) A, C)`` of ``C + A``."""
+    comb = r.a.schedule == SCHEDULE_CODES["combined-1f1b"]
+    if not comb.any():
+        return None, None
+    k = min(r.cluster.gpu.efficiency.comm_slowdown, 1.0)
+    cap = np.where(comb, (1 - k) * ep_comm, 0.0)
+    return np.minimum(cap, np.maximum(stage_time - ep_comm, 0.0)), cap
+
+
+def _floor(r: Rows, bare: np.ndarray, hidden: np.ndarray | None = None) -> np.ndarray:
     """``TimeTable.floor`` from the stage times without ZeRO-3/FSDP communication and
     gradient accumulation (``bare``): the pipeline bound of those (it grows with each stage
     time; zero bubble's forward share is not known for the whole family, so it counts none).
@@ -207,7 +231,7 @@ def _floor(r: Rows, bare: np.ndarray) -> np.ndarray:
         bare = bare - extra
     bare = np.where(r.valid, bare, 0.0)
     sched = r.a.schedule
-    return pipeline_bound(bare, None, r.count, r.m, r.v, np.where(sched == 2, 0, sched))
+    return pipeline_bound(bare, None, r.count, r.m, r.v, np.where(sched == 2, 0, sched), hidden)
 
 
 # ---- after the last backward: gradient sync, parameter gather, optimizer, offload ---------
@@ -339,7 +363,8 @@ def _optimizer_offload(r: Rows, sh: Sharded, last_backward: np.ndarray
 
 
 def _makespan(r: Rows, stage_time: np.ndarray, f_stage: np.ndarray, bound: np.ndarray,
-              after: np.ndarray, exact_below: float) -> tuple[np.ndarray, np.ndarray]:
+              after: np.ndarray, exact_below: float, hidden: np.ndarray | None
+              ) -> tuple[np.ndarray, np.ndarray]:
     """(the pipeline's time per row, whether it is the schedule played out): rows whose bound
     is already their pipeline time (one stage, GPipe) and rows whose bound plus ``after``
     exceeds ``exact_below`` keep the bound."""
@@ -349,7 +374,7 @@ def _makespan(r: Rows, stage_time: np.ndarray, f_stage: np.ndarray, bound: np.nd
     todo = np.flatnonzero(played & exact)
     pipeline = bound.copy()
     pipeline[todo] = table_makespan(f_stage, stage_time - f_stage, r.stage, r.count, a.pp,
-                                    r.mem.num_micro_batches, a.v, a.schedule, todo)
+                                    r.mem.num_micro_batches, a.v, a.schedule, todo, hidden)
     return pipeline, exact
 
 
@@ -405,9 +430,10 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     at_b = picker(b)
     share = fwd / np.maximum(fwd + bwd + recompute, 1e-30)
     f_stage = stage_time * share
-    bound = pipeline_bound(stage_time, f_stage, r.count, m, r.v, a.schedule)
+    hidden, cap = pair_saving(r, ep_comm, stage_time)
+    bound = pipeline_bound(stage_time, f_stage, r.count, m, r.v, a.schedule, hidden)
     # Gradient accumulation shrinks with the shard degree, so the floor leaves it out too.
-    floor = _floor(r, stage_time - sh.exposed - accumulate)
+    floor = _floor(r, stage_time - sh.exposed - accumulate, cap)
 
     last_backward = bwd + recompute
     ab = _after_backward(r, sh, last_backward, fwd)
@@ -416,8 +442,10 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     q = first_argmax(post)
     at_q = picker(q)
     after = at_q(post)
-    pipeline, exact = _makespan(r, stage_time, f_stage, bound, after, exact_below)
-    bubble = pipeline - m * t_max
+    pipeline, exact = _makespan(r, stage_time, f_stage, bound, after, exact_below, hidden)
+    # What the bottleneck stage's overlapped pairs hide of its expert all-to-alls.
+    saved = 0.0 if hidden is None else at_b(pairs(r.count, m, r.v, a.schedule) * hidden / r.v)
+    bubble = pipeline - (m * t_max - saved)
     step = pipeline + after
 
     terms = {
@@ -425,7 +453,7 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
         "recompute": m * at_b(recompute),
         "tp_comm": m * at_b(tp.exposed),
         "cp_comm": m * at_b(cp_comm),
-        "ep_comm": m * at_b(ep_comm),
+        "ep_comm": m * at_b(ep_comm) - saved,
         "pp_comm": m * at_b(pp_comm),
         "fsdp_comm": m * at_b(sh.exposed),
         "dp_comm": at_q(ab.grad_exposed) + at_q(ab.gather_exposed),
@@ -450,7 +478,7 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     }
     return TimeTable(step_time=step, terms=terms, comm_total=comm_total, stage_time=stage_time,
                      bottleneck_stage=b, model_flops=mf, hardware_flops=mf + _recompute_flops(r),
-                     floor=floor, forward_share=share, exact=exact)
+                     floor=floor, forward_share=share, exact=exact, hidden=hidden)
 
 
 def _recompute_flops(r: Rows) -> np.ndarray:

@@ -121,6 +121,11 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
                f"{' with pipeline parallelism' if cfg.pp > 1 else ''}: emitted ZeRO-{z} "
                f"({fw.note_zero})", zero_stage=z,
                sharding_group=ch.cfg.sharding_group if z in fw.hybrid_shard_stages else None)
+    if ch.cfg.pipeline_schedule == "combined-1f1b" and "combined-1f1b" not in fw.schedules:
+        keep = "interleaved-1f1b" if ch.cfg.virtual_pipeline_stages > 1 else "1f1b"
+        ch.set(f"{trainer} has no combined 1F1B (Megatron-LM's expert all-to-all overlap, "
+               f"--overlap-moe-expert-parallel-comm): emitted {keep} with the same chunks, "
+               f"its all-to-alls exposed", pipeline_schedule=keep)
     if ch.cfg.pipeline_schedule not in fw.schedules:
         ch.set(f"{trainer} has no {ch.cfg.pipeline_schedule} pipeline schedule: emitted 1F1B "
                f"(same bubble as GPipe with fewer micro-batches in flight)",

@@ -166,8 +166,8 @@ def _moe_args(m: ModelSpec, job: Job) -> list[Any]:
 
 def _pipeline_args(m: ModelSpec, job: Job, cfg: ParallelConfig) -> list[Any]:
     """The pipeline schedule: interleaving (layers per virtual stage, and blocking
-    point-to-point transfers when the job does not overlap them) and an explicit layout of
-    layers per stage."""
+    point-to-point transfers when the job does not overlap them), an explicit layout of
+    layers per stage, and combined 1F1B's expert all-to-all overlap."""
     a: list[Any] = []
     if cfg.virtual_pipeline_stages > 1:
         if not cfg.stage_layers:  # an explicit layout gives the virtual stages itself
@@ -177,6 +177,10 @@ def _pipeline_args(m: ModelSpec, job: Job, cfg: ParallelConfig) -> list[Any]:
             a.append("--no-overlap-p2p-communication")
     if cfg.stage_layers:
         a += ["--pipeline-model-parallel-layout", layout(cfg.stage_layers, m.mtp_layers)]
+    if cfg.pipeline_schedule == "combined-1f1b":
+        # Combined 1F1B: each forward paired with another micro-batch's backward, one's
+        # expert all-to-alls under the other's compute (core_v0.14.0, combined_1f1b.py).
+        a.append("--overlap-moe-expert-parallel-comm")
     return a
 
 
@@ -310,8 +314,11 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
         lines.append("    " + " ".join(shlex.quote(x) for x in args[i:i + 1 + takes_value]))
         i += 1 + takes_value
     # validate_args: tensor or context parallelism needs one CUDA connection (communication
-    # kernels launch in order), Megatron FSDP needs more than one.
-    conns = 8 if config.zero_stage == 3 else 1
+    # kernels launch in order), Megatron FSDP needs more than one, and so does combined
+    # 1F1B's all-to-all overlap (it warns otherwise, megatron/training/arguments.py; 32 where
+    # the overlap is preferred over TP's ordering).
+    conns = 8 if config.zero_stage == 3 else 32 if config.pipeline_schedule == "combined-1f1b" \
+        else 1
     env = f"export CUDA_DEVICE_MAX_CONNECTIONS={conns}  # Megatron-LM validate_args\n"
     # Transformer Engine picks cuDNN's attention on Hopper and later, FlashAttention before
     # (costmodel.frameworks); turning the other backend off holds the plan's kernel.
@@ -344,7 +351,7 @@ def _parser() -> argparse.ArgumentParser:
                  "--recompute-granularity", "--recompute-method"):
         p.add_argument(flag)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
-                 "--optimizer-cpu-offload"):
+                 "--optimizer-cpu-offload", "--overlap-moe-expert-parallel-comm"):
         p.add_argument(flag, action="store_true")
     return p
 
@@ -375,6 +382,7 @@ def read(text: str, model: ModelSpec) -> ReadBack:
         sharding_group=dp // inst if inst and inst > 1 else None,
         sequence_parallel=ns.sequence_parallel, micro_batch_size=ns.micro_batch_size,
         virtual_pipeline_stages=v, stage_layers=stage_layers, recompute=rec,
+        pipeline_schedule="combined-1f1b" if ns.overlap_moe_expert_parallel_comm else None,
         recompute_num_layers=ns.recompute_num_layers if ns.recompute_method == "block" else None,
         offload="optimizer" if ns.optimizer_cpu_offload else "none")
     return ReadBack(config=cfg, global_batch_size=ns.global_batch_size, seq_len=ns.seq_length,

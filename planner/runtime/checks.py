@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from costmodel.config import Job, ParallelConfig
+from costmodel.config import V_SCHEDULES, Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.frameworks import pipelining_problem
@@ -61,6 +61,10 @@ def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
     if cfg.offload == "optimizer+params" and cfg.zero_stage < 2:
         out.append("offload 'optimizer+params' runs through FSDP's CPUOffloadPolicy and "
                    "needs zero_stage 2 or 3")
+    if cfg.pipeline_schedule in V_SCHEDULES:
+        out.append(f"the V-shaped {cfg.pipeline_schedule} schedule (two stages per rank, the "
+                   "output layer on rank 0) is not run by planner.apply; emit torchtitan, "
+                   "which runs it, or plan with another schedule")
     problem = pipelining_problem(str(cfg.pipeline_schedule), cfg.pp,
                                  job.global_batch_size // (cfg.dp * cfg.micro_batch_size))
     if problem:
