@@ -73,8 +73,10 @@ def _graph(name: str, **trace: object) -> tuple[LayerGraph, ModelSpec, list[int]
 def _pair(name: str, sp: bool) -> tuple[LayerCosts, LayerCosts, ModelSpec]:
     graph, spec, degrees = _graph(name)
     # DeepSpeed's conventions are eager PyTorch's (4 ffn-wide tensors saved by a gated MLP),
-    # as the reference module runs.
-    job = Job(global_batch_size=8, seq_len=SEQ, precision="bf16", framework="deepspeed")
+    # as the reference module runs. Even routing: a traced graph holds the even share of
+    # routed tokens, a preset the busiest rank's (moe.routed_load).
+    job = Job(global_batch_size=8, seq_len=SEQ, precision="bf16", framework="deepspeed",
+              moe_load_imbalance=1.0)
     traced = costs_from_graph(graph, NODE, job, tp_degrees=degrees, sequence_parallel=sp)
     analytic = LayerCosts.from_spec(spec, job, tp_degrees=degrees, sequence_parallel=sp)
     return traced, analytic, spec

@@ -11,7 +11,13 @@ from test_emit import megatron_parser
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
 from costmodel.formulas.comm import Topology
-from costmodel.formulas.moe import dispatch_combine, remote_domains, routed_load
+from costmodel.formulas.estimate import Estimate
+from costmodel.formulas.moe import (
+    deepep_buffer_bytes,
+    dispatch_combine,
+    remote_domains,
+    routed_load,
+)
 from planner.emit import emit
 from planner.emit.megatron import parse_array
 from planner.result import Plan
@@ -40,11 +46,42 @@ def test_the_busiest_rank_sets_the_expert_time_and_memory() -> None:
         even.time_breakdown_s["ep_comm"] * 1.5, rel=0.05)
     capped = _est(cluster, cfg, moe_capacity_factor=1.5)
     assert capped.step_time_s == pytest.approx(busy.step_time_s)
+    # The busiest rank saves its routed copies too: the layers' activations and the
+    # all-to-all buffers grow linearly with the load, the rest does not move.
+    busier = _est(cluster, cfg, moe_load_imbalance=2.0)
+
+    def held(e: Estimate, term: str) -> float:
+        return float(getattr(e.stages[0].memory, f"{term}_bytes"))
+
+    for term in ("activations", "buffers"):
+        lo, mid, hi = held(even, term), held(busy, term), held(busier, term)
+        assert lo < mid < hi
+        assert hi - mid == pytest.approx(mid - lo, rel=1e-9)
+    assert held(busy, "weights") == held(even, "weights")
     assert routed_load(_job()) >= 1.0  # the published default, never better than even
     with pytest.raises(SpecError, match="not both"):
         _job(moe_load_imbalance=1.2, moe_capacity_factor=1.25)
     with pytest.raises(SpecError, match="at least 1"):
         _job(moe_load_imbalance=0.5)
+
+
+def test_deepeps_buffer_is_its_size_hints() -> None:
+    """DeepEP's communication buffer under Megatron-LM's flex dispatcher: the size hints of
+    its dispatch and combine configurations (deepseek-ai/DeepEP csrc/legacy/config.hpp,
+    deep_ep/buffers/legacy.py) for rows of hidden x 2 bytes, and a 32 MiB workspace.
+    Hidden 7168 over 8 ranks: 10 channels x 8 peers x 256 rows x 16,392 bytes plus 1,600
+    bytes of counters, 335,709,824 bytes; over 32 ranks the RDMA buffer adds 160 MiB."""
+    mib = 2**20
+    got = deepep_buffer_bytes(7168, np.array([1, 8, 32]))
+    assert got[0] == 0
+    assert got[1] == 335_709_824 + 32 * mib
+    assert (got[2] - got[1]) / mib == pytest.approx(520.4 - 320.2, abs=0.1)
+    cluster = Cluster.preset("dgx-h100", num_nodes=2)
+    cfg = ParallelConfig(dp=16, ep=16, zero_stage=1)
+    a2a = _est(cluster, cfg, moe_dispatcher="alltoall")
+    deep = _est(cluster, cfg, moe_dispatcher="deepep")
+    extra = deep.stages[0].memory.buffers_bytes - a2a.stages[0].memory.buffers_bytes
+    assert extra == pytest.approx(float(deepep_buffer_bytes(QWEN.hidden_size, 16)))
 
 
 def test_remote_domains_counts_distinct_destination_nodes() -> None:

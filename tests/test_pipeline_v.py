@@ -109,6 +109,15 @@ def test_activations_in_flight_are_the_published_counts(p: int, m: int) -> None:
     assert [2 * x for x in layers] == [2 * p + 1] * p
 
 
+def test_the_peak_in_flight_is_reached_before_the_steady_state() -> None:
+    """``in_flight`` plays only ``4p + 4`` micro-batches: more repeat the steady state."""
+    from costmodel.formulas.vschedules import _in_flight
+    for schedule in V:
+        for p in (1, 2, 3, 5, 8):
+            for m in (4 * p + 4, 4 * p + 9, 10 * p + 3):
+                assert in_flight(p, m, schedule) == _in_flight(p, m, schedule)
+
+
 def test_torchtitans_v_split() -> None:
     """32 layers on 8 stages: 34 units of 4, the first two one more, the embedding and the
     output one layer each; 61 layers on 32 stages: the last stage holds only the output."""

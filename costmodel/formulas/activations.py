@@ -10,6 +10,7 @@ import numpy as np
 from costmodel.config import QUANTIZED_PRECISIONS, Job
 from costmodel.formulas.arrays import ConfigArrays
 from costmodel.formulas.compute import autocast_rows
+from costmodel.formulas.moe import routed_load
 from costmodel.formulas.roofline import quantized_bytes
 from costmodel.frameworks import Framework
 from costmodel.model import ModelSpec
@@ -31,7 +32,8 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     dropout, fused attention (saves Q, K, V, O and a fp32 log-sum-exp per query and head, Dao
     et al. 2022, instead of the score matrix), Transformer Engine's fp8 and nvfp4 linear
     inputs (1 byte, or half a byte, block scales added), context parallel (s/cp tokens per
-    rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022).
+    rank) and MoE layers (routed tokens: top_k copies, Fedus et al. 2022, times the busiest
+    expert-parallel rank's load, ``moe.routed_load``).
     """
     e = compute_bytes(job.precision)
     # Transformer Engine keeps a linear's fp8 input for backward; torchao's Float8Linear keeps
@@ -95,7 +97,10 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     mlp_rep = (e_mlp_res + n_up * e_lin + drop) * tokens * h * rep
     if moe:
         f_moe = float(model.moe_ffn_hidden_size or 0)
-        routed = tokens * model.top_k
+        # The busiest expert-parallel rank's routed copies: the load that paces its matmuls
+        # (moe.routed_load: the capacity factor, or dropless routing's measured imbalance)
+        # sets what it saves too, and the peak is that rank's.
+        routed = tokens * model.top_k * routed_load(job)
         # The routed copies a rank holds in the hidden size: its TP group's (gathered)
         # with the experts split as tp, its own share folded (ParallelConfig.etp); their
         # MLP's inner tensors hold routed * f_moe / tp either way.

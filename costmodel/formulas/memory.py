@@ -53,6 +53,7 @@ from costmodel.formulas.arrays import (
 from costmodel.formulas.compute import autocast_rows
 from costmodel.formulas.eager import float8_param_gather, loss_kind
 from costmodel.formulas.layercosts import LayerCosts
+from costmodel.formulas.moe import deepep_buffer_bytes, routed_load
 from costmodel.formulas.roofline import quantized_bytes
 from costmodel.formulas.states import optimizer_state_bytes, state_bytes
 from costmodel.formulas.vschedules import in_flight as v_in_flight
@@ -536,9 +537,12 @@ def _buffers(s: _Stage, states: _States, act: _Activations) -> np.ndarray:
     buffers = buffers + np.where(s.last, ce * tokens * costs.logits_per_token(s.tp), 0.0)
     # Pipeline send and receive buffers of one activation tensor each.
     buffers = buffers + np.where(a.pp > 1, 2 * e * tokens * h * rep, 0.0)
-    # Expert-parallel all-to-all send and receive buffers of the routed tokens.
+    # Expert-parallel all-to-all send and receive buffers of the routed tokens (the busiest
+    # rank's, moe.routed_load), and DeepEP's own communication buffer, one per GPU.
     if costs.is_moe:
-        a2a = 2 * e * tokens * costs.moe_routing()[0] * h
+        a2a = 2 * e * tokens * costs.moe_routing()[0] * h * routed_load(job)
+        if job.moe_dispatcher == "deepep":
+            a2a = a2a + deepep_buffer_bytes(int(h), a.expert_tp * a.ep)
         routed = ordered_sum(counts[k] for k in kinds if costs.routed(k))
         buffers = buffers + np.where((a.ep > 1) & (routed > 0), a2a, 0.0)
     all_params, w_b, g_b = s.all_params, states.w_b, states.g_b

@@ -12,7 +12,8 @@ from costmodel.config import Job
 from costmodel.formulas.comm import Topology
 from costmodel.units import Num
 
-__all__ = ["dispatch_combine", "remote_domains", "routed_load", "routing_words"]
+__all__ = ["deepep_buffer_bytes", "dispatch_combine", "remote_domains", "routed_load",
+           "routing_words"]
 
 
 def routed_load(job: Job) -> float:
@@ -36,6 +37,51 @@ def _load(job: Job) -> tuple[float, str]:
         return float(job.moe_load_imbalance), "as the job gives it"
     moe = hardware_profiles.load_software()["moe"]
     return float(moe["load_imbalance"]), str(moe["load_imbalance_basis"])
+
+
+#: DeepEP's normal-mode dispatch and combine configurations by group size (ranks: max
+#: receive chunk of the NVLink buffer, RDMA send and receive chunks), deepseek-ai/DeepEP@dd758caf
+#: deep_ep/buffers/legacy.py L246-257, L276-287 (the 32- and 64-rank tables since c939644,
+#: September 2025): (nvl_recv, rdma_send, rdma_recv) of dispatch, then of combine. Groups of
+#: up to 8 ranks use the 8-rank entry, others the next larger (128 and up: the 64-rank RDMA
+#: chunks with the 128-rank NVLink one, ASSUMED).
+_DEEPEP = {8: ((256, 6, 128), (256, 6, 128)), 16: ((288, 20, 128), (288, 12, 128)),
+           32: ((288, 8, 128), (288, 8, 128)), 64: ((288, 8, 128), (288, 8, 128)),
+           128: ((560, 8, 128), (560, 8, 128))}
+#: The SMs DeepEP's kernels run on under Megatron-LM (set_deepep_num_sms(20),
+#: megatron/core/transformer/moe/token_dispatcher.py; DeepEP's Buffer.num_sms default), and
+#: the workspace DeepEP allocates beside its buffers (NUM_WORKSPACE_BYTES, 32 MiB).
+_DEEPEP_SMS = 20
+_DEEPEP_WORKSPACE = 32 * 2**20
+
+
+def deepep_buffer_bytes(hidden: int, group: Num) -> np.ndarray:
+    """Bytes of the one communication buffer DeepEP holds per GPU for Megatron-LM's flex
+    dispatcher (megatron/core/transformer/moe/fused_a2a.py get_buffer: the larger of the
+    dispatch and combine configurations' size hints for hidden-size rows of 2 bytes, over the
+    experts' TP x EP group of ``group`` ranks), plus its workspace. The hints
+    (deepseek-ai/DeepEP csrc/legacy/config.hpp, get_nvl_buffer_size_hint and
+    get_rdma_buffer_size_hint), with C = SMs / 2 channels, Nn = min(n, 8) NVLink peers and
+    Nr = max(n / 8, 1) nodes: NVLink ``C Nn (2 Nr + 3) 4 + C Nn R_nvl (Hb + 2056)``; RDMA
+    (n > 8 only) ``C Nr 144 + 2 C Nr R_rdma (Hb + 2072)``, ``R_rdma`` the receive chunk
+    rounded up to the send chunk; each rounded up to 128 bytes. DeepSeek-V3's hidden 7168
+    over 8 ranks: 320 MiB, over 32: 520 MiB."""
+    n = np.asarray(group, dtype=float)
+    hb = 2.0 * hidden
+    c = _DEEPEP_SMS // 2
+    keys = np.array(sorted(_DEEPEP))
+    key = keys[np.minimum(np.searchsorted(keys, np.maximum(n, 8)), len(keys) - 1)]
+    nn, nr = np.minimum(n, 8), np.maximum(np.floor(n / 8), 1)
+    out = np.zeros_like(n)
+    for k in keys:
+        best = 0.0 * n
+        for nvl_recv, send, recv in _DEEPEP[int(k)]:
+            nvl = c * nn * (2 * nr + 3) * 4 + c * nn * nvl_recv * (hb + 2056)
+            r_rdma = -(-recv // send) * send
+            rdma = np.where(n > 8, c * nr * 144 + 2 * c * nr * r_rdma * (hb + 2072), 0.0)
+            best = np.maximum(best, np.ceil(nvl / 128) * 128 + np.ceil(rdma / 128) * 128)
+        out = np.where(key == k, best, out)
+    return np.where(n > 1, out + _DEEPEP_WORKSPACE, 0.0)
 
 
 def remote_domains(top_k: int, size: Num, per_domain: Num, groups: int = 0,

@@ -281,7 +281,8 @@ class _Graph:
     overlapped pairs, ``[O of rank 0..p-1]`` after them; ``bounds[l]:bounds[l + 1]`` are the
     nodes of level ``l``. ``steady[r]``: rows of the nodes rank ``r`` runs for each of its
     steady-state backwards (the forward just before it, the backward, and with zero bubble the
-    weight gradient just after it); empty for the V schedules, which are played in full."""
+    weight gradient just after it; combined 1F1B: each overlapped pair; a V schedule: each
+    micro-batch's ``_V_GROUPS``)."""
 
     prev: np.ndarray
     dep: np.ndarray
@@ -376,6 +377,8 @@ def _graph(p: int, m: int, v: int, schedule: str, per_round: int | None = None) 
     for r in range(p) if schedule == "combined-1f1b" else ():
         k = ops[r][:, 0]  # each overlapped pair is a group of its own
         steady.append(new_id[start[r] + np.flatnonzero(k == 3)][:, None])
+    for r in range(p) if schedule in V_SCHEDULES else ():
+        steady.append(new_id[start[r] + _v_steady(ops[r], p, schedule)])
     for r in range(p) if schedule not in (*V_SCHEDULES, "combined-1f1b") else ():
         k = ops[r][:, 0]
         i = np.flatnonzero((k[1:] == 1) & (k[:-1] == 0)) + 1  # a B right after an F
@@ -387,6 +390,30 @@ def _graph(p: int, m: int, v: int, schedule: str, per_round: int | None = None) 
     return _Graph(prev=renum(prev)[order], dep=renum(dep)[order],
                   dep2=None if dep2 is None else renum(dep2)[order], key=key[order],
                   share=share[order][:, None], bounds=bounds, steady=tuple(steady))
+
+
+#: A V schedule's steady-state group per micro-batch, (kind code, chunk) op by op
+#: (``vschedules``): ZB-V's forward, input and weight gradient of each chunk in turn,
+#: DualPipeV's two overlapped pairs (a chunk-0 and a chunk-1 forward).
+_V_GROUPS = {"zbv": ((0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)),
+             "dualpipev": ((3, 0), (3, 1))}
+
+
+def _v_steady(ops: np.ndarray, p: int, schedule: str) -> np.ndarray:
+    """Rows (within a rank's ``_op_rows``) of each steady-state group of a V schedule,
+    ``[groups, width]``: every run of the ops ``_V_GROUPS`` names, in order (an op's chunk:
+    whether its (forward's) virtual stage is in the V's second half)."""
+    pattern = _V_GROUPS[schedule]
+    width = len(pattern)
+    n = len(ops) - width + 1
+    if n <= 0:
+        return np.zeros((0, width), dtype=np.int64)
+    kind, chunk = ops[:, 0], (ops[:, 2] >= p).astype(np.int64)
+    hit = np.ones(n, dtype=bool)
+    for j, (k, c) in enumerate(pattern):
+        hit &= (kind[j:j + n] == k) & (chunk[j:j + n] == c)
+    starts = np.flatnonzero(hit)
+    return starts[:, None] + np.arange(width)[None, :]
 
 
 def _play(p: int, m: int, v: int, schedule: str, weights: np.ndarray,
@@ -415,21 +442,22 @@ def _cut(p: int, m: int, v: int, schedule: str) -> int:
     """The fewest micro-batches, in whole periods, whose graph holds a window of ``4p + 2``
     steady groups on every rank plus a period after it (``_periodic``)."""
     k = _period(p, m, schedule)
+    if schedule in V_SCHEDULES:  # 2p - 1 micro-batches before the first rank's steady state
+        return 2 * p + (4 * p + 2) + p + 2
     warm0 = ((v - 1) * k + 2 * (p - 1) if v > 1 else p - 1) + (schedule == "combined-1f1b")
     need_groups = warm0 + (4 * p + 2) + k * v + p  # steady groups of rank 0, plus W's delay
     return -(-need_groups // (k * v)) * k
 
 
-def _periodic(g: _Graph, p: int, k: int, v: int, end: np.ndarray) -> tuple[np.ndarray,
-                                                                            np.ndarray]:
+def _periodic(g: _Graph, p: int, per: int, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows whose steady state already repeats, and the time a period adds to them.
 
     The schedule's graph is the same from one period of the steady state to the next (each
     rank's next forward-backward group depends on the groups before it the same way), so when
     a window of consecutive groups longer than any dependency reaches (``4p + 2`` on every
     rank) ends exactly ``delta`` later one period on, every later period does too: the graph
-    with more micro-batches is this one with periods of ``delta`` inserted."""
-    per = k * v  # steady groups per period on a rank
+    with more micro-batches is this one with periods of ``delta`` inserted. ``per``: steady
+    groups per period on a rank."""
     width = 4 * p + 2
     if len(g.steady[0]) < width + per:
         return np.zeros(end.shape[1], dtype=bool), np.zeros(end.shape[1])
@@ -459,7 +487,7 @@ def makespan(forward: np.ndarray, backward: np.ndarray, num_micro_batches: int,
     the same in ``B`` (Huang et al. 2019). The others play the graph out; past ``_cut``
     micro-batches only to ``_cut``, and the rows whose steady state repeats (``_periodic``)
     add the rest in whole periods, the others are played out for twice as many, and so on.
-    The V schedules are played out in full."""
+    A V schedule's period is one micro-batch (``_V_GROUPS``)."""
     p = forward.shape[0]
     m, v = int(num_micro_batches), int(virtual_stages)
     _check(p, m, v, schedule)
@@ -469,14 +497,13 @@ def makespan(forward: np.ndarray, backward: np.ndarray, num_micro_batches: int,
     weights = np.concatenate([forward, backward], axis=0)
     saved = 0.0 if hidden is None else hidden
     if schedule in V_SCHEDULES:
-        pair = forward + backward - saved
-        return _play(p, m, v, schedule, np.concatenate([weights, pair], axis=0))[0]
-    if schedule == "combined-1f1b":
+        weights = np.concatenate([weights, forward + backward - saved], axis=0)
+    elif schedule == "combined-1f1b":
         h = np.broadcast_to(saved, forward.shape)
         if p == 1:  # a forward, m - 1 overlapped pairs, a backward
             return m * (forward[0] + backward[0]) - (m - 1) * h[0]
         weights = np.concatenate([weights, forward + backward - h], axis=0)
-    if p == 1:
+    if p == 1 and schedule not in V_SCHEDULES:
         return m * (forward[0] + backward[0])
     k = _period(p, m, schedule)
     cut = _cut(p, m, v, schedule)
@@ -488,7 +515,8 @@ def makespan(forward: np.ndarray, backward: np.ndarray, num_micro_batches: int,
             break
         # The shorter graph keeps the trainer's rounds of k micro-batches.
         short, end = _play(p, cut, v, schedule, weights[:, todo], k)
-        ok, delta = _periodic(_graph(p, cut, v, schedule, k), p, k, v, end)
+        per = 1 if schedule in V_SCHEDULES else k * v  # a V group is one micro-batch's
+        ok, delta = _periodic(_graph(p, cut, v, schedule, k), p, per, end)
         out[todo[ok]] = short[ok] + (m - cut) // k * delta[ok]
         todo = todo[~ok]
         cut *= 2  # not yet repeating: a longer transient

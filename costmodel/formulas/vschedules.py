@@ -38,12 +38,10 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
-import numpy as np
-
 from costmodel.config import V_SCHEDULES
 from costmodel.errors import SpecError
 
-__all__ = ["V_SCHEDULES", "in_flight", "overlapped_ops", "v_orders", "v_rank_layers",
+__all__ = ["V_SCHEDULES", "in_flight", "v_orders", "v_rank_layers",
            "v_split", "virtual_stage"]
 
 
@@ -207,7 +205,6 @@ def _dualpipev(p: int, m: int, r: int) -> list[OpT]:
     return s.ops
 
 
-@lru_cache(maxsize=512)
 def in_flight(p: int, m: int, schedule: str) -> tuple[tuple[float, ...], float, float]:
     """(per rank, the most chunk-micro-batches whose activations it holds at once, in units
     of all its layers for one micro-batch (so halved: two chunks); the embedding's count on
@@ -215,7 +212,15 @@ def in_flight(p: int, m: int, schedule: str) -> tuple[tuple[float, ...], float, 
 
     Played from the op orders: a forward adds its chunk's activations and a backward (full or
     input gradient) frees them (the weight gradient keeps only the linears' inputs, which the
-    1F1B count leaves out as well); an overlapped pair holds both at its start."""
+    1F1B count leaves out as well); an overlapped pair holds both at its start. The peak is
+    reached by the steady state, which more micro-batches only lengthen: past ``4p + 4`` the
+    orders of ``4p + 4`` give it (``tests/test_pipeline_v.py``)."""
+    return _in_flight(p, min(m, 4 * p + 4), schedule)
+
+
+@lru_cache(maxsize=512)
+def _in_flight(p: int, m: int, schedule: str) -> tuple[tuple[float, ...], float, float]:
+    """``in_flight`` played from the orders of ``m`` micro-batches."""
     layers = []
     emb = head = 0.0
     for r, seq in enumerate(v_orders(p, m, schedule)):
@@ -234,12 +239,3 @@ def in_flight(p: int, m: int, schedule: str) -> tuple[tuple[float, ...], float, 
         if r == 0:
             emb, head = float(at_best[0]), float(at_best[1])
     return tuple(layers), emb, head
-
-
-@lru_cache(maxsize=512)
-def overlapped_ops(p: int, m: int, schedule: str) -> np.ndarray:
-    """How many overlapped forward-backward pairs each rank runs, ``[p]`` (0 without)."""
-    if schedule not in V_SCHEDULES:
-        return np.zeros(p)
-    return np.array([sum(op[0] == "O" for op in seq) for seq in v_orders(p, m, schedule)],
-                    dtype=float)
