@@ -178,7 +178,9 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
     field of ``CHOICES`` that varies in the searched space, the pipeline schedule and virtual
     stages only when the plan pipelines, plus ``framework`` when several trainers were
     searched), the fastest configuration for every other value under the plan's constraints
-    with that value fixed (one pass of ``search(by=...)``). ``progress``: called with the
+    with that value fixed (one pass of ``search(by=...)``); a mixture of experts' routing
+    (``planner.routing.ROUTING_FIELDS``: each other dispatcher, even routing) by default or
+    when ``fields`` names one of them, each a search of its own. ``progress``: called with the
     fraction done. A serving plan is explained by ``planner.inference.explain_inference``.
     ``plan`` may also be a saved plan's path (``Plan.from_json``)."""
     if isinstance(plan, str | Path):
@@ -197,14 +199,23 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
     # Megatron-LM); elsewhere it follows tp.
     folds = isinstance(plan.model, ModelSpec) and plan.model.is_moe \
         and "megatron" in (cons.frameworks or (job.framework,))
+    # Without a pipeline the schedule is a choice only between 1F1B and Megatron-LM's
+    # combined 1F1B, which pairs micro-batches on one stage too.
+    pairs = any(v == "combined-1f1b" for v, _ in values["pipeline_schedule"])
     names = list(fields) if fields is not None else [
         f for f in CHOICES
         if (len(values[f]) > 1 or f in cons.fixed)
-        and (cfg.pp > 1 or f not in ("pipeline_schedule", "virtual_pipeline_stages"))
+        and (cfg.pp > 1 or f != "virtual_pipeline_stages")
+        and (cfg.pp > 1 or f != "pipeline_schedule" or pairs)
         and (f != "etp" or folds)]
     for f in names:
-        if f not in CHOICES:
-            raise SpecError(f"cannot explain field {f!r}; choose from {', '.join(CHOICES)}")
+        if f not in CHOICES and f not in ROUTING_FIELDS:
+            raise SpecError(f"cannot explain field {f!r}; choose from "
+                            f"{', '.join([*CHOICES, *ROUTING_FIELDS])}")
+    # The job's routing (dispatcher, load) is searched again per alternative: only when
+    # every choice is explained or one of its fields is asked.
+    routing = fields is None or any(f in ROUTING_FIELDS for f in names)
+    names = [f for f in names if f not in ROUTING_FIELDS]
     frameworks = cons.frameworks or (job.framework,)
     asked = [f for f in names if f not in cons.fixed]
     others = [fw for fw in frameworks if fw != job.framework] if len(frameworks) > 1 else []
@@ -235,7 +246,8 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
             o.step_time_s if o.step_time_s is not None else (o.peak_memory_bytes or 0.0)))
         choices.append(Choice(field=f, chosen=chosen, fixed=f in cons.fixed,
                               options=tuple(opts)))
-    choices += routing_choices(plan)
+    if routing:
+        choices += routing_choices(plan)
     return Explanation(plan=plan, choices=tuple(choices),
                        search_seconds=time.perf_counter() - t0, notes=notes(plan))
 

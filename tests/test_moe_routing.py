@@ -167,12 +167,12 @@ def test_the_default_load_is_what_its_calibration_fits() -> None:
 
 def test_explain_says_what_each_dispatcher_and_even_routing_would_cost() -> None:
     """A MoE plan's explanation searches the job again with every other dispatcher and
-    with forced even routing (never slower than the trained router's load); a dense plan's
-    has no routing choices."""
+    with forced even routing (never slower than the trained router's load), when every
+    choice or a routing field is asked; a dense plan's has no routing choices."""
     from planner import explain, plan
 
-    got = explain(plan(QWEN, Cluster.preset("dgx-h100"), _job(global_batch_size=64)),
-                  fields=["ep"])
+    p = plan(QWEN, Cluster.preset("dgx-h100"), _job(global_batch_size=64))
+    got = explain(p, fields=["ep", "moe_dispatcher"])
     by = {c.field: c for c in got.choices}
     assert {o.value for o in by["moe_dispatcher"].options} == {"allgather", "deepep"}
     assert by["moe_dispatcher"].chosen == "alltoall"
@@ -180,6 +180,8 @@ def test_explain_says_what_each_dispatcher_and_even_routing_would_cost() -> None
     assert even.value == 1.0 and even.verdict == "faster"
     assert even.step_time_s < got.plan.estimate.step_time_s
     assert "dispatcher=deepep" in got.summary()
+    # Fields named without them: the routing is not searched again.
+    assert {c.field for c in explain(p, fields=["ep"]).choices} == {"ep"}
     dense = explain(plan(ModelSpec.preset("llama-3-8b"), Cluster.preset("dgx-h100"),
                          Job(global_batch_size=64, seq_len=4096, framework="megatron")),
                     fields=["tp"])
