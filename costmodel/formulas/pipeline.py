@@ -24,6 +24,15 @@ orders:
   gradient ``W`` (half the backward each); rank ``r`` runs ``min(p - r - 1, m)`` warm-up
   forwards, then ``F``, ``B`` pairs, each followed by a deferred ``W`` once ``r`` pairs have
   run, and the weight gradients left at the end.
+- ``zbv`` and ``dualpipev``: two chunks per rank placed as a V, torch's
+  ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` (``costmodel.formulas.vschedules``).
+- ``combined-1f1b``: Megatron-LM's ``--overlap-moe-expert-parallel-comm``, the interleaved
+  order (one chunk without a pipeline) with one warm-up forward more and each steady-state
+  forward and backward merged into one overlapped pair (``_combined_order``).
+
+An overlapped pair ``O`` (DualPipeV, combined 1F1B) waits for both ops it merges and takes
+the rank's forward and backward less what overlapping them saves (``hidden``: one chunk's
+share of it).
 
 ``makespan`` evaluates the longest path for many configurations of one shape (``p``, ``m``,
 ``v``, schedule) at once, level by level of the graph; long steady states are played out only
@@ -233,8 +242,8 @@ def simulate(forward: list[float], backward: list[float], num_micro_batches: int
     ``gpipe``, ``1f1b``, ``interleaved-1f1b`` (with ``virtual_stages`` chunks per rank),
     ``zero-bubble``, or the V-shaped ``zbv`` and ``dualpipev`` (two chunks per rank).
     ``hidden[r]``: seconds per micro-batch (all chunks) that running a forward overlapped with
-    another micro-batch's backward saves on rank ``r`` (DualPipeV's paired ops; 0 if
-    ``None``)."""
+    another micro-batch's backward saves on rank ``r`` (the pairs of DualPipeV and combined
+    1F1B; 0 if ``None``)."""
     p, m, v = len(forward), int(num_micro_batches), int(virtual_stages)
     if len(backward) != p or p < 1:
         raise SpecError("forward and backward need one time per pipeline rank")
@@ -277,12 +286,12 @@ class _Graph:
     """The dependency graph of one schedule shape, nodes sorted by level (a node's level is one
     more than its predecessors'): node ``n`` ends at ``max(end[prev[n]], end[dep[n]],
     end[dep2[n]]) + weight[key[n]] * share[n]`` (index ``-1``: time 0), ``key`` indexing the
-    per-rank weights ``[F of rank 0..p-1, B of rank 0..p-1]`` and, for the V schedules'
-    overlapped pairs, ``[O of rank 0..p-1]`` after them; ``bounds[l]:bounds[l + 1]`` are the
-    nodes of level ``l``. ``steady[r]``: rows of the nodes rank ``r`` runs for each of its
-    steady-state backwards (the forward just before it, the backward, and with zero bubble the
-    weight gradient just after it; combined 1F1B: each overlapped pair; a V schedule: each
-    micro-batch's ``_V_GROUPS``)."""
+    per-rank weights ``[F of rank 0..p-1, B of rank 0..p-1]`` and, for the overlapped pairs
+    of DualPipeV and combined 1F1B, ``[O of rank 0..p-1]`` after them;
+    ``bounds[l]:bounds[l + 1]`` are the nodes of level ``l``. ``steady[r]``: rows of the
+    nodes rank ``r`` runs for each of its steady-state backwards (the forward just before
+    it, the backward, and with zero bubble the weight gradient just after it; combined 1F1B:
+    each overlapped pair; a V schedule: each micro-batch's ``_V_GROUPS``)."""
 
     prev: np.ndarray
     dep: np.ndarray
