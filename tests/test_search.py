@@ -14,9 +14,10 @@ from brute import fastest_that_fits, half_fitting
 from inprocess import run_planner
 
 from costmodel import Cluster, Infeasible, Job, ModelSpec, ParallelConfig, SpecError, estimate
-from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
+from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES, V_SCHEDULES
 from costmodel.formulas.checks import validate
 from costmodel.formulas.tables import evaluate
+from costmodel.formulas.vschedules import v_split
 from costmodel.frameworks import framework
 from planner.plan import TERM_LABELS, plan
 from planner.result import Plan
@@ -82,7 +83,11 @@ def test_space_is_exactly_the_valid_configurations(fw: str) -> None:
                             continue  # estimated when given, not searched (its launcher)
                         if sp and not framework(fw).sequence_parallel:
                             continue  # estimated when given, not searched (DeepSpeed AutoTP)
-                        if n is not None and n >= TINY.num_layers // (pp * v):
+                        # A V schedule's chunks are torchtitan's split, the largest the
+                        # one N may cover.
+                        chunk = max(v_split(TINY.num_layers, pp)) if sched in V_SCHEDULES \
+                            else TINY.num_layers // (pp * v)
+                        if n is not None and n >= chunk:
                             continue  # canonical: N covering the chunk is plain "full"
                         if group is not None and zero not in framework(fw).hybrid_shard_stages:
                             continue

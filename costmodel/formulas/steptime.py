@@ -445,7 +445,9 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     pipeline, exact = _makespan(r, stage_time, f_stage, bound, after, exact_below, hidden)
     # What the bottleneck stage's overlapped pairs hide of its expert all-to-alls.
     saved = 0.0 if hidden is None else at_b(pairs(r.count, m, r.v, a.schedule) * hidden / r.v)
-    bubble = pipeline - (m * t_max - saved)
+    # Never below zero but by rounding (the busiest rank works at least m t less its pairs'
+    # savings); a near-bubble-free schedule (ZB-V) would print -0.0.
+    bubble = np.maximum(pipeline - (m * t_max - saved), 0.0)
     step = pipeline + after
 
     terms = {
