@@ -183,7 +183,8 @@ def test_tensor_parallel_pairs_cost_more_on_a_mesh_than_on_a_switch() -> None:
 # ---- profiles ---------------------------------------------------------------------------
 
 NEW_GPUS = ("gb200", "gb300", "b300", "h800", "h20", "mi325x", "mi355x")
-NEW_CLUSTERS = ("dgx-b200", "gb200-nvl72", "gb300-nvl72", "dgx-b300", "hgx-h800", "hgx-h20",
+NEW_CLUSTERS = ("dgx-b200", "gb200-nvl72", "gb200-nvl36x2", "gb300-nvl72", "dgx-b300", "hgx-h800",
+                "hgx-h20",
                 "mi300x-8", "mi325x-8", "mi355x-8")
 
 
@@ -222,6 +223,20 @@ def test_new_cluster_presets_plan(name: str) -> None:
                Job(global_batch_size=8 * cluster.num_gpus, seq_len=4096))
     assert got.config.world_size == cluster.num_gpus
     assert got.estimate.peak_memory_bytes <= cluster.gpu.memory_bytes
+
+
+def test_an_nvl36x2_pair_is_one_domain_like_an_nvl72_rack() -> None:
+    """NVIDIA's multi-node tuning guide: GB200 in 36x2 (two racks of 9 trays, NVL36 switch
+    trays) and 72x1 configurations, both one 72-GPU NVLink domain of 4-GPU trays: the same
+    plan and estimate."""
+    pair = Cluster.preset("gb200-nvl36x2", num_nodes=36)
+    rack = Cluster.preset("gb200-nvl72", num_nodes=36)
+    assert pair.scale_up == rack.scale_up == 72 and pair.gpus_per_node == 4
+    model = ModelSpec.preset("llama-3-70b")
+    job = Job(global_batch_size=144, seq_len=4096, framework="megatron")
+    cfg = ParallelConfig(dp=9, tp=8, pp=2, zero_stage=1, sequence_parallel=True)
+    assert estimate(model, pair, job, cfg).step_time_s == pytest.approx(
+        estimate(model, rack, job, cfg).step_time_s)
 
 
 def test_listing_names_the_domain() -> None:
