@@ -307,16 +307,17 @@ _KINDS = {"F": 0, "B": 1, "I": 1, "W": 2, "O": 3}
 
 def _op_rows(p: int, orders: tuple, schedule: str) -> list[np.ndarray]:
     """Each rank's ops as rows ``(kind code, micro-batch, virtual stage, the pair's backward
-    micro-batch, its virtual stage, half a backward)``."""
+    micro-batch, its virtual stage, side, parts)``: the op takes ``1 / (parts * v)`` of its
+    side's per-micro-batch time (``_op_share``)."""
     out = []
     for r, seq in enumerate(orders):
         rows = []
         for op in seq:
             vs = _vs(op[2], r, p, schedule)
             pair = (op[3], _vs(op[4], r, p, schedule)) if op[0] == "O" else (0, 0)
-            half = op[0] in ("I", "W") or (op[0] == "B" and schedule == "zero-bubble")
-            rows.append((_KINDS[op[0]], op[1], vs, *pair, half))
-        out.append(np.array(rows, dtype=np.int64).reshape(-1, 6))
+            side, share = _op_share(op[0], schedule, 1)
+            rows.append((_KINDS[op[0]], op[1], vs, *pair, side, round(1 / share)))
+        out.append(np.array(rows, dtype=np.int64).reshape(-1, 7))
     return out
 
 
@@ -350,9 +351,8 @@ def _graph(p: int, m: int, v: int, schedule: str, per_round: int | None = None) 
 
     dep = waits(np.where(kind == 3, 0, kind), mb, vs)
     dep2 = np.where(kind == 3, waits(np.ones_like(kind), mb2, vs2), -1) if pair.size else None
-    side = np.minimum(kind, 1) + (kind == 3)
-    key = side * p + rank
-    share = np.where(allops[:, 5] == 1, 0.5, 1.0) / v
+    key = allops[:, 5] * p + rank
+    share = 1.0 / (allops[:, 6] * v)
     # Levels, rank by rank in lockstep: each round every rank runs its next op if what it
     # waits for ran in an earlier round.
     level = np.full(n, -1, dtype=np.int64)
