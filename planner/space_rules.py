@@ -14,6 +14,7 @@ import numpy as np
 
 from costmodel.config import V_SCHEDULES, Job, accounted_split
 from costmodel.formulas.arrays import divisors
+from costmodel.formulas.checks import combined_job_problem
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES
 from costmodel.formulas.vschedules import v_split
@@ -227,10 +228,8 @@ def schedule_options(fw: Framework, f: Filter, num_layers: int, pp: int, need: i
 
 def combined_runs(model: ModelSpec | LayerCosts, job: Job) -> bool:
     """Whether the model and job meet what combined 1F1B needs beyond the configuration
-    (``costmodel.formulas.checks``: a mixture of experts, not the allgather dispatcher, not
-    fp32, at most one multi-token prediction module)."""
-    return bool(getattr(model, "is_moe", False)) and job.moe_dispatcher != "allgather" \
-        and job.precision != "fp32" and model.mtp_layers <= 1
+    (``costmodel.formulas.checks.combined_job_problem``)."""
+    return combined_job_problem(model, job) is None
 
 
 def recompute_options(f: Filter, chunk: int, full: bool = True) -> np.ndarray:

@@ -201,28 +201,42 @@ def _check_folding(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
                         "are costed with the distributed optimizer (zero_stage 0 or 1)")
 
 
+_COMBINED = "pipeline_schedule='combined-1f1b' (--overlap-moe-expert-parallel-comm)"
+
+
+def combined_job_problem(model: ModelSpec | LayerCosts, job: Job) -> str | None:
+    """What keeps the model and job from Megatron-LM's combined 1F1B whatever the
+    configuration (``_check_combined``: a mixture of experts, the alltoall or flex
+    dispatcher, bf16 or fp16, at most one multi-token prediction module); None when nothing
+    does. The search offers the schedule only where this is None."""
+    if not model.is_moe:
+        return f"{_COMBINED} overlaps expert-parallel all-to-alls: it needs a mixture of experts"
+    if job.moe_dispatcher == "allgather":
+        return f"{_COMBINED} runs with the alltoall or deepep (flex) dispatcher, not allgather"
+    if job.precision == "fp32":
+        return f"{_COMBINED} needs bf16 or fp16 training"
+    if model.mtp_layers > 1:
+        return (f"{_COMBINED} runs with at most one multi-token prediction module, "
+                f"{model.name} has {model.mtp_layers}")
+    return None
+
+
 def _check_combined(model: ModelSpec | LayerCosts, fw: Framework, job: Job,
                     cfg: ParallelConfig) -> None:
     """What Megatron-LM's --overlap-moe-expert-parallel-comm (combined 1F1B) needs, as
-    megatron/core/transformer/transformer_config.py asserts it (core_v0.14.0): expert
-    parallel over a mixture of experts, the alltoall or flex dispatcher, no full recompute,
-    bf16 or fp16 training, at most one multi-token prediction module."""
-    what = "pipeline_schedule='combined-1f1b' (--overlap-moe-expert-parallel-comm)"
+    megatron/core/transformer/transformer_config.py asserts it (core_v0.14.0): the model and
+    job's part (``combined_job_problem``), expert parallel and no full recompute."""
     if "combined-1f1b" not in fw.schedules:
-        raise SpecError(f"{what} is Megatron-LM's; framework={fw.name!r} does not run it")
-    if not LayerCosts.of(model).is_moe or cfg.ep < 2:
-        raise SpecError(f"{what} overlaps expert-parallel all-to-alls: it needs a mixture of "
-                        f"experts with ep >= 2, got ep={cfg.ep}")
-    if job.moe_dispatcher == "allgather":
-        raise SpecError(f"{what} runs with the alltoall or deepep (flex) dispatcher, not "
-                        "allgather")
+        raise SpecError(f"{_COMBINED} is Megatron-LM's; framework={fw.name!r} does not run it")
+    problem = combined_job_problem(model, job)
+    if problem:
+        raise SpecError(problem)
+    if cfg.ep < 2:
+        raise SpecError(f"{_COMBINED} overlaps expert-parallel all-to-alls: it needs ep >= 2, "
+                        f"got ep={cfg.ep}")
     if cfg.recompute == "full":
-        raise SpecError(f"{what} refuses full recompute; use recompute 'selective' or 'none'")
-    if job.precision == "fp32":
-        raise SpecError(f"{what} needs bf16 or fp16 training")
-    if isinstance(model, ModelSpec) and model.mtp_layers > 1:
-        raise SpecError(f"{what} runs with at most one multi-token prediction module, "
-                        f"{model.name} has {model.mtp_layers}")
+        raise SpecError(f"{_COMBINED} refuses full recompute; use recompute 'selective' or "
+                        "'none'")
 
 
 def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:
