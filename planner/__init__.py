@@ -15,7 +15,8 @@ planned by the same search: ``plan(module, cluster, job, example_inputs=...)`` t
 costs each of its blocks per tensor-parallel degree (``LayerCosts``). Serving:
 ``plan(model, cluster, InferenceJob(...))`` chooses tp, pp, replicas, weight format and batch;
 ``estimate_inference`` costs one ``InferenceConfig`` (latency, throughput, memory). Plots are
-in ``planner.plots`` (matplotlib, the ``plots`` extra). torch is not imported here:
+in ``planner.plots`` (matplotlib, the ``plots`` extra); the interactive SVG figures of the
+explorer page (``planner serve``) in ``planner.figures``. torch is not imported here:
 ``import planner`` and the CLI work without it.
 """
 

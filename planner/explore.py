@@ -16,6 +16,7 @@ import numpy as np
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
+from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.tables import evaluate
 from costmodel.hardware import GPU, Cluster
 from costmodel.model import ModelSpec
@@ -23,7 +24,8 @@ from planner.plan import _constraints, plan
 from planner.result import Plan
 from planner.space import Constraints, arrays, positions, row_config, spaces
 
-__all__ = ["SWEEPS", "Frontier", "SweepPoint", "frontier", "sweep"]
+__all__ = ["SWEEPS", "WHATIF_GPUS", "Frontier", "SweepPoint", "frontier", "sweep", "what_if",
+           "what_if_label"]
 
 CHUNK_CORES = 2048
 
@@ -36,7 +38,8 @@ class Frontier:
     the configurations no other beats on both step time and memory, in order of memory;
     ``pareto_configs`` are those configurations. ``tokens_per_step`` turns step times into
     throughput; ``capacity_bytes`` is the GPU's memory; ``total`` counts every configuration
-    timed."""
+    timed. ``frameworks``: the trainer of each kept configuration; ``configs``: each kept
+    configuration (filled when ``frontier`` is asked for them, else empty)."""
 
     step_time_s: np.ndarray
     peak_memory_bytes: np.ndarray
@@ -46,6 +49,8 @@ class Frontier:
     tokens_per_step: int
     capacity_bytes: float
     total: int
+    frameworks: tuple[str, ...] = ()
+    configs: tuple[ParallelConfig, ...] = ()
 
     @property
     def tokens_per_s(self) -> np.ndarray:
@@ -53,13 +58,14 @@ class Frontier:
         return self.tokens_per_step / self.step_time_s
 
 
-def frontier(model: ModelSpec, cluster: Cluster, job: Job,
+def frontier(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
              constraints: Constraints | str | Mapping[str, Any] | None = None, *,
-             max_points: int = 20_000, seed: int = 0,
+             max_points: int = 20_000, seed: int = 0, keep_configs: bool = False,
              progress: Callable[[float], None] | None = None) -> Frontier:
     """Time every configuration of the space (under ``constraints``) and find the
     throughput-vs-memory Pareto frontier; keep ``max_points`` of the rest (an even random
-    sample with ``seed``) for drawing."""
+    sample with ``seed``) for drawing, and with ``keep_configs`` each kept one's
+    ``ParallelConfig`` (for hover text and selection: ``planner serve``)."""
     cons = _constraints(constraints)
     steps, peaks, rows = [], [], []
     owners = []  # per chunk of rows: the position in ``todo`` of the trainer's (job, space)
@@ -121,7 +127,10 @@ def frontier(model: ModelSpec, cluster: Cluster, job: Job,
     return Frontier(step_time_s=step[shown], peak_memory_bytes=peak[shown],
                     fits=peak[shown] <= cap, pareto=where,
                     pareto_configs=tuple(row_config(table[i], model) for i in front),
-                    tokens_per_step=job.tokens_per_step, capacity_bytes=cap, total=len(step))
+                    tokens_per_step=job.tokens_per_step, capacity_bytes=cap, total=len(step),
+                    frameworks=tuple(todo[t][0].framework for t in owner[shown]),
+                    configs=tuple(row_config(table[i], model) for i in shown)
+                    if keep_configs else ())
 
 
 @dataclass(frozen=True)
@@ -183,3 +192,40 @@ def sweep(model: ModelSpec, cluster: Cluster, job: Job, over: str, values: Seque
         if progress is not None:
             progress((i + 1) / len(values))
     return out
+
+
+#: The GPU types ``what_if`` tries by default (the job's own is always among the points).
+WHATIF_GPUS = ("a100-80gb", "h100-sxm", "h200", "b200", "mi300x")
+
+
+def what_if(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, *,
+            constraints: Constraints | str | Mapping[str, Any] | None = None,
+            gpu_counts: Sequence[int] | None = None, gpus: Sequence[str] | None = None,
+            progress: Callable[[float], None] | None = None) -> tuple[list[SweepPoint], int]:
+    """The same job planned on other GPU counts (default: half and twice the cluster's, in
+    whole nodes) and on other GPU types (default ``WHATIF_GPUS``, same node shape, each
+    GPU's own links), each point a ``SweepPoint`` whose ``value`` is ``(num_gpus, gpu
+    name)``. Returns the points (the job as asked first) and the index of the one asked.
+    Rank them with ``Estimate.step_time_s`` and ``Estimate.usd_per_million_tokens``."""
+    n, per = cluster.num_gpus, cluster.gpus_per_node
+    counts = [c for c in (gpu_counts if gpu_counts is not None else (n // 2, 2 * n))
+              if c >= per and c % per == 0 and c != n]
+    kinds = [g for g in (gpus if gpus is not None else WHATIF_GPUS) if g != cluster.gpu.name]
+    clusters = [cluster] + [_with_gpus(cluster, c) for c in dict.fromkeys(counts)] \
+        + [_with_gpu(cluster, g) for g in dict.fromkeys(kinds)]
+    out = []
+    for i, c in enumerate(clusters):
+        value = (c.num_gpus, c.gpu.name)
+        try:
+            out.append(SweepPoint(value=value, cluster=c,
+                                  plan=plan(model, c, job, constraints=constraints, top_k=1)))
+        except Infeasible as e:
+            out.append(SweepPoint(value=value, cluster=c, plan=None, error=str(e)))
+        if progress is not None:
+            progress((i + 1) / len(clusters))
+    return out, 0
+
+
+def what_if_label(point: SweepPoint) -> str:
+    """``"128 x h100-sxm"``: a what-if point's GPUs."""
+    return f"{point.cluster.num_gpus} x {point.cluster.gpu.name}"

@@ -2,7 +2,10 @@
 throughput-vs-memory frontier, a pipeline schedule timeline, and what-if sweeps.
 
 Each function draws on ``ax`` (a new figure when ``None``) and returns the axes, so it works
-inline in Jupyter, in scripts (``fig.savefig``) and in subplots.
+inline in Jupyter, in scripts (``fig.savefig``) and in subplots. The interactive SVG figures of
+the explorer page (``planner serve``) are ``planner.figures``' charts, re-exported here:
+``memory_chart``, ``step_time_chart``, ``timeline_chart``, ``frontier_chart``,
+``whatif_chart`` (no matplotlib needed).
 """
 
 from __future__ import annotations
@@ -20,12 +23,21 @@ from costmodel.formulas.steptime import COMM_KINDS, TIME_TERMS
 from costmodel.units import GIB, plural
 from hardware_profiles.files import write_bytes
 from planner.explore import Frontier, SweepPoint
+from planner.figures import (
+    Figure,
+    frontier_chart,
+    memory_chart,
+    step_time_chart,
+    timeline_chart,
+    whatif_chart,
+)
 from planner.plan import describe
 from planner.result import Plan
 from planner.timeline import Timeline
 
-__all__ = ["plot_frontier", "plot_memory", "plot_plan", "plot_step_time", "plot_sweep",
-           "plot_timeline"]
+__all__ = ["Figure", "frontier_chart", "memory_chart", "plot_frontier", "plot_memory",
+           "plot_plan", "plot_step_time", "plot_sweep", "plot_timeline", "step_time_chart",
+           "timeline_chart", "whatif_chart"]
 
 # One colour per memory term and per step-time term (matplotlib's tab10/tab20 palettes).
 _MEMORY_COLORS = dict(zip(TERMS, ("tab:blue", "tab:orange", "tab:green", "tab:red",

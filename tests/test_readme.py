@@ -131,6 +131,7 @@ PRINTS = {
     "plot": r"",
     "emit": r"written to",
     "run": r"",
+    "serve": r"(?m)^planner explorer on http://127\.0\.0\.1:\d+/",
 }
 #: What a file a command writes (``-o``) must hold, by its suffix or target.
 WRITES = {
@@ -201,10 +202,38 @@ def _saved_files(tmp_path: Path) -> None:
 _OWN_PROCESS = ("run", "profile")
 
 
+def _serve(words: list[str], cwd: Path, env: dict[str, str]) -> Result:
+    """``planner serve``, which runs until stopped: started in its own process (on any free
+    port unless the command names one), its page fetched once, then stopped. Its output is
+    the address line and what the page's first bytes were."""
+    import urllib.request
+
+    if "--port" not in words:
+        words = [*words, "--port", "0"]
+    proc = subprocess.Popen([sys.executable, "-m", "planner", *words], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **env})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        address = re.search(r"http://\S+/", line)
+        assert address, line
+        with urllib.request.urlopen(address.group(0), timeout=30) as page:
+            body = page.read().decode()
+        assert "planner explorer" in body
+        return Result(0, line, "")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def _planner(words: list[str], cwd: Path, env: dict[str, str], alone: bool = False
              ) -> subprocess.CompletedProcess[str] | Result:
     """``planner WORDS`` in ``cwd`` with ``env``: in a new interpreter where ``alone`` or the
-    command starts processes, else in this one (``inprocess.run_planner``)."""
+    command starts processes, else in this one (``inprocess.run_planner``); ``serve`` is
+    started, asked for its page and stopped."""
+    if words[0] == "serve":
+        return _serve(words, cwd, env)
     if alone or words[0] in _OWN_PROCESS:
         # 600 s: 'planner run' trains on several processes, which a loaded 2-core machine
         # slows past 300 s (seen once in a CI run beside other work).

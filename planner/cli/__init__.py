@@ -1,5 +1,5 @@
 """Command line: ``planner plan``, ``estimate``, ``explain``, ``compare``, ``emit``, ``plot``,
-``run``, ``validate``, ``profile``, ``calibrate``, ``graph``, ``models``, ``gpus``,
+``serve``, ``run``, ``validate``, ``profile``, ``calibrate``, ``graph``, ``models``, ``gpus``,
 ``clusters``.
 
 Bad input prints one line naming what is wrong and exits with status 2, never a traceback; a
@@ -35,6 +35,7 @@ from planner.cli import (
     plot,
     profile,
     run,
+    serve,
     validate,
 )
 from planner.cli.common import (
@@ -52,8 +53,8 @@ from planner.cli.common import (
 __all__ = ["EXIT_INFEASIBLE", "EXIT_USAGE", "build_parser", "main"]
 
 #: The subcommand modules, in the order ``planner --help`` lists them.
-COMMANDS = (estimate, plan, explain, compare, emit, plot, run, validate, profile, calibrate,
-            graph, models)
+COMMANDS = (estimate, plan, explain, compare, emit, plot, serve, run, validate, profile,
+            calibrate, graph, models)
 
 
 def build_parser() -> argparse.ArgumentParser:
