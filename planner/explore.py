@@ -181,16 +181,24 @@ def sweep(model: ModelSpec, cluster: Cluster, job: Job, over: str, values: Seque
         raise SpecError(f"cannot sweep {over!r}; choose from {', '.join(SWEEPS)}")
     if not len(values):
         raise SpecError("a sweep needs at least one value")
+    return _plan_each(model, [(v, SWEEPS[over](cluster, v)) for v in values], job,
+                      constraints, progress)
+
+
+def _plan_each(model: ModelSpec | LayerCosts, points: Sequence[tuple[Any, Cluster]], job: Job,
+               constraints: Constraints | str | Mapping[str, Any] | None,
+               progress: Callable[[float], None] | None) -> list[SweepPoint]:
+    """The plan on each (value, cluster) point; ``None`` with the reason where nothing
+    fits."""
     out = []
-    for i, v in enumerate(values):
-        c = SWEEPS[over](cluster, v)
+    for i, (v, c) in enumerate(points):
         try:
             out.append(SweepPoint(value=v, cluster=c,
                                   plan=plan(model, c, job, constraints=constraints, top_k=1)))
         except Infeasible as e:
             out.append(SweepPoint(value=v, cluster=c, plan=None, error=str(e)))
         if progress is not None:
-            progress((i + 1) / len(values))
+            progress((i + 1) / len(points))
     return out
 
 
@@ -213,17 +221,8 @@ def what_if(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, *,
     kinds = [g for g in (gpus if gpus is not None else WHATIF_GPUS) if g != cluster.gpu.name]
     clusters = [cluster] + [_with_gpus(cluster, c) for c in dict.fromkeys(counts)] \
         + [_with_gpu(cluster, g) for g in dict.fromkeys(kinds)]
-    out = []
-    for i, c in enumerate(clusters):
-        value = (c.num_gpus, c.gpu.name)
-        try:
-            out.append(SweepPoint(value=value, cluster=c,
-                                  plan=plan(model, c, job, constraints=constraints, top_k=1)))
-        except Infeasible as e:
-            out.append(SweepPoint(value=value, cluster=c, plan=None, error=str(e)))
-        if progress is not None:
-            progress((i + 1) / len(clusters))
-    return out, 0
+    return _plan_each(model, [((c.num_gpus, c.gpu.name), c) for c in clusters], job,
+                      constraints, progress), 0
 
 
 def what_if_label(point: SweepPoint) -> str:

@@ -14,6 +14,7 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -303,9 +304,12 @@ def test_plan_view_of_a_saved_plan(quick: Any) -> None:
     again = wait(ex, ex.post("/api/plan", {"plan_json": text})["job"])["result"]
     assert again["selection"]["config_fields"] == view["selection"]["config_fields"]
     assert again["command"] == ""
-    with pytest.raises(FormError) as err:
-        ex.post("/api/plan", {"plan_json": "{}"})
-    assert err.value.field == "plan_json"
+    for bad in ("{}", "/etc/passwd", str(Path(__file__))):  # text, never a path to read
+        with pytest.raises(FormError) as err:
+            ex.post("/api/plan", {"plan_json": bad})
+        assert err.value.field == "plan_json"
+        assert "planner-serve-" not in err.value.message
+    assert "the plan is not valid JSON" in err.value.message
 
 
 def test_serve_refuses_a_bad_port_in_one_line() -> None:

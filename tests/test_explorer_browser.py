@@ -199,3 +199,15 @@ def test_a_traced_modules_saved_plan(page: Any, shots: Path, tmp_path: Path) -> 
     assert f"pp={d['config']['pp']}" in page.inner_text("#plan-config")
     _wait_views(page)
     page.screenshot(path=str(shots / "7-traced-plan.png"), full_page=True)
+
+
+def test_a_cluster_preset(page: Any, shots: Path) -> None:
+    """A cluster preset stands in for GPU x count x GPUs per node (which the page then
+    leaves out, as the CLI takes one or the other)."""
+    _submit(page, {"#f-model": "llama-3-8b", "#f-cluster": "dgx-h100", "#f-num_nodes": "2",
+                   "#f-global_batch_size": "64", "#f-seq_len": "4096"})
+    assert page.evaluate("document.body.dataset.ready") != "error"
+    assert page.is_disabled("#f-gpus")
+    command = page.inner_text("#command")
+    assert "--cluster dgx-h100 --num-nodes 2" in command and "--gpus " not in command
+    page.screenshot(path=str(shots / "8-cluster-preset.png"), full_page=True)

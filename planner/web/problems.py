@@ -216,10 +216,16 @@ def from_plan(text: str) -> Problem:
     if len(text.encode("utf-8", "replace")) > MAX_UPLOAD_BYTES:
         raise FormError("plan_json", f"planner: error: the plan is over "
                         f"{MAX_UPLOAD_BYTES // 1024} KiB")
-    try:
-        found = Plan.from_json(text)
-    except (SpecError, Infeasible) as e:
-        raise FormError("plan_json", f"planner: error: {one_line(e)}") from None
+    # Read from a private file, never as a string: Plan.from_json takes a string that names a
+    # file as that file's path.
+    with tempfile.TemporaryDirectory(prefix="planner-serve-") as folder:
+        path = Path(folder) / "plan.json"
+        path.write_text(text, encoding="utf-8", errors="replace")
+        try:
+            found = Plan.from_json(path)
+        except (SpecError, Infeasible) as e:
+            words = one_line(e).replace(f"plan file {str(path)!r}", "the plan")
+            raise FormError("plan_json", f"planner: error: {words}") from None
     if found.is_inference:
         raise FormError("plan_json", "planner: error: this is a serving plan; the explorer "
                         "shows training plans ('planner explain PLAN' shows a serving one)")

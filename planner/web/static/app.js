@@ -67,6 +67,11 @@
       document.querySelectorAll('#f-frameworks input:checked')).map(function (c) { return c.value; });
     if (picked.length === 1) form.framework = picked[0];
     else if (picked.length > 1) form.frameworks = picked.join(",");
+    if (form.cluster) {  // a preset brings its own GPUs and node shape
+      delete form.gpu; delete form.gpus; delete form.gpus_per_node;
+    } else {
+      delete form.num_nodes;
+    }
     if (state.configJson) {
       delete form.model;
       form.config_json = state.configJson;
@@ -229,6 +234,13 @@
     state.timer = setTimeout(function () { plan(); }, 500);
   }
 
+  // A cluster preset and the GPU x count x per-node fields exclude each other.
+  function clusterMode() {
+    var preset = $("#f-cluster").value !== "";
+    ["#f-gpu", "#f-gpus", "#f-gpus_per_node"].forEach(function (s) { $(s).disabled = preset; });
+    $("#f-num_nodes").disabled = !preset;
+  }
+
   function readFile(input, then) {
     var f = input.files[0];
     if (!f) return;
@@ -248,10 +260,12 @@
       $("#f-frameworks").appendChild(l);
     });
     Object.keys(opts.defaults).forEach(function (k) { var el = document.getElementById("f-" + k); if (el) el.value = opts.defaults[k]; });
+    clusterMode();
     $("#form").addEventListener("submit", function (ev) { ev.preventDefault(); clearTimeout(state.timer); plan(); });
     $("#form").addEventListener("change", function (ev) {
       if (ev.target.type === "file" || ev.target.name === "fy") return;
       if (ev.target.id === "f-model") { state.configJson = null; $("#config-name").textContent = ""; }
+      if (ev.target.id === "f-cluster") clusterMode();
       later();
     });
     $("#form").addEventListener("input", function (ev) { if (ev.target.tagName === "INPUT" && ev.target.type !== "file") later(); });
