@@ -23,10 +23,12 @@ QUANTIZED_PRECISIONS = ("fp8", "nvfp4")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "mxfp8", "blockwise")
-#: Megatron-LM's ``--recompute-modules`` the cost model counts (megatron/training/
-#: arguments.py at the recorded commit: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
-#: shared_experts; Megatron's default is core_attn).
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm")
+#: Megatron-LM's ``--recompute-modules`` the cost model counts (megatron/core/transformer/
+#: transformer_config.py: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
+#: shared_experts and hybrid models' own; Megatron's default is core_attn). ``moe``, the whole
+#: MoE layer with its dispatch and combine re-run, is not costed.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp",
+                     "shared_experts")
 #: MoE token dispatchers (``costmodel.formulas.moe.dispatch_combine``).
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 #: Storage dtypes of Adam's two moments (Megatron-LM's precision-aware optimizer,
@@ -221,10 +223,12 @@ class Job:
     ``recompute_modules``: what a row's ``selective`` recompute re-runs under Megatron-LM
     (``--recompute-granularity selective --recompute-modules``): ``core_attn`` (the
     attention core, Korthikanti et al. 2022; Megatron's default), ``moe_act`` (the routed
-    experts' activation function: their fc2 input is not kept) and ``layernorm`` (the two
-    norms: their outputs, the QKV and MLP inputs, are not kept); each one re-runs its
-    kernels in backward (``costmodel.formulas.compute``, ``activations``). Other trainers
-    take the default.
+    experts' activation function: their fc2 input is not kept), ``layernorm`` (the two
+    norms: their outputs, the QKV and MLP inputs, are not kept), ``mlp`` (a dense layer's
+    MLP), ``shared_experts`` (a MoE layer's shared experts) and ``mla_up_proj`` (latent
+    attention's up projections and rotary embedding: the query, key and value are not
+    kept); each one re-runs its kernels in backward (``costmodel.formulas.compute``,
+    ``activations``). Other trainers take the default.
     ``memory_reserve``: the share of each GPU's memory a plan keeps free for what the estimate
     does not count: the caching allocator's fragmentation (GMLake, Guo et al. ASPLOS 2024,
     measured 15 % of reserved memory on average, up to 33 %, over eight LLM training jobs on

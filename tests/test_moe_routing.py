@@ -289,8 +289,8 @@ def test_recompute_modules_trade_the_experts_and_norms_memory_for_kernels() -> N
                     _job(global_batch_size=1024, recompute_modules=("layernorm", "moe_act")), cfg)
     assert mods.memory.activations_bytes < 0.9 * plain.memory.activations_bytes
     assert mods.time_breakdown_s["recompute"] > plain.time_breakdown_s.get("recompute", 0.0)
-    with pytest.raises(SpecError, match="'mlp' is not costed"):
-        _job(recompute_modules=("mlp",))
+    with pytest.raises(SpecError, match="'moe' is not costed"):
+        _job(recompute_modules=("moe",))
     with pytest.raises(SpecError, match="Megatron-LM's --recompute-modules"):
         estimate(QWEN, Cluster.preset("dgx-h100"),
                  _job(framework="torchtitan", recompute_modules=("moe_act",)),
@@ -301,6 +301,54 @@ def test_recompute_modules_trade_the_experts_and_norms_memory_for_kernels() -> N
     ns = megatron_parser().parse_args(parse_array(emit(plan, "megatron").text))
     assert ns.recompute_granularity == "selective"
     assert ns.recompute_modules == ["layernorm", "moe_act"]
+
+
+@pytest.mark.parametrize("module", ["mla_up_proj", "shared_experts", "mlp"])
+def test_each_recompute_module_trades_its_memory_for_its_forward(module: str) -> None:
+    """DeepSeek-V2-Lite (latent attention, shared experts, a dense first layer) under
+    Megatron-LM's selective recompute: each of --recompute-modules mla_up_proj (the query,
+    key and value the up projections make), shared_experts and mlp (their inner tensors)
+    saves less and re-runs its forward in backward: more recompute time and more hardware
+    FLOPs for the same model FLOPs."""
+    lite = ModelSpec.preset("deepseek-v2-lite")
+    cluster = Cluster.preset("dgx-h100", num_nodes=2)
+    cfg = ParallelConfig(dp=8, tp=2, ep=8, zero_stage=1, sequence_parallel=True,
+                         recompute="selective")
+    base = estimate(lite, cluster, _job(global_batch_size=64), cfg)
+    more = estimate(lite, cluster, _job(global_batch_size=64,
+                                        recompute_modules=("core_attn", module)), cfg)
+    assert more.memory.activations_bytes < base.memory.activations_bytes
+    assert more.time_breakdown_s["recompute"] > base.time_breakdown_s.get("recompute", 0.0)
+    # FLOPs per step (utilization x time): the hardware's grow, the model's do not.
+    assert more.hfu * more.step_time_s > base.hfu * base.step_time_s
+    assert more.mfu * more.step_time_s == pytest.approx(base.mfu * base.step_time_s, rel=1e-9)
+    # Emitted as Megatron-LM's flag, which its own parser takes.
+    job = _job(global_batch_size=64, recompute_modules=("core_attn", module))
+    ns = megatron_parser().parse_args(parse_array(emit(
+        Plan(model=lite, cluster=cluster, job=job, config=cfg, estimate=more),
+        "megatron").text))
+    assert ns.recompute_modules == ["core_attn", module]
+
+
+def test_mlp_recompute_drops_the_fused_swiglus_three_widths() -> None:
+    """Megatron-LM's fused bias-SwiGLU keeps the fc1 output (gate and up: 2 ffn widths) and
+    the fc2 input (1 width) per token, in bf16, split over tp; --recompute-modules mlp
+    checkpoints the whole dense MLP (transformer_layer.py), so exactly those go, on every
+    layer the stage holds."""
+    llama = ModelSpec.preset("llama-3-8b")
+    cluster = Cluster(gpu="h100-sxm", num_nodes=1, gpus_per_node=8)
+    cfg = ParallelConfig(dp=4, tp=2, zero_stage=1, sequence_parallel=True, micro_batch_size=1,
+                         recompute="selective")
+    job = _job(global_batch_size=64, seq_len=4096)
+    base = estimate(llama, cluster, job, cfg)
+    mlp = estimate(llama, cluster, dataclasses.replace(job, recompute_modules=("core_attn",
+                                                                               "mlp")), cfg)
+    per_layer = 3 * 2 * 4096 * llama.ffn_hidden_size / 2
+    assert base.memory.activations_bytes - mlp.memory.activations_bytes == \
+        pytest.approx(llama.num_layers * per_layer, rel=1e-9)
+    with pytest.raises(SpecError, match="no multi-head latent attention"):
+        estimate(llama, cluster, dataclasses.replace(job, recompute_modules=("mla_up_proj",)),
+                 cfg)
 
 
 def test_the_search_folds_experts_where_it_pays_and_equals_brute_force() -> None:

@@ -5,6 +5,8 @@ memory table of a preset.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from costmodel.config import QUANTIZED_PRECISIONS, Job
@@ -144,8 +146,9 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         full = full * np.where(a.sp == 1, 1.0, 1.0 / tp)
     selective = none - core_scores
     if fw.name == "megatron":
-        selective = selective - _recomputed_modules(model, job, moe, e_lin, tokens * h * rep,
-                                                    tokens * model.top_k / tp, core_scores)
+        selective = selective - _recomputed_modules(
+            model, job, moe, e_lin, tokens * h * rep, tokens * model.top_k / tp, core_scores,
+            mlp_inner, tokens, e * tokens * qkv / tp)
     if fw.selective_recompute == "op":
         # torchtitan's per-op selective AC (frameworks.Framework.selective_recompute) keeps
         # the block input and the outputs of the matmuls it does not re-run (wq, wv, w1 or
@@ -174,15 +177,22 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
 
 
 def _recomputed_modules(model: ModelSpec, job: Job, moe: bool, e_lin: float,
-                        hidden: np.ndarray, routed_per_tp: np.ndarray, scores: np.ndarray
-                        ) -> np.ndarray:
+                        hidden: np.ndarray, routed_per_tp: np.ndarray, scores: np.ndarray,
+                        mlp_inner: Callable[[float, np.ndarray], np.ndarray],
+                        tokens: np.ndarray, qkv_kept: np.ndarray) -> np.ndarray:
     """Bytes Megatron-LM's selective recompute drops beyond the attention core's scores
-    (``Job.recompute_modules``; megatron/core/transformer/transformer_layer.py and
-    moe/experts.py checkpoint each without keeping its output): ``moe_act``, the routed
+    (``Job.recompute_modules``; megatron/core/transformer/transformer_config.py: ``moe_act``,
+    ``layernorm`` and ``mla_up_proj`` checkpoint without keeping their output, ``mlp`` and
+    ``shared_experts`` with a plain checkpoint that keeps its input): ``moe_act``, the routed
     experts' activation output, their fc2 input (the fc1 output it is recomputed from stays);
     ``layernorm``, the two norms' outputs, the QKV and MLP input projections' inputs
-    (``hidden``: one [tokens, h] tensor as the rank holds it). Without ``core_attn`` the
-    attention scores stay (a negative drop; nothing with a fused attention)."""
+    (``hidden``: one [tokens, h] tensor as the rank holds it); ``mlp``, a dense layer's MLP
+    inner tensors (``mlp_inner`` of its width; its input, the norm's output, stays);
+    ``shared_experts``, the shared experts' inner tensors likewise; ``mla_up_proj``, the
+    query, key and value latent attention's up projections and rotary embedding make
+    (``qkv_kept``: what the attention core keeps of them; the latents stay). Without
+    ``core_attn`` the attention scores stay (a negative drop; nothing with a fused
+    attention)."""
     mods = job.recompute_modules
     out = 0.0 * hidden
     if "core_attn" not in mods:
@@ -191,6 +201,13 @@ def _recomputed_modules(model: ModelSpec, job: Job, moe: bool, e_lin: float,
         out = out + e_lin * routed_per_tp * float(model.moe_ffn_hidden_size or 0)
     if "layernorm" in mods:
         out = out + 2 * e_lin * hidden
+    if "mlp" in mods and not moe:
+        out = out + mlp_inner(float(model.ffn_hidden_size or 0), tokens)
+    if "shared_experts" in mods and moe and model.num_shared_experts:
+        out = out + mlp_inner(float(model.moe_ffn_hidden_size or 0)
+                              * model.num_shared_experts, tokens)
+    if "mla_up_proj" in mods and model.is_mla:
+        out = out + qkv_kept
     return out
 
 

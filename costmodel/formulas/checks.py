@@ -32,6 +32,13 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
         raise SpecError(f"recompute_modules {list(job.recompute_modules)} is Megatron-LM's "
                         f"--recompute-modules; {job.framework}'s selective recompute is its own: "
                         "leave it at core_attn or use --framework megatron")
+    spec = model if isinstance(model, ModelSpec) else model.spec
+    if "mla_up_proj" in job.recompute_modules and spec is not None and not spec.is_mla:
+        # megatron/core/transformer/transformer_config.py: "mla_up_proj in recompute_modules
+        # is only supported with multi_latent_attention".
+        raise SpecError(f"recompute module mla_up_proj re-runs latent attention's up "
+                        f"projections; {model.name} has no multi-head latent attention: drop it "
+                        "from --recompute-modules")
     if cfg.etp is not None and cfg.etp != cfg.tp and job.framework != "megatron":
         raise SpecError(f"etp={cfg.etp} (expert tensor parallel other than tp) is Megatron-Core's "
                         f"MoE parallel folding (--expert-tensor-parallel-size); {job.framework}'s "

@@ -233,7 +233,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
         fwd, bwd, ew_fwd = fwd + cast_f, bwd + cast_b, ew_fwd + cast_f
     selective, selective_flops = core.selective, core.selective_flops
     if r.fw.name == "megatron":
-        selective = _recomputed_kernels(r, core, mlp, moe, et)
+        selective, selective_flops = _recomputed_kernels(r, core, mlp, moe, et, k_gemm)
     if r.fw.selective_recompute == "op":
         selective, selective_flops = _op_selective(r, moe, core, ew_fwd, qkv_gemm, k_gemm,
                                                    proj_gemm, mlp)
@@ -366,22 +366,45 @@ def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | Non
     return _Mlp(f, flops, act, zero, zero, kernels, routed)
 
 
-def _recomputed_kernels(r: _Rows, core: _Core, mlp: _Mlp, moe: bool, et: np.ndarray
-                        ) -> np.ndarray:
-    """Seconds Megatron-LM's selective recompute re-runs in backward (``Job.
-    recompute_modules``, ``activations._recomputed_modules`` the memory it frees): the
-    attention core (``core_attn``, nothing with a fused attention), the routed experts'
-    activation function (``moe_act``: reads the fc1 output's gate and up halves, writes the
-    activation, over the rank's routed tokens) and the two norms (``layernorm``: each reads
-    and writes one [tokens, h] tensor)."""
+def _recomputed_kernels(r: _Rows, core: _Core, mlp: _Mlp, moe: bool, et: np.ndarray,
+                        up_proj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, FLOPs) Megatron-LM's selective recompute re-runs in backward (``Job.
+    recompute_modules``, ``activations._recomputed_modules`` the memory it frees;
+    megatron/core/transformer/transformer_config.py names them): the attention core
+    (``core_attn``, nothing with a fused attention), the routed experts' activation function
+    (``moe_act``: reads the fc1 output's gate and up halves, writes the activation, over the
+    rank's routed tokens), the two norms (``layernorm``: each reads and writes one [tokens, h]
+    tensor), a dense layer's whole MLP (``mlp``: transformer_layer.py checkpoints it, so its
+    forward, matmuls and activation, runs again), a MoE layer's shared experts
+    (``shared_experts``: moe_layer.py checkpoints them likewise) and multi-head latent
+    attention's up projections with the rotary embedding (``mla_up_proj``:
+    multi_latent_attention.py re-runs them from the latents; ``up_proj``, their seconds)."""
     mods = r.job.recompute_modules
-    out = core.selective if "core_attn" in mods else 0.0 * r.tokens
+    model, zero = r.model, 0.0 * r.tokens
+    out, flops = (core.selective if "core_attn" in mods else zero), zero
+    if "core_attn" in mods:
+        flops = core.selective_flops
     if "moe_act" in mods and moe and mlp.routed is not None:
-        width = float(r.model.moe_ffn_hidden_size or 0) / et
+        width = float(model.moe_ffn_hidden_size or 0) / et
         out = out + memory_time(r.gpu, 3 * r.e * mlp.routed * width, 1.0)
     if "layernorm" in mods:
         out = out + memory_time(r.gpu, 2 * 2 * r.e * r.tokens * r.h * r.rep, 2.0)
-    return out
+    if "mlp" in mods and not moe:
+        out = out + mlp.forward + memory_time(r.gpu, mlp.act_bytes, 1.0)
+        flops = flops + mlp.flops
+    if "shared_experts" in mods and moe and model.num_shared_experts:
+        sh_f, sh_flops, sh_bytes, _, _ = _mlp(
+            r, float(model.moe_ffn_hidden_size or 0) * model.num_shared_experts, r.tokens)
+        out = out + sh_f + memory_time(r.gpu, sh_bytes, 1.0)
+        flops = flops + sh_flops
+    if "mla_up_proj" in mods and model.is_mla:
+        rope = 2 * r.e * r.tokens * float(model.rotary_elements) / r.t \
+            if model.has_rotary(r.windowed) else zero
+        out = out + up_proj + memory_time(r.gpu, rope, 1.0)
+        ups = model.attention_matmuls()[:-1][1::2]
+        flops = flops + sum((2 * m * n_in * n_out / div for n_in, n_out, split in ups
+                             for m, div in (r.local(split),)), zero)
+    return out, flops
 
 
 def _memory_bound(r: _Rows, core: _Core, mlp: _Mlp, moe: bool
