@@ -81,6 +81,32 @@ class Framework:
     # maybe_enable_amp: DDP or a single device): fp32 parameters cast to bf16 on each forward,
     # fp32 norms and residual stream, each linear casting its input.
     autocast_ddp: bool = False
+    # Whether the trainer's DualPipeV overlaps one micro-batch's expert dispatch and combine
+    # with another's compute in each forward-backward pair, as DeepSeek's DualPipe does:
+    # torchtitan 0.2.2 (torchtitan/distributed/dual_pipe_v.py, DualPipeExpertParallel's sync
+    # hooks; [parallelism] pipeline_parallel_expert_parallel_overlap, on by default) with
+    # pp > 1, ep > 1 and no activation checkpointing, which it refuses beside the overlap.
+    # (torchtitan's main branch removed the overlap after 0.2.2: pytorch/torchtitan#2774.)
+    dualpipev_ep_overlap: bool = False
+    # The MoE token dispatchers the trainer runs (Job.moe_dispatcher): Megatron-LM's
+    # --moe-token-dispatcher-type alltoall, allgather and flex with DeepEP; torchtitan 0.2.2's
+    # [parallelism] expert_parallel_comm_backend "standard" (all-to-all) and "deepep"
+    # (torchtitan/config/job_config.py); the others an all-to-all.
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    # The experts' own tensor-parallel degrees (ParallelConfig.etp) the trainer runs beside
+    # tp: "tp" (the experts split as the attention), "divisors" (Megatron-Core's MoE parallel
+    # folding, any etp dividing tp, --expert-tensor-parallel-size) or "tp_or_1" (torchtitan
+    # 0.2.2's expert_tensor_parallel_degree: "Currently we only support ETP=TP or ETP=1",
+    # torchtitan/distributed/parallel_dims.py), and the largest ZeRO stage a folded mesh
+    # (etp < tp) runs with: Megatron-LM's distributed optimizer (1), torchtitan's FSDP over
+    # its expert shard group (3).
+    expert_tp: str = "tp"
+    folded_zero_max: int = 1
+    # Whether expert parallel borrows only the FSDP shard group's ranks (times cp, and tp
+    # over etp), not the replicated ones: torchtitan 0.2.2 builds its experts' mesh as
+    # (dp_replicate, efsdp, ep, etp) with efsdp = dp_shard * cp * tp / (etp * ep), which
+    # must be whole (parallel_dims.py), so DDP (dp_shard 1) leaves ep only cp * tp / etp.
+    ep_in_shard_group: bool = False
     # What "selective" activation recompute means in this trainer. "attention-core":
     # Korthikanti et al. 2022's selective recompute (drop and re-run the attention scores;
     # Megatron-LM --recompute-granularity selective, DeepSpeed's checkpointing of the core).
@@ -179,6 +205,8 @@ FRAMEWORKS: tuple[Framework, ...] = (
         zero_stages=(0, 1, 3),
         # combined-1f1b: --overlap-moe-expert-parallel-comm (core_v0.14.0, combined_1f1b.py).
         schedules=("1f1b", "interleaved-1f1b", "combined-1f1b"),
+        moe_dispatchers=("alltoall", "allgather", "deepep"),
+        expert_tp="divisors",
         offloads=(("none", 0), ("optimizer", 1)),
         zero_with_pp=(0, 1),
         param_shard_stage=3,
@@ -224,6 +252,11 @@ FRAMEWORKS: tuple[Framework, ...] = (
         # ZBVZeroBubble and DualPipeV (torch.distributed.pipelining, two stages per rank placed
         # as a V: torchtitan/distributed/pipeline_parallel.py).
         schedules=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev"),
+        dualpipev_ep_overlap=True,
+        moe_dispatchers=("alltoall", "deepep"),
+        expert_tp="tp_or_1",
+        folded_zero_max=3,
+        ep_in_shard_group=True,
         offloads=(("none", 0), ("optimizer+params", 3)),
         zero_with_pp=(0, 2, 3),
         # FSDP shards the stored fp32 parameters at "ZeRO-2" too; only the bf16 unsharded

@@ -513,8 +513,8 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                               ("sp_framework", lambda s: not s or fw.sequence_parallel)])
                 mbss = f.keep("micro_batch_size", divisors(job.global_batch_size // dp))
                 for ep, etp in expert_meshes(model, fw, f, dp, tp, pp, cp):
-                    z = shardings.of((dp, pp, cp, ep, etp != tp), sharding_options,
-                                     fw, f, dp, pp, cp, ep, etp != tp)
+                    z = shardings.of((dp, pp, cp, ep, tp, etp), sharding_options,
+                                     fw, f, dp, pp, cp, ep, tp, etp)
                     if z is None:
                         continue
                     for (s, v), sp, mbs in itertools.product(scheds, sps, mbss):

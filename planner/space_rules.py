@@ -49,9 +49,12 @@ RULES: dict[str, str] = {
     "ep_experts": "ep divides the number of experts",
     "etp_ffn": "the experts' own tensor parallel degree (Megatron-Core's MoE parallel folding) "
                "divides tp and the expert MLP hidden size",
-    "zero_folded": "experts folded over the TP ranks are costed with the distributed optimizer "
-                   "(ZeRO 0 or 1)",
-    "shard_folded": "experts folded over the TP ranks shard over all data-parallel ranks",
+    "ep_shard_group": "the trainer's expert parallel borrows its FSDP shard group, which DDP "
+                      "(zero_stage 0) leaves at 1 rank",
+    "zero_folded": "experts folded over the TP ranks run with the ZeRO stages the trainer folds "
+                   "with (Megatron-LM's distributed optimizer: 0 or 1)",
+    "shard_folded": "experts folded over the TP ranks shard over all data-parallel ranks "
+                    "(Megatron-LM)",
     "ep_ranks": "expert parallel reuses data- and context-parallel ranks: ep divides dp * cp",
     "zero_framework": "the trainer runs this ZeRO stage",
     "zero_pipeline": "the trainer combines this ZeRO stage with pipeline parallel",
@@ -133,14 +136,16 @@ class Filter:
 def expert_meshes(model: ModelSpec | LayerCosts, fw: Framework, f: Filter, dp: int, tp: int,
                    pp: int, cp: int) -> list[tuple[int, int]]:
     """(ep, etp) options of one set of degrees: ep dividing the experts and, with the experts
-    split as tp, borrowing dp * cp; under Megatron-LM a preset's experts may also fold over
-    the TP ranks with their own etp dividing tp (Megatron-Core's MoE parallel folding:
-    etp * ep divides tp * cp * dp)."""
+    split as tp, borrowing dp * cp; a preset's experts may also fold over the TP ranks with
+    their own etp (``Framework.expert_tp``: under Megatron-LM any etp dividing tp,
+    Megatron-Core's MoE parallel folding; under torchtitan etp 1), etp * ep dividing
+    tp * cp * dp."""
     if not model.is_moe:
         return [(e, tp) for e in f.keep("ep", [1])]
     experts = model.moe_routing()[1] if isinstance(model, LayerCosts) else model.num_experts
-    folds = fw.name == "megatron" and isinstance(model, ModelSpec) and tp > 1
-    etps = f.keep("etp", sorted(divisors(tp), reverse=True) if folds else [tp], [
+    folds = fw.expert_tp != "tp" and isinstance(model, ModelSpec) and tp > 1
+    options = sorted(divisors(tp), reverse=True) if fw.expert_tp == "divisors" else [tp, 1]
+    etps = f.keep("etp", options if folds else [tp], [
         ("etp_ffn", lambda t: (model.moe_ffn_hidden_size or 0) % t == 0
          if isinstance(model, ModelSpec) else True)],
         show=lambda t: f"tp={tp} etp={t}")
@@ -154,13 +159,19 @@ def expert_meshes(model: ModelSpec | LayerCosts, fw: Framework, f: Filter, dp: i
 
 
 def sharding_options(fw: Framework, f: Filter, dp: int, pp: int, cp: int, ep: int,
-               folded: bool = False) -> np.ndarray:
-    """(zero, group, offload) options of one set of degrees (``folded``: the experts fold
-    over the TP ranks, which the distributed optimizer alone shards)."""
+                     tp: int = 1, etp: int = 1) -> np.ndarray:
+    """(zero, group, offload) options of one set of degrees; the experts fold over the TP
+    ranks when ``etp < tp``, which only the ZeRO stages ``Framework.folded_zero_max``
+    allows, over the whole data-parallel group unless the trainer's expert parallel lives in
+    its FSDP shard group (``Framework.ep_in_shard_group``: there ep * etp divides that
+    group x cp x tp, the group 1 without sharding)."""
+    folded = etp < tp
     zeros = f.keep("zero_stage", range(4), [
         ("zero_framework", lambda z: z in fw.zero_stages),
         ("zero_pipeline", lambda z: pp == 1 or z in fw.zero_with_pp),
-        ("zero_folded", lambda z: not folded or z <= 1)],
+        ("zero_folded", lambda z: not folded or z <= fw.folded_zero_max),
+        ("ep_shard_group", lambda z: not fw.ep_in_shard_group or ep == 1 or z > 0
+         or (cp * tp) % (ep * etp) == 0)],
         show=lambda z: f"pp={pp} zero_stage={z}")
     least = dict(fw.offloads)
     out = []
@@ -168,8 +179,9 @@ def sharding_options(fw: Framework, f: Filter, dp: int, pp: int, cp: int, ep: in
         groups = [dp] if z == 0 else f.keep(
             "sharding_group", sorted(divisors(dp), reverse=True),
             [("shard_hybrid", lambda g, z=z: g == dp or z in fw.hybrid_shard_stages),
-             ("shard_experts", lambda g: folded or (g * cp) % ep == 0),
-             ("shard_folded", lambda g: not folded or g == dp)],
+             ("shard_experts", lambda g: (g * cp * tp) % (ep * etp) == 0 if folded
+              or fw.ep_in_shard_group else (g * cp) % ep == 0),
+             ("shard_folded", lambda g: not folded or fw.ep_in_shard_group or g == dp)],
             show=lambda g, z=z: f"zero_stage={z} sharding_group={g}",
             canon=lambda g: None if g == dp else g)
         offs = f.keep("offload", list(OFFLOAD_CODES), [

@@ -167,7 +167,13 @@ def check_zero_monotone(case: dict) -> None:
                              zero_stage=zero, sharding_group=case["sg"] if zero else None,
                              sequence_parallel=case["sp"], micro_batch_size=case["mbs"],
                              recompute=case["recompute"])
-        ests.append((zero, estimate(m, c, job, cfg)))
+        try:
+            ests.append((zero, estimate(m, c, job, cfg)))
+        except SpecError as e:
+            # torchtitan's expert parallel lives in its FSDP shard group, which DDP (zero 0)
+            # leaves at one rank: that stage does not run, the others are compared.
+            if "FSDP shard group" not in str(e):
+                raise
     for (z0, lo), (z1, hi) in pairwise(ests):
         assert len(hi.stages) == 1
         assert le(hi.peak_memory_bytes, lo.peak_memory_bytes), (

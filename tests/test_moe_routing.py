@@ -18,7 +18,7 @@ from costmodel.formulas.moe import (
     remote_domains,
     routed_load,
 )
-from planner.emit import emit
+from planner.emit import emit, read_back
 from planner.emit.megatron import parse_array
 from planner.result import Plan
 
@@ -130,10 +130,10 @@ def test_the_dispatcher_is_emitted_in_megatrons_words_and_mapped_elsewhere() -> 
         ns = megatron_parser().parse_args(parse_array(out))
         assert (ns.moe_token_dispatcher_type, bool(ns.moe_enable_deepep)) == want
         assert f"routing: {dispatcher} dispatcher" in out
-    job = dataclasses.replace(_job(moe_dispatcher="deepep"), framework="torchtitan")
+    job = dataclasses.replace(_job(moe_dispatcher="allgather"), framework="torchtitan")
     plan = Plan(model=QWEN, cluster=cluster, job=job, config=dataclasses.replace(cfg, zero_stage=3),
                 estimate=estimate(QWEN, cluster, job, dataclasses.replace(cfg, zero_stage=3)))
-    assert "not the deepep dispatcher the plan assumed" in emit(plan, "torchtitan").text
+    assert "not the allgather dispatcher the plan assumed" in emit(plan, "torchtitan").text
 
 
 def test_the_summary_states_the_imbalance_it_assumed() -> None:
@@ -253,9 +253,17 @@ def test_folding_is_refused_where_it_does_not_apply() -> None:
         estimate(QWEN235, cluster, job, _folded(1, ep=64, dp=8))
     with pytest.raises(SpecError, match="zero_stage=3"):
         estimate(QWEN235, cluster, job, dataclasses.replace(_folded(1), zero_stage=3))
-    with pytest.raises(SpecError, match="torchtitan's experts split as its tp"):
-        estimate(QWEN235, cluster, dataclasses.replace(job, framework="torchtitan"),
-                 dataclasses.replace(_folded(1), zero_stage=0))
+    # torchtitan 0.2.2 takes etp = tp or 1 (parallel_dims.py), and its expert parallel
+    # lives in the FSDP shard group, which DDP (zero 0) leaves at one rank.
+    titan = dataclasses.replace(job, framework="torchtitan")
+    with pytest.raises(SpecError, match="torchtitan splits its experts over etp = 1 or tp"):
+        estimate(QWEN235, cluster, titan, dataclasses.replace(_folded(2, tp=4, dp=4),
+                                                              zero_stage=3))
+    with pytest.raises(SpecError, match="ep\\*etp = 8 must divide the FSDP shard group"):
+        estimate(QWEN235, cluster, titan, dataclasses.replace(_folded(1), zero_stage=0))
+    with pytest.raises(SpecError, match="deepspeed splits its experts over etp = tp"):
+        estimate(QWEN235, cluster, dataclasses.replace(job, framework="deepspeed"),
+                 dataclasses.replace(_folded(1), zero_stage=1))
     with pytest.raises(SpecError, match="needs a mixture-of-experts model"):
         estimate(ModelSpec.preset("llama-3-70b"), cluster, job,
                  ParallelConfig(dp=64, tp=2, etp=1, zero_stage=1, sequence_parallel=True))
@@ -269,10 +277,20 @@ def test_a_folded_plan_is_emitted_for_megatron_and_refused_elsewhere() -> None:
                 estimate=estimate(QWEN235, cluster, job, cfg))
     ns = megatron_parser().parse_args(parse_array(emit(plan, "megatron").text))
     assert (ns.expert_tensor_parallel_size, ns.expert_model_parallel_size) == (1, 16)
-    with pytest.raises(SpecError, match="cannot run the plan's folded expert mesh"):
-        emit(plan, "torchtitan")
     back = Plan.from_json(plan.to_json())
     assert back.config.etp == 1
+    # torchtitan runs etp 1 (its expert_tensor_parallel_degree), with FSDP over its expert
+    # shard group; DeepSpeed folds nothing.
+    titan = dataclasses.replace(job, framework="torchtitan")
+    flat = ParallelConfig(dp=64, tp=2, ep=16, etp=1, zero_stage=3, sequence_parallel=True)
+    plan = Plan(model=QWEN235, cluster=cluster, job=titan, config=flat,
+                estimate=estimate(QWEN235, cluster, titan, flat))
+    text = emit(plan, "torchtitan").text
+    assert "expert_tensor_parallel_degree = 1" in text
+    assert read_back("torchtitan", text, QWEN235).config.etp == 1
+    with pytest.raises(SpecError, match="cannot run the plan's folded expert mesh"):
+        emit(dataclasses.replace(plan, job=dataclasses.replace(job, framework="deepspeed")),
+             "deepspeed")
 
 
 # ---- Megatron-LM's recompute modules ------------------------------------------------------
@@ -369,10 +387,45 @@ def test_the_search_folds_experts_where_it_pays_and_equals_brute_force() -> None
     t = space.table
     etp, tp = t[:, COLUMNS.index("etp")], t[:, COLUMNS.index("tp")]
     assert (etp < tp).any() and (etp == tp).any()
-    # torchtitan's experts split as its tp: no folded row in its space.
-    tt = Constraints(fixed={"tp": 2, "pp": 1, "cp": 1}, frameworks=("torchtitan",))
-    from planner.space import build_space
+    # torchtitan folds to etp 1 only (parallel_dims.py), with FSDP; it too is the
+    # brute-force fastest.
+    tt = Constraints(fixed={"tp": 2, "pp": 1, "cp": 1, "offload": "none"},
+                     allowed={"recompute": ["none"], "zero_stage": [2]})
+    o = search_equals_brute_force(model, cluster, dataclasses.replace(job, framework="torchtitan"),
+                                  tt).table
+    etp, tp = o[:, COLUMNS.index("etp")], o[:, COLUMNS.index("tp")]
+    assert set(etp[etp != tp]) == {1} and (etp == tp).any()
 
-    other = build_space(model, cluster, dataclasses.replace(job, framework="torchtitan"), tt)
-    o = other.table
-    assert (o[:, COLUMNS.index("etp")] == o[:, COLUMNS.index("tp")]).all()
+
+def test_torchtitan_files_say_how_the_experts_split_and_dispatch() -> None:
+    """torchtitan 0.2.2 splits the experts over TP only when its
+    expert_tensor_parallel_degree says so (default 1), so the file states the plan's (the
+    estimate's experts split as tp); a file without it reads back as torchtitan runs it.
+    DeepEP is its expert_parallel_comm_backend, which it refuses without expert parallel or
+    with the experts split over TP: there the file falls back to its all-to-all, says so,
+    and is estimated so; it has no all-gather dispatcher."""
+    from planner.emit import read_back
+
+    cluster = Cluster.preset("dgx-h100", num_nodes=2)
+    split = ParallelConfig(dp=8, tp=2, ep=8, zero_stage=2, sequence_parallel=True)
+    whole = ParallelConfig(dp=16, ep=8, zero_stage=2)
+    for cfg, dispatcher, backend, fell_back in ((split, "alltoall", None, False),
+                                                (split, "deepep", None, True),
+                                                (whole, "deepep", "deepep", False),
+                                                (whole, "allgather", None, True)):
+        job = _job(framework="torchtitan", moe_dispatcher=dispatcher)
+        plan = Plan(model=QWEN, cluster=cluster, job=job, config=cfg,
+                    estimate=estimate(QWEN, cluster, job, cfg))
+        out = emit(plan, "torchtitan")
+        text = out.text
+        assert f"expert_tensor_parallel_degree = {cfg.tp}" in text
+        assert (f'expert_parallel_comm_backend = "{backend}"' in text) == (backend is not None)
+        assert any("all-to-all" in w for w in out.warnings) == fell_back
+        assert out.job.moe_dispatcher == ("alltoall" if fell_back else dispatcher)
+        back = read_back("torchtitan", text, QWEN).config
+        assert back.expert_tp == cfg.tp and back.ep == cfg.ep
+    default = emit(Plan(model=QWEN, cluster=cluster, job=_job(framework="torchtitan"),
+                        config=split, estimate=estimate(QWEN, cluster,
+                                                        _job(framework="torchtitan"), split)),
+                   "torchtitan").text.replace("expert_tensor_parallel_degree = 2\n", "")
+    assert read_back("torchtitan", default, QWEN).config.etp == 1

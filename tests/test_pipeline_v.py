@@ -163,3 +163,54 @@ def test_v_schedules_are_refused_where_they_do_not_run() -> None:
         estimate(model, H100, Job(global_batch_size=16, seq_len=4096, framework="torchtitan"),
                  ParallelConfig(dp=4, tp=2, pp=4, pipeline_schedule="dualpipev",
                                 virtual_pipeline_stages=2, sequence_parallel=True))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
+def test_the_dualpipev_pair_count_is_torchs(p: int) -> None:
+    """``pipeline.pairs``' closed form for DualPipeV, 2m - 3p + 1 + min(r, p - 2) overlapped
+    pairs on rank r, is the count of torch's own op order for every micro-batch count it
+    takes (and ZB-V pairs nothing)."""
+    from costmodel.formulas.pipeline import pairs
+
+    for m in range(2 * p, 6 * p + 2):
+        want = [sum(op[0] == "O" for op in order) for order in v_orders(p, m, "dualpipev")]
+        count = np.ones((p, 1), dtype=np.int64)
+        got = pairs(count, np.array([m]), np.array([2]),
+                    np.array([SCHEDULE_CODES["dualpipev"]]))
+        assert [int(x) for x in got[:, 0]] == want
+        assert not pairs(count, np.array([m]), np.array([2]),
+                         np.array([SCHEDULE_CODES["zbv"]])).any()
+
+
+def test_torchtitans_dualpipev_hides_the_expert_all_to_alls_without_recompute() -> None:
+    """torchtitan 0.2.2 overlaps each DualPipeV pair's expert dispatch and combine with the
+    other micro-batch's compute (torchtitan/distributed/dual_pipe_v.py) when pp > 1, ep > 1
+    and nothing is recomputed, and refuses the overlap with activation checkpointing: the
+    emitted file turns it off there, and the estimate hides nothing. With it on, the
+    estimate is still its own timeline played out."""
+    from planner import Plan
+    from planner.emit import emit
+
+    qwen = ModelSpec.preset("qwen3-30b-a3b")
+    cluster = Cluster.preset("dgx-h100", num_nodes=2)
+    job = Job(global_batch_size=64, seq_len=4096, framework="torchtitan")
+    out = {}
+    for recompute in ("none", "selective"):
+        cfg = ParallelConfig(dp=8, pp=2, ep=8, zero_stage=2, pipeline_schedule="dualpipev",
+                             virtual_pipeline_stages=2, recompute=recompute)
+        e = estimate(qwen, cluster, job, cfg)
+        t = e.time_breakdown_s
+        out[recompute] = t
+        pipeline = e.step_time_s - t["dp_comm"] - t["optimizer"] - t["offload"]
+        assert timeline(qwen, cluster, job, cfg).makespan == pytest.approx(pipeline, rel=1e-9)
+        text = emit(Plan(model=qwen, cluster=cluster, job=job, config=cfg, estimate=e),
+                    "torchtitan").text
+        flag = "true" if recompute == "none" else "false"
+        assert f"pipeline_parallel_expert_parallel_overlap = {flag}" in text
+    assert 0 < out["none"]["ep_comm"] < 0.6 * out["none"]["ep_comm_total"]
+    assert out["selective"]["ep_comm"] == pytest.approx(out["selective"]["ep_comm_total"])
+    # Megatron-LM runs no DualPipeV; ZB-V has no pairs: neither hides anything.
+    zbv = ParallelConfig(dp=8, pp=2, ep=8, zero_stage=2, pipeline_schedule="zbv",
+                         virtual_pipeline_stages=2)
+    t = estimate(qwen, cluster, job, zbv).time_breakdown_s
+    assert t["ep_comm"] == pytest.approx(t["ep_comm_total"])

@@ -518,7 +518,7 @@ def test_stage_ranges_follow_the_cost_model() -> None:
      Job(global_batch_size=8, seq_len=16, framework="deepspeed"), "ZeRO-Offload"),
     ({"tp": 2}, JOB, "tied input and output embeddings split over tensor-parallel"),
     ({"tp": 2}, JOB, "tensor parallel of mixture-of-experts layers"),
-    ({"dp": 2, "ep": 2}, JOB, r"expert parallel \(ep=2\)"),
+    ({"dp": 2, "ep": 2, "zero_stage": 2}, JOB, r"expert parallel \(ep=2\)"),
     # Megatron's own schedule runs 2 micro-batches on 4 stages; torch's 1F1B does not.
     ({"pp": 4, "micro_batch_size": 4}, dataclasses.replace(JOB, framework="megatron"),
      "at least pp=4 micro-batches"),

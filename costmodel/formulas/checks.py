@@ -27,7 +27,7 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
     _check_layers(model, cfg)
     _check_first_stage(model, cfg)
     _check_batch(job, cfg)
-    _check_experts(model, cfg)
+    _check_experts(model, cfg, framework(job.framework))
     if job.recompute_modules != ("core_attn",) and job.framework != "megatron":
         raise SpecError(f"recompute_modules {list(job.recompute_modules)} is Megatron-LM's "
                         f"--recompute-modules; {job.framework}'s selective recompute is its own: "
@@ -39,10 +39,6 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
         raise SpecError(f"recompute module mla_up_proj re-runs latent attention's up "
                         f"projections; {model.name} has no multi-head latent attention: drop it "
                         "from --recompute-modules")
-    if cfg.etp is not None and cfg.etp != cfg.tp and job.framework != "megatron":
-        raise SpecError(f"etp={cfg.etp} (expert tensor parallel other than tp) is Megatron-Core's "
-                        f"MoE parallel folding (--expert-tensor-parallel-size); {job.framework}'s "
-                        "experts split as its tp: leave etp unset or use --framework megatron")
     _check_framework(framework(job.framework), job, cfg)
     if cfg.pipeline_schedule == "combined-1f1b":
         _check_combined(model, framework(job.framework), job, cfg)
@@ -158,54 +154,73 @@ def _check_batch(job: Job, cfg: ParallelConfig) -> None:
         )
 
 
-def _check_experts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
+def _check_experts(model: ModelSpec | LayerCosts, cfg: ParallelConfig, fw: Framework
+                   ) -> None:
     """Expert parallel needs an MoE model whose experts, and the ranks it reuses, it divides;
     a folded expert mesh (``etp``) the same (``_check_folding``)."""
     if cfg.etp is not None and cfg.etp != cfg.tp:
-        _check_folding(model, cfg)
-        return
-    if cfg.ep <= 1:
-        return
-    if not model.is_moe:
-        raise SpecError(f"ep={cfg.ep} needs a mixture-of-experts model; {model.name} is dense")
-    experts = model.num_experts if isinstance(model, ModelSpec) else model.moe_routing()[1]
-    if experts % cfg.ep:
-        raise SpecError(f"ep={cfg.ep} does not divide num_experts={experts}")
-    if (cfg.dp * cfg.cp) % cfg.ep:
-        raise SpecError(
-            f"ep={cfg.ep} must divide dp*cp = {cfg.dp * cfg.cp} (expert parallel reuses the "
-            "data- and context-parallel ranks)"
-        )
-    if cfg.zero_stage and cfg.shard_degree % cfg.ep:
-        raise SpecError(
-            f"ep={cfg.ep} must divide the ZeRO shard degree {cfg.shard_degree} "
-            "(sharding_group*cp) so expert states shard evenly"
-        )
+        _check_folding(model, cfg, fw)
+    elif cfg.ep > 1:
+        if not model.is_moe:
+            raise SpecError(f"ep={cfg.ep} needs a mixture-of-experts model; {model.name} is "
+                            "dense")
+        experts = model.num_experts if isinstance(model, ModelSpec) else model.moe_routing()[1]
+        if experts % cfg.ep:
+            raise SpecError(f"ep={cfg.ep} does not divide num_experts={experts}")
+        if (cfg.dp * cfg.cp) % cfg.ep:
+            raise SpecError(
+                f"ep={cfg.ep} must divide dp*cp = {cfg.dp * cfg.cp} (expert parallel reuses "
+                "the data- and context-parallel ranks)"
+            )
+        if cfg.zero_stage and cfg.shard_degree % cfg.ep:
+            raise SpecError(
+                f"ep={cfg.ep} must divide the ZeRO shard degree {cfg.shard_degree} "
+                "(sharding_group*cp) so expert states shard evenly"
+            )
+    if fw.ep_in_shard_group and cfg.ep > 1:
+        shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage else 1
+        room = shard * cfg.cp * cfg.tp
+        if room % (cfg.ep * cfg.expert_tp):
+            raise SpecError(
+                f"{fw.name}: ep*etp = {cfg.ep * cfg.expert_tp} must divide the FSDP shard "
+                f"group x cp x tp = {room} (its experts' mesh: efsdp = dp_shard * cp * tp / "
+                "(etp * ep), torchtitan/distributed/parallel_dims.py); DDP (zero_stage 0) "
+                "shards nothing: use zero_stage 2 or 3, or a smaller ep")
 
 
-def _check_folding(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> None:
-    """Megatron-Core's MoE parallel folding: the experts' etp x ep x expert-DP mesh covers a
-    pipeline stage's tp * cp * dp ranks (megatron/core/parallel_state.py
+def _check_folding(model: ModelSpec | LayerCosts, cfg: ParallelConfig, fw: Framework
+                   ) -> None:
+    """A folded expert mesh: the experts' etp x ep x expert-DP mesh covers a pipeline stage's
+    tp * cp * dp ranks (Megatron-Core's MoE parallel folding, megatron/core/parallel_state.py
     ``initialize_model_parallel``: the expert data-parallel size is the world over
-    etp * ep * pp, which must divide it), the experts divide by ep and their MLP width by
-    etp, with the distributed optimizer (ZeRO-1) or none."""
+    etp * ep * pp, which must divide it; torchtitan's etp 1, parallel_dims.py), the experts
+    divide by ep and their MLP width by etp, with the ZeRO stages the trainer folds with
+    (``Framework.folded_zero_max``: Megatron-LM's distributed optimizer, torchtitan's
+    FSDP)."""
+    etp = cfg.expert_tp
+    if fw.expert_tp == "tp" or (fw.expert_tp == "tp_or_1" and etp != 1):
+        allowed = "1 or tp" if fw.expert_tp == "tp_or_1" else "tp"
+        raise SpecError(f"etp={etp} under tp={cfg.tp}: {fw.name} splits its experts over "
+                        f"etp = {allowed} (any etp dividing tp is Megatron-Core's MoE parallel "
+                        "folding): change etp or use --framework megatron")
     if not isinstance(model, ModelSpec):
         raise SpecError("etp (expert tensor parallel other than tp) is costed for model "
                         "presets and configs, not traced modules; leave etp unset")
     if not model.is_moe:
         raise SpecError(f"etp={cfg.etp} needs a mixture-of-experts model; {model.name} is dense")
     ranks = cfg.tp * cfg.cp * cfg.dp
-    if ranks % (cfg.expert_tp * cfg.ep):
-        raise SpecError(f"etp*ep = {cfg.expert_tp * cfg.ep} must divide tp*cp*dp = {ranks} "
+    if ranks % (etp * cfg.ep):
+        raise SpecError(f"etp*ep = {etp * cfg.ep} must divide tp*cp*dp = {ranks} "
                         "(the experts' mesh folds over a pipeline stage's ranks)")
     if model.num_experts % cfg.ep:
         raise SpecError(f"ep={cfg.ep} does not divide num_experts={model.num_experts}")
-    if (model.moe_ffn_hidden_size or 0) % cfg.expert_tp:
-        raise SpecError(f"etp={cfg.expert_tp} does not divide the experts' MLP width "
+    if (model.moe_ffn_hidden_size or 0) % etp:
+        raise SpecError(f"etp={etp} does not divide the experts' MLP width "
                         f"{model.moe_ffn_hidden_size}")
-    if cfg.zero_stage > 1:
-        raise SpecError(f"etp={cfg.etp} with zero_stage={cfg.zero_stage}: folded expert meshes "
-                        "are costed with the distributed optimizer (zero_stage 0 or 1)")
+    if cfg.zero_stage > fw.folded_zero_max:
+        raise SpecError(f"etp={cfg.etp} with zero_stage={cfg.zero_stage}: {fw.name}'s folded "
+                        f"expert meshes run with zero_stage {fw.folded_zero_max} at most "
+                        "(Megatron-LM's distributed optimizer)")
 
 
 _COMBINED = "pipeline_schedule='combined-1f1b' (--overlap-moe-expert-parallel-comm)"

@@ -613,17 +613,19 @@ def pipeline_bound(t: np.ndarray, f: np.ndarray | None, count: np.ndarray, m: np
 
 def pairs(count: np.ndarray, m: np.ndarray, v: np.ndarray, schedule: np.ndarray
            ) -> np.ndarray:
-    """Per stage column, the most overlapped pairs a rank of it runs (its last rank's): a V
-    schedule's chunk-micro-batches at most (``vschedules``: a pair holds one forward), and
-    under combined 1F1B every chunk-micro-batch past the warm-up (``_combined_order``): ``m
-    v - min((v - 1) k + 2 (p - r - 1) + 1, m v)``, ``m - 1`` without a pipeline."""
+    """Per stage column, the most overlapped pairs a rank of it runs (its last rank's): under
+    DualPipeV ``2 m - 3 p + 1 + min(r, p - 2)`` (counted from torch's op order,
+    ``vschedules._dualpipev``, for every p and m it takes; ZB-V pairs nothing), and under
+    combined 1F1B every chunk-micro-batch past the warm-up (``_combined_order``): ``m v -
+    min((v - 1) k + 2 (p - r - 1) + 1, m v)``, ``m - 1`` without a pipeline."""
     r = stage_cumsum(count) - 1
     p = count.sum(axis=0)
     k = m // np.maximum(1, m // p)
     warm = np.where(v > 1, (v - 1) * k + 2 * (p - r - 1), 0) + 1
     comb = np.maximum(m * v - np.minimum(warm, m * v), 0)
+    dual = np.clip(2 * m - 3 * p + 1 + np.minimum(r, p - 2), 0, m * v)
     return np.where(schedule == SCHEDULE_CODES["combined-1f1b"], comb,
-                    np.where(is_v(schedule), m * v, 0)).astype(float)
+                    np.where(schedule == SCHEDULE_CODES["dualpipev"], dual, 0)).astype(float)
 
 
 _NAMES = {code: name for name, code in SCHEDULE_CODES.items()}

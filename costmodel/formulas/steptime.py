@@ -75,7 +75,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.config import Job
-from costmodel.formulas.arrays import SCHEDULE_CODES, ConfigArrays, first_argmax
+from costmodel.formulas.arrays import (
+    RECOMPUTE_CODES,
+    SCHEDULE_CODES,
+    ConfigArrays,
+    first_argmax,
+)
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import MemoryTable
 from costmodel.formulas.pipeline import pairs, pipeline_bound, table_makespan
@@ -93,6 +98,7 @@ from costmodel.formulas.stepterms import (
     table_rows,
 )
 from costmodel.formulas.tpcomm import tensor_parallel
+from costmodel.frameworks import framework
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.units import MIB
@@ -191,17 +197,24 @@ def optimizer_bytes(job: Job, model: Widths) -> tuple[float, float]:
 def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray
                 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(what one overlapped forward-backward pair saves per micro-batch on each stage, its
-    most over every recompute and sharding of the row) under Megatron-LM's combined 1F1B;
-    (None, None) where no row runs it.
+    most over every recompute and sharding of the row) under Megatron-LM's combined 1F1B and
+    the DualPipeV of a trainer that overlaps its pairs' expert communication
+    (``Framework.dualpipev_ep_overlap``: torchtitan 0.2.2 with pp > 1, ep > 1 and no
+    activation checkpointing); (None, None) where no row runs either.
 
     A pair runs one micro-batch's forward beside another's backward on two streams, each
     one's expert dispatch and combine under the other's compute (megatron/core/
-    pipeline_parallel/combined_1f1b.py; DeepSeek-V3 report, Sec. 3.2.1). Communication beside
+    pipeline_parallel/combined_1f1b.py; torchtitan/distributed/dual_pipe_v.py; DeepSeek-V3
+    report, Sec. 3.2.1). Communication beside
     compute slows it by ``k`` seconds per second (``GPU.efficiency.comm_slowdown``, the one
     fitted for every overlapped collective: the kernels take SMs and HBM bandwidth), so with
     the all-to-alls ``A`` (both passes') beside the compute ``C`` the pair takes
     ``max(C + k A, A)``, saving ``min((1 - k) A, C)`` of ``C + A``."""
-    comb = r.a.schedule == SCHEDULE_CODES["combined-1f1b"]
+    a = r.a
+    comb = a.schedule == SCHEDULE_CODES["combined-1f1b"]
+    if framework(r.job.framework).dualpipev_ep_overlap:
+        comb = comb | ((a.schedule == SCHEDULE_CODES["dualpipev"]) & (a.pp > 1) & (a.ep > 1)
+                       & (a.recompute == RECOMPUTE_CODES["none"]))
     if not comb.any():
         return None, None
     k = min(r.cluster.gpu.efficiency.comm_slowdown, 1.0)

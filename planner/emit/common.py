@@ -156,14 +156,15 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set_job(f"{trainer}'s file runs its loss "
                    f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
                    "as the plan assumed: re-estimated with it", compile_loss=None)
-    if cfg.etp is not None and cfg.etp != cfg.tp and fw.name != "megatron":
+    if cfg.expert_tp != cfg.tp and fw.expert_tp != "divisors" \
+            and not (fw.expert_tp == "tp_or_1" and cfg.expert_tp == 1):
         raise SpecError(f"{trainer} cannot run the plan's folded expert mesh (etp={cfg.etp} "
                         f"under tp={cfg.tp}, Megatron-Core's MoE parallel folding): emit "
                         "megatron, or plan with etp unset")
-    if job.moe_dispatcher != "alltoall" and fw.name != "megatron":
+    if job.moe_dispatcher not in fw.moe_dispatchers:
         ch.set_job(f"{trainer}'s file dispatches a MoE layer's tokens with its own all-to-all, "
-                   f"not the {job.moe_dispatcher} dispatcher the plan assumed (Megatron-LM's): "
-                   "re-estimated with it", moe_dispatcher="alltoall")
+                   f"not the {job.moe_dispatcher} dispatcher the plan assumed: re-estimated "
+                   "with it", moe_dispatcher="alltoall")
     if job.precision == "nvfp4" and fw.name != "megatron":
         ch.set_job(f"the plan's NVFP4 is Transformer Engine's recipe (Megatron-LM); {trainer}'s "
                    "own NVFP4 linears are not modelled: emitted MXFP8 and re-estimated with it",

@@ -137,12 +137,27 @@ def lower(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig) -> Lower
     if job.optimizer not in ("adamw", "adam"):
         ch.set_job(f"torchtitan's optimizers are Adam and AdamW, not {job.optimizer}: "
                    f"emitted AdamW", optimizer="adamw")
+    _lower_moe(model, ch)
     if job.tp_comm_overlap and ch.cfg.tp > 1 and not job.compile:
         # torchtitan refuses async TP without torch.compile (its micro-pipelined collectives
         # are a compiler pass), so the file compiles the model, which the estimate then times.
         ch.set_job("torchtitan's async TP needs torch.compile: emitted with compile on",
                    compile=True)
     return ch.result()
+
+
+def _lower_moe(model: ModelSpec | LayerCosts, ch: Any) -> None:
+    """DeepEP as torchtitan 0.2.2 runs it ([parallelism] expert_parallel_comm_backend
+    "deepep"): its DeepSeek-V3 and Llama 4 parallelize functions refuse it without expert
+    parallelism or with the experts split over TP ("DeepEP with Expert Tensor Parallelism
+    (ETP) is not supported yet"); there the file runs its all-to-all."""
+    if not model.is_moe or ch.job.moe_dispatcher != "deepep":
+        return
+    if ch.cfg.ep == 1 or ch.cfg.expert_tp > 1:
+        why = "without expert parallelism (ep=1)" if ch.cfg.ep == 1 else \
+            f"with the experts split over tensor parallel (etp={ch.cfg.expert_tp})"
+        ch.set_job(f"torchtitan 0.2.2 runs DeepEP only with expert parallelism and unsplit "
+                   f"experts, not {why}: emitted its all-to-all", moe_dispatcher="alltoall")
 
 
 def _parts(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> list[list[str]]:
@@ -204,6 +219,19 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
         "context_parallel_degree": cfg.cp,
         "expert_parallel_degree": cfg.ep,
     }
+    if model.is_moe:
+        # torchtitan 0.2.2 splits the experts over TP only when told to (its
+        # expert_tensor_parallel_degree defaults to 1: "partial dp + all tp -> ep"); the
+        # estimate's experts split as the plan's etp (tp unless folded).
+        par["expert_tensor_parallel_degree"] = cfg.expert_tp
+        if job.moe_dispatcher == "deepep":
+            par["expert_parallel_comm_backend"] = "deepep"
+        if cfg.pipeline_schedule == "dualpipev" and cfg.pp > 1 and cfg.ep > 1:
+            # torchtitan 0.2.2 overlaps one micro-batch's expert dispatch and combine with
+            # another's compute in DualPipeV (pipeline_parallel_expert_parallel_overlap, on by
+            # default) and refuses that with activation checkpointing
+            # (torchtitan/distributed/dual_pipe_v.py, get_dual_pipe_v_flag).
+            par["pipeline_parallel_expert_parallel_overlap"] = cfg.recompute == "none"
     if cfg.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULES[str(cfg.pipeline_schedule)]
         par["pipeline_parallel_microbatch_size"] = cfg.micro_batch_size
@@ -339,11 +367,14 @@ def read(text: str, model: ModelSpec) -> ReadBack:
                 stage_layers = tuple(sizes)
         elif len(set(sizes)) > 1:
             stage_layers = tuple(sizes)
+    tp = par["tensor_parallel_degree"]
+    # torchtitan's default expert TP is 1 (the experts over all TP ranks, unsplit).
+    etp = par.get("expert_tensor_parallel_degree", 1) if model.is_moe else tp
     cfg = ParallelConfig(
-        dp=dp, tp=par["tensor_parallel_degree"], pp=pp, cp=par["context_parallel_degree"],
-        ep=par["expert_parallel_degree"], zero_stage=zero,
+        dp=dp, tp=tp, pp=pp, cp=par["context_parallel_degree"],
+        ep=par["expert_parallel_degree"], etp=None if etp == tp else etp, zero_stage=zero,
         sharding_group=shard if zero and rep > 1 else None,
-        sequence_parallel=par["tensor_parallel_degree"] > 1, micro_batch_size=mbs,
+        sequence_parallel=tp > 1, micro_batch_size=mbs,
         pipeline_schedule=schedule, virtual_pipeline_stages=v,
         offload="optimizer+params" if tr["enable_cpu_offload"] else "none",
         stage_layers=stage_layers, recompute="none")
