@@ -136,8 +136,16 @@ class Framework:
     # in fp32 (torchtitan's MoEArgs.score_before_experts, default True, torchtitan/models/
     # moe/moe.py @08dc75ae): the product keeps the token's fp32 copy for the score's
     # gradient, and the combine after the experts is a plain sum, which keeps nothing.
-    # Megatron-LM weights the experts' outputs as it un-permutes them, keeping those.
+    # Megatron-LM weights the experts' outputs as it un-permutes them, keeping those, unless
+    # it weights inside the experts (below).
     moe_scores_before_experts: bool = False
+    # Whether a MoE layer multiplies each routed token's activation by its router
+    # probability inside the experts (Megatron-Core 0.13 and later: "Memory efficient token
+    # permutation", NVIDIA/Megatron-LM 2659630, 2025-04-09: GroupedMLP's
+    # activation_func_with_probs and the fused weighted SwiGLU, which keep the fc1 output
+    # and the fp32 probabilities, and the un-permute weights nothing): no [tokens, h] copy
+    # of the experts' outputs is kept for the probabilities' gradient.
+    moe_probs_in_activation: bool = False
     # float8 training by torchao's Float8Linear (dynamic scaling: an amax reduction and a cast
     # of each linear's input, and in backward of its output gradient, plus transposed fp8
     # copies for the weight-gradient matmul; torchao/float8/float8_linear.py), rather than
@@ -207,6 +215,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         schedules=("1f1b", "interleaved-1f1b", "combined-1f1b"),
         moe_dispatchers=("alltoall", "allgather", "deepep"),
         expert_tp="divisors",
+        moe_probs_in_activation=True,
         offloads=(("none", 0), ("optimizer", 1)),
         zero_with_pp=(0, 1),
         param_shard_stage=3,

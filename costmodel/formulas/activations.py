@@ -109,7 +109,7 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         held = routed * a.expert_tp / tp
         # The experts' outputs are weighted by the router's probabilities as they are
         # combined, and that product keeps them for the probabilities' gradient: Megatron-
-        # Core's unpermute multiplies the permuted tokens by the probs
+        # Core's unpermute multiplied the permuted tokens by the probs before 0.13
         # (megatron/core/transformer/moe/moe_utils.py), torchtitan's MoE its routed output
         # by top_scores, GShard's combine einsum its expert outputs. Before the TP reduction
         # (a partial sum on each rank).
@@ -118,6 +118,10 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
         # moe_scores_before_experts); compiled, the partitioner recomputes that pointwise
         # product from the layer's input and keeps nothing more.
         kept = (0.0 if compiled else 4.0) if fw.moe_scores_before_experts else e
+        if fw.moe_probs_in_activation:
+            # Megatron-Core 0.13+ weights inside the experts' activation (Framework.
+            # moe_probs_in_activation): only each routed copy's fp32 probability stays.
+            kept = 4.0 / h
         # Under autocast the scaled tokens stay fp32, and each of the experts' input
         # projections casts them itself (torchtitan's ``x.bfloat16()`` per grouped matmul).
         mlp = (mlp_rep + 4.0 * tokens * model.num_experts * rep  # fp32 router probabilities
