@@ -14,11 +14,13 @@ other GPU counts and GPU types, ranked by time and by cost).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from costmodel.errors import SpecError
 from costmodel.formulas.estimate import Estimate
 from costmodel.formulas.memory import TERMS
 from costmodel.formulas.steptime import COMM_KINDS, TIME_TERMS
@@ -196,7 +198,8 @@ def frontier_chart(front: Frontier, *, cost: bool = False, plan: Estimate | None
     capacity dashed, the plan as a gold dot and ``selected`` ringed. Each dot has ``data-i``
     (its index in ``front``) and its configuration as a hover title."""
     if cost and not usd_per_gpu_hour:
-        raise ValueError("cost needs usd_per_gpu_hour")
+        raise SpecError("a frontier by cost needs the GPU's price (usd_per_gpu_hour); its "
+                        "profile has none: draw it by step time")
     per = (num_gpus * (usd_per_gpu_hour or 0.0) / 3600) / (front.tokens_per_step / 1e6)
     ys = [float(s) * (per if cost else 1.0) for s in front.step_time_s]
     mem = [float(m) / GIB for m in front.peak_memory_bytes]
@@ -204,7 +207,7 @@ def frontier_chart(front: Frontier, *, cost: bool = False, plan: Estimate | None
     right = width - 20
     lo, hi = min(mem), max([*mem, front.capacity_bytes / GIB])
     x = Axis(lo / 1.2, hi * 1.2, left, right, log=True)
-    y = Axis(0.0, max(ys) * 1.05, top + plot_h, top)
+    y = Axis(0.0, max([v for v in ys if math.isfinite(v)] + [1e-9]) * 1.05, top + plot_h, top)
     c = Canvas(width, top + plot_h + 46, "frontier")
     what = "US$ per million tokens" if cost else "step time (s)"
     title = f"{front.total:,} configurations timed: {what} against memory"

@@ -22,7 +22,7 @@ from inprocess import run_planner
 
 from costmodel.formulas.memory import TERMS
 from costmodel.units import GIB
-from planner import estimate, figures, frontier, load_model, timeline
+from planner import SpecError, estimate, figures, frontier, load_model, timeline
 from planner.emit import read_back
 from planner.explore import what_if, what_if_label
 from planner.web.problems import MAX_UPLOAD_BYTES, FormError, form_argv, load
@@ -184,6 +184,8 @@ def test_figures_hold_the_estimates_numbers() -> None:
     assert j is not None
     assert estimate(model, p.cluster, j, front.configs[i]).step_time_s == \
         pytest.approx(float(front.step_time_s[i]), rel=1e-9)
+    with pytest.raises(SpecError, match="needs the GPU's price"):
+        figures.frontier_chart(front, cost=True, usd_per_gpu_hour=None)
 
 
 def test_a_figure_saves_and_shows_in_a_notebook(tmp_path: Any) -> None:
