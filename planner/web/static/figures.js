@@ -99,6 +99,7 @@
       draw();
     });
     svg.addEventListener("dblclick", function () { view = {lo: 0, hi: span}; draw(); });
+    draw();  // labels only on boxes wide enough to hold them
   }
 
   function attachAll(root) {
