@@ -22,7 +22,6 @@ import sys
 from collections.abc import Sequence
 
 from costmodel import Infeasible, SpecError
-from planner import __version__
 from planner.cli import (
     calibrate,
     compare,
@@ -42,13 +41,13 @@ from planner.cli.common import (
     EXIT_INFEASIBLE,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
-    Parser,
     TimeLimit,
     check_outputs,
     one_line,
     time_limit,
     user_code_timeout,
 )
+from planner.cli.parser import command_parser
 
 __all__ = ["EXIT_INFEASIBLE", "EXIT_USAGE", "build_parser", "main"]
 
@@ -59,17 +58,7 @@ COMMANDS = (estimate, plan, explain, compare, emit, plot, serve, run, validate, 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``planner`` command."""
-    parser = Parser(
-        prog="planner",
-        description="Auto-parallel planner: how to split training of a large model, and "
-        "whether it fits in memory.",
-    )
-    parser.add_argument("--version", action="version",
-                        version=f"planner (autoparallel-planner) {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        command.add_parser(sub)
-    return parser
+    return command_parser(COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

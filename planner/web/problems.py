@@ -26,8 +26,9 @@ from typing import Any
 import hardware_profiles
 from costmodel import Cluster, Infeasible, Job, ModelSpec, SpecError
 from costmodel.formulas.layercosts import LayerCosts
-from planner.cli import build_parser
+from planner.cli import plan as plan_command
 from planner.cli.common import load_constraints, load_problem, one_line
+from planner.cli.parser import command_parser
 from planner.result import Plan
 from planner.space import Constraints
 
@@ -141,7 +142,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     err = io.StringIO()
     with _PARSE_LOCK, contextlib.redirect_stderr(err):
         try:
-            args = build_parser().parse_args(argv)
+            args = command_parser((plan_command,)).parse_args(argv)
         except SystemExit:
             line = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else \
                 "planner plan: error: invalid arguments"
