@@ -209,12 +209,12 @@ WHATIF_GPUS = ("a100-80gb", "h100-sxm", "h200", "b200", "mi300x")
 def what_if(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, *,
             constraints: Constraints | str | Mapping[str, Any] | None = None,
             gpu_counts: Sequence[int] | None = None, gpus: Sequence[str] | None = None,
-            progress: Callable[[float], None] | None = None) -> tuple[list[SweepPoint], int]:
+            progress: Callable[[float], None] | None = None) -> list[SweepPoint]:
     """The same job planned on other GPU counts (default: half and twice the cluster's, in
     whole nodes) and on other GPU types (default ``WHATIF_GPUS``, same node shape, each
     GPU's own links), each point a ``SweepPoint`` whose ``value`` is ``(num_gpus, gpu
-    name)``. Returns the points (the job as asked first) and the index of the one asked.
-    Rank them with ``Estimate.step_time_s`` and ``Estimate.usd_per_million_tokens``."""
+    name)``; the first point is the job as asked. Rank them with ``Estimate.step_time_s``
+    and ``Estimate.usd_per_million_tokens``."""
     n, per = cluster.num_gpus, cluster.gpus_per_node
     counts = [c for c in (gpu_counts if gpu_counts is not None else (n // 2, 2 * n))
               if c >= per and c % per == 0 and c != n]
@@ -222,7 +222,7 @@ def what_if(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, *,
     clusters = [cluster] + [_with_gpus(cluster, c) for c in dict.fromkeys(counts)] \
         + [_with_gpu(cluster, g) for g in dict.fromkeys(kinds)]
     return _plan_each(model, [((c.num_gpus, c.gpu.name), c) for c in clusters], job,
-                      constraints, progress), 0
+                      constraints, progress)
 
 
 def what_if_label(point: SweepPoint) -> str:

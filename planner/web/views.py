@@ -80,10 +80,10 @@ def chosen(problem: Problem, cand: str) -> Plan:
     if not index.isdigit():
         raise FormError("", f"planner: error: unknown selection {cand[:40]!r}")
     i = int(index)
-    if kind == "whatif" and problem.whatif is not None and i < len(problem.whatif[0]):
-        found = problem.whatif[0][i].plan
+    if kind == "whatif" and problem.whatif is not None and i < len(problem.whatif):
+        found = problem.whatif[i].plan
         if found is None:
-            raise FormError("", f"planner: infeasible: {problem.whatif[0][i].error}")
+            raise FormError("", f"planner: infeasible: {problem.whatif[i].error}")
         return found
     if kind == "alt" and i < len(base.alternatives):
         a = base.alternatives[i]
@@ -148,7 +148,7 @@ def whatif_view(problem: Problem, progress: Progress) -> dict[str, Any]:
         if problem.whatif is None:
             problem.whatif = what_if(problem.model, problem.cluster, problem.job,
                                      constraints=problem.constraints, progress=progress)
-    points, current = problem.whatif
+    points = problem.whatif
     labels = [what_if_label(pt) for pt in points]
     rows = []
     for i, pt in enumerate(points):
@@ -160,8 +160,8 @@ def whatif_view(problem: Problem, progress: Progress) -> dict[str, Any]:
             row.update(step_time_s=est.step_time_s, config=describe(est.config),
                        usd_per_million_tokens=est.usd_per_million_tokens)
         rows.append(row)
-    return {"svg": figures.whatif_chart(points, labels, current).svg, "rows": rows,
-            "current": current}
+    # what_if's first point is the job as asked.
+    return {"svg": figures.whatif_chart(points, labels, 0).svg, "rows": rows, "current": 0}
 
 
 def download(problem: Problem, cand: str, target: str) -> tuple[str, str]:
