@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FRAMEWORKS", "Framework", "framework", "padded_vocab", "pipelining_problem",
-           "schedule_problem"]
+__all__ = ["FRAMEWORKS", "Framework", "experts_fit", "framework", "padded_vocab",
+           "pipelining_problem", "schedule_problem"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +163,22 @@ class Framework:
     # Engine: NVTE_FLASH_ATTN=0 / NVTE_FUSED_ATTN=0 turn a backend off); the others leave it
     # to the model code and PyTorch's SDPA.
     selects_attention_kernel: bool = False
+
+    def runs_expert_tp(self, tp: int, etp: int) -> bool:
+        """Whether the trainer splits its experts over ``etp`` ranks under ``tp``
+        (``expert_tp``; Megatron-Core folds any etp, and the search offers it tp's
+        divisors)."""
+        if self.expert_tp == "divisors":
+            return True
+        return etp == tp or (self.expert_tp == "tp_or_1" and etp == 1)
+
+
+def experts_fit(shard: int, cp: int, tp: int, ep: int, etp: int) -> bool:
+    """Whether the experts' ep x etp mesh tiles ``shard`` data-parallel ranks x cp x tp, so
+    that their expert-data-parallel group is whole (Megatron-Core: the expert DP size is the
+    stage's tp * cp * dp over etp * ep; torchtitan: efsdp = dp_shard * cp * tp / (etp * ep),
+    torchtitan/distributed/parallel_dims.py)."""
+    return (shard * cp * tp) % (ep * etp) == 0
 
 
 def pipelining_problem(schedule: str, pp: int, num_micro_batches: int) -> str | None:

@@ -18,7 +18,7 @@ from costmodel.formulas.checks import combined_job_problem
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES
 from costmodel.formulas.vschedules import v_split
-from costmodel.frameworks import Framework
+from costmodel.frameworks import Framework, experts_fit
 from costmodel.model import ModelSpec
 
 __all__ = ["RULES", "Filter", "Rejections", "combined_runs", "expert_meshes",
@@ -144,7 +144,7 @@ def expert_meshes(model: ModelSpec | LayerCosts, fw: Framework, f: Filter, dp: i
         return [(e, tp) for e in f.keep("ep", [1])]
     experts = model.moe_routing()[1] if isinstance(model, LayerCosts) else model.num_experts
     folds = fw.expert_tp != "tp" and isinstance(model, ModelSpec) and tp > 1
-    options = sorted(divisors(tp), reverse=True) if fw.expert_tp == "divisors" else [tp, 1]
+    options = [t for t in sorted(divisors(tp), reverse=True) if fw.runs_expert_tp(tp, t)]
     etps = f.keep("etp", options if folds else [tp], [
         ("etp_ffn", lambda t: (model.moe_ffn_hidden_size or 0) % t == 0
          if isinstance(model, ModelSpec) else True)],
@@ -171,7 +171,7 @@ def sharding_options(fw: Framework, f: Filter, dp: int, pp: int, cp: int, ep: in
         ("zero_pipeline", lambda z: pp == 1 or z in fw.zero_with_pp),
         ("zero_folded", lambda z: not folded or z <= fw.folded_zero_max),
         ("ep_shard_group", lambda z: not fw.ep_in_shard_group or ep == 1 or z > 0
-         or (cp * tp) % (ep * etp) == 0)],
+         or experts_fit(1, cp, tp, ep, etp))],
         show=lambda z: f"pp={pp} zero_stage={z}")
     least = dict(fw.offloads)
     out = []
@@ -179,7 +179,7 @@ def sharding_options(fw: Framework, f: Filter, dp: int, pp: int, cp: int, ep: in
         groups = [dp] if z == 0 else f.keep(
             "sharding_group", sorted(divisors(dp), reverse=True),
             [("shard_hybrid", lambda g, z=z: g == dp or z in fw.hybrid_shard_stages),
-             ("shard_experts", lambda g: (g * cp * tp) % (ep * etp) == 0 if folded
+             ("shard_experts", lambda g: experts_fit(g, cp, tp, ep, etp) if folded
               or fw.ep_in_shard_group else (g * cp) % ep == 0),
              ("shard_folded", lambda g: not folded or fw.ep_in_shard_group or g == dp)],
             show=lambda g, z=z: f"zero_stage={z} sharding_group={g}",

@@ -12,7 +12,7 @@ from costmodel.config import V_SCHEDULES, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.roofline import high_precision
-from costmodel.frameworks import Framework, framework, schedule_problem
+from costmodel.frameworks import Framework, experts_fit, framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 
@@ -177,15 +177,15 @@ def _check_experts(model: ModelSpec | LayerCosts, cfg: ParallelConfig, fw: Frame
                 f"ep={cfg.ep} must divide the ZeRO shard degree {cfg.shard_degree} "
                 "(sharding_group*cp) so expert states shard evenly"
             )
-    if fw.ep_in_shard_group and cfg.ep > 1:
-        shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage else 1
+    shard = (cfg.sharding_group or cfg.dp) if cfg.zero_stage else 1
+    if fw.ep_in_shard_group and cfg.ep > 1 and \
+            not experts_fit(shard, cfg.cp, cfg.tp, cfg.ep, cfg.expert_tp):
         room = shard * cfg.cp * cfg.tp
-        if room % (cfg.ep * cfg.expert_tp):
-            raise SpecError(
-                f"{fw.name}: ep*etp = {cfg.ep * cfg.expert_tp} must divide the FSDP shard "
-                f"group x cp x tp = {room} (its experts' mesh: efsdp = dp_shard * cp * tp / "
-                "(etp * ep), torchtitan/distributed/parallel_dims.py); DDP (zero_stage 0) "
-                "shards nothing: use zero_stage 2 or 3, or a smaller ep")
+        raise SpecError(
+            f"{fw.name}: ep*etp = {cfg.ep * cfg.expert_tp} must divide the FSDP shard "
+            f"group x cp x tp = {room} (its experts' mesh: efsdp = dp_shard * cp * tp / "
+            "(etp * ep), torchtitan/distributed/parallel_dims.py); DDP (zero_stage 0) "
+            "shards nothing: use zero_stage 2 or 3, or a smaller ep")
 
 
 def _check_folding(model: ModelSpec | LayerCosts, cfg: ParallelConfig, fw: Framework
@@ -198,7 +198,7 @@ def _check_folding(model: ModelSpec | LayerCosts, cfg: ParallelConfig, fw: Frame
     (``Framework.folded_zero_max``: Megatron-LM's distributed optimizer, torchtitan's
     FSDP)."""
     etp = cfg.expert_tp
-    if fw.expert_tp == "tp" or (fw.expert_tp == "tp_or_1" and etp != 1):
+    if not fw.runs_expert_tp(cfg.tp, etp):
         allowed = "1 or tp" if fw.expert_tp == "tp_or_1" else "tp"
         raise SpecError(f"etp={etp} under tp={cfg.tp}: {fw.name} splits its experts over "
                         f"etp = {allowed} (any etp dividing tp is Megatron-Core's MoE parallel "
@@ -208,9 +208,9 @@ def _check_folding(model: ModelSpec | LayerCosts, cfg: ParallelConfig, fw: Frame
                         "presets and configs, not traced modules; leave etp unset")
     if not model.is_moe:
         raise SpecError(f"etp={cfg.etp} needs a mixture-of-experts model; {model.name} is dense")
-    ranks = cfg.tp * cfg.cp * cfg.dp
-    if ranks % (etp * cfg.ep):
-        raise SpecError(f"etp*ep = {etp * cfg.ep} must divide tp*cp*dp = {ranks} "
+    if not experts_fit(cfg.dp, cfg.cp, cfg.tp, cfg.ep, etp):
+        raise SpecError(f"etp*ep = {etp * cfg.ep} must divide tp*cp*dp = "
+                        f"{cfg.tp * cfg.cp * cfg.dp} "
                         "(the experts' mesh folds over a pipeline stage's ranks)")
     if model.num_experts % cfg.ep:
         raise SpecError(f"ep={cfg.ep} does not divide num_experts={model.num_experts}")

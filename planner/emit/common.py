@@ -156,8 +156,7 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set_job(f"{trainer}'s file runs its loss "
                    f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
                    "as the plan assumed: re-estimated with it", compile_loss=None)
-    if cfg.expert_tp != cfg.tp and fw.expert_tp != "divisors" \
-            and not (fw.expert_tp == "tp_or_1" and cfg.expert_tp == 1):
+    if not fw.runs_expert_tp(cfg.tp, cfg.expert_tp):
         raise SpecError(f"{trainer} cannot run the plan's folded expert mesh (etp={cfg.etp} "
                         f"under tp={cfg.tp}, Megatron-Core's MoE parallel folding): emit "
                         "megatron, or plan with etp unset")
