@@ -31,15 +31,17 @@ from planner.explore import Frontier, SweepPoint
 from planner.svg import COLORS, Axis, Canvas
 from planner.timeline import Timeline
 
-__all__ = ["Figure", "frontier_chart", "memory_chart", "step_time_chart", "timeline_chart",
-           "whatif_chart"]
+__all__ = ["OP_NAMES", "Figure", "frontier_chart", "memory_chart", "step_time_chart",
+           "timeline_chart", "whatif_chart"]
 
 _MEMORY = dict(zip(TERMS, (COLORS["blue"], COLORS["orange"], COLORS["green"], COLORS["red"],
                            COLORS["purple"], COLORS["gray"]), strict=True))
 _OPS = {"F": COLORS["blue"], "B": COLORS["green"], "I": COLORS["lightgreen"],
         "W": COLORS["yellowgreen"], "O": COLORS["purple"]}
-_OP_NAMES = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
-             "O": "forward + backward, overlapped"}
+#: What each pipeline op kind is, as the timelines' legends name it (here and in
+#: ``planner.plots``).
+OP_NAMES = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
+            "O": "forward + another's backward, overlapped"}
 
 
 def _script() -> str:
@@ -164,7 +166,7 @@ def timeline_chart(tl: Timeline) -> Figure:
     for o in tl.ops:
         s, e = o.start - t0, o.end - t0
         yy = top + row_h * o.stage + 2
-        what = _OP_NAMES[o.kind]
+        what = OP_NAMES[o.kind]
         other = f" with backward {o.b_micro_batch}" if o.kind == "O" else ""
         tip = (f"rank {o.stage}: {what} of micro-batch {o.micro_batch}{other}, chunk "
                f"{o.chunk}; {1e3 * s:.2f} to {1e3 * e:.2f} ms")
@@ -181,7 +183,7 @@ def timeline_chart(tl: Timeline) -> Figure:
     kinds = sorted({o.kind for o in tl.ops}, key="FBIWO".index)
     for i, k in enumerate(kinds):
         c.rect(left + 170 * i, top + row_h * p + 44, 11, 11, _OPS[k])
-        c.text(left + 170 * i + 15, top + row_h * p + 54, _OP_NAMES[k], size=10)
+        c.text(left + 170 * i + 15, top + row_h * p + 54, OP_NAMES[k], size=10)
     return Figure("timeline", title, c.render(title))
 
 

@@ -24,6 +24,7 @@ from costmodel.units import GIB, plural
 from hardware_profiles.files import write_bytes
 from planner.explore import Frontier, SweepPoint
 from planner.figures import (
+    OP_NAMES,
     Figure,
     frontier_chart,
     memory_chart,
@@ -186,10 +187,8 @@ def plot_timeline(tl: Timeline, ax: Any = None, max_micro_batches: int | None = 
     kinds = sorted({o.kind for o in ops}, key="FBIWO".index)
     import matplotlib.patches as mpatches
 
-    names = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
-             "O": "forward + another's backward, overlapped"}
     # Beside the ranks, not over the ops.
-    ax.legend(handles=[mpatches.Patch(color=_OP_COLORS[k], label=names[k]) for k in kinds],
+    ax.legend(handles=[mpatches.Patch(color=_OP_COLORS[k], label=OP_NAMES[k]) for k in kinds],
               fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     v = f", v={tl.virtual_stages}" if tl.virtual_stages > 1 else ""
     ax.set_title(f"{tl.schedule}{v}: {plural(tl.num_micro_batches, 'micro-batch')} on "
