@@ -155,6 +155,8 @@ FIGURES: dict[str, Figure] = {
     "megatron2021-fit": Figure(VALIDATE, pick=_row("megatron2021", 2)),
     "mtnlg-loso": Figure(VALIDATE, pick=_row("mtnlg-530b", 4)),
     "mbridge-loso": Figure(VALIDATE, pick=_row("megatron-bridge-perf", 4)),
+    # the frontier MoE runs held out of the fit (planner validate --frontier)
+    "frontier-mean": Figure("planner validate --frontier", pick=_row("all", 2)),
     # per GPU generation and trainer (the cells table of planner validate --summary)
     **{f"cell-{c.replace('/', '-')}-{what}": Figure(VALIDATE, pick=_row(c, col))
        for c in ("hopper/megatron", "hopper/torchtitan", "ampere/megatron",

@@ -17,6 +17,7 @@ from costmodel.formulas.moe import (
     dispatch_combine,
     remote_domains,
     routed_load,
+    units_hit,
 )
 from planner.emit import emit, read_back
 from planner.emit.megatron import parse_array
@@ -100,19 +101,60 @@ def test_remote_domains_counts_distinct_destination_nodes() -> None:
     assert float(remote_domains(2, 4, 1)) == pytest.approx(exact, rel=0.1)
 
 
-def test_deepep_sends_one_network_copy_per_destination_node() -> None:
-    """Across nodes DeepEP's normal kernels send a token once per destination node and
-    forward it over NVLink: fewer network bytes than an all-to-all of every routed copy; in
-    one node they move the same; the all-gather dispatcher moves the whole group's tokens,
-    whatever top-k."""
+def _distinct_units(routings: list[tuple[int, ...]], unit_of: list[int]) -> float:
+    """Mean number of distinct units the experts of equally likely routings are on."""
+    return float(np.mean([len({unit_of[x] for x in r}) for r in routings]))
+
+
+def test_units_hit_is_the_exact_expectation_over_every_routing() -> None:
+    """Expected ranks (or domains) holding any of a token's experts, against brute force
+    over every routing of small cases: uniform top-k, group-limited routing whose groups a
+    unit holds whole (DeepSeek-V3's node limit), groups spanning several units, and NeMo
+    AutoModel's fake balanced gate (one contiguous block of top-k experts per token)."""
+    import itertools
+
+    # Uniform: top-3 of 8 experts on 4 ranks of 2.
+    uniform = list(itertools.combinations(range(8), 3))
+    assert float(units_hit(3, 4, 1, num_experts=8)) == pytest.approx(
+        _distinct_units(uniform, [x // 2 for x in range(8)]), rel=1e-9)
+    # Group-limited: 16 experts in 8 groups of 2, a token's top-3 from 2 groups drawn at
+    # random; 4 ranks of 4 experts (2 whole groups each).
+    limited = [c for gs in itertools.combinations(range(8), 2)
+               for c in itertools.combinations([2 * g + i for g in gs for i in (0, 1)], 3)]
+    assert float(units_hit(3, 4, 1, groups=8, limit=2, num_experts=16)) == pytest.approx(
+        _distinct_units(limited, [x // 4 for x in range(16)]), rel=1e-9)
+    # Groups spanning ranks: 2 groups of 8 experts, limit 1, 8 ranks of 2 experts.
+    spanning = [c for g in (0, 1) for c in itertools.combinations(range(8 * g, 8 * g + 8), 3)]
+    assert float(units_hit(3, 8, 1, groups=2, limit=1, num_experts=16)) == pytest.approx(
+        _distinct_units(spanning, [x // 2 for x in range(16)]), rel=1e-9)
+    # The fake balanced gate on DeepSeek-V3's 256 experts, top-8, over EP 64 (4 experts a
+    # rank) on 8 nodes: 2 ranks, one node, remote with chance 7/8.
+    assert float(units_hit(8, 64, 1, groups=32, limit=1, num_experts=256)) == 2.0
+    assert float(remote_domains(8, 64, 8, 32, 1, 256)) == pytest.approx(7 / 8)
+
+
+def test_deepep_sends_a_token_once_per_rank_and_once_per_node() -> None:
+    """DeepEP's normal kernels send a token once to each rank holding any of its experts and,
+    across nodes, once per destination node, forwarded over NVLink: fewer bytes than an
+    all-to-all of every routed copy, in a node by the share of distinct ranks, and by much
+    more where a token's experts share a rank; the all-gather dispatcher moves the whole
+    group's tokens, whatever top-k."""
     topo = Topology.of(Cluster.preset("dgx-h100", num_nodes=8))
     nbytes = 2 * 4096 * 2048.0
     a2a = dispatch_combine(topo, "alltoall", nbytes, 8, 1.0, 64, 1)
-    deep = dispatch_combine(topo, "deepep", nbytes, 8, 1.0, 64, 1)
+    deep = dispatch_combine(topo, "deepep", nbytes, 8, 1.0, 64, 1, num_experts=256)
     assert float(deep) < float(a2a)
     one = Topology.of(Cluster.preset("dgx-h100"))
-    assert float(dispatch_combine(one, "deepep", nbytes, 8, 1.0, 8, 1)) == pytest.approx(
-        float(dispatch_combine(one, "alltoall", nbytes, 8, 1.0, 8, 1)), rel=0.35)
+    nbytes = 2 * 16384 * 7168.0  # large enough that the fixed latencies do not count
+    in_node = float(dispatch_combine(one, "alltoall", nbytes, 8, 1.0, 8, 1))
+    # 256 experts over 8 ranks: a token's top-8 reach 5.29 ranks on average.
+    share = float(units_hit(8, 8, 1, num_experts=256)) / 8
+    assert share == pytest.approx(0.662, abs=1e-3)
+    assert float(dispatch_combine(one, "deepep", nbytes, 8, 1.0, 8, 1, num_experts=256)) \
+        == pytest.approx(share * in_node, rel=0.05)
+    # 128 experts in 16 blocks of 8, one block a token: all its experts on one rank of 16.
+    blocked = float(dispatch_combine(one, "deepep", nbytes, 8, 1.0, 8, 1, 16, 1, 128))
+    assert blocked == pytest.approx(in_node / 8, rel=0.1)
     ag = [float(dispatch_combine(topo, "allgather", nbytes, k, 1.0, 64, 1)) for k in (2, 8)]
     assert ag[0] == ag[1]
     assert float(dispatch_combine(topo, "allgather", nbytes, 8, 1.0, 1, 1)) == 0.0

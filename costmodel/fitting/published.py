@@ -227,7 +227,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     ``grad_reduce_in_fp32``, ``distribute_saved_activations`` and
     ``zero3_synchronous_gather`` (DeepSpeed's ZeRO-3 of 2021), ``float8_recipe``,
     ``moe_dispatcher`` and ``moe_router_force_load_balancing`` (the forced even routing of
-    benchmark tables: ``Job.moe_load_imbalance`` 1.0)."""
+    benchmark tables: ``Job.moe_load_imbalance`` 1.0) or ``moe_load_imbalance`` (the
+    imbalance published for the balancing method the run used)."""
     out: dict[str, Any] = {}
     if "compile" in flags:
         out["compile"] = bool(flags["compile"])
@@ -248,6 +249,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
         out["moe_dispatcher"] = str(flags["moe_dispatcher"])
     if flags.get("moe_router_force_load_balancing"):
         out["moe_load_imbalance"] = 1.0
+    elif "moe_load_imbalance" in flags:  # published for the balancing method the run used
+        out["moe_load_imbalance"] = float(flags["moe_load_imbalance"])
     return out
 
 

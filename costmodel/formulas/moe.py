@@ -13,7 +13,7 @@ from costmodel.formulas.comm import Topology
 from costmodel.units import Num
 
 __all__ = ["deepep_buffer_bytes", "dispatch_combine", "remote_domains", "routed_load",
-           "routing_words"]
+           "routing_words", "units_hit"]
 
 
 def routed_load(job: Job) -> float:
@@ -84,72 +84,114 @@ def deepep_buffer_bytes(hidden: int, group: Num) -> np.ndarray:
     return np.where(n > 1, out + _DEEPEP_WORKSPACE, 0.0)
 
 
-def remote_domains(top_k: int, size: Num, per_domain: Num, groups: int = 0,
-                   limit: int = 0) -> np.ndarray:
-    """Expected number of other scale-up domains a token's ``top_k`` experts are in, for an
-    expert-parallel group of ``size`` ranks with ``per_domain`` of them in each domain and
-    the experts spread evenly over the ranks: each of the ``size / per_domain - 1`` other
-    domains holds a share ``per_domain / size`` of the experts and gets none of a token's
-    experts with probability ``(1 - per_domain / size) ** top_k`` (routing taken as
-    independent draws).
+def units_hit(top_k: int, size: Num, per_unit: Num, groups: int = 0, limit: int = 0,
+              num_experts: int = 0) -> np.ndarray:
+    """Expected number of units (ranks, or scale-up domains) that hold at least one of a
+    token's ``top_k`` experts, for an expert-parallel group of ``size`` ranks in units of
+    ``per_unit`` ranks, the ``num_experts`` experts spread evenly over the ranks in order.
 
-    Group-limited routing (``ModelSpec.expert_groups`` / ``expert_group_limit``, DeepSeek-V3's
-    node-limited routing, report Sec. 2.1.2: a token's experts come from at most ``limit`` of
-    ``groups`` contiguous groups) caps it: where each domain holds whole groups, a domain
-    holds none of the ``limit`` groups drawn with probability ``C(groups - g, limit) /
-    C(groups, limit)`` (``g`` groups a domain); where a group spans several domains, a token
-    reaches at most ``limit`` groups' domains. The smaller of the two counts is taken."""
+    Uniform routing: a unit holds a share ``per_unit / size`` of the experts and misses all
+    of a token's ``top_k`` (distinct experts) with the hypergeometric probability
+    ``C(E - E share, k) / C(E, k)``; without ``num_experts``, with ``(1 - share) ** top_k``
+    (independent draws).
+
+    Group-limited routing (``ModelSpec.expert_groups`` / ``expert_group_limit``: DeepSeek-V3's
+    node-limited routing, report Sec. 2.1.2) draws a token's ``top_k`` experts from the
+    experts of ``limit`` of ``groups`` contiguous groups, taken here as uniform draws of the
+    groups and then of the experts among theirs. Where each unit holds ``g`` whole groups,
+    it holds ``j`` of the chosen ones with hypergeometric chance ``C(g, j) C(groups - g,
+    limit - j) / C(groups, limit)`` and then misses the token's experts as above over the
+    chosen groups' experts; where a group spans several units, the token's experts are drawn
+    from the chosen groups' units alone. Without ``num_experts`` a unit holding a chosen
+    group counts as hit, and the smaller of that and the uniform count is taken."""
     n = np.asarray(size, dtype=float)
-    k = np.asarray(per_domain, dtype=float)
-    share = np.minimum(k / n, 1.0)
-    domains = n / k
-    uniform = (domains - 1.0) * (1.0 - (1.0 - share) ** float(top_k))
+    k = np.minimum(np.asarray(per_unit, dtype=float), n)
+    units = n / k
+    e = float(num_experts)
+
+    def missed(pool: Num, held: Num) -> np.ndarray:
+        """Chance that ``held`` of ``pool`` candidate experts hold none of the token's."""
+        pool_a, held_a = np.asarray(pool, dtype=float), np.asarray(held, dtype=float)
+        if e <= 0:
+            return (1.0 - held_a / pool_a) ** float(top_k)
+        return comb(pool_a - held_a, top_k) / comb(pool_a, top_k)
+
+    total = e if e > 0 else 1.0  # experts, or shares of them
+    uniform = units * (1.0 - missed(total, total / units))
     if not (groups and 0 < limit < groups):
         return uniform
-    whole = np.mod(groups, domains) == 0  # each domain holds groups / domains whole groups
-    per = np.where(whole, groups / domains, 1.0)
-    miss = comb(groups - per, limit) / comb(groups, limit)
-    limited = np.where(whole, (domains - 1.0) * (1.0 - miss),
-                       np.where(np.mod(domains, groups) == 0,
-                                limit * domains / groups * (domains - 1.0) / domains, uniform))
-    return np.minimum(uniform, limited)
+    per_group = total / groups
+    pool = per_group * limit  # the chosen groups' experts
+    whole = np.mod(groups, units) == 0  # each unit holds groups / units whole groups
+    g = np.where(whole, groups / units, 1.0)
+    if e > 0:
+        hit = 0.0 * g
+        for j in range(1, limit + 1):
+            chosen = comb(g, j) * comb(groups - g, limit - j) / comb(groups, limit)
+            hit = hit + chosen * (1.0 - missed(pool, j * per_group))
+    else:
+        hit = 1.0 - comb(groups - g, limit) / comb(groups, limit)
+    limited_whole = units * hit
+    spans = np.mod(units, groups) == 0  # a group spans units / groups units
+    cand = limit * units / groups  # the units the token's groups cover
+    limited_span = cand * (1.0 - missed(pool, pool / np.maximum(cand, 1.0)))
+    limited = np.where(whole, limited_whole, np.where(spans, limited_span, uniform))
+    return limited if e > 0 else np.minimum(uniform, limited)
+
+
+def remote_domains(top_k: int, size: Num, per_domain: Num, groups: int = 0,
+                   limit: int = 0, num_experts: int = 0) -> np.ndarray:
+    """Expected number of other scale-up domains a token's ``top_k`` experts are in, for an
+    expert-parallel group of ``size`` ranks with ``per_domain`` of them in each domain: of
+    the domains ``units_hit`` counts, each is the token's own with the same chance
+    ``per_domain / size``."""
+    n = np.asarray(size, dtype=float)
+    k = np.minimum(np.asarray(per_domain, dtype=float), n)
+    return units_hit(top_k, n, k, groups, limit, num_experts) * (1.0 - k / n)
 
 
 def dispatch_combine(topo: Topology, dispatcher: str, token_bytes: Num, top_k: int,
                      load: float, size: Num, stride: Num, groups: int = 0,
-                     limit: int = 0) -> np.ndarray:
+                     limit: int = 0, num_experts: int = 0) -> np.ndarray:
     """Seconds of one dispatch and one combine of a MoE layer on each rank of an
     expert-parallel group of ``size`` ranks ``stride`` apart, each rank holding
     ``token_bytes`` of tokens (one copy of its micro-batch's hidden states) of which
-    ``top_k`` copies are routed, ``load`` times the even share landing on the busiest rank.
+    ``top_k`` copies are routed (to ``num_experts`` experts spread evenly over the group),
+    ``load`` times the even share landing on the busiest rank.
 
     - ``alltoall`` (Megatron-LM's ``--moe-token-dispatcher-type alltoall``, torchtitan's
-      default): an NCCL all-to-all of the routed copies each way (``Topology.all_to_all``).
+      default): an NCCL all-to-all of the routed copies each way (``Topology.all_to_all``),
+      one per (token, expert) pair: the tokens are permuted by expert before it.
     - ``allgather`` (Megatron-LM's ``allgather``): every rank all-gathers the group's tokens
       and picks those its experts take, and the combine reduce-scatters the outputs back:
       independent of ``top_k``, growing with the group.
-    - ``deepep`` (DeepEP's normal kernels: Megatron-LM's ``flex`` dispatcher with DeepEP,
-      torchtitan's DeepEP backend): a token bound for another domain crosses the scale-out
-      network once per domain its experts are in (to the rank of the same local index
-      there), and is forwarded over the scale-up link inside that domain
-      (deepseek-ai/DeepEP README, "normal kernels with NVLink and RDMA forwarding"). The
-      network carries ``remote_domains`` copies of each token (fewer under group-limited
-      routing: ``groups``, ``limit``), the scale-up link the routed copies for the own domain
-      and the forwarded ones; the busier of the two sets the time, as in the all-to-all."""
+    - ``deepep`` (DeepEP's normal kernels: Megatron-LM's ``flex`` dispatcher with DeepEP or
+      HybridEP, torchtitan's DeepEP backend): a token goes once to each rank that holds any
+      of its experts (DeepEP's dispatch layout marks the ranks, ``is_token_in_rank``; the
+      receiving rank feeds it to its own experts, and the combine returns one weighted sum
+      per rank: deepseek-ai/DeepEP README, ``get_dispatch_layout``), so the scale-up link
+      carries ``units_hit`` copies over ranks rather than ``top_k``. A token bound for
+      another domain crosses the scale-out network once per domain its experts are in (to
+      the rank of the same local index there) and is forwarded over the scale-up link inside
+      that domain ("normal kernels with NVLink and RDMA forwarding"): the network carries
+      ``remote_domains`` copies of each token (fewer under group-limited routing:
+      ``groups``, ``limit``). The busier of the two links sets the time, as in the
+      all-to-all."""
     b = np.asarray(token_bytes, dtype=float)
     if dispatcher == "allgather":
         gathered = b * np.asarray(size, dtype=float)
         return topo.all_gather(gathered, size, stride) + topo.reduce_scatter(gathered, size,
                                                                              stride)
-    copies = b * top_k * load
     if dispatcher == "alltoall":
-        return 2.0 * topo.all_to_all(copies, size, stride)
+        return 2.0 * topo.all_to_all(b * top_k * load, size, stride)
     n = np.asarray(size, dtype=float)
     k, domains = topo.place(n, stride)
+    copies = b * units_hit(top_k, n, 1.0, groups, limit, num_experts) * load
     # Copies for ranks of the own domain, and the remote copies forwarded to the other
     # ranks of the domain they arrive in.
     intra = ((k - 1.0) / n + (n - k) / n * (k - 1.0) / k) * copies / topo.intra(k)
-    inter = remote_domains(top_k, n, k, groups, limit) * b * load / topo.nic_bw_per_gpu
+    inter = remote_domains(top_k, n, k, groups, limit, num_experts) * b * load \
+        / topo.nic_bw_per_gpu
     wire = np.where(domains > 1, np.maximum(intra, inter), intra)
     one = topo.one_hop(domains > 1, wire)
     return np.where(n > 1, 2.0 * one, 0.0)

@@ -227,14 +227,14 @@ def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
     if not r.costs.is_moe:
         return np.zeros_like(like)
     h = float(r.costs.hidden_size)
-    top_k = r.costs.moe_routing()[0]
+    top_k, num_experts = r.costs.moe_routing()
     spec = r.costs.spec
     # Each rank dispatches the routed copies it computes (``compute._mlp_block``): its TP
     # group's under etp = tp, its own sequence share folded; the EP group's ranks sit etp
     # apart (the experts' mesh is etp x ep x expert-DP, etp innermost).
     pair = dispatch_combine(r.topo, r.job.moe_dispatcher, r.e * r.tokens * h * r.etp / r.tp,
                             top_k, r.cf, r.ep, r.etp, spec.expert_groups if spec else 0,
-                            spec.expert_group_limit if spec else 0)
+                            spec.expert_group_limit if spec else 0, num_experts)
     return r.routed_layers(r.counts) * (2 * pair) \
         + r.routed_layers(r.recomputed) * pair * (r.a.recompute == 2)
 
