@@ -18,6 +18,7 @@ pick the trainers, or start from a preset (``PRESETS``), which is nothing but a 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,7 +39,7 @@ from costmodel.formulas.arrays import (
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
 from costmodel.formulas.vschedules import v_split
-from costmodel.frameworks import Framework, framework, schedule_problem
+from costmodel.frameworks import framework, schedule_problem
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from planner.space_rules import (
@@ -445,10 +446,22 @@ class _Tables:
         return i if len(self.tables[i]) else None
 
 
-def _core_problem(fw: Framework, schedule: int, ep: int, pp: int, micro_batches: int
+@functools.lru_cache(maxsize=4096)
+def _chunk_layers(num_layers: int, pp: int, schedule: int, v: int, mtp_layers: int) -> int:
+    """Layers of the largest chunk of a pipeline of ``pp`` ranks, ``v`` chunks each, under
+    ``schedule`` (a V schedule's split, or the interleaved one; even chunks otherwise)."""
+    split = v_split(num_layers, pp) if _SCHEDULE_NAMES[schedule] in V_SCHEDULES \
+        else interleaved_split(num_layers, pp, v, mtp_layers)
+    return max(split) if split else num_layers // (pp * v)
+
+
+@functools.lru_cache(maxsize=4096)
+def _core_problem(trainer: str, schedule: int, ep: int, pp: int, micro_batches: int
                   ) -> tuple[str, str] | None:
-    """(rule, what) a core breaks in its schedule: combined 1F1B without expert parallel, or
-    a micro-batch count the trainer's schedule does not run; None when it runs."""
+    """(rule, what) a core breaks in its schedule under ``trainer`` (a framework's name):
+    combined 1F1B without expert parallel, or a micro-batch count the trainer's schedule does
+    not run; None when it runs (memoized: the space asks it once per core)."""
+    fw = framework(trainer)
     name = _SCHEDULE_NAMES[schedule]
     if name == "combined-1f1b" and ep == 1:
         return "combined_ep", "pipeline_schedule=combined-1f1b"
@@ -518,15 +531,14 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                     if z is None:
                         continue
                     for (s, v), sp, mbs in itertools.product(scheds, sps, mbss):
-                        problem = _core_problem(fw, s, ep, pp, job.global_batch_size // (dp * mbs))
+                        problem = _core_problem(fw.name, s, min(ep, 2), pp,
+                                                job.global_batch_size // (dp * mbs))
                         if problem:
                             rej.add(problem[0], f"tp={tp} pp={pp} dp={dp} ep={ep} "
                                     f"mbs={mbs}: {problem[1]}")
                             continue
                         comb = s == SCHEDULE_CODES["combined-1f1b"]
-                        split = v_split(L, pp) if _SCHEDULE_NAMES[s] in V_SCHEDULES \
-                            else interleaved_split(L, pp, v, model.mtp_layers)
-                        chunk = max(split) if split else L // (pp * v)
+                        chunk = _chunk_layers(L, pp, s, v, model.mtp_layers)
                         rc = recomputes.of((chunk, comb), recompute_options, f, chunk, not comb)
                         if rc is None:
                             continue

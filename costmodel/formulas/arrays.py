@@ -447,8 +447,10 @@ def distinct_rows(*cols: np.ndarray) -> Distinct:
 
     The columns make one mixed-radix key per row, each column's digit its value (or, past
     ``_RAW_DIGITS``, the rank of its value among those present), and the
-    keys present are the groups, in increasing order; no sort unless the combinations
-    outnumber ``_DENSE_CODES``."""
+    keys present are the groups, in increasing order. Where the combinations would outnumber
+    ``_DENSE_CODES``, the key so far is first replaced by its rank among the keys present (one
+    sort of one integer column, far cheaper than sorting the rows: ``np.unique`` over rows
+    compares them as byte strings), so the key stays below rows x digits."""
     n = len(cols[0])
     if not n:
         return Distinct(first=np.zeros(0, dtype=np.int64), inverse=np.zeros(0, dtype=np.int64))
@@ -459,12 +461,9 @@ def distinct_rows(*cols: np.ndarray) -> Distinct:
         top = int(x.max()) + 1
         if x.dtype != bool and (top > _RAW_DIGITS or int(x.min()) < 0):
             x, top = _codes(x)
+        if span > 1 and span * top > _DENSE_CODES:
+            key, span = _codes(key)
         span *= top
-        if span > _DENSE_CODES:  # too many combinations to count: sort instead
-            _, first, inverse = np.unique(np.stack([np.asarray(y, dtype=np.int64)
-                                                    for y in cols]), axis=1,
-                                          return_index=True, return_inverse=True)
-            return Distinct(first=first, inverse=inverse.reshape(n))
         key = key * top + x
     inverse, k = _codes(key)
     first = np.empty(k, dtype=np.int64)

@@ -45,6 +45,7 @@ from costmodel.formulas.arrays import (
     ChunkPatterns,
     ConfigArrays,
     Stages,
+    distinct_rows,
     even_split,
     first_argmax,
     is_v,
@@ -190,11 +191,11 @@ def _v_in_flight(layers: np.ndarray, emb: np.ndarray, head: np.ndarray, vshaped:
     """``_in_flight`` of the V-shaped rows, written into its arrays (the embedding and the
     head both on rank 0)."""
     rows = np.flatnonzero(vshaped)
-    keys = np.stack([p[rows], m[rows], sched[rows]], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    for g, (pp, mm, code) in enumerate(uniq):
-        sel = rows[inv.ravel() == g]
-        per_rank, e, h = v_in_flight(int(pp), int(mm), _V_NAMES[int(code)])
+    groups = distinct_rows(p[rows], m[rows], sched[rows])
+    for g, i in enumerate(groups.first.tolist()):
+        sel = rows[groups.inverse == g]
+        pp, mm, code = int(p[rows[i]]), int(m[rows[i]]), int(sched[rows[i]])
+        per_rank, e, h = v_in_flight(pp, mm, _V_NAMES[code])
         table = np.array(per_rank)
         layers[:, sel] = table[np.clip(stage[:, sel], 0, len(table) - 1)]
         emb[sel], head[sel] = e, h
