@@ -25,9 +25,9 @@ OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "mxfp8", "blockwise")
 #: Megatron-LM's ``--recompute-modules`` the cost model counts (megatron/core/transformer/
 #: transformer_config.py: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
-#: shared_experts and hybrid models' own; Megatron's default is core_attn). ``moe``, the whole
-#: MoE layer with its dispatch and combine re-run, is not costed.
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp",
+#: shared_experts and hybrid models' own; Megatron's default is core_attn). ``moe`` re-runs
+#: the whole MoE layer, its dispatch and combine included.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
 #: MoE token dispatchers (``costmodel.formulas.moe.dispatch_combine``).
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
@@ -88,9 +88,9 @@ def _modules(mods: object) -> tuple[str, ...]:
                         f"{', '.join(RECOMPUTE_MODULES)}, got {mods!r}")
     for m in mods:
         if m not in RECOMPUTE_MODULES:
-            raise SpecError(f"Job.recompute_modules: {m!r} is not costed (Megatron-LM's "
-                            "mla_up_proj, mlp, moe and shared_experts are not modelled); "
-                            f"choose from {', '.join(RECOMPUTE_MODULES)}")
+            raise SpecError(f"Job.recompute_modules: {m!r} is not one the planner costs "
+                            f"(Megatron-LM's hybrid models' own are not); choose from "
+                            f"{', '.join(RECOMPUTE_MODULES)}")
     return tuple(dict.fromkeys(str(m) for m in mods))
 
 
@@ -225,7 +225,9 @@ class Job:
     attention core, Korthikanti et al. 2022; Megatron's default), ``moe_act`` (the routed
     experts' activation function: their fc2 input is not kept), ``layernorm`` (the two
     norms: their outputs, the QKV and MLP inputs, are not kept), ``mlp`` (a dense layer's
-    MLP), ``shared_experts`` (a MoE layer's shared experts) and ``mla_up_proj`` (latent
+    MLP), ``moe`` (a MoE layer whole: router, dispatch, experts, combine and shared experts
+    re-run from its input), ``shared_experts`` (a MoE layer's shared experts) and
+    ``mla_up_proj`` (latent
     attention's up projections and rotary embedding: the query, key and value are not
     kept); each one re-runs its kernels in backward (``costmodel.formulas.compute``,
     ``activations``). Other trainers take the default.

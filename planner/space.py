@@ -497,6 +497,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     rec_of: list[int] = []
     shardings, recomputes = _Tables(), _Tables()
     combined = combined_runs(model, job)
+    whole_moe = "moe" in job.recompute_modules
     for tp in tps:
         pps = f.keep("pp", divisors(world // tp), [
             ("pp_layers", lambda p: p <= L),
@@ -539,7 +540,8 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                             continue
                         comb = s == SCHEDULE_CODES["combined-1f1b"]
                         chunk = _chunk_layers(L, pp, s, v, model.mtp_layers)
-                        rc = recomputes.of((chunk, comb), recompute_options, f, chunk, not comb)
+                        rc = recomputes.of((chunk, comb), recompute_options, f, chunk,
+                                           not comb, not (comb and whole_moe))
                         if rc is None:
                             continue
                         cores.append((dp, tp, pp, cp, ep, etp, int(sp), mbs, s, v))

@@ -84,7 +84,7 @@ RULES: dict[str, str] = {
                          "or fp16 training and at most one MTP module "
                          "(megatron/core/transformer/transformer_config.py)",
     "combined_ep": "combined 1F1B overlaps expert-parallel all-to-alls: ep >= 2",
-    "combined_recompute": "combined 1F1B refuses full recompute",
+    "combined_recompute": "combined 1F1B refuses full recompute and the moe module",
     "offload_framework": "the trainer offloads this to the CPU at this ZeRO stage",
     "constraint": "excluded by the constraints given",
 }
@@ -244,13 +244,19 @@ def combined_runs(model: ModelSpec | LayerCosts, job: Job) -> bool:
     return combined_job_problem(model, job) is None
 
 
-def recompute_options(f: Filter, chunk: int, full: bool = True) -> np.ndarray:
+def recompute_options(f: Filter, chunk: int, full: bool = True,
+                      selective: bool = True) -> np.ndarray:
     """(recompute, recompute_layers) options for chunks of ``chunk`` layers: none first;
-    ``full``: whether full recompute is one (combined 1F1B refuses it)."""
+    ``full``: whether full recompute is one (combined 1F1B refuses it); ``selective``: whether
+    selective recompute is (combined 1F1B refuses it when it re-runs the ``moe`` module)."""
     out = []
     for r in f.keep("recompute", list(RECOMPUTE_CODES)):
         if r == "full" and not full:
             f.rej.add("combined_recompute", "pipeline_schedule=combined-1f1b recompute=full")
+            continue
+        if r == "selective" and not selective:
+            f.rej.add("combined_recompute", "pipeline_schedule=combined-1f1b recompute=selective "
+                      "with the recompute module moe")
             continue
         code = RECOMPUTE_CODES[r]
         if r != "full":

@@ -349,8 +349,8 @@ def test_recompute_modules_trade_the_experts_and_norms_memory_for_kernels() -> N
                     _job(global_batch_size=1024, recompute_modules=("layernorm", "moe_act")), cfg)
     assert mods.memory.activations_bytes < 0.9 * plain.memory.activations_bytes
     assert mods.time_breakdown_s["recompute"] > plain.time_breakdown_s.get("recompute", 0.0)
-    with pytest.raises(SpecError, match="'moe' is not costed"):
-        _job(recompute_modules=("moe",))
+    with pytest.raises(SpecError, match="'moe_layer' is not one the planner costs"):
+        _job(recompute_modules=("moe_layer",))
     with pytest.raises(SpecError, match="Megatron-LM's --recompute-modules"):
         estimate(QWEN, Cluster.preset("dgx-h100"),
                  _job(framework="torchtitan", recompute_modules=("moe_act",)),
@@ -388,6 +388,60 @@ def test_each_recompute_module_trades_its_memory_for_its_forward(module: str) ->
         Plan(model=lite, cluster=cluster, job=job, config=cfg, estimate=more),
         "megatron").text))
     assert ns.recompute_modules == ["core_attn", module]
+
+
+def test_the_moe_module_recomputes_the_whole_layer_dispatch_included() -> None:
+    """--recompute-modules moe checkpoints a MoE layer's whole forward from its norm's output
+    (megatron/core/transformer/moe/moe_layer.py): everything else the layer kept goes (more
+    than moe_act and shared_experts together, which it covers), backward re-runs its router,
+    experts and shared experts (hardware FLOPs, not model FLOPs) and its dispatch and combine
+    (one more pair of all-to-alls per MoE layer: 3 pairs where 2 were); a dense layer's MLP
+    is untouched; combined 1F1B refuses it, as Megatron-LM's config does, and the search
+    leaves that pair out; it is emitted in Megatron-LM's words."""
+    lite = ModelSpec.preset("deepseek-v2-lite")
+    cluster = Cluster.preset("dgx-h100", num_nodes=2)
+    cfg = ParallelConfig(dp=16, ep=16, zero_stage=1, recompute="selective")
+    runs = {mods: estimate(lite, cluster, _job(global_batch_size=64, recompute_modules=mods), cfg)
+            for mods in (("core_attn",), ("moe_act", "shared_experts"), ("moe",),
+                         ("moe", "moe_act", "shared_experts"))}
+    base, parts, whole = runs[("core_attn",)], runs[("moe_act", "shared_experts")], runs[("moe",)]
+    assert whole.memory.activations_bytes < parts.memory.activations_bytes \
+        < base.memory.activations_bytes
+    covered = runs[("moe", "moe_act", "shared_experts")]
+    assert covered.memory.activations_bytes == whole.memory.activations_bytes
+    assert covered.step_time_s == whole.step_time_s
+    assert whole.time_breakdown_s["recompute"] > parts.time_breakdown_s["recompute"]
+    assert whole.hfu * whole.step_time_s > base.hfu * base.step_time_s
+    assert whole.mfu * whole.step_time_s == pytest.approx(base.mfu * base.step_time_s, rel=1e-9)
+    assert whole.time_breakdown_s["ep_comm_total"] == pytest.approx(
+        1.5 * base.time_breakdown_s["ep_comm_total"], rel=1e-9)
+    dense = ModelSpec.preset("llama-3-8b")
+    dense_cfg = ParallelConfig(dp=16, zero_stage=1, recompute="selective")
+    assert estimate(dense, cluster, _job(global_batch_size=64, recompute_modules=("moe",)),
+                    dense_cfg).peak_memory_bytes == \
+        estimate(dense, cluster, _job(global_batch_size=64), dense_cfg).peak_memory_bytes
+    combined = ParallelConfig(dp=16, ep=16, zero_stage=1, recompute="selective",
+                              pipeline_schedule="combined-1f1b")
+    with pytest.raises(SpecError, match="refuses the recompute module moe"):
+        estimate(lite, cluster, _job(global_batch_size=64, recompute_modules=("moe",)), combined)
+    from planner.space import COLUMNS, build_space
+    from planner.space import Constraints as Cons
+
+    space = build_space(lite, cluster, _job(global_batch_size=64, recompute_modules=("moe",)),
+                        Cons(fixed={"pp": 1, "ep": 16}))
+    rows = space.expand(np.repeat(np.arange(len(space.cores)), space.sizes[1]),
+                        np.concatenate([np.arange(k) for k in space.sizes[1]]))
+    sched, rec = rows[:, COLUMNS.index("schedule")], rows[:, COLUMNS.index("recompute")]
+    from costmodel.formulas.arrays import RECOMPUTE_CODES, SCHEDULE_CODES
+
+    assert (sched == SCHEDULE_CODES["combined-1f1b"]).any()
+    assert not ((sched == SCHEDULE_CODES["combined-1f1b"])
+                & (rec == RECOMPUTE_CODES["selective"])).any()
+    ns = megatron_parser().parse_args(parse_array(emit(
+        Plan(model=lite, cluster=cluster, job=_job(global_batch_size=64,
+                                                   recompute_modules=("moe",)),
+             config=cfg, estimate=whole), "megatron").text))
+    assert ns.recompute_granularity == "selective" and ns.recompute_modules == ["moe"]
 
 
 def test_mlp_recompute_drops_the_fused_swiglus_three_widths() -> None:

@@ -152,7 +152,7 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     if fw.name == "megatron":
         selective = selective - _recomputed_modules(
             model, job, moe, e_lin, tokens * h * rep, tokens * model.top_k / tp, core_scores,
-            mlp_inner, tokens, e * tokens * qkv / tp)
+            mlp_inner, tokens, e * tokens * qkv / tp, mlp - mlp_rep)
     if fw.selective_recompute == "op":
         # torchtitan's per-op selective AC (frameworks.Framework.selective_recompute) keeps
         # the block input and the outputs of the matmuls it does not re-run (wq, wv, w1 or
@@ -183,7 +183,8 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
 def _recomputed_modules(model: ModelSpec, job: Job, moe: bool, e_lin: float,
                         hidden: np.ndarray, routed_per_tp: np.ndarray, scores: np.ndarray,
                         mlp_inner: Callable[[float, np.ndarray], np.ndarray],
-                        tokens: np.ndarray, qkv_kept: np.ndarray) -> np.ndarray:
+                        tokens: np.ndarray, qkv_kept: np.ndarray,
+                        moe_inner: np.ndarray) -> np.ndarray:
     """Bytes Megatron-LM's selective recompute drops beyond the attention core's scores
     (``Job.recompute_modules``; megatron/core/transformer/transformer_config.py: ``moe_act``,
     ``layernorm`` and ``mla_up_proj`` checkpoint without keeping their output, ``mlp`` and
@@ -194,20 +195,26 @@ def _recomputed_modules(model: ModelSpec, job: Job, moe: bool, e_lin: float,
     inner tensors (``mlp_inner`` of its width; its input, the norm's output, stays);
     ``shared_experts``, the shared experts' inner tensors likewise; ``mla_up_proj``, the
     query, key and value latent attention's up projections and rotary embedding make
-    (``qkv_kept``: what the attention core keeps of them; the latents stay). Without
-    ``core_attn`` the attention scores stay (a negative drop; nothing with a fused
-    attention)."""
+    (``qkv_kept``: what the attention core keeps of them; the latents stay); ``moe``, all a
+    MoE layer keeps beyond its norm's input and output (``moe_inner``: the router's
+    probabilities, the permuted tokens, the routed and shared experts' inner tensors;
+    moe_layer.py checkpoints its whole forward from the norm's output), which covers
+    ``moe_act`` and ``shared_experts``. Without ``core_attn`` the attention scores stay (a
+    negative drop; nothing with a fused attention)."""
     mods = job.recompute_modules
     out = 0.0 * hidden
+    whole_moe = "moe" in mods and moe
     if "core_attn" not in mods:
         out = out - scores
-    if "moe_act" in mods and moe:
+    if whole_moe:
+        out = out + moe_inner
+    if "moe_act" in mods and moe and not whole_moe:
         out = out + e_lin * routed_per_tp * float(model.moe_ffn_hidden_size or 0)
     if "layernorm" in mods:
         out = out + 2 * e_lin * hidden
     if "mlp" in mods and not moe:
         out = out + mlp_inner(float(model.ffn_hidden_size or 0), tokens)
-    if "shared_experts" in mods and moe and model.num_shared_experts:
+    if "shared_experts" in mods and moe and model.num_shared_experts and not whole_moe:
         out = out + mlp_inner(float(model.moe_ffn_hidden_size or 0)
                               * model.num_shared_experts, tokens)
     if "mla_up_proj" in mods and model.is_mla:

@@ -259,6 +259,11 @@ def _check_combined(model: ModelSpec | LayerCosts, fw: Framework, job: Job,
     if cfg.recompute == "full":
         raise SpecError(f"{_COMBINED} refuses full recompute; use recompute 'selective' or "
                         "'none'")
+    if cfg.recompute == "selective" and "moe" in job.recompute_modules:
+        # transformer_config.py: "disable moe in recompute_modules when enabling
+        # overlap_moe_expert_parallel_comm".
+        raise SpecError(f"{_COMBINED} refuses the recompute module moe (the whole MoE layer "
+                        "re-run); drop it from --recompute-modules or use another schedule")
 
 
 def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:

@@ -378,13 +378,21 @@ def _recomputed_kernels(r: _Rows, core: _Core, mlp: _Mlp, moe: bool, et: np.ndar
     forward, matmuls and activation, runs again), a MoE layer's shared experts
     (``shared_experts``: moe_layer.py checkpoints them likewise) and multi-head latent
     attention's up projections with the rotary embedding (``mla_up_proj``:
-    multi_latent_attention.py re-runs them from the latents; ``up_proj``, their seconds)."""
+    multi_latent_attention.py re-runs them from the latents; ``up_proj``, their seconds) and
+    a MoE layer whole (``moe``: moe_layer.py checkpoints its forward, so the router, the
+    permutations, the routed and shared experts run again, covering ``moe_act`` and
+    ``shared_experts``; the dispatch and combine it re-runs are communication,
+    ``stepterms.expert_parallel``)."""
     mods = r.job.recompute_modules
     model, zero = r.model, 0.0 * r.tokens
     out, flops = (core.selective if "core_attn" in mods else zero), zero
+    whole_moe = "moe" in mods and moe
     if "core_attn" in mods:
         flops = core.selective_flops
-    if "moe_act" in mods and moe and mlp.routed is not None:
+    if whole_moe:
+        out = out + mlp.forward + memory_time(r.gpu, mlp.act_bytes, mlp.kernels)
+        flops = flops + mlp.flops
+    if "moe_act" in mods and moe and mlp.routed is not None and not whole_moe:
         width = float(model.moe_ffn_hidden_size or 0) / et
         out = out + memory_time(r.gpu, 3 * r.e * mlp.routed * width, 1.0)
     if "layernorm" in mods:
@@ -392,7 +400,7 @@ def _recomputed_kernels(r: _Rows, core: _Core, mlp: _Mlp, moe: bool, et: np.ndar
     if "mlp" in mods and not moe:
         out = out + mlp.forward + memory_time(r.gpu, mlp.act_bytes, 1.0)
         flops = flops + mlp.flops
-    if "shared_experts" in mods and moe and model.num_shared_experts:
+    if "shared_experts" in mods and moe and model.num_shared_experts and not whole_moe:
         sh_f, sh_flops, sh_bytes, _, _ = _mlp(
             r, float(model.moe_ffn_hidden_size or 0) * model.num_shared_experts, r.tokens)
         out = out + sh_f + memory_time(r.gpu, sh_bytes, 1.0)

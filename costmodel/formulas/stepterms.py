@@ -222,8 +222,10 @@ def pick(x: np.ndarray, groups: Distinct | None) -> np.ndarray:
 def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
     """EP dispatch and combine per micro-batch per stage (``moe.dispatch_combine`` with the
     job's dispatcher and the busiest rank's load ``Rows.cf``), all exposed (Megatron-LM and
-    torchtitan defaults): forward and backward each run a pair; full recompute runs the
-    forward pair again. Zeros shaped ``like`` for a dense model."""
+    torchtitan defaults): forward and backward each run a pair; full recompute, and Megatron-
+    LM's selective recompute of the ``moe`` module (moe_layer.py checkpoints the layer's
+    forward, dispatch and combine included), run the forward pair again. Zeros shaped
+    ``like`` for a dense model."""
     if not r.costs.is_moe:
         return np.zeros_like(like)
     h = float(r.costs.hidden_size)
@@ -235,8 +237,10 @@ def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
     pair = dispatch_combine(r.topo, r.job.moe_dispatcher, r.e * r.tokens * h * r.etp / r.tp,
                             top_k, r.cf, r.ep, r.etp, spec.expert_groups if spec else 0,
                             spec.expert_group_limit if spec else 0, num_experts)
-    return r.routed_layers(r.counts) * (2 * pair) \
-        + r.routed_layers(r.recomputed) * pair * (r.a.recompute == 2)
+    again = r.routed_layers(r.recomputed) * (r.a.recompute == 2)
+    if r.job.framework == "megatron" and "moe" in r.job.recompute_modules:
+        again = again + r.routed_layers(r.counts) * (r.a.recompute == 1)
+    return r.routed_layers(r.counts) * (2 * pair) + again * pair
 
 
 # ---- ZeRO-3 / FSDP per-layer gathers and reduce-scatters ---------------------------------
