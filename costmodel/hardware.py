@@ -56,6 +56,7 @@ class KernelEfficiency:
     attention: float
     attention_backward: float
     gemm_fp8: float | None = None
+    gemm_fp4: float | None = None
     gemm_unaligned: float | None = None
     comm_slowdown: float = 0.0
     attention_cudnn: float | None = None
@@ -80,15 +81,19 @@ class KernelEfficiency:
         return self.gemm_for(dtype) * ratio
 
     def gemm_for(self, dtype: str) -> float:
-        """The matmul fraction for ``dtype`` (``gemm_fp8`` for fp8 where the profile has it,
-        and for nvfp4 too: no published NVFP4 matmul microbenchmark was found, so its
-        fraction of the nvfp4 peak is assumed to be fp8's, as each Blackwell profile says)."""
+        """The matmul fraction for ``dtype``: ``gemm_fp4`` for nvfp4 where the profile has a
+        measured one; else ``gemm_fp8`` for the quantized precisions (fp8, and nvfp4 on a
+        GPU without an NVFP4 measurement, whose profile says its fraction is assumed to be
+        fp8's) where it has that; else ``gemm``."""
+        if dtype == "nvfp4" and self.gemm_fp4 is not None:
+            return self.gemm_fp4
         if dtype in QUANTIZED_PRECISIONS and self.gemm_fp8 is not None:
             return self.gemm_fp8
         return self.gemm
 
     def __post_init__(self) -> None:
-        optional = ("gemm_fp8", "gemm_unaligned", "attention_cudnn", "attention_cudnn_backward")
+        optional = ("gemm_fp8", "gemm_fp4", "gemm_unaligned", "attention_cudnn",
+                    "attention_cudnn_backward")
         for key in ("gemm", "memory", "attention", "attention_backward", *optional):
             v = getattr(self, key)
             if v is None and key in optional:
@@ -119,7 +124,8 @@ class KernelEfficiency:
                 kernel_overhead_s=real(data["kernel_overhead_us"],
                                        "efficiency.kernel_overhead_us", lo=0.0,
                                        hi=MAX_KERNEL_OVERHEAD_S * 1e6) * 1e-6,
-                gemm_fp8=data.get("gemm_fp8"), gemm_unaligned=data.get("gemm_unaligned"),
+                gemm_fp8=data.get("gemm_fp8"), gemm_fp4=data.get("gemm_fp4"),
+                gemm_unaligned=data.get("gemm_unaligned"),
                 attention_cudnn=data.get("attention_cudnn"),
                 attention_cudnn_backward=data.get("attention_cudnn_backward"),
                 comm_slowdown=data.get("comm_slowdown", 0.0),
@@ -293,8 +299,9 @@ class GPU:
         f = (new / now) ** alpha
         e = self.efficiency
         scaled = {k: getattr(e, k) * f for k in (
-            "gemm", "gemm_fp8", "gemm_unaligned", "attention", "attention_backward",
-            "attention_cudnn", "attention_cudnn_backward") if getattr(e, k) is not None}
+            "gemm", "gemm_fp8", "gemm_fp4", "gemm_unaligned", "attention",
+            "attention_backward", "attention_cudnn", "attention_cudnn_backward")
+            if getattr(e, k) is not None}
         return replace(self, efficiency=replace(e, **scaled), power_limit_w=new)
 
     @property

@@ -216,8 +216,8 @@ def _broken_fit(path: Path, e: Exception) -> SpecError:
 
 
 #: The fractions of an ``[efficiency]`` table: shares of a datasheet figure, in (0, 1].
-FRACTIONS = ("gemm", "gemm_fp8", "gemm_unaligned", "memory", "attention", "attention_backward",
-             "attention_cudnn", "attention_cudnn_backward")
+FRACTIONS = ("gemm", "gemm_fp8", "gemm_fp4", "gemm_unaligned", "memory", "attention",
+             "attention_backward", "attention_cudnn", "attention_cudnn_backward")
 
 
 #: The largest fixed cost per kernel a profile may give (microseconds). A GPU's is a few
@@ -248,7 +248,8 @@ def check_efficiency(eff: Mapping[str, Any]) -> dict[str, Any]:
 
 def provenance(name: str) -> dict[str, Any]:
     """What backs the GPU profile ``name``: each efficiency it gives as ``measured`` (on this
-    GPU) or ``assumed`` (from another GPU or a paper; its ``[efficiency] assumed`` list),
+    GPU) or ``assumed`` (from another GPU or a paper; its ``[efficiency] assumed`` list; the
+    NVFP4 matmul of a GPU with an NVFP4 peak but no ``gemm_fp4``, which takes fp8's),
     its default scale-up link and whether that link's efficiency is measured
     (``efficiency_assumed``), and how many published runs of its architecture the fit in
     ``transfer_path()`` holds (its ``[cells]``), and how many of them it was fitted on (cells
@@ -264,11 +265,14 @@ def provenance(name: str) -> dict[str, Any]:
              if isinstance(c, dict) and k.split("/")[0] == arch]
     runs = sum(int(c.get("runs", 0)) for c in cells)
     fitted = sum(int(c.get("runs", 0)) for c in cells if int(c.get("sources", 0)) >= 2)
+    shown = {k: ("assumed" if k in assumed else "measured")
+             for k in ("gemm", "gemm_fp8", "gemm_fp4", "memory", "attention", "attention_cudnn")
+             if k in eff}
+    if "nvfp4" in (data.get("peak_tflops") or {}) and "gemm_fp4" not in eff:
+        shown["gemm_fp4"] = "assumed"  # NVFP4 runs at the fp8 fraction (KernelEfficiency.gemm_for)
     return {
         "name": name, "architecture": arch,
-        "efficiency": {k: ("assumed" if k in assumed else "measured")
-                       for k in ("gemm", "gemm_fp8", "memory", "attention", "attention_cudnn")
-                       if k in eff},
+        "efficiency": shown,
         "link": str(link_data.get("name", link)),
         "link_efficiency": ("assumed" if link_data.get("efficiency_assumed", True)
                             else "measured"),
@@ -336,7 +340,7 @@ def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture
     arch = t.get("architecture")
     per_arch = arch if isinstance(arch, Mapping) else {}
     ratio = ratio_of(per_arch.get(architecture, t["gemm"]), f"gemm ratio of {architecture!r}")
-    for k in ("gemm", "gemm_fp8", "gemm_unaligned"):
+    for k in ("gemm", "gemm_fp8", "gemm_fp4", "gemm_unaligned"):
         if k in eff:
             eff[k] = min(1.0, eff[k] * ratio)
     attn_arch = t.get("attention_architecture")

@@ -234,6 +234,26 @@ def test_nvfp4_matmuls_run_at_the_fp4_rate_and_keep_half_a_byte() -> None:
     assert fp4[1] < fp8[1] and fp4[2] < fp8[2]
 
 
+def test_nvfp4_matmuls_take_the_measured_fp4_fraction_where_a_profile_has_one() -> None:
+    """The B200's NVFP4 matmul is measured (cuBLASLt through torch._scaled_mm: 5.50 of 9
+    PFLOP/s at 6144 cubed, pytorch/ao PR #2427): its fraction, not fp8's, paces an NVFP4
+    matmul there, about 1.6x fp8's rate rather than the datasheets' 2x; a GPU without one
+    (the GB200) takes fp8's fraction, and says so (planner gpus --provenance)."""
+    from costmodel.formulas.roofline import gemm_time
+
+    b200, gb200 = GPU.preset("b200"), GPU.preset("gb200")
+    assert b200.efficiency.gemm_fp4 is not None and gb200.efficiency.gemm_fp4 is None
+    assert b200.efficiency.gemm_for("nvfp4") == b200.efficiency.gemm_fp4 \
+        < b200.efficiency.gemm_for("fp8")
+    assert gb200.efficiency.gemm_for("nvfp4") == gb200.efficiency.gemm_for("fp8")
+    n = 16384.0
+    fp8, fp4 = (float(gemm_time(b200, d, n, n, n)) for d in ("fp8", "nvfp4"))
+    assert fp8 / fp4 == pytest.approx(2 * 0.611 / 0.763, rel=0.02)
+    assert hardware_profiles.provenance("b200")["efficiency"]["gemm_fp4"] == "measured"
+    assert hardware_profiles.provenance("gb200")["efficiency"]["gemm_fp4"] == "assumed"
+    assert "gemm_fp4" not in hardware_profiles.provenance("h100-sxm")["efficiency"]
+
+
 def test_block_scales_cost_memory() -> None:
     """MXFP8 keeps one E8M0 scale per 32 elements and block-wise fp8 one fp32 per 128 beside
     each saved fp8 input (roofline.QUANTIZED_BYTES): more activation memory than per-tensor

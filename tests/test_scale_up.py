@@ -340,7 +340,8 @@ def test_profiles_carry_their_published_microbenchmarks() -> None:
         assert data["efficiency"][r["key"]] == pytest.approx(tables.fraction(r), abs=5e-4), r
         assert r["key"].replace("_backward", "") not in data["efficiency"]["assumed"], r
         peak = (data["memory_bandwidth_gb_per_s"] if r["unit"] == "GB/s" else
-                data["peak_tflops"]["fp8" if "fp8" in r["key"] else "bf16"])
+                data["peak_tflops"][{"gemm_fp8": "fp8", "gemm_fp4": "nvfp4"}.get(r["key"],
+                                                                                 "bf16")])
         assert peak == pytest.approx(r["peak"]), r
         assert "@" in r["source"] or "arXiv" in r["source"] or "PR #" in r["source"], r
 

@@ -85,8 +85,8 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 #: The efficiencies ``--provenance`` shows, by their ``[efficiency]`` key.
-SHOWN = (("gemm", "matmul"), ("gemm_fp8", "fp8 matmul"), ("memory", "memory"),
-         ("attention", "attention"))
+SHOWN = (("gemm", "matmul"), ("gemm_fp8", "fp8 matmul"), ("gemm_fp4", "fp4 matmul"),
+         ("memory", "memory"), ("attention", "attention"))
 
 
 def _provenance(args: argparse.Namespace) -> int:
