@@ -298,10 +298,10 @@ class GPU:
             return self
         f = (new / now) ** alpha
         e = self.efficiency
-        scaled = {k: getattr(e, k) * f for k in (
-            "gemm", "gemm_fp8", "gemm_fp4", "gemm_unaligned", "attention",
-            "attention_backward", "attention_cudnn", "attention_cudnn_backward")
-            if getattr(e, k) is not None}
+        # Every fraction of a datasheet peak the profile gives (hardware_profiles.FRACTIONS),
+        # but the memory-bound one.
+        scaled = {k: getattr(e, k) * f for k in hardware_profiles.FRACTIONS
+                  if k != "memory" and getattr(e, k) is not None}
         return replace(self, efficiency=replace(e, **scaled), power_limit_w=new)
 
     @property

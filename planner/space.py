@@ -532,6 +532,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                     if z is None:
                         continue
                     for (s, v), sp, mbs in itertools.product(scheds, sps, mbss):
+                        # The check only asks whether ep is 1: min(ep, 2) keeps its cache small.
                         problem = _core_problem(fw.name, s, min(ep, 2), pp,
                                                 job.global_batch_size // (dp * mbs))
                         if problem:
