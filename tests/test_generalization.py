@@ -78,7 +78,9 @@ def test_torchao_float8_casts_cost_time_and_compile_halves_their_reads() -> None
 def test_a_pipeline_keeps_fsdp_gradients_unsharded_until_the_last_micro_batch() -> None:
     # torch.distributed.pipelining turns FSDP's gradient sync off for every backward but the
     # last (stage.py, backward_maybe_with_nosync): the stage's gradients accumulate unsharded
-    # in the reduce dtype (fp32), and are reduce-scattered once per step.
+    # in the reduce dtype (fp32), and are reduce-scattered once per step, each FSDP group's
+    # into its shard after the last backward (post_backward, group by group): the shards
+    # replace what they are made from, so the peak holds the whole gradient, not both.
     model = ModelSpec.preset("llama-3-70b")
     cl = Cluster.preset("dgx-h100", num_nodes=4)
     job = Job(global_batch_size=64, seq_len=4096)
@@ -87,8 +89,11 @@ def test_a_pipeline_keeps_fsdp_gradients_unsharded_until_the_last_micro_batch() 
     e_flat = estimate(model, cl, job, flat)
     e_pp = estimate(model, cl, job, piped)
     stage_params = e_pp.stages[0].layer_params + e_pp.stages[0].embedding_params
-    assert e_pp.stages[0].memory.gradients_bytes >= 4.0 * stage_params
-    assert e_flat.memory.gradients_bytes < e_pp.stages[0].memory.gradients_bytes / 2
+    assert e_pp.stages[0].memory.gradients_bytes == pytest.approx(4.0 * stage_params, rel=1e-3)
+    # Without the pipeline each GPU holds its fp32 shard of a layer's gradient, 1/dp of it:
+    # a quarter of the tp-sharded model here against half of it for a stage.
+    assert e_flat.memory.gradients_bytes == pytest.approx(
+        e_pp.stages[0].memory.gradients_bytes / 2, rel=0.02)
 
 
 def test_the_500_w_hbm2e_h100_is_its_own_profile() -> None:

@@ -184,3 +184,25 @@ def test_a_run_without_a_positive_figure_is_refused(tmp_path: Path, measured: fl
         # NaN is not JSON: refused as the file is read, before the figure is checked.
         why = "not a JSON number" if measured != measured else "must be a positive number"
         assert why in p.stderr and "Traceback" not in p.stderr
+
+
+
+def test_a_run_with_a_fused_kernel_library_is_costed_with_fused_kernels(tmp_path: Path) -> None:
+    # NeMo AutoModel runs PyTorch FSDP2 with Transformer Engine's fused RMSNorm and attention
+    # and Megatron-Core's fused permutation, without torch.compile (NVIDIA-NeMo/Automodel@
+    # 8d9bfb90 examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml: attn/linear/rms_norm
+    # te, enable_deepep): the row says so with flags.fused_kernels, read as Job.compile (one
+    # read and one write per memory-bound tensor), while its loss stays uncompiled.
+    path = default_runs_path("frontier")
+    rows = json.loads(path.read_text())["runs"]
+    row = next(r for r in rows if r["id"] == "automodel-qwen3-30b-a3b-8xh100-bf16")
+    assert row["flags"]["compile"] is False and row["flags"]["fused_kernels"]
+    eager_row = {**row, "flags": {k: v for k, v in row["flags"].items() if k != "fused_kernels"}}
+    eager_path = tmp_path / "runs.json"
+    eager_path.write_text(json.dumps({"runs": [eager_row]}))
+    (fused,) = compare([r for r in load_runs(path) if r.id == row["id"]])
+    (eager,) = compare(load_runs(eager_path))
+    assert fused.run.job.compile and fused.run.job.compile_loss is False
+    assert not eager.run.job.compile
+    # Seconds per iteration: the eager kernels' extra memory traffic is what the library saves.
+    assert fused.predicted < eager.predicted

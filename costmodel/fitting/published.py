@@ -220,7 +220,8 @@ def _from_normalized_row(row: dict[str, Any]) -> PublishedRun:
 
 
 def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
-    """The Job inputs a run's ``flags`` set: ``compile`` (torch.compile), ``async_tp``
+    """The Job inputs a run's ``flags`` set: ``compile`` (torch.compile) or ``fused_kernels``
+    (the same fusion from a kernel library, e.g. ``"transformer-engine"``), ``async_tp``
     (torchtitan's async TP, which the Job calls ``tp_comm_overlap``), ``fp8_param_gather``
     (Megatron-LM's fp8 parameters; torchtitan's float8 FSDP all-gather), ``fused_cross_entropy``,
     ``compile_loss``,
@@ -232,6 +233,12 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "compile" in flags:
         out["compile"] = bool(flags["compile"])
+    if flags.get("fused_kernels"):
+        # A PyTorch-native trainer running fused kernels without torch.compile (NeMo
+        # AutoModel's Transformer Engine backend: TE's RMSNorm, fused rotary embedding and
+        # attention, Megatron-Core's fused permutation and SwiGLU): each memory-bound tensor
+        # read and written once, which is what Job.compile means to the cost model.
+        out["compile"] = True
     if flags.get("async_tp"):
         out["tp_comm_overlap"] = True
     if flags.get("fp8_param_gather"):

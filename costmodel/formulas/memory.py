@@ -423,8 +423,9 @@ def _model_states(s: _Stage) -> _States:
     # With a pipeline, torch.distributed.pipelining turns FSDP's gradient sync off for every
     # backward but the last (stage.py, backward_maybe_with_nosync), and FSDP2 then accumulates
     # each parameter's unsharded gradient in the reduce dtype (_fsdp_param.py,
-    # unsharded_accumulated_grad): the stage's whole gradient, beside the shards it is
-    # reduce-scattered into at the end, and freed then (not resident between steps).
+    # unsharded_accumulated_grad): the stage's whole gradient, reduce-scattered into its
+    # shards after the last backward group by group, each freed as its shard is made (not
+    # resident between steps, and never whole beside the shards: _gradients).
     nosync = fw.torch_pipelining & (a.pp > 1) & (zero >= 2)
     unsharded_grads = np.where(nosync, g_b * all_params, 0.0)
     optim = sharded(o_b, o_sharded)
@@ -588,8 +589,14 @@ def _gradients(s: _Stage, states: _States, activations: np.ndarray) -> np.ndarra
     step's peak holds the larger of the two, not their sum: the gradients term counts what
     they exceed the activations by (measured on an H100 with torch.cuda.memory: Llama 3.2 1B
     under FSDP peaked at 19.7 GiB with recompute or without, the optimizer step's states).
-    DDP's buckets, Megatron-LM's and DeepSpeed's gradient buffers stay allocated."""
-    grads = states.grads + states.unsharded_grads
+    DDP's buckets, Megatron-LM's and DeepSpeed's gradient buffers stay allocated.
+
+    Under torch.distributed.pipelining the stage's unsharded gradients accumulate until the
+    last backward, and only then does each FSDP group reduce-scatter its own into a shard
+    and free it (stage.py ``backward_maybe_with_nosync`` runs every group's post_backward
+    after the last backward): the shards replace the unsharded gradients they are made
+    from, so the peak holds the larger of the two, not their sum."""
+    grads = np.maximum(states.grads, states.unsharded_grads)
     if s.fw.name == "torchtitan":
         apart = (s.a.zero >= 2) & (s.m == 1)
         grads = np.where(apart, np.maximum(grads - activations, 0.0), grads)
