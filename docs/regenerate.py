@@ -161,7 +161,8 @@ FIGURES: dict[str, Figure] = {
     **{f"cell-{c.replace('/', '-')}-{what}": Figure(VALIDATE, pick=_row(c, col))
        for c in ("hopper/megatron", "hopper/torchtitan", "ampere/megatron",
                  "ampere/torchtitan", "ampere/deepspeed", "blackwell/megatron",
-                 "blackwell/torchtitan", "cdna3/torchtitan", "cdna4/megatron")
+                 "blackwell/torchtitan", "cdna3/megatron", "cdna3/torchtitan",
+                 "cdna4/megatron")
        for what, col in (("runs", 1), ("sources", 2), ("loso", 4), ("band", 5))},
     "mlperf-held-runs": Figure(MLPERF, pick=_row("all", 1)),
     "mlperf-held-mean": Figure(MLPERF, pick=_row("all", 2)),

@@ -182,10 +182,10 @@ def test_tensor_parallel_pairs_cost_more_on_a_mesh_than_on_a_switch() -> None:
 
 # ---- profiles ---------------------------------------------------------------------------
 
-NEW_GPUS = ("gb200", "gb300", "b300", "h800", "h20", "mi325x", "mi355x")
+NEW_GPUS = ("gb200", "gb300", "b300", "h800", "h20", "mi325x", "mi350x", "mi355x")
 NEW_CLUSTERS = ("dgx-b200", "gb200-nvl72", "gb200-nvl36x2", "gb300-nvl72", "dgx-b300", "hgx-h800",
                 "hgx-h20",
-                "mi300x-8", "mi325x-8", "mi355x-8")
+                "mi300x-8", "mi325x-8", "mi350x-8", "mi355x-8")
 
 
 @pytest.mark.parametrize("name", NEW_GPUS)
@@ -260,9 +260,12 @@ def test_a_cell_without_enough_runs_is_extrapolated_with_a_wide_band() -> None:
     assert got.estimate.step_time_band_extrapolated
     assert got.estimate.step_time_band >= 0.25
     assert "extrapolated" in got.summary()
-    # AMD under Megatron-LM has no run at all.
-    band, basis, extrapolated = band_for("cdna3", "megatron", 64)
+    # AMD under DeepSpeed has no run at all; CDNA 3 under Megatron-LM (AMD's Primus) has
+    # runs from one source only: extrapolated either way.
+    band, basis, extrapolated = band_for("cdna3", "deepspeed", 64)
     assert extrapolated and band >= 0.25 and "no published run on cdna3" in basis
+    band, basis, extrapolated = band_for("cdna3", "megatron", 64)
+    assert extrapolated and band >= 0.25 and "from 1 source" in basis
 
 
 def test_a_cell_with_its_own_runs_keeps_its_own_band() -> None:
@@ -376,3 +379,16 @@ def test_the_held_out_mlperf_runs_load_and_stay_out_of_the_fit() -> None:
     assert {r.cluster.gpu.name for r in runs} >= {"b200", "gb200", "gb300"}
     assert all("training_results_v5" in r.source and r.note for r in runs)
     assert not {r.id for r in runs} & {r.id for r in shipped_runs()}
+
+
+def test_the_mi350x_is_the_mi355x_die_at_its_lower_clock() -> None:
+    """AMD CDNA 4 white paper, Table 2: the same 256 CUs at 2,200 instead of 2,400 MHz
+    (BF16 2.3 vs 2.5 PF dense), the same 288 GB at 8 TB/s, 1000 instead of 1400 W."""
+    mi350x, mi355x = GPU.preset("mi350x"), GPU.preset("mi355x")
+    assert mi350x.architecture == mi355x.architecture == "cdna4"
+    for dtype in ("bf16", "fp8", "mxfp8"):
+        assert mi350x.peak_flops(dtype) / mi355x.peak_flops(dtype) == pytest.approx(2.2 / 2.4,
+                                                                                     rel=1e-3)
+    assert mi350x.memory_bandwidth_bytes_per_s == mi355x.memory_bandwidth_bytes_per_s
+    assert mi350x.memory_bytes == mi355x.memory_bytes
+    assert not mi350x.supports("tf32")

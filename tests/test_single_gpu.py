@@ -175,3 +175,20 @@ def test_torch_cross_entropy_holds_more_than_megatrons() -> None:
         buffers[fw] = est.memory.buffers_bytes
     logits = 4 * 2048 * model.vocab_size
     assert buffers["torchtitan"] - buffers["megatron"] == pytest.approx(6.0 * logits, rel=0.05)
+
+
+def test_block_scales_do_not_move_a_quantized_matmul_off_the_grid() -> None:
+    """MXFP8's E8M0 scales (one per 32 elements) and NVFP4's E4M3 ones (per 16) are tensors
+    of their own: cuBLASLt's block-scaled matmuls align the elements, so gpt-oss's hidden
+    size of 2880 (a multiple of 32) is on the grid in MXFP8 and NVFP4 as in bf16, and costs
+    what its FLOPs and bytes cost; an odd size is still off it."""
+    gpu = GPU.preset("b200")
+    m, k = np.array(16384.0), np.array(2880.0)
+    for dtype, e in (("fp8", 1.0 + 1.0 / 32), ("nvfp4", 0.5 + 1.0 / 16)):
+        t = gemm_time(gpu, dtype, m, np.array(5760.0), k, bytes_per_element=e)
+        flops = 2 * 16384 * 5760 * 2880
+        assert float(t) == pytest.approx(
+            flops / (gpu.peak_flops(dtype) * gpu.efficiency.gemm_for(dtype))
+            + gpu.efficiency.kernel_overhead_s, rel=1e-6)
+        odd = gemm_time(gpu, dtype, m, np.array(5761.0), k, bytes_per_element=e)
+        assert float(odd) > 3 * float(t)

@@ -26,6 +26,13 @@ FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (D
 ALIGN_BYTES = 16
 
 
+#: Bytes of one element of a quantized matmul's operands, its block scales aside: the scales
+#: are tensors of their own (MXFP8's E8M0 per 32 elements, NVFP4's E4M3 per 16), so cuBLAS's
+#: alignment is on the elements alone (cuBLASLt's block-scaled FP8 and FP4 matmuls ask for
+#: dimensions in multiples of 16 and 32 elements: 16 bytes).
+ELEMENT_BYTES = {"fp8": 1.0, "nvfp4": 0.5}
+
+
 def aligned(n: Num, k: Num, bytes_per_element: float) -> np.ndarray:
     """Whether ``[m, k] x [k, n]`` runs on cuBLAS's fast kernels (bool, per element): its
     leading dimensions k and n are multiples of ``ALIGN_BYTES`` (m never is one in these
@@ -49,7 +56,8 @@ def gemm_time(gpu: GPU, dtype: str, m: Num, n: Num, k: Num, count: Num = 1.0,
     """
     eff = gpu.efficiency
     flops = 2.0 * m * n * k
-    frac = np.where(aligned(n, k, bytes_per_element), eff.gemm_for(dtype),
+    on_grid = aligned(n, k, ELEMENT_BYTES.get(dtype, bytes_per_element))
+    frac = np.where(on_grid, eff.gemm_for(dtype),
                     eff.gemm_unaligned_for(dtype))
     compute = flops / (gpu.peak_flops(dtype) * frac)
     w = bytes_per_element if weight_bytes_per_element is None else weight_bytes_per_element
