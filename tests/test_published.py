@@ -186,7 +186,6 @@ def test_a_run_without_a_positive_figure_is_refused(tmp_path: Path, measured: fl
         assert why in p.stderr and "Traceback" not in p.stderr
 
 
-
 def test_a_run_with_a_fused_kernel_library_is_costed_with_fused_kernels(tmp_path: Path) -> None:
     # NeMo AutoModel runs PyTorch FSDP2 with Transformer Engine's fused RMSNorm and attention
     # and Megatron-Core's fused permutation, without torch.compile (NVIDIA-NeMo/Automodel@
