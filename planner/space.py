@@ -550,21 +550,52 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                         rec_of.append(rc)
     if not model.is_moe and cons.fixed.get("ep", 1) != 1:
         rej.add("ep_dense", f"ep={cons.fixed['ep']} on the dense {model.name}")
-    return Space(framework=fw.name,
-                 cores=np.array(cores, dtype=np.int64).reshape(-1, len(CORE)),
-                 shard_of=np.array(shard_of, dtype=np.int64),
-                 recompute_of=np.array(rec_of, dtype=np.int64),
-                 shardings=tuple(shardings.tables), recomputes=tuple(recomputes.tables),
-                 rejected={k: (int(n), str(ex)) for k, (n, ex) in rej.counts.items()})
+    space = Space(framework=fw.name,
+                  cores=np.array(cores, dtype=np.int64).reshape(-1, len(CORE)),
+                  shard_of=np.array(shard_of, dtype=np.int64),
+                  recompute_of=np.array(rec_of, dtype=np.int64),
+                  shardings=tuple(shardings.tables), recomputes=tuple(recomputes.tables),
+                  rejected={k: (int(n), str(ex)) for k, (n, ex) in rej.counts.items()})
+    # Read-only: searches share a space (``spaces`` keeps the last few).
+    for arr in (space.cores, space.shard_of, space.recompute_of, *space.shardings,
+                *space.recomputes):
+        arr.flags.writeable = False
+    return space
+
+
+#: The spaces built last, keyed by all that ``build_space`` reads of its inputs: a preset
+#: model, the cluster, the constraints, and of the job its trainer, sequence, batch,
+#: recompute modules and whether it may run combined 1F1B. A plan, its explanation and the
+#: explanation's searches with another dispatcher or routing load share one space.
+_SPACES: dict[tuple[Any, ...], Space] = {}
+_SPACES_KEPT = 8
+
+
+def _space_key(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
+               cons: Constraints) -> tuple[Any, ...] | None:
+    """``_SPACES``'s key for these inputs; None for a traced model (not kept)."""
+    if not isinstance(model, ModelSpec):
+        return None
+    return (model, cluster, repr(cons), job.framework, job.seq_len, job.global_batch_size,
+            job.recompute_modules, combined_runs(model, job))
 
 
 def spaces(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
            constraints: Constraints | None = None) -> list[tuple[Job, Space]]:
-    """One (job, space) per trainer the constraints name (default: the job's own)."""
+    """One (job, space) per trainer the constraints name (default: the job's own); the last
+    few spaces built are kept (``_SPACES``)."""
     cons = constraints or Constraints()
     names = cons.frameworks or (job.framework,)
     out = []
     for name in names:
         j = job if name == job.framework else replace(job, framework=name)
-        out.append((j, build_space(model, cluster, j, cons)))
+        key = _space_key(model, cluster, j, cons)
+        space = _SPACES.pop(key, None) if key is not None else None
+        if space is None:
+            space = build_space(model, cluster, j, cons)
+        if key is not None:
+            _SPACES[key] = space  # the most recent last
+            while len(_SPACES) > _SPACES_KEPT:
+                del _SPACES[next(iter(_SPACES))]
+        out.append((j, space))
     return out

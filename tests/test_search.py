@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -315,3 +316,39 @@ def test_cli_plan(tmp_path) -> None:
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
         if status == 3:  # nothing fits: says what would
             assert "planner: infeasible:" in r.stderr and "GiB would fit" in r.stderr
+
+
+def test_a_space_is_built_once_for_the_searches_that_share_it(monkeypatch) -> None:
+    """A plan, its explanation and the explanation's searches with another dispatcher or
+    routing load search the same space (``build_space`` reads none of those): it is built
+    once and kept; a job whose space differs (another sequence length; the allgather
+    dispatcher, which combined 1F1B refuses) gets its own, and a kept space is read-only."""
+    import planner.space as space_mod
+
+    built = []
+    real = space_mod.build_space
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        built.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(space_mod, "build_space", counting)
+    monkeypatch.setattr(space_mod, "_SPACES", {})
+    moe = ModelSpec.preset("mixtral-8x7b")
+    cluster = Cluster.preset("dgx-h100", num_nodes=2)
+    job = Job(global_batch_size=64, seq_len=4096, framework="megatron")
+    ((_, first),) = space_mod.spaces(moe, cluster, job)
+    for same in (job, dataclasses.replace(job, moe_dispatcher="deepep"),
+                 dataclasses.replace(job, moe_load_imbalance=1.0)):
+        ((_, again),) = space_mod.spaces(moe, cluster, same)
+        assert again is first
+    assert len(built) == 1
+    space_mod.spaces(moe, cluster, dataclasses.replace(job, seq_len=2048))
+    ((_, gathered),) = space_mod.spaces(moe, cluster,
+                                        dataclasses.replace(job, moe_dispatcher="allgather"))
+    assert len(built) == 3
+    # Combined 1F1B needs the alltoall or flex dispatcher: the allgather space lacks it.
+    sched = COLUMNS.index("schedule")
+    assert len(np.unique(first.table[:, sched])) > len(np.unique(gathered.table[:, sched]))
+    with pytest.raises(ValueError):
+        first.cores[0, 0] = 0
