@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -569,6 +570,7 @@ def build_space(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
 #: explanation's searches with another dispatcher or routing load share one space.
 _SPACES: dict[tuple[Any, ...], Space] = {}
 _SPACES_KEPT = 8
+_SPACES_LOCK = threading.Lock()  # the explorer serves requests on threads
 
 
 def _space_key(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
@@ -590,12 +592,14 @@ def spaces(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     for name in names:
         j = job if name == job.framework else replace(job, framework=name)
         key = _space_key(model, cluster, j, cons)
-        space = _SPACES.pop(key, None) if key is not None else None
+        with _SPACES_LOCK:
+            space = _SPACES.pop(key, None) if key is not None else None
         if space is None:
             space = build_space(model, cluster, j, cons)
         if key is not None:
-            _SPACES[key] = space  # the most recent last
-            while len(_SPACES) > _SPACES_KEPT:
-                del _SPACES[next(iter(_SPACES))]
+            with _SPACES_LOCK:
+                _SPACES[key] = space  # the most recent last
+                while len(_SPACES) > _SPACES_KEPT:
+                    del _SPACES[next(iter(_SPACES))]
         out.append((j, space))
     return out
