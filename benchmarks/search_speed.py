@@ -28,6 +28,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import TypeVar
 
+import planner.space
 from costmodel import GPU, Cluster, Job, ModelSpec, estimate
 from costmodel.fitting.published import default_runs_path, load_runs
 from planner.plan import plan
@@ -37,11 +38,19 @@ GIB = 1024**3
 T = TypeVar("T")
 
 
+def cold() -> None:
+    """Forget the spaces ``planner.space.spaces`` keeps, so that a run times building its
+    space as a first plan does."""
+    planner.space._SPACES.clear()
+
+
 def timed(model: ModelSpec, cluster: Cluster, job: Job) -> tuple[float, float, object]:
     """(wall seconds, then peak traced bytes of a second run, the plan)."""
+    cold()
     t0 = time.perf_counter()
     p = plan(model, cluster, job)
     wall = time.perf_counter() - t0
+    cold()
     tracemalloc.start()
     plan(model, cluster, job)
     peak = tracemalloc.get_traced_memory()[1]
@@ -77,12 +86,15 @@ def speed() -> None:
 
 
 def least_wall(run: Callable[[], T], repeats: int) -> tuple[float, T]:
-    """(the least wall seconds of ``repeats`` calls of ``run``, the last call's result)."""
+    """(the least wall seconds of ``repeats`` cold calls of ``run``, the last call's
+    result)."""
     times = []
     for _ in range(repeats - 1):
+        cold()
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
+    cold()
     t0 = time.perf_counter()
     out = run()
     times.append(time.perf_counter() - t0)
