@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -205,3 +206,44 @@ def test_a_run_with_a_fused_kernel_library_is_costed_with_fused_kernels(tmp_path
     assert not eager.run.job.compile
     # Seconds per iteration: the eager kernels' extra memory traffic is what the library saves.
     assert fused.predicted < eager.predicted
+
+
+def test_a_run_of_several_pipeline_passes_is_costed_pass_by_pass(tmp_path: Path) -> None:
+    # NeMo AutoModel's Kimi K2 on 256 H100 (docs/performance-summary.mdx: GBS 512, LBS 8,
+    # GA 2, PP 8): the recipe calls the pipeline schedule's step once per accumulation batch
+    # (nemo_automodel/recipes/llm/train_ft.py), so a step is two passes of 8 micro-batches,
+    # each with its fill and drain, and one optimizer step; not one pass of 16.
+    from costmodel.fitting.published import run_estimate
+    from costmodel.formulas.estimate import estimate
+
+    path = default_runs_path("frontier")
+    (run,) = [r for r in load_runs(path) if r.id == "automodel-kimi-k2-256xh100-bf16"]
+    assert run.pipeline_passes == 2 and run.config.pp > 1
+    one = estimate(run.model, run.cluster,
+                   dataclasses.replace(run.job, global_batch_size=run.job.global_batch_size // 2),
+                   run.config)
+    whole = estimate(run.model, run.cluster, run.job, run.config)
+    got = run_estimate(run)
+    opt = one.time_breakdown_s["optimizer"]
+    assert got.step_time_s == pytest.approx(2 * one.step_time_s - opt)
+    assert got.time_breakdown_s["bubble"] == pytest.approx(2 * one.time_breakdown_s["bubble"])
+    assert got.time_breakdown_s["optimizer"] == pytest.approx(opt)
+    assert sum(v for k, v in got.time_breakdown_s.items() if not k.endswith("_total")) \
+        == pytest.approx(got.step_time_s)
+    # Two fills and drains cost more than one pass of all the micro-batches.
+    assert got.step_time_s > whole.step_time_s
+    assert got.tokens_per_s * got.step_time_s == pytest.approx(run.job.tokens_per_step)
+    # A pass count that does not divide the batch, or one without a pipeline, is refused.
+    rows = json.loads(path.read_text())["runs"]
+    row = next(r for r in rows if r["id"] == run.id)
+    for flags, config in (({**row["flags"], "pipeline_passes": 3}, row["config"]),
+                          ({**row["flags"], "pipeline_passes": 0}, row["config"]),
+                          (row["flags"], {**{k: v for k, v in row["config"].items()
+                                             if k != "stage_layers"}, "pp": 1, "dp": 256,
+                                          "virtual_pipeline_stages": 1,
+                                          "pipeline_schedule": "1f1b"})):
+        bad = tmp_path / "runs.json"
+        bad.write_text(json.dumps({"runs": [{**row, "flags": flags, "config": config}]}))
+        p = run_planner("validate", "--runs", str(bad), "--no-loso")
+        assert p.returncode == 2, p.stderr
+        assert "pipeline_passes" in p.stderr and "Traceback" not in p.stderr

@@ -43,9 +43,9 @@ import numpy as np
 
 import hardware_profiles
 from costmodel.errors import SpecError
-from costmodel.fitting.published import PublishedRun, predict_run
+from costmodel.fitting.published import PublishedRun, predict_run, run_estimate
 from costmodel.fitting.uncertainty import band_key, scale_class
-from costmodel.formulas.estimate import Estimate, estimate
+from costmodel.formulas.estimate import Estimate
 from costmodel.hardware import GPU
 from costmodel.units import GIB
 from hardware_profiles.files import to_toml
@@ -220,7 +220,7 @@ class _Model:
         for i in (range(len(self.runs)) if idx is None else idx):
             run = self.runs[i]
             cluster = replace(run.cluster, gpu=gpus[run.cluster.gpu.name])
-            out.append(estimate(run.model, cluster, run.job, run.config))
+            out.append(run_estimate(run, cluster))
         return out
 
     def log_errors(self, fit: Fit, idx: Indices | None = None) -> np.ndarray:

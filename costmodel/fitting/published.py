@@ -101,6 +101,22 @@ class PublishedRun:
                              f"{self.peak_memory_gib!r}")
         if self.confidence not in ("solid", "medium"):
             raise ValueError(f"confidence must be 'solid' or 'medium', got {self.confidence!r}")
+        passes = self.flags.get("pipeline_passes", 1)
+        if not (isinstance(passes, int) and passes >= 1
+                and self.job.global_batch_size % passes == 0
+                and (passes == 1 or self.config.pp > 1)):
+            raise ValueError(f"flags.pipeline_passes must be a whole number of passes that "
+                             f"divides the global batch, with pipeline parallel; got "
+                             f"{passes!r}")
+
+    @property
+    def pipeline_passes(self) -> int:
+        """Whole pipeline passes per optimizer step (``flags.pipeline_passes``, default 1):
+        a trainer that accumulates gradients by running its pipeline schedule once per
+        accumulation batch (NeMo AutoModel calls ``schedule.step`` per batch,
+        nemo_automodel/recipes/llm/train_ft.py) fills and drains the pipeline, and
+        reduce-scatters its gradients, that many times a step."""
+        return int(self.flags.get("pipeline_passes", 1))
 
 
 def eq3_flops(model: ModelSpec, job: Job) -> float:
@@ -306,6 +322,30 @@ class Comparison:
         return self.predicted / self.measured - 1.0
 
 
+def run_estimate(run: PublishedRun, cluster: Cluster | None = None) -> Estimate:
+    """``estimate`` of ``run`` (on ``cluster``, default its own). A run of G pipeline passes
+    a step (``PublishedRun.pipeline_passes``) is G passes of the batch over G, each with its
+    own fill, drain and gradient sync, and one optimizer step: the estimate of one pass with
+    every term G times, but the optimizer's once (the throughput figures follow)."""
+    cl = run.cluster if cluster is None else cluster
+    g = run.pipeline_passes
+    if g == 1:
+        return estimate(run.model, cl, run.job, run.config)
+    one = estimate(run.model, cl, replace(run.job, global_batch_size=run.job.global_batch_size
+                                          // g), run.config)
+    if one.step_time_s is None:
+        return one
+    terms = {k: v if k == "optimizer" else g * v for k, v in one.time_breakdown_s.items()}
+    step = g * one.step_time_s - (g - 1) * one.time_breakdown_s.get("optimizer", 0.0)
+    rate = g * one.step_time_s / step  # per-pass throughput over the step's
+    return replace(one, step_time_s=step, time_breakdown_s=terms,
+                   tokens_per_s=None if one.tokens_per_s is None else one.tokens_per_s * rate,
+                   model_tflops_per_gpu=None if one.model_tflops_per_gpu is None
+                   else one.model_tflops_per_gpu * rate,
+                   mfu=None if one.mfu is None else one.mfu * rate,
+                   hfu=None if one.hfu is None else one.hfu * rate)
+
+
 def predict_run(run: PublishedRun, est: Estimate) -> float:
     """The figure ``run`` is compared on, as ``est`` predicts it (its ``measure``)."""
     step = float(est.step_time_s or math.nan)
@@ -326,7 +366,7 @@ def compare(runs: list[PublishedRun], gpu: GPU | None = None) -> list[Comparison
             link = gpu.intra_node_link if isinstance(gpu.intra_node_link, Link) \
                 else cluster.intra_node_link
             cluster = replace(cluster, gpu=gpu, intra_node_link=link)
-        est = estimate(run.model, cluster, run.job, run.config)
+        est = run_estimate(run, cluster)
         out.append(Comparison(run=run, estimate=est, predicted=predict_run(run, est),
                               measured=run.measured))
     return out
