@@ -233,6 +233,9 @@ def test_a_run_of_several_pipeline_passes_is_costed_pass_by_pass(tmp_path: Path)
     # Two fills and drains cost more than one pass of all the micro-batches.
     assert got.step_time_s > whole.step_time_s
     assert got.tokens_per_s * got.step_time_s == pytest.approx(run.job.tokens_per_step)
+    if one.usd_per_million_tokens is not None:
+        assert got.usd_per_million_tokens * got.tokens_per_s == pytest.approx(
+            one.usd_per_million_tokens * one.tokens_per_s)
     # A pass count that does not divide the batch, or one without a pipeline, is refused.
     rows = json.loads(path.read_text())["runs"]
     row = next(r for r in rows if r["id"] == run.id)

@@ -343,7 +343,9 @@ def run_estimate(run: PublishedRun, cluster: Cluster | None = None) -> Estimate:
                    model_tflops_per_gpu=None if one.model_tflops_per_gpu is None
                    else one.model_tflops_per_gpu * rate,
                    mfu=None if one.mfu is None else one.mfu * rate,
-                   hfu=None if one.hfu is None else one.hfu * rate)
+                   hfu=None if one.hfu is None else one.hfu * rate,
+                   usd_per_million_tokens=None if one.usd_per_million_tokens is None
+                   else one.usd_per_million_tokens / rate)
 
 
 def predict_run(run: PublishedRun, est: Estimate) -> float:
