@@ -326,7 +326,8 @@ def run_estimate(run: PublishedRun, cluster: Cluster | None = None) -> Estimate:
     """``estimate`` of ``run`` (on ``cluster``, default its own). A run of G pipeline passes
     a step (``PublishedRun.pipeline_passes``) is G passes of the batch over G, each with its
     own fill, drain and gradient sync, and one optimizer step: the estimate of one pass with
-    every term G times, but the optimizer's once (the throughput figures follow)."""
+    every term G times, but the optimizer step's once, offloaded to the CPU or not (the
+    throughput figures follow)."""
     cl = run.cluster if cluster is None else cluster
     g = run.pipeline_passes
     if g == 1:
@@ -335,8 +336,9 @@ def run_estimate(run: PublishedRun, cluster: Cluster | None = None) -> Estimate:
                                           // g), run.config)
     if one.step_time_s is None:
         return one
-    terms = {k: v if k == "optimizer" else g * v for k, v in one.time_breakdown_s.items()}
-    step = g * one.step_time_s - (g - 1) * one.time_breakdown_s.get("optimizer", 0.0)
+    once = ("optimizer", "offload")  # after the last pass only
+    terms = {k: v if k in once else g * v for k, v in one.time_breakdown_s.items()}
+    step = g * one.step_time_s - (g - 1) * sum(one.time_breakdown_s.get(k, 0.0) for k in once)
     rate = g * one.step_time_s / step  # per-pass throughput over the step's
     return replace(one, step_time_s=step, time_breakdown_s=terms,
                    tokens_per_s=None if one.tokens_per_s is None else one.tokens_per_s * rate,
