@@ -170,6 +170,12 @@ class Job:
     one pointwise kernel in backward); None: under ``compile`` where the trainer compiles
     its loss (``Framework.compiles_loss``: torchtitan from April 2025). A fused cross
     entropy (``fused_cross_entropy``) is its own kernel either way.
+    ``loss_upcast``: whether torch's ``F.cross_entropy`` runs on an fp32 copy of the logits
+    (torchtitan's loss casts them, ``pred.float()``) or, False, on the compute-dtype logits
+    themselves (NeMo AutoModel's ``MaskedCrossEntropy`` with ``fp32_upcast: false``,
+    nemo_automodel/components/loss/masked_ce.py): its log-softmax, kept for backward, and
+    its gradients are then 16-bit. Only torch's eager cross entropy reads it (``costmodel.
+    formulas.eager.loss_kind`` ``"eager"``); the trainers the planner emits upcast.
     ``distribute_saved_activations``: under full recompute without sequence parallel, each
     tensor-parallel rank keeps only its 1/tp slice of the layer input it saved and all-gathers
     it before recomputing the layer (Megatron-LM ``--distribute-saved-activations``,
@@ -261,6 +267,7 @@ class Job:
     fp8_param_gather: bool = False
     fused_cross_entropy: bool | None = None
     compile_loss: bool | None = None
+    loss_upcast: bool = True
     grad_reduce_in_fp32: bool | None = None
     distribute_saved_activations: bool = False
     zero3_synchronous_gather: bool = False
@@ -296,7 +303,7 @@ class Job:
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
                     "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm",
                     "compile", "fp8_param_gather", "distribute_saved_activations",
-                    "zero3_synchronous_gather"):
+                    "zero3_synchronous_gather", "loss_upcast"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         for key in TRI_STATE_JOB_FLAGS:

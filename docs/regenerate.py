@@ -69,8 +69,9 @@ MASKS: list[tuple[re.Pattern[str], str]] = [
     # the search's wall time: "searched 673,517 configurations in 0.36 s"
     (re.compile(r"(configurations in )[\d.]+ m?s\b"), r"\1<time>"),
     # benchmarks/search_speed.py: the wall time and tracemalloc peak columns ("0.52s    1.0s
-    # 0.04G"), and "wall 1.23 s (target 1.5 s), the three spaces 0.07 s of it"
-    (re.compile(r"\b\d+\.\d+s(?= +\d+\.\d+s +\d+\.\d+G )"), "<time>"),
+    # 0.04G", right-aligned: the padding before it goes too), and "wall 1.23 s (target 1.5 s),
+    # the three spaces 0.07 s of it"
+    (re.compile(r" +\d+\.\d+s(?= +\d+\.\d+s +\d+\.\d+G )"), "  <time>"),
     (re.compile(r"(?<= )\d+\.\d+G(?= )"), "<mem>"),
     (re.compile(r"\b(wall )[\d.]+ s\b"), r"\1<time>"),
     (re.compile(r"\b[\d.]+ s( of it)"), r"<time>\1"),

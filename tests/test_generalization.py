@@ -226,6 +226,10 @@ def test_the_emitter_says_when_the_loss_or_gradient_dtype_differs_from_the_train
     assert ch.job.compile_loss is None and any("its loss" in w for w in ch.warnings)
     ch = to_framework(cfg, _job(compile=True, compile_loss=True), "torchtitan", "torchtitan")
     assert ch.job.compile_loss is True and not any("its loss" in w for w in ch.warnings)
+    # NeMo AutoModel's 16-bit cross entropy (Job.loss_upcast off) is no file's: torchtitan's
+    # loss casts the logits to fp32 (pred.float()).
+    ch = to_framework(cfg, _job(loss_upcast=False), "torchtitan", "torchtitan")
+    assert ch.job.loss_upcast and any("16-bit loss" in w for w in ch.warnings)
     mcfg = ParallelConfig(dp=8, zero_stage=1)
     ch = to_framework(mcfg, _job("megatron", grad_reduce_in_fp32=False), "megatron",
                       "megatron")

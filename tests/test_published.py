@@ -208,6 +208,26 @@ def test_a_run_with_a_fused_kernel_library_is_costed_with_fused_kernels(tmp_path
     assert fused.predicted < eager.predicted
 
 
+def test_a_cross_entropy_on_the_16_bit_logits_keeps_and_works_on_16_bit_tensors() -> None:
+    # NeMo AutoModel's benchmark recipes compute torch's cross entropy on the bf16 logits
+    # (MaskedCrossEntropy with fp32_upcast: false, examples/benchmark/configs/
+    # qwen3_moe_30b_te_deepep.yaml at 8d9bfb90): the log-softmax kept for backward is 2
+    # bytes a logit, not 4, and the two gradients of backward's peak 2 each, not 4: 6 bytes a
+    # logit less at the peak, which is what lets its 8-GPU Qwen3-30B-A3B run fit in 80 GB.
+    from costmodel.formulas.estimate import estimate
+
+    (run,) = [r for r in load_runs(default_runs_path("frontier"))
+              if r.id == "automodel-qwen3-30b-a3b-8xh100-bf16"]
+    assert run.job.loss_upcast is False and run.config.pp == 1
+    low = estimate(run.model, run.cluster, run.job, run.config)
+    upcast = estimate(run.model, run.cluster, dataclasses.replace(run.job, loss_upcast=True),
+                      run.config)
+    logits = run.job.seq_len * run.config.micro_batch_size * run.model.vocab_size
+    assert upcast.peak_memory_bytes - low.peak_memory_bytes == pytest.approx(6.0 * logits)
+    assert low.fits and not upcast.fits
+    assert low.step_time_s < upcast.step_time_s  # no casts, half the bytes per pass
+
+
 def test_a_run_of_several_pipeline_passes_is_costed_pass_by_pass(tmp_path: Path) -> None:
     # NeMo AutoModel's Kimi K2 on 256 H100 (docs/performance-summary.mdx: GBS 512, LBS 8,
     # GA 2, PP 8): the recipe calls the pipeline schedule's step once per accumulation batch

@@ -240,7 +240,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     (the same fusion from a kernel library, e.g. ``"transformer-engine"``), ``async_tp``
     (torchtitan's async TP, which the Job calls ``tp_comm_overlap``), ``fp8_param_gather``
     (Megatron-LM's fp8 parameters; torchtitan's float8 FSDP all-gather), ``fused_cross_entropy``,
-    ``compile_loss``,
+    ``compile_loss``, ``loss_fp32_upcast`` (false: the cross entropy on the 16-bit logits,
+    ``Job.loss_upcast``),
     ``grad_reduce_in_fp32``, ``distribute_saved_activations`` and
     ``zero3_synchronous_gather`` (DeepSpeed's ZeRO-3 of 2021), ``float8_recipe``,
     ``moe_dispatcher`` and ``moe_router_force_load_balancing`` (the forced even routing of
@@ -262,6 +263,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     for key in TRI_STATE_JOB_FLAGS:
         if key in flags:
             out[key] = bool(flags[key])
+    if flags.get("loss_fp32_upcast") is False:
+        out["loss_upcast"] = False
     if flags.get("distribute_saved_activations"):
         out["distribute_saved_activations"] = True
     if flags.get("zero3_synchronous_gather"):

@@ -582,7 +582,8 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     ``F.cross_entropy`` on an fp32 copy (torchtitan, Hugging Face models) casts (read e,
     write 4), writes the log-softmax after a max and a sum pass (read 4 three times, write
     4); its backward writes a dense fp32 NLL gradient (4), the log-softmax gradient (read
-    4 + 4, write 4) and casts it back (read 4, write e). ``autocast``: as in
+    4 + 4, write 4) and casts it back (read 4, write e); without the upcast
+    (``Job.loss_upcast``) the same passes move e bytes each and nothing is cast. ``autocast``: as in
     ``layer_compute`` (fp32 embedding output and final norm, the head's weight and input
     cast). A ViT has a patch projection and a small classifier instead, which this counts as
     the same matmul shapes with V = classes.
@@ -631,9 +632,12 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
         # profile's bandwidth, where this counts 12.
         ce_fwd, ce_bwd = 2 * e * logits, 4 * e * logits
         kernels_f = kernels_b = 1.0
-    else:
+    elif job.loss_upcast:
         ce_fwd, ce_bwd = (e + 4.0 + 16.0) * logits, (4.0 + 12.0 + 4.0 + e) * logits
         kernels_f = kernels_b = 4.0
+    else:  # the same on the compute-dtype logits: no cast either way (Job.loss_upcast)
+        ce_fwd, ce_bwd = 4 * e * logits, (e + 3 * e) * logits
+        kernels_f = kernels_b = 3.0
     head_f = head_gemm + memory_time(gpu, norm + ce_fwd + cast, 1.0 + kernels_f)
     head_b = 2 * head_gemm + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd + cast,
                                          1.0 + kernels_b)

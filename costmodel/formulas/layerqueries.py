@@ -355,8 +355,8 @@ class LayerQueries(LayerStructure):
         logits 4sbv/t the cross entropy keeps, in all 4sbh/t (1 + v/h). Under autocast the
         final norm's input is fp32 (4 + e instead of 2e). A compiled loss
         (``costmodel.formulas.compute.loss_kind``) keeps the e-byte logits it was given instead of
-        an
-        fp32 log-softmax (measured, benchmarks/op_sac_memory.py)."""
+        an fp32 log-softmax (measured, benchmarks/op_sac_memory.py); an eager one without the
+        upcast (``Job.loss_upcast``) an e-byte log-softmax."""
         return _per_group(a, ac, lambda g, g_ac: self._edge_activations(job, g, g_ac))
 
     def _edge_activations(self, job: Job, a: ConfigArrays, ac: np.ndarray | None
@@ -375,7 +375,11 @@ class LayerQueries(LayerStructure):
         rep = np.where(a.sp == 1, 1.0 / tp, 1.0)
         h = float(model.hidden_size)
         emb_act = (1.0 if model.dropout else 0.0) * tokens * h * rep
-        logit_b = e if loss_kind(framework(job.framework), job) == "compiled" else 4.0
+        kind = loss_kind(framework(job.framework), job)
+        # The log-softmax an eager F.cross_entropy keeps is in the dtype of its input: fp32
+        # unless the trainer skips the upcast (Job.loss_upcast).
+        logit_b = e if kind == "compiled" or (kind == "eager" and not job.loss_upcast) \
+            else 4.0
         if ac is None:
             ac = autocast_rows(job, a.zero, a.tp, a.pp, a.cp)
         head_act = (np.where(ac, 4.0 + e, 2 * e) * tokens * h * rep

@@ -527,13 +527,14 @@ def _buffers(s: _Stage, states: _States, act: _Activations) -> np.ndarray:
     # micro-batch): Megatron-LM's in-place one (fused or not), the low-precision logits it
     # cast from; torch's F.cross_entropy, at the start of backward, a dense fp32 NLL
     # gradient and the fp32 log-softmax gradient (measured with torch.cuda.memory snapshots
-    # on an H100: the peak of a step is there, 12 bytes per logit with the kept 4); compiled,
-    # what software.toml [torch_compile] says beside the kept low-precision logits.
+    # on an H100: the peak of a step is there, 12 bytes per logit with the kept 4; on the
+    # compute-dtype logits, Job.loss_upcast off, the same two gradients in that dtype);
+    # compiled, what software.toml [torch_compile] says beside the kept low-precision logits.
     e = compute_b
     tokens = job.seq_len / a.cp * a.mbs
     rep = np.where(a.sp == 1, 1.0 / s.tp, 1.0)
     h = float(costs.hidden_size)
-    ce = {"fused": e, "vocab-parallel": e, "eager": 8.0,
+    ce = {"fused": e, "vocab-parallel": e, "eager": 8.0 if job.loss_upcast else 2 * e,
           "compiled": float(hardware_profiles.load_software()["torch_compile"]
                             ["ce_working_bytes_per_logit"])}[loss_kind(fw, job)]
     buffers = buffers + np.where(s.last, ce * tokens * costs.logits_per_token(s.tp), 0.0)

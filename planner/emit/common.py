@@ -15,7 +15,7 @@ from costmodel.formulas.estimate import Estimate
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.moe import routing_words
 from costmodel.formulas.states import megatron_grad_bytes
-from costmodel.frameworks import framework
+from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.serving.inference import InferenceConfig, InferenceEstimate, InferenceJob
@@ -141,21 +141,11 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set(f"{trainer} cannot shard ZeRO-{ch.cfg.zero_stage} over part of the "
                f"data-parallel ranks: emitted sharding over all {ch.cfg.dp}",
                sharding_group=None)
-    if job.fused_cross_entropy is not None and job.fused_cross_entropy != fw.fused_cross_entropy \
-            and not fw.cross_entropy_fusion_opt_in:  # Megatron-LM's file writes the switch
-        ch.set_job(f"{trainer}'s file runs its own cross entropy "
-                   f"({'fused' if fw.fused_cross_entropy else 'torch F.cross_entropy'}), not "
-                   f"the {'fused' if job.fused_cross_entropy else 'unfused'} one the plan "
-                   "assumed: re-estimated with it", fused_cross_entropy=None)
+    _loss_changes(ch, fw, job, trainer)
     if job.attention_kernel is not None and not fw.selects_attention_kernel:
         ch.set_job(f"{trainer}'s file leaves the fused attention kernel to the model code and "
                    f"PyTorch's SDPA, not the {job.attention_kernel} kernel the plan assumed: "
                    "re-estimated with the trainer's own", attention_kernel=None)
-    own_loss = loss_kind(fw, dataclasses.replace(job, compile_loss=None))
-    if job.compile_loss is not None and loss_kind(fw, job) != own_loss:
-        ch.set_job(f"{trainer}'s file runs its loss "
-                   f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
-                   "as the plan assumed: re-estimated with it", compile_loss=None)
     if not fw.runs_expert_tp(cfg.tp, cfg.expert_tp):
         raise SpecError(f"{trainer} cannot run the plan's folded expert mesh (etp={cfg.etp} "
                         f"under tp={cfg.tp}, Megatron-Core's MoE parallel folding): emit "
@@ -184,6 +174,25 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
                    f"with {job.precision} (megatron/training/arguments.py), not the plan's: "
                    "re-estimated with them", grad_reduce_in_fp32=None)
     return ch
+
+
+def _loss_changes(ch: Changes, fw: Framework, job: Job, trainer: str) -> None:
+    """The loss the trainer's file runs where the plan assumed another: its own cross
+    entropy (fused or not, compiled or not) on an fp32 copy of the logits."""
+    if job.fused_cross_entropy is not None and job.fused_cross_entropy != fw.fused_cross_entropy \
+            and not fw.cross_entropy_fusion_opt_in:  # Megatron-LM's file writes the switch
+        ch.set_job(f"{trainer}'s file runs its own cross entropy "
+                   f"({'fused' if fw.fused_cross_entropy else 'torch F.cross_entropy'}), not "
+                   f"the {'fused' if job.fused_cross_entropy else 'unfused'} one the plan "
+                   "assumed: re-estimated with it", fused_cross_entropy=None)
+    if not job.loss_upcast:
+        ch.set_job(f"{trainer}'s file casts the logits to fp32 for its cross entropy, not the "
+                   "16-bit loss the plan assumed: re-estimated with it", loss_upcast=True)
+    own_loss = loss_kind(fw, dataclasses.replace(job, compile_loss=None))
+    if job.compile_loss is not None and loss_kind(fw, job) != own_loss:
+        ch.set_job(f"{trainer}'s file runs its loss "
+                   f"{'compiled with the model' if own_loss == 'compiled' else own_loss}, not "
+                   "as the plan assumed: re-estimated with it", compile_loss=None)
 
 
 def chunk_layers(model: ModelSpec | LayerCosts, cfg: ParallelConfig) -> int:
