@@ -6,11 +6,13 @@ query as ``passes * flops * (1 + fixed_keys / s) / (peak * fraction) + kernel_ov
 work grows with ``s`` but each query block also pays a fixed amount (its diagonal block,
 loading the block and its softmax statistics, writing the output; in backward also the row
 sums of dO.O and the dQ accumulation), so short sequences run far below the kernel's peak
-rate. This script fits ``fixed_keys`` (forward and backward) and the fractions to the SDPA
-sweeps that ``planner profile`` stored in ``hardware_profiles/measured/*.toml`` (each with its
-own kernel overhead), per GPU and head dimension and jointly (one ``fixed_keys`` per pass,
-a fraction per GPU and head dimension), and prints the values that
-``hardware_profiles/software.toml [fused_attention]`` carries.
+rate. A head dimension under 128 runs each score's softmax work over fewer matmul FLOPs, so
+the kernel's rate falls as ``(head_dim / 128) ** exponent``. This script fits ``fixed_keys``
+(forward and backward) and the fractions to the SDPA sweeps that ``planner profile`` stored
+in ``hardware_profiles/measured/*.toml`` (each with its own kernel overhead), per GPU and head
+dimension, and jointly (one ``fixed_keys`` and one head-dimension exponent per pass, a
+head-dim-128 fraction per GPU), and prints the values that ``hardware_profiles/software.toml
+[fused_attention]`` carries.
 
     python benchmarks/attention_shape.py
 """
@@ -76,16 +78,20 @@ def main() -> None:
               f"{np.abs(np.expm1(fit.fun)).max():8.1%}")
     for name in ("forward", "backward"):
         mine = [s for s in sweeps if s[2] == name]
+        gpus = sorted({s[0] for s in mine})
 
-        def resid(x: np.ndarray, mine: list = mine) -> np.ndarray:
+        def resid(x: np.ndarray, mine: list = mine, gpus: list = gpus) -> np.ndarray:
             return np.concatenate([
-                np.log(_model(x[1 + i], x[0], keys, flops, peak, ovh) / sec)
-                for i, (_, _, _, keys, flops, sec, peak, ovh) in enumerate(mine)])
+                np.log(_model(x[2 + gpus.index(gpu)] * (min(hd, 128) / 128) ** x[1], x[0],
+                              keys, flops, peak, ovh) / sec)
+                for gpu, hd, _, keys, flops, sec, peak, ovh in mine])
 
-        fit = least_squares(resid, [300.0] + [0.5] * len(mine),
-                            bounds=([0.0] + [0.01] * len(mine), [1e4] + [1.0] * len(mine)))
-        print(f"joint {name}: fixed_keys = {fit.x[0]:.0f} (mean |error| "
-              f"{np.abs(np.expm1(fit.fun)).mean():.1%}, max {np.abs(np.expm1(fit.fun)).max():.1%})")
+        n = len(gpus)
+        fit = least_squares(resid, [300.0, 0.5] + [0.5] * n,
+                            bounds=([0.0, 0.0] + [0.01] * n, [1e4, 2.0] + [1.0] * n))
+        print(f"joint {name}: fixed_keys = {fit.x[0]:.0f}, head_dim_exponent = {fit.x[1]:.3f} "
+              f"(mean |error| {np.abs(np.expm1(fit.fun)).mean():.1%}, "
+              f"max {np.abs(np.expm1(fit.fun)).max():.1%})")
 
 
 if __name__ == "__main__":

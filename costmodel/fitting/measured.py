@@ -331,6 +331,7 @@ def _fit_compute(gpu: GPU, meas: Measurements, main: str) -> tuple[GPU, dict[str
     if att:
         flops = np.array([p.forward_flops for p in att])
         keys = np.array([float(p.seq_len) for p in att])
+        head_dims = np.array([float(p.head_dim) for p in att])  # fitted at head dim 128
         fwd = np.array([p.forward_s for p in att])
         bwd = np.array([p.backward_s for p in att])
         dtype = att[0].dtype
@@ -338,12 +339,12 @@ def _fit_compute(gpu: GPU, meas: Measurements, main: str) -> tuple[GPU, dict[str
         def att_resid(x: np.ndarray, which: int, sec: np.ndarray) -> np.ndarray:
             key = ("attention", "attention_backward")[which]
             return np.log(flash_attention_time(_with_eff(gpu, **{key: x[0]}), dtype,
-                                               flops, keys)[which] / sec)
+                                               flops, keys, head_dim=head_dims)[which] / sec)
 
         a = _log_fit(lambda x: att_resid(x, 0, fwd), [0.5], [1e-3], [1.0])
         b = _log_fit(lambda x: att_resid(x, 1, bwd), [0.5], [1e-3], [1.0])
         gpu = _with_eff(gpu, attention=float(a[0]), attention_backward=float(b[0]))
-        f_pred, b_pred = flash_attention_time(gpu, dtype, flops, keys)
+        f_pred, b_pred = flash_attention_time(gpu, dtype, flops, keys, head_dim=head_dims)
         report["attention_error"] = _log_error(f_pred, fwd)
         report["attention_backward_error"] = _log_error(b_pred, bwd)
     return gpu, report

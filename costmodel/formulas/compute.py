@@ -284,7 +284,7 @@ def _attention_core(r: _Rows) -> _Core:
         # attention, Liu et al. 2023); a local layer's keys span at most its window.
         span = min(s_kv, float(model.sliding_window)) if r.windowed else s_kv
         f, b = flash_attention_time(r.gpu, r.dtype, flops, span / r.cp.astype(float),
-                                    attention_kernel(job, r.gpu))
+                                    attention_kernel(job, r.gpu), float(model.head_dim or 128))
         return _Core(f, b, flops, FLASH_BACKWARD_FLOPS * flops, zero, 0.0, zero, zero)
     # Two batched matmuls: [s, d] x [d, s] and [s, s] x [s, d] (a window masks the scores,
     # which are all computed).

@@ -69,7 +69,9 @@ class Kernels:
     matmuls, its fused attention (``attention_flops``, ``attention_kernels``; backward when
     ``attention_backward``; ``attention_flops_per_key``: the sum over its kernels of their
     FLOPs over their key tokens, what each query block's fixed work grows with:
-    ``costmodel.formulas.compute.flash_attention_time``), its memory-bound ops (``memory_bytes`` in
+    ``costmodel.formulas.compute.flash_attention_time``; ``attention_head_dim_flops``: the
+    sum of their FLOPs times their head dimension, whose FLOP-weighted mean sets the rate),
+    its memory-bound ops (``memory_bytes`` in
     ``memory_kernels`` launches; ``memory_backward_bytes`` in ``memory_backward_kernels`` of
     those with a gradient, already times ``BACKWARD_BYTES``), and the casts of its parameters
     (``weight_cast_bytes`` in ``weight_cast_kernels``, read and written: torch.autocast's
@@ -87,6 +89,7 @@ class Kernels:
     weight_cast_bytes: float = 0.0
     weight_cast_kernels: int = 0
     attention_flops_per_key: float = 0.0
+    attention_head_dim_flops: float = 0.0
 
     def merged(self, other: Kernels) -> Kernels:
         """Both kernel lists as one (a block made of several layers)."""
@@ -99,7 +102,8 @@ class Kernels:
                        self.memory_backward_kernels + other.memory_backward_kernels,
                        self.weight_cast_bytes + other.weight_cast_bytes,
                        self.weight_cast_kernels + other.weight_cast_kernels,
-                       self.attention_flops_per_key + other.attention_flops_per_key)
+                       self.attention_flops_per_key + other.attention_flops_per_key,
+                       self.attention_head_dim_flops + other.attention_head_dim_flops)
 
 
 def _gemm(gpu: GPU, dtype: str, g: Gemm, r: np.ndarray, ep: np.ndarray) -> np.ndarray:
@@ -137,7 +141,10 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
         # The kernels' FLOP-weighted key count: their fixed work adds up as theirs would.
         keys = (k.attention_flops / k.attention_flops_per_key
                 if k.attention_flops_per_key > 0 else None)
-        f, b = flash_attention_time(gpu, dtype, k.attention_flops * r, keys, attention_kernel)
+        head_dim = (k.attention_head_dim_flops / k.attention_flops
+                     if k.attention_head_dim_flops > 0 else None)
+        f, b = flash_attention_time(gpu, dtype, k.attention_flops * r, keys, attention_kernel,
+                                    head_dim)
         eff = gpu.efficiency
         extra = (k.attention_kernels - 1) * eff.kernel_overhead_s  # one launch each
         core_f = f + extra

@@ -19,6 +19,9 @@ BACKWARD_BYTES = 1.5  # elementwise backward: 3 tensors moved where forward move
 
 
 FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
+#: The head dimension the profiles' fused-attention fractions are quoted at, and from which
+#: on a wider head runs no faster (software.toml [fused_attention] *_head_dim_exponent).
+HEAD_DIM_FULL_RATE = 128.0
 
 
 #: Bytes a matmul's leading dimensions must be a multiple of for cuBLAS's fast kernels
@@ -83,7 +86,8 @@ def attention_kernel(job: Job, gpu: GPU) -> str:
 
 
 def flash_attention_time(gpu: GPU, dtype: str, flops: Num, keys: Num | None = None,
-                         kernel: str = "flash") -> tuple[np.ndarray, np.ndarray]:
+                         kernel: str = "flash", head_dim: Num | None = None
+                         ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of a fused (flash) attention ``kernel`` (``"flash"`` or
     ``"cudnn"``: ``KernelEfficiency.attention_for``) doing ``flops`` in its forward pass over
     ``keys`` key tokens per query (the sequence, or a context-parallel chunk of it):
@@ -91,20 +95,27 @@ def flash_attention_time(gpu: GPU, dtype: str, flops: Num, keys: Num | None = No
     query block's fixed work (``hardware_profiles/software.toml [fused_attention]``, fitted
     to measured sweeps) weighs most on short sequences; ``keys=None`` leaves it out. The
     backward does ``FLASH_BACKWARD_FLOPS`` times the FLOPs at the ``attention_backward``
-    fraction with its own fixed work (Dao 2023, Sec. 3). fp8, nvfp4 and tf32 jobs run
-    attention in bf16 (FlashAttention has no tf32 or fp8 training kernel), so the peak is the
-    bf16 one."""
+    fraction with its own fixed work (Dao 2023, Sec. 3). ``head_dim``: the query-key head
+    dimension, under 128 a fraction ``(head_dim / 128) ** exponent`` of the head-dim-128
+    rate the profiles quote (``[fused_attention]`` ``*_head_dim_exponent``); None: 128. fp8,
+    nvfp4 and tf32 jobs run attention in bf16 (FlashAttention has no tf32 or fp8 training
+    kernel), so the peak is the bf16 one."""
     peak = gpu.peak_flops("bf16" if dtype == "tf32" else high_precision(dtype))
     eff = gpu.efficiency
     frac_f, frac_b = eff.attention_for(kernel)
     flops = np.asarray(flops, dtype=float)
     grow_f: Num = 1.0
     grow_b: Num = 1.0
+    shape = hardware_profiles.load_software()["fused_attention"]
     if keys is not None:
-        shape = hardware_profiles.load_software()["fused_attention"]
         k = np.asarray(keys, dtype=float)
         grow_f = 1.0 + float(shape["forward_fixed_keys"]) / k
         grow_b = 1.0 + float(shape["backward_fixed_keys"]) / k
+    if head_dim is not None:
+        narrow = np.minimum(np.asarray(head_dim, dtype=float), HEAD_DIM_FULL_RATE) \
+            / HEAD_DIM_FULL_RATE
+        grow_f = grow_f / narrow ** float(shape["forward_head_dim_exponent"])
+        grow_b = grow_b / narrow ** float(shape["backward_head_dim_exponent"])
     forward = flops * grow_f / (peak * frac_f) + eff.kernel_overhead_s
     backward = FLASH_BACKWARD_FLOPS * flops * grow_b / (peak * frac_b) + eff.kernel_overhead_s
     return forward, backward

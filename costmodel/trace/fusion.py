@@ -450,8 +450,10 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
         # (``compute.flash_attention_time``).
         keys = n.attention_keys
         per_key = flops / keys if keys else 0.0
+        head_dim = n.attention_head_dim
         return Kernels(attention_flops=flops, attention_kernels=1, attention_backward=n.grad,
-                       attention_flops_per_key=per_key)
+                       attention_flops_per_key=per_key,
+                       attention_head_dim_flops=flops * head_dim if head_dim else 0.0)
     if n.model_flops:  # a convolution: a roofline like a matmul's, its weights fixed
         w = sum(r.nbytes for r in n.inputs if r.param) / shards
         return Kernels(gemms=(Gemm(n.model_flops / shards, moved - w, w, True,

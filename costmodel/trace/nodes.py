@@ -188,6 +188,15 @@ class OpNode:
             return None
         return float(min(shape[-2], self.window) if self.window else shape[-2])
 
+    @property
+    def attention_head_dim(self) -> float | None:
+        """The query-key head dimension of a fused attention op (its query input is
+        ``[..., queries, head dim]``); ``None`` for other ops."""
+        if self.family != "attention" or not self.inputs:
+            return None
+        shape = self.inputs[0].shape
+        return float(shape[-1]) if len(shape) >= 2 and shape[-1] > 0 else None
+
 
 @dataclass
 class Layer:

@@ -213,7 +213,8 @@ class StrategyCosts(GraphFacts):
         if n.family == "attention" and n.model_flops:
             attn_fwd, attn_bwd = flash_attention_time(gpu, self.dtype, n.model_flops / shards,
                                                       n.attention_keys,
-                                                      attention_kernel(self.job, gpu))
+                                                      attention_kernel(self.job, gpu),
+                                                      n.attention_head_dim)
             bwd_s = float(attn_bwd) if n.grad else 0.0
             return float(attn_fwd) + bwd_s, bwd_s
         moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
