@@ -525,3 +525,23 @@ def test_torchtitan_files_say_how_the_experts_split_and_dispatch() -> None:
                                                         _job(framework="torchtitan"), split)),
                    "torchtitan").text.replace("expert_tensor_parallel_degree = 2\n", "")
     assert read_back("torchtitan", default, QWEN).config.etp == 1
+
+
+def test_torchtitans_per_op_ac_re_runs_a_moe_layers_routed_experts() -> None:
+    # torchtitan v0.2.2's per-op selective AC saves aten.mm, the fused attention kernels and
+    # the all-to-all, not torch._grouped_mm (torchtitan/models/deepseek_v3/infra/
+    # parallelize.py _op_sac_save_list): backward re-runs the routed experts' matmuls, so
+    # op SAC's recompute of a MoE layer covers their FLOPs.
+    from costmodel.formulas.compute import layer_compute
+
+    spec = ModelSpec.preset("deepseek-v2-lite")
+    gpu = Cluster.preset("dgx-h100", num_nodes=1).gpu
+    job = Job(global_batch_size=64, seq_len=4096, framework="torchtitan",
+              moe_load_imbalance=1.0)
+    one = np.array([1])
+    lc = layer_compute(spec, gpu, job, one, one, np.array([8]), np.array([0]), moe=True,
+                       ep=np.array([8]), etp=one)
+    routed_flops = 2 * 3 * 8 * 4096 * spec.top_k * spec.hidden_size \
+        * float(spec.moe_ffn_hidden_size)
+    assert lc.selective_flops[0] >= routed_flops
+    assert lc.selective[0] > lc.forward[0] / 3  # the experts are most of a MoE layer

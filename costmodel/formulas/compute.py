@@ -164,7 +164,8 @@ class _Mlp:
     """One layer's MLP (a MoE layer's router, routed and shared experts): forward seconds
     and FLOPs, the ffn-wide bytes its activation and routing move, its up and down
     projections' seconds (a dense MLP's; zero for MoE), the memory-bound kernels its routing
-    adds, and the routed tokens (MoE; else None)."""
+    adds, the routed tokens (MoE; else None), and the routed experts' own forward seconds and
+    FLOPs (MoE; else zero)."""
 
     forward: np.ndarray
     flops: np.ndarray
@@ -173,6 +174,8 @@ class _Mlp:
     down: np.ndarray
     kernels: float
     routed: np.ndarray | None
+    routed_forward: np.ndarray | float = 0.0
+    routed_flops: np.ndarray | float = 0.0
 
 
 def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
@@ -353,6 +356,7 @@ def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | Non
     routed = tokens * model.top_k * capacity_factor * et / r.t
     router = r.gemm(tokens * r.rep, n_exp, h, bytes_per_element=r.e)
     f, flops, act, _, _ = _mlp(r, ffn, routed, routed * ep_f / n_exp, split=et)
+    experts_f, experts_flops = f, flops
     f = f + router
     flops = flops + 2 * tokens * r.rep * h * n_exp
     # Token permutation before the experts and un-permutation after: read + write each.
@@ -363,7 +367,7 @@ def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | Non
         f, flops, act = f + sh_f, flops + sh_flops, act + sh_bytes
         kernels += 1.0
     zero = 0.0 * tokens
-    return _Mlp(f, flops, act, zero, zero, kernels, routed)
+    return _Mlp(f, flops, act, zero, zero, kernels, routed, experts_f, experts_flops)
 
 
 def _recomputed_kernels(r: _Rows, core: _Core, mlp: _Mlp, moe: bool, et: np.ndarray,
@@ -541,13 +545,16 @@ def _op_selective(r: _Rows, moe: bool, core: _Core, ew_fwd: np.ndarray, qkv_gemm
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, FLOPs) torchtitan's per-op selective AC re-runs in backward: every second
     matmul of the block in call order (wq, wk, wv, wo, then w1, w3, w2 gated or fc1, fc2:
-    wk, wo and w3 or fc2), every memory-bound kernel (``ew_fwd``) and a non-fused attention
-    core."""
+    wk, wo and w3 or fc2), every memory-bound kernel (``ew_fwd``), a non-fused attention
+    core, and a MoE layer's routed experts' matmuls: ``torch._grouped_mm`` is not on the
+    policy's save list (torchtitan/models/deepseek_v3/infra/parallelize.py
+    ``_op_sac_save_list`` at v0.2.2, which holds ``aten.mm``, the fused attention kernels and
+    the all-to-all, so nothing is sent again)."""
     model, h, t, tokens = r.model, r.h, r.t, r.tokens
     q, kv = r.q, r.kv
-    re_mlp = (0.5 * mlp.up if model.gated_mlp else mlp.down)
+    re_mlp = (0.5 * mlp.up if model.gated_mlp else mlp.down) + mlp.routed_forward
     ffn = float(model.ffn_hidden_size or 0)
-    re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens)
+    re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens) + mlp.routed_flops
     re_attn, re_attn_flops = k_gemm + proj_gemm, 2 * tokens * h * (kv + r.o) / t
     if model.is_mla:  # every second linear in call order: the up projections
         re_attn_flops = 2 * tokens * sum(n_in * n_out for n_in, n_out, _ in
@@ -556,9 +563,9 @@ def _op_selective(r: _Rows, moe: bool, core: _Core, ew_fwd: np.ndarray, qkv_gemm
         # A linear with a bias runs as ``addmm``, which the policy's save list (``mm``)
         # leaves out: every projection is re-run.
         re_attn, re_attn_flops = qkv_gemm + proj_gemm, 2 * tokens * h * (q + kv + r.v + r.o) / t
-        re_mlp = mlp.up + mlp.down
+        re_mlp = mlp.up + mlp.down + mlp.routed_forward
         re_mlp_flops = (2 * tokens * h * ffn * (3 if model.gated_mlp else 2) / t
-                        if not moe else 0.0 * tokens)
+                        if not moe else 0.0 * tokens) + mlp.routed_flops
     unfused = not r.job.flash_attention
     return (re_attn + re_mlp + ew_fwd + (core.forward if unfused else 0.0),
             re_attn_flops + re_mlp_flops + (core.flops if unfused else 0.0))

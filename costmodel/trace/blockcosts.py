@@ -245,6 +245,7 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]], fusable: frozense
     owner = {name: p.layer[v] for v in p.nodes for name in p.charged[v]}
     shared: set[tuple[str, str]] = set()
     held: dict[tuple[str, int], float] = {}  # (layer, outside source) -> bytes on one rank
+    experts: set[int] = set()  # the routed experts' matmuls
     for v in p.nodes:
         st = sol.strategy(v)
         n = p.graph.node(v)
@@ -256,6 +257,8 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]], fusable: frozense
         if n.family == "attention" and n.model_flops and len(n.inputs) >= 3:
             t.kv_bytes += (n.inputs[1].nbytes + n.inputs[2].nbytes) / shards  # K and V
         expert = _expert(p, v, routing)
+        if expert:
+            experts.add(v)
         kernel = _kernel(sol, v, shards, expert)
         if n.family in fusable and not n.model_flops:
             fused.add(v)
@@ -293,7 +296,7 @@ def _tally(sol: Solution, routing: dict[str, tuple[int, int]], fusable: frozense
     routed = p.routed  # the routing layers' expert blocks
     layers, readers = _by_layer(p), _consumers(p)
     compiled = _add_memory_bound(sol, out, fused, layers, readers)
-    _op_checkpoint(sol, out, routed, compiled, layers, readers)
+    _op_checkpoint(sol, out, routed, compiled, layers, readers, experts)
     _add_conversions(sol, out, routed)
     return out
 

@@ -182,15 +182,18 @@ _OP_SAC_MATMULS = ("mm", "_scaled_mm")
 
 def _op_checkpoint(sol: Solution, out: dict[str, _Tally], routed: set[int],
                    compiled: dict[int, float], layers: dict[str, list[int]],
-                   readers: dict[int, set[int]]) -> None:
+                   readers: dict[int, set[int]], experts: frozenset[int] | set[int] = frozenset()
+                   ) -> None:
     """Each layer's figures under torchtitan's per-op selective activation checkpointing
     (``Framework.selective_recompute`` "op"): it keeps the layer's input and the outputs of
     the ops its policy saves, the odd-numbered ``mm`` calls in call order (the first, third,
     ...: of a Llama block wq, wv, w1, w2) and the fused attention kernel's (O and the
     log-sum-exp), and re-runs every other op in backward: the even-numbered ``mm`` calls,
     other matmuls and every memory-bound op. A MoE layer's routed block keeps what it keeps
-    without recompute (compiled, what ``_compiled_saved`` keeps: ``compiled``), re-running
-    only its memory-bound ops (as ``costmodel.formulas.activations`` counts it). Compiled, the
+    without recompute (compiled, what ``_compiled_saved`` keeps: ``compiled``), as
+    ``costmodel.formulas.activations`` counts it, and re-runs its memory-bound ops and its
+    experts' matmuls (``experts``): ``torch._grouped_mm`` is not on the policy's save list
+    (``costmodel.formulas.compute._op_selective``). Compiled, the
     partitioner keeps only the saved outputs backward needs, directly or to re-run what it
     needs (a block's last matmul feeds only its residual add: dropped).
 
@@ -201,9 +204,10 @@ def _op_checkpoint(sol: Solution, out: dict[str, _Tally], routed: set[int],
         t = out[layer]
         kept = _op_kept(p, [v for v in vs if v not in routed])
         for v in vs:
-            if p.graph.node(v).model_flops and v not in kept and v not in routed:
+            if p.graph.node(v).model_flops and v not in kept \
+                    and (v not in routed or v in experts):
                 t.op_recomputed = t.op_recomputed.merged(
-                    Kernels(gemms=_kernel(sol, v, _split(sol, v)).gemms))
+                    Kernels(gemms=_kernel(sol, v, _split(sol, v), v in experts).gemms))
         # The tensors the layer's ops save for backward, by the node that made them.
         saved_by: set[int] = set()
         for u in vs:
