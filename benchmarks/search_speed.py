@@ -28,29 +28,22 @@ import tracemalloc
 from collections.abc import Callable
 from typing import TypeVar
 
-import planner.space
 from costmodel import GPU, Cluster, Job, ModelSpec, estimate
 from costmodel.fitting.published import default_runs_path, load_runs
 from planner.plan import plan
-from planner.space import Constraints, build_space, spaces
+from planner.space import Constraints, build_space, forget_spaces, spaces
 
 GIB = 1024**3
 T = TypeVar("T")
 
 
-def cold() -> None:
-    """Forget the spaces ``planner.space.spaces`` keeps, so that a run times building its
-    space as a first plan does."""
-    planner.space._SPACES.clear()
-
-
 def timed(model: ModelSpec, cluster: Cluster, job: Job) -> tuple[float, float, object]:
     """(wall seconds, then peak traced bytes of a second run, the plan)."""
-    cold()
+    forget_spaces()
     t0 = time.perf_counter()
     p = plan(model, cluster, job)
     wall = time.perf_counter() - t0
-    cold()
+    forget_spaces()
     tracemalloc.start()
     plan(model, cluster, job)
     peak = tracemalloc.get_traced_memory()[1]
@@ -90,11 +83,11 @@ def least_wall(run: Callable[[], T], repeats: int) -> tuple[float, T]:
     result)."""
     times = []
     for _ in range(repeats - 1):
-        cold()
+        forget_spaces()
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
-    cold()
+    forget_spaces()
     t0 = time.perf_counter()
     out = run()
     times.append(time.perf_counter() - t0)

@@ -573,6 +573,13 @@ _SPACES_KEPT = 8
 _SPACES_LOCK = threading.Lock()  # the explorer serves requests on threads
 
 
+def forget_spaces() -> None:
+    """Drop the kept spaces (``_SPACES``): the next search builds its space again, as a first
+    plan does (``benchmarks/search_speed.py`` times it so)."""
+    with _SPACES_LOCK:
+        _SPACES.clear()
+
+
 def _space_key(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                cons: Constraints) -> tuple[Any, ...] | None:
     """``_SPACES``'s key for these inputs; None for a traced model (not kept)."""

@@ -343,14 +343,15 @@ def run_estimate(run: PublishedRun, cluster: Cluster | None = None) -> Estimate:
     terms = {k: v if k in once else g * v for k, v in one.time_breakdown_s.items()}
     step = g * one.step_time_s - (g - 1) * sum(one.time_breakdown_s.get(k, 0.0) for k in once)
     rate = g * one.step_time_s / step  # per-pass throughput over the step's
+
+    def scaled(x: float | None, by: float) -> float | None:
+        return None if x is None else x * by
+
     return replace(one, step_time_s=step, time_breakdown_s=terms,
-                   tokens_per_s=None if one.tokens_per_s is None else one.tokens_per_s * rate,
-                   model_tflops_per_gpu=None if one.model_tflops_per_gpu is None
-                   else one.model_tflops_per_gpu * rate,
-                   mfu=None if one.mfu is None else one.mfu * rate,
-                   hfu=None if one.hfu is None else one.hfu * rate,
-                   usd_per_million_tokens=None if one.usd_per_million_tokens is None
-                   else one.usd_per_million_tokens / rate)
+                   tokens_per_s=scaled(one.tokens_per_s, rate),
+                   model_tflops_per_gpu=scaled(one.model_tflops_per_gpu, rate),
+                   mfu=scaled(one.mfu, rate), hfu=scaled(one.hfu, rate),
+                   usd_per_million_tokens=scaled(one.usd_per_million_tokens, 1.0 / rate))
 
 
 def predict_run(run: PublishedRun, est: Estimate) -> float:

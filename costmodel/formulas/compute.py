@@ -552,9 +552,9 @@ def _op_selective(r: _Rows, moe: bool, core: _Core, ew_fwd: np.ndarray, qkv_gemm
     the all-to-all, so nothing is sent again)."""
     model, h, t, tokens = r.model, r.h, r.t, r.tokens
     q, kv = r.q, r.kv
-    re_mlp = (0.5 * mlp.up if model.gated_mlp else mlp.down) + mlp.routed_forward
+    re_mlp = (0.5 * mlp.up if model.gated_mlp else mlp.down)
     ffn = float(model.ffn_hidden_size or 0)
-    re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens) + mlp.routed_flops
+    re_mlp_flops = (2 * tokens * h * ffn / t if not moe else 0.0 * tokens)
     re_attn, re_attn_flops = k_gemm + proj_gemm, 2 * tokens * h * (kv + r.o) / t
     if model.is_mla:  # every second linear in call order: the up projections
         re_attn_flops = 2 * tokens * sum(n_in * n_out for n_in, n_out, _ in
@@ -563,9 +563,11 @@ def _op_selective(r: _Rows, moe: bool, core: _Core, ew_fwd: np.ndarray, qkv_gemm
         # A linear with a bias runs as ``addmm``, which the policy's save list (``mm``)
         # leaves out: every projection is re-run.
         re_attn, re_attn_flops = qkv_gemm + proj_gemm, 2 * tokens * h * (q + kv + r.v + r.o) / t
-        re_mlp = mlp.up + mlp.down + mlp.routed_forward
+        re_mlp = mlp.up + mlp.down
         re_mlp_flops = (2 * tokens * h * ffn * (3 if model.gated_mlp else 2) / t
-                        if not moe else 0.0 * tokens) + mlp.routed_flops
+                        if not moe else 0.0 * tokens)
+    # A MoE layer's routed experts, whose grouped matmuls the policy does not save.
+    re_mlp, re_mlp_flops = re_mlp + mlp.routed_forward, re_mlp_flops + mlp.routed_flops
     unfused = not r.job.flash_attention
     return (re_attn + re_mlp + ew_fwd + (core.forward if unfused else 0.0),
             re_attn_flops + re_mlp_flops + (core.flops if unfused else 0.0))

@@ -182,8 +182,7 @@ _OP_SAC_MATMULS = ("mm", "_scaled_mm")
 
 def _op_checkpoint(sol: Solution, out: dict[str, _Tally], routed: set[int],
                    compiled: dict[int, float], layers: dict[str, list[int]],
-                   readers: dict[int, set[int]], experts: frozenset[int] | set[int] = frozenset()
-                   ) -> None:
+                   readers: dict[int, set[int]], experts: set[int]) -> None:
     """Each layer's figures under torchtitan's per-op selective activation checkpointing
     (``Framework.selective_recompute`` "op"): it keeps the layer's input and the outputs of
     the ops its policy saves, the odd-numbered ``mm`` calls in call order (the first, third,
