@@ -12,6 +12,7 @@ import pytest
 from inprocess import run_planner
 
 import hardware_profiles
+from costmodel.errors import SpecError
 from costmodel.fitting.calibration import fit_transfer, leave_one_source_out, load_fit, run_group
 from costmodel.fitting.published import compare, default_runs_path, load_runs, shipped_runs
 from costmodel.hardware import GPU
@@ -208,7 +209,8 @@ def test_a_run_with_a_fused_kernel_library_is_costed_with_fused_kernels(tmp_path
     assert fused.predicted < eager.predicted
 
 
-def test_a_cross_entropy_on_the_16_bit_logits_keeps_and_works_on_16_bit_tensors() -> None:
+def test_a_cross_entropy_on_the_16_bit_logits_keeps_and_works_on_16_bit_tensors(
+        tmp_path: Path) -> None:
     # NeMo AutoModel's benchmark recipes compute torch's cross entropy on the bf16 logits
     # (MaskedCrossEntropy with fp32_upcast: false, examples/benchmark/configs/
     # qwen3_moe_30b_te_deepep.yaml at 8d9bfb90): the log-softmax kept for backward is 2
@@ -226,6 +228,14 @@ def test_a_cross_entropy_on_the_16_bit_logits_keeps_and_works_on_16_bit_tensors(
     assert upcast.peak_memory_bytes - low.peak_memory_bytes == pytest.approx(6.0 * logits)
     assert low.fits and not upcast.fits
     assert low.step_time_s < upcast.step_time_s  # no casts, half the bytes per pass
+    # The row flag is true or false; anything else is refused by name.
+    rows = json.loads(default_runs_path("frontier").read_text())["runs"]
+    row = next(r for r in rows if r["id"] == run.id)
+    bad = tmp_path / "runs.json"
+    bad.write_text(json.dumps({"runs": [{**row, "flags": {**row["flags"],
+                                                          "loss_fp32_upcast": "false"}}]}))
+    with pytest.raises(SpecError, match="loss_upcast must be true or false"):
+        load_runs(bad)
 
 
 def test_a_run_of_several_pipeline_passes_is_costed_pass_by_pass(tmp_path: Path) -> None:

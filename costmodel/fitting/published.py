@@ -263,8 +263,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     for key in TRI_STATE_JOB_FLAGS:
         if key in flags:
             out[key] = bool(flags[key])
-    if flags.get("loss_fp32_upcast") is False:
-        out["loss_upcast"] = False
+    if "loss_fp32_upcast" in flags:  # Job checks it is true or false
+        out["loss_upcast"] = flags["loss_fp32_upcast"]
     if flags.get("distribute_saved_activations"):
         out["distribute_saved_activations"] = True
     if flags.get("zero3_synchronous_gather"):
