@@ -389,6 +389,30 @@ def test_step_time_table_reads_a_traced_graph(name: str) -> None:
     assert ratio.min() > 0.99 and ratio.max() < 1.01
 
 
+def test_a_traced_weight_gradient_matmul_moves_the_gradient_as_the_formulas_do() -> None:
+    """A traced linear's weight-gradient matmul is timed as the formulas time it
+    (``costmodel.formulas.roofline.weight_grad_bytes``): over 128 tokens every one of Llama
+    3.2 1B's is bound by its gradient's traffic, so Megatron-LM's accumulation into the fp32
+    main_grad (read and write, 8 bytes a weight) makes the traced layer's backward, as the
+    preset's, 8 - 2 bytes per weight matrix element slower than an unfused bf16 gradient."""
+    from costmodel import ParallelConfig
+
+    traced, _, spec = _pair("llama-3.2-1b", False)
+    gpu = NODE.gpu
+    rate = gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory
+    h = spec.hidden_size
+    weights = h * (spec.q_dim + 2 * spec.kv_dim) + spec.o_dim * h \
+        + 3 * h * float(spec.ffn_hidden_size or 0)
+    job = Job(global_batch_size=8, seq_len=128, precision="bf16", framework="megatron")
+    unfused = dataclasses.replace(job, fuse_grad_accumulation=False)
+    one = ConfigArrays.from_configs(spec, [ParallelConfig(dp=8, micro_batch_size=1)])
+    for costs in (traced, LayerCosts.of(spec)):
+        a, b = (costs.layer_compute(gpu, j, one, 0) for j in (job, unfused))
+        assert float(a.forward[0]) == float(b.forward[0])
+        assert float(a.backward[0] - b.backward[0]) == pytest.approx(6 * weights / rate,
+                                                                     rel=1e-6)
+
+
 def _torchtitan_tables_agree(traced: LayerCosts, spec: ModelSpec, seq: int, compiled: bool,
                              sp: bool, degrees: tuple[int, ...], precision: str = "bf16"
                              ) -> tuple[Cluster, Job, ConfigArrays, TimeTable]:

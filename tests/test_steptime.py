@@ -578,6 +578,36 @@ def test_interleaved_megatron_hides_pipeline_transfers_behind_the_next_chunk() -
         estimate(model, H100, old, plain).step_time_s
 
 
+def test_a_few_token_weight_gradient_matmul_moves_megatrons_fp32_main_grad() -> None:
+    # Megatron-LM's gradient-accumulation fusion has each weight-gradient matmul add into the
+    # fp32 main_grad (read 4 + write 4 bytes a weight) where an unfused one writes a bf16
+    # gradient (2). Over few tokens (64 here; a routed expert's share at high expert
+    # parallelism) every such matmul is bound by that traffic, so the layer's backward is
+    # 8 - 2 bytes per weight on the rank slower: attention, the router and the rank's one
+    # routed expert of Mixtral's eight at ep = 8; the forward is untouched.
+    gpu = H100.gpu
+    rate = gpu.memory_bandwidth_bytes_per_s * gpu.efficiency.memory
+    one = np.ones(1)
+    h, f = MIXTRAL.hidden_size, float(MIXTRAL.moe_ffn_hidden_size or 0)
+    weights = h * (MIXTRAL.q_dim + 2 * MIXTRAL.kv_dim) + MIXTRAL.o_dim * h \
+        + h * MIXTRAL.num_experts + 3 * h * f * MIXTRAL.num_experts / 8
+    job = Job(global_batch_size=8, seq_len=64, framework="megatron")
+    fused, unfused = (layer_compute(MIXTRAL, gpu, j, one, one, one, one, moe=True,
+                                    ep=8 * one)
+                      for j in (job, dataclasses.replace(job, fuse_grad_accumulation=False)))
+    assert float(fused.forward[0]) == float(unfused.forward[0])
+    assert float(fused.backward[0] - unfused.backward[0]) == pytest.approx(6 * weights / rate,
+                                                                           rel=1e-9)
+    # Over a long sequence the matmuls' FLOPs hide the traffic but for the router's (eight
+    # outputs: its activations' traffic bounds it either way, and it adds its gradient's).
+    long = dataclasses.replace(job, seq_len=8192)
+    fused, unfused = (layer_compute(MIXTRAL, gpu, j, one, one, one, one, moe=True,
+                                    ep=8 * one)
+                      for j in (long, dataclasses.replace(long, fuse_grad_accumulation=False)))
+    assert float(fused.backward[0] - unfused.backward[0]) == pytest.approx(
+        6 * h * MIXTRAL.num_experts / rate, rel=1e-6)
+
+
 def test_unfused_gradient_accumulation_adds_three_gradient_passes_per_later_micro_batch() -> None:
     # One GPU, Megatron-LM bf16 (fp32 main gradients, 4 bytes): without gradient accumulation
     # fusion each micro-batch after the first reads the new gradient and the accumulated one

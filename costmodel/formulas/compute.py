@@ -59,6 +59,7 @@ from costmodel.formulas.roofline import (
     gemm_time,
     high_precision,
     memory_time,
+    weight_grad_bytes,
 )
 from costmodel.frameworks import Framework, framework, padded_vocab
 from costmodel.hardware import GPU
@@ -142,6 +143,15 @@ class _Rows:
         return gemm_time(self.gpu, self.dtype, m, n, k, count=count,
                          bytes_per_element=bytes_per_element, grouped=grouped)
 
+    def wgrad(self, m: Num, n: Num, k: Num, count: Num = 1.0, bytes_per_element: float = 2.0,
+              grouped: bool = False) -> np.ndarray:
+        """Seconds of the weight-gradient matmuls of ``count`` ``[m, k] x [k, n]`` linears:
+        the same FLOPs, reading the input and the output gradient and moving the ``[k, n]``
+        gradient as the trainer does (``weight_grad_bytes``)."""
+        return gemm_time(self.gpu, self.dtype, m, n, k, count=count,
+                         bytes_per_element=bytes_per_element,
+                         weight_bytes_per_element=weight_grad_bytes(self.job), grouped=grouped)
+
 
 @dataclass(frozen=True)
 class _Core:
@@ -164,8 +174,8 @@ class _Mlp:
     """One layer's MLP (a MoE layer's router, routed and shared experts): forward seconds
     and FLOPs, the ffn-wide bytes its activation and routing move, its up and down
     projections' seconds (a dense MLP's; zero for MoE), the memory-bound kernels its routing
-    adds, the routed tokens (MoE; else None), and the routed experts' own forward seconds and
-    FLOPs (MoE; else zero)."""
+    adds, the routed tokens (MoE; else None), the routed experts' own forward seconds and
+    FLOPs (MoE; else zero), and the weight-gradient matmuls' seconds of all its linears."""
 
     forward: np.ndarray
     flops: np.ndarray
@@ -176,6 +186,7 @@ class _Mlp:
     routed: np.ndarray | None
     routed_forward: np.ndarray | float = 0.0
     routed_flops: np.ndarray | float = 0.0
+    wgrad: np.ndarray | float = 0.0
 
 
 def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.ndarray,
@@ -208,7 +219,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
               t, job.seq_len / cp.astype(float) * mbs,
               np.where(sp == 1, 1.0 / t, 1.0),  # norm/dropout regions: split by SP
               mbs, cp, local)
-    qkv_gemm, k_gemm, proj_gemm = _projections(r)
+    qkv_gemm, k_gemm, proj_gemm, attn_wgrad = _projections(r)
     attn_flops = 0.0 * r.tokens  # projections
     for n_in, n_out, split in model.attention_matmuls():
         m, div = r.local(split)
@@ -216,7 +227,9 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
     core = _attention_core(r)
     mlp = _mlp_block(r, moe, capacity_factor, ep, et)
     fwd = qkv_gemm + proj_gemm + core.forward + mlp.forward
-    bwd = 2 * (qkv_gemm + proj_gemm) + core.backward + 2 * mlp.forward
+    # Each linear's backward: the input-gradient matmul (the forward's shape and traffic)
+    # and the weight-gradient one (``_Rows.wgrad``).
+    bwd = qkv_gemm + proj_gemm + attn_wgrad + core.backward + mlp.forward + mlp.wgrad
     f_flops = attn_flops + core.flops + mlp.flops
     b_flops = 2 * attn_flops + core.backward_flops + 2 * mlp.flops
 
@@ -247,27 +260,31 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                         down_gemm=mlp.down)
 
 
-def _projections(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(q, k and v projection, the K projection's share of it, output projection) seconds:
-    one fused QKV matmul, or three (``Framework.separate_projections``). The K share is what
-    torchtitan's per-op selective AC re-runs."""
+def _projections(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(q, k and v projection, the K projection's share of it, output projection, the
+    weight-gradient matmuls of them all) seconds: one fused QKV matmul, or three
+    (``Framework.separate_projections``). The K share is what torchtitan's per-op selective
+    AC re-runs."""
     h, q, kv, v, t, tokens = r.h, r.q, r.kv, r.v, r.t, r.tokens
-    out = r.gemm(tokens, h, r.o / t, bytes_per_element=r.e_in)
+    # (m, n, k) of each matmul, the output projection first.
+    shapes: list[tuple[Num, Num, Num]] = [(tokens, h, r.o / t)]
     if r.model.is_mla:
         # Every linear of multi-head latent attention is one matmul; per-op selective AC
         # re-runs every second one in call order (the query and key-value up projections).
-        ins = [r.gemm(m, n_out / div, n_in, bytes_per_element=r.e_in)
-               for n_in, n_out, split in r.model.attention_matmuls()[:-1]
-               for m, div in (r.local(split),)]
-        return ordered_sum(ins), ordered_sum(ins[1::2], 0.0 * out), out
-    if r.fw.separate_projections:
-        k_gemm = r.gemm(tokens, kv / t, h, bytes_per_element=r.e_in)
-        qkv_gemm = r.gemm(tokens, q / t, h, bytes_per_element=r.e_in) + k_gemm \
-            + r.gemm(tokens, v / t, h, bytes_per_element=r.e_in)
+        shapes += [(m, n_out / div, n_in) for n_in, n_out, split in
+                   r.model.attention_matmuls()[:-1] for m, div in (r.local(split),)]
+    elif r.fw.separate_projections:
+        shapes += [(tokens, q / t, h), (tokens, kv / t, h), (tokens, v / t, h)]
     else:
-        qkv_gemm = r.gemm(tokens, (q + kv + v) / t, h, bytes_per_element=r.e_in)
-        k_gemm = kv / (q + kv + v) * qkv_gemm
-    return qkv_gemm, k_gemm, out
+        shapes += [(tokens, (q + kv + v) / t, h)]
+    times = [r.gemm(m, n, k, bytes_per_element=r.e_in) for m, n, k in shapes]
+    wgrad = ordered_sum(r.wgrad(m, n, k, bytes_per_element=r.e_in) for m, n, k in shapes)
+    out, ins = times[0], times[1:]
+    if r.model.is_mla:
+        return ordered_sum(ins), ordered_sum(ins[1::2], 0.0 * out), out, wgrad
+    if r.fw.separate_projections:
+        return ordered_sum(ins), ins[1], out, wgrad
+    return ins[0], kv / (q + kv + v) * ins[0], out, wgrad
 
 
 def _attention_core(r: _Rows) -> _Core:
@@ -310,9 +327,9 @@ def _attention_core(r: _Rows) -> _Core:
 
 def _mlp(r: _Rows, ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | None = None,
          split: np.ndarray | None = None
-         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(forward time, forward FLOPs, activation bytes, input projection time, output
-    projection time) of an MLP on ``m_tokens`` tokens.
+    projection time, weight-gradient matmul time) of an MLP on ``m_tokens`` tokens.
 
     ``per_expert``: tokens per local expert (the matmuls' M) for a grouped expert GEMM.
     ``split``: the tensor-parallel degree its width splits by (the experts' ``etp``; default
@@ -325,15 +342,18 @@ def _mlp(r: _Rows, ffn: float, m_tokens: np.ndarray, per_expert: np.ndarray | No
     count = 1.0 if per_expert is None else m_tokens / per_expert
     # Local experts' matmuls as one grouped kernel per projection, or one each.
     grouped = per_expert is not None and r.fw.grouped_experts
-    if r.fw.separate_projections and model.gated_mlp:  # gate and up as two matmuls
-        up = 2 * r.gemm(m_shape, ffn / t, h, count=count, bytes_per_element=r.e_in,
-                        grouped=grouped)
-    else:
-        up = r.gemm(m_shape, n_up, h, count=count, bytes_per_element=r.e_in, grouped=grouped)
-    down = r.gemm(m_shape, h, ffn / t, count=count, bytes_per_element=r.e_in, grouped=grouped)
+    # (matmuls, n, k) of the input projection (gate and up as two matmuls, or one) and the
+    # output projection.
+    two = r.fw.separate_projections and model.gated_mlp
+    up_shape = (2.0, ffn / t, h) if two else (1.0, n_up, h)
+    shapes = (up_shape, (1.0, h, ffn / t))
+    up, down = (n_mm * r.gemm(m_shape, n, k, count=count, bytes_per_element=r.e_in,
+                              grouped=grouped) for n_mm, n, k in shapes)
+    wgrad = ordered_sum(n_mm * r.wgrad(m_shape, n, k, count=count, bytes_per_element=r.e_in,
+                                       grouped=grouped) for n_mm, n, k in shapes)
     fl = 2 * m_tokens * h * n_up + 2 * m_tokens * ffn / t * h
     width = 3 if model.gated_mlp else 2  # ffn-wide tensors the activation reads + writes
-    return up + down, fl, width * r.e * m_tokens * ffn / t, up, down
+    return up + down, fl, width * r.e * m_tokens * ffn / t, up, down, wgrad
 
 
 def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | None,
@@ -347,27 +367,28 @@ def _mlp_block(r: _Rows, moe: bool, capacity_factor: float, ep: np.ndarray | Non
     the same FLOPs, wider and shorter matmuls."""
     model, h, tokens = r.model, r.h, r.tokens
     if not moe:
-        f, flops, act, up, down = _mlp(r, float(model.ffn_hidden_size or 0), tokens)
-        return _Mlp(f, flops, act, up, down, 0.0, None)
+        f, flops, act, up, down, wgrad = _mlp(r, float(model.ffn_hidden_size or 0), tokens)
+        return _Mlp(f, flops, act, up, down, 0.0, None, wgrad=wgrad)
     ffn = float(model.moe_ffn_hidden_size or 0)
     n_exp = float(model.num_experts)
     ep_f = (ep if ep is not None else np.ones_like(r.t)).astype(float)
     # The routed copies this rank computes.
     routed = tokens * model.top_k * capacity_factor * et / r.t
     router = r.gemm(tokens * r.rep, n_exp, h, bytes_per_element=r.e)
-    f, flops, act, _, _ = _mlp(r, ffn, routed, routed * ep_f / n_exp, split=et)
+    f, flops, act, _, _, wgrad = _mlp(r, ffn, routed, routed * ep_f / n_exp, split=et)
     experts_f, experts_flops = f, flops
     f = f + router
+    wgrad = wgrad + r.wgrad(tokens * r.rep, n_exp, h, bytes_per_element=r.e)
     flops = flops + 2 * tokens * r.rep * h * n_exp
     # Token permutation before the experts and un-permutation after: read + write each.
     act = act + 2 * 2 * r.e * routed * h + 4.0 * tokens * r.rep * n_exp
     kernels = 3.0
     if model.num_shared_experts:
-        sh_f, sh_flops, sh_bytes, _, _ = _mlp(r, ffn * model.num_shared_experts, tokens)
-        f, flops, act = f + sh_f, flops + sh_flops, act + sh_bytes
+        sh_f, sh_flops, sh_bytes, _, _, sh_w = _mlp(r, ffn * model.num_shared_experts, tokens)
+        f, flops, act, wgrad = f + sh_f, flops + sh_flops, act + sh_bytes, wgrad + sh_w
         kernels += 1.0
     zero = 0.0 * tokens
-    return _Mlp(f, flops, act, zero, zero, kernels, routed, experts_f, experts_flops)
+    return _Mlp(f, flops, act, zero, zero, kernels, routed, experts_f, experts_flops, wgrad)
 
 
 def _recomputed_kernels(r: _Rows, core: _Core, mlp: _Mlp, moe: bool, et: np.ndarray,
@@ -405,7 +426,7 @@ def _recomputed_kernels(r: _Rows, core: _Core, mlp: _Mlp, moe: bool, et: np.ndar
         out = out + mlp.forward + memory_time(r.gpu, mlp.act_bytes, 1.0)
         flops = flops + mlp.flops
     if "shared_experts" in mods and moe and model.num_shared_experts and not whole_moe:
-        sh_f, sh_flops, sh_bytes, _, _ = _mlp(
+        sh_f, sh_flops, sh_bytes, _, _, _ = _mlp(
             r, float(model.moe_ffn_hidden_size or 0) * model.num_shared_experts, r.tokens)
         out = out + sh_f + memory_time(r.gpu, sh_bytes, 1.0)
         flops = flops + sh_flops
@@ -579,7 +600,8 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     """(embedding, head) compute for one micro-batch, per row.
 
     Embedding: a gather of T rows of h (read + write). Head: final norm, the vocab-parallel
-    ``[T, h] x [h, V/tp]`` matmul (V padded as the trainer pads it, ``padded_vocab``), and the
+    ``[T, h] x [h, V/tp]`` matmul (V padded as the trainer pads it, ``padded_vocab``; its
+    backward an input- and a weight-gradient matmul, ``weight_grad_bytes``), and the
     cross entropy over fp32 logits. Megatron-LM's vocabulary-parallel cross entropy, fused
     (``loss_kind``), casts the logits (read e, write 4), takes the softmax and loss in place
     (read and write 4) and, in backward, writes the logit gradient (read 4, write e); by
@@ -621,6 +643,8 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     # releases, ``filter_fqns`` since: ``planner.emit.torchtitan`` writes it).
     head_gemm = gemm_time(gpu, high_precision(dtype), tokens, v, h,
                           bytes_per_element=e)
+    head_wgrad = gemm_time(gpu, high_precision(dtype), tokens, v, h, bytes_per_element=e,
+                           weight_bytes_per_element=weight_grad_bytes(job))
     logits = tokens * v
     norm = 2 * e_act * tokens * h * rep
     cast = np.where(ac, CAST_BYTES * (tokens * h + v * h), 0.0)  # input and weight casts
@@ -648,7 +672,7 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
         ce_fwd, ce_bwd = 4 * e * logits, (e + 3 * e) * logits
         kernels_f = kernels_b = 3.0
     head_f = head_gemm + memory_time(gpu, norm + ce_fwd + cast, 1.0 + kernels_f)
-    head_b = 2 * head_gemm + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd + cast,
+    head_b = head_gemm + head_wgrad + memory_time(gpu, BACKWARD_BYTES * norm + ce_bwd + cast,
                                          1.0 + kernels_b)
     head_flops = 3 * 2 * tokens * h * v
     if model.mtp_layers:
@@ -659,9 +683,12 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
         n = float(model.mtp_layers)
         eh = gemm_time(gpu, high_precision(dtype), tokens, h / t, 2 * h,
                        bytes_per_element=e)
+        eh_wgrad = gemm_time(gpu, high_precision(dtype), tokens, h / t, 2 * h,
+                             bytes_per_element=e,
+                             weight_bytes_per_element=weight_grad_bytes(job))
         extra = memory_time(gpu, (2 * e_act + 3 * 2 * e) * tokens * h * rep, 4.0)
         head_f = head_f + n * (head_f + eh + extra)
-        head_b = head_b + n * (head_b + 2 * eh + BACKWARD_BYTES * extra)
+        head_b = head_b + n * (head_b + eh + eh_wgrad + BACKWARD_BYTES * extra)
         head_flops = head_flops * (1 + n) + n * 3 * 2 * tokens * 2 * h * h / t
     head = LayerCompute(forward=head_f, backward=head_b, selective=zero, flops=head_flops,
                         selective_flops=zero, forward_flops=head_flops / 3,

@@ -49,7 +49,10 @@ class Gemm:
     linear that torchao's float8 training runs as a Float8Linear, the elements of its
     activation input, of its output and of its weight on the rank (what its dynamic casts
     read, and its row-wise backward rescales, ``float8_cast_compute``); zero for any other
-    matmul."""
+    matmul. ``weight_grad``: the elements of the weight whose gradient one of its backward
+    matmuls computes (a linear's weight-gradient matmul, timed with the gradient traffic of
+    ``roofline.weight_grad_bytes``; the weights all ``ep`` ranks hold where ``expert``);
+    zero where its backward computes none."""
 
     flops: float
     activation_bytes: float
@@ -61,6 +64,7 @@ class Gemm:
     cast_in: float = 0.0
     cast_out: float = 0.0
     cast_weight: float = 0.0
+    weight_grad: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -106,13 +110,17 @@ class Kernels:
                        self.attention_head_dim_flops + other.attention_head_dim_flops)
 
 
-def _gemm(gpu: GPU, dtype: str, g: Gemm, r: np.ndarray, ep: np.ndarray) -> np.ndarray:
+def _gemm(gpu: GPU, dtype: str, g: Gemm, r: np.ndarray, ep: np.ndarray,
+          grad_bytes: float | None = None) -> np.ndarray:
     """Seconds of one matmul of kind ``g`` at ``r`` times the traced tokens, ``ep`` the
-    expert-parallel degree (``Gemm.expert``)."""
+    expert-parallel degree (``Gemm.expert``); with ``grad_bytes``, of its weight-gradient
+    matmul instead: the same FLOPs, moving ``grad_bytes`` per element of the weight's
+    gradient (``Gemm.weight_grad``) where the forward reads the weight."""
     eff = gpu.efficiency
     frac = eff.gemm_for(dtype) if g.aligned else eff.gemm_unaligned_for(dtype)
     compute = r * g.flops / (gpu.peak_flops(dtype) * frac)
-    weights = g.weight_bytes / ep if g.expert else g.weight_bytes
+    moved = g.weight_bytes if grad_bytes is None else grad_bytes * g.weight_grad
+    weights = moved / ep if g.expert else moved
     memory = (r * g.activation_bytes + weights) \
         / (gpu.memory_bandwidth_bytes_per_s * eff.memory)
     return np.maximum(compute, memory) + eff.kernel_overhead_s
@@ -120,11 +128,13 @@ def _gemm(gpu: GPU, dtype: str, g: Gemm, r: np.ndarray, ep: np.ndarray) -> np.nd
 
 def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
                    recomputed: Kernels | None = None, ep: Num = 1.0,
-                   attention_kernel: str = "flash") -> LayerCompute:
+                   attention_kernel: str = "flash", grad_bytes: float = 2.0) -> LayerCompute:
     """The ``LayerCompute`` of kernels ``k`` at ``r`` (per row) times the traced tokens (more
     sequences, the same length) and expert-parallel degree ``ep`` (per row); ``recomputed``:
     the kernels selective recompute re-runs in backward (an unfused attention's score ops);
-    ``attention_kernel``: the fused attention kernel that runs (``"flash"``, ``"cudnn"``).
+    ``attention_kernel``: the fused attention kernel that runs (``"flash"``, ``"cudnn"``);
+    ``grad_bytes``: what a weight-gradient matmul moves per element of its gradient
+    (``roofline.weight_grad_bytes``).
     The matmul roles Megatron-LM overlaps tensor-parallel collectives with are not told
     apart in a graph (zero)."""
     r = np.asarray(r, dtype=float)
@@ -133,7 +143,12 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
     fwd, bwd, gemm_flops, bwd_flops = zero, zero, zero, zero
     for g in k.gemms:
         t = g.count * _gemm(gpu, dtype, g, r, ep)
-        fwd, bwd = fwd + t, bwd + g.backward * t
+        # Its backward: input-gradient matmuls as the forward, and a weight-gradient one.
+        wgrad = int(g.weight_grad > 0 and g.backward > 0)
+        bwd = bwd + (g.backward - wgrad) * t
+        if wgrad:
+            bwd = bwd + g.count * _gemm(gpu, dtype, g, r, ep, grad_bytes)
+        fwd = fwd + t
         gemm_flops = gemm_flops + g.count * g.flops * r
         bwd_flops = bwd_flops + g.backward * g.count * g.flops * r
     core_f, core_b = zero, zero

@@ -31,6 +31,7 @@ from costmodel.formulas.roofline import (
     high_precision,
     matmul_dtype,
     quantized_bytes,
+    weight_grad_bytes,
 )
 from costmodel.formulas.shardcosts import (
     NONE_COMPILED,
@@ -478,7 +479,7 @@ class LayerQueries(LayerStructure):
                 narrow = quantized_bytes(job) / 2
                 run, again = _fp8_operands(run, narrow), again and _fp8_operands(again, narrow)
             lc = kernel_compute(gpu, dtype, run, share[rows], again, ep=a.ep[rows],
-                                attention_kernel=kernel)
+                                attention_kernel=kernel, grad_bytes=weight_grad_bytes(job))
             if casts:
                 cast_f, cast_b = float8_cast_compute(gpu, job, run, share[rows],
                                                      gathered[rows])

@@ -11,6 +11,7 @@ import numpy as np
 
 import hardware_profiles
 from costmodel.config import QUANTIZED_PRECISIONS, Job
+from costmodel.formulas.states import megatron_grad_bytes
 from costmodel.frameworks import framework
 from costmodel.hardware import GPU
 from costmodel.units import Num
@@ -68,6 +69,24 @@ def gemm_time(gpu: GPU, dtype: str, m: Num, n: Num, k: Num, count: Num = 1.0,
     memory = traffic / (gpu.memory_bandwidth_bytes_per_s * eff.memory)
     launches = 1.0 if grouped else count
     return count * np.maximum(compute, memory) + launches * eff.kernel_overhead_s
+
+
+def weight_grad_bytes(job: Job) -> float:
+    """Bytes per weight element that a linear's weight-gradient matmul moves beside its two
+    activation operands. With Megatron-LM's gradient-accumulation fusion
+    (``Job.fuse_grad_accumulation``, on by default) the matmul adds into the ``main_grad``
+    buffer itself: its epilogue reads and writes each gradient element in that buffer's dtype
+    (``states.megatron_grad_bytes``: fp32 with bf16 and fp8) on every micro-batch
+    (Transformer Engine's ``fuse_wgrad_accumulation``, cuBLASLt with beta = 1;
+    fused_weight_gradient_mlp_cuda before it). Other trainers' matmuls write a fresh
+    gradient in the activations' dtype, and the add into the accumulated one is a kernel of
+    its own (``stepterms.accumulation_time``). The weight-gradient matmul reduces over the
+    micro-batch's tokens, so with few of them (a routed expert's share at high expert
+    parallelism, a context-parallel chunk) this traffic, not its FLOPs, sets its time."""
+    e = 4.0 if job.precision == "fp32" else 2.0
+    if framework(job.framework).name == "megatron" and job.fuse_grad_accumulation:
+        return 2.0 * megatron_grad_bytes(job)
+    return e
 
 
 #: What each fused attention kernel (``costmodel.config.ATTENTION_KERNELS``) is called.

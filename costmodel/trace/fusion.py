@@ -421,6 +421,9 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
             act = e * b * (m * k + groups * k * nn + m * nn) - w
             needs = [r.grad for r in n.inputs]
             back = int(len(needs) >= 2 and needs[ia]) + int(bool(needs and needs[ib]))
+            # The weight whose gradient one of those backward matmuls computes (elements).
+            wgrad = b * (m * k * (a_w and len(needs) >= 2 and bool(needs[ia]))
+                         + groups * k * nn * (b_w and bool(needs and needs[ib])))
             # A linear (an activation times a weight matrix) that torchao's float8 training
             # runs as a Float8Linear: torchtitan converts every nn.Linear whose dims are
             # multiples of 16 (torchtitan's Float8LinearConverter); a router stays in bf16
@@ -432,7 +435,8 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
                                        bool(aligned(nn, k, e)), back, expert=expert,
                                        cast_in=m * k if linear else 0.0,
                                        cast_out=m * nn if linear else 0.0,
-                                       cast_weight=k * nn if linear else 0.0),))
+                                       cast_weight=k * nn if linear else 0.0,
+                                       weight_grad=float(wgrad)),))
     moved = (sum(r.nbytes for r in n.inputs) + n.output_bytes) / shards
     if n.family == "index" and n.aten in _GATHERS:
         # A gather by index reads the rows it writes (a MoE layer's tokens, each read once
