@@ -306,3 +306,19 @@ def test_nvfp4_is_emitted_as_megatrons_fp4_flags_and_mapped_to_mxfp8_elsewhere()
     out = emit(p, "torchtitan")
     assert "own NVFP4 linears are not modelled: emitted MXFP8" in out.text
     assert 'recipe_name = "mxfp8_cublas"' in out.text
+
+
+def test_provenance_says_why_a_generations_runs_do_not_back_its_bands() -> None:
+    """``planner gpus --provenance``: CDNA 4's runs come from two sources, MLPerf Training
+    v5.1 (Megatron-LM) and AMD's cluster validation suite (torchtitan), one per trainer, so
+    none steers the fit (costmodel.fitting.calibration.CELL_MIN_SOURCES) and its bands are
+    extrapolated; Hopper's are fitted on."""
+    res = run_planner("gpus", "--provenance")
+    assert res.returncode == 0, res.stderr
+    lines = {line.split()[0]: line for line in res.stdout.splitlines() if line.strip()}
+    mi355x = hardware_profiles.provenance("mi355x")
+    assert mi355x["runs"] > 0 and mi355x["fitted_runs"] == 0
+    assert lines["mi355x"].endswith(
+        f"{mi355x['runs']} (cdna4), none fitted on (one source per trainer): bands extrapolated")
+    h100 = hardware_profiles.provenance("h100-sxm")
+    assert h100["fitted_runs"] > 0 and "extrapolated" not in lines["h100-sxm"]

@@ -105,7 +105,8 @@ def _provenance(args: argparse.Namespace) -> int:
         runs = (f"none ({arch}): bands extrapolated" if not r["runs"] else
                 f"{r['runs']} ({arch})" if r["fitted_runs"] == r["runs"] else
                 f"{r['runs']} ({arch}), {r['fitted_runs']} fitted on" if r["fitted_runs"] else
-                f"{r['runs']} ({arch}), one source: bands extrapolated")
+                f"{r['runs']} ({arch}), none fitted on (one source per trainer): "
+                "bands extrapolated")
         print(f"{r['name']:<{width}s} {cells}  {link:<32s} {runs}")
     return 0
 
