@@ -100,8 +100,8 @@ def cells(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _print_cells(results: Sequence[RunResult]) -> None:
-    print(f"\n{'generation/trainer':<22s} {'runs':>4s} {'sources':>7s}  {'fit mean':>8s}  "
+def _print_cells(results: Sequence[RunResult], mean_label: str = "fit mean") -> None:
+    print(f"\n{'generation/trainer':<22s} {'runs':>4s} {'sources':>7s}  {mean_label:>8s}  "
           f"{'left out':>8s}  {'band':>6s}  gpus")
     for key, c in cells(results).items():
         loso = (f"{100 * c['loso_mean_abs_error']:>7.2f}%" if "loso_mean_abs_error" in c
@@ -113,10 +113,13 @@ def _print_cells(results: Sequence[RunResult]) -> None:
               f"{', '.join(c['gpus'])}")
 
 
-def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: bool = True
-                  ) -> None:
+def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: bool = True,
+                  held_out: bool = False) -> None:
     """The per-run table (unless ``runs_table`` is False), the per-source table and the
-    memory check, as ``planner validate`` prints them."""
+    memory check, as ``planner validate`` prints them. ``held_out``: runs the fit never saw
+    (``planner validate --frontier`` or ``--runs FILE``), whose mean error under the fit is
+    already out of sample: labelled so, with its summary line."""
+    label = "held out" if held_out else "fit mean"
     has_loso = any(r.loso_error is not None for r in results)
     if runs_table:
         print(f"{'run':<50s} {'measure':<11s} {'predicted':>10s} {'measured':>10s} "
@@ -127,7 +130,7 @@ def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: 
                   + (f" {_pct(r.loso_error)}" if has_loso else ""))
         print()
     sm = summary(results)
-    head = f"{'source':<26s} {'runs':>4s}  {'fit mean':>8s} {'max':>7s}"
+    head = f"{'source':<26s} {'runs':>4s}  {label:>8s} {'max':>7s}"
     if has_loso:
         head += f"  {'left out: mean':>14s} {'max':>7s}"
     print(head)
@@ -140,8 +143,13 @@ def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: 
             line += (f"  {100 * row['loso_mean_abs_error']:>13.2f}% "
                      f"{100 * row['loso_max_abs_error']:>6.1f}%")
         print(line)
-    _print_cells(results)
+    _print_cells(results, label)
     allrow = sm["all"]
+    if held_out:
+        errs = np.abs([r.error for r in results])
+        print(f"\nheld out of the fit (it never saw these runs), {allrow['runs']} runs: mean "
+              f"|error| {100 * allrow['mean_abs_error']:.2f}%, median "
+              f"{100 * float(np.median(errs)):.2f}%")
     if "loso_mean_abs_error" in allrow:
         print(f"\nleft out of the fit (leave-one-source-out), {allrow['runs']} runs: mean "
               f"|error| {100 * allrow['loso_mean_abs_error']:.2f}%, median "

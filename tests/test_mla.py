@@ -267,6 +267,16 @@ def test_frontier_runs_are_held_out_and_validated() -> None:
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["runs"]
     assert len(rows) == len(runs) and all(row["predicted"] > 0 for row in rows)
+    # The table says its errors are out of sample, not a fit's own: 'held out', and the
+    # summary line's mean is the runs' mean |error|.
+    text = run_planner("validate", "--frontier", "--summary")
+    assert text.returncode == 0, text.stderr
+    assert "fit mean" not in text.stdout and "  held out  " in text.stdout
+    mean = sum(abs(row["error"]) for row in rows) / len(rows)
+    assert f"held out of the fit (it never saw these runs), {len(rows)} runs: mean |error| " \
+        f"{100 * mean:.2f}%" in text.stdout
+    assert "fit mean" in run_planner("validate", "--calibration", "--summary",
+                                     "--no-loso").stdout
 
 
 def test_glm_4_5_air_from_its_config() -> None:

@@ -86,7 +86,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print_json({"runs_file": shown, "fit": describe(fit), "runs": result_rows(results),
                     "summary": summary(results)})
     else:
-        print_results(results, fit, runs_table=not args.summary)
+        print_results(results, fit, runs_table=not args.summary, held_out=bool(args.runs))
     return 0
 
 
