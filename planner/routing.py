@@ -1,8 +1,8 @@
 """What a mixture-of-experts plan's routing assumptions cost: the same job searched again
-with each other token dispatcher (``Job.moe_dispatcher``) and with forced even routing
-(``Job.moe_load_imbalance`` 1.0), for ``planner.explain``. The dispatcher and the load are
-the job's (what the trainer runs, how the router balances), not the search's: these say what
-changing them would buy."""
+with each other token dispatcher (``Job.moe_dispatcher``) a searched trainer runs
+(``Framework.moe_dispatchers``) and with forced even routing (``Job.moe_load_imbalance``
+1.0), for ``planner.explain``. The dispatcher and the load are the job's (what the trainer
+runs, how the router balances), not the search's: these say what changing them would buy."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import numpy as np
 
 from costmodel.config import MOE_DISPATCHERS, Job
 from costmodel.formulas.moe import routed_load
+from costmodel.frameworks import framework
 from planner.alternatives import Choice, Option
 from planner.result import Plan
 from planner.search import search
-from planner.space import row_config
+from planner.space import Constraints, row_config
 
 __all__ = ["ROUTING_FIELDS", "routing_choices"]
 
@@ -23,10 +24,13 @@ __all__ = ["ROUTING_FIELDS", "routing_choices"]
 ROUTING_FIELDS = ("moe_dispatcher", "moe_load")
 
 
-def _searched(plan: Plan, value: object, job: Job) -> Option:
-    """The fastest configuration of ``job`` under the plan's constraints, against the plan."""
+def _searched(plan: Plan, value: object, job: Job, constraints: Constraints | None = None
+              ) -> Option:
+    """The fastest configuration of ``job`` under ``constraints`` (default the plan's),
+    against the plan."""
     _, _, e = plan.training()
-    res = search(plan.model, plan.cluster, job, plan.constraints, top_k=1)
+    cons = plan.constraints if constraints is None else constraints
+    res = search(plan.model, plan.cluster, job, cons, top_k=1)
     if not res.top:
         return Option(value=value, verdict="does not fit",
                       reason="no configuration fits with it under these constraints")
@@ -43,16 +47,22 @@ def _searched(plan: Plan, value: object, job: Job) -> Option:
 
 
 def routing_choices(plan: Plan) -> tuple[Choice, ...]:
-    """For a MoE plan: its dispatcher against each other one, and its busiest rank's load
-    against forced even routing, each the fastest configuration searched with it; none for
-    a dense model."""
+    """For a MoE plan: its dispatcher against each other one that a searched trainer runs
+    (over those trainers alone: torchtitan has no all-gather dispatcher), and its busiest
+    rank's load against forced even routing, each the fastest configuration searched with
+    it; none for a dense model."""
     job, _, _ = plan.training()
     if not getattr(plan.model, "is_moe", False):
         return ()
-    dispatchers = tuple(_searched(plan, d, replace(job, moe_dispatcher=d))
-                        for d in MOE_DISPATCHERS if d != job.moe_dispatcher)
+    searched = plan.constraints.frameworks or (job.framework,)
+    dispatchers = []
+    for d in MOE_DISPATCHERS:
+        runs = tuple(f for f in searched if d in framework(f).moe_dispatchers)
+        if d != job.moe_dispatcher and runs:
+            dispatchers.append(_searched(plan, d, replace(job, moe_dispatcher=d),
+                                         replace(plan.constraints, frameworks=runs)))
     out = [Choice(field="moe_dispatcher", chosen=job.moe_dispatcher, fixed=True,
-                  options=dispatchers)]
+                  options=tuple(dispatchers))]
     load = routed_load(job)
     if load != 1.0:
         even = replace(job, moe_load_imbalance=1.0, moe_capacity_factor=None)

@@ -224,6 +224,13 @@ def test_explain_says_what_each_dispatcher_and_even_routing_would_cost() -> None
     assert "dispatcher=deepep" in got.summary()
     # Fields named without them: the routing is not searched again.
     assert {c.field for c in explain(p, fields=["ep"]).choices} == {"ep"}
+    # Only the dispatchers the trainer runs: torchtitan 0.2.2 has an all-to-all and DeepEP
+    # (expert_parallel_comm_backend "standard", "deepep"), no all-gather dispatcher.
+    tt = plan(QWEN, Cluster.preset("dgx-h100"), _job(global_batch_size=64,
+                                                    framework="torchtitan"))
+    choice = {c.field: c for c in explain(tt, fields=["moe_dispatcher"]).choices}
+    assert [o.value for o in choice["moe_dispatcher"].options] == ["deepep"]
+    assert choice["moe_dispatcher"].options[0].framework == "torchtitan"
     dense = explain(plan(ModelSpec.preset("llama-3-8b"), Cluster.preset("dgx-h100"),
                          Job(global_batch_size=64, seq_len=4096, framework="megatron")),
                     fields=["tp"])
