@@ -83,10 +83,9 @@ def weight_grad_bytes(job: Job) -> float:
     its own (``stepterms.accumulation_time``). The weight-gradient matmul reduces over the
     micro-batch's tokens, so with few of them (a routed expert's share at high expert
     parallelism, a context-parallel chunk) this traffic, not its FLOPs, sets its time."""
-    e = 4.0 if job.precision == "fp32" else 2.0
     if framework(job.framework).name == "megatron" and job.fuse_grad_accumulation:
         return 2.0 * megatron_grad_bytes(job)
-    return e
+    return _dtypes(job)[1]
 
 
 #: What each fused attention kernel (``costmodel.config.ATTENTION_KERNELS``) is called.

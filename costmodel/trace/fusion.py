@@ -420,10 +420,10 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
             w = e * b * (m * k * a_w + groups * k * nn * b_w)
             act = e * b * (m * k + groups * k * nn + m * nn) - w
             needs = [r.grad for r in n.inputs]
-            back = int(len(needs) >= 2 and needs[ia]) + int(bool(needs and needs[ib]))
+            grad_a, grad_b = len(needs) >= 2 and bool(needs[ia]), bool(needs and needs[ib])
+            back = int(grad_a) + int(grad_b)
             # The weight whose gradient one of those backward matmuls computes (elements).
-            wgrad = b * (m * k * (a_w and len(needs) >= 2 and bool(needs[ia]))
-                         + groups * k * nn * (b_w and bool(needs and needs[ib])))
+            wgrad = b * (m * k * (a_w and grad_a) + groups * k * nn * (b_w and grad_b))
             # A linear (an activation times a weight matrix) that torchao's float8 training
             # runs as a Float8Linear: torchtitan converts every nn.Linear whose dims are
             # multiples of 16 (torchtitan's Float8LinearConverter); a router stays in bf16
