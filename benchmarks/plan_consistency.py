@@ -7,7 +7,9 @@ pipeline op by op (``planner.timeline``) and compare its makespan with the estim
 time (the step time without what follows the last backward: gradient reduction, parameter
 gather, optimizer, offload). The fastest configuration of every other pipeline schedule the
 trainer runs (the search's best per schedule: the V-shaped ZB-V and DualPipeV, Megatron-LM's
-combined 1F1B) is checked the same way. Prints how many plans disagree by more than 2 %
+combined 1F1B) is checked the same way, and DeepSeek's DualPipe, which the planner costs for
+both Megatron-LM and torchtitan but neither runs, on each of those with an even pipeline
+(``dualpipe_twins``). Prints how many plans disagree by more than 2 %
 (target 0), how many of each schedule were checked, the worst five, and the search time.
 
     python benchmarks/plan_consistency.py [--quick]
@@ -18,11 +20,13 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
-from costmodel.errors import Infeasible
+from costmodel.errors import Infeasible, SpecError
+from costmodel.frameworks import framework
 from planner import plan, timeline
 from planner.plan import describe
 from planner.search import search
@@ -54,6 +58,23 @@ def problems(quick: bool) -> list[tuple[str, int, str, int, str]]:
     return out
 
 
+def dualpipe_twins(configs: list[ParallelConfig], fw: str) -> list[ParallelConfig]:
+    """DeepSeek's DualPipe, which no trainer runs and the search does not offer but the
+    planner costs (``Framework.costed_schedules``), beside the checked configurations: each
+    DualPipeV's twin over twice the ranks and half the pipelines (which it is costed as) and
+    each even 1F1B pipeline run as DualPipe."""
+    if "dualpipe" not in framework(fw).costed_schedules:
+        return []
+    out = []
+    for cfg in configs:
+        if cfg.pipeline_schedule == "dualpipev" and cfg.dp % 2 == 0:
+            out.append(replace(cfg, pp=2 * cfg.pp, dp=cfg.dp // 2, stage_layers=None,
+                               pipeline_schedule="dualpipe", virtual_pipeline_stages=1))
+        elif cfg.pipeline_schedule == "1f1b" and cfg.pp % 2 == 0:
+            out.append(replace(cfg, pipeline_schedule="dualpipe", stage_recompute_layers=None))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smaller sweep (smoke test)")
@@ -78,12 +99,16 @@ def main() -> None:
         res = search(model, cluster, job, p.constraints, top_k=1, by=("schedule",))
         configs += [row_config(np.array(f.row), model)
                     for f in res.best_by.get("schedule", {}).values()]
+        configs += dualpipe_twins(configs, fw)
         seen: set[ParallelConfig] = set()
         for cfg in configs:
             if cfg in seen:
                 continue
             seen.add(cfg)
-            est = estimate(model, cluster, job, cfg)
+            try:
+                est = estimate(model, cluster, job, cfg)
+            except SpecError:  # a DualPipe twin whose micro-batches DualPipe cannot take
+                continue
             bd = est.time_breakdown_s
             pipeline = est.step_time_s - bd["dp_comm"] - bd["optimizer"] - bd["offload"]
             sim = timeline(model, cluster, job, cfg).makespan

@@ -44,9 +44,10 @@ ATTENTION_KERNELS = ("flash", "cudnn")
 #: two chunks per rank (``costmodel.formulas.vschedules``); ``combined-1f1b`` is Megatron-LM's
 #: 1F1B with each steady-state forward and backward merged so that one hides the other's
 #: expert-parallel all-to-alls (``--overlap-moe-expert-parallel-comm``), interleaved when
-#: pp > 1.
+#: pp > 1; ``dualpipe`` is DeepSeek's bidirectional DualPipe over pp ranks, rank r holding
+#: stages r and pp - 1 - r (``costmodel.formulas.vschedules.dualpipe_costing``).
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", "zbv", "dualpipev",
-             "combined-1f1b")
+             "combined-1f1b", "dualpipe")
 #: The schedules that place two model chunks per rank as a V.
 V_SCHEDULES = ("zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
@@ -415,6 +416,16 @@ class ParallelConfig:
             auto = "interleaved-1f1b" if self.virtual_pipeline_stages > 1 else "1f1b"
             object.__setattr__(self, "pipeline_schedule", auto)
         _choice(owner, "pipeline_schedule", self.pipeline_schedule, SCHEDULES)
+        if self.pipeline_schedule == "dualpipe":
+            # deepseek-ai/DualPipe dualpipe.py DualPipe.step: "assert num_ranks % 2 == 0";
+            # rank r runs stage r of one direction and stage pp - 1 - r of the other.
+            if self.pp < 2 or self.pp % 2 or self.virtual_pipeline_stages != 1:
+                raise SpecError(
+                    f"{owner}: pipeline_schedule='dualpipe' runs micro-batches from both ends "
+                    f"of an even number of ranks, each holding stages r and pp - 1 - r: it "
+                    f"needs an even pp >= 2 and virtual_pipeline_stages=1, got pp={self.pp}, "
+                    f"virtual_pipeline_stages={self.virtual_pipeline_stages}")
+            return
         if self.pipeline_schedule in V_SCHEDULES:
             if self.virtual_pipeline_stages != 2 or self.pp < 2:
                 raise SpecError(
@@ -506,6 +517,9 @@ class ParallelConfig:
             return
         rec = tuple(self.stage_recompute_layers)
         object.__setattr__(self, "stage_recompute_layers", rec)
+        if self.pipeline_schedule == "dualpipe":
+            raise SpecError(f"{owner}: stage_recompute_layers is not taken with "
+                            "pipeline_schedule='dualpipe'; use recompute_num_layers")
         if self.stage_layers is None or self.recompute != "full" or \
                 self.recompute_num_layers is not None:
             raise SpecError(f"{owner}: stage_recompute_layers needs stage_layers and "
@@ -537,6 +551,8 @@ class ParallelConfig:
         if self.pipeline_schedule in V_SCHEDULES:  # rank r: chunks r and 2p - 1 - r
             return tuple(self.stage_layers[r] + self.stage_layers[2 * p - 1 - r]
                          for r in range(p))
+        if self.pipeline_schedule == "dualpipe":  # rank r: stages r and p - 1 - r
+            return tuple(self.stage_layers[r] + self.stage_layers[p - 1 - r] for r in range(p))
         return tuple(sum(self.stage_layers[r::p]) for r in range(p))
 
     @property

@@ -77,6 +77,12 @@ class Framework:
     # Schedules the trainer's own launcher does not run as estimated, so a search does not
     # offer them (an explicit configuration is still estimated, and 'planner run' runs it).
     unsearched_schedules: tuple[str, ...] = ()
+    # Schedules of another trainer that wraps a model built as this one's: estimated (and
+    # drawn by planner.timeline) with this trainer's kernels, never searched, and emitted as
+    # the nearest schedule the trainer runs. DeepSeek's DualPipe (deepseek-ai/DualPipe, the
+    # schedule of its in-house HAI-LLM for DeepSeek-V3, a Megatron-style model; DeepSeek-V3
+    # report Sec. 3.2.1) runs in neither Megatron-LM nor torchtitan.
+    costed_schedules: tuple[str, ...] = ()
     # Mixed precision by torch.autocast when neither FSDP nor TP/PP/CP is on (torchtitan's
     # maybe_enable_amp: DDP or a single device): fp32 parameters cast to bf16 on each forward,
     # fp32 norms and residual stream, each linear casting its input.
@@ -206,6 +212,11 @@ def schedule_problem(fw: Framework, schedule: str, pp: int, num_micro_batches: i
     ``num_micro_batches`` breaks it; ``None`` when it runs (or without a pipeline)."""
     if pp < 2:
         return None
+    if schedule == "dualpipe" and (num_micro_batches % 2 or num_micro_batches < 2 * pp):
+        # deepseek-ai/DualPipe dualpipe.py DualPipe.step: "assert num_chunks > 0 and
+        # num_chunks % 2 == 0 and num_chunks >= num_ranks * 2" (half from each end).
+        return (f"DualPipe needs an even number of micro-batches, at least 2 * pp = {2 * pp} "
+                f"(half enter at each end), got {num_micro_batches}")
     if fw.torch_pipelining:
         return pipelining_problem(schedule, pp, num_micro_batches)
     if fw.interleaved_needs_multiple and schedule in ("interleaved-1f1b", "combined-1f1b") \
@@ -229,6 +240,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         zero_stages=(0, 1, 3),
         # combined-1f1b: --overlap-moe-expert-parallel-comm (core_v0.14.0, combined_1f1b.py).
         schedules=("1f1b", "interleaved-1f1b", "combined-1f1b"),
+        costed_schedules=("dualpipe",),
         moe_dispatchers=("alltoall", "allgather", "deepep"),
         expert_tp="divisors",
         moe_probs_in_activation=True,
@@ -277,6 +289,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         # ZBVZeroBubble and DualPipeV (torch.distributed.pipelining, two stages per rank placed
         # as a V: torchtitan/distributed/pipeline_parallel.py).
         schedules=("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev"),
+        costed_schedules=("dualpipe",),
         dualpipev_ep_overlap=True,
         moe_dispatchers=("alltoall", "deepep"),
         expert_tp="tp_or_1",

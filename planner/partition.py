@@ -98,8 +98,9 @@ class Partition:
 def stage_costs(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: ParallelConfig
                 ) -> StageCosts:
     """Cost of every (stage, first layer, layers, recomputed layers) candidate of ``cfg``."""
-    if cfg.virtual_pipeline_stages > 1:
-        raise SpecError("non-uniform stages need a schedule without interleaving")
+    if cfg.virtual_pipeline_stages > 1 or cfg.pipeline_schedule == "dualpipe":
+        raise SpecError("non-uniform stages need a schedule with one stage per rank (not "
+                        "interleaved, V-shaped or DualPipe)")
     p, L = cfg.pp, model.num_layers
     # A traced graph's first stage holds the layers before its last read of the model's
     # inputs (LayerCosts.first_stage_layers): checked on a split that gives it them.

@@ -18,6 +18,7 @@ from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import ConfigArrays, memory_table
 from costmodel.formulas.pipeline import Op, Timeline, simulate
 from costmodel.formulas.steptime import time_table
+from costmodel.formulas.vschedules import dualpipe_costing
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 
@@ -31,13 +32,19 @@ def timeline(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
     backward by their compute share, and what an overlapped pair saves there
     (``TimeTable.hidden``)."""
     validate(model, cluster, job, config)
-    a = ConfigArrays.from_configs(model, [config])
+    costed = dualpipe_costing(config)
+    a = ConfigArrays.from_configs(model, [costed])
     mem = memory_table(model, cluster, job, a)
     t = time_table(model, cluster, job, a, mem)
     assert t.forward_share is not None
     stage, share = t.stage_time[:, 0], t.forward_share[:, 0]
-    fwd = [float(stage[r] * share[r]) for r in range(config.pp)]
-    bwd = [float(stage[r] - stage[r] * share[r]) for r in range(config.pp)]
-    hidden = None if t.hidden is None else [float(x) for x in t.hidden[:, 0]]
-    return simulate(fwd, bwd, int(mem.num_micro_batches[0]), str(config.pipeline_schedule),
-                    config.virtual_pipeline_stages, hidden)
+    # DualPipe's rank r holds the stages of its half rank min(r, pp - 1 - r) of the costed
+    # DualPipeV (vschedules.dualpipe_costing); its own op order and dependencies are played.
+    half = [min(r, config.pp - 1 - r) for r in range(config.pp)] if costed is not config \
+        else list(range(config.pp))
+    fwd = [float(stage[h] * share[h]) for h in half]
+    bwd = [float(stage[h] - stage[h] * share[h]) for h in half]
+    hidden = None if t.hidden is None else [float(t.hidden[h, 0]) for h in half]
+    m = int(mem.num_micro_batches[0]) * (config.pp // costed.pp)
+    return simulate(fwd, bwd, m, str(config.pipeline_schedule), config.virtual_pipeline_stages,
+                    hidden)

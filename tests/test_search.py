@@ -82,6 +82,8 @@ def test_space_is_exactly_the_valid_configurations(fw: str) -> None:
                             continue  # canonical: no schedule without a pipeline
                         if pp > 1 and sched in framework(fw).unsearched_schedules:
                             continue  # estimated when given, not searched (its launcher)
+                        if pp > 1 and sched in framework(fw).costed_schedules:
+                            continue  # another trainer's (DualPipe): costed, not searched
                         if sp and not framework(fw).sequence_parallel:
                             continue  # estimated when given, not searched (DeepSpeed AutoTP)
                         # A V schedule's chunks are torchtitan's split, the largest the

@@ -15,7 +15,7 @@ import numpy as np
 
 from costmodel.config import V_SCHEDULES, ParallelConfig, accounted_split
 from costmodel.errors import SpecError
-from costmodel.formulas.vschedules import v_rank_layers, v_split
+from costmodel.formulas.vschedules import DualPipeCosting, v_rank_layers, v_split
 
 
 class Layers(Protocol):
@@ -34,7 +34,7 @@ __all__ = ["OFFLOAD_CODES", "RECOMPUTE_CODES", "SCHEDULE_CODES", "ChunkPatterns"
            "even_split", "first_argmax", "input_split", "interleaved_split", "ordered_sum"]
 
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zero-bubble": 3, "zbv": 4,
-                  "dualpipev": 5, "combined-1f1b": 6}
+                  "dualpipev": 5, "combined-1f1b": 6, "dualpipe": 7}
 #: The codes of the V-shaped schedules (``V_SCHEDULES``).
 V_CODES = tuple(SCHEDULE_CODES[s] for s in V_SCHEDULES)
 
@@ -137,6 +137,9 @@ class ConfigArrays:
     stage_recompute: np.ndarray | None = None  # layers fully recomputed per stage; -1: the row's
     chunks: ChunkPatterns | None = None  # explicit interleaved chunks, by pattern
     etp: np.ndarray | None = None  # the experts' TP degree (ParallelConfig.etp); None: tp
+    # Rows whose overlapped pairs hide their expert all-to-alls whatever the trainer and
+    # recompute: DualPipe's, costed as DualPipeV (vschedules.DualPipeCosting); None: no row.
+    pair_ep: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -305,6 +308,8 @@ class ConfigArrays:
             ep=col([c.ep for c in configs]),
             etp=col([c.expert_tp for c in configs])
             if any(c.etp is not None for c in configs) else None,
+            pair_ep=np.array([isinstance(c, DualPipeCosting) for c in configs])
+            if any(isinstance(c, DualPipeCosting) for c in configs) else None,
             zero=col([c.zero_stage for c in configs]),
             shard=col([c.shard_degree for c in configs]),
             sp=col([int(c.sequence_parallel) for c in configs]),

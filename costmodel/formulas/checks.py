@@ -278,7 +278,7 @@ def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:
             f"framework={fw.name!r} cannot combine pipeline parallel (pp={cfg.pp}) with "
             f"zero_stage={cfg.zero_stage}; use zero_stage in {list(fw.zero_with_pp)}"
         )
-    if cfg.pp > 1 and cfg.pipeline_schedule not in fw.schedules:
+    if cfg.pp > 1 and cfg.pipeline_schedule not in fw.schedules + fw.costed_schedules:
         raise SpecError(
             f"framework={fw.name!r} has no {cfg.pipeline_schedule!r} schedule; it has "
             f"{', '.join(fw.schedules)}"
@@ -286,7 +286,8 @@ def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:
     problem = schedule_problem(fw, str(cfg.pipeline_schedule), cfg.pp,
                                job.global_batch_size // (cfg.dp * cfg.micro_batch_size))
     if problem:
-        how = " pipelines with torch.distributed.pipelining:" if fw.torch_pipelining else ":"
+        how = " pipelines with torch.distributed.pipelining:" if fw.torch_pipelining and \
+            cfg.pipeline_schedule in fw.schedules else ":"
         raise SpecError(f"framework={fw.name!r}{how} {problem}; change micro_batch_size or "
                         "the schedule")
     for key, value in job.low_precision_states.items():

@@ -8,7 +8,7 @@ are exactly the search's numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from costmodel.config import Job, ParallelConfig
@@ -18,6 +18,7 @@ from costmodel.formulas.checks import validate
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import TERMS, ConfigArrays, memory_table
 from costmodel.formulas.steptime import COMM_KINDS, TIME_TERMS, time_table
+from costmodel.formulas.vschedules import dualpipe_costing
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.units import GIB
@@ -361,15 +362,17 @@ def estimate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
             raise SpecError(f"{name} must be a {' or '.join(k.__name__ for k in kinds)}, got "
                             f"{type(value).__name__}")
     validate(model, cluster, job, config)
+    # DualPipe is costed as the DualPipeV that runs the same ops (vschedules.dualpipe_costing).
+    costed = dualpipe_costing(config)
     # The headline numbers come from the search's own path (representative stage columns,
     # ``costmodel.formulas.tables``) on a table of one; the per-stage listing from every stage.
-    rep = ConfigArrays.from_configs(model, [config], all_stages=False)
+    rep = ConfigArrays.from_configs(model, [costed], all_stages=False)
     rep_mem = memory_table(model, cluster, job, rep)
     times = time_table(model, cluster, job, rep, rep_mem)
-    arrays = ConfigArrays.from_configs(model, [config])
+    arrays = ConfigArrays.from_configs(model, [costed])
     table = memory_table(model, cluster, job, arrays)
     stages = []
-    for i in range(config.pp):
+    for i in range(costed.pp):
         mem = MemoryBreakdown(**{f"{t}_bytes": float(table.terms[t][i, 0]) for t in TERMS})
         stages.append(StageMemory(
             stage=i,
@@ -383,6 +386,8 @@ def estimate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
             resident_weights_bytes=float(table.resident_weights[i, 0]),
             resident_gradients_bytes=float(table.resident_gradients[i, 0]),
         ))
+    if costed is not config:  # DualPipe's rank r runs as its half rank min(r, pp - 1 - r)
+        stages = [replace(stages[min(r, config.pp - 1 - r)], stage=r) for r in range(config.pp)]
     peak = int(rep.stage_index[0, rep_mem.peak_stage[0]])
     step = float(times.step_time[0])
     breakdown = {t: float(times.terms[t][0]) for t in TIME_TERMS}
@@ -398,7 +403,7 @@ def estimate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
         stages=tuple(stages),
         memory_capacity_bytes=cluster.gpu.memory_bytes,
         cpu_memory_bytes=max(s.cpu_bytes for s in stages),
-        num_micro_batches=int(table.num_micro_batches[0]),
+        num_micro_batches=int(table.num_micro_batches[0]) * (config.pp // costed.pp),
         step_time_s=step,
         tokens_per_s=job.tokens_per_step / step,
         model_tflops_per_gpu=model_rate / 1e12,

@@ -57,6 +57,7 @@ from costmodel.formulas.arrays import SCHEDULE_CODES, is_v, stage_cumsum
 from costmodel.formulas.vschedules import (
     V_SCHEDULES,
     check_v,
+    dualpipe_orders,
     v_orders,
     virtual_stage,
 )
@@ -123,6 +124,11 @@ def _check(p: int, m: int, v: int, schedule: str) -> None:
             raise SpecError(f"the {schedule} schedule runs two chunks per rank "
                             f"(virtual_stages=2), got {v}")
         check_v(p, m, schedule)
+    elif schedule == "dualpipe":
+        if v != 1 or p % 2 or m % 2 or m < 2 * p:
+            raise SpecError(f"dualpipe runs an even number of ranks (virtual_stages=1) and an "
+                            f"even number of micro-batches, at least 2p; got p={p}, m={m}, "
+                            f"virtual_stages={v}")
     elif schedule == "combined-1f1b":
         if (p > 1 and v < 2) or (p == 1 and v != 1):
             raise SpecError("combined-1f1b runs interleaved (virtual_stages >= 2) when p > 1, "
@@ -140,13 +146,18 @@ def rank_orders(p: int, m: int, v: int, schedule: str, per_round: int | None = N
     _check(p, m, v, schedule)
     if schedule in V_SCHEDULES:
         return v_orders(p, m, schedule)
+    if schedule == "dualpipe":
+        return dualpipe_orders(p, m)
     k = per_round or _period(p, m, "interleaved-1f1b")
     return tuple(_rank_order(p, m, v, schedule, k, r) for r in range(p))
 
 
 def _vs(chunk: int, rank: int, p: int, schedule: str) -> int:
     """The virtual stage of ``chunk`` on ``rank``: interleaved ``chunk * p + rank``, V-shaped
-    ``costmodel.formulas.vschedules.virtual_stage``."""
+    ``costmodel.formulas.vschedules.virtual_stage``; under DualPipe the stage of the
+    direction ``chunk`` runs on ``rank`` (``dualpipe_orders``)."""
+    if schedule == "dualpipe":
+        return rank if chunk ^ (rank >= p // 2) == 0 else p - 1 - rank
     return virtual_stage(chunk, rank, p) if schedule in V_SCHEDULES else chunk * p + rank
 
 
@@ -250,6 +261,7 @@ def simulate(forward: list[float], backward: list[float], num_micro_batches: int
     _check(p, m, v, schedule)
     if min(forward) < 0 or min(backward) < 0:
         raise SpecError("stage times must be non-negative")
+    chunks = 2 if schedule == "dualpipe" else v  # each op runs one of the rank's chunks
     saved = [0.0] * p if hidden is None else list(hidden)
     weight = (forward, backward, [f + b - h for f, b, h in zip(forward, backward, saved,
                                                                       strict=True)])
@@ -267,7 +279,7 @@ def simulate(forward: list[float], backward: list[float], num_micro_batches: int
                 done, deps = _parts(op, r, p, schedule, last)
                 if any(d not in end for d in deps):
                     break
-                side, share = _op_share(op[0], schedule, v)
+                side, share = _op_share(op[0], schedule, chunks)
                 start = max([free[r]] + [end[d] for d in deps])
                 free[r] = start + weight[side][r] * share
                 for key in done:

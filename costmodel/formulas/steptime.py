@@ -200,7 +200,8 @@ def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray
     most over every recompute and sharding of the row) under Megatron-LM's combined 1F1B and
     the DualPipeV of a trainer that overlaps its pairs' expert communication
     (``Framework.dualpipev_ep_overlap``: torchtitan 0.2.2 with pp > 1, ep > 1 and no
-    activation checkpointing); (None, None) where no row runs either.
+    activation checkpointing) or that DeepSeek's DualPipe costs as (``ConfigArrays.pair_ep``,
+    with any recompute: its own chunks overlap); (None, None) where no row runs either.
 
     A pair runs one micro-batch's forward beside another's backward on two streams, each
     one's expert dispatch and combine under the other's compute (megatron/core/
@@ -215,6 +216,8 @@ def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray
     if framework(r.job.framework).dualpipev_ep_overlap:
         comb = comb | ((a.schedule == SCHEDULE_CODES["dualpipev"]) & (a.pp > 1) & (a.ep > 1)
                        & (a.recompute == RECOMPUTE_CODES["none"]))
+    if a.pair_ep is not None:  # DualPipe's own pairs, costed as DualPipeV
+        comb = comb | (a.pair_ep & (a.pp > 1) & (a.ep > 1))
     if not comb.any():
         return None, None
     k = min(r.cluster.gpu.efficiency.comm_slowdown, 1.0)

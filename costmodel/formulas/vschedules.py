@@ -36,13 +36,14 @@ dispatch and combine all-to-alls of each run under the other's compute).
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from costmodel.config import V_SCHEDULES
+from costmodel.config import V_SCHEDULES, ParallelConfig
 from costmodel.errors import SpecError
 
-__all__ = ["V_SCHEDULES", "in_flight", "v_orders", "v_rank_layers",
-           "v_split", "virtual_stage"]
+__all__ = ["V_SCHEDULES", "DualPipeCosting", "dualpipe_costing", "dualpipe_orders", "in_flight",
+           "v_orders", "v_rank_layers", "v_split", "virtual_stage"]
 
 
 OpT = tuple  # ("F"|"B"|"I"|"W", mb, chunk) or ("O", mb_f, chunk_f, mb_b, chunk_b)
@@ -205,6 +206,34 @@ def _dualpipev(p: int, m: int, r: int) -> list[OpT]:
     return s.ops
 
 
+@lru_cache(maxsize=128)
+def dualpipe_orders(p: int, m: int) -> tuple[tuple[OpT, ...], ...]:
+    """Each rank's ops under DeepSeek's bidirectional DualPipe over ``p`` ranks (even) and
+    ``m`` micro-batches (even, at least ``2p``): ``m / 2`` enter at rank 0 and run stages
+    ``0 .. p - 1`` on ranks ``0 .. p - 1`` (direction 0), the others enter at rank ``p - 1``
+    and run them on ranks ``p - 1 .. 0`` (direction 1). Rank ``r`` runs DualPipeV's order
+    (``_dualpipev``) of its half rank ``h = min(r, p - 1 - r)`` over ``p / 2`` ranks and
+    ``m / 2`` micro-batches, as deepseek-ai/DualPipe@3da1bbe's ``DualPipe.step`` runs steps
+    1-8 of ``DualPipeV.step`` with ``half_rank``, ``num_half_ranks`` and ``half_num_chunks``;
+    its chunk 0 is the direction that enters at its own end (direction 0 on the first half
+    of the ranks, 1 on the second: ``phase ^= is_in_second_half``), chunk 1 the other.
+    Micro-batches are numbered ``0 .. m/2 - 1`` in direction 0 and ``m/2 .. m - 1`` in
+    direction 1 (the stage an op runs: ``pipeline._vs``)."""
+    half = p // 2
+    base = v_orders(half, m // 2, "dualpipev")
+    out = []
+    for r in range(p):
+        first = (0, m // 2) if r < half else (m // 2, 0)  # each chunk's first micro-batch
+        ops: list[OpT] = []
+        for op in base[min(r, p - 1 - r)]:
+            if op[0] == "O":
+                ops.append(("O", op[1] + first[op[2]], op[2], op[3] + first[op[4]], op[4]))
+            else:
+                ops.append((op[0], op[1] + first[op[2]], op[2]))
+        out.append(tuple(ops))
+    return tuple(out)
+
+
 def in_flight(p: int, m: int, schedule: str) -> tuple[tuple[float, ...], float, float]:
     """(per rank, the most chunk-micro-batches whose activations it holds at once, in units
     of all its layers for one micro-batch (so halved: two chunks); the embedding's count on
@@ -239,3 +268,37 @@ def _in_flight(p: int, m: int, schedule: str) -> tuple[tuple[float, ...], float,
         if r == 0:
             emb, head = float(at_best[0]), float(at_best[1])
     return tuple(layers), emb, head
+
+
+@dataclass(frozen=True, kw_only=True)
+class DualPipeCosting(ParallelConfig):
+    """The DualPipeV configuration that a DualPipe one is costed as (``dualpipe_costing``).
+    Its type tells the tables that each overlapped pair hides its expert all-to-alls whatever
+    the trainer and recompute: DualPipe's own chunks do (DeepSeek-V3 report, Sec. 3.2.1)."""
+
+
+def dualpipe_costing(cfg: ParallelConfig) -> ParallelConfig:
+    """``cfg`` as the cost tables take it: itself, or for DeepSeek's bidirectional DualPipe
+    over ``pp`` ranks and ``dp`` pipelines the DualPipeV over ``pp / 2`` ranks and ``2 dp``
+    pipelines (a ``DualPipeCosting``), which runs the same ops on the same GPUs.
+
+    deepseek-ai/DualPipe@3da1bbe: ``DualPipe.step`` (dualpipe.py) on rank ``r`` with ``m``
+    micro-batches runs steps 1-8 of ``DualPipeV.step`` (dualpipev.py) with the half rank
+    ``h = min(r, pp - 1 - r)``, ``pp / 2`` ranks and ``m / 2`` micro-batches in their place,
+    and rank ``r`` holds stages ``r`` and ``pp - 1 - r`` (examples/example_dualpipe.py), which
+    are DualPipeV rank ``h``'s two virtual stages of the same ``pp``-stage split: the two
+    directions are the V's two arms, mirror ranks ``r`` and ``pp - 1 - r`` run the same ops
+    at the same times, and per GPU the layers, parameters (two stages: the README's "2x"),
+    activations (``pp + 1``) and bubble (``(pp/2 - 1)(F&B + B - 3W)``) are the same
+    (DualPipe README, "Pipeline Bubbles and Memory Usage Comparison"); ``m / 2`` per DualPipeV
+    pipeline is what ``2 dp`` pipelines give each. Left out: each stage's gradients are
+    summed over its ``2 dp`` copies in two steps (the ``dp`` pipelines', then the mirror
+    rank's) rather than one reduction over ``2 dp`` (ZeRO then shards its optimizer states
+    over those ``2 dp`` copies), and the two middle ranks pass each micro-batch's
+    activations to each other once where DualPipeV's last rank keeps them."""
+    if cfg.pipeline_schedule != "dualpipe":
+        return cfg
+    values = {f.name: getattr(cfg, f.name) for f in fields(ParallelConfig)}
+    values.update(pp=cfg.pp // 2, dp=cfg.dp * 2, pipeline_schedule="dualpipev",
+                  virtual_pipeline_stages=2)
+    return DualPipeCosting(**values)

@@ -15,6 +15,7 @@ from costmodel.formulas.estimate import Estimate
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.moe import routing_words
 from costmodel.formulas.states import megatron_grad_bytes
+from costmodel.formulas.vschedules import dualpipe_costing
 from costmodel.frameworks import Framework, framework
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
@@ -126,6 +127,12 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set(f"{trainer} has no combined 1F1B (Megatron-LM's expert all-to-all overlap, "
                f"--overlap-moe-expert-parallel-comm): emitted {keep} with the same chunks, "
                f"its all-to-alls exposed", pipeline_schedule=keep)
+    if ch.cfg.pipeline_schedule == "dualpipe" and "dualpipev" in fw.schedules:
+        eq = dualpipe_costing(ch.cfg)
+        ch.set(f"{trainer} has no DualPipe: emitted its cut-in-half DualPipeV over pp={eq.pp} "
+               f"ranks and dp={eq.dp}, which runs the same ops on the same GPUs (DualPipe's "
+               f"step, bubble and memory per GPU)", pp=eq.pp, dp=eq.dp,
+               pipeline_schedule="dualpipev", virtual_pipeline_stages=2)
     if ch.cfg.pipeline_schedule not in fw.schedules:
         ch.set(f"{trainer} has no {ch.cfg.pipeline_schedule} pipeline schedule: emitted 1F1B "
                f"(same bubble as GPipe with fewer micro-batches in flight)",

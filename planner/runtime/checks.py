@@ -16,6 +16,12 @@ from costmodel.model import ModelSpec
 from costmodel.units import GIB
 from planner.result import ModuleSource, Plan
 
+#: The schedules with two stages per rank, as ``unsupported`` names them.
+_TWO_STAGES = {**{s: f"the V-shaped {s} schedule (two stages per rank, the output layer on "
+                     "rank 0)" for s in V_SCHEDULES},
+               "dualpipe": "DeepSeek's DualPipe (two copies of the model, fed from both "
+                           "ends; torchtitan runs it as DualPipeV on pp / 2 ranks)"}
+
 
 def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
                 reference: bool = True) -> list[str]:
@@ -61,10 +67,9 @@ def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
     if cfg.offload == "optimizer+params" and cfg.zero_stage < 2:
         out.append("offload 'optimizer+params' runs through FSDP's CPUOffloadPolicy and "
                    "needs zero_stage 2 or 3")
-    if cfg.pipeline_schedule in V_SCHEDULES:
-        out.append(f"the V-shaped {cfg.pipeline_schedule} schedule (two stages per rank, the "
-                   "output layer on rank 0) is not run by planner.apply; emit torchtitan, "
-                   "which runs it, or plan with another schedule")
+    if cfg.pipeline_schedule in _TWO_STAGES:
+        out.append(f"{_TWO_STAGES[str(cfg.pipeline_schedule)]} is not run by planner.apply; "
+                   "emit torchtitan, which runs it, or plan with another schedule")
     problem = pipelining_problem(str(cfg.pipeline_schedule), cfg.pp,
                                  job.global_batch_size // (cfg.dp * cfg.micro_batch_size))
     if problem:
