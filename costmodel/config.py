@@ -418,12 +418,13 @@ class ParallelConfig:
         _choice(owner, "pipeline_schedule", self.pipeline_schedule, SCHEDULES)
         if self.pipeline_schedule == "dualpipe":
             # deepseek-ai/DualPipe dualpipe.py DualPipe.step: "assert num_ranks % 2 == 0";
-            # rank r runs stage r of one direction and stage pp - 1 - r of the other.
-            if self.pp < 2 or self.pp % 2 or self.virtual_pipeline_stages != 1:
+            # rank r runs stage r of one direction and stage pp - 1 - r of the other. Costed
+            # as DualPipeV over pp / 2 ranks (vschedules.dualpipe_costing), a V of two or more.
+            if self.pp < 4 or self.pp % 2 or self.virtual_pipeline_stages != 1:
                 raise SpecError(
                     f"{owner}: pipeline_schedule='dualpipe' runs micro-batches from both ends "
                     f"of an even number of ranks, each holding stages r and pp - 1 - r: it "
-                    f"needs an even pp >= 2 and virtual_pipeline_stages=1, got pp={self.pp}, "
+                    f"needs an even pp >= 4 and virtual_pipeline_stages=1, got pp={self.pp}, "
                     f"virtual_pipeline_stages={self.virtual_pipeline_stages}")
             return
         if self.pipeline_schedule in V_SCHEDULES:

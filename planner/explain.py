@@ -238,11 +238,15 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
             plan, fw, one.top[0] if one.top else None, one.least_memory))
         if progress is not None:
             progress((i + 2) / steps)
+    if "pipeline_schedule" in asked:
+        dual = _dualpipe_option(plan, outcomes.get("pipeline_schedule", []))
+        if dual is not None:
+            outcomes["pipeline_schedule"].append(dual)
     choices = []
     for f in [*names, *(["framework"] if len(frameworks) > 1 else [])]:
         chosen = job.framework if f == "framework" else _chosen(cfg, f)
         opts = sorted(outcomes.get(f, []), key=lambda o: (
-            {"slower": 0, "does not fit": 1, "invalid": 2}[o.verdict],
+            {"faster": 0, "slower": 0, "does not fit": 1, "invalid": 2}[o.verdict],
             o.step_time_s if o.step_time_s is not None else (o.peak_memory_bytes or 0.0)))
         choices.append(Choice(field=f, chosen=chosen, fixed=f in cons.fixed,
                               options=tuple(opts)))
@@ -250,6 +254,58 @@ def explain(plan: Plan | str | Path, *, fields: Sequence[str] | None = None,
         choices += routing_choices(plan)
     return Explanation(plan=plan, choices=tuple(choices),
                        search_seconds=time.perf_counter() - t0, notes=notes(plan))
+
+
+def _dualpipe_option(plan: Plan, options: list[Option]) -> Option | None:
+    """DeepSeek's DualPipe, which the planner costs for the plan's trainer but never searches
+    (``Framework.costed_schedules``: no trainer it emits runs it), on the pipeline of the
+    plan and of each other schedule's fastest configuration: the same ranks where they are
+    even (four or more), twice the ranks for a DualPipeV (the DualPipe that costs as it); the
+    fastest that fits, else the one needing least memory.
+    None where the trainer does not cost it or no such pipeline is valid."""
+    job, cfg, e = plan.training()
+    if "dualpipe" not in framework(job.framework).costed_schedules:
+        return None
+    ask = []
+    for c in [cfg] + [o.config for o in options
+                      if o.config is not None and o.framework == job.framework]:
+        if c.pipeline_schedule == "dualpipev" and c.dp % 2 == 0:
+            ask.append(replace(c, pp=2 * c.pp, dp=c.dp // 2, stage_layers=None,
+                               pipeline_schedule="dualpipe", virtual_pipeline_stages=1))
+        elif c.pp % 2 == 0 and c.pp >= 4:
+            ask.append(replace(c, pipeline_schedule="dualpipe", virtual_pipeline_stages=1,
+                               stage_recompute_layers=None, stage_layers=c.stage_layers
+                               if c.virtual_pipeline_stages == 1 else None))
+    found = []
+    for c in ask:
+        try:
+            found.append((c, estimate(plan.model, plan.cluster, job, c)))
+        except SpecError:  # micro-batches DualPipe cannot take
+            continue
+    if not found:
+        return None
+    cap = plan_capacity(plan.cluster, job)
+    fits = [(c, d) for c, d in found if d.peak_memory_bytes <= cap]
+    how = "; costed, not searched: no trainer the planner emits runs it"
+    if not fits:
+        c, d = min(found, key=lambda x: x[1].peak_memory_bytes)
+        return Option(value="dualpipe", verdict="does not fit", config=c,
+                      framework=job.framework, peak_memory_bytes=d.peak_memory_bytes,
+                      reason=f"needs {d.peak_memory_bytes / GIB:.1f} GiB per GPU, over the "
+                             f"{cap / GIB:.1f} GiB a plan may fill" + how)
+    c, d = min(fits, key=lambda x: x[1].step_time_s or 0.0)
+    step, base = d.step_time_s or 0.0, e.step_time_s or 0.0
+    if cfg.pipeline_schedule == "dualpipev" and (c.pp, c.dp) == (2 * cfg.pp, cfg.dp // 2):
+        reason = (f"the plan's own ops ({step:.3f} s): its DualPipeV is DualPipe cut in half, "
+                  "over half the ranks and twice the pipelines")
+    elif step < base:
+        reason = f"faster by {100 * (1 - step / base):.1f}% ({step:.3f} s)"
+    else:
+        reason = slower_reason(base, e.time_breakdown_s, e.peak_memory_bytes, step,
+                               d.time_breakdown_s, d.peak_memory_bytes)
+    return Option(value="dualpipe", verdict="faster" if step < base else "slower",
+                  reason=reason + how, framework=job.framework, config=c, step_time_s=step,
+                  peak_memory_bytes=d.peak_memory_bytes)
 
 
 def notes(plan: Plan) -> tuple[str, ...]:

@@ -122,10 +122,9 @@ def test_a_dualpipe_plan_costs_as_its_dualpipev_and_times_as_its_own_timeline() 
 
 
 def test_dualpipe_is_refused_where_it_does_not_run_and_emitted_as_what_does() -> None:
-    with pytest.raises(SpecError, match="even pp >= 2"):
-        ParallelConfig(dp=8, pp=3, pipeline_schedule="dualpipe")
-    with pytest.raises(SpecError, match="even pp >= 2"):
-        ParallelConfig(dp=8, pp=4, pipeline_schedule="dualpipe", virtual_pipeline_stages=2)
+    for pp, v in ((3, 1), (2, 1), (4, 2)):
+        with pytest.raises(SpecError, match="even pp >= 4"):
+            ParallelConfig(dp=8, pp=pp, pipeline_schedule="dualpipe", virtual_pipeline_stages=v)
     cfg = ParallelConfig(dp=16, pp=4, ep=8, zero_stage=1, pipeline_schedule="dualpipe")
     for batch, count in ((112, 7), (96, 6)):  # odd; fewer than 2 pp = 8
         with pytest.raises(SpecError, match=f"at least 2 \\* pp = 8 .*got {count}"):
@@ -148,3 +147,20 @@ def test_dualpipe_is_refused_where_it_does_not_run_and_emitted_as_what_does() ->
     assert "--pipeline-model-parallel-size 4" in out.text
     assert any("no dualpipe pipeline schedule" in w for w in out.warnings)
     assert any("DualPipe" in s for s in unsupported(QWEN, job, tt))
+
+
+def test_explain_prices_dualpipe_beside_the_searched_schedules() -> None:
+    """The search never offers DualPipe, but explain costs it on the pipelines of the plan
+    and of every other schedule's fastest configuration: here the plan's own DualPipeV, over
+    twice the ranks, which runs the same ops in the same time."""
+    from planner import explain, plan
+
+    job = Job(global_batch_size=256, seq_len=4096, framework="torchtitan")
+    p = plan(QWEN, CLUSTER, job)
+    assert p.config.pipeline_schedule == "dualpipev"
+    (choice,) = explain(p, fields=["pipeline_schedule"]).choices
+    (dual,) = [o for o in choice.options if o.value == "dualpipe"]
+    assert dual.config is not None and dual.config.pipeline_schedule == "dualpipe"
+    assert (dual.config.pp, dual.config.dp) == (2 * p.config.pp, p.config.dp // 2)
+    assert dual.step_time_s == pytest.approx(p.estimate.step_time_s, rel=1e-12)
+    assert "costed, not searched" in dual.reason
