@@ -65,6 +65,9 @@ RULES: dict[str, str] = {
     "sp_framework": "the trainer has sequence parallelism (DeepSpeed's AutoTP has none; its "
                     "Ulysses sequence split is the planner's cp)",
     "mbs_batch": "dp * micro_batch_size divides the global batch",
+    "schedule_costed": "a trainer the planner emits runs the schedule (DeepSeek's DualPipe "
+                       "runs in none: 'planner estimate --schedule dualpipe' costs it, the "
+                       "search does not offer it)",
     "schedule_framework": "the trainer has this pipeline schedule",
     "schedule_launcher": "the trainer's launcher runs the schedule as estimated (torchtitan "
                          "0.2.2 runs multi-stage schedules only with 2 or more stages per "
@@ -198,7 +201,8 @@ def schedule_options(fw: Framework, f: Filter, num_layers: int, pp: int, need: i
     multi-token prediction modules, which an accounted split counts with the loss;
     ``combined``: whether the model and job may run Megatron-LM's combined 1F1B
     (``_combined_runs``)."""
-    rules = [("schedule_framework", lambda s: s in fw.schedules),
+    rules = [("schedule_costed", lambda s: s not in fw.costed_schedules),
+             ("schedule_framework", lambda s: s in fw.schedules),
              ("schedule_launcher", lambda s: s not in fw.unsearched_schedules),
              ("schedule_combined", lambda s: s != "combined-1f1b" or combined)]
     if pp == 1:

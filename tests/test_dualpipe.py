@@ -164,3 +164,14 @@ def test_explain_prices_dualpipe_beside_the_searched_schedules() -> None:
     assert (dual.config.pp, dual.config.dp) == (2 * p.config.pp, p.config.dp // 2)
     assert dual.step_time_s == pytest.approx(p.estimate.step_time_s, rel=1e-12)
     assert "costed, not searched" in dual.reason
+
+
+def test_a_search_fixed_to_dualpipe_says_it_is_costed_not_searched() -> None:
+    from costmodel.errors import Infeasible
+    from planner import plan
+    from planner.space import Constraints
+
+    job = Job(global_batch_size=256, seq_len=4096, framework="megatron")
+    with pytest.raises(Infeasible, match="DeepSeek's DualPipe runs in none: 'planner "
+                                         "estimate --schedule dualpipe' costs it"):
+        plan(QWEN, CLUSTER, job, constraints=Constraints(fixed={"pipeline_schedule": "dualpipe"}))
