@@ -67,11 +67,15 @@ def dualpipe_twins(configs: list[ParallelConfig], fw: str) -> list[ParallelConfi
         return []
     out = []
     for cfg in configs:
-        if cfg.pipeline_schedule == "dualpipev" and cfg.dp % 2 == 0:
-            out.append(replace(cfg, pp=2 * cfg.pp, dp=cfg.dp // 2, stage_layers=None,
-                               pipeline_schedule="dualpipe", virtual_pipeline_stages=1))
-        elif cfg.pipeline_schedule == "1f1b" and cfg.pp % 2 == 0:
-            out.append(replace(cfg, pipeline_schedule="dualpipe", stage_recompute_layers=None))
+        try:  # the sharding group may not take the DualPipe shape
+            if cfg.pipeline_schedule == "dualpipev" and cfg.dp % 2 == 0:
+                out.append(replace(cfg, pp=2 * cfg.pp, dp=cfg.dp // 2, stage_layers=None,
+                                   pipeline_schedule="dualpipe", virtual_pipeline_stages=1))
+            elif cfg.pipeline_schedule == "1f1b" and cfg.pp % 2 == 0 and cfg.pp >= 4:
+                out.append(replace(cfg, pipeline_schedule="dualpipe",
+                                   stage_recompute_layers=None))
+        except SpecError:
+            continue
     return out
 
 

@@ -266,21 +266,20 @@ def _dualpipe_option(plan: Plan, options: list[Option]) -> Option | None:
     job, cfg, e = plan.training()
     if "dualpipe" not in framework(job.framework).costed_schedules:
         return None
-    ask = []
+    found = []
     for c in [cfg] + [o.config for o in options
                       if o.config is not None and o.framework == job.framework]:
-        if c.pipeline_schedule == "dualpipev" and c.dp % 2 == 0:
-            ask.append(replace(c, pp=2 * c.pp, dp=c.dp // 2, stage_layers=None,
-                               pipeline_schedule="dualpipe", virtual_pipeline_stages=1))
-        elif c.pp % 2 == 0 and c.pp >= 4:
-            ask.append(replace(c, pipeline_schedule="dualpipe", virtual_pipeline_stages=1,
-                               stage_recompute_layers=None, stage_layers=c.stage_layers
-                               if c.virtual_pipeline_stages == 1 else None))
-    found = []
-    for c in ask:
-        try:
-            found.append((c, estimate(plan.model, plan.cluster, job, c)))
-        except SpecError:  # micro-batches DualPipe cannot take
+        twin = c.pipeline_schedule == "dualpipev"  # DualPipe over twice its ranks
+        if (c.dp % 2) if twin else (c.pp % 2 or c.pp < 4):
+            continue
+        try:  # the sharding group or micro-batches may not take the DualPipe shape
+            dual = replace(c, pp=2 * c.pp, dp=c.dp // 2, stage_layers=None,
+                           pipeline_schedule="dualpipe", virtual_pipeline_stages=1) if twin \
+                else replace(c, pipeline_schedule="dualpipe", virtual_pipeline_stages=1,
+                             stage_recompute_layers=None, stage_layers=c.stage_layers
+                             if c.virtual_pipeline_stages == 1 else None)
+            found.append((dual, estimate(plan.model, plan.cluster, job, dual)))
+        except SpecError:
             continue
     if not found:
         return None
