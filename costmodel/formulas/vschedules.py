@@ -31,6 +31,9 @@ An op is ``(kind, micro_batch, chunk)``: ``F`` forward, ``B`` full backward, ``I
 gradient, ``W`` weight gradient; or ``("O", mb_f, chunk_f, mb_b, chunk_b)``, one micro-batch's
 forward overlapped with another's full backward (DualPipe's paired micro-batches: the
 dispatch and combine all-to-alls of each run under the other's compute).
+
+DeepSeek's bidirectional DualPipe over ``p`` ranks runs DualPipeV's orders of ``p / 2`` ranks
+on mirror ranks (``dualpipe_orders``) and is costed as that DualPipeV (``dualpipe_costing``).
 """
 
 from __future__ import annotations
