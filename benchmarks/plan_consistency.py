@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
-from dataclasses import replace
 
 import numpy as np
 
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
 from costmodel.errors import Infeasible, SpecError
+from costmodel.formulas.vschedules import as_dualpipe
 from costmodel.frameworks import framework
 from planner import plan, timeline
 from planner.plan import describe
@@ -65,18 +65,8 @@ def dualpipe_twins(configs: list[ParallelConfig], fw: str) -> list[ParallelConfi
     each even 1F1B pipeline run as DualPipe."""
     if "dualpipe" not in framework(fw).costed_schedules:
         return []
-    out = []
-    for cfg in configs:
-        try:  # the sharding group may not take the DualPipe shape
-            if cfg.pipeline_schedule == "dualpipev" and cfg.dp % 2 == 0:
-                out.append(replace(cfg, pp=2 * cfg.pp, dp=cfg.dp // 2, stage_layers=None,
-                                   pipeline_schedule="dualpipe", virtual_pipeline_stages=1))
-            elif cfg.pipeline_schedule == "1f1b" and cfg.pp % 2 == 0 and cfg.pp >= 4:
-                out.append(replace(cfg, pipeline_schedule="dualpipe",
-                                   stage_recompute_layers=None))
-        except SpecError:
-            continue
-    return out
+    duals = [as_dualpipe(c) for c in configs if c.pipeline_schedule in ("dualpipev", "1f1b")]
+    return [d for d in duals if d is not None]
 
 
 def main() -> None:

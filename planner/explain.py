@@ -27,6 +27,7 @@ from costmodel.formulas.estimate import estimate, plan_capacity
 from costmodel.formulas.memory import TERMS
 from costmodel.formulas.roofline import aligned
 from costmodel.formulas.steptime import TIME_TERMS
+from costmodel.formulas.vschedules import as_dualpipe
 from costmodel.frameworks import framework, padded_vocab
 from costmodel.model import ModelSpec
 from costmodel.units import GIB
@@ -269,17 +270,12 @@ def _dualpipe_option(plan: Plan, options: list[Option]) -> Option | None:
     found = []
     for c in [cfg] + [o.config for o in options
                       if o.config is not None and o.framework == job.framework]:
-        twin = c.pipeline_schedule == "dualpipev"  # DualPipe over twice its ranks
-        if (c.dp % 2) if twin else (c.pp % 2 or c.pp < 4):
+        dual = as_dualpipe(c)
+        if dual is None:
             continue
-        try:  # the sharding group or micro-batches may not take the DualPipe shape
-            dual = replace(c, pp=2 * c.pp, dp=c.dp // 2, stage_layers=None,
-                           pipeline_schedule="dualpipe", virtual_pipeline_stages=1) if twin \
-                else replace(c, pipeline_schedule="dualpipe", virtual_pipeline_stages=1,
-                             stage_recompute_layers=None, stage_layers=c.stage_layers
-                             if c.virtual_pipeline_stages == 1 else None)
+        try:
             found.append((dual, estimate(plan.model, plan.cluster, job, dual)))
-        except SpecError:
+        except SpecError:  # micro-batches DualPipe cannot take
             continue
     if not found:
         return None

@@ -18,7 +18,7 @@ from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import ConfigArrays, memory_table
 from costmodel.formulas.pipeline import Op, Timeline, simulate
 from costmodel.formulas.steptime import time_table
-from costmodel.formulas.vschedules import dualpipe_costing
+from costmodel.formulas.vschedules import costed_ranks, dualpipe_costing
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 
@@ -40,8 +40,7 @@ def timeline(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
     stage, share = t.stage_time[:, 0], t.forward_share[:, 0]
     # DualPipe's rank r holds the stages of its half rank min(r, pp - 1 - r) of the costed
     # DualPipeV (vschedules.dualpipe_costing); its own op order and dependencies are played.
-    half = [min(r, config.pp - 1 - r) for r in range(config.pp)] if costed is not config \
-        else list(range(config.pp))
+    half = costed_ranks(config)
     fwd = [float(stage[h] * share[h]) for h in half]
     bwd = [float(stage[h] - stage[h] * share[h]) for h in half]
     hidden = None if t.hidden is None else [float(t.hidden[h, 0]) for h in half]

@@ -18,7 +18,7 @@ from costmodel.formulas.checks import validate
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import TERMS, ConfigArrays, memory_table
 from costmodel.formulas.steptime import COMM_KINDS, TIME_TERMS, time_table
-from costmodel.formulas.vschedules import dualpipe_costing
+from costmodel.formulas.vschedules import costed_ranks, dualpipe_costing
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.units import GIB
@@ -387,7 +387,7 @@ def estimate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
             resident_gradients_bytes=float(table.resident_gradients[i, 0]),
         ))
     if costed is not config:  # DualPipe's rank r runs as its half rank min(r, pp - 1 - r)
-        stages = [replace(stages[min(r, config.pp - 1 - r)], stage=r) for r in range(config.pp)]
+        stages = [replace(stages[h], stage=r) for r, h in enumerate(costed_ranks(config))]
     peak = int(rep.stage_index[0, rep_mem.peak_stage[0]])
     step = float(times.step_time[0])
     breakdown = {t: float(times.terms[t][0]) for t in TIME_TERMS}

@@ -39,14 +39,15 @@ on mirror ranks (``dualpipe_orders``) and is costed as that DualPipeV (``dualpip
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from costmodel.config import V_SCHEDULES, ParallelConfig
 from costmodel.errors import SpecError
 
-__all__ = ["V_SCHEDULES", "DualPipeCosting", "dualpipe_costing", "dualpipe_orders", "in_flight",
-           "v_orders", "v_rank_layers", "v_split", "virtual_stage"]
+__all__ = ["V_SCHEDULES", "DualPipeCosting", "as_dualpipe", "costed_ranks", "dualpipe_costing",
+           "dualpipe_orders", "in_flight", "v_orders", "v_rank_layers", "v_split",
+           "virtual_stage"]
 
 
 OpT = tuple  # ("F"|"B"|"I"|"W", mb, chunk) or ("O", mb_f, chunk_f, mb_b, chunk_b)
@@ -305,3 +306,31 @@ def dualpipe_costing(cfg: ParallelConfig) -> ParallelConfig:
     values.update(pp=cfg.pp // 2, dp=cfg.dp * 2, pipeline_schedule="dualpipev",
                   virtual_pipeline_stages=2)
     return DualPipeCosting(**values)
+
+
+def costed_ranks(cfg: ParallelConfig) -> list[int]:
+    """For each pipeline rank of ``cfg``, the rank of ``dualpipe_costing(cfg)`` it runs as:
+    itself, or under DualPipe its half rank ``min(r, pp - 1 - r)``."""
+    if cfg.pipeline_schedule != "dualpipe":
+        return list(range(cfg.pp))
+    return [min(r, cfg.pp - 1 - r) for r in range(cfg.pp)]
+
+
+def as_dualpipe(cfg: ParallelConfig) -> ParallelConfig | None:
+    """The DualPipe that runs ``cfg``'s pipeline: a DualPipeV's over twice its ranks and half
+    its pipelines (the DualPipe ``dualpipe_costing`` costs as it), else the same ranks with one
+    stage each; None where the DualPipe shape does not take it (an odd dp under a DualPipeV,
+    an odd pp or fewer than 4 ranks, a sharding group that does not divide the new dp)."""
+    try:
+        if cfg.pipeline_schedule == "dualpipev":
+            if cfg.dp % 2:
+                return None
+            return replace(cfg, pp=2 * cfg.pp, dp=cfg.dp // 2, stage_layers=None,
+                           pipeline_schedule="dualpipe", virtual_pipeline_stages=1)
+        if cfg.pp % 2 or cfg.pp < 4:
+            return None
+        return replace(cfg, pipeline_schedule="dualpipe", virtual_pipeline_stages=1,
+                       stage_recompute_layers=None, stage_layers=cfg.stage_layers
+                       if cfg.virtual_pipeline_stages == 1 else None)
+    except SpecError:
+        return None
