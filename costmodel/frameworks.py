@@ -99,6 +99,11 @@ class Framework:
     # [parallelism] expert_parallel_comm_backend "standard" (all-to-all) and "deepep"
     # (torchtitan/config/job_config.py); the others an all-to-all.
     moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    # Whether the trainer waits on the host for each MoE layer's routing counts and launches
+    # the layer's kernels eagerly, so that a layer takes at least the host's time to launch
+    # it (hardware_profiles/software.toml [host] megatron_moe_layer_ms; Megatron-LM's token
+    # dispatchers). The others' host time is not measured and not modelled.
+    moe_host_sync: bool = False
     # The experts' own tensor-parallel degrees (ParallelConfig.etp) the trainer runs beside
     # tp: "tp" (the experts split as the attention), "divisors" (Megatron-Core's MoE parallel
     # folding, any etp dividing tp, --expert-tensor-parallel-size) or "tp_or_1" (torchtitan
@@ -242,6 +247,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
         schedules=("1f1b", "interleaved-1f1b", "combined-1f1b"),
         costed_schedules=("dualpipe",),
         moe_dispatchers=("alltoall", "allgather", "deepep"),
+        moe_host_sync=True,
         expert_tp="divisors",
         moe_probs_in_activation=True,
         offloads=(("none", 0), ("optimizer", 1)),

@@ -24,6 +24,7 @@ __all__ = ["TERM_LABELS", "Alternative", "alternatives", "describe", "slower_rea
 TERM_LABELS = {
     "compute": "compute",
     "recompute": "recompute",
+    "host": "the host launching MoE layers",
     "tp_comm": "exposed tensor-parallel communication",
     "cp_comm": "exposed context-parallel ring exchange",
     "ep_comm": "expert-parallel all-to-all",

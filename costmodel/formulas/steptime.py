@@ -62,6 +62,10 @@ Overlap rules (what each trainer hides behind compute; the rest is exposed):
   exposed.
 - Hidden FSDP and data-parallel communication still slows the compute beside it by
   ``GPU.efficiency.comm_slowdown`` seconds per second (fitted).
+- Host: a trainer that waits on the host for each MoE layer's routing counts
+  (``Framework.moe_host_sync``: Megatron-LM) cannot launch more than a layer ahead, so a
+  stage's time per micro-batch is at least its MoE layers times the host's time to launch
+  one (``host_floor``); ``host`` is what that adds beyond the GPU's work.
 - Optimizer step: memory-bound over the GPU's shard of the states. With CPU offload: gradients
   to the host (overlapped like a bucketed reduction), the CPU Adam step (the node's CPU shared
   by its GPUs), updated parameters back to the GPU.
@@ -103,11 +107,11 @@ from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.units import MIB
 
-__all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "model_flops_per_token", "optimizer_bytes",
-           "time_table"]
+__all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "host_floor", "model_flops_per_token",
+           "optimizer_bytes", "time_table"]
 
 COMM_KINDS = ("tp", "cp", "ep", "pp", "fsdp", "dp")
-TIME_TERMS = ("compute", "recompute", *(f"{k}_comm" for k in COMM_KINDS), "bubble",
+TIME_TERMS = ("compute", "recompute", "host", *(f"{k}_comm" for k in COMM_KINDS), "bubble",
               "optimizer", "offload")
 
 
@@ -194,7 +198,23 @@ def optimizer_bytes(job: Job, model: Widths) -> tuple[float, float]:
     return per, zeroed
 
 
-def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray
+def host_floor(r: Rows) -> np.ndarray | float:
+    """Seconds per micro-batch on each stage that the host needs to launch the stage's MoE
+    layers, forward and backward (zero where the trainer does not wait on the host inside
+    them: ``Framework.moe_host_sync``). Megatron-LM's token dispatchers copy each layer's
+    routing counts to the host and synchronize before the expert all-to-all and the grouped
+    matmuls (megatron/core/transformer/moe/token_dispatcher.py, ``cuda_sync_point``), so the
+    CPU runs at most a layer ahead and the layer takes no less than its launch time on the
+    host: ``hardware_profiles/software.toml [host] megatron_moe_layer_ms``, measured from a
+    host-bound run at micro-batch 1 (Megatron-Bridge 26.02, Qwen3-30B-A3B on DGX-B200)."""
+    if not r.costs.is_moe or not framework(r.job.framework).moe_host_sync:
+        return 0.0
+    per_layer = float(r.soft["host"]["megatron_moe_layer_ms"]) * 1e-3
+    return r.routed_layers(r.counts) * per_layer
+
+
+def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray,
+                host: np.ndarray | float = 0.0
                 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(what one overlapped forward-backward pair saves per micro-batch on each stage, its
     most over every recompute and sharding of the row) under Megatron-LM's combined 1F1B and
@@ -210,7 +230,8 @@ def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray
     compute slows it by ``k`` seconds per second (``GPU.efficiency.comm_slowdown``, the one
     fitted for every overlapped collective: the kernels take SMs and HBM bandwidth), so with
     the all-to-alls ``A`` (both passes') beside the compute ``C`` the pair takes
-    ``max(C + k A, A)``, saving ``min((1 - k) A, C)`` of ``C + A``."""
+    ``max(C + k A, A)``, saving ``min((1 - k) A, C)`` of ``C + A``, and never below the
+    stage's ``host`` launch time (``host_floor``)."""
     a = r.a
     comb = a.schedule == SCHEDULE_CODES["combined-1f1b"]
     if framework(r.job.framework).dualpipev_ep_overlap:
@@ -222,7 +243,7 @@ def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray
         return None, None
     k = min(r.cluster.gpu.efficiency.comm_slowdown, 1.0)
     cap = np.where(comb, (1 - k) * ep_comm, 0.0)
-    return np.minimum(cap, np.maximum(stage_time - ep_comm, 0.0)), cap
+    return np.minimum(cap, np.maximum(stage_time - np.maximum(ep_comm, host), 0.0)), cap
 
 
 def _floor(r: Rows, bare: np.ndarray, hidden: np.ndarray | None = None) -> np.ndarray:
@@ -417,8 +438,10 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     bwd = r.per_stage([lc.backward for lc in ls], em.backward, hd.backward) + accumulate
     recompute = recompute_time(r)
     pp_comm, pp_total = p2p_time(r, fwd)
-    stage_time = fwd + bwd + recompute + tp.exposed + cp_comm + ep_comm + sh.exposed + pp_comm
-    stage_time = np.where(r.valid, stage_time, 0.0)
+    busy = fwd + bwd + recompute + tp.exposed + cp_comm + ep_comm + sh.exposed + pp_comm
+    host = host_floor(r)
+    stage_time = np.where(r.valid, np.maximum(busy, host), 0.0)
+    host_wait = np.where(r.valid, np.maximum(host - busy, 0.0), 0.0)
 
     # ---- pipeline makespan ----------------------------------------------------------------
     # The schedule played out (costmodel.formulas.pipeline): each stage's time per micro-batch split
@@ -446,7 +469,7 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     at_b = picker(b)
     share = fwd / np.maximum(fwd + bwd + recompute, 1e-30)
     f_stage = stage_time * share
-    hidden, cap = pair_saving(r, ep_comm, stage_time)
+    hidden, cap = pair_saving(r, ep_comm, stage_time, host)
     bound = pipeline_bound(stage_time, f_stage, r.count, m, r.v, a.schedule, hidden)
     # Gradient accumulation shrinks with the shard degree, so the floor leaves it out too.
     floor = _floor(r, stage_time - sh.exposed - accumulate, cap)
@@ -469,6 +492,7 @@ def time_table(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, a: Con
     terms = {
         "compute": m * (at_b(fwd) + at_b(bwd)),
         "recompute": m * at_b(recompute),
+        "host": m * at_b(host_wait),
         "tp_comm": m * at_b(tp.exposed),
         "cp_comm": m * at_b(cp_comm),
         "ep_comm": m * at_b(ep_comm) - saved,
