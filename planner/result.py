@@ -24,6 +24,7 @@ from costmodel.formulas.estimate import (
 )
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.moe import routing_words
+from costmodel.formulas.steptime import host_words
 from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.serving.inference import (
@@ -336,6 +337,9 @@ class Plan:
         ]
         if getattr(self.model, "is_moe", False):
             lines.append(f"routing  {routing_words(job)}")
+        host = host_words(e.time_breakdown_s)
+        if host:
+            lines.append(f"host     {host}")
         lines += [f"warning  {w}" for w in self.warnings]
         close = self.runners_up_within_band()
         if close:

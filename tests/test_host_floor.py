@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from inprocess import run_planner
 
 import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
@@ -73,3 +74,13 @@ def test_overlapped_pairs_do_not_take_a_stage_below_its_host_time() -> None:
     assert timeline(MOE, B200, JOB, comb).makespan == pytest.approx(pipeline, rel=1e-9)
     # Without the floor the pairs would have saved time: the GPU work alone is below it.
     assert c.time_breakdown_s["host"] > 0
+
+
+@pytest.mark.parametrize(("mbs", "bound"), [("1", True), ("8", False)])
+def test_the_estimate_says_when_it_is_host_bound(mbs: str, bound: bool) -> None:
+    out = run_planner("estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-b200",
+                      "--num-nodes", "1", "--global-batch-size", "512", "--seq-len", "4096",
+                      "--framework", "megatron", "--dp", "8", "--ep", "8", "--zero", "1",
+                      "--micro-batch-size", mbs)
+    assert out.returncode == 0, out.stderr
+    assert ("host     host-bound:" in out.stdout) is bound

@@ -73,11 +73,12 @@ Overlap rules (what each trainer hides behind compute; the rest is exposed):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+import hardware_profiles
 from costmodel.config import Job
 from costmodel.formulas.arrays import (
     RECOMPUTE_CODES,
@@ -107,8 +108,8 @@ from costmodel.hardware import Cluster
 from costmodel.model import ModelSpec
 from costmodel.units import MIB
 
-__all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "host_floor", "model_flops_per_token",
-           "optimizer_bytes", "time_table"]
+__all__ = ["COMM_KINDS", "TIME_TERMS", "TimeTable", "host_floor", "host_words",
+           "model_flops_per_token", "optimizer_bytes", "time_table"]
 
 COMM_KINDS = ("tp", "cp", "ep", "pp", "fsdp", "dp")
 TIME_TERMS = ("compute", "recompute", "host", *(f"{k}_comm" for k in COMM_KINDS), "bubble",
@@ -211,6 +212,18 @@ def host_floor(r: Rows) -> np.ndarray | float:
         return 0.0
     per_layer = float(r.soft["host"]["megatron_moe_layer_ms"]) * 1e-3
     return r.routed_layers(r.counts) * per_layer
+
+
+def host_words(breakdown: Mapping[str, float]) -> str | None:
+    """What an estimate's summary says where its step waits on the host (``host`` in its
+    time ``breakdown``, seconds), or None where it does not."""
+    host = breakdown.get("host", 0.0)
+    if host <= 0:
+        return None
+    ms = float(hardware_profiles.load_software()["host"]["megatron_moe_layer_ms"])
+    return (f"host-bound: {host:.3f} s of the step waits for the host to launch MoE layers "
+            f"({ms:g} ms a layer and micro-batch, measured; docs/step-time.md); larger "
+            "micro-batches put more GPU work under each launch")
 
 
 def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray,

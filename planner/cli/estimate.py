@@ -18,7 +18,7 @@ from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import TERMS
 from costmodel.formulas.moe import routing_words
 from costmodel.formulas.roofline import ATTENTION_NAMES, attention_kernel
-from costmodel.formulas.steptime import TIME_TERMS
+from costmodel.formulas.steptime import TIME_TERMS, host_words
 from costmodel.serving.inference import InferenceConfig, InferenceJob, estimate_inference
 from costmodel.units import GIB, plural
 from planner.alternatives import layer_list, params_text
@@ -225,6 +225,7 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         + (f"({cfg.recompute_num_layers} layers)" if cfg.recompute_num_layers else "")
         + (f" offload={cfg.offload}" if cfg.offload != "none" else ""),
         *([f"routing  {routing_words(job)}"] if getattr(model, "is_moe", False) else []),
+        *([f"host     {host}"] if (host := host_words(est.time_breakdown_s)) else []),
     ]
 
 
