@@ -175,3 +175,21 @@ def test_a_search_fixed_to_dualpipe_says_it_is_costed_not_searched() -> None:
     with pytest.raises(Infeasible, match="DeepSeek's DualPipe runs in none: 'planner "
                                          "estimate --schedule dualpipe' costs it"):
         plan(QWEN, CLUSTER, job, constraints=Constraints(fixed={"pipeline_schedule": "dualpipe"}))
+
+
+def test_the_rank_holding_the_embedding_and_the_head_keeps_one_copy_of_the_embedding() -> None:
+    """DeepSeek-V3's multi-token prediction module reads the embedding on the head's stage:
+    a pipeline keeps a copy of it there (Megatron-LM), but DualPipe's rank 0 holds both
+    stages and shares the tensor (DeepSeek-V3 report, Sec. 3.2.1)."""
+    model = ModelSpec.preset("deepseek-v3")
+    cluster = Cluster.preset("dgx-h100", num_nodes=128)
+    job = Job(global_batch_size=4096, seq_len=4096, framework="megatron")
+    plain = ParallelConfig(dp=64, pp=16, ep=64, zero_stage=1, recompute="full")
+    dual = ParallelConfig(dp=64, pp=16, ep=64, zero_stage=1, recompute="full",
+                          pipeline_schedule="dualpipe")
+    word = model.vocab_size * model.hidden_size
+    a, d = estimate(model, cluster, job, plain), estimate(model, cluster, job, dual)
+    # 1F1B: the embedding on stage 0, the head, the MTP extras and the embedding's copy on
+    # stage 15. DualPipe (costed as DualPipeV on 8 ranks): all of it on rank 0, the copy once.
+    assert a.stages[0].embedding_params + a.stages[15].embedding_params \
+        == pytest.approx(d.stages[0].embedding_params + word)

@@ -343,7 +343,14 @@ def _stage(costs: LayerCosts, job: Job, a: ConfigArrays) -> _Stage:
     expert_params = ordered_sum((counts[k] * x for k in kinds
                           if (x := per_layer[k][1]) is not None), np.zeros_like(layer_params))
     emb_local, head_local, tied = costs.edge_params_per_gpu(tp)
-    head_local = head_local + np.where(a.pp > 1, tied, 0.0)
+    # The last stage keeps its own copy of a tied (or multi-token prediction's shared)
+    # embedding when it sits on another rank. DeepSeek's DualPipe puts the embedding's stage
+    # and the head's on one rank, which holds the tensor once: "the physical sharing of
+    # parameters and gradients, of the shared embedding and output head, between the MTP
+    # module and the main model" (DeepSeek-V3 report, arXiv 2412.19437, Sec. 3.2.1);
+    # ConfigArrays.pair_ep marks DualPipe, costed as a DualPipeV whose rank 0 holds both.
+    one_rank = (a.head_rank == 0) & (a.pair_ep if a.pair_ep is not None else False)
+    head_local = head_local + np.where((a.pp > 1) & ~one_rank, tied, 0.0)
     emb_params = np.where(first, emb_local, 0.0) + np.where(last, head_local, 0.0)
     return _Stage(costs=costs, job=job, a=a, fw=framework(job.framework),
                   soft=hardware_profiles.load_software(), st=st, valid=st.count > 0,
