@@ -137,9 +137,10 @@ class ConfigArrays:
     stage_recompute: np.ndarray | None = None  # layers fully recomputed per stage; -1: the row's
     chunks: ChunkPatterns | None = None  # explicit interleaved chunks, by pattern
     etp: np.ndarray | None = None  # the experts' TP degree (ParallelConfig.etp); None: tp
-    # Rows whose overlapped pairs hide their expert all-to-alls whatever the trainer and
-    # recompute: DualPipe's, costed as DualPipeV (vschedules.DualPipeCosting); None: no row.
-    pair_ep: np.ndarray | None = None
+    # Rows of DeepSeek's DualPipe, costed as DualPipeV (vschedules.DualPipeCosting): their
+    # overlapped pairs hide the expert all-to-alls whatever the trainer and recompute, and
+    # rank 0 holds the embedding once for both its stages; None: no row.
+    dualpipe: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -308,7 +309,7 @@ class ConfigArrays:
             ep=col([c.ep for c in configs]),
             etp=col([c.expert_tp for c in configs])
             if any(c.etp is not None for c in configs) else None,
-            pair_ep=np.array([isinstance(c, DualPipeCosting) for c in configs])
+            dualpipe=np.array([isinstance(c, DualPipeCosting) for c in configs])
             if any(isinstance(c, DualPipeCosting) for c in configs) else None,
             zero=col([c.zero_stage for c in configs]),
             shard=col([c.shard_degree for c in configs]),

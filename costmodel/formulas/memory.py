@@ -347,10 +347,10 @@ def _stage(costs: LayerCosts, job: Job, a: ConfigArrays) -> _Stage:
     # embedding when it sits on another rank. DeepSeek's DualPipe puts the embedding's stage
     # and the head's on one rank, which holds the tensor once: "the physical sharing of
     # parameters and gradients, of the shared embedding and output head, between the MTP
-    # module and the main model" (DeepSeek-V3 report, arXiv 2412.19437, Sec. 3.2.1);
-    # ConfigArrays.pair_ep marks DualPipe, costed as a DualPipeV whose rank 0 holds both.
-    one_rank = (a.head_rank == 0) & (a.pair_ep if a.pair_ep is not None else False)
-    head_local = head_local + np.where((a.pp > 1) & ~one_rank, tied, 0.0)
+    # module and the main model" (DeepSeek-V3 report, arXiv 2412.19437, Sec. 3.2.1): its
+    # rows (ConfigArrays.dualpipe) are costed as a DualPipeV, whose rank 0 holds both.
+    copy = a.pp > 1 if a.dualpipe is None else (a.pp > 1) & ~a.dualpipe
+    head_local = head_local + np.where(copy, tied, 0.0)
     emb_params = np.where(first, emb_local, 0.0) + np.where(last, head_local, 0.0)
     return _Stage(costs=costs, job=job, a=a, fw=framework(job.framework),
                   soft=hardware_profiles.load_software(), st=st, valid=st.count > 0,

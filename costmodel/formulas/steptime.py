@@ -75,6 +75,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -199,6 +200,12 @@ def optimizer_bytes(job: Job, model: Widths) -> tuple[float, float]:
     return per, zeroed
 
 
+def _moe_layer_host_s(soft: Mapping[str, Any]) -> float:
+    """Seconds the host takes to launch one Megatron-LM MoE layer, forward and backward, for
+    one micro-batch (``software.toml [host] megatron_moe_layer_ms``)."""
+    return float(soft["host"]["megatron_moe_layer_ms"]) * 1e-3
+
+
 def host_floor(r: Rows) -> np.ndarray | float:
     """Seconds per micro-batch on each stage that the host needs to launch the stage's MoE
     layers, forward and backward (zero where the trainer does not wait on the host inside
@@ -210,8 +217,7 @@ def host_floor(r: Rows) -> np.ndarray | float:
     host-bound run at micro-batch 1 (Megatron-Bridge 26.02, Qwen3-30B-A3B on DGX-B200)."""
     if not r.costs.is_moe or not framework(r.job.framework).moe_host_sync:
         return 0.0
-    per_layer = float(r.soft["host"]["megatron_moe_layer_ms"]) * 1e-3
-    return r.routed_layers(r.counts) * per_layer
+    return r.routed_layers(r.counts) * _moe_layer_host_s(r.soft)
 
 
 def host_words(breakdown: Mapping[str, float]) -> str | None:
@@ -220,7 +226,7 @@ def host_words(breakdown: Mapping[str, float]) -> str | None:
     host = breakdown.get("host", 0.0)
     if host <= 0:
         return None
-    ms = float(hardware_profiles.load_software()["host"]["megatron_moe_layer_ms"])
+    ms = 1e3 * _moe_layer_host_s(hardware_profiles.load_software())
     return (f"host-bound: {host:.3f} s of the step waits for the host to launch MoE layers "
             f"({ms:g} ms a layer and micro-batch, measured; docs/step-time.md); larger "
             "micro-batches put more GPU work under each launch")
@@ -233,7 +239,7 @@ def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray,
     most over every recompute and sharding of the row) under Megatron-LM's combined 1F1B and
     the DualPipeV of a trainer that overlaps its pairs' expert communication
     (``Framework.dualpipev_ep_overlap``: torchtitan 0.2.2 with pp > 1, ep > 1 and no
-    activation checkpointing) or that DeepSeek's DualPipe costs as (``ConfigArrays.pair_ep``,
+    activation checkpointing) or that DeepSeek's DualPipe costs as (``ConfigArrays.dualpipe``,
     with any recompute: its own chunks overlap); (None, None) where no row runs either.
 
     A pair runs one micro-batch's forward beside another's backward on two streams, each
@@ -250,8 +256,8 @@ def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray,
     if framework(r.job.framework).dualpipev_ep_overlap:
         comb = comb | ((a.schedule == SCHEDULE_CODES["dualpipev"]) & (a.pp > 1) & (a.ep > 1)
                        & (a.recompute == RECOMPUTE_CODES["none"]))
-    if a.pair_ep is not None:  # DualPipe's own pairs, costed as DualPipeV
-        comb = comb | (a.pair_ep & (a.pp > 1) & (a.ep > 1))
+    if a.dualpipe is not None:  # DualPipe's own pairs, costed as DualPipeV
+        comb = comb | (a.dualpipe & (a.pp > 1) & (a.ep > 1))
     if not comb.any():
         return None, None
     k = min(r.cluster.gpu.efficiency.comm_slowdown, 1.0)
