@@ -162,3 +162,51 @@ def test_the_modelzoo_overlap_gain_is_of_the_published_size() -> None:
     assert a.step_time_s / c.step_time_s == pytest.approx(19.7 / 17.6, rel=0.1)
     assert a.step_time_s == pytest.approx(19.7, rel=0.12)
     assert c.step_time_s == pytest.approx(17.6, rel=0.12)
+
+
+def test_a_pair_runs_in_three_phases_and_never_beats_an_even_overlap() -> None:
+    """The phases of megatron/core/models/common/model_chunk_schedule_plan.py
+    (``TransformerLayerSchedulePlan.run``): forward attention beside backward combine;
+    backward then forward experts beside forward then backward dispatch; backward attention
+    beside forward combine. Worked by hand: forward 1 s (0.2 s routed experts), backward 4 s,
+    each pass's dispatch and combine 2 s, slowdown 0.3: phases 1.1 + 2 + 3.9 = 7 s, where an
+    even overlap of 5 s of compute with 4 s of all-to-all would take 5 + 0.3 x 4 = 6.2 s."""
+    from costmodel.formulas.steptime import pair_phases
+
+    assert pair_phases(np.array(1.0), np.array(4.0), np.array(0.2), np.array(2.0), 0.3) \
+        == pytest.approx(7.0)
+    rng = np.random.default_rng(5)
+    f, b, pair = rng.uniform(0.1, 5, 500), rng.uniform(0.1, 10, 500), rng.uniform(0, 8, 500)
+    routed = rng.uniform(0, 1, 500) * f
+    k = 0.3
+    t = pair_phases(f, b, routed, pair, k)
+    even = np.maximum(f + b + 2 * k * pair, 2 * pair)
+    assert np.all(t >= even - 1e-12) and np.any(t > even + 0.1)
+    assert np.all(t <= f + b + 2 * pair + 1e-12)  # never slower than no overlap
+    # Compute longer than the communication beside it in every phase: the even overlap.
+    busy = (f - routed >= pair / 2) & (b - 2 * routed >= pair / 2) & (routed >= pair)
+    assert busy.any()
+    assert t[busy] == pytest.approx(even[busy])
+
+
+def test_a_pair_whose_dispatch_outlasts_its_compute_saves_less() -> None:
+    """Qwen3-235B in fp8 on 256 H100 with the all-to-all dispatcher (NVIDIA Megatron-Bridge
+    26.02 performance table's layout: TP2 PP8 VPP4 EP32): each pass's dispatch and combine
+    outlast the compute beside them, so the pairs hide less than an even overlap would
+    (``steptime.pair_phases``)."""
+    model = ModelSpec.preset("qwen3-235b-a22b")
+    cluster = Cluster.preset("dgx-h100", num_nodes=32)
+    job = Job(global_batch_size=8192, seq_len=4096, framework="megatron", precision="fp8",
+              moe_dispatcher="alltoall", moe_load_imbalance=1.0)
+    cfg = ParallelConfig(dp=16, tp=2, pp=8, ep=32, etp=1, zero_stage=1,
+                         sequence_parallel=True, pipeline_schedule=COMBINED,
+                         virtual_pipeline_stages=4, stage_layers=accounted_split(94, 8, 4))
+    est = estimate(model, cluster, job, cfg)
+    bd = est.time_breakdown_s
+    k = cluster.gpu.efficiency.comm_slowdown
+    # More exposed than an even overlap's (what exceeds compute plus the slowdown) ...
+    even = max(bd["ep_comm_total"] * k, bd["ep_comm_total"] - bd["compute"])
+    assert bd["ep_comm"] > even * 1.2
+    # ... and the estimate is still its timeline.
+    pipeline = est.step_time_s - bd["dp_comm"] - bd["optimizer"] - bd["offload"]
+    assert timeline(model, cluster, job, cfg).makespan == pytest.approx(pipeline, rel=1e-9)

@@ -257,7 +257,7 @@ def layer_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np.n
                         selective_flops=selective_flops, forward_flops=f_flops,
                         core_forward=core.forward, core_backward=core.backward,
                         qkv_gemm=qkv_gemm, up_gemm=mlp.up, proj_gemm=proj_gemm,
-                        down_gemm=mlp.down)
+                        down_gemm=mlp.down, routed_forward=mlp.routed_forward + 0.0 * fwd)
 
 
 def _projections(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -633,7 +633,7 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
                                                            1.0),
                        selective=zero, flops=zero, selective_flops=zero, forward_flops=zero,
                        core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero,
-                       proj_gemm=zero, down_gemm=zero)
+                       proj_gemm=zero, down_gemm=zero, routed_forward=zero)
     v = padded_vocab(fw, model.vocab_size, t) / t if not model.patch_size \
         else float(model.vocab_size) / t
     # An fp8 (or nvfp4) job keeps its output layer in bf16: Megatron-Core runs fp8 only inside its
@@ -693,5 +693,5 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
     head = LayerCompute(forward=head_f, backward=head_b, selective=zero, flops=head_flops,
                         selective_flops=zero, forward_flops=head_flops / 3,
                         core_forward=zero, core_backward=zero, qkv_gemm=zero, up_gemm=zero,
-                        proj_gemm=zero, down_gemm=zero)
+                        proj_gemm=zero, down_gemm=zero, routed_forward=zero)
     return emb, head

@@ -140,9 +140,11 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
     r = np.asarray(r, dtype=float)
     ep = np.asarray(ep, dtype=float)
     zero = 0.0 * r
-    fwd, bwd, gemm_flops, bwd_flops = zero, zero, zero, zero
+    fwd, bwd, gemm_flops, bwd_flops, routed = zero, zero, zero, zero, zero
     for g in k.gemms:
         t = g.count * _gemm(gpu, dtype, g, r, ep)
+        if g.expert:
+            routed = routed + t
         # Its backward: input-gradient matmuls as the forward, and a weight-gradient one.
         wgrad = int(g.weight_grad > 0 and g.backward > 0)
         bwd = bwd + (g.backward - wgrad) * t
@@ -181,7 +183,8 @@ def kernel_compute(gpu: GPU, dtype: str, k: Kernels, r: Num,
                         selective=selective, flops=fwd_flops + bwd_flops,
                         selective_flops=sel_flops, forward_flops=fwd_flops,
                         core_forward=core_f, core_backward=core_b, qkv_gemm=zero,
-                        up_gemm=zero, proj_gemm=zero, down_gemm=zero)
+                        up_gemm=zero, proj_gemm=zero, down_gemm=zero,
+                        routed_forward=routed)
 
 
 def te_quantize_compute(gpu: GPU, job: Job, k: Kernels, r: Num) -> tuple[np.ndarray, np.ndarray]:

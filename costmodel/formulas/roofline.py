@@ -159,7 +159,10 @@ class LayerCompute:
     what Megatron-LM overlaps the backward tensor-parallel collectives with; ``up_gemm`` is
     zero for MoE layers, whose tensor-parallel exchange belongs to the token dispatcher);
     ``proj_gemm`` / ``down_gemm``: the same of the row-parallel attention output and MLP output
-    projections (``down_gemm`` zero for MoE layers)."""
+    projections (``down_gemm`` zero for MoE layers). ``routed_forward``: the routed experts'
+    matmuls' part of ``forward`` (zero for a dense layer; their backward is taken as twice
+    it, an input- and a weight-gradient matmul each): what an overlapped pair's phases run
+    beside the other micro-batch's dispatch (``steptime.pair_saving``)."""
 
     forward: np.ndarray
     backward: np.ndarray
@@ -173,6 +176,7 @@ class LayerCompute:
     up_gemm: np.ndarray
     proj_gemm: np.ndarray
     down_gemm: np.ndarray
+    routed_forward: np.ndarray
 
 
 #: Bytes per element of a quantized matmul operand, its block scales included, by recipe

@@ -219,24 +219,32 @@ def pick(x: np.ndarray, groups: Distinct | None) -> np.ndarray:
     return x if groups is None else np.take(x, groups.first)
 
 
-def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
-    """EP dispatch and combine per micro-batch per stage (``moe.dispatch_combine`` with the
-    job's dispatcher and the busiest rank's load ``Rows.cf``), all exposed (Megatron-LM and
-    torchtitan defaults): forward and backward each run a pair; full recompute, and Megatron-
-    LM's selective recompute of the ``moe`` module (moe_layer.py checkpoints the layer's
-    forward, dispatch and combine included), run the forward pair again. Zeros shaped
-    ``like`` for a dense model."""
+def dispatch_pair(r: Rows) -> np.ndarray:
+    """Seconds of one MoE layer's dispatch and combine in one pass (forward or backward) per
+    micro-batch, per row (``moe.dispatch_combine`` with the job's dispatcher and the busiest
+    rank's load ``Rows.cf``); zero for a dense model."""
     if not r.costs.is_moe:
-        return np.zeros_like(like)
+        return np.zeros(r.a.rows)
     h = float(r.costs.hidden_size)
     top_k, num_experts = r.costs.moe_routing()
     spec = r.costs.spec
     # Each rank dispatches the routed copies it computes (``compute._mlp_block``): its TP
     # group's under etp = tp, its own sequence share folded; the EP group's ranks sit etp
     # apart (the experts' mesh is etp x ep x expert-DP, etp innermost).
-    pair = dispatch_combine(r.topo, r.job.moe_dispatcher, r.e * r.tokens * h * r.etp / r.tp,
+    return dispatch_combine(r.topo, r.job.moe_dispatcher, r.e * r.tokens * h * r.etp / r.tp,
                             top_k, r.cf, r.ep, r.etp, spec.expert_groups if spec else 0,
                             spec.expert_group_limit if spec else 0, num_experts)
+
+
+def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
+    """EP dispatch and combine per micro-batch per stage (``dispatch_pair``), all exposed
+    (Megatron-LM and torchtitan defaults): forward and backward each run a pair; full
+    recompute, and Megatron-LM's selective recompute of the ``moe`` module (moe_layer.py
+    checkpoints the layer's forward, dispatch and combine included), run the forward pair
+    again. Zeros shaped ``like`` for a dense model."""
+    if not r.costs.is_moe:
+        return np.zeros_like(like)
+    pair = dispatch_pair(r)
     again = r.routed_layers(r.recomputed) * (r.a.recompute == 2)
     if r.job.framework == "megatron" and "moe" in r.job.recompute_modules:
         again = again + r.routed_layers(r.counts) * (r.a.recompute == 1)

@@ -96,6 +96,7 @@ from costmodel.formulas.stepterms import (
     Sharded,
     accumulation_time,
     context_parallel,
+    dispatch_pair,
     expert_parallel,
     overlap,
     p2p_time,
@@ -232,6 +233,33 @@ def host_words(breakdown: Mapping[str, float]) -> str | None:
             "micro-batches put more GPU work under each launch")
 
 
+def pair_phases(forward: np.ndarray, backward: np.ndarray, routed: np.ndarray,
+                pair: np.ndarray, k: float) -> np.ndarray:
+    """Seconds one MoE layer's overlapped forward-backward pair takes: one micro-batch's
+    forward (``forward`` s, of which its routed experts' matmuls ``routed``) beside another's
+    ``backward`` (the experts' input- and weight-gradient matmuls twice ``routed``), each
+    pass's dispatch and combine taking ``pair`` s (half each).
+
+    The pair runs in three phases, each as long as the longer of its two streams (Megatron-LM,
+    megatron/core/models/common/model_chunk_schedule_plan.py, ``TransformerLayerSchedulePlan.
+    run``; torchtitan 0.2.2's DualPipeV barriers at the same four points; the DeepSeek-V3
+    report's Figure 4): the forward's attention (with everything before the dispatch) beside
+    the backward's combine; the backward's experts then the forward's experts beside the
+    forward's dispatch then the backward's (each expert part waiting for its own dispatch);
+    the backward's attention beside the forward's combine. Communication beside compute
+    slows it by ``k`` s per s (``comm_slowdown``). A layer whose compute outweighs its
+    communication in every phase takes its compute plus ``k`` times the communication, as an
+    even overlap would; where one phase's communication outweighs its compute the rest of
+    the pair cannot hide that excess."""
+    m = np.minimum(routed, forward)
+    m_b = np.minimum(2 * m, backward)
+    half = 0.5 * pair
+    experts = np.maximum(m_b + m + k * pair, np.maximum(pair, half + np.maximum(m, m_b / 2)))
+    attn_f, attn_b = forward - m, backward - m_b
+    return (np.maximum(attn_f + k * half, half) + experts
+            + np.maximum(attn_b + k * half, half))
+
+
 def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray,
                 host: np.ndarray | float = 0.0
                 ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -245,12 +273,11 @@ def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray,
     A pair runs one micro-batch's forward beside another's backward on two streams, each
     one's expert dispatch and combine under the other's compute (megatron/core/
     pipeline_parallel/combined_1f1b.py; torchtitan/distributed/dual_pipe_v.py; DeepSeek-V3
-    report, Sec. 3.2.1). Communication beside
-    compute slows it by ``k`` seconds per second (``GPU.efficiency.comm_slowdown``, the one
-    fitted for every overlapped collective: the kernels take SMs and HBM bandwidth), so with
-    the all-to-alls ``A`` (both passes') beside the compute ``C`` the pair takes
-    ``max(C + k A, A)``, saving ``min((1 - k) A, C)`` of ``C + A``, and never below the
-    stage's ``host`` launch time (``host_floor``)."""
+    report, Sec. 3.2.1), phase by phase (``pair_phases``: each MoE layer saves its compute
+    and communication less the pair's time). Dispatches a recompute runs again are hidden
+    as an even overlap hides them: all but ``k`` of each (``GPU.efficiency.comm_slowdown``,
+    the slowdown fitted for every overlapped collective: the kernels take SMs and HBM
+    bandwidth). A stage never goes below its ``host`` launch time (``host_floor``)."""
     a = r.a
     comb = a.schedule == SCHEDULE_CODES["combined-1f1b"]
     if framework(r.job.framework).dualpipev_ep_overlap:
@@ -261,7 +288,13 @@ def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray,
     if not comb.any():
         return None, None
     k = min(r.cluster.gpu.efficiency.comm_slowdown, 1.0)
-    cap = np.where(comb, (1 - k) * ep_comm, 0.0)
+    pair = dispatch_pair(r)
+    saved = [np.maximum(lc.forward + lc.backward + 2 * pair
+                        - pair_phases(lc.forward, lc.backward, lc.routed_forward, pair, k), 0.0)
+             if r.costs.routed(i) else np.zeros_like(pair) for i, lc in enumerate(r.layers)]
+    paired = r.routed_layers(r.counts) * (2 * pair)
+    cap = r.per_stage(saved) + (1 - k) * np.maximum(ep_comm - paired, 0.0)
+    cap = np.where(comb, cap, 0.0)
     return np.minimum(cap, np.maximum(stage_time - np.maximum(ep_comm, host), 0.0)), cap
 
 
