@@ -183,6 +183,12 @@ class Job:
     megatron/core/tensor_parallel/random.py ``CheckpointFunction``; metaseq's
     ``--distribute-checkpointed-activations``; DeepSpeed's ``partition_activations``).
     Rows with another recompute mode, with SP or with tp = 1 ignore it.
+    ``activation_func_fp8_input_store``: a SwiGLU MLP (dense, routed and shared experts)
+    keeps its activation function's input, the first linear's output, in fp8 for backward
+    and casts it back there (Megatron-Core's ``TransformerConfig.activation_func_fp8_input_store``,
+    a config field with no pretrain_gpt.py flag: Megatron-Bridge's
+    ``model.activation_func_fp8_input_store``; the DeepSeek-V3 report's Sec. 3.3.3 caches the
+    SwiGLU input in FP8 likewise). Megatron-LM only, gated MLPs only.
     ``float8_recipe``: with fp8, the scaling recipe. Under torchtitan, torchao's: ``tensorwise``
     (one scale per tensor), ``rowwise`` (one per row; its casts write a transposed bf16 copy
     and cast it again along the other axis, ``costmodel.formulas.eager.float8_cast_time``) or
@@ -271,6 +277,7 @@ class Job:
     loss_upcast: bool = True
     grad_reduce_in_fp32: bool | None = None
     distribute_saved_activations: bool = False
+    activation_func_fp8_input_store: bool = False
     zero3_synchronous_gather: bool = False
     float8_recipe: str = "tensorwise"
     attention_kernel: str | None = None
@@ -304,7 +311,8 @@ class Job:
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
                     "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm",
                     "compile", "fp8_param_gather", "distribute_saved_activations",
-                    "zero3_synchronous_gather", "loss_upcast"):
+                    "zero3_synchronous_gather", "loss_upcast",
+                    "activation_func_fp8_input_store"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"Job.{key} must be true or false, got {getattr(self, key)!r}")
         for key in TRI_STATE_JOB_FLAGS:

@@ -92,9 +92,13 @@ def layer_activations(model: ModelSpec, job: Job, fw: Framework, a: ConfigArrays
     # eager; benchmarks/op_sac_memory.py).
     gated = 3 if compiled else fw.gated_mlp_saved_widths
 
+    # With Megatron-Core's activation_func_fp8_input_store a SwiGLU keeps its input (the
+    # first linear's output, the gated widths but the last) in fp8 (Job docstring).
+    e_in = 1.0 if job.activation_func_fp8_input_store and model.gated_mlp else e
+
     def mlp_inner(ffn: float, tok: np.ndarray) -> np.ndarray:
         widths = gated if model.gated_mlp else 2
-        return ((widths - 1) * e + e_lin) * tok * ffn / tp
+        return ((widths - 1) * e_in + e_lin) * tok * ffn / tp
 
     mlp_rep = (e_mlp_res + n_up * e_lin + drop) * tokens * h * rep
     if moe:

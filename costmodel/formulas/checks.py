@@ -39,6 +39,13 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
         raise SpecError(f"recompute module mla_up_proj re-runs latent attention's up "
                         f"projections; {model.name} has no multi-head latent attention: drop it "
                         "from --recompute-modules")
+    if job.activation_func_fp8_input_store and (
+            job.framework != "megatron" or spec is None or not spec.gated_mlp):
+        # transformer_config.py: "Storing activation input in FP8 is supported only for
+        # SwiGLU."
+        raise SpecError("activation_func_fp8_input_store is Megatron-Core's fp8 store of a "
+                        "SwiGLU's input; it needs framework='megatron' and a model config with "
+                        f"a gated MLP ({job.framework}, {model.name}): leave it off")
     _check_framework(framework(job.framework), job, cfg)
     if cfg.pipeline_schedule == "combined-1f1b":
         _check_combined(model, framework(job.framework), job, cfg)

@@ -318,7 +318,12 @@ JOB_SWITCHES: tuple[tuple[str, str], ...] = (
     ("--zero3-synchronous-gather",
      "DeepSpeed v0.3.12-v0.5.4: ZeRO-3 gathers each parameter alone after a device "
      "synchronize, overlapping nothing"),
+    ("--activation-func-fp8-input-store",
+     "Megatron: a SwiGLU keeps its input in fp8 for backward (DeepSeek-V3's FP8 cache)"),
 )
+#: The switches that set the Job field of their own name.
+_SAME_NAMED = ("tp_comm_overlap", "compile", "fp8_param_gather", "distribute_saved_activations",
+               "zero3_synchronous_gather", "activation_func_fp8_input_store")
 
 
 def _add_job_args(p: argparse.ArgumentParser) -> None:
@@ -619,11 +624,7 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                precision=args.precision, optimizer=args.optimizer, framework=args.framework,
                flash_attention=not args.no_flash_attention,
                overlap_grad_reduce=not args.no_overlap_grad_reduce,
-               tp_comm_overlap=args.tp_comm_overlap, compile=args.compile,
-               fp8_param_gather=args.fp8_param_gather,
-               distribute_saved_activations=args.distribute_saved_activations,
-               zero3_synchronous_gather=args.zero3_synchronous_gather,
-               float8_recipe=args.float8_recipe,
+               **{k: getattr(args, k) for k in _SAME_NAMED}, float8_recipe=args.float8_recipe,
                optimizer_state_dtype=args.optimizer_state_dtype,
                master_weights_dtype=args.master_weights_dtype,
                attention_kernel=getattr(args, "attention_kernel", None),

@@ -175,6 +175,12 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
                    f"{', '.join(f'{k}={v}' for k, v in low.items())} (Megatron-LM's "
                    "precision-aware optimizer): re-estimated with fp32",
                    optimizer_state_dtype="fp32", master_weights_dtype="fp32")
+    if job.activation_func_fp8_input_store:
+        ch.set_job(f"{trainer}'s file cannot keep a SwiGLU's input in fp8: Megatron-Core's "
+                   "activation_func_fp8_input_store is a TransformerConfig field with no "
+                   "pretrain_gpt.py flag (Megatron-Bridge sets model."
+                   "activation_func_fp8_input_store): emitted without it and re-estimated",
+                   activation_func_fp8_input_store=False)
     own_grads = megatron_grad_bytes(dataclasses.replace(job, grad_reduce_in_fp32=None))
     if fw.name == "megatron" and megatron_grad_bytes(job) != own_grads:
         ch.set_job(f"{trainer} keeps {'fp32' if own_grads == 4 else '16-bit'} main gradients "
