@@ -153,6 +153,8 @@ def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: 
         print(f"\nleft out of the fit (leave-one-source-out), {allrow['runs']} runs: mean "
               f"|error| {100 * allrow['loso_mean_abs_error']:.2f}%, median "
               f"{100 * allrow['loso_median_abs_error']:.2f}%")
+    _print_moe(results, "left out of the fit" if "loso_mean_abs_error" in allrow
+               else "held out of the fit" if held_out else "under the fit")
     mem = sm["memory"]
     if mem["runs"]:
         print(f"peak memory, {mem['runs']} runs that publish it: mean |error| "
@@ -162,6 +164,20 @@ def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: 
           + (f" ({', '.join(nofit)})" if nofit else ""))
     if fit is not None:
         print("fit: " + describe(fit))
+
+
+def _print_moe(results: Sequence[RunResult], how: str) -> None:
+    """The mixture-of-experts runs among ``results`` (where there are dense ones too): their
+    count, sources and mean and median |error| (``how``: left out of the fit where each run's
+    leave-one-source-out error was computed, else under the fit)."""
+    moe = [r for r in results if getattr(r.run.model, "num_experts", 0)]
+    if not moe or len(moe) == len(results):
+        return
+    errors = [r.loso_error if r.loso_error is not None else r.error for r in moe]
+    st = _stats(errors)
+    print(f"mixture-of-experts runs among them, {len(moe)} from "
+          f"{len({run_group(r.run) for r in moe})} sources, {how}: mean |error| "
+          f"{100 * st['mean_abs_error']:.2f}%, median {100 * st['median_abs_error']:.2f}%")
 
 
 def describe(fit: Fit) -> str:

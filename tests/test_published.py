@@ -280,3 +280,17 @@ def test_a_run_of_several_pipeline_passes_is_costed_pass_by_pass(tmp_path: Path)
         p = run_planner("validate", "--runs", str(bad), "--no-loso")
         assert p.returncode == 2, p.stderr
         assert "pipeline_passes" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow  # predicts every shipped run (about 20 s); runs in CI with the rest
+def test_validate_reports_the_mixture_of_experts_runs_apart(capsys) -> None:
+    """Issue 60's MoE group: the shipped runs of mixture-of-experts models, their count,
+    sources and mean error, on a line of their own (here under the fit: --no-loso)."""
+    assert main(["validate", "--summary", "--no-loso"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines()
+                if x.startswith("mixture-of-experts runs"))
+    moe = [r for r in shipped_runs() if r.model.num_experts]
+    groups = {run_group(r) for r in moe}
+    assert f"{len(moe)} from {len(groups)} sources, under the fit" in line
+    errors = [abs(c.predicted / c.run.measured - 1) for c in compare(moe)]
+    assert f"mean |error| {100 * float(np.mean(errors)):.2f}%" in line
