@@ -37,6 +37,10 @@ def test_the_swiglu_input_is_kept_in_one_byte() -> None:
     got = plain.stages[0].layer_activations_bytes - store.stages[0].layer_activations_bytes
     assert got == pytest.approx(saved)
     assert store.step_time_s == pytest.approx(plain.step_time_s)
+    r = run_planner("estimate", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--framework",
+                    "megatron", "--global-batch-size", "64", "--seq-len", "4096", "--dp", "8",
+                    "--activation-func-fp8-input-store")
+    assert r.returncode == 0 and "SwiGLU input kept in fp8" in r.stdout
 
 
 @pytest.mark.parametrize(("model", "framework"), [
