@@ -210,3 +210,20 @@ def test_a_pair_whose_dispatch_outlasts_its_compute_saves_less() -> None:
     # ... and the estimate is still its timeline.
     pipeline = est.step_time_s - bd["dp_comm"] - bd["optimizer"] - bd["offload"]
     assert timeline(model, cluster, job, cfg).makespan == pytest.approx(pipeline, rel=1e-9)
+
+
+def test_combined_1f1b_loses_the_ordered_tensor_parallel_backward_overlap() -> None:
+    """Megatron-LM's expert all-to-all overlap needs CUDA_DEVICE_MAX_CONNECTIONS > 1
+    (megatron/core/transformer/moe/README.md), and its asynchronous TP backward collectives
+    hide behind the matmuls launched after them only with 1 (megatron/core/tensor_parallel/
+    layers.py): under combined 1F1B they are all exposed; userbuffers keep their overlap."""
+    plain = ParallelConfig(dp=4, tp=2, pp=4, ep=4, etp=2, zero_stage=1, micro_batch_size=4,
+                           sequence_parallel=True, pipeline_schedule="interleaved-1f1b",
+                           virtual_pipeline_stages=2)
+    comb = dataclasses.replace(plain, pipeline_schedule=COMBINED)
+    a, c = (estimate(MOE, H100, PAIR_JOB, x).time_breakdown_s for x in (plain, comb))
+    assert c["tp_comm_total"] == pytest.approx(a["tp_comm_total"])
+    assert a["tp_comm"] < c["tp_comm"] <= c["tp_comm_total"]
+    ub = dataclasses.replace(PAIR_JOB, tp_comm_overlap=True)
+    a, c = (estimate(MOE, H100, ub, x).time_breakdown_s for x in (plain, comb))
+    assert c["tp_comm"] == pytest.approx(a["tp_comm"])

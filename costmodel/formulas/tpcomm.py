@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.formulas.arrays import Distinct
+from costmodel.formulas.arrays import SCHEDULE_CODES, Distinct
 from costmodel.formulas.eager import float8_gather
 from costmodel.formulas.roofline import LayerCompute
 from costmodel.formulas.stepterms import Rows, layer_groups, overlap, pick
@@ -124,6 +124,23 @@ def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute, k
     return np.where(sp, exposed_sp, exposed_ar)
 
 
+def _tp_backward_unordered(c: _TPCollectives, r: Rows, sp: np.ndarray, ordered: np.ndarray
+                           ) -> np.ndarray:
+    """Exposed TP communication of one layer's backward pass when the GPU does not run
+    kernels in the order they are launched (``CUDA_DEVICE_MAX_CONNECTIONS`` > 1, which
+    Megatron-LM's expert all-to-all overlap needs: megatron/core/transformer/moe/README.md,
+    "Requirements for EP A2A Overlap"). Megatron-LM's asynchronous input-gradient
+    collectives hide behind the matmuls launched after them only with one hardware queue
+    (megatron/core/tensor_parallel/layers.py: "we rely on CUDA_DEVICE_MAX_CONNECTIONS=1 to
+    ensure that the ... is scheduled before the ... computation", "necessary for a speedup
+    but not for correctness"), so none is counted hidden; userbuffers' pipelined
+    collectives (``Job.tp_comm_overlap``) keep their own overlap. Other trainers: ``ordered``."""
+    if r.fw != "megatron" or c.pipelined:
+        return ordered
+    ar_in, ag_in, _ = c.inputs
+    return np.where(sp, 2 * c.ag + 2 * ag_in + 2 * c.ag, ar_in + c.ar)
+
+
 def _async_tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute,
                        kind: int) -> np.ndarray:
     """Exposed TP communication of one layer (of ``kind``)'s backward pass under torchtitan's
@@ -177,8 +194,11 @@ def tensor_parallel(r: Rows) -> TensorParallel:
     # Per-op selective AC gathers again in backward (_op_sac_regathers).
     op_sac = r.a.recompute == 1
     regather = [np.where(op_sac, x, 0.0) for x in per.regather]
+    # Megatron-LM's combined 1F1B runs with several hardware queues (_tp_backward_unordered).
+    unordered = r.a.schedule == SCHEDULE_CODES["combined-1f1b"]
+    bwd = [np.where(unordered, u, b) for u, b in zip(per.bwd_unordered, per.bwd, strict=True)]
     return TensorParallel(
-        exposed=r.per_stage([f + b + g for f, b, g in zip(per.fwd, per.bwd, regather,
+        exposed=r.per_stage([f + b + g for f, b, g in zip(per.fwd, bwd, regather,
                                                            strict=True)], per.emb,
                             per.head) + rec,
         layer_total=tuple(per.total + np.where(op_sac, x, 0.0) for x in per.regather_total),
@@ -188,12 +208,14 @@ def tensor_parallel(r: Rows) -> TensorParallel:
 @dataclass(frozen=True)
 class _TPLayers:
     """One layer's TP collectives per micro-batch, seconds: exposed in forward and in
-    backward (per kind of layer), the embedding's and the head's, one forward pass's, one
-    all-gather, and a layer's in all; what per-op selective AC gathers again in backward
-    (per kind: exposed, all of it; ``_op_sac_regathers``)."""
+    backward (per kind of layer), the backward's without the kernel order Megatron-LM's
+    asynchronous collectives rely on (``_tp_backward_unordered``), the embedding's and the
+    head's, one forward pass's, one all-gather, and a layer's in all; what per-op selective
+    AC gathers again in backward (per kind: exposed, all of it; ``_op_sac_regathers``)."""
 
     fwd: list[np.ndarray]
     bwd: list[np.ndarray]
+    bwd_unordered: list[np.ndarray]
     emb: np.ndarray
     head: np.ndarray
     per_pass: np.ndarray
@@ -207,7 +229,8 @@ class _TPLayers:
         def each(xs: list[np.ndarray]) -> list[np.ndarray]:
             return [groups.spread(x) for x in xs]
 
-        return _TPLayers(fwd=each(self.fwd), bwd=each(self.bwd), emb=groups.spread(self.emb),
+        return _TPLayers(fwd=each(self.fwd), bwd=each(self.bwd),
+                         bwd_unordered=each(self.bwd_unordered), emb=groups.spread(self.emb),
                          head=groups.spread(self.head), per_pass=groups.spread(self.per_pass),
                          ag=groups.spread(self.ag), total=groups.spread(self.total),
                          regather=each(self.regather),
@@ -244,6 +267,7 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
                        fused_gather=fused, ar_in=ar_in, ag_in=ag_in, gather_in=gather_in)
     fwd = [_tp_forward(c, sp, lc) for lc in layers]
     bwd = [_tp_backward(c, r, sp, lc, k) for k, lc in enumerate(layers)]
+    unordered = [_tp_backward_unordered(c, r, sp, b) for b in bwd]
     # Folded experts (ParallelConfig.etp < tp, Megatron-Core's MoE parallel folding): a MoE
     # layer's tokens stay split over the TP ranks into the dispatcher, whose all-to-all
     # spans the experts' own etp x ep mesh, so its MLP half's TP exchanges (the SP gather
@@ -258,6 +282,7 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
         for k in range(len(layers)):
             if r.costs.routed(k):
                 fwd[k], bwd[k] = fwd[k] * keep, bwd[k] * keep
+                unordered[k] = unordered[k] * keep
     regather = [_op_sac_regathers(r, c, sp, lc, k) for k, lc in enumerate(layers)]
     # Vocabulary-parallel embedding: all-reduce (SP: reduce-scatter) of its output; LM head:
     # all-gather of its input with SP, all-reduce of the input gradient without; the
@@ -266,7 +291,8 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
     head = (np.where(sp, 2 * ag, ar) + 3 * r.topo.all_reduce(4.0 * tokens, tp, 1.0)) \
         * (1 + model.mtp_layers)  # multi-token prediction runs the output layer again
     total = 2 * c.per_pass + np.where(sp & (r.fw == "megatron"), 2 * ag, 0.0)
-    return _TPLayers(fwd=fwd, bwd=bwd, emb=emb, head=head, per_pass=c.per_pass, ag=ag,
+    return _TPLayers(fwd=fwd, bwd=bwd, bwd_unordered=unordered, emb=emb, head=head,
+                     per_pass=c.per_pass, ag=ag,
                      total=total, regather=[x for x, _ in regather],
                      regather_total=[x for _, x in regather])
 
