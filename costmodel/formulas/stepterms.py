@@ -111,6 +111,12 @@ class Rows:
         return self.mem.recomputed.astype(float)
 
     @cached_property
+    def ep_pair(self) -> np.ndarray:
+        """One MoE layer's dispatch and combine in one pass per micro-batch, per row
+        (``dispatch_pair``), computed once for the all-to-all term and the overlapped pairs."""
+        return dispatch_pair(self)
+
+    @cached_property
     def rec_layers(self) -> np.ndarray:
         """Layers whose forward runs again in backward (full recompute)."""
         return np.where(self.a.recompute == 2, self.recomputed.sum(axis=0), 0.0)
@@ -244,7 +250,7 @@ def expert_parallel(r: Rows, like: np.ndarray) -> np.ndarray:
     again. Zeros shaped ``like`` for a dense model."""
     if not r.costs.is_moe:
         return np.zeros_like(like)
-    pair = dispatch_pair(r)
+    pair = r.ep_pair
     again = r.routed_layers(r.recomputed) * (r.a.recompute == 2)
     if r.job.framework == "megatron" and "moe" in r.job.recompute_modules:
         again = again + r.routed_layers(r.counts) * (r.a.recompute == 1)

@@ -96,7 +96,6 @@ from costmodel.formulas.stepterms import (
     Sharded,
     accumulation_time,
     context_parallel,
-    dispatch_pair,
     expert_parallel,
     overlap,
     p2p_time,
@@ -288,7 +287,7 @@ def pair_saving(r: Rows, ep_comm: np.ndarray, stage_time: np.ndarray,
     if not comb.any():
         return None, None
     k = min(r.cluster.gpu.efficiency.comm_slowdown, 1.0)
-    pair = dispatch_pair(r)
+    pair = r.ep_pair
     saved = [np.maximum(lc.forward + lc.backward + 2 * pair
                         - pair_phases(lc.forward, lc.backward, lc.routed_forward, pair, k), 0.0)
              if r.costs.routed(i) else np.zeros_like(pair) for i, lc in enumerate(r.layers)]

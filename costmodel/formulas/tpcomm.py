@@ -97,8 +97,8 @@ def _gathers(c: _TPCollectives, first: np.ndarray, second: np.ndarray,
     return g1 + c.gather
 
 
-def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute, kind: int
-                 ) -> np.ndarray:
+def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute, kind: int,
+                 ordered: bool = True) -> np.ndarray:
     """Exposed TP communication of one layer's backward pass.
 
     Megatron-LM's column-parallel linears (QKV, MLP input) launch their input-gradient
@@ -110,6 +110,14 @@ def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute, k
     ``--async-tensor-model-parallel-allreduce``, from August 2021). With userbuffers the
     output-gradient gathers are pipelined with their input-gradient matmuls too
     (tp_comm_bulk_wgrad/_dgrad keep the column-parallel ones bulk-overlapped).
+    ``ordered`` False: the GPU does not run kernels in the order they are launched
+    (``CUDA_DEVICE_MAX_CONNECTIONS`` > 1, which Megatron-LM's expert all-to-all overlap needs:
+    megatron/core/transformer/moe/README.md, "Requirements for EP A2A Overlap"); the
+    asynchronous collectives hide behind the matmuls launched after them only with one
+    hardware queue (megatron/core/tensor_parallel/layers.py: "we rely on
+    CUDA_DEVICE_MAX_CONNECTIONS=1 to ensure that the ... is scheduled before the ...
+    computation", "necessary for a speedup but not for correctness"), so none is hidden;
+    userbuffers' pipelined collectives keep their overlap.
     """
     if r.fw == "torchtitan":
         return _async_tp_backward(c, r, sp, lc, kind) if c.pipelined else c.per_pass
@@ -118,27 +126,12 @@ def _tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute, k
     ar_in, ag_in, _ = c.inputs
     gathers = sum(overlap(c.ag, c.chunked * w) for w in (lc.proj_gemm, lc.down_gemm)) \
         if c.pipelined else 2 * c.ag
-    exposed_sp = gathers + 2 * overlap(ag_in, lc.qkv_gemm) + 2 * overlap(c.ag, lc.up_gemm)
-    exposed_ar = overlap(ar_in, lc.qkv_gemm) + overlap(c.ar, lc.up_gemm) \
+    keep = ordered or c.pipelined  # the windows the input-gradient collectives hide in
+    qkv, up = (lc.qkv_gemm, lc.up_gemm) if keep else (0.0 * lc.qkv_gemm, 0.0 * lc.up_gemm)
+    exposed_sp = gathers + 2 * overlap(ag_in, qkv) + 2 * overlap(c.ag, up)
+    exposed_ar = overlap(ar_in, qkv) + overlap(c.ar, up) \
         if r.job.overlap_tp_grad_comm else ar_in + c.ar
     return np.where(sp, exposed_sp, exposed_ar)
-
-
-def _tp_backward_unordered(c: _TPCollectives, r: Rows, sp: np.ndarray, ordered: np.ndarray
-                           ) -> np.ndarray:
-    """Exposed TP communication of one layer's backward pass when the GPU does not run
-    kernels in the order they are launched (``CUDA_DEVICE_MAX_CONNECTIONS`` > 1, which
-    Megatron-LM's expert all-to-all overlap needs: megatron/core/transformer/moe/README.md,
-    "Requirements for EP A2A Overlap"). Megatron-LM's asynchronous input-gradient
-    collectives hide behind the matmuls launched after them only with one hardware queue
-    (megatron/core/tensor_parallel/layers.py: "we rely on CUDA_DEVICE_MAX_CONNECTIONS=1 to
-    ensure that the ... is scheduled before the ... computation", "necessary for a speedup
-    but not for correctness"), so none is counted hidden; userbuffers' pipelined
-    collectives (``Job.tp_comm_overlap``) keep their own overlap. Other trainers: ``ordered``."""
-    if r.fw != "megatron" or c.pipelined:
-        return ordered
-    ar_in, ag_in, _ = c.inputs
-    return np.where(sp, 2 * c.ag + 2 * ag_in + 2 * c.ag, ar_in + c.ar)
 
 
 def _async_tp_backward(c: _TPCollectives, r: Rows, sp: np.ndarray, lc: LayerCompute,
@@ -194,8 +187,7 @@ def tensor_parallel(r: Rows) -> TensorParallel:
     # Per-op selective AC gathers again in backward (_op_sac_regathers).
     op_sac = r.a.recompute == 1
     regather = [np.where(op_sac, x, 0.0) for x in per.regather]
-    # Megatron-LM's combined 1F1B runs with several hardware queues (_tp_backward_unordered).
-    unordered = r.a.schedule == SCHEDULE_CODES["combined-1f1b"]
+    unordered = _unordered_rows(r)
     bwd = [np.where(unordered, u, b) for u, b in zip(per.bwd_unordered, per.bwd, strict=True)]
     return TensorParallel(
         exposed=r.per_stage([f + b + g for f, b, g in zip(per.fwd, bwd, regather,
@@ -209,7 +201,7 @@ def tensor_parallel(r: Rows) -> TensorParallel:
 class _TPLayers:
     """One layer's TP collectives per micro-batch, seconds: exposed in forward and in
     backward (per kind of layer), the backward's without the kernel order Megatron-LM's
-    asynchronous collectives rely on (``_tp_backward_unordered``), the embedding's and the
+    asynchronous collectives rely on (``_tp_backward``'s ``ordered``), the embedding's and the
     head's, one forward pass's, one all-gather, and a layer's in all; what per-op selective
     AC gathers again in backward (per kind: exposed, all of it; ``_op_sac_regathers``)."""
 
@@ -235,6 +227,12 @@ class _TPLayers:
                          ag=groups.spread(self.ag), total=groups.spread(self.total),
                          regather=each(self.regather),
                          regather_total=each(self.regather_total))
+
+
+def _unordered_rows(r: Rows) -> np.ndarray:
+    """Rows whose backward TP collectives run without the kernel order Megatron-LM's
+    asynchronous overlap relies on (``_tp_backward``'s ``ordered``): combined 1F1B's."""
+    return r.a.schedule == SCHEDULE_CODES["combined-1f1b"]
 
 
 def _tp_pipelined(r: Rows) -> bool:
@@ -267,7 +265,9 @@ def _tp_layers(r: Rows, layers: Sequence[LayerCompute], groups: Distinct | None
                        fused_gather=fused, ar_in=ar_in, ag_in=ag_in, gather_in=gather_in)
     fwd = [_tp_forward(c, sp, lc) for lc in layers]
     bwd = [_tp_backward(c, r, sp, lc, k) for k, lc in enumerate(layers)]
-    unordered = [_tp_backward_unordered(c, r, sp, b) for b in bwd]
+    # Megatron-LM's combined 1F1B runs with several hardware queues (``ordered`` False).
+    unordered = [_tp_backward(c, r, sp, lc, k, ordered=False) for k, lc in enumerate(layers)] \
+        if _unordered_rows(r).any() else list(bwd)
     # Folded experts (ParallelConfig.etp < tp, Megatron-Core's MoE parallel folding): a MoE
     # layer's tokens stay split over the TP ranks into the dispatcher, whose all-to-all
     # spans the experts' own etp x ep mesh, so its MLP half's TP exchanges (the SP gather
