@@ -9,6 +9,8 @@ latent attention with multi-token prediction (DeepSeek-V2/V3, Kimi K2), mixture-
 
 from __future__ import annotations
 
+import copy
+import functools
 import tomllib
 import warnings
 from dataclasses import dataclass, fields
@@ -28,7 +30,10 @@ POSITION_EMBEDDINGS = ("rope", "learned", "none")
 NORMS = ("rmsnorm", "layernorm")
 
 
+@functools.lru_cache(maxsize=1)
 def _load_presets() -> dict[str, dict[str, Any]]:
+    """The shipped presets (``data/models.toml``), parsed once; callers copy what they
+    keep."""
     path = resources.files("costmodel").joinpath("data/models.toml")
     with path.open("rb") as f:
         return tomllib.load(f)
@@ -563,7 +568,7 @@ class ModelSpec:
         key = str(name).strip().lower()
         if key not in presets:
             raise hardware_profiles.unknown_name("model", name, list(presets))
-        return cls(name=key, **presets[key])
+        return cls(name=key, **copy.deepcopy(presets[key]))
 
     @classmethod
     def from_hf_config(cls, config: str | Path | dict[str, Any], *, name: str | None = None

@@ -173,6 +173,33 @@ def load(kind: str, name: str, *, calibrated: bool = True) -> dict[str, Any]:
     path = _folder(kind) / f"{key}.toml"
     if not path.is_file():
         raise unknown_name(kind[:-1], name, names(kind))
+    read = [path]
+    if kind == "gpus" and calibrated:
+        read += [user_calibrated_path(key), calibrated_path(key),
+                 user_calibrated_path("transfer"), calibrated_path("transfer")]
+    return copy.deepcopy(_load(kind, key, calibrated, _stamps(read)))
+
+
+def _stamps(paths: list[Path]) -> tuple[tuple[str, int, int] | tuple[str], ...]:
+    """Each path with its modification time and size (just the path where there is no such
+    file): what a memoized profile depends on, so that a fit written or removed between two
+    reads (``planner calibrate``, ``--reset``) is seen by the next one."""
+    out: list[tuple[str, int, int] | tuple[str]] = []
+    for p in paths:
+        try:
+            st = p.stat()
+        except OSError:
+            out.append((str(p),))
+            continue
+        out.append((str(p), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=512)
+def _load(kind: str, key: str, calibrated: bool, stamps: tuple[object, ...]) -> dict[str, Any]:
+    """``load``'s profile, computed once per state of the files in ``stamps`` (a search
+    builds a cluster, and so reads its GPU's profile and fits, for every chunk it costs)."""
+    path = _folder(kind) / f"{key}.toml"
     data = load_file(path)
     data.setdefault("name", key)
     if kind == "gpus" and "efficiency" in data:
@@ -368,15 +395,18 @@ def load_software() -> Mapping[str, Any]:
     """
     p = _software_path()
     try:
-        mtime = p.stat().st_mtime_ns
+        mtime = os.stat(p).st_mtime_ns
     except FileNotFoundError:
-        raise SpecError(f"profile file {str(p)!r} does not exist") from None
-    return _frozen(str(p), mtime)
+        raise SpecError(f"profile file {p!r} does not exist") from None
+    return _frozen(p, mtime)
 
 
 @functools.cache
-def _software_path() -> Path:
-    return Path(str(resources.files("hardware_profiles").joinpath("software.toml"))).resolve()
+def _software_path() -> str:
+    # A string, not a Path: the cost model asks for the constants hundreds of thousands of
+    # times in a search, and os.stat on a string is the cheap part of each ask.
+    return str(Path(str(resources.files("hardware_profiles").joinpath("software.toml")))
+               .resolve())
 
 
 def _freeze(x: Any) -> Any:

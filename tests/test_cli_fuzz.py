@@ -11,15 +11,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from fastloop import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.cli import main
-
-
-def examples(default: int) -> int:
-    """Examples per fuzz test: ``default`` in CI, more with ``PLANNER_FUZZ_EXAMPLES=N``."""
-    return int(os.environ.get("PLANNER_FUZZ_EXAMPLES", default))
 
 
 def mostly(good: list, bad: list) -> st.SearchStrategy:

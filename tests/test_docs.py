@@ -46,6 +46,7 @@ def _check(name: str, outputs: object, slow: bool) -> None:
     assert not diff, diff + HINT
 
 
+@pytest.mark.slow  # the documentation's commands: the whole suite (CI) runs them, as README says
 @pytest.mark.parametrize("name", NAMES)
 def test_quoted_outputs_are_what_the_commands_print(name: str, outputs: object) -> None:
     _check(name, outputs, slow=False)

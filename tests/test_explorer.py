@@ -36,13 +36,13 @@ SMALL = {"model": "llama-3-8b", "gpus": "8", "global_batch_size": "32", "seq_len
 
 def wait(ex: Explorer, job: str, seen: list[float] | None = None) -> dict[str, Any]:
     """A job's final state, recording the progress it reported on the way."""
-    for _ in range(2400):
+    for _ in range(12000):
         state = ex.job(job)
         if seen is not None:
             seen.append(state["progress"])
         if state["state"] != "running":
             return state
-        time.sleep(0.025)
+        time.sleep(0.005)
     raise AssertionError("job did not finish in 60 s")
 
 

@@ -21,6 +21,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from fastloop import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from inprocess import run_planner
@@ -130,7 +131,7 @@ def test_hostile_names_stay_inert_in_every_training_target(name: str, tmp_path: 
                 _sbatch_directives_are_read(text)
 
 
-@settings(max_examples=int(os.environ.get("PLANNER_FUZZ_EXAMPLES", 40)), deadline=None,
+@settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.text(min_size=1, max_size=40), command=st.text(max_size=40))
 def test_any_name_stays_one_comment_line(name: str, command: str) -> None:

@@ -10,6 +10,7 @@ from functools import cache
 from itertools import pairwise
 
 import pytest
+from fastloop import examples
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -198,7 +199,7 @@ def _moe_case(framework: str, tp: int, precision: str) -> dict:
 @example(case=_moe_case("deepspeed", 2, "bf16"))  # zero 3 peak +41.7 MiB over zero 2
 @example(case=_moe_case("megatron", 1, "bf16"))  # zero 3 peak +1.08 GiB over zero 1
 @example(case=_moe_case("torchtitan", 1, "fp32"))  # zero 2 model states +78 GiB over zero 0
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(case=zero_case())
 def test_higher_zero_stage_never_uses_more_memory(case: dict) -> None:
     check_zero_monotone(case)
@@ -217,7 +218,7 @@ def _tp_pp_job(data: st.DataObject, fw: str, dp: int, mbs: int, pp: int) -> Job:
                framework=fw, flash_attention=data.draw(st.booleans(), label="flash"))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data())
 def test_doubling_tp_never_raises_model_states_or_activations(data: st.DataObject) -> None:
     m = model(data.draw(st.sampled_from(MODEL_NAMES), label="model"))
@@ -248,7 +249,7 @@ def test_doubling_tp_never_raises_model_states_or_activations(data: st.DataObjec
         f"peak: tp={2 * t} {hi.memory.total_bytes:.4g} > tp={t} {lo.memory.total_bytes:.4g}")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data())
 def test_doubling_pp_never_raises_model_states(data: st.DataObject) -> None:
     m = model(data.draw(st.sampled_from(MODEL_NAMES), label="model"))
@@ -288,7 +289,7 @@ def test_doubling_pp_never_raises_model_states(data: st.DataObject) -> None:
 
 
 # ---------------------------------------------------------------------------- 3. recompute
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(data=st.data())
 def test_more_recompute_never_raises_activations(data: st.DataObject) -> None:
     m, c, job, world = data.draw(setting(), label="setting")
@@ -314,7 +315,7 @@ def test_more_recompute_never_raises_activations(data: st.DataObject) -> None:
                 < none.stages[0].layer_activations_bytes)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_partial_full_recompute_lies_between_full_and_none(data: st.DataObject) -> None:
     m, c, job, world = data.draw(setting(), label="setting")
@@ -332,7 +333,7 @@ def test_partial_full_recompute_lies_between_full_and_none(data: st.DataObject) 
 
 
 # ---------------------------------------------------------------------------- 4. offload
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data())
 def test_optimizer_offload_moves_exactly_the_optimizer_bytes(data: st.DataObject) -> None:
     m, c, job, world = data.draw(setting(frameworks=("deepspeed",)), label="setting")
@@ -362,7 +363,7 @@ def test_optimizer_offload_moves_exactly_the_optimizer_bytes(data: st.DataObject
 
 
 # ---------------------------------------------------------------------------- 5. grid of one
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_scalar_estimate_equals_its_table_row(data: st.DataObject) -> None:
     m, c, job, world = data.draw(setting(), label="setting")
@@ -383,7 +384,7 @@ def test_scalar_estimate_equals_its_table_row(data: st.DataObject) -> None:
 
 
 # ---------------------------------------------------------------------------- 6. in flight
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_pp1_has_one_stage_holding_one_micro_batch(data: st.DataObject) -> None:
     m, c, job, world = data.draw(setting(), label="setting")
@@ -413,7 +414,7 @@ def _pipeline_case(data: st.DataObject, fw: str, schedule: str) -> tuple[Estimat
     return est, pp, k
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_gpipe_holds_every_micro_batch_on_every_stage(data: st.DataObject) -> None:
     est, pp, k = _pipeline_case(data, "torchtitan", "gpipe")
@@ -422,7 +423,7 @@ def test_gpipe_holds_every_micro_batch_on_every_stage(data: st.DataObject) -> No
     assert [s.in_flight_micro_batches for s in est.stages] == [k] * pp
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_1f1b_stage_holds_min_of_remaining_stages_and_micro_batches(
         data: st.DataObject) -> None:
@@ -434,7 +435,7 @@ def test_1f1b_stage_holds_min_of_remaining_stages_and_micro_batches(
         min(pp - i, k) for i in range(pp)]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(pp=pow2(2, 16), k=st.integers(1, 40),
        schedule=st.sampled_from(("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")))
 def test_torchtitan_micro_batches_follow_torch_pipelining(pp: int, k: int, schedule: str
@@ -460,7 +461,7 @@ def test_torchtitan_micro_batches_follow_torch_pipelining(pp: int, k: int, sched
 
 
 # ---------------------------------------------------------------------------- 7. conservation
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_stage_parameters_sum_to_the_model(data: st.DataObject) -> None:
     m = model(data.draw(st.sampled_from(UNTIED_NAMES), label="model"))

@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from fastloop import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,7 +58,7 @@ def stage_times(draw: st.DrawFn, p: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.slow  # long-running (several seconds); runs in CI with the rest
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_the_vectorized_makespan_is_the_event_simulation(data: st.DataObject) -> None:
     p, m, v, schedule = data.draw(shapes())
@@ -196,7 +197,7 @@ def pipelines(draw: st.DrawFn) -> tuple[ModelSpec, Job, ParallelConfig]:
     return model, job, cfg
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pipelines())
 def test_the_estimate_is_its_simulated_timeline(drawn: tuple) -> None:
     """The step time before what follows the last backward is the makespan of the timeline of
@@ -242,7 +243,7 @@ def test_megatron_interleaving_needs_a_multiple_of_pp_micro_batches() -> None:
     estimate(model, H100, dataclasses.replace(job, global_batch_size=16), cfg)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.sampled_from((2, 4, 8)), st.integers(1, 40), st.sampled_from((2, 4)))
 def test_activations_held_are_what_the_schedule_keeps_in_flight(p: int, m: int, v: int
                                                                 ) -> None:

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from fastloop import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -297,7 +298,7 @@ def _faster(cluster: Cluster, factor: float) -> Cluster:
                                inter_node_link=scale(cluster.inter_node_link))
 
 
-SETTINGS = settings(max_examples=40, deadline=None,
+SETTINGS = settings(max_examples=examples(40), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
