@@ -209,8 +209,10 @@ class Job:
     precision-aware optimizer keeps fp16 masters with their remainders in the states). Other
     trainers refuse fp16.
     ``attention_kernel``: which fused attention kernel runs, ``"flash"`` (FlashAttention-2)
-    or ``"cudnn"`` (cuDNN's, ``ATTENTION_KERNELS``); ``None``: the trainer's own choice on
-    the GPU (``costmodel.formulas.compute.attention_kernel``, ``Framework.cudnn_attention_archs``).
+    or ``"cudnn"`` (the GPU vendor's own, which Transformer Engine calls: cuDNN's on NVIDIA,
+    AMD's aiter v3 kernels on Instinct GPUs; ``ATTENTION_KERNELS``); ``None``: the trainer's
+    own choice on the GPU (``costmodel.formulas.compute.attention_kernel``,
+    ``Framework.cudnn_attention_archs``).
     Needs ``flash_attention``.
     ``zero3_synchronous_gather``: DeepSpeed's ZeRO-3 as released from v0.3.12 (March 2021)
     to v0.5.4: each parameter tensor is all-gathered by its own collective after a

@@ -37,9 +37,11 @@ class KernelEfficiency:
     the tiles), which is what makes small matmuls slow. ``attention`` / ``attention_backward``:
     fraction of the dense peak of a fused (flash) attention kernel, forward and backward
     (FlashAttention-2's in a shipped profile; whatever SDPA ran in a measured one).
-    ``attention_cudnn`` / ``attention_cudnn_backward``: the same for cuDNN's fused attention
-    (Transformer Engine's FusedAttention, SDPA's cuDNN backend) where the profile has a figure
-    for it; without one it takes the ``attention`` fractions (``attention_for``).
+    ``attention_cudnn`` / ``attention_cudnn_backward``: the same for the GPU vendor's own fused
+    attention that Transformer Engine's FusedAttention calls: cuDNN's on NVIDIA (also SDPA's
+    cuDNN backend), AMD's assembly kernels (aiter's "v3", Transformer Engine on ROCm with
+    ``NVTE_CK_USES_FWD_V3`` / ``NVTE_CK_USES_BWD_V3``) on Instinct GPUs, where the profile has
+    a figure for it; without one it takes the ``attention`` fractions (``attention_for``).
     ``gemm_unaligned``: fraction of the dense peak of a matmul whose inner or output dimension
     is not a multiple of 16 bytes (an odd vocabulary such as GPT-2's 50257): cuBLAS then runs
     it with unaligned (align1/align2) kernels without the tensor-memory accelerator, several

@@ -397,11 +397,24 @@ def test_a_band_borrowed_from_other_runs_says_extrapolated() -> None:
     job = Job(global_batch_size=8, seq_len=1024)
     tiny = ModelSpec(name="tiny", num_layers=2, hidden_size=256, num_heads=4, vocab_size=1000)
     cfg = planner.ParallelConfig(dp=8)
-    for model, gpu in ((tiny, "h100-sxm"), (ModelSpec.preset("llama-3-8b"), "mi300x")):
+    for model, gpu in ((tiny, "h100-sxm"), (ModelSpec.preset("llama-3-8b"), "mi355x")):
         est = planner.estimate(model, Cluster(gpu=gpu), job, cfg)
         assert est.step_time_band_extrapolated and "extrapolated" in est.step_time_text
     est = planner.estimate(ModelSpec.preset("llama-3-8b"), Cluster(gpu="h100-sxm"), job, cfg)
     assert not est.step_time_band_extrapolated and "extrapolated" not in est.step_time_text
+
+
+def test_an_mi300x_plan_under_torchtitan_has_a_band_of_its_own_runs() -> None:
+    """Two sources publish MI300X runs under a PyTorch-native trainer (ROCm/TransformerEngine
+    issues 78/79, torchao's float8 README, pytorch/ao@853f87d1): the cell's band is its own
+    left-out error, not the extrapolated one; and the profile's fused attention is measured
+    on an MI300X, not an H100's."""
+    job, cfg = Job(global_batch_size=8, seq_len=1024), planner.ParallelConfig(dp=8)
+    est = planner.estimate(ModelSpec.preset("llama-3-8b"), Cluster(gpu="mi300x"), job, cfg)
+    assert not est.step_time_band_extrapolated
+    assert "cdna3, torchtitan" in est.step_time_band_basis
+    assert "2 sources" in est.step_time_band_basis
+    assert hardware_profiles.provenance("mi300x")["efficiency"]["attention"] == "measured"
 
 
 def test_the_plot_says_how_much_of_the_timeline_it_draws(tmp_path: Path) -> None:

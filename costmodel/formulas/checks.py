@@ -50,6 +50,20 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
     if cfg.pipeline_schedule == "combined-1f1b":
         _check_combined(model, framework(job.framework), job, cfg)
     _check_precision(cluster, job)
+    _check_attention(cluster, job)
+
+
+def _check_attention(cluster: Cluster, job: Job) -> None:
+    """On AMD Instinct GPUs the ``cudnn`` kernel is AMD's v3 attention, which only Transformer
+    Engine on ROCm runs (``NVTE_CK_USES_FWD_V3`` / ``NVTE_CK_USES_BWD_V3``): PyTorch's SDPA has
+    no cuDNN backend on ROCm."""
+    gpu = cluster.gpu
+    if job.attention_kernel == "cudnn" and gpu.architecture.startswith("cdna") \
+            and job.framework != "megatron":
+        raise SpecError(f"attention_kernel='cudnn' on {gpu.name} is AMD's v3 attention, which "
+                        "Transformer Engine on ROCm runs (Megatron-LM); "
+                        f"{job.framework}'s attention on ROCm is PyTorch's SDPA, which has no "
+                        "such backend: use --attention-kernel flash, or --framework megatron")
 
 
 def _check_placement(model: ModelSpec | LayerCosts, cluster: Cluster, cfg: ParallelConfig

@@ -88,8 +88,17 @@ def weight_grad_bytes(job: Job) -> float:
     return _dtypes(job)[1]
 
 
-#: What each fused attention kernel (``costmodel.config.ATTENTION_KERNELS``) is called.
+#: What each fused attention kernel (``costmodel.config.ATTENTION_KERNELS``) is called; on AMD
+#: Instinct GPUs ``"cudnn"`` is AMD's own fused attention (``ATTENTION_NAMES_AMD``).
 ATTENTION_NAMES = {"flash": "FlashAttention-2", "cudnn": "cuDNN attention"}
+ATTENTION_NAMES_AMD = {"flash": "FlashAttention-2", "cudnn": "AMD aiter v3 attention"}
+
+
+def attention_name(kernel: str, gpu: GPU) -> str:
+    """How an estimate names fused attention ``kernel`` on ``gpu`` (its vendor's library for
+    ``"cudnn"``: cuDNN on NVIDIA, aiter's v3 kernels on AMD's CDNA architectures)."""
+    names = ATTENTION_NAMES_AMD if gpu.architecture.startswith("cdna") else ATTENTION_NAMES
+    return names[kernel]
 
 
 def attention_kernel(job: Job, gpu: GPU) -> str:

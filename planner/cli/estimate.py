@@ -17,7 +17,7 @@ from costmodel.formulas.estimate import NEAR_CAPACITY, Estimate
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import TERMS
 from costmodel.formulas.moe import routing_words
-from costmodel.formulas.roofline import ATTENTION_NAMES, attention_kernel
+from costmodel.formulas.roofline import attention_kernel, attention_name
 from costmodel.formulas.steptime import TIME_TERMS, host_words
 from costmodel.serving.inference import InferenceConfig, InferenceJob, estimate_inference
 from costmodel.units import GIB, plural
@@ -214,8 +214,8 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         + (", float8 FSDP all-gather" if float8_gathered_rows(job.framework, job, cfg.zero_stage)
            else "")
         + (", SwiGLU input kept in fp8" if job.activation_func_fp8_input_store else "")
-        + (", " + ATTENTION_NAMES[attention_kernel(job, cluster.gpu)] if job.flash_attention
-           else ", unfused attention"),
+        + (", " + attention_name(attention_kernel(job, cluster.gpu), cluster.gpu)
+           if job.flash_attention else ", unfused attention"),
         f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
         + (f"etp={cfg.etp} " if cfg.etp is not None else "")
         + f"zero={cfg.zero_stage} sp={'on' if cfg.sequence_parallel else 'off'} "

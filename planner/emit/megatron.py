@@ -324,6 +324,12 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
     # (costmodel.frameworks); turning the other backend off holds the plan's kernel.
     if job.attention_kernel == "flash":
         env += "export NVTE_FUSED_ATTN=0  # Transformer Engine: FlashAttention, as planned\n"
+    elif job.attention_kernel == "cudnn" and c.gpu.architecture.startswith("cdna"):
+        # Transformer Engine on ROCm runs AMD's v3 attention kernels only when asked
+        # (NVTE_CK_USES_FWD_V3 / NVTE_CK_USES_BWD_V3; the ROCm Primus-Megatron docs export the
+        # backward's).
+        env += ("export NVTE_FLASH_ATTN=0 NVTE_CK_USES_FWD_V3=1 NVTE_CK_USES_BWD_V3=1  "
+                "# Transformer Engine on ROCm: AMD's v3 attention, as planned\n")
     elif job.attention_kernel == "cudnn":
         env += "export NVTE_FLASH_ATTN=0  # Transformer Engine: cuDNN attention, as planned\n"
     return (commented(head) + "\n" + env + "MEGATRON_ARGS=(\n" + "\n".join(lines)
