@@ -109,3 +109,22 @@ def test_profile_file_errors(tmp_path) -> None:
         hardware_profiles.load_file(bad)
     with pytest.raises(SpecError, match="does not exist"):
         hardware_profiles.load_file(tmp_path / "missing.toml")
+
+
+def test_a_profile_read_again_sees_a_fit_written_changed_or_removed_in_between(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hardware_profiles.load`` is memoized on the files it reads; a user's fit written,
+    rewritten or removed between two reads (``planner calibrate``, ``--reset``) is seen by
+    the next one, and a caller's edits to what it got do not reach the next caller."""
+    monkeypatch.setenv("PLANNER_CONFIG_DIR", str(tmp_path))
+    shipped = hardware_profiles.load("gpus", "a100-80gb")["efficiency"]["gemm"]
+    fit = hardware_profiles.user_calibrated_path("a100-80gb")
+    fit.parent.mkdir(parents=True)
+    for gemm in (0.5, 0.25):
+        fit.write_text(f'provenance = "test"\n[efficiency]\ngemm = {gemm}\n')
+        got = hardware_profiles.load("gpus", "a100-80gb")
+        assert got["efficiency"]["gemm"] == gemm
+        got["efficiency"]["gemm"] = 0.9  # the next caller gets its own copy
+    assert hardware_profiles.load("gpus", "a100-80gb")["efficiency"]["gemm"] == 0.25
+    fit.unlink()
+    assert hardware_profiles.load("gpus", "a100-80gb")["efficiency"]["gemm"] == shipped
