@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -37,6 +38,7 @@ from costmodel.formulas.arrays import (
     interleaved_split,
     is_v,
 )
+from costmodel.formulas.checks import job_problem
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import OFFLOAD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, ConfigArrays
 from costmodel.formulas.vschedules import v_split
@@ -596,8 +598,15 @@ def spaces(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     cons = constraints or Constraints()
     names = cons.frameworks or (job.framework,)
     out = []
+    refused: dict[str, str] = {}
     for name in names:
         j = job if name == job.framework else replace(job, framework=name)
+        why = job_problem(model, cluster, j) if len(names) > 1 else None
+        if why is not None:
+            # A trainer that cannot run the job whatever the split (a setting another trainer
+            # owns, a kernel it lacks) is left out of a search over several, and said so.
+            refused[name] = why
+            continue
         key = _space_key(model, cluster, j, cons)
         with _SPACES_LOCK:
             space = _SPACES.pop(key, None) if key is not None else None
@@ -609,4 +618,9 @@ def spaces(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
                 while len(_SPACES) > _SPACES_KEPT:
                     del _SPACES[next(iter(_SPACES))]
         out.append((j, space))
+    if not out:
+        raise SpecError("no trainer named can run this job: "
+                        + "; ".join(f"{n}: {w}" for n, w in refused.items()))
+    for name, why in refused.items():
+        warnings.warn(f"{name} is not searched: {why}", stacklevel=3)
     return out

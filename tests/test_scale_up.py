@@ -431,3 +431,9 @@ def test_amds_own_attention_is_the_cudnn_kernel_on_instinct_gpus() -> None:
                       "--framework", "torchtitan", "--attention-kernel", "cudnn",
                       "--global-batch-size", "64", "--seq-len", "8192", "--dp", "8")
     assert out.returncode == 2 and "Traceback" not in out.stderr
+    # A search over several trainers leaves out those that cannot run the job, and says so.
+    with pytest.warns(UserWarning, match="torchtitan is not searched: .*AMD's v3 attention"):
+        both = plan(model, cluster, job, constraints={"frameworks": ["megatron", "torchtitan"]})
+    assert both.job.framework == "megatron"
+    with pytest.raises(SpecError, match="no trainer named can run this job"):
+        plan(model, cluster, job, constraints={"frameworks": ["torchtitan", "deepspeed"]})

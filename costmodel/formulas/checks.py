@@ -28,6 +28,26 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
     _check_first_stage(model, cfg)
     _check_batch(job, cfg)
     _check_experts(model, cfg, framework(job.framework))
+    _check_job(model, cluster, job)
+    _check_framework(framework(job.framework), job, cfg)
+    if cfg.pipeline_schedule == "combined-1f1b":
+        _check_combined(model, framework(job.framework), job, cfg)
+
+
+def job_problem(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job) -> str | None:
+    """Why ``job`` cannot run on its trainer and this cluster whatever the configuration (a
+    setting another trainer owns, a precision or kernel the GPU or trainer lacks), or None:
+    the check ``validate`` starts with, which a search over several trainers uses to leave
+    out the ones that cannot run the job (``planner.space.spaces``)."""
+    try:
+        _check_job(model, cluster, job)
+    except SpecError as e:
+        return str(e)
+    return None
+
+
+def _check_job(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job) -> None:
+    """The job's settings against its trainer, the model and the GPU (``job_problem``)."""
     if job.recompute_modules != ("core_attn",) and job.framework != "megatron":
         raise SpecError(f"recompute_modules {list(job.recompute_modules)} is Megatron-LM's "
                         f"--recompute-modules; {job.framework}'s selective recompute is its own: "
@@ -46,9 +66,6 @@ def validate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, cfg: Par
         raise SpecError("activation_func_fp8_input_store is Megatron-Core's fp8 store of a "
                         "SwiGLU's input; it needs framework='megatron' and a model config with "
                         f"a gated MLP ({job.framework}, {model.name}): leave it off")
-    _check_framework(framework(job.framework), job, cfg)
-    if cfg.pipeline_schedule == "combined-1f1b":
-        _check_combined(model, framework(job.framework), job, cfg)
     _check_precision(cluster, job)
     _check_attention(cluster, job)
 
