@@ -307,6 +307,12 @@ class GPU:
         return replace(self, efficiency=replace(e, **scaled), power_limit_w=new)
 
     @property
+    def amd(self) -> bool:
+        """An AMD Instinct GPU (a CDNA architecture): its ``"cudnn"`` attention kernel is AMD's
+        own v3 kernels, which only Transformer Engine on ROCm runs."""
+        return self.architecture.startswith("cdna")
+
+    @property
     def usd_per_gpu_second(self) -> float | None:
         """The rental price per GPU-second (US dollars), or ``None`` without a price."""
         return None if self.usd_per_gpu_hour is None else self.usd_per_gpu_hour / 3600.0

@@ -75,8 +75,7 @@ def _check_attention(cluster: Cluster, job: Job) -> None:
     Engine on ROCm runs (``NVTE_CK_USES_FWD_V3`` / ``NVTE_CK_USES_BWD_V3``): PyTorch's SDPA has
     no cuDNN backend on ROCm."""
     gpu = cluster.gpu
-    if job.attention_kernel == "cudnn" and gpu.architecture.startswith("cdna") \
-            and job.framework != "megatron":
+    if job.attention_kernel == "cudnn" and gpu.amd and job.framework != "megatron":
         raise SpecError(f"attention_kernel='cudnn' on {gpu.name} is AMD's v3 attention, which "
                         "Transformer Engine on ROCm runs (Megatron-LM); "
                         f"{job.framework}'s attention on ROCm is PyTorch's SDPA, which has no "

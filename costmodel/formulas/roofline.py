@@ -97,7 +97,7 @@ ATTENTION_NAMES_AMD = {"flash": "FlashAttention-2", "cudnn": "AMD aiter v3 atten
 def attention_name(kernel: str, gpu: GPU) -> str:
     """How an estimate names fused attention ``kernel`` on ``gpu`` (its vendor's library for
     ``"cudnn"``: cuDNN on NVIDIA, aiter's v3 kernels on AMD's CDNA architectures)."""
-    names = ATTENTION_NAMES_AMD if gpu.architecture.startswith("cdna") else ATTENTION_NAMES
+    names = ATTENTION_NAMES_AMD if gpu.amd else ATTENTION_NAMES
     return names[kernel]
 
 

@@ -324,7 +324,7 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
     # (costmodel.frameworks); turning the other backend off holds the plan's kernel.
     if job.attention_kernel == "flash":
         env += "export NVTE_FUSED_ATTN=0  # Transformer Engine: FlashAttention, as planned\n"
-    elif job.attention_kernel == "cudnn" and c.gpu.architecture.startswith("cdna"):
+    elif job.attention_kernel == "cudnn" and c.gpu.amd:
         # Transformer Engine on ROCm runs AMD's v3 attention kernels only when asked
         # (NVTE_CK_USES_FWD_V3 / NVTE_CK_USES_BWD_V3; the ROCm Primus-Megatron docs export the
         # backward's).
