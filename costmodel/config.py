@@ -153,6 +153,12 @@ class Job:
     FSDP all-gathers each layer's linear weights in float8, cast on the shard before the
     gather (``costmodel.formulas.eager.float8_param_gather``); row-wise, it gathers in bf16. Other
     trainers ignore it.
+    ``fp8_weight_transpose_cache``: with fp8 under Megatron-LM, whether Transformer Engine
+    keeps each weight's fp8 transpose beside its fp8 copy between micro-batches (its default)
+    or remakes it at each use: ``False`` is ROCm Megatron-LM's
+    ``--no-fp8-weight-transpose-cache`` (Primus ``no_fp8_weight_transpose_cache``, which
+    AMD's FSDP recipes set; Transformer Engine on ROCm), halving the cached copies. Only for
+    fp8 Megatron-LM jobs on AMD GPUs (``costmodel.formulas.checks``).
     ``fused_cross_entropy``: whether the loss is a fused cross entropy that works on one
     fp32 copy of the logits (llm-foundry's default ``loss_fn: fused_crossentropy``,
     flash-attn's Triton kernel, llmfoundry/models/mpt/modeling_mpt.py) rather than torch's
@@ -274,6 +280,7 @@ class Job:
     memory_reserve: float = 0.05
     compile: bool = False
     fp8_param_gather: bool = False
+    fp8_weight_transpose_cache: bool = True
     fused_cross_entropy: bool | None = None
     compile_loss: bool | None = None
     loss_upcast: bool = True
@@ -312,7 +319,8 @@ class Job:
                                 "saves its score matrix); drop one of the two")
         for key in ("flash_attention", "overlap_grad_reduce", "overlap_tp_grad_comm",
                     "fuse_grad_accumulation", "tp_comm_overlap", "overlap_p2p_comm",
-                    "compile", "fp8_param_gather", "distribute_saved_activations",
+                    "compile", "fp8_param_gather", "fp8_weight_transpose_cache",
+                    "distribute_saved_activations",
                     "zero3_synchronous_gather", "loss_upcast",
                     "activation_func_fp8_input_store"):
             if not isinstance(getattr(self, key), bool):

@@ -260,12 +260,14 @@ def test_a_cell_without_enough_runs_is_extrapolated_with_a_wide_band() -> None:
     assert got.estimate.step_time_band_extrapolated
     assert got.estimate.step_time_band >= 0.25
     assert "extrapolated" in got.summary()
-    # AMD under DeepSpeed has no run at all; CDNA 3 under Megatron-LM (AMD's Primus) has
-    # runs from one source only: extrapolated either way.
+    # AMD under DeepSpeed has no run at all; CDNA 4 under Megatron-LM (MLPerf's Primus runs)
+    # has runs from one source only: extrapolated either way. CDNA 3 under Megatron-LM has two
+    # (AMD's performance page, an AMD engineer's logs): a band of its own.
     band, basis, extrapolated = band_for("cdna3", "deepspeed", 64)
     assert extrapolated and band >= 0.25 and "no published run on cdna3" in basis
-    band, basis, extrapolated = band_for("cdna3", "megatron", 64)
+    band, basis, extrapolated = band_for("cdna4", "megatron", 64)
     assert extrapolated and band >= 0.25 and "from 1 source" in basis
+    assert not band_for("cdna3", "megatron", 64)[2]
 
 
 def test_a_cell_with_its_own_runs_keeps_its_own_band() -> None:
@@ -437,3 +439,41 @@ def test_amds_own_attention_is_the_cudnn_kernel_on_instinct_gpus() -> None:
     assert both.job.framework == "megatron"
     with pytest.raises(SpecError, match="no trainer named can run this job"):
         plan(model, cluster, job, constraints={"frameworks": ["torchtitan", "deepspeed"]})
+
+
+def test_amds_fp8_weight_transpose_cache_can_be_left_off() -> None:
+    """ROCm Megatron-LM's --no-fp8-weight-transpose-cache keeps one fp8 copy of each weight
+    instead of two (the copy and its transpose), even under FSDP: Llama-2-70B fp8 on 16
+    MI325X with FSDP2 had 227 GiB of each GPU in use (hisohara/ai-scripts@4fb66ab5
+    training/03_primus/run-llama2-70B-2N.log), which one copy fits and two (a 70B model's
+    70 GB more) do not. Other trainers and GPUs are refused by name."""
+    model = ModelSpec(name="llama-2-70b-gqa", num_layers=80, hidden_size=8192, num_heads=64,
+                      num_kv_heads=8, ffn_hidden_size=28672, vocab_size=32000, gated_mlp=True)
+    cluster = Cluster.preset("mi325x-8", num_nodes=2)
+    cfg = ParallelConfig(dp=16, zero_stage=3, micro_batch_size=10, recompute="full")
+    job = Job(global_batch_size=640, seq_len=4096, precision="fp8", framework="megatron",
+              attention_kernel="cudnn")
+    both = estimate(model, cluster, job, cfg)
+    one = estimate(model, cluster, dataclasses.replace(job, fp8_weight_transpose_cache=False),
+                   cfg)
+    layer_params = model.num_layers * (8192 * (8192 + 2 * 1024) + 8192 * 8192
+                                       + 3 * 8192 * 28672)
+    assert both.peak_memory_bytes - one.peak_memory_bytes == pytest.approx(layer_params, rel=0.01)
+    assert not both.fits and one.fits
+    assert one.peak_memory_bytes / 2**30 == pytest.approx(227.04, rel=0.10)
+    fixed = {"fixed": {"dp": 16, "zero_stage": 3, "micro_batch_size": 1}}
+    p = plan(model, cluster, dataclasses.replace(job, fp8_weight_transpose_cache=False),
+             constraints=fixed)
+    assert "--no-fp8-weight-transpose-cache" in p.emit("megatron")
+    assert "--no-fp8-weight-transpose-cache" not in plan(model, cluster, job,
+                                                         constraints=fixed).emit("megatron")
+    for fw, gpus in (("megatron", "dgx-h100"), ("torchtitan", "mi325x-8")):
+        other = Job(global_batch_size=640, seq_len=4096, precision="fp8", framework=fw,
+                    fp8_weight_transpose_cache=False)
+        with pytest.raises(SpecError, match="--no-fp8-weight-transpose-cache"):
+            estimate(model, Cluster.preset(gpus, num_nodes=2), other, cfg)
+    out = run_planner("estimate", "--model", "llama-3-8b", "--cluster", "dgx-h100",
+                      "--precision", "fp8", "--no-fp8-weight-transpose-cache",
+                      "--global-batch-size", "64", "--seq-len", "8192", "--dp", "8")
+    assert out.returncode == 2 and "--no-fp8-weight-transpose-cache" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -239,7 +239,9 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The Job inputs a run's ``flags`` set: ``compile`` (torch.compile) or ``fused_kernels``
     (the same fusion from a kernel library, e.g. ``"transformer-engine"``), ``async_tp``
     (torchtitan's async TP, which the Job calls ``tp_comm_overlap``), ``fp8_param_gather``
-    (Megatron-LM's fp8 parameters; torchtitan's float8 FSDP all-gather), ``fused_cross_entropy``,
+    (Megatron-LM's fp8 parameters; torchtitan's float8 FSDP all-gather),
+    ``fp8_weight_transpose_cache`` (false: ROCm Megatron-LM's
+    --no-fp8-weight-transpose-cache), ``fused_cross_entropy``,
     ``compile_loss``, ``loss_fp32_upcast`` (false: the cross entropy on the 16-bit logits,
     ``Job.loss_upcast``),
     ``grad_reduce_in_fp32``, ``distribute_saved_activations`` and
@@ -260,6 +262,8 @@ def _job_flags(flags: dict[str, Any]) -> dict[str, Any]:
         out["tp_comm_overlap"] = True
     if flags.get("fp8_param_gather"):
         out["fp8_param_gather"] = True
+    if flags.get("fp8_weight_transpose_cache") is False:
+        out["fp8_weight_transpose_cache"] = False
     for key in TRI_STATE_JOB_FLAGS:
         if key in flags:
             out[key] = bool(flags[key])

@@ -66,6 +66,12 @@ def _check_job(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job) -> Non
         raise SpecError("activation_func_fp8_input_store is Megatron-Core's fp8 store of a "
                         "SwiGLU's input; it needs framework='megatron' and a model config with "
                         f"a gated MLP ({job.framework}, {model.name}): leave it off")
+    if not job.fp8_weight_transpose_cache and (
+            job.framework != "megatron" or job.precision != "fp8" or not cluster.gpu.amd):
+        raise SpecError("fp8_weight_transpose_cache=False is ROCm Megatron-LM's "
+                        "--no-fp8-weight-transpose-cache (Transformer Engine on ROCm) for fp8 "
+                        f"jobs on AMD GPUs; this job is {job.framework}, {job.precision} on "
+                        f"{cluster.gpu.name}: leave the transpose cache on")
     _check_precision(cluster, job)
     _check_attention(cluster, job)
 

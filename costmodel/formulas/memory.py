@@ -422,9 +422,15 @@ def _model_states(s: _Stage) -> _States:
     # block scales of MXFP8, block-wise fp8 and NVFP4 (--fp4-format: half a byte each way;
     # roofline.QUANTIZED_BYTES). With --fp8-param-gather the parameters are those fp8
     # tensors (1 byte and the transpose, what w_b counts), with no bf16 copy beside them.
+    # ROCm Megatron-LM's --no-fp8-weight-transpose-cache keeps the copy, not the transpose
+    # (Job.fp8_weight_transpose_cache). Unsharded even under FSDP: Llama-2-70B fp8 on 16
+    # MI325X with FSDP2 and no transpose cache had 227 GiB of the device in use, where this
+    # counts 210 GiB with one copy and 273 GiB with both (hisohara/ai-scripts@4fb66ab5
+    # training/03_primus/run-llama2-70B-2N.log).
     if fw.name == "megatron" and job.precision in QUANTIZED_PRECISIONS \
             and not job.fp8_param_gather:
-        weights = weights + 2.0 * quantized_bytes(job, weight=True) \
+        copies = 2.0 if job.fp8_weight_transpose_cache else 1.0
+        weights = weights + copies * quantized_bytes(job, weight=True) \
             * (s.layer_params + expert_params)
     grads = sharded(g_b, g_sharded)
     # With a pipeline, torch.distributed.pipelining turns FSDP's gradient sync off for every

@@ -40,6 +40,7 @@ from costmodel.config import (
 from costmodel.hardware import GPU
 from costmodel.serving.inference import KV_PRECISIONS, OBJECTIVES, WEIGHT_PRECISIONS, InferenceJob
 from hardware_profiles.files import is_file, printable
+from planner.cli.switches import JOB_SWITCHES, SAME_NAMED
 from planner.models import load_model, load_model_or_module
 from planner.result import MAX_TOP_K, Plan, load_plan
 from planner.space import PRESETS, Constraints
@@ -282,48 +283,6 @@ def _add_cluster_args(p: argparse.ArgumentParser, *, many: bool) -> None:
     hw.add_argument("--inter-node", help="NIC between nodes (default ib-ndr)", **rep)
     hw.add_argument("--profile", metavar="FILE", help="plan with a measured GPU profile "
                     "('planner profile -o FILE') instead of the shipped datasheet one")
-
-
-#: The job's on/off flags (``store_true``) and what each says.
-JOB_SWITCHES: tuple[tuple[str, str], ...] = (
-    ("--no-flash-attention", "attention saves its score matrix (no fused kernel)"),
-    ("--no-overlap-grad-reduce",
-     "gradients are reduced after the backward pass, not overlapped with it"),
-    ("--no-overlap-p2p-communication",
-     "Megatron-LM: interleaved pipelines wait for each send and receive (releases before "
-     "October 2023)"),
-    ("--tp-comm-overlap",
-     "pipeline tensor-parallel collectives with the linear layers' matmuls: Megatron-LM's "
-     "Transformer Engine userbuffers (sequence parallel rows), torchtitan's async TP"),
-    ("--compile",
-     "torchtitan: the model runs under torch.compile (fused memory-bound kernels; "
-     "torchtitan's default is eager)"),
-    ("--fused-cross-entropy",
-     "the loss is a fused cross entropy on one fp32 copy of the logits (llm-foundry's "
-     "default; Megatron-LM's --cross-entropy-loss-fusion, which NeMo and Megatron-Bridge "
-     "turn on)"),
-    ("--no-compile-loss",
-     "torchtitan with --compile: the loss stays eager (torchtitan before April 2025); by "
-     "default it is compiled with the model"),
-    ("--no-grad-reduce-in-fp32",
-     "Megatron: gradients kept and reduced in bf16 (NeMo's distributed_fused_adam with "
-     "grad_sync_dtype bf16), not fp32 main_grad"),
-    ("--fp8-param-gather",
-     "fp8: parameters gathered in fp8: Megatron-LM's --fp8-param-gather (NeMo's fp8 recipes "
-     "set it); torchtitan with the tensorwise recipe, FSDP's float8 all-gather "
-     "(float8.enable_fsdp_float8_all_gather, as torchtitan's float8 docs launch it)"),
-    ("--distribute-saved-activations",
-     "full recompute without SP: each TP rank keeps a 1/tp slice of the saved layer input "
-     "(Megatron-LM's --distribute-saved-activations)"),
-    ("--zero3-synchronous-gather",
-     "DeepSpeed v0.3.12-v0.5.4: ZeRO-3 gathers each parameter alone after a device "
-     "synchronize, overlapping nothing"),
-    ("--activation-func-fp8-input-store",
-     "Megatron: a SwiGLU keeps its input in fp8 for backward (DeepSeek-V3's FP8 cache)"),
-)
-#: The switches that set the Job field of their own name.
-_SAME_NAMED = ("tp_comm_overlap", "compile", "fp8_param_gather", "distribute_saved_activations",
-               "zero3_synchronous_gather", "activation_func_fp8_input_store")
 
 
 def _add_job_args(p: argparse.ArgumentParser) -> None:
@@ -624,7 +583,7 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                precision=args.precision, optimizer=args.optimizer, framework=args.framework,
                flash_attention=not args.no_flash_attention,
                overlap_grad_reduce=not args.no_overlap_grad_reduce,
-               **{k: getattr(args, k) for k in _SAME_NAMED}, float8_recipe=args.float8_recipe,
+               **{k: getattr(args, k) for k in SAME_NAMED}, float8_recipe=args.float8_recipe,
                optimizer_state_dtype=args.optimizer_state_dtype,
                master_weights_dtype=args.master_weights_dtype,
                attention_kernel=getattr(args, "attention_kernel", None),
@@ -632,6 +591,7 @@ def training_job(args: argparse.Namespace, model: Any) -> Job:
                compile_loss=False if args.no_compile_loss else None,
                grad_reduce_in_fp32=False if args.no_grad_reduce_in_fp32 else None,
                overlap_p2p_comm=not args.no_overlap_p2p_communication,
+               fp8_weight_transpose_cache=not args.no_fp8_weight_transpose_cache,
                moe_capacity_factor=args.moe_capacity_factor,
                moe_load_imbalance=args.moe_load_imbalance,
                moe_dispatcher=args.moe_dispatcher, recompute_modules=args.recompute_modules,

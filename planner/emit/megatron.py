@@ -270,6 +270,11 @@ def _precision_args(job: Job, cfg: ParallelConfig) -> list[Any]:
             a[a.index("hybrid")] = "e4m3"
     if job.precision == "fp8" and job.fp8_param_gather and cfg.zero_stage >= 1:
         a.append("--fp8-param-gather")
+    if job.precision == "fp8" and not job.fp8_weight_transpose_cache:
+        # ROCm's Megatron-LM (rocm/megatron-lm images; examples/llama/train_llama3.sh with
+        # FP8_WEIGHT_TRANSPOSE_CACHE=0): Transformer Engine on ROCm remakes each fp8 weight
+        # transpose at use (checks refuse it elsewhere).
+        a.append("--no-fp8-weight-transpose-cache")
     if job.low_precision_states:
         # Transformer Engine's FusedAdam keeps the moments and masters in these dtypes
         # (megatron/training/arguments.py: _add_training_args, --use-precision-aware-optimizer).
