@@ -213,7 +213,10 @@ def test_explain_says_what_each_dispatcher_and_even_routing_would_cost() -> None
     choice or a routing field is asked; a dense plan's has no routing choices."""
     from planner import explain, plan
 
-    p = plan(QWEN, Cluster.preset("dgx-h100"), _job(global_batch_size=64))
+    # One pipeline stage keeps each of the searches small (explain searches again under the
+    # plan's constraints).
+    one_stage = {"fixed": {"pp": 1}}
+    p = plan(QWEN, Cluster.preset("dgx-h100"), _job(global_batch_size=64), constraints=one_stage)
     got = explain(p, fields=["ep", "moe_dispatcher"])
     by = {c.field: c for c in got.choices}
     assert {o.value for o in by["moe_dispatcher"].options} == {"allgather", "deepep"}
@@ -227,7 +230,8 @@ def test_explain_says_what_each_dispatcher_and_even_routing_would_cost() -> None
     # Only the dispatchers the trainer runs: torchtitan 0.2.2 has an all-to-all and DeepEP
     # (expert_parallel_comm_backend "standard", "deepep"), no all-gather dispatcher.
     tt = plan(QWEN, Cluster.preset("dgx-h100"), _job(global_batch_size=64,
-                                                    framework="torchtitan"))
+                                                    framework="torchtitan"),
+              constraints=one_stage)
     choice = {c.field: c for c in explain(tt, fields=["moe_dispatcher"]).choices}
     assert [o.value for o in choice["moe_dispatcher"].options] == ["deepep"]
     assert choice["moe_dispatcher"].options[0].framework == "torchtitan"
