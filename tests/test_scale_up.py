@@ -472,6 +472,11 @@ def test_amds_fp8_weight_transpose_cache_can_be_left_off() -> None:
                     fp8_weight_transpose_cache=False)
         with pytest.raises(SpecError, match="--no-fp8-weight-transpose-cache"):
             estimate(model, Cluster.preset(gpus, num_nodes=2), other, cfg)
+    out = run_planner("estimate", "--model", "llama-3-8b", "--cluster", "mi325x-8",
+                      "--precision", "fp8", "--framework", "megatron",
+                      "--no-fp8-weight-transpose-cache", "--global-batch-size", "64",
+                      "--seq-len", "8192", "--dp", "8")
+    assert out.returncode == 0 and "no fp8 weight transpose cache" in out.stdout, out.stderr
     out = run_planner("estimate", "--model", "llama-3-8b", "--cluster", "dgx-h100",
                       "--precision", "fp8", "--no-fp8-weight-transpose-cache",
                       "--global-batch-size", "64", "--seq-len", "8192", "--dp", "8")

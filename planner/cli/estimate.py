@@ -214,6 +214,7 @@ def _header(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, est: Esti
         + (", float8 FSDP all-gather" if float8_gathered_rows(job.framework, job, cfg.zero_stage)
            else "")
         + (", SwiGLU input kept in fp8" if job.activation_func_fp8_input_store else "")
+        + ("" if job.fp8_weight_transpose_cache else ", no fp8 weight transpose cache")
         + (", " + attention_name(attention_kernel(job, cluster.gpu), cluster.gpu)
            if job.flash_attention else ", unfused attention"),
         f"config   dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp} ep={cfg.ep} "
