@@ -5,8 +5,9 @@ profiles carry.
 
 Each row: the GPU, the ``[efficiency]`` key, the measured figure over the datasheet peak it is
 divided by, that fraction, the profile's value (the two agree: tests/test_scale_up.py), and
-the source. Then, per GPU, the efficiencies the profile still assumes (``planner gpus
---provenance``).
+the source. Then the assumed efficiencies taken from a sibling GPU of the same die times a
+ratio measured on both in one harness (``same_die``), and, per GPU, the efficiencies the
+profile still assumes (``planner gpus --provenance``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def fraction(row: dict) -> float:
     return frac * (1.0 + float(fixed) / float(row["keys"]))
 
 
+def same_die_ratio(entry: dict) -> float:
+    """How much faster ``entry["gpu"]`` ran than its same-die sibling ``entry["of"]`` in one
+    harness: the sum of its measured figures over the sibling's."""
+    m = entry["measured"]
+    return sum(m[entry["gpu"]]) / sum(m[entry["of"]])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT / "benchmarks/data/microbench-frontier.json"))
@@ -47,6 +55,16 @@ def main(argv: list[str] | None = None) -> int:
         got = f"{r['measured']:g} / {r['peak']:g}"
         print(f"{r['gpu']:<8s} {r['key']:<24s} {got:>18s} {fraction(r):>9.3f} "
               f"{prof:>8.3f}  {r['source'][:100]}")
+    scaled = json.loads(Path(args.data).read_text()).get("same_die", [])
+    if scaled:
+        print("\nassumed from a sibling of the same die, times a ratio measured on both:")
+    for e in scaled:
+        ratio = same_die_ratio(e)
+        theirs = hardware_profiles.load("gpus", e["of"], calibrated=False)["efficiency"]
+        ours = hardware_profiles.load("gpus", e["gpu"], calibrated=False)["efficiency"]
+        for key in e["keys"]:
+            print(f"{e['gpu']:<8s} {key:<24s} {e['of']} {theirs[key]:.4f} x {ratio:.4f} = "
+                  f"{theirs[key] * ratio:.4f}, profile {ours[key]:.4f}  {e['source'][:80]}")
     print()
     for gpu in sorted({r["gpu"] for r in rows}):
         p = hardware_profiles.provenance(gpu)

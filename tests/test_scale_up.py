@@ -351,6 +351,20 @@ def test_profiles_carry_their_published_microbenchmarks() -> None:
                                                                                  "bf16")])
         assert peak == pytest.approx(r["peak"]), r
         assert "@" in r["source"] or "arXiv" in r["source"] or "PR #" in r["source"], r
+    # An efficiency taken from a sibling of the same die is the sibling's times the ratio
+    # measured on both in one harness, and stays listed as assumed (its band widens).
+    scaled = json.loads((Path(__file__).parents[1] / "benchmarks/data/microbench-frontier.json")
+                        .read_text())["same_die"]
+    assert {e["gpu"] for e in scaled} == {"gb300", "mi325x"}
+    for e in scaled:
+        ratio = tables.same_die_ratio(e)
+        assert 1.0 < ratio < 1.5, e
+        ours = hardware_profiles.load("gpus", e["gpu"], calibrated=False)["efficiency"]
+        theirs = hardware_profiles.load("gpus", e["of"], calibrated=False)["efficiency"]
+        for key in e["keys"]:
+            assert ours[key] == pytest.approx(theirs[key] * ratio, abs=5e-4), (e["gpu"], key)
+            assert key.replace("_backward", "") in ours["assumed"], (e["gpu"], key)
+        assert "@" in e["source"], e
 
 
 def test_the_sbatch_script_asks_for_whole_nvlink_domains() -> None:
