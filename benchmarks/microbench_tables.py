@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT / "benchmarks/data/microbench-frontier.json"))
     args = ap.parse_args(argv)
-    rows = json.loads(Path(args.data).read_text())["rows"]
+    data = json.loads(Path(args.data).read_text())
+    rows = data["rows"]
     print(f"{'gpu':<8s} {'efficiency':<24s} {'measured':>18s} {'fraction':>9s} {'profile':>8s}"
           "  source")
     for r in rows:
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         got = f"{r['measured']:g} / {r['peak']:g}"
         print(f"{r['gpu']:<8s} {r['key']:<24s} {got:>18s} {fraction(r):>9.3f} "
               f"{prof:>8.3f}  {r['source'][:100]}")
-    scaled = json.loads(Path(args.data).read_text()).get("same_die", [])
+    scaled = data.get("same_die", [])
     if scaled:
         print("\nassumed from a sibling of the same die, times a ratio measured on both:")
     for e in scaled:

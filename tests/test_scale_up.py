@@ -339,22 +339,22 @@ def test_profiles_carry_their_published_microbenchmarks() -> None:
     assert spec is not None and spec.loader is not None
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
-    rows = json.loads((Path(__file__).parents[1] / "benchmarks/data/microbench-frontier.json")
-                      .read_text())["rows"]
+    data = json.loads((Path(__file__).parents[1] / "benchmarks/data/microbench-frontier.json")
+                      .read_text())
+    rows = data["rows"]
     assert {r["gpu"] for r in rows} >= {"gb200", "b300", "mi325x", "mi355x", "mi300x"}
     for r in rows:
-        data = hardware_profiles.load("gpus", r["gpu"], calibrated=False)
-        assert data["efficiency"][r["key"]] == pytest.approx(tables.fraction(r), abs=5e-4), r
-        assert r["key"].replace("_backward", "") not in data["efficiency"]["assumed"], r
-        peak = (data["memory_bandwidth_gb_per_s"] if r["unit"] == "GB/s" else
-                data["peak_tflops"][{"gemm_fp8": "fp8", "gemm_fp4": "nvfp4"}.get(r["key"],
+        prof = hardware_profiles.load("gpus", r["gpu"], calibrated=False)
+        assert prof["efficiency"][r["key"]] == pytest.approx(tables.fraction(r), abs=5e-4), r
+        assert r["key"].replace("_backward", "") not in prof["efficiency"]["assumed"], r
+        peak = (prof["memory_bandwidth_gb_per_s"] if r["unit"] == "GB/s" else
+                prof["peak_tflops"][{"gemm_fp8": "fp8", "gemm_fp4": "nvfp4"}.get(r["key"],
                                                                                  "bf16")])
         assert peak == pytest.approx(r["peak"]), r
         assert "@" in r["source"] or "arXiv" in r["source"] or "PR #" in r["source"], r
     # An efficiency taken from a sibling of the same die is the sibling's times the ratio
     # measured on both in one harness, and stays listed as assumed (its band widens).
-    scaled = json.loads((Path(__file__).parents[1] / "benchmarks/data/microbench-frontier.json")
-                        .read_text())["same_die"]
+    scaled = data["same_die"]
     assert {e["gpu"] for e in scaled} == {"gb300", "mi325x"}
     for e in scaled:
         ratio = tables.same_die_ratio(e)

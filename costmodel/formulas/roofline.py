@@ -89,16 +89,16 @@ def weight_grad_bytes(job: Job) -> float:
 
 
 #: What each fused attention kernel (``costmodel.config.ATTENTION_KERNELS``) is called; on AMD
-#: Instinct GPUs ``"cudnn"`` is AMD's own fused attention (``ATTENTION_NAMES_AMD``).
+#: Instinct GPUs ``"cudnn"`` is AMD's own fused attention (``attention_name``).
 ATTENTION_NAMES = {"flash": "FlashAttention-2", "cudnn": "cuDNN attention"}
-ATTENTION_NAMES_AMD = {"flash": "FlashAttention-2", "cudnn": "AMD aiter v3 attention"}
 
 
 def attention_name(kernel: str, gpu: GPU) -> str:
     """How an estimate names fused attention ``kernel`` on ``gpu`` (its vendor's library for
     ``"cudnn"``: cuDNN on NVIDIA, aiter's v3 kernels on AMD's CDNA architectures)."""
-    names = ATTENTION_NAMES_AMD if gpu.amd else ATTENTION_NAMES
-    return names[kernel]
+    if kernel == "cudnn" and gpu.amd:
+        return "AMD aiter v3 attention"
+    return ATTENTION_NAMES[kernel]
 
 
 def attention_kernel(job: Job, gpu: GPU) -> str:
