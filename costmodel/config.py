@@ -16,10 +16,10 @@ from hardware_profiles.numbers import real
 
 __all__ = ["ATTENTION_KERNELS", "TRI_STATE_JOB_FLAGS", "Job", "ParallelConfig", "accounted_split"]
 
-PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4", "fp32")
+PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4", "mxfp4", "fp32")
 #: The precisions whose matmuls run quantized (block scales: roofline.QUANTIZED_BYTES); their
 #: attention, output layer and optimizer stay in bf16 or above.
-QUANTIZED_PRECISIONS = ("fp8", "nvfp4")
+QUANTIZED_PRECISIONS = ("fp8", "nvfp4", "mxfp4")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "mxfp8", "blockwise")
@@ -104,7 +104,10 @@ class Job:
     Engine's NVFP4 recipe under Megatron-LM, ``--fp4-format e2m1 --fp4-recipe nvfp4``: every
     transformer layer's linears, forward and both backward matmuls, take E2M1 operands with
     one E4M3 scale per 16 elements at the GPU's nvfp4 rate; attention and the output layer
-    stay bf16, as for fp8; Blackwell only) or ``fp32``.
+    stay bf16, as for fp8; Blackwell only), ``mxfp4`` (the OCP MX FP4 recipe of AMD's
+    Megatron-LM (Primus, ROCm Transformer Engine), ``--fp4-format e2m1 --fp4-recipe mxfp4``:
+    the same linears take E2M1 operands with one E8M0 scale per 32 elements at the GPU's
+    mxfp4 rate, attention and the output layer in bf16; CDNA 4 only) or ``fp32``.
     ``framework``: the trainer whose memory conventions the estimate follows.
     ``flash_attention``: whether attention runs as a fused kernel that saves no
     sequence-by-sequence score matrix (Dao et al. 2022); off for runs that predate it.

@@ -21,7 +21,7 @@ from hardware_profiles.numbers import real
 
 __all__ = ["GPU", "Cluster", "KernelEfficiency", "Link", "mesh_share"]
 
-DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4", "mxfp4")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,11 +83,11 @@ class KernelEfficiency:
         return self.gemm_for(dtype) * ratio
 
     def gemm_for(self, dtype: str) -> float:
-        """The matmul fraction for ``dtype``: ``gemm_fp4`` for nvfp4 where the profile has a
-        measured one; else ``gemm_fp8`` for the quantized precisions (fp8, and nvfp4 on a
-        GPU without an NVFP4 measurement, whose profile says its fraction is assumed to be
-        fp8's) where it has that; else ``gemm``."""
-        if dtype == "nvfp4" and self.gemm_fp4 is not None:
+        """The matmul fraction for ``dtype``: ``gemm_fp4`` for nvfp4 and mxfp4 (the GPU's
+        FP4 format) where the profile has a measured one; else ``gemm_fp8`` for the quantized
+        precisions (fp8, and fp4 on a GPU without an FP4 measurement, whose profile says its
+        fraction is assumed to be fp8's) where it has that; else ``gemm``."""
+        if dtype in ("nvfp4", "mxfp4") and self.gemm_fp4 is not None:
             return self.gemm_fp4
         if dtype in QUANTIZED_PRECISIONS and self.gemm_fp8 is not None:
             return self.gemm_fp8

@@ -295,8 +295,9 @@ def provenance(name: str) -> dict[str, Any]:
     shown = {k: ("assumed" if k in assumed else "measured")
              for k in ("gemm", "gemm_fp8", "gemm_fp4", "memory", "attention", "attention_cudnn")
              if k in eff}
-    if "nvfp4" in (data.get("peak_tflops") or {}) and "gemm_fp4" not in eff:
-        shown["gemm_fp4"] = "assumed"  # NVFP4 runs at the fp8 fraction (KernelEfficiency.gemm_for)
+    peaks = data.get("peak_tflops") or {}
+    if ("nvfp4" in peaks or "mxfp4" in peaks) and "gemm_fp4" not in eff:
+        shown["gemm_fp4"] = "assumed"  # FP4 runs at the fp8 fraction (KernelEfficiency.gemm_for)
     return {
         "name": name, "architecture": arch,
         "efficiency": shown,

@@ -601,8 +601,12 @@ def spaces(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job,
     refused: dict[str, str] = {}
     for name in names:
         j = job if name == job.framework else replace(job, framework=name)
-        why = job_problem(model, cluster, j) if len(names) > 1 else None
+        why = job_problem(model, cluster, j)
         if why is not None:
+            if len(names) == 1:
+                # No split can run it: say why before any is costed (a precision the GPU
+                # lacks would otherwise surface as a missing datasheet peak).
+                raise SpecError(why)
             # A trainer that cannot run the job whatever the split (a setting another trainer
             # owns, a kernel it lacks) is left out of a search over several, and said so.
             refused[name] = why

@@ -534,6 +534,14 @@ def test_unrunnable_features_are_refused(config: dict[str, Any], job: Job,
     assert unsupported(SPEC, JOB, ParallelConfig(dp=2, zero_stage=3)) == []
 
 
+@pytest.mark.parametrize("precision", ["nvfp4", "mxfp4"])
+def test_fp4_plans_are_refused_by_the_runtime(precision: str) -> None:
+    """planner.apply runs bf16 and fp32 linears; an FP4 plan is Transformer Engine's."""
+    job = Job(global_batch_size=8, seq_len=16, framework="megatron", precision=precision)
+    assert any(f"{precision} matmuls need Transformer Engine's FP4 recipe" in m
+               for m in unsupported(SPEC, job, ParallelConfig(dp=2)))
+
+
 @pytest.mark.parametrize(("config", "job", "needle"), [
     ({"pp": 4, "micro_batch_size": 4}, JOB, "at least pp=4 micro-batches"),
     ({"pp": 2, "virtual_pipeline_stages": 2}, dataclasses.replace(JOB, global_batch_size=5),

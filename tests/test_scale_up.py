@@ -13,6 +13,7 @@ from inprocess import run_planner
 
 import hardware_profiles
 from costmodel import GPU, Cluster, Job, Link, ModelSpec, ParallelConfig, SpecError, estimate
+from costmodel.fitting.calibration import BAND_MIN_RUNS, BAND_MIN_SOURCES
 from costmodel.fitting.uncertainty import EXTRAPOLATED_MIN_BAND, MIN_CELL_RUNS, band_for
 from costmodel.formulas.comm import Topology
 from planner import plan
@@ -260,14 +261,16 @@ def test_a_cell_without_enough_runs_is_extrapolated_with_a_wide_band() -> None:
     assert got.estimate.step_time_band_extrapolated
     assert got.estimate.step_time_band >= 0.25
     assert "extrapolated" in got.summary()
-    # AMD under DeepSpeed has no run at all; CDNA 4 under Megatron-LM (MLPerf's Primus runs)
-    # has runs from one source only: extrapolated either way. CDNA 3 under Megatron-LM has two
-    # (AMD's performance page, an AMD engineer's logs): a band of its own.
+    # AMD under DeepSpeed has no run at all; CDNA 4 under torchtitan (AMD's cluster
+    # validation suite) has runs from one source only: extrapolated either way. CDNA 3 and
+    # CDNA 4 under Megatron-LM have two each (AMD's performance page and an AMD engineer's
+    # logs; MLPerf Training v5.1 and v6.0): bands of their own.
     band, basis, extrapolated = band_for("cdna3", "deepspeed", 64)
     assert extrapolated and band >= 0.25 and "no published run on cdna3" in basis
-    band, basis, extrapolated = band_for("cdna4", "megatron", 64)
+    band, basis, extrapolated = band_for("cdna4", "torchtitan", 8)
     assert extrapolated and band >= 0.25 and "from 1 source" in basis
     assert not band_for("cdna3", "megatron", 64)[2]
+    assert not band_for("cdna4", "megatron", 8)[2]
 
 
 def test_a_cell_with_its_own_runs_keeps_its_own_band() -> None:
@@ -288,18 +291,26 @@ def test_the_extrapolated_band_is_the_error_of_cells_the_fit_never_saw() -> None
     pooled = fit["transfer"]["gemm"]
     spread = max(abs(r / pooled - 1) for r in fit["transfer"]["architecture"].values())
     borrowed = fit["bands"]["*/torchtitan"]["band"]
-    far = fit["bands"]["extrapolated"]["band"]
+    far = fit["bands"].get("extrapolated", {}).get("band", 0.0)
     assert band_for("cdna4", "torchtitan", 8)[0] == pytest.approx(
         max(np.hypot(borrowed, spread), far, EXTRAPOLATED_MIN_BAND))
     # Every unfitted cell has a single source, and the fit counted it; Blackwell under
     # torchtitan has two (torchao's B200 table, torchtitan's GB200 NVFP4 document), and so
-    # has the MI300X under it (ROCm/TransformerEngine's issues, torchao's float8 README).
+    # has the MI300X under it (ROCm/TransformerEngine's issues, torchao's float8 README);
+    # CDNA 4 under Megatron-LM has two MLPerf rounds. The band of the unfitted cells is
+    # only drawn from as many runs and sources as any band (calibration.bands): CDNA 4's
+    # torchtitan runs, all from AMD's validation suite, are too few.
     cells = fit["cells"]
     assert cells["cdna4/torchtitan"]["sources"] == 1
     assert cells["blackwell/torchtitan"]["sources"] == 2
     assert cells["cdna3/torchtitan"]["sources"] == 2
-    assert fit["bands"]["extrapolated"]["runs"] == sum(
-        c["runs"] for c in cells.values() if c["sources"] < 2)
+    assert cells["cdna4/megatron"]["sources"] == 2
+    unfitted = [c for c in cells.values() if c["sources"] < 2]
+    if "extrapolated" in fit["bands"]:
+        assert fit["bands"]["extrapolated"]["runs"] == sum(c["runs"] for c in unfitted)
+    else:
+        assert len(unfitted) < BAND_MIN_SOURCES or sum(c["runs"] for c in unfitted) \
+            < BAND_MIN_RUNS
 
 
 def test_a_gpu_that_borrows_its_efficiencies_and_has_no_runs_is_widened() -> None:
@@ -348,8 +359,8 @@ def test_profiles_carry_their_published_microbenchmarks() -> None:
         assert prof["efficiency"][r["key"]] == pytest.approx(tables.fraction(r), abs=5e-4), r
         assert r["key"].replace("_backward", "") not in prof["efficiency"]["assumed"], r
         peak = (prof["memory_bandwidth_gb_per_s"] if r["unit"] == "GB/s" else
-                prof["peak_tflops"][{"gemm_fp8": "fp8", "gemm_fp4": "nvfp4"}.get(r["key"],
-                                                                                 "bf16")])
+                prof["peak_tflops"][{"gemm_fp8": "fp8", "gemm_fp4": "nvfp4" if "nvfp4" in
+                                     prof["peak_tflops"] else "mxfp4"}.get(r["key"], "bf16")])
         assert peak == pytest.approx(r["peak"]), r
         assert "@" in r["source"] or "arXiv" in r["source"] or "PR #" in r["source"], r
     # An efficiency taken from a sibling of the same die is the sibling's times the ratio

@@ -140,7 +140,7 @@ def test_schedule_resolution() -> None:
 
 # -------------------------------------------------------------------------------------- Job
 @pytest.mark.parametrize(("key", "value", "allowed"), [
-    ("precision", "fp9", "bf16, fp16, fp8, nvfp4, fp32"),
+    ("precision", "fp9", "bf16, fp16, fp8, nvfp4, mxfp4, fp32"),
     ("optimizer", "lion", "adamw, adam, adam8bit, sgd, adafactor"),
     ("framework", "jax", "megatron, deepspeed, torchtitan"),
 ])

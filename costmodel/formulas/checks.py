@@ -13,7 +13,7 @@ from costmodel.errors import SpecError
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.roofline import high_precision
 from costmodel.frameworks import Framework, experts_fit, framework, schedule_problem
-from costmodel.hardware import Cluster
+from costmodel.hardware import GPU, Cluster
 from costmodel.model import ModelSpec
 
 __all__ = ["validate"]
@@ -351,6 +351,40 @@ def _check_framework(fw: Framework, job: Job, cfg: ParallelConfig) -> None:
         )
 
 
+#: Per FP4 precision: (the GPUs that run it, the recipe flags it is modelled as, what to use
+#: elsewhere).
+_FP4 = {
+    "nvfp4": ("Blackwell (B200, B300, GB200, GB300)",
+              "Transformer Engine's NVFP4 training recipe (Megatron-LM --fp4-format e2m1 "
+              "--fp4-recipe nvfp4)",
+              "--precision fp8 (MI355X: --precision mxfp4)"),
+    "mxfp4": ("CDNA 4 (MI355X, MI350X)",
+              "AMD's MXFP4 training recipe (Megatron-LM under Primus / ROCm Transformer "
+              "Engine, --fp4-format e2m1 --fp4-recipe mxfp4)",
+              "--precision fp8 (Blackwell: --precision nvfp4)"),
+}
+
+
+def _check_fp4(gpu: GPU, job: Job) -> None:
+    """An FP4 precision runs on a GPU whose profile has its peak, under Megatron-LM, without
+    the fp8 parameter gather."""
+    if job.precision not in _FP4:
+        return
+    where, recipe, other = _FP4[job.precision]
+    name = job.precision.upper()
+    if not gpu.supports(job.precision):
+        raise SpecError(f"{gpu.name} has no {job.precision} in its profile: {name}'s "
+                        f"block-scaled matmuls run on {where}; use {other} here")
+    if job.framework != "megatron":
+        raise SpecError(f"precision={job.precision!r} is modelled as {recipe}; "
+                        f"{job.framework}'s {name} linears are not modelled: use --framework "
+                        "megatron, or --precision fp8")
+    if job.fp8_param_gather:
+        raise SpecError("fp8_param_gather is Megatron-LM's --fp8-param-gather, for fp8 jobs; "
+                        "its FP4 counterpart (--fp4-param-gather) is not modelled: drop "
+                        f"--fp8-param-gather with --precision {job.precision}")
+
+
 def _check_precision(cluster: Cluster, job: Job) -> None:
     """The GPU supports the job's precision (and its float8 recipe)."""
     gpu = cluster.gpu
@@ -362,19 +396,7 @@ def _check_precision(cluster: Cluster, job: Job) -> None:
         raise SpecError(f"float8_recipe='blockwise' is Transformer Engine's (Megatron-LM "
                         f"--fp8-recipe blockwise); {job.framework} has no block-wise float8 "
                         "linear: use tensorwise, rowwise or mxfp8")
-    if job.precision == "nvfp4" and not gpu.supports("nvfp4"):
-        raise SpecError(f"{gpu.name} has no nvfp4 in its profile: NVFP4's block-scaled matmuls "
-                        "run on Blackwell (B200, B300, GB200, GB300); use --precision fp8 "
-                        "here (MI355X: --float8-recipe mxfp8)")
-    if job.precision == "nvfp4" and job.framework != "megatron":
-        raise SpecError(f"precision='nvfp4' is modelled as Transformer Engine's NVFP4 training "
-                        "recipe (Megatron-LM --fp4-format e2m1 --fp4-recipe nvfp4); "
-                        f"{job.framework}'s NVFP4 linears are not modelled: use --framework "
-                        "megatron, or --precision fp8 with --float8-recipe mxfp8")
-    if job.precision == "nvfp4" and job.fp8_param_gather:
-        raise SpecError("fp8_param_gather is Megatron-LM's --fp8-param-gather, for fp8 jobs; "
-                        "its NVFP4 counterpart (--fp4-param-gather) is not modelled: drop "
-                        "--fp8-param-gather with --precision nvfp4")
+    _check_fp4(gpu, job)
     dtype = high_precision(job.precision)
     for need in {dtype, job.precision}:
         if not gpu.supports(need):

@@ -32,7 +32,7 @@ __all__ = ["NEAR_CAPACITY", "Estimate", "MemoryBreakdown", "StageMemory", "estim
 NEAR_CAPACITY = 0.95
 # MFU is quoted against the dense bf16 peak for fp8 runs too (torchtitan, Megatron-LM; nvfp4
 # the same), and against TF32 tensor cores for fp32.
-PEAK_DTYPE = {"fp8": "bf16", "nvfp4": "bf16", "fp32": "tf32"}
+PEAK_DTYPE = {"fp8": "bf16", "nvfp4": "bf16", "mxfp4": "bf16", "fp32": "tf32"}
 
 
 def plan_capacity(cluster: Cluster, job: Job) -> float:
@@ -333,7 +333,7 @@ def _html_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
 
 def mfu_peak_flops(cluster: Cluster, precision: str) -> float:
     """The dense peak FLOP/s of one GPU that MFU is measured against for a job in
-    ``precision`` (fp8 and nvfp4 against bf16, fp32 against tf32: ``PEAK_DTYPE``)."""
+    ``precision`` (fp8, nvfp4 and mxfp4 against bf16, fp32 against tf32: ``PEAK_DTYPE``)."""
     return cluster.gpu.peak_flops(PEAK_DTYPE.get(precision, precision))
 
 

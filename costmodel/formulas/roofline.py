@@ -34,7 +34,7 @@ ALIGN_BYTES = 16
 #: are tensors of their own (MXFP8's E8M0 per 32 elements, NVFP4's E4M3 per 16), so cuBLAS's
 #: alignment is on the elements alone (cuBLASLt's block-scaled FP8 and FP4 matmuls ask for
 #: dimensions in multiples of 16 and 32 elements: 16 bytes).
-ELEMENT_BYTES = {"fp8": 1.0, "nvfp4": 0.5}
+ELEMENT_BYTES = {"fp8": 1.0, "nvfp4": 0.5, "mxfp4": 0.5}
 
 
 def aligned(n: Num, k: Num, bytes_per_element: float) -> np.ndarray:
@@ -197,26 +197,32 @@ class LayerCompute:
 #: elements (OCP Microscaling Formats MX v1.0, Sec. 5.2); block-wise fp8: one fp32 scale per
 #: 1x128 activation tile and per 128x128 weight block (DeepSeek-V3 technical report,
 #: arXiv 2412.19437, Sec. 3.3.1); per-tensor and per-row fp8: one byte (a scale per tensor or
-#: per row is a few bytes in millions). Per-tensor fp32 scales are left out.
+#: per row is a few bytes in millions); MXFP4: E2M1 values two to a byte with one E8M0 scale
+#: per 32 elements along the reduction axis, weights and activations alike (OCP Microscaling
+#: Formats MX v1.0, Sec. 5.2; AMD's recipe keeps 1x32 blocks for both, Primus
+#: ``MXFP4_SCALING_BLOCK_SIZE``). Per-tensor fp32 scales are left out.
 QUANTIZED_BYTES = {
     "tensorwise": (1.0, 1.0),
     "rowwise": (1.0, 1.0),
     "mxfp8": (1.0 + 1.0 / 32, 1.0 + 1.0 / 32),
     "blockwise": (1.0 + 4.0 / 128, 1.0 + 4.0 / (128 * 128)),
     "nvfp4": (0.5 + 1.0 / 16, 0.5 + 1.0 / 256),
+    "mxfp4": (0.5 + 1.0 / 32, 0.5 + 1.0 / 32),
 }
+#: The precisions that are a recipe of their own (the fp8 ones take ``Job.float8_recipe``).
+FP4_PRECISIONS = ("nvfp4", "mxfp4")
 
 
 def quantized_bytes(job: Job, weight: bool = False) -> float:
     """Bytes per element of the job's quantized matmul operands (``QUANTIZED_BYTES``): an
-    activation's or gradient's, or with ``weight`` a weight's. Only for fp8 and nvfp4 jobs."""
-    recipe = "nvfp4" if job.precision == "nvfp4" else job.float8_recipe
+    activation's or gradient's, or with ``weight`` a weight's. Only for fp8 and fp4 jobs."""
+    recipe = job.precision if job.precision in FP4_PRECISIONS else job.float8_recipe
     return QUANTIZED_BYTES[recipe][1 if weight else 0]
 
 
 def high_precision(dtype: str) -> str:
     """The dtype of what a job with matmul ``dtype`` keeps out of its quantized matmuls
-    (attention, the output layer, MFU's peak): bf16 for fp8 and nvfp4 jobs."""
+    (attention, the output layer, MFU's peak): bf16 for fp8 and fp4 jobs."""
     return "bf16" if dtype in QUANTIZED_PRECISIONS else dtype
 
 
@@ -231,5 +237,5 @@ def _dtypes(job: Job) -> tuple[str, float, float]:
 
 def matmul_dtype(job: Job) -> str:
     """The dtype the job's matmuls run in (``GPU.peak_flops``'s key): tf32 for fp32 jobs, fp8
-    or nvfp4 for those (their attention runs in bf16: ``flash_attention_time``)."""
+    nvfp4 or mxfp4 for those (their attention runs in bf16: ``flash_attention_time``)."""
     return _dtypes(job)[0]

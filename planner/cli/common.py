@@ -291,7 +291,8 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     jb.add_argument("--global-batch-size", type=positive_int, help="sequences per step (required)")
     jb.add_argument("--seq-len", type=positive_int, help="tokens per sequence (required)")
     jb.add_argument("--precision", default="bf16", choices=PRECISIONS, help="matmul format: "
-                    "fp8 (see --float8-recipe), nvfp4 (Blackwell, Megatron-LM's NVFP4 recipe)")
+                    "fp8 (see --float8-recipe), nvfp4 (Blackwell, Megatron-LM's NVFP4 recipe), "
+                    "mxfp4 (MI355X / MI350X, AMD's Megatron-LM MXFP4 recipe)")
     jb.add_argument("--float8-recipe", default="tensorwise", choices=FLOAT8_RECIPES,
                     help="fp8 scaling recipe: torchao's tensorwise (default) or rowwise, "
                     "mxfp8 (Blackwell, MI355X: torchao MX / Megatron-LM --fp8-recipe mxfp8), "

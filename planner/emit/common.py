@@ -161,9 +161,10 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set_job(f"{trainer}'s file dispatches a MoE layer's tokens with its own all-to-all, "
                    f"not the {job.moe_dispatcher} dispatcher the plan assumed: re-estimated "
                    "with it", moe_dispatcher="alltoall")
-    if job.precision == "nvfp4" and fw.name != "megatron":
-        ch.set_job(f"the plan's NVFP4 is Transformer Engine's recipe (Megatron-LM); {trainer}'s "
-                   "own NVFP4 linears are not modelled: emitted MXFP8 and re-estimated with it",
+    if job.precision in ("nvfp4", "mxfp4") and fw.name != "megatron":
+        fp4 = job.precision.upper()
+        ch.set_job(f"the plan's {fp4} is Transformer Engine's recipe (Megatron-LM); {trainer}'s "
+                   f"own {fp4} linears are not modelled: emitted MXFP8 and re-estimated with it",
                    precision="fp8", float8_recipe="mxfp8")
     if job.precision == "fp8" and job.float8_recipe == "blockwise" and fw.name != "megatron":
         ch.set_job(f"{trainer} has no block-wise float8 recipe (Transformer Engine's): emitted "

@@ -35,10 +35,15 @@ from planner.emit.common import (
 
 # NVFP4: Transformer Engine's NVFP4BlockScaling recipe, every transformer layer's linears
 # (megatron/training/arguments.py: --fp4-format e2m1, --fp4-recipe nvfp4; without
-# --first-last-layers-bf16, as the cost model assumes, no layer is kept in bf16).
+# --first-last-layers-bf16, as the cost model assumes, no layer is kept in bf16). MXFP4: the
+# recipe AMD's Megatron-LM adds (Primus patches --fp4-recipe to take mxfp4: AMD-AGI/Primus
+# primus/backends/megatron/core/enums.py Fp4Recipe, examples/megatron/configs/MI355X/
+# llama3.1_8B-MXFP4-pretrain.yaml 'fp4: e2m1', 'fp4_recipe: mxfp4'); upstream Megatron-LM's
+# --fp4-recipe takes nvfp4 and custom only, so only a GPU with an mxfp4 peak (CDNA 4) gets it.
 PRECISION_FLAGS = {"bf16": ["--bf16"], "fp16": ["--fp16"],
                    "fp8": ["--bf16", "--fp8-format", "hybrid"],
                    "nvfp4": ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"],
+                   "mxfp4": ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "mxfp4"],
                    "fp32": []}
 
 

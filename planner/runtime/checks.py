@@ -23,6 +23,19 @@ _TWO_STAGES = {**{s: f"the V-shaped {s} schedule (two stages per rank, the outpu
                            "ends; torchtitan runs it as DualPipeV on pp / 2 ranks)"}
 
 
+_FP4 = ("{} matmuls need Transformer Engine's FP4 recipe, which planner.apply does not "
+        "convert to; use precision bf16 or emit megatron")
+#: The precisions ``apply`` does not run, and what to do instead.
+_PRECISIONS = {
+    "fp16": "fp16 needs loss scaling, which planner.apply does not do; use precision bf16 or "
+            "fp32",
+    "fp8": "fp8 matmuls need torchao's Float8Linear, which planner.apply does not convert to; "
+           "use precision bf16 or emit torchtitan with its float8 converter",
+    "nvfp4": _FP4.format("nvfp4"),
+    "mxfp4": _FP4.format("mxfp4"),
+}
+
+
 def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
                 reference: bool = True) -> list[str]:
     """Each feature of (model, job, config) that ``apply`` cannot run, as a sentence saying
@@ -53,13 +66,8 @@ def unsupported(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig,
         out.append("ZeRO-1 (optimizer states sharded, gradients whole) has no torch-native "
                    "composable form; use zero_stage 2 (FSDP keeping parameters through "
                    "backward), which also shards the gradients, or emit deepspeed/megatron")
-    if job.precision == "fp16":
-        out.append("fp16 needs loss scaling, which planner.apply does not do; use "
-                   "precision bf16 or fp32")
-    if job.precision == "fp8":
-        out.append("fp8 matmuls need torchao's Float8Linear, which planner.apply does not "
-                   "convert to; use precision bf16 or emit torchtitan with its float8 "
-                   "converter")
+    if job.precision in _PRECISIONS:
+        out.append(_PRECISIONS[job.precision])
     if cfg.offload == "optimizer":
         out.append("offloading only the optimizer states (DeepSpeed ZeRO-Offload) has no "
                    "torch-native form; use offload 'optimizer+params' (FSDP's "
