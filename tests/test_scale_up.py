@@ -440,6 +440,11 @@ def test_amds_own_attention_is_the_cudnn_kernel_on_instinct_gpus() -> None:
     gpu = GPU.preset("mi300x", calibrated=False).efficiency
     assert gpu.attention_for("cudnn") == (0.4338, 0.3629)
     assert gpu.attention_for("flash") == (0.2751, 0.1578)
+    # The MI355X alike: AITER's v3 kernels (1259 / 1167 TFLOP/s) against Composable Kernel's
+    # FlashAttention-2-style one (894 / 469), both HipKittens@f09e9685 on the same shape.
+    gpu = GPU.preset("mi355x", calibrated=False).efficiency
+    assert gpu.attention_for("cudnn") == (0.5, 0.464)
+    assert gpu.attention_for("flash") == (0.3552, 0.1865)
     job = Job(global_batch_size=64, seq_len=8192, framework="megatron", attention_kernel="cudnn")
     p = plan(model, cluster, job)
     assert "NVTE_CK_USES_BWD_V3=1" in p.emit("megatron")
