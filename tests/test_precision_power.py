@@ -4,6 +4,7 @@ optimizer), and GPUs held under a power limit."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from inprocess import run_planner
@@ -278,20 +279,35 @@ def test_transformer_engine_quantizes_count_in_the_step() -> None:
     assert float(fp4[1]) == pytest.approx((2.0 + 2 * (0.5 + 1 / 16)) * 1e9 / bw + over)
 
 
-def test_nvfp4_is_blackwell_and_megatron_and_refused_by_name_elsewhere() -> None:
+@pytest.mark.parametrize(("precision", "home", "elsewhere"), [
+    # NVFP4 is Blackwell's FP4, MXFP4 CDNA 4's: each GPU refuses the other's by name.
+    ("nvfp4", "dgx-b200", [("dgx-h100", r"h100-sxm has no nvfp4 in its profile.*Blackwell"),
+                           ("mi355x-8", r"mi355x has no nvfp4.*--precision mxfp4")]),
+    ("mxfp4", "mi355x-8", [("dgx-b200", r"b200 has no mxfp4 in its profile.*CDNA 4.*nvfp4"),
+                           ("mi300x-8", r"mi300x has no mxfp4")]),
+])
+def test_fp4_is_its_gpus_and_megatrons_and_refused_by_name_elsewhere(
+        precision: str, home: str, elsewhere: list[tuple[str, str]]) -> None:
     model, cfg = ModelSpec.preset("llama-3-8b"), ParallelConfig(dp=8, zero_stage=1)
-    job = Job(global_batch_size=64, seq_len=4096, framework="megatron", precision="nvfp4")
-    with pytest.raises(SpecError, match=r"h100-sxm has no nvfp4 in its profile.*Blackwell"):
-        estimate(model, Cluster.preset("dgx-h100"), job, cfg)
-    with pytest.raises(SpecError, match=r"mi355x has no nvfp4"):
-        estimate(model, Cluster.preset("mi355x-8"), job, cfg)
-    with pytest.raises(SpecError, match="torchtitan's NVFP4 linears are not modelled"):
-        estimate(model, Cluster.preset("dgx-b200"),
-                 dataclasses.replace(job, framework="torchtitan"),
+    job = Job(global_batch_size=64, seq_len=4096, framework="megatron", precision=precision)
+    assert estimate(model, Cluster.preset(home), job, cfg).step_time_s
+    for cluster, why in elsewhere:
+        with pytest.raises(SpecError, match=why):
+            estimate(model, Cluster.preset(cluster), job, cfg)
+    with pytest.raises(SpecError, match=f"torchtitan's {precision.upper()} linears are not "
+                                        "modelled"):
+        estimate(model, Cluster.preset(home), dataclasses.replace(job, framework="torchtitan"),
                  ParallelConfig(dp=8, zero_stage=3))
     with pytest.raises(SpecError, match="--fp4-param-gather"):
-        estimate(model, Cluster.preset("dgx-b200"),
-                 dataclasses.replace(job, fp8_param_gather=True), cfg)
+        estimate(model, Cluster.preset(home), dataclasses.replace(job, fp8_param_gather=True),
+                 cfg)
+    # The CLI says why before costing any split (exit 2, no traceback).
+    cluster, why = elsewhere[0]
+    res = run_planner("plan", "--model", "llama-3-8b", "--cluster", cluster,
+                      "--global-batch-size", "64", "--seq-len", "4096",
+                      "--framework", "megatron", "--precision", precision)
+    assert res.returncode == 2 and re.search(why, res.stderr), res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_nvfp4_is_emitted_as_megatrons_fp4_flags_and_mapped_to_mxfp8_elsewhere() -> None:
@@ -355,27 +371,6 @@ def test_mxfp4_runs_at_cdna4s_fp4_rate_with_e8m0_scales() -> None:
     assert f4[1] < f8[1] and f4[2] < f8[2]
     assert hardware_profiles.provenance("mi355x")["efficiency"]["gemm_fp4"] == "measured"
     assert hardware_profiles.provenance("mi350x")["efficiency"]["gemm_fp4"] == "assumed"
-
-
-def test_mxfp4_is_cdna4_and_megatron_and_refused_by_name_elsewhere() -> None:
-    model, cfg = ModelSpec.preset("llama-3-8b"), ParallelConfig(dp=8, zero_stage=1)
-    job = Job(global_batch_size=64, seq_len=4096, framework="megatron", precision="mxfp4")
-    with pytest.raises(SpecError, match=r"b200 has no mxfp4 in its profile.*CDNA 4.*nvfp4"):
-        estimate(model, Cluster.preset("dgx-b200"), job, cfg)
-    with pytest.raises(SpecError, match=r"mi300x has no mxfp4"):
-        estimate(model, Cluster.preset("mi300x-8"), job, cfg)
-    with pytest.raises(SpecError, match="torchtitan's MXFP4 linears are not modelled"):
-        estimate(model, Cluster.preset("mi355x-8"),
-                 dataclasses.replace(job, framework="torchtitan"),
-                 ParallelConfig(dp=8, zero_stage=3))
-    with pytest.raises(SpecError, match="--fp4-param-gather"):
-        estimate(model, Cluster.preset("mi355x-8"),
-                 dataclasses.replace(job, fp8_param_gather=True), cfg)
-    res = run_planner("plan", "--model", "llama-3-8b", "--cluster", "dgx-b200",
-                      "--global-batch-size", "64", "--seq-len", "4096",
-                      "--framework", "megatron", "--precision", "mxfp4")
-    assert res.returncode == 2 and "b200 has no mxfp4" in res.stderr
-    assert "Traceback" not in res.stderr
 
 
 def test_mxfp4_is_emitted_as_amds_fp4_flags_and_mapped_to_mxfp8_elsewhere() -> None:
