@@ -36,10 +36,11 @@ MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 STATE_DTYPES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 #: Storage dtypes of the master weights (``--main-params-dtype``) and their bytes.
 MASTER_DTYPES = {"fp32": 4.0, "fp16": 2.0}
-#: Fused attention kernels: FlashAttention-2 (the flash-attn package, SDPA's flash backend)
-#: and cuDNN's fused flash attention (Transformer Engine's FusedAttention, SDPA's cuDNN
-#: backend).
-ATTENTION_KERNELS = ("flash", "cudnn")
+#: Fused attention kernels: FlashAttention-2 (the flash-attn package, SDPA's flash backend on
+#: NVIDIA, Composable Kernel's on AMD), cuDNN's fused flash attention (Transformer Engine's
+#: FusedAttention, SDPA's cuDNN backend; AMD's v3 assembly kernels on Instinct GPUs) and
+#: AOTriton, AMD's Triton FlashAttention, which PyTorch's SDPA runs on ROCm (Instinct only).
+ATTENTION_KERNELS = ("flash", "cudnn", "aotriton")
 #: Pipeline schedules (``costmodel.formulas.pipeline``); ``zbv`` and ``dualpipev`` are V-shaped,
 #: two chunks per rank (``costmodel.formulas.vschedules``); ``combined-1f1b`` is Megatron-LM's
 #: 1F1B with each steady-state forward and backward merged so that one hides the other's
@@ -217,11 +218,12 @@ class Job:
     updates: ``fp32``, or ``fp16`` with Megatron-LM's ``--main-params-dtype fp16`` (the
     precision-aware optimizer keeps fp16 masters with their remainders in the states). Other
     trainers refuse fp16.
-    ``attention_kernel``: which fused attention kernel runs, ``"flash"`` (FlashAttention-2)
-    or ``"cudnn"`` (the GPU vendor's own, which Transformer Engine calls: cuDNN's on NVIDIA,
-    AMD's aiter v3 kernels on Instinct GPUs; ``ATTENTION_KERNELS``); ``None``: the trainer's
-    own choice on the GPU (``costmodel.formulas.compute.attention_kernel``,
-    ``Framework.cudnn_attention_archs``).
+    ``attention_kernel``: which fused attention kernel runs, ``"flash"`` (FlashAttention-2;
+    Composable Kernel's on AMD), ``"cudnn"`` (the GPU vendor's own, which Transformer Engine
+    calls: cuDNN's on NVIDIA, AMD's aiter v3 kernels on Instinct GPUs) or ``"aotriton"``
+    (PyTorch SDPA's flash backend on ROCm; ``ATTENTION_KERNELS``); ``None``: the trainer's
+    own choice on the GPU (``costmodel.formulas.roofline.attention_kernel``,
+    ``Framework.cudnn_attention_archs``, ``Framework.rocm_attention``).
     Needs ``flash_attention``.
     ``zero3_synchronous_gather``: DeepSpeed's ZeRO-3 as released from v0.3.12 (March 2021)
     to v0.5.4: each parameter tensor is all-gathered by its own collective after a

@@ -170,6 +170,10 @@ class Framework:
     # FlashAttention-2 (Job.attention_kernel overrides;
     # costmodel.formulas.compute.attention_kernel).
     cudnn_attention_archs: tuple[str, ...] = ()
+    # The fused attention kernel the trainer runs on AMD Instinct GPUs: Composable Kernel's
+    # FlashAttention-2 ("flash", Transformer Engine's default on ROCm and the flash-attn
+    # package's), or AOTriton ("aotriton") where attention goes through PyTorch's SDPA.
+    rocm_attention: str = "flash"
     # Whether the trainer's launch file can pick the fused attention kernel (Transformer
     # Engine: NVTE_FLASH_ATTN=0 / NVTE_FUSED_ATTN=0 turn a backend off); the others leave it
     # to the model code and PyTorch's SDPA.
@@ -331,6 +335,10 @@ FRAMEWORKS: tuple[Framework, ...] = (
         # 2025). Its earlier H100 runs used FlashAttention-2 (published runs map that with
         # Job.attention_kernel).
         cudnn_attention_archs=("hopper", "blackwell"),
+        # On ROCm, SDPA's flash backend is AOTriton unless TORCH_ROCM_FA_PREFER_CK=1 asks for
+        # Composable Kernel's (aten/src/ATen/Context.h rocm_fa_preferred_backend: Ck only
+        # with that variable, else Default, AOTriton; ROCm/pytorch PR #2053).
+        rocm_attention="aotriton",
     ),
 )
 

@@ -24,6 +24,12 @@ __all__ = ["GPU", "Cluster", "KernelEfficiency", "Link", "mesh_share"]
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4", "mxfp4")
 
 
+#: The optional fused-attention fractions of an ``[efficiency]`` table (forward, backward)
+#: by kernel, beside ``attention`` / ``attention_backward`` (FlashAttention-2).
+OPTIONAL_ATTENTION = ("attention_cudnn", "attention_cudnn_backward", "attention_aotriton",
+                      "attention_aotriton_backward")
+
+
 @dataclass(frozen=True, kw_only=True)
 class KernelEfficiency:
     """How close kernels come to the datasheet, as fractions (the ``[efficiency]`` table).
@@ -42,6 +48,8 @@ class KernelEfficiency:
     cuDNN backend), AMD's assembly kernels (aiter's "v3", Transformer Engine on ROCm with
     ``NVTE_CK_USES_FWD_V3`` / ``NVTE_CK_USES_BWD_V3``) on Instinct GPUs, where the profile has
     a figure for it; without one it takes the ``attention`` fractions (``attention_for``).
+    ``attention_aotriton`` / ``attention_aotriton_backward``: the same for AOTriton, AMD's
+    Triton FlashAttention that PyTorch's SDPA runs on ROCm (Instinct GPUs only).
     ``gemm_unaligned``: fraction of the dense peak of a matmul whose inner or output dimension
     is not a multiple of 16 bytes (an odd vocabulary such as GPT-2's 50257): cuBLAS then runs
     it with unaligned (align1/align2) kernels without the tensor-memory accelerator, several
@@ -63,14 +71,18 @@ class KernelEfficiency:
     comm_slowdown: float = 0.0
     attention_cudnn: float | None = None
     attention_cudnn_backward: float | None = None
+    attention_aotriton: float | None = None
+    attention_aotriton_backward: float | None = None
     source: str = ""
 
     def attention_for(self, kernel: str) -> tuple[float, float]:
-        """(forward, backward) fractions of the fused attention ``kernel`` (``"flash"`` or
-        ``"cudnn"``, ``costmodel.config.ATTENTION_KERNELS``)."""
-        if kernel == "cudnn" and self.attention_cudnn is not None \
-                and self.attention_cudnn_backward is not None:
-            return self.attention_cudnn, self.attention_cudnn_backward
+        """(forward, backward) fractions of the fused attention ``kernel`` (``"flash"``,
+        ``"cudnn"`` or ``"aotriton"``, ``costmodel.config.ATTENTION_KERNELS``); a kernel the
+        profile has no figure for takes ``"flash"``'s."""
+        fwd, bwd = (getattr(self, f"attention_{kernel}", None),
+                    getattr(self, f"attention_{kernel}_backward", None))
+        if kernel != "flash" and fwd is not None and bwd is not None:
+            return fwd, bwd
         return self.attention, self.attention_backward
 
     def gemm_unaligned_for(self, dtype: str) -> float:
@@ -94,18 +106,17 @@ class KernelEfficiency:
         return self.gemm
 
     def __post_init__(self) -> None:
-        optional = ("gemm_fp8", "gemm_fp4", "gemm_unaligned", "attention_cudnn",
-                    "attention_cudnn_backward")
+        optional = ("gemm_fp8", "gemm_fp4", "gemm_unaligned", *OPTIONAL_ATTENTION)
         for key in ("gemm", "memory", "attention", "attention_backward", *optional):
             v = getattr(self, key)
             if v is None and key in optional:
                 continue
             object.__setattr__(self, key, real(v, f"efficiency.{key}", lo=0.0, hi=1.0,
                                                lo_open=True))
-        if (self.attention_cudnn is None) != (self.attention_cudnn_backward is None):
-            raise SpecError("efficiency: give attention_cudnn and attention_cudnn_backward "
-                            "together (cuDNN attention's forward and backward fractions), or "
-                            "neither")
+        for k in OPTIONAL_ATTENTION[::2]:
+            if (getattr(self, k) is None) != (getattr(self, f"{k}_backward") is None):
+                raise SpecError(f"efficiency: give {k} and {k}_backward together (the "
+                                "kernel's forward and backward fractions), or neither")
         object.__setattr__(self, "comm_slowdown", real(self.comm_slowdown,
                                                        "efficiency.comm_slowdown", lo=0.0,
                                                        hi=1.0))
@@ -128,8 +139,7 @@ class KernelEfficiency:
                                        hi=MAX_KERNEL_OVERHEAD_S * 1e6) * 1e-6,
                 gemm_fp8=data.get("gemm_fp8"), gemm_fp4=data.get("gemm_fp4"),
                 gemm_unaligned=data.get("gemm_unaligned"),
-                attention_cudnn=data.get("attention_cudnn"),
-                attention_cudnn_backward=data.get("attention_cudnn_backward"),
+                **{k: data[k] for k in OPTIONAL_ATTENTION if k in data},
                 comm_slowdown=data.get("comm_slowdown", 0.0),
                 source=str(data.get("source", "")),
             )

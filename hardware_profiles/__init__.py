@@ -244,7 +244,8 @@ def _broken_fit(path: Path, e: Exception) -> SpecError:
 
 #: The fractions of an ``[efficiency]`` table: shares of a datasheet figure, in (0, 1].
 FRACTIONS = ("gemm", "gemm_fp8", "gemm_fp4", "gemm_unaligned", "memory", "attention",
-             "attention_backward", "attention_cudnn", "attention_cudnn_backward")
+             "attention_backward", "attention_cudnn", "attention_cudnn_backward",
+             "attention_aotriton", "attention_aotriton_backward")
 
 
 #: The largest fixed cost per kernel a profile may give (microseconds). A GPU's is a few
@@ -374,7 +375,8 @@ def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture
     attn_arch = t.get("attention_architecture")
     attn_ratio = ratio_of((attn_arch if isinstance(attn_arch, Mapping) else {}).get(
         architecture, t.get("attention", ratio)), f"attention ratio of {architecture!r}")
-    for k in ("attention", "attention_backward", "attention_cudnn", "attention_cudnn_backward"):
+    for k in ("attention", "attention_backward", "attention_cudnn", "attention_cudnn_backward",
+              "attention_aotriton", "attention_aotriton_backward"):
         if k in eff:
             eff[k] = min(1.0, eff[k] * attn_ratio)
     if "memory" in eff:

@@ -423,6 +423,48 @@ def test_the_mi350x_is_the_mi355x_die_at_its_lower_clock() -> None:
     assert not mi350x.supports("tf32")
 
 
+def test_pytorch_sdpa_on_rocm_is_aotriton() -> None:
+    """torchtitan's attention goes through PyTorch's SDPA, whose flash backend on ROCm is
+    AOTriton (Composable Kernel's only with TORCH_ROCM_FA_PREFER_CK=1): on AMD GPUs its
+    default kernel is ``aotriton``, at the rates PyTorch's SDPA reaches (MI355X: 822 / 309
+    TFLOP/s forward / backward against Composable Kernel's 894 / 469, HipKittens@f09e9685),
+    while Megatron-LM's Transformer Engine runs Composable Kernel's (``flash``). The kernel
+    is AMD's alone: refused by name on NVIDIA, exit 2 from the CLI; Transformer Engine on
+    ROCm is asked for it by its own switches."""
+    from costmodel.formulas.roofline import attention_kernel
+
+    mi355x, h100 = GPU.preset("mi355x"), GPU.preset("h100-sxm")
+    tt = Job(global_batch_size=64, seq_len=8192, framework="torchtitan")
+    mg = dataclasses.replace(tt, framework="megatron")
+    assert attention_kernel(tt, mi355x) == "aotriton" and attention_kernel(mg, mi355x) == "flash"
+    assert attention_kernel(tt, h100) == "cudnn"
+    raw = GPU.preset("mi355x", calibrated=False).efficiency
+    assert raw.attention_for("aotriton") == (0.3265, 0.1229)
+    assert raw.attention_for("aotriton")[1] < raw.attention_for("flash")[1]
+    assert GPU.preset("a100-80gb").efficiency.attention_for("aotriton") == \
+        GPU.preset("a100-80gb").efficiency.attention_for("flash")
+    model, cfg = ModelSpec.preset("llama-3-8b"), ParallelConfig(dp=8, zero_stage=3)
+    times = {k: estimate(model, Cluster.preset("mi355x-8"),
+                         dataclasses.replace(tt, attention_kernel=k), cfg).step_time_s
+             for k in ("flash", "aotriton")}
+    assert times["aotriton"] > times["flash"]
+    with pytest.raises(SpecError, match="'aotriton' is AMD's Triton FlashAttention"):
+        estimate(model, Cluster.preset("dgx-h100"),
+                 dataclasses.replace(tt, attention_kernel="aotriton"), cfg)
+    out = run_planner("estimate", "--model", "llama-3-8b", "--cluster", "dgx-h100",
+                      "--framework", "torchtitan", "--attention-kernel", "aotriton",
+                      "--global-batch-size", "64", "--seq-len", "8192", "--dp", "8")
+    assert out.returncode == 2 and "AMD's Triton FlashAttention" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = run_planner("estimate", "--model", "llama-3-8b", "--cluster", "mi355x-8",
+                      "--framework", "torchtitan", "--global-batch-size", "64",
+                      "--seq-len", "8192", "--dp", "8")
+    assert out.returncode == 0 and "AOTriton (PyTorch SDPA on ROCm)" in out.stdout, out.stderr
+    p = plan(model, Cluster.preset("mi355x-8"),
+             dataclasses.replace(mg, attention_kernel="aotriton"))
+    assert "NVTE_FUSED_ATTN_AOTRITON=1" in p.emit("megatron")
+
+
 def test_amds_own_attention_is_the_cudnn_kernel_on_instinct_gpus() -> None:
     """On an MI300X, Transformer Engine's fused attention with AMD's v3 kernels (aiter's, the
     ``"cudnn"`` kernel: 547 / 423 TFLOP/s forward / backward, ROCm/aiter@a83421be) runs at

@@ -79,13 +79,19 @@ def _check_job(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job) -> Non
 def _check_attention(cluster: Cluster, job: Job) -> None:
     """On AMD Instinct GPUs the ``cudnn`` kernel is AMD's v3 attention, which only Transformer
     Engine on ROCm runs (``NVTE_CK_USES_FWD_V3`` / ``NVTE_CK_USES_BWD_V3``): PyTorch's SDPA has
-    no cuDNN backend on ROCm."""
+    no cuDNN backend on ROCm. ``aotriton`` is AMD's Triton FlashAttention, which only ROCm
+    has."""
     gpu = cluster.gpu
     if job.attention_kernel == "cudnn" and gpu.amd and job.framework != "megatron":
         raise SpecError(f"attention_kernel='cudnn' on {gpu.name} is AMD's v3 attention, which "
                         "Transformer Engine on ROCm runs (Megatron-LM); "
                         f"{job.framework}'s attention on ROCm is PyTorch's SDPA, which has no "
-                        "such backend: use --attention-kernel flash, or --framework megatron")
+                        "such backend: use --attention-kernel aotriton (SDPA's default on "
+                        "ROCm) or flash, or --framework megatron")
+    if job.attention_kernel == "aotriton" and not gpu.amd:
+        raise SpecError(f"attention_kernel='aotriton' is AMD's Triton FlashAttention, PyTorch "
+                        f"SDPA's kernel on ROCm; {gpu.name} is not an AMD GPU: use "
+                        "--attention-kernel flash or cudnn")
 
 
 def _check_placement(model: ModelSpec | LayerCosts, cluster: Cluster, cfg: ParallelConfig

@@ -90,7 +90,8 @@ def weight_grad_bytes(job: Job) -> float:
 
 #: What each fused attention kernel (``costmodel.config.ATTENTION_KERNELS``) is called; on AMD
 #: Instinct GPUs ``"cudnn"`` is AMD's own fused attention (``attention_name``).
-ATTENTION_NAMES = {"flash": "FlashAttention-2", "cudnn": "cuDNN attention"}
+ATTENTION_NAMES = {"flash": "FlashAttention-2", "cudnn": "cuDNN attention",
+                   "aotriton": "AOTriton (PyTorch SDPA on ROCm)"}
 
 
 def attention_name(kernel: str, gpu: GPU) -> str:
@@ -104,12 +105,14 @@ def attention_name(kernel: str, gpu: GPU) -> str:
 def attention_kernel(job: Job, gpu: GPU) -> str:
     """The fused attention kernel the job runs on ``gpu`` (``costmodel.config.
     ATTENTION_KERNELS``): ``Job.attention_kernel`` where set, else the trainer's own choice,
-    cuDNN's on the architectures of ``Framework.cudnn_attention_archs``, FlashAttention-2
-    elsewhere."""
+    cuDNN's on the architectures of ``Framework.cudnn_attention_archs``, on AMD Instinct GPUs
+    ``Framework.rocm_attention``, FlashAttention-2 elsewhere."""
     if job.attention_kernel is not None:
         return job.attention_kernel
-    return "cudnn" if gpu.architecture in framework(job.framework).cudnn_attention_archs \
-        else "flash"
+    fw = framework(job.framework)
+    if gpu.amd:
+        return fw.rocm_attention
+    return "cudnn" if gpu.architecture in fw.cudnn_attention_archs else "flash"
 
 
 def flash_attention_time(gpu: GPU, dtype: str, flops: Num, keys: Num | None = None,

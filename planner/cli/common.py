@@ -298,9 +298,11 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
                     "mxfp8 (Blackwell, MI355X: torchao MX / Megatron-LM --fp8-recipe mxfp8), "
                     "blockwise (Megatron-LM: DeepSeek-V3's 1x128 / 128x128 scales)")
     jb.add_argument("--attention-kernel", choices=ATTENTION_KERNELS,
-                    help="fused attention kernel: flash (FlashAttention-2) or cudnn (cuDNN's); "
-                    "default: the trainer's own on the GPU (Megatron-LM's Transformer Engine "
-                    "and torchtitan pick cuDNN's on Hopper and Blackwell)")
+                    help="fused attention kernel: flash (FlashAttention-2; Composable "
+                    "Kernel's on AMD), cudnn (cuDNN's; AMD's v3 kernels on AMD) or aotriton "
+                    "(PyTorch SDPA's on ROCm); default: the trainer's own on the GPU "
+                    "(Megatron-LM's Transformer Engine and torchtitan pick cuDNN's on Hopper "
+                    "and Blackwell; torchtitan's SDPA AOTriton on AMD)")
     jb.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     jb.add_argument("--optimizer-state-dtype", default="fp32", choices=tuple(STATE_DTYPES),
                     help="dtype of Adam's moments: bf16/fp16/fp8 is Megatron-LM's "

@@ -342,6 +342,11 @@ def render(*, plan: Any, config: ParallelConfig, job: Job, estimate: Estimate, c
                 "# Transformer Engine on ROCm: AMD's v3 attention, as planned\n")
     elif job.attention_kernel == "cudnn":
         env += "export NVTE_FLASH_ATTN=0  # Transformer Engine: cuDNN attention, as planned\n"
+    elif job.attention_kernel == "aotriton":
+        # Transformer Engine on ROCm has an AOTriton fused-attention backend beside Composable
+        # Kernel's (ROCm/TransformerEngine README: NVTE_FUSED_ATTN_CK, NVTE_FUSED_ATTN_AOTRITON).
+        env += ("export NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN_CK=0 NVTE_FUSED_ATTN_AOTRITON=1  "
+                "# Transformer Engine on ROCm: AOTriton attention, as planned\n")
     return (commented(head) + "\n" + env + "MEGATRON_ARGS=(\n" + "\n".join(lines)
             + "\n)\n")
 
