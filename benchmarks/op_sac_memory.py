@@ -400,7 +400,7 @@ def _predicted_loss(shape: dict[str, int], mbs: int, compiled: bool, gpu_name: s
     import numpy as np
 
     from costmodel.config import Job
-    from costmodel.formulas.compute import lm_head_compute
+    from costmodel.formulas.headcompute import lm_head_compute
     from costmodel.hardware import GPU
     from costmodel.model import ModelSpec
     base = ModelSpec.preset("llama-3-8b")

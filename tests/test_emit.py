@@ -248,7 +248,7 @@ def test_torchtitan_gets_the_jobs_float8_recipe() -> None:
                       float8_recipe=recipe)
         assert f'recipe_name = "{recipe}"' in p.emit("torchtitan")
         # The output layer stays in bf16, as the cost model times it
-        # (costmodel.formulas.compute.lm_head_compute); a MoE model's router gates too.
+        # (costmodel.formulas.headcompute.lm_head_compute); a MoE model's router gates too.
         assert 'filter_fqns = ["output"]' in p.emit("torchtitan")
     moe = make_plan("mixtral-8x7b", 4, PC(dp=32, zero_stage=3), "torchtitan", precision="fp8")
     assert 'filter_fqns = ["output", "router.gate"]' in moe.emit("torchtitan")

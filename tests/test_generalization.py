@@ -185,7 +185,7 @@ def test_megatrons_cross_entropy_runs_op_by_op_unless_the_job_fuses_it() -> None
     # --cross-entropy-loss-fusion it runs op by op: cast (2 + 4), max (4), subtract, exp and
     # divide in place (8 each), sum (4): 38 bytes a logit in 6 kernels where the fused one
     # moves 14 in 2; in backward the multiply in place and the cast back (8 + 6) against 6.
-    from costmodel.formulas.compute import lm_head_compute
+    from costmodel.formulas.headcompute import lm_head_compute
     from costmodel.formulas.roofline import memory_time
     from planner.emit.common import to_framework
     from planner.emit.megatron import arguments

@@ -771,8 +771,8 @@ def test_float8_casts_one_per_float8_linear_and_the_output_layer_in_bf16() -> No
     # (its router and experts are not Float8Linears); one kernel per cast compiled, two
     # eager (the amax, then the cast). At no tokens only the launches remain (the weights are
     # cast on the shard before FSDP's float8 all-gather: Job.fp8_param_gather).
-    from costmodel.formulas.compute import lm_head_compute
     from costmodel.formulas.eager import float8_cast_time
+    from costmodel.formulas.headcompute import lm_head_compute
 
     gpu = H100.gpu
     job = Job(global_batch_size=8, seq_len=8192, precision="fp8", framework="torchtitan",

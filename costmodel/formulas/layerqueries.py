@@ -16,8 +16,9 @@ from costmodel.config import QUANTIZED_PRECISIONS, Job
 from costmodel.errors import SpecError
 from costmodel.formulas.activations import layer_activations, layer_params_per_gpu
 from costmodel.formulas.arrays import ConfigArrays, Distinct
-from costmodel.formulas.compute import autocast_rows, layer_compute, lm_head_compute
+from costmodel.formulas.compute import autocast_rows, layer_compute
 from costmodel.formulas.eager import float8_gather, float8_gathered_rows, loss_kind
+from costmodel.formulas.headcompute import lm_head_compute
 from costmodel.formulas.kernels import (
     Kernels,
     float8_cast_compute,
@@ -449,7 +450,7 @@ class LayerQueries(LayerStructure):
             return LayerCompute(**out)
         # The job's matmul dtype (tf32 for fp32, fp8), as the formulas run theirs; the bytes
         # moved are as traced. fp8 runs in the layers only: the input and output sides stay
-        # in bf16 (``compute.lm_head_compute``).
+        # in bf16 (``headcompute.lm_head_compute``).
         dtype = matmul_dtype(job)
         if block.kind != "layer":
             dtype = high_precision(dtype)

@@ -350,7 +350,7 @@ def _regions(sol: Solution, members: set[int], kept: dict[int, float],
             # A softmax over rows wider than one block (a loss over a vocabulary) loops
             # over each row twice, for its max and its exponent sum, and its backward
             # takes both again and writes the gradient: twice the forward's bytes
-            # (costmodel.formulas.compute.lm_head_compute's compiled loss, measured).
+            # (costmodel.formulas.headcompute.lm_head_compute's compiled loss, measured).
             moved = 2 * sum(reads.values()) + writes
             back_bytes = 2 * moved
         else:
@@ -446,7 +446,7 @@ def _kernel(sol: Solution, v: int, shards: int, expert: bool = False) -> Kernels
         # A lookup reads the rows it gathers, not the table: the indices, then a row read
         # and written per token; its backward adds each token's gradient row into the
         # table's gradient, as many bytes (the dense gradient's zeroed table is left out,
-        # as the formulas leave it out: costmodel.formulas.compute.lm_head_compute).
+        # as the formulas leave it out: costmodel.formulas.headcompute.lm_head_compute).
         rows = (sum(r.nbytes for r in n.inputs if not r.param) + 2 * n.output_bytes) / shards
         return Kernels(memory_bytes=rows, memory_kernels=1,
                        memory_backward_bytes=rows if n.grad else 0.0,

@@ -262,7 +262,7 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
         # torchao's dynamic scaling recipe the job names (Job.float8_recipe), whose casts
         # the cost model times (costmodel.formulas.compute.float8_cast_time); the output layer (and
         # a
-        # MoE router) kept in bf16 as the cost model keeps them (compute.lm_head_compute):
+        # MoE router) kept in bf16 as the cost model keeps them (headcompute.lm_head_compute):
         # torchtitan converts every linear whose FQN contains none of filter_fqns.
         if job.float8_recipe == "mxfp8":
             # torchao's MX training (torchtitan JobConfig quantize.linear.mx: recipe
