@@ -338,6 +338,10 @@ def test_provenance_says_how_many_of_a_generations_runs_back_its_bands() -> None
     assert lines["mi355x"].endswith(
         f"{mi355x['runs']} (cdna4), {mi355x['fitted_runs']} fitted on")
     assert lines["l40s"].endswith("none (ada): bands extrapolated")
+    # The attention column covers every kernel a profile gives: the MI300X's FlashAttention-2
+    # and v3 kernels are measured, its AOTriton assumed; all of the MI355X's are measured.
+    assert hardware_profiles.provenance("mi300x")["efficiency"]["attention_aotriton"] == "assumed"
+    assert lines["mi300x"].split()[5] == "partly" and lines["mi355x"].split()[5] == "measured"
     h100 = hardware_profiles.provenance("h100-sxm")
     assert h100["fitted_runs"] > 0 and "extrapolated" not in lines["h100-sxm"]
 

@@ -89,6 +89,16 @@ SHOWN = (("gemm", "matmul"), ("gemm_fp8", "fp8 matmul"), ("gemm_fp4", "fp4 matmu
          ("memory", "memory"), ("attention", "attention"))
 
 
+def _shown(eff: dict[str, str], key: str) -> str:
+    """A ``--provenance`` cell: the efficiency's status, "-" where the profile has none; the
+    attention column covers every fused-attention kernel the profile gives (FlashAttention-2,
+    the vendor's, AOTriton): "partly" where some are measured and some assumed."""
+    if key != "attention":
+        return eff.get(key, "-")
+    states = {v for k, v in eff.items() if k.startswith("attention")}
+    return "-" if not states else states.pop() if len(states) == 1 else "partly"
+
+
 def _provenance(args: argparse.Namespace) -> int:
     """``planner gpus --provenance``: measured or assumed, per GPU and efficiency."""
     rows = [hardware_profiles.provenance(n) for n in hardware_profiles.names("gpus")]
@@ -99,7 +109,7 @@ def _provenance(args: argparse.Namespace) -> int:
     head = " ".join(f"{label:>10s}" for _, label in SHOWN)
     print(f"{'gpu':<{width}s} {head}  {'scale-up link':<32s} published runs of its generation")
     for r in rows:
-        cells = " ".join(f"{r['efficiency'].get(k, '-'):>10s}" for k, _ in SHOWN)
+        cells = " ".join(f"{_shown(r['efficiency'], k):>10s}" for k, _ in SHOWN)
         link = f"{r['link']} {r['link_efficiency']}"
         arch = r["architecture"] or "no architecture"
         runs = (f"none ({arch}): bands extrapolated" if not r["runs"] else
