@@ -20,6 +20,9 @@ PRECISIONS = ("bf16", "fp16", "fp8", "nvfp4", "mxfp4", "fp32")
 #: The precisions whose matmuls run quantized (block scales: roofline.QUANTIZED_BYTES); their
 #: attention, output layer and optimizer stay in bf16 or above.
 QUANTIZED_PRECISIONS = ("fp8", "nvfp4", "mxfp4")
+#: The FP4 precisions: each a block-scaled recipe of its own (NVFP4 Blackwell's, MXFP4 CDNA
+#: 4's), where fp8 takes ``Job.float8_recipe``.
+FP4_PRECISIONS = ("nvfp4", "mxfp4")
 OPTIMIZERS = ("adamw", "adam", "adam8bit", "sgd", "adafactor")
 #: torchao's float8 training recipes (torchtitan ``--quantize.linear.float8.recipe_name``).
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "mxfp8", "blockwise")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import hardware_profiles
-from costmodel.config import QUANTIZED_PRECISIONS
+from costmodel.config import FP4_PRECISIONS, QUANTIZED_PRECISIONS
 from costmodel.errors import SpecError
 from hardware_profiles.numbers import real
 
@@ -21,8 +21,7 @@ MAX_KERNEL_OVERHEAD_S = hardware_profiles.MAX_KERNEL_OVERHEAD_US * 1e-6
 
 #: The optional fused-attention fractions of an ``[efficiency]`` table (forward, backward)
 #: by kernel, beside ``attention`` / ``attention_backward`` (FlashAttention-2).
-OPTIONAL_ATTENTION = ("attention_cudnn", "attention_cudnn_backward", "attention_aotriton",
-                      "attention_aotriton_backward")
+OPTIONAL_ATTENTION = hardware_profiles.ATTENTION_FRACTIONS[2:]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +93,7 @@ class KernelEfficiency:
         FP4 format) where the profile has a measured one; else ``gemm_fp8`` for the quantized
         precisions (fp8, and fp4 on a GPU without an FP4 measurement, whose profile says its
         fraction is assumed to be fp8's) where it has that; else ``gemm``."""
-        if dtype in ("nvfp4", "mxfp4") and self.gemm_fp4 is not None:
+        if dtype in FP4_PRECISIONS and self.gemm_fp4 is not None:
             return self.gemm_fp4
         if dtype in QUANTIZED_PRECISIONS and self.gemm_fp8 is not None:
             return self.gemm_fp8

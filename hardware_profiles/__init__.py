@@ -243,9 +243,12 @@ def _broken_fit(path: Path, e: Exception) -> SpecError:
 
 
 #: The fractions of an ``[efficiency]`` table: shares of a datasheet figure, in (0, 1].
-FRACTIONS = ("gemm", "gemm_fp8", "gemm_fp4", "gemm_unaligned", "memory", "attention",
-             "attention_backward", "attention_cudnn", "attention_cudnn_backward",
-             "attention_aotriton", "attention_aotriton_backward")
+#: The fused-attention fractions, (forward, backward) per kernel: FlashAttention-2's, the
+#: vendor's own (``_cudnn``) and AOTriton's (costmodel.config.ATTENTION_KERNELS).
+ATTENTION_FRACTIONS = ("attention", "attention_backward", "attention_cudnn",
+                       "attention_cudnn_backward", "attention_aotriton",
+                       "attention_aotriton_backward")
+FRACTIONS = ("gemm", "gemm_fp8", "gemm_fp4", "gemm_unaligned", "memory", *ATTENTION_FRACTIONS)
 
 
 #: The largest fixed cost per kernel a profile may give (microseconds). A GPU's is a few
@@ -376,8 +379,7 @@ def apply_transfer(eff: Mapping[str, Any], t: Mapping[str, Any], *, architecture
     attn_arch = t.get("attention_architecture")
     attn_ratio = ratio_of((attn_arch if isinstance(attn_arch, Mapping) else {}).get(
         architecture, t.get("attention", ratio)), f"attention ratio of {architecture!r}")
-    for k in ("attention", "attention_backward", "attention_cudnn", "attention_cudnn_backward",
-              "attention_aotriton", "attention_aotriton_backward"):
+    for k in ATTENTION_FRACTIONS:
         if k in eff:
             eff[k] = min(1.0, eff[k] * attn_ratio)
     if "memory" in eff:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import hardware_profiles
-from costmodel.config import QUANTIZED_PRECISIONS, Job
+from costmodel.config import FP4_PRECISIONS, QUANTIZED_PRECISIONS, Job
 from costmodel.formulas.states import megatron_grad_bytes
 from costmodel.frameworks import framework
 from costmodel.hardware import GPU
@@ -212,8 +212,6 @@ QUANTIZED_BYTES = {
     "nvfp4": (0.5 + 1.0 / 16, 0.5 + 1.0 / 256),
     "mxfp4": (0.5 + 1.0 / 32, 0.5 + 1.0 / 32),
 }
-#: The precisions that are a recipe of their own (the fp8 ones take ``Job.float8_recipe``).
-FP4_PRECISIONS = ("nvfp4", "mxfp4")
 
 
 def quantized_bytes(job: Job, weight: bool = False) -> float:

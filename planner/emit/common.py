@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import hardware_profiles
-from costmodel.config import Job, ParallelConfig
+from costmodel.config import FP4_PRECISIONS, Job, ParallelConfig
 from costmodel.errors import SpecError
 from costmodel.formulas.eager import loss_kind
 from costmodel.formulas.estimate import Estimate
@@ -161,7 +161,7 @@ def to_framework(cfg: ParallelConfig, job: Job, name: str, trainer: str) -> Chan
         ch.set_job(f"{trainer}'s file dispatches a MoE layer's tokens with its own all-to-all, "
                    f"not the {job.moe_dispatcher} dispatcher the plan assumed: re-estimated "
                    "with it", moe_dispatcher="alltoall")
-    if job.precision in ("nvfp4", "mxfp4") and fw.name != "megatron":
+    if job.precision in FP4_PRECISIONS and fw.name != "megatron":
         fp4 = job.precision.upper()
         ch.set_job(f"the plan's {fp4} is Transformer Engine's recipe (Megatron-LM); {trainer}'s "
                    f"own {fp4} linears are not modelled: emitted MXFP8 and re-estimated with it",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from costmodel.config import V_SCHEDULES, Job, ParallelConfig
+from costmodel.config import FP4_PRECISIONS, V_SCHEDULES, Job, ParallelConfig
 from costmodel.errors import Infeasible, SpecError
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.frameworks import pipelining_problem
@@ -31,8 +31,7 @@ _PRECISIONS = {
             "fp32",
     "fp8": "fp8 matmuls need torchao's Float8Linear, which planner.apply does not convert to; "
            "use precision bf16 or emit torchtitan with its float8 converter",
-    "nvfp4": _FP4.format("nvfp4"),
-    "mxfp4": _FP4.format("mxfp4"),
+    **{p: _FP4.format(p) for p in FP4_PRECISIONS},
 }
 
 
