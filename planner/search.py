@@ -13,8 +13,9 @@ row would give (``tests/test_search.py`` checks it against brute force over ``es
 - Level 2: pairs whose bound does not exceed the k-th best step time found so far are
   expanded over their sharding options (ZeRO stage, sharding group, offload) and evaluated:
   memory first, and only the rows that fit are timed; a row's pipeline schedule is played out
-  (``costmodel.formulas.pipeline``) only when its lower bound (``pipeline_bound``, exact for equal
-  stages) does not exceed the k-th best, so every plan's time is its schedule's.
+  (``costmodel.formulas.pipeline``) only when its lower bound
+  (``pipelinetable.pipeline_bound``, exact for equal stages) does not exceed the k-th best,
+  so every plan's time is its schedule's.
 
 The search stops at the first core whose bound exceeds the k-th best time. Order of the
 result (ties included): step time, then peak memory, then the trainer's position in the list

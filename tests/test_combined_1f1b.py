@@ -22,7 +22,8 @@ from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
 from costmodel.config import accounted_split
 from costmodel.errors import SpecError
 from costmodel.formulas.memory import SCHEDULE_CODES
-from costmodel.formulas.pipeline import makespan, pipeline_bound, rank_orders, simulate
+from costmodel.formulas.pipeline import makespan, rank_orders, simulate
+from costmodel.formulas.pipelinetable import pipeline_bound
 from planner import plan, timeline
 from planner.space import Constraints
 

@@ -21,7 +21,8 @@ from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
 from costmodel.config import accounted_split
 from costmodel.errors import SpecError
 from costmodel.formulas.memory import SCHEDULE_CODES
-from costmodel.formulas.pipeline import makespan, pipeline_bound, rank_orders, simulate
+from costmodel.formulas.pipeline import makespan, rank_orders, simulate
+from costmodel.formulas.pipelinetable import pipeline_bound
 from planner import plan, timeline
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", "zbv", "dualpipev")

@@ -18,7 +18,8 @@ import pytest
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, estimate
 from costmodel.errors import SpecError
 from costmodel.formulas.memory import SCHEDULE_CODES
-from costmodel.formulas.pipeline import makespan, pipeline_bound, simulate
+from costmodel.formulas.pipeline import makespan, simulate
+from costmodel.formulas.pipelinetable import pipeline_bound
 from costmodel.formulas.vschedules import in_flight, v_orders, v_rank_layers, v_split
 from planner import timeline
 
@@ -170,7 +171,7 @@ def test_the_dualpipev_pair_count_is_torchs(p: int) -> None:
     """``pipeline.pairs``' closed form for DualPipeV, 2m - 3p + 1 + min(r, p - 2) overlapped
     pairs on rank r, is the count of torch's own op order for every micro-batch count it
     takes (and ZB-V pairs nothing)."""
-    from costmodel.formulas.pipeline import pairs
+    from costmodel.formulas.pipelinetable import pairs
 
     for m in range(2 * p, 6 * p + 2):
         want = [sum(op[0] == "O" for op in order) for order in v_orders(p, m, "dualpipev")]

@@ -110,8 +110,8 @@ def lm_head_compute(model: ModelSpec, gpu: GPU, job: Job, tp: np.ndarray, cp: np
                                          1.0 + kernels_b)
     head_flops = 3 * 2 * tokens * h * v
     if model.mtp_layers:
-        # Each multi-token prediction module (its layer is counted with the layers: memory.
-        # stage_layout) looks the next tokens up again, norms them and the hidden state,
+        # Each multi-token prediction module (its layer is counted with the layers:
+        # stagelayout.stage_layout) looks the next tokens up again, norms them and the hidden state,
         # projects the two [2h -> h] and runs the shared output layer and its loss again
         # (DeepSeek-AI 2024, "DeepSeek-V3", Sec. 2.2, Eqs. 21-23).
         n = float(model.mtp_layers)

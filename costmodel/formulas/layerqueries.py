@@ -320,7 +320,7 @@ class LayerQueries(LayerStructure):
         final_norm = norm if model.final_norm else 0
         emb_local = word / tp + (model.embedding_params() - word)
         head_local = (model.head_params() - final_norm) / tp + final_norm
-        # Multi-token prediction (beyond its layers, ``memory.stage_layout``): the 2h -> h
+        # Multi-token prediction (beyond its layers, ``stagelayout.stage_layout``): the 2h -> h
         # projection split over tp, three norms whole; it reads the embedding on the last
         # stage, which keeps a copy of it as a tied output layer does.
         mtp = model.mtp_layers

@@ -89,7 +89,7 @@ from costmodel.formulas.arrays import (
 )
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import MemoryTable
-from costmodel.formulas.pipeline import pairs, pipeline_bound, table_makespan
+from costmodel.formulas.pipelinetable import pairs, pipeline_bound, table_makespan
 from costmodel.formulas.states import Widths, master_bytes, optimizer_state_bytes
 from costmodel.formulas.stepterms import (
     Rows,
