@@ -386,8 +386,9 @@ class Cluster:
     starts. Every collective is costed by the level its group spans: the scale-up link
     inside a domain, the NICs between domains (``costmodel.formulas.comm``).
 
-    ``power_limit_w``: the power limit each GPU is held at (W; ``nvidia-smi -pl``), below
-    its profile's ``tdp_w``: the compute-bound efficiencies scale down (``GPU.power_limited``).
+    ``power_limit_w``: the power limit each GPU is held at (W; ``nvidia-smi -pl``), at most
+    its profile's ``tdp_w`` (above it: an error): the compute-bound efficiencies scale down
+    (``GPU.power_limited``).
 
     ``gpu`` and the links accept a profile name or an object; ``gpu`` also a GPU profile TOML
     file (``planner profile`` writes one). ``intra_node_link`` defaults to the GPU's own
@@ -426,6 +427,11 @@ class Cluster:
             if gpu.tdp_w is None:
                 raise SpecError(f"Cluster.power_limit_w={limit:g}: GPU profile {gpu.name!r} "
                                 "gives no tdp_w to scale from; add it to the profile")
+            if limit > gpu.tdp_w:
+                # A limit above the TDP would bind nothing; far above it, it is a typo.
+                raise SpecError(f"Cluster.power_limit_w={limit:g} W is above {gpu.name}'s "
+                                f"TDP ({gpu.tdp_w:g} W), the most it is configured to draw: "
+                                f"give a limit of at most {gpu.tdp_w:g} W, or none")
             gpu = gpu.power_limited(limit)
         object.__setattr__(self, "gpu", gpu)
         intra = self.intra_node_link if self.intra_node_link is not None else gpu.intra_node_link

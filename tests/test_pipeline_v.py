@@ -166,6 +166,23 @@ def test_v_schedules_are_refused_where_they_do_not_run() -> None:
                                 virtual_pipeline_stages=2, sequence_parallel=True))
 
 
+def test_the_cli_places_two_chunks_per_rank_under_a_v_schedule_unless_told() -> None:
+    """``--schedule zbv`` alone means torchtitan's two chunks per rank (the schedule has no
+    other); ``--virtual-stages`` still sets the count, and a count a V cannot run is refused."""
+    from inprocess import run_planner
+
+    base = ("estimate", "--model", "llama-3-8b", "--gpus", "8", "--pp", "4", "--dp", "2",
+            "--zero", "3", "--global-batch-size", "64", "--seq-len", "4096", "--schedule", "zbv")
+    r = run_planner(*base, "--json")
+    assert r.returncode == 0, r.stderr
+    assert '"virtual_pipeline_stages": 2' in r.stdout
+    r = run_planner(*base, "--virtual-stages", "3")
+    assert r.returncode == 2 and "virtual_pipeline_stages=2" in r.stderr
+    # Interleaving has no one count: the flag that sets it is named.
+    r = run_planner(*base[:-1], "interleaved-1f1b")
+    assert r.returncode == 2 and "--virtual-stages (2 or more)" in r.stderr
+
+
 @pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
 def test_the_dualpipev_pair_count_is_torchs(p: int) -> None:
     """``pipeline.pairs``' closed form for DualPipeV, 2m - 3p + 1 + min(r, p - 2) overlapped

@@ -136,6 +136,16 @@ def test_a_power_limited_step_is_slower_and_says_so() -> None:
     assert r.returncode == 2 and "power_limit_w" in r.stderr
 
 
+def test_a_power_limit_above_the_tdp_is_refused_by_name() -> None:
+    """A limit above the TDP would bind nothing: 5000 W on a 700 W H100 is a typo, not a
+    setting, so it is refused (exit 2) rather than silently ignored."""
+    with pytest.raises(SpecError, match=r"above h100-sxm's TDP \(700 W\)"):
+        Cluster(gpu="h100-sxm", num_nodes=1, power_limit_w=701)
+    r = run_planner("estimate", "--model", "llama-3-8b", "--gpus", "8", "--power-limit", "5000",
+                    "--global-batch-size", "16", "--seq-len", "8192")
+    assert r.returncode == 2 and "at most 700 W" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_a_gpu_without_a_tdp_cannot_be_limited() -> None:
     gpu = dataclasses.replace(GPU.preset("h100-sxm"), tdp_w=None)
     with pytest.raises(SpecError, match="no tdp_w"):

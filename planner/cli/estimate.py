@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import hardware_profiles
 from costmodel import Cluster, Job, ModelSpec, ParallelConfig, SpecError, estimate
-from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES
+from costmodel.config import OFFLOADS, RECOMPUTE, SCHEDULES, V_SCHEDULES
 from costmodel.formulas.arrays import interleaved_split
 from costmodel.formulas.eager import float8_gathered_rows
 from costmodel.formulas.estimate import NEAR_CAPACITY, Estimate
@@ -72,8 +72,10 @@ def add_parser(sub: Subparsers) -> None:
     pc.add_argument("--sequence-parallel", choices=("on", "off"), nargs="?", const="on",
                     default="off", help="sequence parallel on or off (bare: on; default off)")
     pc.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
-    pc.add_argument("--virtual-stages", type=positive_int, default=1,
-                    help="virtual pipeline stages per rank (interleaved 1F1B)")
+    pc.add_argument("--virtual-stages", type=positive_int,
+                    help="virtual pipeline stages per rank (interleaved 1F1B); default 1, "
+                         "and 2 under the V schedules (zbv, dualpipev), which place two "
+                         "chunks on every rank")
     pc.add_argument("--stage-layers", type=stage_layers,
                     help="layers per pipeline stage, or per chunk in virtual order when "
                          "interleaved: counts ('1,2x30,0': 1, thirty 2s, 0) or Megatron-LM's "
@@ -127,10 +129,14 @@ def _config(args: argparse.Namespace, cluster: Cluster, model: ModelSpec) -> Par
                 "change the degrees"
             )
         dp = cluster.num_gpus // rest
-    split = args.stage_layers or interleaved_split(model.num_layers, args.pp,
-                                                   args.virtual_stages, model.mtp_layers)
+    if args.schedule == "interleaved-1f1b" and args.virtual_stages is None:
+        raise SpecError("--schedule interleaved-1f1b runs several model chunks on every "
+                        "pipeline rank: give their number with --virtual-stages (2 or more)")
+    v = args.virtual_stages or (2 if args.schedule in V_SCHEDULES else 1)
+    split = args.stage_layers or interleaved_split(model.num_layers, args.pp, v,
+                                                   model.mtp_layers)
     if split and not args.stage_layers:
-        warn(f"{model.num_layers} layers on pp={args.pp} x {args.virtual_stages} virtual "
+        warn(f"{model.num_layers} layers on pp={args.pp} x {v} virtual "
              f"stages: estimated with Megatron-LM's accounted split {layer_list(split)} "
              "(the embedding and the loss counted as layers); --stage-layers sets another")
     return ParallelConfig(
@@ -138,7 +144,7 @@ def _config(args: argparse.Namespace, cluster: Cluster, model: ModelSpec) -> Par
         zero_stage=args.zero,
         sharding_group=args.sharding_group, sequence_parallel=args.sequence_parallel == "on",
         micro_batch_size=args.micro_batch_size, pipeline_schedule=args.schedule,
-        virtual_pipeline_stages=args.virtual_stages, recompute=args.recompute,
+        virtual_pipeline_stages=v, recompute=args.recompute,
         recompute_num_layers=args.recompute_num_layers, offload=args.offload,
         stage_layers=split,
     )
