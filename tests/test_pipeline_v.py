@@ -176,6 +176,9 @@ def test_the_cli_places_two_chunks_per_rank_under_a_v_schedule_unless_told() -> 
     r = run_planner(*base, "--json")
     assert r.returncode == 0, r.stderr
     assert '"virtual_pipeline_stages": 2' in r.stdout
+    # The split it says it used is torchtitan's (v_split: 34 counted layers over 8 stages,
+    # one fewer on the first and the last), not Megatron-LM's interleaved one.
+    assert "torchtitan's split [4, 5, 4x5, 3]" in r.stderr
     r = run_planner(*base, "--virtual-stages", "3")
     assert r.returncode == 2 and "virtual_pipeline_stages=2" in r.stderr
     # Interleaving has no one count: the flag that sets it is named.

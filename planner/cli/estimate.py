@@ -19,6 +19,7 @@ from costmodel.formulas.memory import TERMS
 from costmodel.formulas.moe import routing_words
 from costmodel.formulas.roofline import attention_kernel, attention_name
 from costmodel.formulas.steptime import TIME_TERMS, host_words
+from costmodel.formulas.vschedules import v_split
 from costmodel.serving.inference import InferenceConfig, InferenceJob, estimate_inference
 from costmodel.units import GIB, plural
 from planner.alternatives import layer_list, params_text
@@ -133,12 +134,21 @@ def _config(args: argparse.Namespace, cluster: Cluster, model: ModelSpec) -> Par
         raise SpecError("--schedule interleaved-1f1b runs several model chunks on every "
                         "pipeline rank: give their number with --virtual-stages (2 or more)")
     v = args.virtual_stages or (2 if args.schedule in V_SCHEDULES else 1)
-    split = args.stage_layers or interleaved_split(model.num_layers, args.pp, v,
-                                                   model.mtp_layers)
-    if split and not args.stage_layers:
-        warn(f"{model.num_layers} layers on pp={args.pp} x {v} virtual "
-             f"stages: estimated with Megatron-LM's accounted split {layer_list(split)} "
-             "(the embedding and the loss counted as layers); --stage-layers sets another")
+    if args.schedule in V_SCHEDULES:
+        # The cost model places a V's layers as torchtitan splits them (vschedules.v_split).
+        split = args.stage_layers
+        if not split and v == 2 and args.pp > 1:
+            warn(f"{model.num_layers} layers on a V of pp={args.pp} x 2 stages: estimated with "
+                 f"torchtitan's split {layer_list(v_split(model.num_layers, args.pp))} (the "
+                 "embedding and the output layer counted as layers); --stage-layers sets "
+                 "another")
+    else:
+        split = args.stage_layers or interleaved_split(model.num_layers, args.pp, v,
+                                                       model.mtp_layers)
+        if split and not args.stage_layers:
+            warn(f"{model.num_layers} layers on pp={args.pp} x {v} virtual "
+                 f"stages: estimated with Megatron-LM's accounted split {layer_list(split)} "
+                 "(the embedding and the loss counted as layers); --stage-layers sets another")
     return ParallelConfig(
         dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, etp=args.etp,
         zero_stage=args.zero,
