@@ -142,6 +142,28 @@ class Constraints:
                                     f"{', '.join(FRAMEWORK_NAMES)}")
             if not fws:
                 raise SpecError("constraints name no framework; give at least one")
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        """A fixed schedule that runs several model chunks on every pipeline rank against a
+        fixed (or capped) pipeline of one rank or chunk count it cannot run: a contradiction
+        in what was asked, said as one, not a search that finds nothing."""
+        schedule = self.fixed.get("pipeline_schedule")
+        if schedule not in (*V_SCHEDULES, "interleaved-1f1b"):
+            return
+        what = (f"pipeline_schedule={schedule!r} (--schedule) places "
+                + ("two model chunks" if schedule in V_SCHEDULES else "several model chunks")
+                + " on every pipeline rank")
+        pp = self.fixed.get("pp", self.max.get("pp"))
+        if pp == 1:
+            raise SpecError(f"{what}: it needs pp (--pp) of 2 or more, got pp=1")
+        v = self.fixed.get("virtual_pipeline_stages")
+        if schedule in V_SCHEDULES and v not in (None, 2):
+            raise SpecError(f"{what}: virtual_pipeline_stages (--virtual-stages) must be 2, "
+                            f"got {v}")
+        if v == 1 or self.max.get("virtual_pipeline_stages") == 1:
+            raise SpecError(f"{what}: it needs virtual_pipeline_stages (--virtual-stages) of "
+                            "2 or more, got 1")
 
     def allows(self, key: str, value: Any) -> bool:
         """Whether ``value`` of field ``key`` passes the constraints."""

@@ -247,6 +247,23 @@ def test_bad_constraints_raise_spec_error(bad) -> None:
         bad()
 
 
+def test_a_schedule_the_fixed_pipeline_cannot_run_is_a_bad_question_not_an_empty_search(
+) -> None:
+    """A V schedule or interleaving fixed beside one pipeline rank (or the wrong number of
+    chunks) is refused by name (exit 2), where the search used to report an unrelated
+    'infeasible' list (exit 3)."""
+    for fixed, match in (({"pipeline_schedule": "zbv", "pp": 1}, "pp .* of 2 or more"),
+                         ({"pipeline_schedule": "dualpipev", "virtual_pipeline_stages": 3},
+                          "must be 2, got 3"),
+                         ({"pipeline_schedule": "interleaved-1f1b",
+                           "virtual_pipeline_stages": 1}, "2 or more, got 1")):
+        with pytest.raises(SpecError, match=match):
+            Constraints(fixed=fixed)
+    with pytest.raises(SpecError, match="of 2 or more, got pp=1"):
+        Constraints.preset("ddp").merge(Constraints(fixed={"pipeline_schedule": "zbv"}))
+    assert Constraints(fixed={"pipeline_schedule": "zbv", "pp": 2}).fixed["pp"] == 2
+
+
 def test_infeasible_says_what_would_fit() -> None:
     m = ModelSpec.preset("llama-3-70b")
     c = Cluster(gpu="a100-40gb", num_nodes=1)
