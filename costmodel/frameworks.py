@@ -168,7 +168,7 @@ class Framework:
     sequence_parallel: bool = True
     # GPU architectures on which the trainer's fused attention is cuDNN's rather than
     # FlashAttention-2 (Job.attention_kernel overrides;
-    # costmodel.formulas.compute.attention_kernel).
+    # costmodel.formulas.roofline.attention_kernel).
     cudnn_attention_archs: tuple[str, ...] = ()
     # The fused attention kernel the trainer runs on AMD Instinct GPUs: Composable Kernel's
     # FlashAttention-2 ("flash", Transformer Engine's default on ROCm and the flash-attn

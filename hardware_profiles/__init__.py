@@ -297,8 +297,7 @@ def provenance(name: str) -> dict[str, Any]:
     runs = sum(int(c.get("runs", 0)) for c in cells)
     fitted = sum(int(c.get("runs", 0)) for c in cells if int(c.get("sources", 0)) >= 2)
     shown = {k: ("assumed" if k in assumed else "measured")
-             for k in ("gemm", "gemm_fp8", "gemm_fp4", "memory", "attention", "attention_cudnn",
-                       "attention_aotriton")
+             for k in ("gemm", "gemm_fp8", "gemm_fp4", "memory", *ATTENTION_FRACTIONS[::2])
              if k in eff}
     peaks = data.get("peak_tflops") or {}
     if ("nvfp4" in peaks or "mxfp4" in peaks) and "gemm_fp4" not in eff:

@@ -457,7 +457,7 @@ class LayerQueries(LayerStructure):
         fw = framework(job.framework)
         op = fw.selective_recompute == "op"
         # torchao's float8 training casts each Float8Linear's input and output gradient in
-        # a layer (the formulas' ``compute.float8_cast_time``; the head stays in bf16).
+        # a layer (the formulas' ``eager.float8_cast_time``; the head stays in bf16).
         casts = fw.torchao_float8 and job.precision == "fp8" and block.kind == "layer"
         te_casts = fw.name == "megatron" and job.precision in QUANTIZED_PRECISIONS \
             and block.kind == "layer"

@@ -149,7 +149,7 @@ def emit(plan: Planned, target: str, *, command: str | None = None,
 
 def _kernel_it_runs(job: Job, gpu: GPU, target: str) -> Job:
     """``job`` without its named attention kernel where the target's trainer cannot name one
-    but runs that one anyway on ``gpu`` (``compute.attention_kernel``): only a different
+    but runs that one anyway on ``gpu`` (``roofline.attention_kernel``): only a different
     kernel is a change its file cannot express (``common.to_framework``)."""
     trainer = job.framework if target == "slurm" else target
     if job.attention_kernel is None or framework(trainer).selects_attention_kernel:

@@ -260,10 +260,10 @@ def sections(model: ModelSpec | LayerCosts, job: Job, cfg: ParallelConfig
     }
     if job.precision == "fp8":
         # torchao's dynamic scaling recipe the job names (Job.float8_recipe), whose casts
-        # the cost model times (costmodel.formulas.compute.float8_cast_time); the output layer (and
-        # a
-        # MoE router) kept in bf16 as the cost model keeps them (headcompute.lm_head_compute):
-        # torchtitan converts every linear whose FQN contains none of filter_fqns.
+        # the cost model times (costmodel.formulas.eager.float8_cast_time); the output layer
+        # (and a MoE router) kept in bf16 as the cost model keeps them
+        # (headcompute.lm_head_compute): torchtitan converts every linear whose FQN contains
+        # none of filter_fqns.
         if job.float8_recipe == "mxfp8":
             # torchao's MX training (torchtitan JobConfig quantize.linear.mx: recipe
             # mxfp8_cublas, the cuBLAS block-scaled matmul).
