@@ -156,6 +156,9 @@ FIGURES: dict[str, Figure] = {
     "megatron2021-fit": Figure(VALIDATE, pick=_row("megatron2021", 2)),
     "mtnlg-loso": Figure(VALIDATE, pick=_row("mtnlg-530b", 4)),
     "mbridge-loso": Figure(VALIDATE, pick=_row("megatron-bridge-perf", 4)),
+    # the mixture-of-experts line of planner validate --summary
+    "moe-loso": Figure(VALIDATE, r"^mixture-of-experts runs .*mean \|error\| ([\d.]+%)"),
+    "moe-band": Figure(VALIDATE, r"^mixture-of-experts runs .*band is at least (±\d+%)"),
     # the frontier MoE runs held out of the fit (planner validate --frontier)
     "frontier-mean": Figure("planner validate --frontier", pick=_row("all", 2)),
     # per GPU generation and trainer (the cells table of planner validate --summary)

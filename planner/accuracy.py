@@ -175,9 +175,13 @@ def _print_moe(results: Sequence[RunResult], how: str) -> None:
         return
     errors = [r.loso_error if r.loso_error is not None else r.error for r in moe]
     st = _stats(errors)
+    from costmodel.fitting.uncertainty import moe_band
+
+    band = moe_band()
     print(f"mixture-of-experts runs among them, {len(moe)} from "
           f"{len({run_group(r.run) for r in moe})} sources, {how}: mean |error| "
-          f"{100 * st['mean_abs_error']:.2f}%, median {100 * st['median_abs_error']:.2f}%")
+          f"{100 * st['mean_abs_error']:.2f}%, median {100 * st['median_abs_error']:.2f}%"
+          + (f"; an MoE estimate's band is at least ±{100 * band[0]:.0f}%" if band else ""))
 
 
 def describe(fit: Fit) -> str:

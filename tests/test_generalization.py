@@ -124,6 +124,31 @@ def test_every_estimate_carries_the_band_of_published_runs_like_it() -> None:
     assert "*" in bands
 
 
+def test_a_mixture_of_experts_estimate_carries_at_least_the_band_of_published_moe_runs(
+) -> None:
+    # The fit file's "moe" band is the RMS leave-one-source-out error of the published MoE
+    # runs, read back here from the same file's per-run errors.
+    from costmodel.fitting.published import default_runs_path, load_runs
+
+    fit = hardware_profiles.load_file(hardware_profiles.transfer_path())
+    moe_ids = [r.id for r in load_runs(default_runs_path("published")) if r.model.num_experts]
+    logs = [np.log1p(fit["runs"][i]["loso"]) for i in moe_ids]
+    band = fit["bands"]["moe"]
+    assert band["runs"] == len(moe_ids) >= 8
+    assert band["band"] == pytest.approx(np.expm1(np.sqrt(np.mean(np.square(logs)))), abs=1e-3)
+    job = Job(global_batch_size=64, seq_len=4096, framework="megatron")
+    cfg = ParallelConfig(dp=8, ep=8, zero_stage=1, micro_batch_size=1)
+    moe = estimate(ModelSpec.preset("mixtral-8x7b"), H100, job, cfg)
+    cell = band_for("hopper", "megatron", 8)
+    assert cell is not None and cell[0] < band["band"]
+    assert moe.step_time_band == pytest.approx(band["band"])
+    assert "mixture-of-experts" in moe.step_time_band_basis
+    # A dense model on the same cluster keeps its cell's band.
+    dense = estimate(LLAMA8, H100, job, ParallelConfig(dp=8, zero_stage=1, micro_batch_size=1))
+    assert dense.step_time_band == pytest.approx(cell[0])
+    assert "mixture-of-experts" not in dense.step_time_band_basis
+
+
 def test_two_estimates_within_each_others_band_are_called_so() -> None:
     cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2, recompute="selective")
     a = estimate(LLAMA8, H100, _job(), cfg)

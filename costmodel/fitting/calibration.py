@@ -44,7 +44,7 @@ import numpy as np
 import hardware_profiles
 from costmodel.errors import SpecError
 from costmodel.fitting.published import PublishedRun, predict_run, run_estimate
-from costmodel.fitting.uncertainty import band_key, scale_class
+from costmodel.fitting.uncertainty import MOE_BAND, band_key, scale_class
 from costmodel.formulas.estimate import Estimate
 from costmodel.hardware import GPU
 from costmodel.units import GIB
@@ -390,7 +390,8 @@ def bands(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, dic
     log errors as a relative band (``exp(rms) - 1``), with its run and source counts; and
     ``"extrapolated"``, the same over the runs of cells the fit had no second source in
     (``unfitted``): how far off an estimate in a generation/trainer cell without published
-    runs has been."""
+    runs has been; and ``"moe"`` (``MOE_BAND``), the same over the mixture-of-experts runs of
+    every cell, the floor of an MoE estimate's band (``uncertainty.band_for``)."""
     errs: dict[str, list[float]] = {}
     srcs: dict[str, set[str]] = {}
     loso = loso_log_errors(runs, folds)
@@ -403,6 +404,9 @@ def bands(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, dic
     held = unfitted(runs)
     errs["extrapolated"] = [loso[r.id] for r in runs if r.id in held and r.id in loso]
     srcs["extrapolated"] = {run_group(r) for r in runs if r.id in held}
+    moe = [r for r in runs if r.model.num_experts and r.id in loso]
+    errs[MOE_BAND] = [loso[r.id] for r in moe]
+    srcs[MOE_BAND] = {run_group(r) for r in moe}
     out = {}
     for key, e in errs.items():
         if (len(e) >= BAND_MIN_RUNS and len(srcs[key]) >= BAND_MIN_SOURCES) or key == "*":

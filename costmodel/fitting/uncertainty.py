@@ -11,7 +11,7 @@ from typing import Any
 import hardware_profiles
 from hardware_profiles.files import is_file
 
-__all__ = ["band_for", "band_key", "scale_class"]
+__all__ = ["MOE_BAND", "band_for", "band_key", "moe_band", "scale_class"]
 
 
 def scale_class(num_gpus: int) -> str:
@@ -47,6 +47,14 @@ MIN_CELL_RUNS = 3
 EXTRAPOLATED_MIN_BAND = 0.25
 
 
+#: The ``[bands]`` key of the mixture-of-experts runs' band (``calibration.bands``): an MoE
+#: estimate's band is never narrower than it, whatever its cell's. The published MoE runs are
+#: further off than the dense runs of the same cells (``planner validate --summary``, its
+#: mixture-of-experts line; issue 60), so a cell's band, set mostly by dense runs, would
+#: claim a precision no MoE estimate has shown.
+MOE_BAND = "moe"
+
+
 @dataclass(frozen=True)
 class _Bands:
     """What a fit file says about uncertainty. ``bands``: (band, runs, sources) per class
@@ -61,7 +69,7 @@ class _Bands:
 
 
 def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float | None = None,
-             gpu: str | None = None, assumed: tuple[str, ...] = ()
+             gpu: str | None = None, assumed: tuple[str, ...] = (), moe: bool = False
              ) -> tuple[float, str, bool] | None:
     """(relative band, what it rests on, whether it is extrapolated) for an estimate of this
     class; None when no fit with bands is installed.
@@ -76,7 +84,8 @@ def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float |
     (``costmodel.fitting.calibration.bands``). A GPU (``gpu``) whose profile assumes some
     efficiencies (``assumed``) and that no published run behind the fit was on is widened by
     the spread too: its cell's runs ran on other parts. Either extrapolated band is at least
-    ``EXTRAPOLATED_MIN_BAND``. Tiny models (``num_params`` under
+    ``EXTRAPOLATED_MIN_BAND``. A mixture-of-experts model (``moe``) takes the band of the
+    published MoE runs (``MOE_BAND``) where that is wider. Tiny models (``num_params`` under
     half the smallest published run's) are extrapolated as well, their band unchanged."""
     path = hardware_profiles.transfer_path()
     if not is_file(path):
@@ -113,10 +122,24 @@ def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float |
         band = EXTRAPOLATED_MIN_BAND
         basis += (f", and no narrower than {100 * EXTRAPOLATED_MIN_BAND:.0f}% for a cell no "
                   "run backs")
+    if moe and MOE_BAND in table and table[MOE_BAND][0] > band:
+        band, runs, sources = table[MOE_BAND]
+        basis += (f"; widened to the RMS error of the {runs} published mixture-of-experts "
+                  f"runs ({sources} sources), each predicted with its source left out of the "
+                  "fit: MoE estimates have been further off than dense ones")
     if num_params is not None and num_params < SMALLEST_PUBLISHED_PARAMS / 2:
         basis += "; extrapolated (a model smaller than any published run's)"
         extrapolated = True
     return band, basis, extrapolated
+
+
+def moe_band() -> tuple[float, int, int] | None:
+    """(band, runs, sources) of the published mixture-of-experts runs (``MOE_BAND``): the
+    narrowest band an MoE estimate carries; None when the installed fit has none."""
+    path = hardware_profiles.transfer_path()
+    if not is_file(path):
+        return None
+    return _bands(str(path), path.stat().st_mtime_ns).bands.get(MOE_BAND)
 
 
 def _cell_words(fit: _Bands, architecture: str, trainer: str) -> str:

@@ -421,7 +421,8 @@ def estimate(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job, config: 
 def _band(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job) -> dict[str, Any]:
     """The step-time band fields of an estimate on ``cluster`` (costmodel.fitting.uncertainty)."""
     found = band_for(cluster.gpu.architecture, job.framework, cluster.num_gpus,
-                     model.num_params(), gpu=cluster.gpu.name, assumed=cluster.gpu.assumed)
+                     model.num_params(), gpu=cluster.gpu.name, assumed=cluster.gpu.assumed,
+                     moe=model.num_experts > 0)
     if found is None:
         return {}
     return {"step_time_band": found[0], "step_time_band_basis": found[1],
