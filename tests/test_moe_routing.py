@@ -504,6 +504,25 @@ def test_the_search_folds_experts_where_it_pays_and_equals_brute_force() -> None
     assert set(etp[etp != tp]) == {1} and (etp == tp).any()
 
 
+def test_a_deepep_file_says_which_deepep_build_the_gpu_runs() -> None:
+    # deepseek-ai/DeepEP builds for CUDA only; ROCm/DeepEP installs the same deep_ep module.
+    for preset, build, other in (("dgx-h100", "deepseek-ai/DeepEP", "ROCm/DeepEP"),
+                                 ("mi300x-8", "ROCm/DeepEP", "over NVSHMEM")):
+        cluster = Cluster.preset(preset, num_nodes=2)
+        for fw, zero in (("megatron", 1), ("torchtitan", 2)):
+            cfg = ParallelConfig(dp=16, ep=8, zero_stage=zero)
+            job = _job(framework=fw, moe_dispatcher="deepep")
+            plan = Plan(model=QWEN, cluster=cluster, job=job, config=cfg,
+                        estimate=estimate(QWEN, cluster, job, cfg))
+            head = [line for line in emit(plan, fw).text.splitlines() if "DeepEP" in line]
+            assert len(head) == 1 and head[0].startswith("#")
+            assert build in head[0] and other not in head[0]
+        job, cfg = _job(moe_dispatcher="alltoall"), ParallelConfig(dp=16, ep=8, zero_stage=1)
+        plan = Plan(model=QWEN, cluster=cluster, job=job, config=cfg,
+                    estimate=estimate(QWEN, cluster, job, cfg))
+        assert "DeepEP" not in emit(plan, "megatron").text
+
+
 def test_torchtitan_files_say_how_the_experts_split_and_dispatch() -> None:
     """torchtitan 0.2.2 splits the experts over TP only when its
     expert_tensor_parallel_degree says so (default 1), so the file states the plan's (the

@@ -251,12 +251,29 @@ def header_lines(plan: Planned, config: ParallelConfig, job: Job, est: Estimate,
     ]
     if getattr(plan.model, "is_moe", False):
         lines.append(f"routing: {routing_words(job)}")
+        if job.moe_dispatcher == "deepep":
+            lines.append(deepep_note(c.gpu.amd))
     fit = hardware_profiles.fit_note(c.gpu.name)
     if fit:
         lines.append(f"fit: {fit}")
     lines += [f"WARNING: {w}" for w in warnings]
     return lines
 
+
+
+def deepep_note(amd: bool) -> str:
+    """Where the ``deep_ep`` module that a DeepEP dispatch imports (Megatron-LM's
+    ``--moe-enable-deepep``, torchtitan's ``expert_parallel_comm_backend = "deepep"``) comes
+    from: deepseek-ai/DeepEP builds for CUDA only (over NVSHMEM); on an AMD GPU, ROCm/DeepEP
+    (over rocSHMEM) installs the same Python API, and its README says its AMD path "focuses
+    on correctness and baseline overlap" without some of the CUDA kernels' optimizations."""
+    if amd:
+        return ("DeepEP on ROCm: build ROCm/DeepEP (setup.py --variant rocm, over rocSHMEM), "
+                "which installs the deep_ep module the trainer imports; deepseek-ai/DeepEP "
+                "builds for CUDA only. Its AMD kernels lack some of the CUDA ones' "
+                "optimizations (its README), so the dispatch may run slower than estimated")
+    return ("DeepEP: build deepseek-ai/DeepEP (over NVSHMEM for its inter-node kernels) into "
+            "this environment: the trainer imports its deep_ep module")
 
 
 def commented(lines: list[str], marker: str = "#") -> str:
