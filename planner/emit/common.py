@@ -260,7 +260,6 @@ def header_lines(plan: Planned, config: ParallelConfig, job: Job, est: Estimate,
     return lines
 
 
-
 def deepep_note(amd: bool) -> str:
     """Where the ``deep_ep`` module that a DeepEP dispatch imports (Megatron-LM's
     ``--moe-enable-deepep``, torchtitan's ``expert_parallel_comm_backend = "deepep"``) comes
