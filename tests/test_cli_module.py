@@ -137,6 +137,7 @@ def test_cli_plans_a_module_as_the_api_does(models_dir: Path) -> None:
     assert " tp=2 " in text.stdout.splitlines()[1] and "why not" in text.stdout
 
 
+@pytest.mark.slow  # traces a module and searches it at every fixed micro-batch: 3 s
 def test_micro_batch_search_is_the_best_fixed_size(models_dir: Path) -> None:
     """Brute force over the micro-batch sizes: the search returns the fastest of them."""
     from mymodels import TinyLM

@@ -149,6 +149,7 @@ def test_dualpipe_is_refused_where_it_does_not_run_and_emitted_as_what_does() ->
     assert any("DualPipe" in s for s in unsupported(QWEN, job, tt))
 
 
+@pytest.mark.slow  # explains a whole MoE search: 3 s
 def test_explain_prices_dualpipe_beside_the_searched_schedules() -> None:
     """The search never offers DualPipe, but explain costs it on the pipelines of the plan
     and of every other schedule's fastest configuration: here the plan's own DualPipeV, over

@@ -39,6 +39,7 @@ def _encoder_decoder(framework: str = "megatron") -> tuple[LayerCosts, Job]:
     return costs_from_graph(graph, NODE, job, tp_degrees=(1, 2)), job
 
 
+@pytest.mark.slow  # traces an encoder-decoder: 3 s
 def test_an_encoder_decoder_has_three_kinds_of_layer_with_their_flops() -> None:
     """Encoder blocks, the encoder's final norm and decoder blocks are the layers, in order;
     each block's FLOPs are its matmuls' (encoder: QKV, output and a 4d MLP, 12 d^2 per token,
@@ -103,6 +104,7 @@ def test_uniform_stage_classes_are_exact_only_for_one_kind_after_the_first_chunk
                                           np.array([1]))
 
 
+@pytest.mark.slow  # brute force over an encoder-decoder's layouts: 4 s
 def test_search_and_stage_dp_of_an_encoder_decoder_equal_brute_force() -> None:
     """The combined search over the encoder-decoder's LayerCosts is the fastest of
     ``estimate()`` over every valid row that fits; the stage DP of a pipelined row is the

@@ -697,6 +697,7 @@ def test_a_module_is_planned_with_the_loss_planner_run_trains_it_with() -> None:
     assert training_loss(scores).shape == () and training_loss((scores,)).shape == ()
 
 
+@pytest.mark.slow  # traces and plans a MoE module twice: 2 s
 def test_a_traced_moe_module_plans_as_its_preset() -> None:
     """The reference transformer with mixture-of-experts layers (``MoEFeedForward``: top-2
     of 8 experts, run as torchtitan runs them), traced and planned through the one search,

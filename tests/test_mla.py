@@ -248,6 +248,7 @@ def test_the_reference_runtime_refuses_what_it_cannot_split() -> None:
     assert any("multi-token prediction" in x for x in unsupported(v3, job, ParallelConfig()))
 
 
+@pytest.mark.slow  # predicts every held-out frontier run: 3 s
 def test_frontier_runs_are_held_out_and_validated() -> None:
     """costmodel/data/frontier_runs.json: published runs of DeepSeek-V3, Kimi K2 and
     Qwen3-MoE with their layouts, each citing its source (at a commit, or a paper's arXiv id)

@@ -207,6 +207,7 @@ def test_the_default_load_is_what_its_calibration_fits() -> None:
     assert shipped == pytest.approx(sum(loads) / len(loads), abs=0.01)
 
 
+@pytest.mark.slow  # explains a whole MoE search: 2 s
 def test_explain_says_what_each_dispatcher_and_even_routing_would_cost() -> None:
     """A MoE plan's explanation searches the job again with every other dispatcher and
     with forced even routing (never slower than the trained router's load), when every
