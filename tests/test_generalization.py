@@ -149,6 +149,20 @@ def test_a_mixture_of_experts_estimate_carries_at_least_the_band_of_published_mo
     assert "mixture-of-experts" not in dense.step_time_band_basis
 
 
+def test_a_fit_written_before_the_moe_band_leaves_moe_estimates_their_cells_band(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from costmodel.fitting import uncertainty
+
+    text = hardware_profiles.transfer_path().read_text()
+    old = tmp_path / "transfer.toml"
+    old.write_text("\n".join(line for line in text.splitlines()
+                             if not line.startswith("moe = ")) + "\n")
+    monkeypatch.setattr(hardware_profiles, "transfer_path", lambda: old)
+    assert uncertainty.moe_band() is None
+    cell = band_for("hopper", "megatron", 8)
+    assert cell is not None and band_for("hopper", "megatron", 8, moe=True) == cell
+
+
 def test_two_estimates_within_each_others_band_are_called_so() -> None:
     cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2, recompute="selective")
     a = estimate(LLAMA8, H100, _job(), cfg)
