@@ -463,9 +463,17 @@ class Cluster:
                             "scale-up domain (NVLink / Infinity Fabric) holds whole nodes")
         n = self.num_nodes * g
         if n > d and n % d:
+            # The job's nodes may instead split into equal domain parts, as Slurm's
+            # --segment places them on NVL72 racks (Megatron-Bridge's launcher: all nodes when
+            # they fit one rack, else the largest divisor of the node count that does,
+            # scripts/performance/utils/executors.py @c0b9a000).
+            k = max(k for k in range(1, d // g + 1) if self.num_nodes % k == 0)
+            split = (f", or say how the job's nodes split into domains: gpus_per_domain="
+                     f"{k * g} (--gpus-per-domain {k * g}: {self.num_nodes // k} domains of {k} "
+                     f"nodes, as Slurm's --segment {k} places them)") if k > 1 else ""
             raise SpecError(
                 f"{n} GPUs do not fill whole scale-up domains of {d}; use a multiple of {d} "
-                f"GPUs ({d // g} nodes of {g}), or at most {d}")
+                f"GPUs ({d // g} nodes of {g}), or at most {d}{split}")
 
     @property
     def scale_up(self) -> int:
@@ -545,12 +553,15 @@ class Cluster:
         num_nodes: int | None = None,
         gpu: GPU | str | None = None,
         gpus_per_node: int | None = None,
+        gpus_per_domain: int | None = None,
     ) -> Cluster:
         """A shipped cluster (``planner clusters`` lists them: ``dgx-h100``,
         ``gb200-nvl72``, ...).
 
         ``num_nodes`` defaults to the preset's own; ``gpu`` and ``gpus_per_node`` override it
-        (another node size ends the preset's multi-node domain: the domain is the node).
+        (another node size ends the preset's multi-node domain: the domain is the node);
+        ``gpus_per_domain`` overrides the domain (a job whose nodes split into parts of a
+        rack, as Slurm's ``--segment`` places them).
         """
         data = hardware_profiles.load("clusters", name)
         preset_name = str(data["name"])
@@ -569,6 +580,7 @@ class Cluster:
             inter_node_link=data.get("inter_node_link"),
             nics_per_node=int(data["nics_per_node"]) if "nics_per_node" in data else None,
             host_memory_gib=data.get("host_memory_gib"),
-            gpus_per_domain=(int(data["gpus_per_domain"]) if "gpus_per_domain" in data
+            gpus_per_domain=(gpus_per_domain if gpus_per_domain is not None
+                             else int(data["gpus_per_domain"]) if "gpus_per_domain" in data
                              and gpus_per_node is None else None),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,6 +75,33 @@ def test_the_domain_flag_and_its_errors() -> None:
     r = run_planner(*args, "--gpus", "80", "--gpus-per-domain", "72")
     assert r.returncode == 2 and "use a multiple of 72 GPUs" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_job_of_part_racks_says_how_its_nodes_split_and_the_flag_takes_it(
+        tmp_path: Path) -> None:
+    # 64 trays of an NVL72 rack fill no whole 72-GPU domain: the error names the split
+    # Slurm's --segment would make (the largest divisor of the nodes that fits a rack), and
+    # --gpus-per-domain takes it on the preset and on a cluster file alike.
+    with pytest.raises(SpecError, match=r"gpus_per_domain=64 \(--gpus-per-domain 64: 4 "
+                       r"domains of 16 nodes"):
+        Cluster.preset("gb200-nvl72", num_nodes=64)
+    assert Cluster.preset("gb200-nvl72", num_nodes=64, gpus_per_domain=64).scale_up == 64
+    with pytest.raises(SpecError) as odd:  # 19 nodes: no split but one node a domain
+        Cluster.preset("gb200-nvl72", num_nodes=19)
+    assert "gpus_per_domain=" not in str(odd.value)
+    args = ["estimate", "--model", "llama-3-8b", "--global-batch-size", "256", "--seq-len",
+            "4096", "--dp", "64", "--tp", "4", "--num-nodes", "64"]
+    r = run_planner(*args, "--cluster", "gb200-nvl72")
+    assert r.returncode == 2 and "--gpus-per-domain 64" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_planner(*args, "--cluster", "gb200-nvl72", "--gpus-per-domain", "64")
+    assert r.returncode == 0, r.stderr
+    assert "nvlink5 across 64-GPU domains" in r.stdout
+    rack = tmp_path / "rack.toml"
+    rack.write_text('gpu = "gb200"\nnum_nodes = 18\ngpus_per_node = 4\ngpus_per_domain = 72\n')
+    r = run_planner(*args, "--cluster", str(rack), "--gpus-per-domain", "64")
+    assert r.returncode == 0, r.stderr
+    assert "nvlink5 across 64-GPU domains" in r.stdout
 
 
 # ---- placement on the topology ------------------------------------------------------------

@@ -88,11 +88,10 @@ def _flagged_cluster(cluster: str | None, num_nodes: int | None, gpus: int | Non
                        gpus_per_node=per_node, intra_node_link=intra, inter_node_link=inter,
                        gpus_per_domain=domain)
     if hardware_profiles.is_path(cluster):
-        out = _cluster_file(cluster, num_nodes, measured)
-    else:
-        _not_shadowed("clusters", cluster, "--cluster")
-        out = _cluster_preset(cluster, num_nodes, gpu, gpus_per_node, intra, inter, measured)
-    return out if domain is None else dataclasses.replace(out, gpus_per_domain=domain)
+        return _cluster_file(cluster, num_nodes, measured, domain)
+    _not_shadowed("clusters", cluster, "--cluster")
+    return _cluster_preset(cluster, num_nodes, gpu, gpus_per_node, intra, inter, measured,
+                           domain)
 
 
 def _not_shadowed(kind: str, name: str, flag: str) -> None:
@@ -144,22 +143,25 @@ def _short_form_nodes(num_nodes: int | None, gpus: int | None, gpus_per_node: in
 
 def _cluster_preset(name: str, num_nodes: int | None, gpu: str | None,
                     gpus_per_node: int | None, intra: str | None, inter: str | None,
-                    measured: GPU | None) -> Cluster:
-    """A shipped cluster preset, with the GPU, node counts and links the flags override."""
+                    measured: GPU | None, domain: int | None) -> Cluster:
+    """A shipped cluster preset, with the GPU, node counts, scale-up domain and links the
+    flags override (the domain before the sizes are checked: 64 nodes of an NVL72 rack's 4
+    GPUs fill no whole 72-GPU domain until ``--gpus-per-domain`` says how they split)."""
     if measured is not None:
         _check_profile(measured, hardware_profiles.load("clusters", name)["gpu"],
                        f"cluster {name!r}")
     out = Cluster.preset(name, num_nodes=num_nodes, gpu=measured or gpu,
-                         gpus_per_node=gpus_per_node)
+                         gpus_per_node=gpus_per_node, gpus_per_domain=domain)
     if intra or inter:
         out = dataclasses.replace(out, intra_node_link=intra or out.intra_node_link,
                                   inter_node_link=inter or out.inter_node_link)
     return out
 
 
-def _cluster_file(path: str, num_nodes: int | None, measured: GPU | None) -> Cluster:
-    """A cluster TOML file (the ``Cluster`` fields), every key checked; ``num_nodes``
-    overrides its own."""
+def _cluster_file(path: str, num_nodes: int | None, measured: GPU | None,
+                  domain: int | None = None) -> Cluster:
+    """A cluster TOML file (the ``Cluster`` fields), every key checked; ``num_nodes`` and
+    ``domain`` (``--gpus-per-domain``) override its own."""
     data = hardware_profiles.load_file(path)
     allowed = {f.name for f in dataclasses.fields(Cluster)}
     unknown = set(data) - allowed - {"description", "source"}
@@ -169,6 +171,8 @@ def _cluster_file(path: str, num_nodes: int | None, measured: GPU | None) -> Clu
     fields = {k: v for k, v in data.items() if k in allowed}
     if num_nodes:
         fields["num_nodes"] = num_nodes
+    if domain is not None:
+        fields["gpus_per_domain"] = domain
     if "gpu" not in fields:
         raise SpecError(f"cluster file {path!r} names no gpu; add e.g. "
                         'gpu = "h100-sxm" (see \'planner gpus\')')
