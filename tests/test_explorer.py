@@ -85,6 +85,11 @@ BASE = ["--model", "llama-3-8b", "--gpus", "8", "--global-batch-size", "32"]
     ({k: v for k, v in SMALL.items() if k != "seq_len"}, "seq_len", BASE),
     ({**SMALL, "precision": "fp7"}, "precision", [*BASE, "--seq-len", "2048", "--precision",
                                                   "fp7"]),
+    # 64 trays of NVL72 racks: the refusal names the domain flag, so its field.
+    ({"model": "llama-3-8b", "cluster": "gb200-nvl72", "num_nodes": "64",
+      "global_batch_size": "256", "seq_len": "2048"}, "gpus_per_domain",
+     ["--model", "llama-3-8b", "--cluster", "gb200-nvl72", "--num-nodes", "64",
+      "--global-batch-size", "256", "--seq-len", "2048"]),
 ])
 def test_bad_input_gets_the_cli_line_at_its_field(form: dict[str, str], field: str,
                                                  flags: list[str]) -> None:
@@ -96,6 +101,14 @@ def test_bad_input_gets_the_cli_line_at_its_field(form: dict[str, str], field: s
     assert cli.returncode == 2
     assert err.value.message == cli.stderr.strip()
     assert err.value.field == field
+
+
+def test_the_domain_field_is_the_domain_flag() -> None:
+    form = {"model": "llama-3-8b", "cluster": "gb200-nvl72", "num_nodes": "64",
+            "gpus_per_domain": "64", "global_batch_size": "256", "seq_len": "2048"}
+    argv = form_argv(form)
+    assert argv[argv.index("--gpus-per-domain") + 1] == "64"
+    assert load(form).cluster.scale_up == 64
 
 
 def test_a_search_error_names_the_degree() -> None:

@@ -38,7 +38,7 @@ __all__ = ["FIELDS", "MAX_UPLOAD_BYTES", "FormError", "Problem", "field_of", "fo
 #: Form field -> the ``planner plan`` flag it sets (in the order the command line shows).
 FIELDS: dict[str, str] = {
     "model": "--model", "cluster": "--cluster", "num_nodes": "--num-nodes", "gpu": "--gpu",
-    "gpus": "--gpus", "gpus_per_node": "--gpus-per-node",
+    "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "gpus_per_domain": "--gpus-per-domain",
     "global_batch_size": "--global-batch-size", "seq_len": "--seq-len",
     "precision": "--precision", "framework": "--framework", "frameworks": "--frameworks",
     "preset": "--preset", "tp": "--tp", "pp": "--pp", "cp": "--cp", "ep": "--ep",
