@@ -467,7 +467,7 @@ class Cluster:
             # --segment places them on NVL72 racks (Megatron-Bridge's launcher: all nodes when
             # they fit one rack, else the largest divisor of the node count that does,
             # scripts/performance/utils/executors.py @c0b9a000).
-            k = max(k for k in range(1, d // g + 1) if self.num_nodes % k == 0)
+            k = max(nodes for nodes in range(1, d // g + 1) if self.num_nodes % nodes == 0)
             split = (f", or say how the job's nodes split into domains: gpus_per_domain="
                      f"{k * g} (--gpus-per-domain {k * g}: {self.num_nodes // k} domains of {k} "
                      f"nodes, as Slurm's --segment {k} places them)") if k > 1 else ""

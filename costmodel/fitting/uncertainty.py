@@ -87,10 +87,9 @@ def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float |
     ``EXTRAPOLATED_MIN_BAND``. A mixture-of-experts model (``moe``) takes the band of the
     published MoE runs (``MOE_BAND``) where that is wider. Tiny models (``num_params`` under
     half the smallest published run's) are extrapolated as well, their band unchanged."""
-    path = hardware_profiles.transfer_path()
-    if not is_file(path):
+    fit = _installed()
+    if fit is None:
         return None
-    fit = _bands(str(path), path.stat().st_mtime_ns)
     table = fit.bands
     keys = band_key(architecture, trainer, num_gpus)
     own = [k for k in keys[:2] if k in table and table[k][1] >= MIN_CELL_RUNS]
@@ -136,10 +135,17 @@ def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float |
 def moe_band() -> tuple[float, int, int] | None:
     """(band, runs, sources) of the published mixture-of-experts runs (``MOE_BAND``): the
     narrowest band an MoE estimate carries; None when the installed fit has none."""
+    fit = _installed()
+    return None if fit is None else fit.bands.get(MOE_BAND)
+
+
+def _installed() -> _Bands | None:
+    """The uncertainty tables of the installed fit file (``hardware_profiles.transfer_path``),
+    None when there is none."""
     path = hardware_profiles.transfer_path()
     if not is_file(path):
         return None
-    return _bands(str(path), path.stat().st_mtime_ns).bands.get(MOE_BAND)
+    return _bands(str(path), path.stat().st_mtime_ns)
 
 
 def _cell_words(fit: _Bands, architecture: str, trainer: str) -> str:
