@@ -145,6 +145,10 @@ SINGLE_GPU = ("python benchmarks/single_gpu_accuracy.py --rows "
               "benchmarks/data/h100-sxm-steps-2026-11-22.json --profile "
               "hardware_profiles/measured/h100-sxm-2026-11-22.toml")
 STEP_TARGETS = "python benchmarks/step_time_accuracy.py"
+# GPT-OSS-120B as Megatron-Bridge 26.02 ran it on 64 GB200 (costmodel/data/published_runs.json).
+OSS = ("planner estimate --model gpt-oss-120b --cluster gb200-nvl72 --num-nodes 16 "
+       "--gpus-per-domain 64 --global-batch-size 1280 --seq-len 4096 --framework megatron "
+       "--dp 64 --ep 64 --zero 1 --micro-batch-size 4")
 
 FIGURES: dict[str, Figure] = {
     # step time against published training runs (planner validate --summary)
@@ -159,6 +163,9 @@ FIGURES: dict[str, Figure] = {
     # the mixture-of-experts line of planner validate --summary
     "moe-loso": Figure(VALIDATE, r"^mixture-of-experts runs .*mean \|error\| ([\d.]+%)"),
     "moe-band": Figure(VALIDATE, r"^mixture-of-experts runs .*band is at least (±\d+%)"),
+    # the band of a model whose own published runs were further off than its cell's
+    "oss-band": Figure(OSS, r"^ +step +[\d.]+ m?s +(± \d+ %)"),
+    "oss-step": Figure(OSS, r"^ +step +([\d.]+ m?s) "),
     # the frontier MoE runs held out of the fit (planner validate --frontier)
     "frontier-mean": Figure("planner validate --frontier", pick=_row("all", 2)),
     # per GPU generation and trainer (the cells table of planner validate --summary)

@@ -44,7 +44,7 @@ import numpy as np
 import hardware_profiles
 from costmodel.errors import SpecError
 from costmodel.fitting.published import PublishedRun, predict_run, run_estimate
-from costmodel.fitting.uncertainty import MOE_BAND, band_key, scale_class
+from costmodel.fitting.uncertainty import MOE_BAND, band_key, model_key, scale_class
 from costmodel.formulas.estimate import Estimate
 from costmodel.hardware import GPU
 from costmodel.units import GIB
@@ -415,10 +415,28 @@ def bands(runs: Sequence[PublishedRun], folds: dict[str, Fold]) -> dict[str, dic
     return out
 
 
+def held_out_errors(fit: Fit, runs: Sequence[PublishedRun]) -> list[tuple[PublishedRun, float]]:
+    """Each of ``runs``, which the fit never saw (the frontier runs,
+    ``costmodel/data/frontier_runs.json``), predicted with ``fit``: (run, relative error of
+    the predicted figure)."""
+    model = _Model(runs)
+    return [(r, predict_run(r, est) / r.measured - 1.0)
+            for r, est in zip(model.runs, model.estimates(fit), strict=True)]
+
+
+def _run_entry(run: PublishedRun, **errors: float) -> dict[str, Any]:
+    """One run's ``[runs]`` line: its errors (rounded), cell, source and model shape
+    (``uncertainty.model_key``: what ``band_for`` finds a planned model's own runs by)."""
+    return {**{k: round(v, 4) for k, v in errors.items()}, "cell": cell(run),
+            "source": run_group(run), "model": model_key(run.model) or ""}
+
+
 def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray,
-                  folds: dict[str, Fold], provenance: str) -> str:
+                  folds: dict[str, Fold], provenance: str,
+                  held_out: Sequence[tuple[PublishedRun, float]] = ()) -> str:
     """The ``calibrated/transfer.toml`` text: the fit, its bands and every run's fit and
-    leave-one-source-out errors."""
+    leave-one-source-out errors, and the errors of the runs ``held_out`` of it
+    (``held_out_errors``)."""
     loso = {k: math.expm1(v) for k, v in loso_log_errors(runs, folds).items()}
     table = {
         "provenance": provenance,
@@ -440,9 +458,10 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
         "cells": {c: {"runs": sum(1 for r in runs if cell(r) == c),
                       "sources": len({run_group(r) for r in runs if cell(r) == c})}
                   for c in sorted({cell(r) for r in runs})},
-        "runs": {r.id: {"fit": round(math.expm1(float(err)), 4),
-                        **({"loso": round(loso[r.id], 4)} if r.id in loso else {})}
-                 for r, err in zip(runs, log_errors, strict=True)},
+        "runs": {**{r.id: _run_entry(r, fit=math.expm1(float(err)),
+                                     **({"loso": loso[r.id]} if r.id in loso else {}))
+                    for r, err in zip(runs, log_errors, strict=True)},
+                 **{r.id: _run_entry(r, held_out=err) for r, err in held_out}},
     }
     notes = {
         "transfer": "In-training over microbenchmark matmul fraction (gemm: the pooled ratio, for "
@@ -460,7 +479,9 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
                 "some\nefficiencies and that no run was on carries a widened band.",
         "cells": "Runs and sources per GPU generation and trainer; a cell with one source is "
                  "predicted,\nnot fitted on.",
-        "runs": "Each run's error under the fit and with its source left out of the fit.",
+        "runs": "Each run's error under the fit and with its source left out of the fit (a\n"
+                "frontier run's, held_out, under the fit, which never saw it); its cell, source\n"
+                "and model shape.",
     }
     return to_toml(table, "Written by `planner calibrate`; do not edit by hand, re-run the "
                    "command.", notes, inline=("bands", "cells", "runs"))

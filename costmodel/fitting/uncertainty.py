@@ -5,13 +5,14 @@ trainer, scale), stored in ``[bands]`` of ``hardware_profiles/calibrated/transfe
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import hardware_profiles
 from hardware_profiles.files import is_file
 
-__all__ = ["MOE_BAND", "band_for", "band_key", "moe_band", "scale_class"]
+__all__ = ["MOE_BAND", "band_for", "band_key", "model_key", "moe_band", "scale_class"]
 
 
 def scale_class(num_gpus: int) -> str:
@@ -55,22 +56,53 @@ EXTRAPOLATED_MIN_BAND = 0.25
 MOE_BAND = "moe"
 
 
+def model_key(model: Any) -> str | None:
+    """The shape of a model's layers, which tells its published runs from other models'
+    (widths, heads, experts; not the vocabulary, which trainers pad, nor the depth, which
+    proxies cut and pipelines pad): ``"h2880 a64/8x64 f2880 e128k4x2880s0"``. None for a
+    model without those fields (a traced module's layers)."""
+    try:
+        hidden, heads = int(model.hidden_size), int(model.num_heads)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    kv = int(getattr(model, "num_kv_heads", None) or heads)
+    head_dim = int(getattr(model, "head_dim", None) or hidden // max(heads, 1))
+    key = f"h{hidden} a{heads}/{kv}x{head_dim}"
+    experts = int(getattr(model, "num_experts", 0) or 0)
+    # A dense MLP's width, where the model has dense MLP layers.
+    if not experts or int(getattr(model, "first_dense_layers", 0) or 0) > 0 \
+            or int(getattr(model, "moe_every", 1) or 1) > 1:
+        key += f" f{int(getattr(model, 'ffn_hidden_size', None) or 0)}"
+    if experts:
+        key += (f" e{experts}k{int(getattr(model, 'top_k', 0) or 0)}"
+                f"x{int(getattr(model, 'moe_ffn_hidden_size', None) or 0)}"
+                f"s{int(getattr(model, 'num_shared_experts', 0) or 0)}")
+    if getattr(model, "kv_lora_rank", 0):
+        key += f" mla{int(model.kv_lora_rank)}"
+    return key
+
+
 @dataclass(frozen=True)
 class _Bands:
     """What a fit file says about uncertainty. ``bands``: (band, runs, sources) per class
     (``band_key``) and ``"extrapolated"``; ``spread``: the largest relative distance of a
     generation's fitted matmul ratio from the pooled one; ``gpus``: published runs per GPU
-    profile; ``cells``: (runs, sources) per (generation, trainer) cell, fitted or not."""
+    profile; ``cells``: (runs, sources) per (generation, trainer) cell, fitted or not;
+    ``precedents``: per (``model_key``, cell), the relative error (predicted over measured
+    throughput, minus 1) and source of each published run of that model shape in that cell,
+    left out of the fit (its source's leave-one-source-out error, or a frontier run's error
+    under the fit, which never saw it)."""
 
     bands: dict[str, tuple[float, int, int]]
     spread: float
     gpus: dict[str, int]
     cells: dict[str, tuple[int, int]]
+    precedents: dict[tuple[str, str], tuple[tuple[float, str], ...]]
 
 
 def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float | None = None,
-             gpu: str | None = None, assumed: tuple[str, ...] = (), moe: bool = False
-             ) -> tuple[float, str, bool] | None:
+             gpu: str | None = None, assumed: tuple[str, ...] = (), moe: bool = False,
+             model: str | None = None) -> tuple[float, str, bool] | None:
     """(relative band, what it rests on, whether it is extrapolated) for an estimate of this
     class; None when no fit with bands is installed.
 
@@ -85,8 +117,12 @@ def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float |
     efficiencies (``assumed``) and that no published run behind the fit was on is widened by
     the spread too: its cell's runs ran on other parts. Either extrapolated band is at least
     ``EXTRAPOLATED_MIN_BAND``. A mixture-of-experts model (``moe``) takes the band of the
-    published MoE runs (``MOE_BAND``) where that is wider. Tiny models (``num_params`` under
-    half the smallest published run's) are extrapolated as well, their band unchanged."""
+    published MoE runs (``MOE_BAND``) where that is wider. A model whose own shape
+    (``model``: ``model_key``) has published runs in the cell takes their RMS error where
+    that is wider still, and the basis says which way they missed (``_precedents``): a
+    model the fit misses more than its cell's other runs is never given the cell's band.
+    Tiny models (``num_params`` under half the smallest published run's) are extrapolated as
+    well, their band unchanged."""
     fit = _installed()
     if fit is None:
         return None
@@ -126,10 +162,42 @@ def band_for(architecture: str, trainer: str, num_gpus: int, num_params: float |
         basis += (f"; widened to the RMS error of the {runs} published mixture-of-experts "
                   f"runs ({sources} sources), each predicted with its source left out of the "
                   "fit: MoE estimates have been further off than dense ones")
+    own_runs = _precedents(fit, model, f"{architecture}/{trainer}", band)
+    if own_runs is not None:
+        band, words = own_runs
+        basis += f"; {words}"
     if num_params is not None and num_params < SMALLEST_PUBLISHED_PARAMS / 2:
         basis += "; extrapolated (a model smaller than any published run's)"
         extrapolated = True
     return band, basis, extrapolated
+
+
+def _precedents(fit: _Bands, model: str | None, cell: str, band: float
+                ) -> tuple[float, str] | None:
+    """(band, words) where the published runs of this model shape (``model``) in ``cell``
+    were further off, left out of the fit, than ``band``: their RMS error, and which way
+    they missed; None where there are none or they were within it."""
+    found = fit.precedents.get((model or "", cell), ())
+    if not found:
+        return None
+    errors = [e for e, _ in found]
+    rms = math.expm1(math.sqrt(sum(math.log1p(e) ** 2 for e in errors) / len(errors)))
+    if rms <= band:
+        return None
+    n, sources = len(errors), len({s for _, s in found})
+    lo, hi = 100 * min(errors), 100 * max(errors)
+    if lo > 0:
+        way = (f"{'all' if n > 1 else 'it'} predicted faster than measured, by "
+               f"{lo:.0f}%{f' to {hi:.0f}%' if n > 1 else ''}: expect a longer step")
+    elif hi < 0:
+        way = (f"{'all' if n > 1 else 'it'} predicted slower than measured, by "
+               f"{-hi:.0f}%{f' to {-lo:.0f}%' if n > 1 else ''}: expect a shorter step")
+    else:
+        way = f"their errors from {lo:+.0f}% to {hi:+.0f}%"
+    arch, trainer = cell.split("/", 1)
+    return rms, (f"widened to the RMS error of the {n} published run{'s' if n > 1 else ''} "
+                 f"of this model's shape on {arch} with {trainer} ({sources} "
+                 f"source{'s' if sources > 1 else ''}), left out of the fit ({way})")
 
 
 def moe_band() -> tuple[float, int, int] | None:
@@ -181,4 +249,18 @@ def _bands(path: str, mtime_ns: int) -> _Bands:
     cells = ({str(k): (int(v.get("runs", 0)), int(v.get("sources", 0)))
               for k, v in table_cells.items() if isinstance(v, dict)}
              if isinstance(table_cells, dict) else {})
-    return _Bands(bands, spread, gpus, cells)
+    return _Bands(bands, spread, gpus, cells, _precedent_table(data.get("runs")))
+
+
+def _precedent_table(runs: Any) -> dict[tuple[str, str], tuple[tuple[float, str], ...]]:
+    """``_Bands.precedents`` from a fit file's ``[runs]`` (entries a fit written before the
+    shapes were recorded, or of one source only, without a left-out error, are skipped)."""
+    out: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    for v in (runs.values() if isinstance(runs, dict) else ()):
+        if not isinstance(v, dict) or "model" not in v or "cell" not in v:
+            continue
+        err = v.get("loso", v.get("held_out"))
+        if isinstance(err, (int, float)):
+            out.setdefault((str(v["model"]), str(v["cell"])), []).append(
+                (float(err), str(v.get("source", ""))))
+    return {k: tuple(v) for k, v in out.items()}

@@ -13,7 +13,7 @@ from typing import Any
 
 from costmodel.config import Job, ParallelConfig
 from costmodel.errors import SpecError
-from costmodel.fitting.uncertainty import band_for
+from costmodel.fitting.uncertainty import band_for, model_key
 from costmodel.formulas.checks import validate
 from costmodel.formulas.layercosts import LayerCosts
 from costmodel.formulas.memory import TERMS, ConfigArrays, memory_table
@@ -422,7 +422,7 @@ def _band(model: ModelSpec | LayerCosts, cluster: Cluster, job: Job) -> dict[str
     """The step-time band fields of an estimate on ``cluster`` (costmodel.fitting.uncertainty)."""
     found = band_for(cluster.gpu.architecture, job.framework, cluster.num_gpus,
                      model.num_params(), gpu=cluster.gpu.name, assumed=cluster.gpu.assumed,
-                     moe=model.num_experts > 0)
+                     moe=model.num_experts > 0, model=model_key(model))
     if found is None:
         return {}
     return {"step_time_band": found[0], "step_time_band_basis": found[1],

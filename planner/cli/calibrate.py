@@ -63,12 +63,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return _calibrate_gpu(args)
     from costmodel.fitting.calibration import (
         fit_transfer,
+        held_out_errors,
         leave_one_source_out,
         run_group,
         transfer_toml,
         validation_report,
     )
-    from costmodel.fitting.published import load_runs, shipped_runs
+    from costmodel.fitting.published import default_runs_path, load_runs, shipped_runs
     from planner.accuracy import describe, print_results, result_rows, summary
 
     runs = [r for f in args.runs for r in load_runs(f)] if args.runs else shipped_runs()
@@ -89,7 +90,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             + f", {len(runs)} runs, {datetime.date.today().isoformat()}")
     out = Path(args.output) if args.output else \
         hardware_profiles.user_calibrated_path("transfer")
-    write_text(out, transfer_toml(fit, runs, log_errors, folds, prov), "calibration")
+    # The frontier runs, which no fit sees, predicted with this one: their errors widen the
+    # band of a model of their shape (costmodel.fitting.uncertainty.band_for).
+    held = [] if args.runs or args.groups else \
+        held_out_errors(fit, load_runs(default_runs_path("frontier")))
+    write_text(out, transfer_toml(fit, runs, log_errors, folds, prov, held), "calibration")
     results = validation_report(runs, fit, folds=folds)
     if args.json:
         print_json({"fitted": dataclasses.asdict(fit), "written": str(out),
