@@ -424,11 +424,18 @@ def held_out_errors(fit: Fit, runs: Sequence[PublishedRun]) -> list[tuple[Publis
             for r, est in zip(model.runs, model.estimates(fit), strict=True)]
 
 
-def _run_entry(run: PublishedRun, **errors: float) -> dict[str, Any]:
-    """One run's ``[runs]`` line: its errors (rounded), cell, source and model shape
-    (``uncertainty.model_key``: what ``band_for`` finds a planned model's own runs by)."""
-    return {**{k: round(v, 4) for k, v in errors.items()}, "cell": cell(run),
-            "source": run_group(run), "model": model_key(run.model) or ""}
+def _run_entry(run: PublishedRun, left_out: float | None, **errors: float) -> dict[str, Any]:
+    """One run's ``[runs]`` line: its errors of the published figure (rounded); its cell,
+    source and model shape (``uncertainty.model_key``: what ``band_for`` finds a planned
+    model's own runs by); and ``step``, the error of its step time left out of the fit
+    (``left_out``, the figure's: a rate, tokens/s or TFLOP/s, is the step time's inverse),
+    where it has one."""
+    entry: dict[str, Any] = {k: round(v, 4) for k, v in errors.items()}
+    entry.update(cell=cell(run), source=run_group(run), model=model_key(run.model) or "")
+    if left_out is not None:
+        step = left_out if run.measure == "iteration_time_s" else 1.0 / (1.0 + left_out) - 1.0
+        entry["step"] = round(step, 4)
+    return entry
 
 
 def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray,
@@ -458,10 +465,10 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
         "cells": {c: {"runs": sum(1 for r in runs if cell(r) == c),
                       "sources": len({run_group(r) for r in runs if cell(r) == c})}
                   for c in sorted({cell(r) for r in runs})},
-        "runs": {**{r.id: _run_entry(r, fit=math.expm1(float(err)),
+        "runs": {**{r.id: _run_entry(r, loso.get(r.id), fit=math.expm1(float(err)),
                                      **({"loso": loso[r.id]} if r.id in loso else {}))
                     for r, err in zip(runs, log_errors, strict=True)},
-                 **{r.id: _run_entry(r, held_out=err) for r, err in held_out}},
+                 **{r.id: _run_entry(r, err, held_out=err) for r, err in held_out}},
     }
     notes = {
         "transfer": "In-training over microbenchmark matmul fraction (gemm: the pooled ratio, for "
@@ -479,9 +486,10 @@ def transfer_toml(fit: Fit, runs: Sequence[PublishedRun], log_errors: np.ndarray
                 "some\nefficiencies and that no run was on carries a widened band.",
         "cells": "Runs and sources per GPU generation and trainer; a cell with one source is "
                  "predicted,\nnot fitted on.",
-        "runs": "Each run's error under the fit and with its source left out of the fit (a\n"
-                "frontier run's, held_out, under the fit, which never saw it); its cell, source\n"
-                "and model shape.",
+        "runs": "Each run's error (of the figure its source publishes) under the fit and with its\n"
+                "source left out of the fit (a frontier run's, held_out, under the fit, which\n"
+                "never saw it); its cell, source and model shape; step: the left-out error of its\n"
+                "step time (under 0: predicted faster than measured).",
     }
     return to_toml(table, "Written by `planner calibrate`; do not edit by hand, re-run the "
                    "command.", notes, inline=("bands", "cells", "runs"))

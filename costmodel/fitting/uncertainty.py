@@ -88,9 +88,9 @@ class _Bands:
     (``band_key``) and ``"extrapolated"``; ``spread``: the largest relative distance of a
     generation's fitted matmul ratio from the pooled one; ``gpus``: published runs per GPU
     profile; ``cells``: (runs, sources) per (generation, trainer) cell, fitted or not;
-    ``precedents``: per (``model_key``, cell), the relative error (predicted over measured
-    throughput, minus 1) and source of each published run of that model shape in that cell,
-    left out of the fit (its source's leave-one-source-out error, or a frontier run's error
+    ``precedents``: per (``model_key``, cell), the relative error of the step time
+    (predicted over measured, minus 1) and the source of each published run of that model
+    shape in that cell, left out of the fit (with its source left out, or a frontier run's
     under the fit, which never saw it)."""
 
     bands: dict[str, tuple[float, int, int]]
@@ -185,19 +185,20 @@ def _precedents(fit: _Bands, model: str | None, cell: str, band: float
     if rms <= band:
         return None
     n, sources = len(errors), len({s for _, s in found})
-    lo, hi = 100 * min(errors), 100 * max(errors)
-    if lo > 0:
-        way = (f"{'all' if n > 1 else 'it'} predicted faster than measured, by "
-               f"{lo:.0f}%{f' to {hi:.0f}%' if n > 1 else ''}: expect a longer step")
-    elif hi < 0:
-        way = (f"{'all' if n > 1 else 'it'} predicted slower than measured, by "
-               f"{-hi:.0f}%{f' to {-lo:.0f}%' if n > 1 else ''}: expect a shorter step")
+    # As ratios of the measured step time to the predicted one: 1.81x slower than predicted.
+    slow = sorted(1.0 / (1.0 + e) for e in errors)
+    span = f"{slow[0]:.2f}x" + (f" to {slow[-1]:.2f}x" if n > 1 else "")
+    every = "all" if n > 1 else "it"
+    if slow[0] > 1:
+        way = f"{every} ran {span} slower than predicted: expect a longer step"
+    elif slow[-1] < 1:
+        way = f"{every} ran {span} as long as predicted: expect a shorter step"
     else:
-        way = f"their errors from {lo:+.0f}% to {hi:+.0f}%"
+        way = f"they ran {span} as long as predicted"
     arch, trainer = cell.split("/", 1)
-    return rms, (f"widened to the RMS error of the {n} published run{'s' if n > 1 else ''} "
-                 f"of this model's shape on {arch} with {trainer} ({sources} "
-                 f"source{'s' if sources > 1 else ''}), left out of the fit ({way})")
+    runs = f"RMS error of the {n} published runs" if n > 1 else "error of the one published run"
+    return rms, (f"widened to the {runs} of this model's shape on {arch} with {trainer} "
+                 f"({sources} source{'s' if sources > 1 else ''}), left out of the fit ({way})")
 
 
 def moe_band() -> tuple[float, int, int] | None:
@@ -254,12 +255,13 @@ def _bands(path: str, mtime_ns: int) -> _Bands:
 
 def _precedent_table(runs: Any) -> dict[tuple[str, str], tuple[tuple[float, str], ...]]:
     """``_Bands.precedents`` from a fit file's ``[runs]`` (entries a fit written before the
-    shapes were recorded, or of one source only, without a left-out error, are skipped)."""
+    shapes were recorded, or without a left-out step-time error ``step``: a fit on one
+    source, are skipped)."""
     out: dict[tuple[str, str], list[tuple[float, str]]] = {}
     for v in (runs.values() if isinstance(runs, dict) else ()):
         if not isinstance(v, dict) or "model" not in v or "cell" not in v:
             continue
-        err = v.get("loso", v.get("held_out"))
+        err = v.get("step")
         if isinstance(err, (int, float)):
             out.setdefault((str(v["model"]), str(v["cell"])), []).append(
                 (float(err), str(v.get("source", ""))))
