@@ -155,6 +155,8 @@ def print_results(results: Sequence[RunResult], fit: Fit | None, *, runs_table: 
               f"{100 * allrow['loso_median_abs_error']:.2f}%")
     _print_moe(results, "left out of the fit" if "loso_mean_abs_error" in allrow
                else "held out of the fit" if held_out else "under the fit")
+    if "loso_mean_abs_error" in allrow:
+        _print_own_bands()
     mem = sm["memory"]
     if mem["runs"]:
         print(f"peak memory, {mem['runs']} runs that publish it: mean |error| "
@@ -182,6 +184,32 @@ def _print_moe(results: Sequence[RunResult], how: str) -> None:
           f"{len({run_group(r.run) for r in moe})} sources, {how}: mean |error| "
           f"{100 * st['mean_abs_error']:.2f}%, median {100 * st['median_abs_error']:.2f}%"
           + (f"; an MoE estimate's band is at least ±{100 * band[0]:.0f}%" if band else ""))
+
+
+#: The least widening (of the relative band) a model's own runs make that ``planner validate
+#: --summary`` lists: narrower ones change no estimate's reading.
+OWN_BAND_SHOWN = 0.02
+
+
+def _print_own_bands() -> None:
+    """The models (by preset name) whose own published runs, left out of the fit, were further
+    off than their cell's band, so that an estimate of them carries theirs
+    (``uncertainty.own_bands``)."""
+    from costmodel.fitting.uncertainty import model_key, own_bands
+    from costmodel.model import ModelSpec
+
+    names: dict[str, list[str]] = {}
+    for name in ModelSpec.preset_names():
+        key = model_key(ModelSpec.preset(name))
+        if key is not None:
+            names.setdefault(key, []).append(name)
+    found = [f"  {' / '.join(names[key])} on {cell}: ±{100 * band:.0f}% ({runs} run"
+             f"{'s' if runs > 1 else ''}; ±{100 * base:.0f}% without them)"
+             for key, cell, band, runs, base in own_bands() if key in names
+             and band - base >= OWN_BAND_SHOWN]
+    if found:
+        print("models whose own runs were further off than their cell's band (an estimate of "
+              "them on 64 GPUs carries theirs):", *found, sep="\n")
 
 
 def describe(fit: Fit) -> str:

@@ -226,6 +226,31 @@ def test_a_models_shape_ignores_its_depth_vocabulary_and_unused_dense_width() ->
     assert model_key(dataclasses.replace(LLAMA8, ffn_hidden_size=123)) != model_key(LLAMA8)
     # A traced module's layers have no such fields: no shape, no runs of it.
     assert model_key(object()) is None
+    # An encoder or a vision transformer of a decoder's widths is another model.
+    gpt = model_key(ModelSpec.preset("gpt3-350m"))
+    assert model_key(ModelSpec.preset("bert-large")) != gpt
+    assert model_key(ModelSpec.preset("vit-large-16")) != gpt
+
+
+def test_validate_names_the_models_whose_own_runs_widen_their_band(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from costmodel.fitting.uncertainty import own_bands
+
+    found = {(key, cell): (band, runs, base) for key, cell, band, runs, base in own_bands()}
+    oss = model_key(ModelSpec.preset("gpt-oss-120b"))
+    band, runs, base = found[(oss, "blackwell/megatron")]
+    assert band > base and runs >= 2
+    assert band == pytest.approx(_own_runs_band(oss or "", "blackwell/megatron")[0], abs=1e-6)
+    # A model whose runs are within its cell's band is not listed (Llama 3 70B under
+    # torchtitan on Hopper: test above).
+    assert (model_key(ModelSpec.preset("llama-3-70b")), "hopper/torchtitan") not in found
+    # What planner validate --summary prints after its mixture-of-experts line.
+    from planner.accuracy import _print_own_bands
+
+    _print_own_bands()
+    out = capsys.readouterr().out
+    assert f"  gpt-oss-120b on blackwell/megatron: ±{100 * band:.0f}% ({runs} runs; " \
+        f"±{100 * base:.0f}% without them)" in out
 
 
 def test_a_fit_written_before_the_run_shapes_widens_no_band_by_them(

@@ -12,7 +12,7 @@ from typing import Any
 import hardware_profiles
 from hardware_profiles.files import is_file
 
-__all__ = ["MOE_BAND", "band_for", "band_key", "model_key", "moe_band", "scale_class"]
+__all__ = ["MOE_BAND", "band_for", "band_key", "model_key", "moe_band", "own_bands", "scale_class"]
 
 
 def scale_class(num_gpus: int) -> str:
@@ -79,6 +79,11 @@ def model_key(model: Any) -> str | None:
                 f"s{int(getattr(model, 'num_shared_experts', 0) or 0)}")
     if getattr(model, "kv_lora_rank", 0):
         key += f" mla{int(model.kv_lora_rank)}"
+    # An encoder (BERT) or a vision transformer is not a decoder of the same widths.
+    if getattr(model, "patch_size", 0):
+        key += f" patch{int(model.patch_size)}"
+    elif getattr(model, "causal", True) is False:
+        key += " bidirectional"
     return key
 
 
@@ -199,6 +204,23 @@ def _precedents(fit: _Bands, model: str | None, cell: str, band: float
     runs = f"RMS error of the {n} published runs" if n > 1 else "error of the one published run"
     return rms, (f"widened to the {runs} of this model's shape on {arch} with {trainer} "
                  f"({sources} source{'s' if sources > 1 else ''}), left out of the fit ({way})")
+
+
+def own_bands(num_gpus: int = 64) -> list[tuple[str, str, float, int, float]]:
+    """(model shape, cell, band, runs, the band without them) of each model shape
+    (``model_key``) whose own published runs in a (generation, trainer) cell widen the band
+    an estimate of it on ``num_gpus`` GPUs of that cell carries (``band_for``), widest first;
+    empty without an installed fit."""
+    fit = _installed()
+    out = []
+    for (key, cell), found in (fit.precedents.items() if fit is not None else ()):
+        arch, trainer = cell.split("/", 1)
+        moe = any(part.startswith("e") for part in key.split())
+        base = band_for(arch, trainer, num_gpus, moe=moe)
+        own = band_for(arch, trainer, num_gpus, moe=moe, model=key)
+        if base is not None and own is not None and own[0] > base[0]:
+            out.append((key, cell, own[0], len(found), base[0]))
+    return sorted(out, key=lambda t: -t[2])
 
 
 def moe_band() -> tuple[float, int, int] | None:
