@@ -183,6 +183,9 @@ def test_a_model_the_fit_misses_more_than_its_cell_carries_the_band_of_its_own_r
     slowest = max(1 / (1 + e) for e in errs)
     assert f"all ran {min(1 / (1 + e) for e in errs):.2f}x to {slowest:.2f}x slower" in basis
     assert "expect a longer step" in basis
+    # The model's Hugging Face config.json is the same model.
+    hf = ModelSpec.from_hf_config(ROOT / "tests/data/hf_configs/gpt-oss-120b.json")
+    assert model_key(hf) == key
     # One run of the shape in a cell is evidence too: GPT-OSS-120B on 64 H100.
     one, [err] = _own_runs_band(key, "hopper/megatron")
     found = band_for("hopper", "megatron", 64, moe=True, model=key)
