@@ -191,10 +191,11 @@ def _print_moe(results: Sequence[RunResult], how: str) -> None:
 OWN_BAND_SHOWN = 0.02
 
 
-def _print_own_bands() -> None:
-    """The models (by preset name) whose own published runs, left out of the fit, were further
-    off than their cell's band, so that an estimate of them carries theirs
-    (``uncertainty.own_bands``)."""
+def own_band_rows() -> list[dict[str, Any]]:
+    """The models (by preset name) whose own published runs, left out of the fit, widen their
+    band by at least ``OWN_BAND_SHOWN`` on 64 GPUs of their cell, so that an estimate of
+    them carries theirs (``uncertainty.own_bands``), widest first: their shape, preset
+    names, cell, band, runs and the band without them."""
     from costmodel.fitting.uncertainty import model_key, own_bands
     from costmodel.model import ModelSpec
 
@@ -203,10 +204,17 @@ def _print_own_bands() -> None:
         key = model_key(ModelSpec.preset(name))
         if key is not None:
             names.setdefault(key, []).append(name)
-    found = [f"  {' / '.join(names[key])} on {cell}: ±{100 * band:.0f}% ({runs} run"
-             f"{'s' if runs > 1 else ''}; ±{100 * base:.0f}% without them)"
-             for key, cell, band, runs, base in own_bands() if key in names
-             and band - base >= OWN_BAND_SHOWN]
+    return [{"shape": key, "models": names[key], "cell": cell, "band": band, "runs": runs,
+             "band_without": base}
+            for key, cell, band, runs, base in own_bands()
+            if key in names and band - base >= OWN_BAND_SHOWN]
+
+
+def _print_own_bands() -> None:
+    """``own_band_rows``, a line each (``planner validate --summary``)."""
+    found = [f"  {' / '.join(r['models'])} on {r['cell']}: ±{100 * r['band']:.0f}% "
+             f"({r['runs']} run{'s' if r['runs'] > 1 else ''}; ±{100 * r['band_without']:.0f}% "
+             "without them)" for r in own_band_rows()]
     if found:
         print("models whose own runs were further off than their cell's band (an estimate of "
               "them on 64 GPUs carries theirs):", *found, sep="\n")

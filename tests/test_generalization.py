@@ -247,9 +247,13 @@ def test_validate_names_the_models_whose_own_runs_widen_their_band(
     # A model whose runs are within its cell's band is not listed (Llama 3 70B under
     # torchtitan on Hopper: test above).
     assert (model_key(ModelSpec.preset("llama-3-70b")), "hopper/torchtitan") not in found
-    # What planner validate --summary prints after its mixture-of-experts line.
-    from planner.accuracy import _print_own_bands
+    # What planner validate --summary prints after its mixture-of-experts line, and its
+    # --json has as own_bands.
+    from planner.accuracy import _print_own_bands, own_band_rows
 
+    rows = own_band_rows()
+    assert {"shape": oss, "models": ["gpt-oss-120b"], "cell": "blackwell/megatron",
+            "band": band, "runs": runs, "band_without": base} in rows
     _print_own_bands()
     out = capsys.readouterr().out
     assert f"  gpt-oss-120b on blackwell/megatron: ±{100 * band:.0f}% ({runs} runs; " \

@@ -59,7 +59,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     left out of it (costmodel.fitting.calibration)."""
     from costmodel.fitting.calibration import load_fit, validation_report
     from costmodel.fitting.published import default_runs_path, load_runs
-    from planner.accuracy import describe, print_results, result_rows, summary
+    from planner.accuracy import describe, own_band_rows, print_results, result_rows, summary
 
     chosen = [k for k in ("runs", "heldout", "calibration", "frontier") if getattr(args, k)]
     if len(chosen) > 1:
@@ -84,7 +84,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         shown = "shipped"
     if args.json:
         print_json({"runs_file": shown, "fit": describe(fit), "runs": result_rows(results),
-                    "summary": summary(results)})
+                    "summary": summary(results),
+                    **({} if args.runs else {"own_bands": own_band_rows()})})
     else:
         print_results(results, fit, runs_table=not args.summary, held_out=bool(args.runs))
     return 0
