@@ -212,13 +212,18 @@ def own_bands(num_gpus: int = 64) -> list[tuple[str, str, float, int, float]]:
     an estimate of it on ``num_gpus`` GPUs of that cell carries (``band_for``), widest first;
     empty without an installed fit."""
     fit = _installed()
+    if fit is None:
+        return []
     out = []
-    for (key, cell), found in (fit.precedents.items() if fit is not None else ()):
+    for (key, cell), found in fit.precedents.items():
         arch, trainer = cell.split("/", 1)
         moe = any(part.startswith("e") for part in key.split())
         base = band_for(arch, trainer, num_gpus, moe=moe)
-        own = band_for(arch, trainer, num_gpus, moe=moe, model=key)
-        if base is not None and own is not None and own[0] > base[0]:
+        if base is None:
+            continue
+        # band_for widens by the model's own runs last: the same step on the band without them.
+        own = _precedents(fit, key, cell, base[0])
+        if own is not None:
             out.append((key, cell, own[0], len(found), base[0]))
     return sorted(out, key=lambda t: -t[2])
 
